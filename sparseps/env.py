@@ -1,0 +1,165 @@
+"""The only module that reads the process environment (DESIGN §2.2).
+
+The launcher sets these variables for every process it starts:
+
+========================  =====================================================
+``SPARSEPS_ROLE``         ``server`` or ``worker``
+``SPARSEPS_RANK``         rank within the role, ``0..N-1``
+``SPARSEPS_SERVERS``      ``host:port,host:port,...``; index = server rank
+``SPARSEPS_WORKER_NUM``   number of workers in the job
+``SPARSEPS_MASTER``       ``host:port`` of the gloo rendezvous among workers
+``SPARSEPS_LOG_DIR``      folder of the per-role log files
+``SPARSEPS_JOB_ID``       an id shared by every process of one job
+========================  =====================================================
+
+With none of them set a script runs in *local mode* (one background server, one
+worker). With some but not all set, :func:`from_environ` raises a :class:`ConfigError`
+naming the missing or malformed variable: a half-configured cluster never silently
+falls back to local mode.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .errors import ConfigError
+
+__all__ = ["VARIABLES", "Role", "RoleEnv", "from_environ", "parse_endpoint"]
+
+ROLE = "SPARSEPS_ROLE"
+RANK = "SPARSEPS_RANK"
+SERVERS = "SPARSEPS_SERVERS"
+WORKER_NUM = "SPARSEPS_WORKER_NUM"
+MASTER = "SPARSEPS_MASTER"
+LOG_DIR = "SPARSEPS_LOG_DIR"
+JOB_ID = "SPARSEPS_JOB_ID"
+VARIABLES = (ROLE, RANK, SERVERS, WORKER_NUM, MASTER, LOG_DIR, JOB_ID)
+
+# Optional tuning knobs (not part of the role contract; absent means default).
+RPC_TIMEOUT = "SPARSEPS_RPC_TIMEOUT"
+BARRIER_WARN = "SPARSEPS_BARRIER_WARN_S"
+
+
+class Role(StrEnum):
+    SERVER = "server"
+    WORKER = "worker"
+
+
+def parse_endpoint(text: str, *, what: str = "endpoint") -> tuple[str, int]:
+    """Split ``host:port`` into ``(host, port)``; raises ConfigError naming ``what``."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what}: expected host:port, got {text!r}")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"{what}: port must be an integer, got {text!r}") from None
+    if not 0 < number < 65536:
+        raise ConfigError(f"{what}: port must be in 1..65535, got {number}")
+    return host, number
+
+
+@dataclass(frozen=True)
+class RoleEnv:
+    """The role of this process in a job. Tests build it directly.
+
+    ``local`` is True when no SPARSEPS_* variable was set (local mode).
+    """
+
+    role: Role
+    rank: int
+    servers: tuple[str, ...]
+    worker_num: int
+    master: str
+    log_dir: str
+    job_id: str
+    local: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.role, Role):
+            raise ConfigError(f"{ROLE}: expected 'server' or 'worker', got {self.role!r}")
+        if self.worker_num < 1:
+            raise ConfigError(f"{WORKER_NUM}: must be >= 1, got {self.worker_num}")
+        limit = len(self.servers) if self.role is Role.SERVER else self.worker_num
+        if not 0 <= self.rank < max(limit, 1):
+            raise ConfigError(
+                f"{RANK}: {self.rank} out of range 0..{limit - 1} for role {self.role.value}"
+            )
+        if not self.local:
+            for i, ep in enumerate(self.servers):
+                parse_endpoint(ep, what=f"{SERVERS}[{i}]")
+            if not self.servers:
+                raise ConfigError(f"{SERVERS}: needs at least one host:port")
+            parse_endpoint(self.master, what=MASTER)
+
+    def to_environ(self) -> dict[str, str]:
+        """The variables that describe this role, for a child process."""
+        return {
+            ROLE: self.role.value,
+            RANK: str(self.rank),
+            SERVERS: ",".join(self.servers),
+            WORKER_NUM: str(self.worker_num),
+            MASTER: self.master,
+            LOG_DIR: self.log_dir,
+            JOB_ID: self.job_id,
+        }
+
+
+def _int(environ: Mapping[str, str], name: str) -> int:
+    try:
+        return int(environ[name])
+    except ValueError:
+        raise ConfigError(f"{name}: expected an integer, got {environ[name]!r}") from None
+
+
+def from_environ(environ: Mapping[str, str] | None = None) -> RoleEnv | None:
+    """Read the role from the environment.
+
+    Returns:
+        the RoleEnv, or None when no SPARSEPS_* role variable is set (local mode).
+
+    Raises:
+        ConfigError: some role variables are set but one is missing or malformed.
+    """
+    environ = os.environ if environ is None else environ
+    present = [v for v in VARIABLES if environ.get(v)]
+    if not present:
+        return None
+    missing = [v for v in VARIABLES if not environ.get(v)]
+    if missing:
+        raise ConfigError(
+            f"{missing[0]} is not set, but {present[0]} is: a cluster process needs all of "
+            f"{', '.join(VARIABLES)} (unset all of them to run in local mode)"
+        )
+    role_text = environ[ROLE].strip().lower()
+    try:
+        role = Role(role_text)
+    except ValueError:
+        raise ConfigError(f"{ROLE}: expected 'server' or 'worker', got {role_text!r}") from None
+    return RoleEnv(
+        role=role,
+        rank=_int(environ, RANK),
+        servers=tuple(s.strip() for s in environ[SERVERS].split(",") if s.strip()),
+        worker_num=_int(environ, WORKER_NUM),
+        master=environ[MASTER].strip(),
+        log_dir=environ[LOG_DIR],
+        job_id=environ[JOB_ID],
+    )
+
+
+def float_setting(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """An optional float knob from the environment (e.g. SPARSEPS_RPC_TIMEOUT)."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name}: must be > 0, got {value}")
+    return value
