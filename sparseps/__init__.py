@@ -1,10 +1,14 @@
 """sparseps: a parameter server for CTR and recommendation models with huge sparse embeddings.
 
 This module is the public front door: everything a user needs is re-exported here and
-listed in ``__all__`` (pinned by ``tests/test_exports.py``).
+listed in ``__all__`` (pinned by ``tests/test_exports.py``). Names that need PyTorch or
+the compiled kernels are loaded on first use, so ``import sparseps`` and the command
+line stay quick and nothing starts at import time.
 """
 
 from __future__ import annotations
+
+import importlib
 
 from . import errors
 from .errors import (
@@ -20,15 +24,59 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CheckpointError",
-    "ConfigError",
-    "InputError",
-    "ProtocolError",
-    "RemoteError",
-    "SparsePSError",
-    "TimeoutError_",
-    "UnavailableError",
-    "__version__",
-    "errors",
-]
+# public name -> (module, attribute or None for the module itself)
+_LAZY = {
+    "Initializer": ("sparseps.config", "Initializer"),
+    "Lifecycle": ("sparseps.config", "Lifecycle"),
+    "TableConfig": ("sparseps.config", "TableConfig"),
+    "PSClient": ("sparseps.rpc.client", "PSClient"),
+    "Strategy": ("sparseps.worker.strategy", "Strategy"),
+    "Trainer": ("sparseps.worker.trainer", "Trainer"),
+    "init": ("sparseps.role", "init"),
+    "is_server": ("sparseps.role", "is_server"),
+    "is_worker": ("sparseps.role", "is_worker"),
+    "worker_index": ("sparseps.role", "worker_index"),
+    "worker_num": ("sparseps.role", "worker_num"),
+    "server_num": ("sparseps.role", "server_num"),
+    "server_endpoints": ("sparseps.role", "server_endpoints"),
+    "run_server": ("sparseps.role", "run_server"),
+    "barrier_worker": ("sparseps.role", "barrier_worker"),
+    "stop": ("sparseps.role", "stop"),
+    "data": ("sparseps.data", None),
+    "metrics": ("sparseps.metrics", None),
+    "models": ("sparseps.models", None),
+    "nn": ("sparseps.nn", None),
+    "optim": ("sparseps.optim", None),
+    "testing": ("sparseps.testing", None),
+}
+
+__all__ = sorted(
+    [
+        "CheckpointError",
+        "ConfigError",
+        "InputError",
+        "ProtocolError",
+        "RemoteError",
+        "SparsePSError",
+        "TimeoutError_",
+        "UnavailableError",
+        "__version__",
+        "errors",
+        *_LAZY,
+    ]
+)
+
+
+def __getattr__(name: str):
+    try:
+        module_name, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'sparseps' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

@@ -18,6 +18,10 @@ from .errors import SparsePSError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("sparseps.benchmarking", "run a benchmark from bench/ and print ratios"),
+    "demo": ("sparseps.demo", "the main job: data, 1 server + 2 workers, wide&deep, test AUC"),
+    "inspect": ("sparseps.checkpoint.inspect_cli", "what a model directory holds; exit 0 if it verifies"),
+    "predict": ("sparseps.checkpoint.predict_cli", "predictions from an inference model, without servers"),
+    "launch": ("sparseps.launch.cli", "start servers and workers, like fleetrun"),
 }
 
 

@@ -27,7 +27,15 @@ from enum import StrEnum
 
 from .errors import ConfigError
 
-__all__ = ["VARIABLES", "Role", "RoleEnv", "from_environ", "parse_endpoint"]
+__all__ = [
+    "VARIABLES",
+    "Role",
+    "RoleEnv",
+    "child_environ",
+    "float_setting",
+    "from_environ",
+    "parse_endpoint",
+]
 
 ROLE = "SPARSEPS_ROLE"
 RANK = "SPARSEPS_RANK"
@@ -41,6 +49,10 @@ VARIABLES = (ROLE, RANK, SERVERS, WORKER_NUM, MASTER, LOG_DIR, JOB_ID)
 # Optional tuning knobs (not part of the role contract; absent means default).
 RPC_TIMEOUT = "SPARSEPS_RPC_TIMEOUT"
 BARRIER_WARN = "SPARSEPS_BARRIER_WARN_S"
+BARRIER_TIMEOUT = "SPARSEPS_BARRIER_TIMEOUT_S"
+RENDEZVOUS_TIMEOUT = "SPARSEPS_RENDEZVOUS_TIMEOUT_S"
+COLLECTIVE_TIMEOUT = "SPARSEPS_COLLECTIVE_TIMEOUT_S"
+SERVER_START_TIMEOUT = "SPARSEPS_SERVER_START_TIMEOUT_S"
 
 
 class Role(StrEnum):
@@ -163,3 +175,15 @@ def float_setting(name: str, default: float, environ: Mapping[str, str] | None =
     if value <= 0:
         raise ConfigError(f"{name}: must be > 0, got {value}")
     return value
+
+
+def child_environ(overrides: Mapping[str, str]) -> dict[str, str]:
+    """The environment for a child process: this one's, minus role variables, plus ``overrides``.
+
+    Role variables of this process are dropped first so that a child never inherits half
+    of a role (e.g. a launcher started from inside a worker); the launcher passes the
+    child's full role in ``overrides`` (``RoleEnv.to_environ()``).
+    """
+    child = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    child.update(overrides)
+    return child

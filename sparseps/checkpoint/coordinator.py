@@ -1,0 +1,125 @@
+"""Collective save/load of checkpoints and inference models, driven by the trainer.
+
+Every worker calls these (they contain barriers); worker 0 talks to the servers and
+writes the manifest. The functions take the trainer's parts explicitly (client, tables,
+dense parameters) so the file logic stays apart from training.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..worker import collectives
+from . import checkpoint as ck
+from . import inference
+from . import manifest as mf
+
+__all__ = ["load_checkpoint", "save_checkpoint", "save_inference_model"]
+
+log = logging.getLogger(__name__)
+
+
+def save_checkpoint(trainer, directory: str | Path, *, state: dict | None = None) -> dict | None:
+    """Save every table, the dense model and ``state``; returns the manifest (worker 0)."""
+    trainer._start()
+    trainer._mode.quiesce()
+    return _on_worker_zero(
+        trainer, "save_checkpoint", _write_checkpoint, trainer, Path(directory), state or {}
+    )
+
+
+def _write_checkpoint(trainer, directory: Path, state: dict) -> dict:
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    ck.invalidate(directory)
+    files: dict[str, dict] = {}
+    tables: dict[str, dict] = {}
+    for name, config in trainer.tables.items():
+        records = trainer._client.save(name, str(directory))
+        for record in records:
+            files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
+        tables[name] = {
+            "config": config.to_dict(),
+            "rows": sum(r["rows"] for r in records if r["kind"] == "rows"),
+            "pending": sum(r["rows"] for r in records if r["kind"] == "pending"),
+            "files": sorted(r["name"] for r in records),
+            "servers": trainer.server_num,
+        }
+    name = trainer._mode.save_dense(directory)
+    files[name] = mf.file_record(directory / name)
+    dense = {"size": trainer._mode.dense.size, "rule": trainer.dense_rule.to_dict(), "file": name}
+    full_state = {"passes": trainer.passes, "mode": trainer.strategy.mode, **state}
+    manifest = mf.write_manifest(
+        directory, "sparseps-checkpoint", files, tables=tables, dense=dense, state=full_state
+    )
+    log.info("checkpoint saved to %s (%d files)", directory, len(files))
+    return manifest
+
+
+def load_checkpoint(trainer, directory: str | Path) -> dict:
+    """Load a checkpoint saved by any number of servers; returns its ``state`` section."""
+    trainer._start()
+    directory = Path(directory).resolve()
+    trainer._mode.quiesce()
+    manifest = mf.read_manifest(directory, fmt="sparseps-checkpoint")
+    ck.check_tables(directory, manifest["tables"], trainer.tables)
+    dense_size = manifest["dense"]["size"]
+    if dense_size != trainer._mode.dense.size:
+        raise CheckpointError(
+            f"{directory}: dense model has {dense_size} parameters in the checkpoint, "
+            f"the model being loaded has {trainer._mode.dense.size}"
+        )
+    _on_worker_zero(trainer, "load_checkpoint", _load_on_servers, trainer, directory, manifest)
+    trainer._mode.load_dense_local(directory / manifest["dense"]["file"])
+    trainer.passes = int(manifest["state"].get("passes", 0))
+    return manifest["state"]
+
+
+def _load_on_servers(trainer, directory: Path, manifest: dict) -> None:
+    mf.verify(directory, manifest)
+    for name in trainer.tables:
+        entry = manifest["tables"][name]
+        specs = [
+            {"path": str(directory / f), "sha256": manifest["files"][f]["sha256"]}
+            for f in entry["files"]
+        ]
+        trainer._client.load(name, specs)
+    trainer._mode.load_dense(directory / manifest["dense"]["file"])
+
+
+def _on_worker_zero(trainer, what: str, function, *args):
+    """Run ``function`` on worker 0; every worker returns together, or raises together."""
+    result, error = None, None
+    if trainer.rank == 0:
+        try:
+            result = function(*args)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, on every worker
+            error = exc
+    failed = collectives.all_reduce_sum(np.array([error is not None], np.int64))[0]
+    if error is not None:
+        raise error
+    if failed:
+        raise CheckpointError(f"{what} failed on worker 0 (see its log)")
+    return result
+
+
+def save_inference_model(trainer, directory: str | Path, *, mode: str = "base") -> Path | None:
+    """Save embeddings (filtered by the lifecycle) and the exported dense head.
+
+    ``base`` writes ``DIR/base-NNNNN`` with rows whose score >= the table's base score;
+    ``delta`` writes ``DIR/delta-NNNNN`` with rows changed since the previous inference
+    save, plus tombstones of keys shrink deleted since then. Returns the new folder.
+    """
+    if mode not in ("base", "delta"):
+        raise CheckpointError(f"save_inference_model: mode must be 'base' or 'delta', got {mode!r}")
+    trainer._start()
+    trainer._mode.quiesce()
+    folder = _on_worker_zero(
+        trainer, "save_inference_model", inference.write_inference, trainer, Path(directory), mode
+    )
+    trainer._tombstones.clear()
+    return folder

@@ -1,0 +1,64 @@
+"""``sparseps inspect DIR``: what a model directory holds, and whether it verifies.
+
+Exit code 0 only if every save in ``DIR`` has a manifest and every listed file has its
+recorded size and checksum; otherwise one line per problem names the folder or file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", help="a checkpoint, an inference save, or an inference model folder")
+
+
+def _describe(folder: Path, manifest: dict) -> list[str]:
+    lines = [f"{folder}: {manifest['format']} ({manifest.get('kind', 'checkpoint')}), created {manifest['created']}"]
+    for name, table in sorted(manifest.get("tables", {}).items()):
+        config = table["config"]
+        extra = f", {table['tombstones']} tombstones" if table.get("tombstones") else ""
+        lines.append(
+            f"  table {name}: {table['rows']} rows, dim {config['dim']}, rule {config['rule'].get('name')}{extra}"
+        )
+    if "dense" in manifest:
+        lines.append(f"  dense: {manifest['dense']['size']} parameters, rule {manifest['dense']['rule'].get('name')}")
+    if "embeddings" in manifest:
+        lines.append(f"  head inputs: dense + {', '.join(e['table'] for e in manifest['embeddings'])}")
+    size = sum(f["size"] for f in manifest["files"].values())
+    lines.append(f"  files: {len(manifest['files'])}, {size / 1e6:.2f} MB; state: {manifest.get('state', {})}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import CheckpointError
+    from . import inference
+    from . import manifest as mf
+
+    root = Path(args.directory)
+    if not root.is_dir():
+        print(f"sparseps inspect: {root}: no such directory")
+        return 1
+    folders = [root] if (root / mf.MANIFEST).exists() else [p for _, _, p in inference._saves(root)]
+    if not folders:
+        print(f"sparseps inspect: {root}: not a model directory (no {mf.MANIFEST}, no base-/delta- saves)")
+        return 1
+    problems = 0
+    for folder in folders:
+        try:
+            manifest = mf.verify(folder)
+        except CheckpointError as exc:
+            problems += 1
+            print(f"INVALID {exc}")
+            continue
+        print("\n".join(_describe(folder, manifest)))
+        print(f"  verified: {len(manifest['files'])} files match {mf.MANIFEST}")
+    if len(folders) > 1 or folders[0] != root:
+        try:
+            usable = inference.chain(root)
+            print(f"{root}: serving chain = {', '.join(p.name for p in usable)}")
+        except CheckpointError as exc:
+            problems += 1
+            print(f"INVALID {exc}")
+    return 1 if problems else 0

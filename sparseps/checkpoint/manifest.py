@@ -1,0 +1,142 @@
+"""``MANIFEST.json``: what a model directory holds, written last and atomically.
+
+A model directory (checkpoint or inference model) is valid only if its manifest exists
+and every file it lists has the recorded size and SHA-256. The manifest is written to a
+temporary file, fsynced and renamed into place, so a crash during a save leaves either
+no manifest (the directory reports as incomplete) or a complete one — never a manifest
+that points at half-written files.
+
+Layout (version 1)::
+
+    {
+      "format": "sparseps-checkpoint" | "sparseps-inference",
+      "version": 1,
+      "created": "2026-11-22T08:00:00Z",
+      "files": {"deep_emb.shard-00000-of-00002.parquet": {"size": 123, "sha256": "..."}, ...},
+      "tables": {"deep_emb": {"config": {...}, "layout": {...}, "rows": 1000,
+                              "files": ["deep_emb.shard-00000-of-00002.parquet", ...]}},
+      "dense": {...}, "state": {"pass": 3, "day": "20261122", ...}
+    }
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import CheckpointError
+
+__all__ = [
+    "MANIFEST",
+    "file_record",
+    "read_manifest",
+    "sha256_of",
+    "verify",
+    "write_json_atomic",
+    "write_manifest",
+]
+
+MANIFEST = "MANIFEST.json"
+VERSION = 1
+FORMATS = ("sparseps-checkpoint", "sparseps-inference")
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_record(path: Path) -> dict:
+    return {"size": path.stat().st_size, "sha256": sha256_of(path)}
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write JSON so readers see the old file or the whole new one, never a torn one."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_manifest(directory: Path, fmt: str, files: dict[str, dict], **sections) -> dict:
+    """Write the manifest last. ``files`` maps a name relative to ``directory`` to its record."""
+    if fmt not in FORMATS:
+        raise CheckpointError(f"unknown model directory format {fmt!r} (expected one of {FORMATS})")
+    manifest = {
+        "format": fmt,
+        "version": VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "files": dict(sorted(files.items())),
+        **sections,
+    }
+    write_json_atomic(Path(directory) / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(directory: Path, *, fmt: str | None = None) -> dict:
+    """Load the manifest (no checksum pass; see :func:`verify`).
+
+    Raises:
+        CheckpointError: no manifest (an incomplete save), unreadable, or the wrong format.
+    """
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: no such model directory")
+    if not path.is_file():
+        raise CheckpointError(
+            f"{directory}: no {MANIFEST} — the save did not complete, so this is not a valid "
+            "model directory; use an earlier one"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable manifest ({exc})") from None
+    if manifest.get("version") != VERSION or manifest.get("format") not in FORMATS:
+        raise CheckpointError(
+            f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r} "
+            f"is not one this sparseps reads (version {VERSION})"
+        )
+    if fmt is not None and manifest["format"] != fmt:
+        raise CheckpointError(f"{directory}: is a {manifest['format']} directory, expected {fmt}")
+    return manifest
+
+
+def verify(
+    directory: Path, manifest: dict | None = None, *, names: Iterable[str] | None = None
+) -> dict:
+    """Check size and SHA-256 of every listed file (or of ``names``).
+
+    Raises:
+        CheckpointError: naming the first file that is missing, truncated or altered.
+    """
+    directory = Path(directory)
+    manifest = manifest or read_manifest(directory)
+    files = manifest["files"]
+    for name in names if names is not None else files:
+        record = files.get(name)
+        if record is None:
+            raise CheckpointError(f"{directory}: {name} is not listed in {MANIFEST}")
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{path}: listed in {MANIFEST} but missing")
+        size = path.stat().st_size
+        if size != record["size"]:
+            raise CheckpointError(f"{path}: size {size} bytes, manifest says {record['size']}")
+        if sha256_of(path) != record["sha256"]:
+            raise CheckpointError(f"{path}: checksum mismatch (the file was altered or corrupted)")
+    return manifest

@@ -1,0 +1,368 @@
+"""Table configuration: frozen, validated dataclasses (DESIGN §2.5).
+
+A :class:`TableConfig` names a sparse table and says how its rows are built and kept:
+``dim``, the optimizer rule (``sparseps.optim``), the :class:`Initializer` that makes a
+row's first value from ``(seed, key)``, and the :class:`Lifecycle` policy (admission,
+decay, shrink). Every object validates itself at construction and raises
+:class:`~sparseps.errors.ConfigError` naming the field, the bad value and what is
+accepted. ``to_dict`` gives plain str/int/float/bool/None/list/dict values (msgpack and
+JSON safe) and ``from_dict`` rejects unknown keys, so::
+
+    cfg == TableConfig.from_dict(cfg.to_dict())
+
+Worked example::
+
+    TableConfig(name="emb", dim=8, rule=optim.Adagrad(lr=0.05),
+                initializer=Initializer.uniform(-0.01, 0.01),
+                lifecycle=Lifecycle(admission="count", admit_count=3))
+
+This module is a base module: it imports ``sparseps.optim`` only inside functions, so
+``optim`` can reuse the validators below without an import cycle.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = [
+    "Admission",
+    "InitKind",
+    "Initializer",
+    "Lifecycle",
+    "TableConfig",
+    "check_float",
+    "check_int",
+    "check_keys",
+]
+
+MAX_DIM = 65536
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
+# -- validators shared by config objects and optimizer rules -------------------------------
+
+
+def check_float(
+    owner: str,
+    name: str,
+    value: Any,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+) -> float:
+    """Return ``value`` as a finite float, or raise ConfigError naming ``owner.name``.
+
+    Args:
+        owner: the object being validated, e.g. ``"Adagrad"``.
+        name: the field name.
+        value: the value given.
+        ge, gt, le, lt: optional bounds (inclusive / exclusive).
+
+    Raises:
+        ConfigError: not a real number, not finite, or out of bounds.
+    """
+    # bool is an int subclass; True as a learning rate is always a mistake.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{owner}.{name}: expected a number, got {value!r} ({type(value).__name__})")
+    result = float(value)
+    bounds = []
+    if ge is not None:
+        bounds.append((result >= ge, f">= {ge}"))
+    if gt is not None:
+        bounds.append((result > gt, f"> {gt}"))
+    if le is not None:
+        bounds.append((result <= le, f"<= {le}"))
+    if lt is not None:
+        bounds.append((result < lt, f"< {lt}"))
+    wanted = " and ".join(text for _, text in bounds) or "finite"
+    if not math.isfinite(result) or not all(ok for ok, _ in bounds):
+        raise ConfigError(f"{owner}.{name}: got {value!r}, expected a finite number {wanted}")
+    return result
+
+
+def check_int(owner: str, name: str, value: Any, *, ge: int | None = None, le: int | None = None) -> int:
+    """Return ``value`` as an int within ``[ge, le]`` or raise ConfigError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{owner}.{name}: expected an integer, got {value!r} ({type(value).__name__})")
+    if (ge is not None and value < ge) or (le is not None and value > le):
+        low = "-inf" if ge is None else ge
+        high = "inf" if le is None else le
+        raise ConfigError(f"{owner}.{name}: got {value}, expected an integer in [{low}, {high}]")
+    return int(value)
+
+
+def check_keys(owner: str, given: Mapping, allowed: set[str] | tuple[str, ...]) -> None:
+    """Reject a dict that is not a mapping or carries keys the object does not know."""
+    if not isinstance(given, Mapping):
+        raise ConfigError(f"{owner}: expected a dict, got {type(given).__name__}")
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"{owner}: unknown key(s) {unknown}; accepted keys are {sorted(allowed)}"
+        )
+
+
+def _set(obj: object, name: str, value: object) -> None:
+    # frozen dataclasses normalise their own fields in __post_init__
+    object.__setattr__(obj, name, value)
+
+
+def _enum(owner: str, name: str, enum: type[StrEnum], value: Any) -> StrEnum:
+    try:
+        return enum(value)
+    except ValueError:
+        accepted = [member.value for member in enum]
+        raise ConfigError(f"{owner}.{name}: got {value!r}, expected one of {accepted}") from None
+
+
+# -- initializer ----------------------------------------------------------------------------
+
+
+class InitKind(StrEnum):
+    ZEROS = "zeros"
+    CONSTANT = "constant"
+    UNIFORM = "uniform"
+    NORMAL = "normal"
+
+
+# which numeric fields each kind uses; the others must keep their default 0.0
+_INIT_FIELDS = {
+    InitKind.ZEROS: (),
+    InitKind.CONSTANT: ("value",),
+    InitKind.UNIFORM: ("low", "high"),
+    InitKind.NORMAL: ("mean", "std"),
+}
+
+
+@dataclass(frozen=True)
+class Initializer:
+    """How a row's first embedding is made from ``(table seed, key)``.
+
+    Build it with a constructor: ``Initializer.zeros()``, ``.constant(v)``,
+    ``.uniform(low, high)`` (values in ``[low, high)``), ``.normal(mean, std)``.
+    The values are a pure function of ``(seed, key, element)``; see
+    ``sparseps.table.initializers``.
+    """
+
+    kind: InitKind = InitKind.ZEROS
+    value: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    mean: float = 0.0
+    std: float = 0.0
+
+    def __post_init__(self) -> None:
+        owner = "Initializer"
+        kind = _enum(owner, "kind", InitKind, self.kind)
+        _set(self, "kind", kind)
+        for name in ("value", "low", "high", "mean", "std"):
+            _set(self, name, check_float(owner, name, getattr(self, name)))
+            if name not in _INIT_FIELDS[kind] and getattr(self, name) != 0.0:
+                raise ConfigError(
+                    f"{owner}.{name}: not used by kind {kind.value!r} "
+                    f"(which takes {list(_INIT_FIELDS[kind]) or 'no parameters'}); leave it 0"
+                )
+        if kind is InitKind.UNIFORM and not self.low < self.high:
+            raise ConfigError(f"{owner}.uniform: low={self.low} must be < high={self.high}")
+        if kind is InitKind.NORMAL and self.std < 0:
+            raise ConfigError(f"{owner}.normal: std={self.std} must be >= 0")
+
+    @classmethod
+    def zeros(cls) -> Initializer:
+        return cls(InitKind.ZEROS)
+
+    @classmethod
+    def constant(cls, value: float) -> Initializer:
+        return cls(InitKind.CONSTANT, value=value)
+
+    @classmethod
+    def uniform(cls, low: float, high: float) -> Initializer:
+        return cls(InitKind.UNIFORM, low=low, high=high)
+
+    @classmethod
+    def normal(cls, mean: float, std: float) -> Initializer:
+        return cls(InitKind.NORMAL, mean=mean, std=std)
+
+    def to_dict(self) -> dict:
+        """``{"kind": ..., <only the parameters this kind uses>}``."""
+        return {"kind": self.kind.value, **{name: getattr(self, name) for name in _INIT_FIELDS[self.kind]}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Initializer:
+        check_keys("Initializer", d, {f.name for f in fields(cls)})
+        if "kind" not in d:
+            raise ConfigError("Initializer: missing key 'kind' (zeros, constant, uniform, normal)")
+        return cls(**d)
+
+
+# -- lifecycle ------------------------------------------------------------------------------
+
+
+class Admission(StrEnum):
+    ALWAYS = "always"
+    COUNT = "count"
+    PROBABILITY = "probability"
+    SCORE = "score"
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """Feature admission, daily decay and shrink (DESIGN §2.5).
+
+    ``score = (show - click) * nonclick_coeff + click * click_coeff`` (Paddle's
+    show_click_score).
+
+    Args:
+        admission: ``"always"`` (every pushed key becomes a row), ``"count"`` (once its
+            accumulated show count reaches ``admit_count``), ``"probability"`` (each push
+            that carries the key admits it with probability ``admit_probability``, decided
+            by a hash of (seed, key, attempt) so every shard and replay agrees) or
+            ``"score"`` (once its score reaches ``admit_score``).
+        admit_count: shows needed by ``"count"`` (>= 1).
+        admit_probability: per-push admission probability of ``"probability"`` in (0, 1].
+        admit_score: score needed by ``"score"`` (>= 0).
+        nonclick_coeff, click_coeff: the score weights (>= 0).
+        decay_rate: ``decay()`` multiplies show and click by it, in (0, 1].
+        shrink_score: ``shrink()`` deletes rows whose score is below it.
+        shrink_unseen_days: ``shrink()`` deletes rows unseen for more days than this.
+        base_score: a base inference model keeps rows whose score is >= this.
+    """
+
+    admission: Admission = Admission.ALWAYS
+    admit_count: int = 1
+    admit_probability: float = 1.0
+    admit_score: float = 0.0
+    nonclick_coeff: float = 0.1
+    click_coeff: float = 1.0
+    decay_rate: float = 0.98
+    shrink_score: float = 0.0
+    shrink_unseen_days: int = 30
+    base_score: float = 0.0
+
+    def __post_init__(self) -> None:
+        owner = "Lifecycle"
+        _set(self, "admission", _enum(owner, "admission", Admission, self.admission))
+        _set(self, "admit_count", check_int(owner, "admit_count", self.admit_count, ge=1, le=2**24))
+        _set(
+            self,
+            "admit_probability",
+            check_float(owner, "admit_probability", self.admit_probability, gt=0.0, le=1.0),
+        )
+        _set(self, "admit_score", check_float(owner, "admit_score", self.admit_score, ge=0.0))
+        _set(self, "nonclick_coeff", check_float(owner, "nonclick_coeff", self.nonclick_coeff, ge=0.0))
+        _set(self, "click_coeff", check_float(owner, "click_coeff", self.click_coeff, ge=0.0))
+        _set(self, "decay_rate", check_float(owner, "decay_rate", self.decay_rate, gt=0.0, le=1.0))
+        _set(self, "shrink_score", check_float(owner, "shrink_score", self.shrink_score))
+        _set(
+            self,
+            "shrink_unseen_days",
+            check_int(owner, "shrink_unseen_days", self.shrink_unseen_days, ge=0, le=2**24),
+        )
+        _set(self, "base_score", check_float(owner, "base_score", self.base_score))
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["admission"] = self.admission.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Lifecycle:
+        check_keys("Lifecycle", d, {f.name for f in fields(cls)})
+        return cls(**d)
+
+
+# -- table ----------------------------------------------------------------------------------
+
+
+def _default_rule():
+    from . import optim
+
+    return optim.Adagrad()
+
+
+def _default_initializer() -> Initializer:
+    return Initializer.uniform(-0.01, 0.01)
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One sparse table: name, width, optimizer rule, initializer, lifecycle, seed.
+
+    Args:
+        name: 1-128 characters from ``[A-Za-z0-9_.-]`` (it becomes part of file names).
+        dim: embedding width, 1..65536.
+        rule: a ``sparseps.optim`` rule (SGD, Adagrad, RowwiseAdagrad, Adam, FTRL).
+        initializer: first value of a row, a pure function of ``(seed, key)``.
+        lifecycle: admission / decay / shrink policy.
+        seed: table seed in ``[0, 2**64)``; same seed and key give the same initial row on
+            any number of servers.
+    """
+
+    name: str
+    dim: int
+    rule: Any = field(default_factory=_default_rule)
+    initializer: Initializer = field(default_factory=_default_initializer)
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from .optim import Rule
+
+        owner = "TableConfig"
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ConfigError(
+                f"{owner}.name: got {self.name!r}, expected 1-128 characters from [A-Za-z0-9_.-]"
+            )
+        _set(self, "dim", check_int(owner, "dim", self.dim, ge=1, le=MAX_DIM))
+        if not isinstance(self.rule, Rule):
+            raise ConfigError(
+                f"{owner}.rule: got {self.rule!r}, expected a sparseps.optim rule "
+                "(SGD, Adagrad, RowwiseAdagrad, Adam, FTRL)"
+            )
+        if not isinstance(self.initializer, Initializer):
+            raise ConfigError(
+                f"{owner}.initializer: got {self.initializer!r}, expected a sparseps.config.Initializer"
+            )
+        if not isinstance(self.lifecycle, Lifecycle):
+            raise ConfigError(
+                f"{owner}.lifecycle: got {self.lifecycle!r}, expected a sparseps.config.Lifecycle"
+            )
+        _set(self, "seed", check_int(owner, "seed", self.seed, ge=0, le=2**64 - 1))
+
+    def to_dict(self) -> dict:
+        """Plain values only (str/int/float/bool/None/list/dict), safe for msgpack and JSON."""
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "rule": self.rule.to_dict(),
+            "initializer": self.initializer.to_dict(),
+            "lifecycle": self.lifecycle.to_dict(),
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> TableConfig:
+        """Build and validate a config from ``to_dict`` output; unknown keys are errors."""
+        from .optim import rule_from_dict
+
+        check_keys("TableConfig", d, {f.name for f in fields(cls)})
+        for required in ("name", "dim"):
+            if required not in d:
+                raise ConfigError(f"TableConfig: missing key {required!r}")
+        kwargs = dict(d)
+        if "rule" in kwargs:
+            kwargs["rule"] = rule_from_dict(kwargs["rule"])
+        if "initializer" in kwargs:
+            kwargs["initializer"] = Initializer.from_dict(kwargs["initializer"])
+        if "lifecycle" in kwargs:
+            kwargs["lifecycle"] = Lifecycle.from_dict(kwargs["lifecycle"])
+        return cls(**kwargs)

@@ -1,0 +1,234 @@
+"""What both datasets share: validated options, this worker's files, reader threads.
+
+Reading: ``threads`` reader threads take this worker's files one at a time (in order)
+and parse them chunk by chunk; parsed chunks go through one bounded queue
+(``queue_size`` chunks) to the consumer, which cuts them into batches of
+``batch_size`` without copying (slices of the chunk; only a batch that spans two chunks
+is copied). With ``threads=1`` the order of samples is the order of the files and
+lines; with more threads chunks of different files interleave.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .. import env
+from ..errors import ConfigError
+from .schema import Batch, Schema
+from .sources import Format, expand_files, parse_format, read_file, shard
+from .stats import DatasetStats, PassCounter
+
+__all__ = ["DatasetOptions", "rebatch"]
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.2  # how often blocked queue calls look at the stop flag and the readers
+_JOIN_S = 60.0  # longest wait for a reader thread to finish its chunk after a stop
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """The validated constructor arguments of a dataset (see QueueDataset)."""
+
+    files: tuple[str, ...]
+    schema: Schema
+    batch_size: int
+    threads: int
+    pipe_command: str | None
+    format: Format
+    rank: int
+    world: int
+    drop_last: bool
+    strict: bool
+    queue_size: int
+    pipe_timeout: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.schema, Schema):
+            raise ConfigError(f"schema: expected a sparseps.data.Schema, got {type(self.schema).__name__}")
+        for name, low in (("batch_size", 1), ("threads", 1), ("queue_size", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
+        if not self.pipe_timeout > 0:
+            raise ConfigError(f"pipe_timeout: expected seconds > 0, got {self.pipe_timeout!r}")
+        if self.pipe_command is not None and not str(self.pipe_command).strip():
+            raise ConfigError("pipe_command: empty command (use None for no command)")
+
+    @staticmethod
+    def build(files, schema, batch_size, threads, pipe_command, *, format, rank, world,
+              drop_last, strict, queue_size, pipe_timeout) -> DatasetOptions:  # fmt: skip
+        """Expand the inputs and resolve rank/world (from the environment when None)."""
+        if (rank is None) != (world is None):
+            raise ConfigError(f"give both rank and world or neither (got rank={rank}, world={world})")
+        if rank is None:
+            role = env.from_environ()
+            if role is None:
+                rank, world = 0, 1
+            elif role.role is env.Role.WORKER:
+                rank, world = role.rank, role.worker_num
+            else:
+                raise ConfigError(
+                    "datasets are read by workers, but this process has SPARSEPS_ROLE=server; "
+                    "pass rank= and world= to read anyway"
+                )
+        if not isinstance(files, str | os.PathLike | Sequence) or (
+            isinstance(files, Sequence) and not isinstance(files, str) and not files
+        ):
+            raise ConfigError(f"files: expected a path or a non-empty list of paths, got {files!r}")
+        shard([], rank, world)  # validates rank/world
+        return DatasetOptions(
+            files=tuple(expand_files(files)), schema=schema, batch_size=batch_size,
+            threads=threads, pipe_command=pipe_command,
+            format=parse_format(format, pipe_command), rank=rank, world=world,
+            drop_last=bool(drop_last), strict=bool(strict), queue_size=queue_size,
+            pipe_timeout=float(pipe_timeout),
+        )  # fmt: skip
+
+    def my_files(self) -> list[tuple[int, str]]:
+        return shard(self.files, self.rank, self.world)
+
+
+class _Done:
+    pass
+
+
+class _Failed:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class DatasetBase:
+    """Options, stats and the reader threads (the public classes add iteration)."""
+
+    def __init__(self, files, schema, batch_size, threads=1, pipe_command=None, *,
+                 format=None, rank=None, world=None, drop_last=False, strict=False,
+                 queue_size=16, pipe_timeout=300.0) -> None:  # fmt: skip
+        self.options = DatasetOptions.build(
+            files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
+            world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
+            pipe_timeout=pipe_timeout,
+        )  # fmt: skip
+        self._passes: list[PassCounter] = []
+        if not self.options.my_files():
+            log.warning(
+                "%s: worker %d of %d has no file to read (%d files in all)",
+                type(self).__name__, self.options.rank, self.options.world, len(self.options.files),
+            )  # fmt: skip
+
+    @property
+    def schema(self) -> Schema:
+        return self.options.schema
+
+    @property
+    def batch_size(self) -> int:
+        return self.options.batch_size
+
+    @property
+    def files(self) -> list[str]:
+        """The files this worker reads (its share of the job's sorted file list)."""
+        return [path for _, path in self.options.my_files()]
+
+    def stats(self) -> DatasetStats:
+        passes = tuple(p.snapshot() for p in self._passes)
+        return DatasetStats(
+            rows=sum(p.rows for p in passes),
+            bad_lines=sum(p.bad_lines for p in passes),
+            files=len(self.options.my_files()),
+            passes=passes,
+        )
+
+    def _read_chunks(self) -> Iterator[Batch]:
+        """One pass over this worker's files: parsed chunks from the reader threads."""
+        opts = self.options
+        counter = PassCounter(strict=opts.strict, name=type(self).__name__)
+        self._passes.append(counter)
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for item in opts.my_files():
+            todo.put(item)
+        out: queue.Queue = queue.Queue(maxsize=opts.queue_size)
+        stop = threading.Event()
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=_POLL_S)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def reader() -> None:
+            try:
+                while not stop.is_set():
+                    try:
+                        file_no, path = todo.get_nowait()
+                    except queue.Empty:
+                        break
+                    for parsed in read_file(path, file_no, opts.schema, opts.format,
+                                            pipe_command=opts.pipe_command,
+                                            pipe_timeout=opts.pipe_timeout):  # fmt: skip
+                        counter.add(path, parsed)
+                        if len(parsed.batch) and not put(parsed.batch):
+                            return
+                    counter.file_done()
+            except BaseException as exc:  # handed to the consumer, which re-raises it
+                put(_Failed(exc))
+            finally:
+                put(_Done())
+
+        threads = [
+            threading.Thread(target=reader, name=f"sparseps-reader-{i}", daemon=True)
+            for i in range(min(opts.threads, max(len(opts.my_files()), 1)))
+        ]
+        for t in threads:
+            t.start()
+        try:
+            done = 0
+            while done < len(threads):
+                try:
+                    item = out.get(timeout=_POLL_S)
+                except queue.Empty:
+                    if not any(t.is_alive() for t in threads) and out.empty():
+                        break  # pragma: no cover - every reader puts _Done before exiting
+                    continue
+                if isinstance(item, _Done):
+                    done += 1
+                elif isinstance(item, _Failed):
+                    raise item.exc
+                else:
+                    yield item
+            counter.finish()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=_JOIN_S)
+                if t.is_alive():  # pragma: no cover
+                    log.warning("reader thread %s did not stop within %.0f s", t.name, _JOIN_S)
+
+
+def rebatch(chunks: Iterator[Batch], batch_size: int, drop_last: bool) -> Iterator[Batch]:
+    """Cut a stream of chunks into batches of ``batch_size`` (the last may be short)."""
+    head: Batch | None = None  # leftover samples of the previous chunk, fewer than a batch
+    for chunk in chunks:
+        start = 0
+        if head is not None:
+            start = min(batch_size - len(head), len(chunk))
+            head = Batch.concat([head, chunk.slice(0, start)])
+            if len(head) < batch_size:
+                continue
+            yield head
+            head = None
+        n = len(chunk)
+        while n - start >= batch_size:
+            yield chunk.slice(start, start + batch_size)
+            start += batch_size
+        if start < n:
+            head = chunk.slice(start, n)
+    if head is not None and len(head) and not drop_last:
+        yield head

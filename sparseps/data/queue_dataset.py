@@ -1,0 +1,68 @@
+"""QueueDataset: stream this worker's files as batches, one pass per iteration."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+
+from .dataset import DatasetBase, rebatch
+from .schema import Batch, Schema
+from .sources import Format
+
+__all__ = ["QueueDataset"]
+
+
+class QueueDataset(DatasetBase):
+    """Batches streamed from files by reader threads through a bounded queue.
+
+    Example::
+
+        ds = QueueDataset(["data/train"], CRITEO, batch_size=512, threads=2)
+        for batch in ds:            # one pass; iterating again starts a new pass
+            ...
+        print(ds.stats())
+
+    Args:
+        files: a file, a folder (= its files, sorted) or a list of them. Every worker
+            sorts the whole list and reads ``files[rank::world]``.
+        schema: the columns (e.g. :data:`~sparseps.data.CRITEO`).
+        batch_size: samples per batch (the last batch of a pass may be shorter).
+        threads: reader threads (each parses whole files; with 1 the sample order is
+            the file and line order).
+        pipe_command: a shell command run per file (file on stdin); its stdout is parsed.
+        format: ``criteo_tsv``, ``csv`` (with header), ``slot_text`` or ``parquet``;
+            default ``criteo_tsv``, or ``slot_text`` when ``pipe_command`` is set.
+        rank, world: this worker's share; both None = from the environment
+            (``SPARSEPS_RANK``/``SPARSEPS_WORKER_NUM``), or 0 of 1 in local mode.
+        drop_last: drop the last, short batch of a pass.
+        strict: raise :class:`~sparseps.errors.InputError` on the first bad line
+            instead of counting and skipping it.
+        queue_size: parsed chunks (about 8 MB of text each) buffered between the
+            readers and the consumer.
+        pipe_timeout: seconds a pipe command may stay silent before it is killed.
+
+    Raises:
+        ConfigError: an argument is invalid (names it).
+        InputError: a file or folder does not exist.
+    """
+
+    def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], schema: Schema,
+                 batch_size: int, threads: int = 1, pipe_command: str | None = None, *,
+                 format: str | Format | None = None, rank: int | None = None,
+                 world: int | None = None, drop_last: bool = False, strict: bool = False,
+                 queue_size: int = 16, pipe_timeout: float = 300.0) -> None:  # fmt: skip
+        super().__init__(
+            files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
+            world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
+            pipe_timeout=pipe_timeout,
+        )  # fmt: skip
+
+    def __iter__(self) -> Iterator[Batch]:
+        return rebatch(self._read_chunks(), self.options.batch_size, self.options.drop_last)
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (
+            f"QueueDataset({len(self.files)} of {len(o.files)} files, format={o.format.value}, "
+            f"batch_size={o.batch_size}, threads={o.threads}, rank={o.rank}/{o.world})"
+        )

@@ -1,0 +1,313 @@
+"""The slot text format (PaddleRec): one sample per line, ``key:value`` tokens.
+
+Worked example (schema :data:`~sparseps.data.schema.CRITEO_SLOT`, 3 dense shown)::
+
+    click:1 dense_feature:0.0 dense_feature:0.93 dense_feature:0.02 1:715353 2:761523 2:5
+
+- ``click:1`` is the label (any finite number; required).
+- the k-th ``dense_feature:x`` of the line fills the k-th dense column named
+  ``dense_feature``; a line must carry every dense column of the schema.
+- ``2:761523`` adds the id 761523 to slot ``2``: ids are unsigned decimal integers, used
+  as the uint64 feature id unchanged (the producer already hashed them). A slot may
+  repeat (``2:761523 2:5`` gives sample ids ``[761523, 5]``) or be absent (no ids).
+- tokens are separated by spaces or tabs; keys not in the schema are ignored; blank
+  lines are skipped and not counted.
+
+Bad lines (a token without ``:``, a label or dense value that is not a finite number, an
+id that is not an unsigned 64-bit integer, a missing label, too few or too many dense
+values) are reported with their line number and reason and left out of the batch.
+
+The whole chunk is parsed by one compiled pass over its bytes (:func:`_parse`), then
+numpy groups the ids by slot: no Python code runs per line or per token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .columns import Parsed, transform_dense
+from .hashing import _xxh64, xxh64_bytes
+from .schema import Batch, Schema, Slot, sample_id
+
+__all__ = ["parse_slot_text"]
+
+_KIND_LABEL, _KIND_DENSE, _KIND_SLOT = 0, 1, 2
+_OK, _BLANK = 0, -1
+_REASONS = {
+    1: "token {token!r} has no ':'",
+    2: "label {token!r} is not a finite number",
+    3: "dense value {token!r} is not a finite number",
+    4: "id {token!r} is not an unsigned 64-bit integer",
+    5: "no label ({label!r}) on the line",
+    6: "wrong number of {name!r} values (the schema has {expected})",
+    7: "label {token!r} appears twice",
+}
+_POW10 = np.array([10.0**i for i in range(23)])
+
+
+@njit(nogil=True, cache=True)
+def _parse_float(data, s, e, pow10):
+    """Decimal text ``data[s:e]`` -> (ok, float64). Exact for up to 15 significant digits."""
+    i = s
+    neg = False
+    if i < e and (data[i] == 45 or data[i] == 43):  # '-' '+'
+        neg = data[i] == 45
+        i += 1
+    mant = np.uint64(0)
+    ndig = 0
+    exp10 = 0
+    digits = 0
+    while i < e and 48 <= data[i] <= 57:
+        d = data[i] - 48
+        digits += 1
+        if ndig < 19:
+            if mant > 0 or d > 0:
+                ndig += 1
+            mant = mant * np.uint64(10) + np.uint64(d)
+        else:
+            exp10 += 1
+        i += 1
+    if i < e and data[i] == 46:  # '.'
+        i += 1
+        while i < e and 48 <= data[i] <= 57:
+            d = data[i] - 48
+            digits += 1
+            if ndig < 19:
+                if mant > 0 or d > 0:
+                    ndig += 1
+                mant = mant * np.uint64(10) + np.uint64(d)
+                exp10 -= 1
+            i += 1
+    if digits == 0:
+        return False, 0.0
+    if i < e and (data[i] == 101 or data[i] == 69):  # 'e' 'E'
+        i += 1
+        eneg = False
+        if i < e and (data[i] == 45 or data[i] == 43):
+            eneg = data[i] == 45
+            i += 1
+        if i >= e:
+            return False, 0.0
+        ex = 0
+        while i < e and 48 <= data[i] <= 57:
+            if ex < 100000:
+                ex = ex * 10 + (data[i] - 48)
+            i += 1
+        exp10 += -ex if eneg else ex
+    if i != e:
+        return False, 0.0
+    value = float(mant)
+    # Clinger's fast path: exact when the mantissa and the power of ten are exact doubles.
+    if 0 <= exp10 <= 22:
+        value = value * pow10[exp10]
+    elif -22 <= exp10 < 0:
+        value = value / pow10[-exp10]
+    else:
+        value = value * 10.0**exp10
+    if not np.isfinite(value):
+        return False, 0.0
+    return True, -value if neg else value
+
+
+@njit(nogil=True, cache=True)
+def _parse_uint64(data, s, e):
+    if s >= e:
+        return False, np.uint64(0)
+    value = np.uint64(0)
+    limit = np.uint64(1844674407370955161)  # (2**64 - 1) // 10
+    for i in range(s, e):
+        c = data[i]
+        if c < 48 or c > 57:
+            return False, np.uint64(0)
+        d = np.uint64(c - 48)
+        if value > limit or (value == limit and d > np.uint64(5)):
+            return False, np.uint64(0)
+        value = value * np.uint64(10) + d
+    return True, value
+
+
+@njit(nogil=True, cache=True)
+def _parse(data, key_hash, key_kind, key_index, dense_start, dense_count, dense_cols, pow10,
+           status, err_start, err_end, label, dense, tok_line, tok_slot, tok_val):  # fmt: skip
+    """Parse every line of ``data``; returns (lines, tokens) written to the outputs."""
+    n = data.size
+    counts = np.zeros(dense_start.size, np.int64)
+    line = 0
+    ntok = 0
+    pos = 0
+    while pos < n:
+        # one line: [pos, eol)
+        eol = pos
+        while eol < n and data[eol] != 10:
+            eol += 1
+        end = eol
+        if end > pos and data[end - 1] == 13:  # '\r\n'
+            end -= 1
+        counts[:] = 0
+        has_label = False
+        code = _OK
+        first_tok = ntok
+        any_token = False
+        i = pos
+        while i < end and code == _OK:
+            while i < end and (data[i] == 32 or data[i] == 9):
+                i += 1
+            if i >= end:
+                break
+            s = i
+            while i < end and data[i] != 32 and data[i] != 9:
+                i += 1
+            any_token = True
+            colon = s
+            while colon < i and data[colon] != 58:
+                colon += 1
+            if colon == i:
+                code, err_start[line], err_end[line] = 1, s, i
+                break
+            h = _xxh64(data, s, colon, np.uint64(0))
+            k = np.searchsorted(key_hash, h)
+            if k >= key_hash.size or key_hash[k] != h:
+                continue  # a key the schema does not use
+            kind = key_kind[k]
+            if kind == _KIND_SLOT:
+                ok, v = _parse_uint64(data, colon + 1, i)
+                if not ok:
+                    code, err_start[line], err_end[line] = 4, s, i
+                    break
+                tok_line[ntok] = line
+                tok_slot[ntok] = key_index[k]
+                tok_val[ntok] = v
+                ntok += 1
+            elif kind == _KIND_DENSE:
+                ok, x = _parse_float(data, colon + 1, i, pow10)
+                g = key_index[k]
+                if not ok:
+                    code, err_start[line], err_end[line] = 3, s, i
+                    break
+                if counts[g] >= dense_count[g]:
+                    code, err_start[line], err_end[line] = 6, g, g
+                    break
+                dense[line, dense_cols[dense_start[g] + counts[g]]] = x
+                counts[g] += 1
+            else:
+                ok, x = _parse_float(data, colon + 1, i, pow10)
+                if not ok:
+                    code, err_start[line], err_end[line] = 2, s, i
+                    break
+                if has_label:
+                    code, err_start[line], err_end[line] = 7, s, i
+                    break
+                has_label = True
+                label[line] = x
+        if code == _OK:
+            if not any_token:
+                code = _BLANK
+            elif not has_label:
+                code = 5
+            else:
+                for g in range(dense_start.size):
+                    if counts[g] != dense_count[g]:
+                        code, err_start[line], err_end[line] = 6, g, g
+                        break
+        if code != _OK:
+            ntok = first_tok  # drop the ids of a bad or blank line
+        status[line] = code
+        line += 1
+        pos = eol + 1
+    return line, ntok
+
+
+class _Keys:
+    """The schema's keys, looked up inside the kernel by their XXH64 (sorted)."""
+
+    def __init__(self, schema: Schema):
+        groups = list(dict.fromkeys(schema.dense))
+        entries = [(schema.label, _KIND_LABEL, 0)]
+        entries += [(name, _KIND_DENSE, g) for g, name in enumerate(groups)]
+        entries += [(name, _KIND_SLOT, s) for s, name in enumerate(schema.slots)]
+        hashes = np.array([xxh64_bytes(n.encode()) for n, _, _ in entries], np.uint64)
+        order = np.argsort(hashes)
+        self.hash = hashes[order]
+        self.kind = np.array([entries[i][1] for i in order], np.int8)
+        self.index = np.array([entries[i][2] for i in order], np.int64)
+        cols = [[c for c, n in enumerate(schema.dense) if n == name] for name in groups]
+        self.dense_count = np.array([len(c) for c in cols], np.int64)
+        self.dense_start = np.concatenate([[0], np.cumsum(self.dense_count)[:-1]]).astype(np.int64)
+        self.dense_cols = np.array([c for group in cols for c in group], np.int64)
+        self.groups = groups
+
+
+_KEY_CACHE: dict[Schema, _Keys] = {}
+
+
+def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: int,
+                    first_record: int, max_examples: int = 5) -> Parsed:  # fmt: skip
+    """Parse a chunk of whole lines of the slot text format.
+
+    Args:
+        data: the bytes of whole lines (the last may lack its newline).
+        schema: which keys are label, dense and slots.
+        first_line: the file's line number of the chunk's first line (1-based).
+        file_no: the file's number in the job (for sample ids).
+        first_record: how many samples of this file came before this chunk.
+        max_examples: how many bad lines to describe.
+
+    Returns:
+        the batch of good lines and the bad lines' count and first descriptions.
+    """
+    keys = _KEY_CACHE.get(schema)
+    if keys is None:
+        keys = _KEY_CACHE.setdefault(schema, _Keys(schema))
+    buf = np.frombuffer(data, dtype=np.uint8)
+    max_lines = data.count(b"\n") + 1
+    max_tokens = data.count(b" ") + data.count(b"\t") + max_lines
+    status = np.zeros(max_lines, np.int8)
+    err_start = np.zeros(max_lines, np.int64)
+    err_end = np.zeros(max_lines, np.int64)
+    label = np.zeros(max_lines, np.float64)
+    dense = np.zeros((max_lines, schema.num_dense), np.float64)
+    tok_line = np.empty(max_tokens, np.int64)
+    tok_slot = np.empty(max_tokens, np.int64)
+    tok_val = np.empty(max_tokens, np.uint64)
+    lines, ntok = _parse(
+        buf, keys.hash, keys.kind, keys.index, keys.dense_start, keys.dense_count,
+        keys.dense_cols, _POW10, status, err_start, err_end, label, dense, tok_line, tok_slot,
+        tok_val,
+    )  # fmt: skip
+    status = status[:lines]
+    ok = status == _OK
+    rows = int(ok.sum())
+    row_of_line = np.cumsum(ok) - 1
+    tok_row = row_of_line[tok_line[:ntok]]
+    tok_slot = tok_slot[:ntok]
+    # group the ids by slot, keeping line order inside a slot (stable sort)
+    order = np.argsort(tok_slot, kind="stable")
+    values = tok_val[:ntok][order]
+    num_slots = len(schema.slots)
+    counts = np.bincount(tok_slot * rows + tok_row, minlength=num_slots * rows)
+    counts = counts.reshape(num_slots, rows)
+    slots, start = {}, 0
+    for s, name in enumerate(schema.slots):
+        offsets = np.zeros(rows + 1, np.int64)
+        np.cumsum(counts[s], out=offsets[1:])
+        slots[name] = Slot(values[start : start + offsets[-1]], offsets)
+        start += int(offsets[-1])
+    batch = Batch(
+        label[:lines][ok].astype(np.float32),
+        transform_dense(dense[:lines][ok], schema.dense_transform),
+        slots,
+        sample_id(file_no, np.arange(first_record, first_record + rows)),
+    )
+    bad = np.flatnonzero(status > 0)
+    examples = []
+    for line in bad[:max_examples]:
+        code = int(status[line])
+        group = keys.groups[int(err_start[line])] if code == 6 and keys.groups else ""
+        token = data[err_start[line] : err_end[line]].decode("utf-8", "replace")
+        reason = _REASONS[code].format(
+            token=token, label=schema.label, name=group,
+            expected=int(keys.dense_count[int(err_start[line])]) if code == 6 else 0,
+        )  # fmt: skip
+        examples.append((first_line + int(line), reason))
+    return Parsed(batch, int(bad.size), examples)

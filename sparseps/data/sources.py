@@ -1,0 +1,152 @@
+"""Which files a worker reads, and reading one file in a given format.
+
+File split rule: the inputs (files, and folders = their files) are expanded, sorted by
+path and deduplicated into the job's file list; worker ``rank`` of ``world`` reads
+``files[rank::world]``. Every worker computes the same list, so every file is read by
+exactly one worker; with more workers than files some read nothing. A file's position in
+the full list is its ``file_no`` (used in sample ids).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from enum import StrEnum
+from pathlib import Path
+
+from ..errors import ConfigError, InputError
+from .columns import Parsed
+from .delimited import header_names, parse_delimited
+from .parquet import read_parquet
+from .pipe import pipe_chunks
+from .schema import Schema
+from .slot_text import parse_slot_text
+
+__all__ = ["Format", "expand_files", "read_file", "shard"]
+
+CHUNK_BYTES = 8 << 20  # text is parsed in pieces of about this size (whole lines)
+
+
+class Format(StrEnum):
+    """Input layouts (see docs/data.md for one worked example each)."""
+
+    CRITEO_TSV = "criteo_tsv"  # tab-separated, no header, columns in schema order
+    CSV = "csv"  # comma-separated with a header, columns by name
+    SLOT_TEXT = "slot_text"  # PaddleRec ``key:value`` tokens
+    PARQUET = "parquet"
+
+
+def parse_format(value: str | Format, pipe_command: str | None) -> Format:
+    """The format to parse (the command's stdout when ``pipe_command`` is set)."""
+    if value is None:
+        return Format.SLOT_TEXT if pipe_command else Format.CRITEO_TSV
+    try:
+        fmt = Format(value)
+    except ValueError:
+        raise ConfigError(
+            f"format={value!r} is not one of {', '.join(f.value for f in Format)}"
+        ) from None
+    if pipe_command and fmt is Format.PARQUET:
+        raise ConfigError("format='parquet' cannot read a pipe_command's output (text formats only)")
+    return fmt
+
+
+def _is_data_file(path: Path) -> bool:
+    # skip hidden files and markers such as _SUCCESS, like Hadoop-style writers do
+    return path.is_file() and not path.name.startswith((".", "_"))
+
+
+def expand_files(inputs: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """The sorted, deduplicated list of files named by ``inputs`` (files or folders).
+
+    A folder stands for the files directly inside it (not sub-folders), without names
+    starting with ``.`` or ``_``.
+
+    Raises:
+        InputError: an input does not exist (names it).
+    """
+    if isinstance(inputs, str | os.PathLike):
+        inputs = [inputs]
+    found: set[str] = set()
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found.update(str(p) for p in path.iterdir() if _is_data_file(p))
+        elif path.is_file():
+            found.add(str(path))
+        else:
+            raise InputError(f"data file or folder {str(item)!r} does not exist")
+    return sorted(found)
+
+
+def shard(files: Sequence[str], rank: int, world: int) -> list[tuple[int, str]]:
+    """``(file_no, path)`` of the files worker ``rank`` of ``world`` reads."""
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError(f"rank={rank}, world={world}: need world >= 1 and 0 <= rank < world")
+    return [(no, files[no]) for no in range(rank, len(files), world)]
+
+
+def _line_chunks(pieces: Iterator[bytes]) -> Iterator[tuple[bytes, int]]:
+    """Re-cut byte pieces into whole-line chunks of about CHUNK_BYTES; yields (chunk, first line)."""
+    line = 1
+    rest = b""
+    pending: list[bytes] = []
+    size = 0
+    for piece in pieces:
+        pending.append(piece)
+        size += len(piece)
+        if size < CHUNK_BYTES:
+            continue
+        data = rest + b"".join(pending)
+        pending, size = [], 0
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            rest = data
+            continue
+        chunk, rest = data[:cut], data[cut:]
+        yield chunk, line
+        line += chunk.count(b"\n")
+    data = rest + b"".join(pending)
+    if data:
+        yield data, line
+
+
+def _file_pieces(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while piece := f.read(CHUNK_BYTES):
+            yield piece
+
+
+def read_file(path: str, file_no: int, schema: Schema, fmt: Format, *,
+              pipe_command: str | None = None, pipe_timeout: float = 300.0) -> Iterator[Parsed]:  # fmt: skip
+    """Parse one file (or a command's output for it) chunk by chunk.
+
+    Raises:
+        InputError: the file is missing or unreadable, a header lacks schema columns, or
+            the pipe command failed.
+    """
+    if not os.path.isfile(path):
+        raise InputError(f"data file {path!r} does not exist (was it moved after the dataset was made?)")
+    if fmt is Format.PARQUET:
+        yield from read_parquet(path, schema, file_no=file_no)
+        return
+    pieces = pipe_chunks(pipe_command, path, timeout=pipe_timeout) if pipe_command else _file_pieces(path)
+    names, delimiter = schema.columns(), "\t"
+    record = 0
+    for index, (chunk, line) in enumerate(_line_chunks(pieces)):
+        if fmt is Format.SLOT_TEXT:
+            parsed = parse_slot_text(chunk, schema, first_line=line, file_no=file_no, first_record=record)
+        else:
+            if fmt is Format.CSV:
+                delimiter = ","
+                if index == 0:  # the header: first line of the first chunk
+                    cut = chunk.find(b"\n") + 1 or len(chunk)
+                    names = header_names(chunk[:cut], delimiter, schema, path)
+                    chunk, line = chunk[cut:], line + 1
+                    if not chunk:
+                        continue
+            parsed = parse_delimited(
+                chunk, schema, names, delimiter, first_line=line, file_no=file_no, first_record=record
+            )
+        record += len(parsed.batch)
+        yield parsed

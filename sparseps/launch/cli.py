@@ -1,0 +1,146 @@
+"""``sparseps launch``: start servers and workers running one script, like ``fleetrun``.
+
+Every process runs the same user script; the script reads its role with ``sps.init()``
+and calls ``sps.run_server()`` when it is a server. See docs/launch.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from ..env import Role, child_environ
+from ..errors import ConfigError
+
+__all__ = ["add_arguments", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``launch`` options (fleetrun's underscore spellings are accepted too)."""
+    add = parser.add_argument
+    add("--server-num", "--server_num", dest="server_num", type=int, default=None,
+        help="number of servers (default 1, or the length of --servers)")  # fmt: skip
+    add("--worker-num", "--worker_num", "--trainer-num", "--trainer_num", dest="worker_num",
+        type=int, default=None, help="number of workers (default 1, or the length of --workers)")  # fmt: skip
+    add("--log-dir", "--log_dir", dest="log_dir", default="log",
+        help="folder of server.R.log / worker.R.log / pids.json (default ./log)")  # fmt: skip
+    add("--host", default=None,
+        help="this node's address; it runs the --servers/--workers entries on this host")  # fmt: skip
+    add("--servers", default=None, help="host:port,... of every server of the job (multi-node)")
+    add("--workers", default=None, help="host,... of every worker of the job (multi-node)")
+    add("--master", default=None,
+        help="host:port of the workers' rendezvous (default: a free port on one node; "
+             "worker 0's host and port 6170 across nodes)")  # fmt: skip
+    add("--job-id", dest="job_id", default=None, help="id shared by every process of the job")
+    add("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
+        help="restart a failed worker up to N times (default 0)")  # fmt: skip
+    add("--grace-s", dest="grace_s", type=float, default=5.0,
+        help="seconds between SIGTERM and SIGKILL when stopping processes (default 5)")  # fmt: skip
+    add("--quiet-warn-s", dest="quiet_warn_s", type=float, default=300.0,
+        help="warn when a process writes nothing for this long (default 300)")  # fmt: skip
+    add("--rendezvous-timeout-s", dest="rendezvous_timeout_s", type=float, default=300.0,
+        help="multi-node: how long launchers wait for each other (default 300)")  # fmt: skip
+    add("script", help="the Python script every server and worker runs")
+    add("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+
+
+def _children(spec, script: str, script_args: list[str]) -> list:
+    from .supervisor import ChildSpec
+
+    argv = (sys.executable, "-u", script, *script_args)
+    log_dir = Path(spec.log_dir)
+    children = []
+    for role, ranks in ((Role.SERVER, spec.local_servers()), (Role.WORKER, spec.local_workers())):
+        for rank in ranks:
+            env = child_environ({**spec.role_env(role, rank).to_environ(), "PYTHONUNBUFFERED": "1"})
+            children.append(
+                ChildSpec(
+                    role=role,
+                    rank=rank,
+                    argv=argv,
+                    env=env,
+                    log_path=log_dir / f"{role.value}.{rank}.log",
+                    echo=role is Role.WORKER and rank == 0,
+                )
+            )
+    return children
+
+
+def _server_stopper(endpoints: tuple[str, ...], ranks: list[int], timeout_s: float):
+    """Ask this node's servers (``ranks`` of the job's ``endpoints``) to stop."""
+
+    def stop() -> None:
+        from ..rpc.client import PSClient
+
+        with PSClient(list(endpoints), timeout=timeout_s) as client:
+            client.stop_servers(ranks=ranks)
+
+    return stop
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start this node's share of the job and supervise it; the exit code says how it ended."""
+    from .coordinator import StoreCoordinator
+    from .spec import make_spec
+    from .supervisor import Supervisor, SupervisorConfig
+
+    script = Path(args.script)
+    if not script.is_file():
+        raise ConfigError(f"launch: script {args.script!r} not found (cwd {os.getcwd()})")
+    config = SupervisorConfig(
+        max_restarts=args.max_restarts, grace_s=args.grace_s, quiet_warn_s=args.quiet_warn_s
+    )
+    spec = make_spec(
+        server_num=args.server_num,
+        worker_num=args.worker_num,
+        servers=args.servers,
+        workers=args.workers,
+        host=args.host,
+        master=args.master,
+        log_dir=args.log_dir,
+        job_id=args.job_id,
+    )
+    Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
+    print(spec.describe(), flush=True)
+    coordinator = None
+    if spec.multi_node:
+        coordinator = StoreCoordinator(
+            spec.control_endpoint,
+            host_it=spec.is_control_host,
+            node=spec.host,
+            peers=spec.nodes,
+            job_id=spec.job_id,
+            worker_num=len(spec.workers),
+            timeout_s=args.rendezvous_timeout_s,
+        )
+    local_servers = spec.local_servers()
+    supervisor = Supervisor(
+        children=_children(spec, str(script), list(args.script_args)),
+        config=config,
+        coordinator=coordinator,
+        stop_servers=_server_stopper(spec.servers, local_servers, config.server_stop_s)
+        if local_servers
+        else None,
+        pids_path=Path(spec.log_dir) / "pids.json",
+        job_id=spec.job_id,
+        node=spec.host,
+    )
+    outcome = supervisor.run()
+    if outcome.failure is not None:
+        print(
+            f"sparseps launch: job {spec.job_id} failed: {outcome.failure.describe()}",
+            file=sys.stderr,
+        )
+    elif outcome.reason == "interrupted":
+        print(
+            f"sparseps launch: job {spec.job_id} interrupted; every process stopped",
+            file=sys.stderr,
+        )
+    else:
+        print(f"sparseps launch: job {spec.job_id} completed", flush=True)
+    return outcome.exit_code

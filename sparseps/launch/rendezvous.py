@@ -1,0 +1,158 @@
+"""Where workers meet: worker 0's ``torch.distributed.TCPStore`` and barriers on it.
+
+The workers of a job find each other at ``SPARSEPS_MASTER``: worker 0 hosts a TCPStore
+there, the others connect to it. On top of the store:
+
+- :func:`store_barrier` — every rank sets ``NAME/<rank>``, then polls until all keys
+  exist. Unlike ``dist.barrier()`` it can say *which* ranks are missing: it logs them
+  every ``warn_s`` and raises :class:`~sparseps.errors.TimeoutError_` naming them.
+- :func:`init_gloo` — the gloo process group the workers' collectives use (metrics
+  all-reduce, dense all-reduce in sync mode), initialised on the same store after a
+  rendezvous barrier, so a missing worker is named instead of a bare torch timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from ..env import MASTER, RoleEnv, parse_endpoint
+from ..errors import TimeoutError_, UnavailableError
+
+__all__ = ["connect_store", "init_gloo", "store_barrier"]
+
+log = logging.getLogger(__name__)
+
+
+def connect_store(env: RoleEnv, *, timeout_s: float, setting: str):
+    """Host (worker 0) or join (others) the job's TCPStore at ``env.master``.
+
+    Raises:
+        UnavailableError: worker 0 cannot listen on the master port.
+        TimeoutError_: worker 0's store did not answer within ``timeout_s``.
+    """
+    import torch.distributed as dist
+
+    host, port = parse_endpoint(env.master, what=MASTER)
+    try:
+        return dist.TCPStore(
+            host,
+            port,
+            world_size=env.worker_num,
+            is_master=env.rank == 0,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+    except Exception as exc:  # torch raises DistNetworkError / DistStoreError / RuntimeError
+        if env.rank == 0:
+            raise UnavailableError(
+                f"rendezvous: worker 0 cannot listen on {env.master} ({exc}); is the port "
+                f"free on this host? ({MASTER})",
+                op="rendezvous",
+                role="worker",
+                rank=0,
+                address=env.master,
+            ) from None
+        raise TimeoutError_(
+            f"rendezvous: worker 0's store at {env.master} did not answer within "
+            f"{timeout_s:.0f} s ({exc}); check worker 0's log, or raise {setting}",
+            op="rendezvous",
+            role="worker",
+            rank=0,
+            address=env.master,
+            seconds=timeout_s,
+            setting=setting,
+        ) from None
+
+
+def store_barrier(
+    store,
+    name: str,
+    *,
+    rank: int,
+    world: int,
+    timeout_s: float,
+    warn_s: float,
+    address: str,
+    op: str = "barrier",
+    setting: str = "",
+) -> None:
+    """Wait until every rank in ``0..world-1`` has reached barrier ``name``.
+
+    Args:
+        store: a ``torch.distributed.Store`` shared by the ranks.
+        name: unique per barrier instance (e.g. ``sparseps/barrier/3``).
+        rank, world: this worker and the number of workers.
+        timeout_s: give up after this long.
+        warn_s: log the missing ranks every ``warn_s`` seconds.
+        address: the store's endpoint, for messages.
+        op, setting: named in the timeout error (what waited, what changes the limit).
+
+    Raises:
+        TimeoutError_: some ranks did not arrive; ``rank`` holds their list.
+        UnavailableError: the store went away (worker 0 exited).
+    """
+    keys = [f"{name}/{r}" for r in range(world)]
+    start = time.monotonic()
+    next_warn = start + warn_s
+    pause = 0.001
+    try:
+        store.set(keys[rank], "1")
+        while not store.check(keys):
+            now = time.monotonic()
+            waited = now - start
+            if waited >= timeout_s or now >= next_warn:
+                missing = [r for r, key in enumerate(keys) if not store.check([key])]
+                if waited >= timeout_s:
+                    raise TimeoutError_(
+                        f"{op}: worker rank(s) {missing} did not arrive within {waited:.1f} s "
+                        f"(rendezvous {address}); check their logs, or raise {setting}",
+                        op=op,
+                        role="worker",
+                        rank=missing,
+                        address=address,
+                        seconds=waited,
+                        setting=setting,
+                    )
+                log.warning(
+                    "%s %s: still waiting for worker rank(s) %s after %.0f s",
+                    op,
+                    name,
+                    missing,
+                    waited,
+                )
+                next_warn = now + warn_s
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)  # quick for tight barriers, cheap for long waits
+    except TimeoutError_:
+        raise
+    except Exception as exc:  # the store's host (worker 0) is gone
+        raise UnavailableError(
+            f"{op}: lost the rendezvous store at {address} ({exc}); worker 0 hosts it, "
+            f"check its log",
+            op=op,
+            role="worker",
+            rank=0,
+            address=address,
+        ) from None
+
+
+def init_gloo(env: RoleEnv, store, *, timeout_s: float) -> None:
+    """Initialise ``torch.distributed`` (gloo) among the job's workers on ``store``.
+
+    Args:
+        env: this worker's role.
+        store: the job's store (from :func:`connect_store`) or a ``HashStore`` for a
+            world of one.
+        timeout_s: the timeout of every collective of the group.
+    """
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        backend="gloo",
+        store=dist.PrefixStore("sparseps/gloo", store),
+        rank=env.rank,
+        world_size=env.worker_num,
+        timeout=timedelta(seconds=timeout_s),
+    )

@@ -1,0 +1,371 @@
+"""Process supervision: start this node's servers and workers, watch them, fail fast.
+
+Rules (DESIGN §1, "launcher"):
+
+- every child runs in its own session, so a signal to its process group reaches
+  anything it spawned; on Linux it also gets SIGTERM if the launcher dies;
+- a child's stdout+stderr go to ``LOG_DIR/{role}.{rank}.log`` (worker 0's also to the
+  console) through one pump thread per child, which also notes when it last wrote;
+- when a child exits non-zero (after its restarts, for workers) every other child is
+  stopped (SIGTERM, then SIGKILL after ``grace_s``) and the outcome names it;
+- when all workers of the job exited 0, this node's servers are asked to stop (the
+  ``stop_servers`` callback, e.g. a ``stop`` RPC), then SIGTERM/SIGKILL as a fallback;
+- SIGINT/SIGTERM to the launcher stop every child.
+
+``LOG_DIR/pids.json`` lists every process started (restarts included) so that tools and
+tests can check that none survives the job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..env import Role
+from ..errors import ConfigError
+from .coordinator import LocalCoordinator
+from .procutil import die_with_parent_hook, stop_groups, tail
+
+__all__ = ["ChildSpec", "Failure", "Outcome", "Supervisor", "SupervisorConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """Knobs of the supervision loop.
+
+    Attributes:
+        max_restarts: times a failed *worker* is started again (servers never are).
+        grace_s: seconds between SIGTERM and SIGKILL when stopping children.
+        quiet_warn_s: warn when a running child has written nothing for this long.
+        server_stop_s: seconds servers get to exit after the stop request.
+        tail_lines: log lines of a failed child shown in the outcome.
+        poll_s: how often children are checked.
+    """
+
+    max_restarts: int = 0
+    grace_s: float = 5.0
+    quiet_warn_s: float = 300.0
+    server_stop_s: float = 10.0
+    tail_lines: int = 20
+    poll_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
+        for name in ("grace_s", "quiet_warn_s", "server_stop_s", "poll_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.tail_lines < 0:
+            raise ConfigError(f"tail_lines: must be >= 0, got {self.tail_lines}")
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One process to run: its role, command line, full environment and log file."""
+
+    role: Role
+    rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    log_path: Path
+    echo: bool = False  # also copy its output to the console
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value} {self.rank}"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the job failed: which process, its exit code (negative = signal) and log tail."""
+
+    role: str
+    rank: int
+    pid: int
+    exit_code: int
+    log_path: str
+    tail: tuple[str, ...] = ()
+    remote: str = ""  # set when another node's launcher reported the failure
+
+    def describe(self) -> str:
+        if self.remote:
+            return f"another launcher of this job reported: {self.remote}"
+        how = (
+            f"was killed by signal {-self.exit_code}"
+            if self.exit_code < 0
+            else f"exited with code {self.exit_code}"
+        )
+        head = f"{self.role} {self.rank} (pid {self.pid}) {how}; log: {self.log_path}"
+        if not self.tail:
+            return head
+        body = "\n".join(f"    {line}" for line in self.tail)
+        return f"{head}\n  last {len(self.tail)} lines of its log:\n{body}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the job ended: ``exit_code`` is what the launcher should exit with."""
+
+    exit_code: int
+    reason: str  # "completed" | "failed" | "interrupted"
+    failure: Failure | None = None
+
+
+@dataclass
+class _Child:
+    spec: ChildSpec
+    proc: subprocess.Popen
+    attempt: int
+    pump: threading.Thread
+    last_output: float
+    warned_at: float = 0.0
+    exit_code: int | None = None
+
+
+def _exit_status(code: int) -> int:
+    """A child's return code as a shell exit status (signal N -> 128+N)."""
+    return 128 - code if code < 0 else code
+
+
+@dataclass
+class Supervisor:
+    """Runs a set of children to completion or first failure.
+
+    Args:
+        children: this node's processes; servers are started first.
+        config: supervision knobs.
+        coordinator: shares "workers done" / "failed" with other nodes' launchers
+            (default: this launcher is the whole job).
+        stop_servers: asks this node's servers to exit (called once all workers are done);
+            SIGTERM follows for any server still running after ``server_stop_s``.
+        pids_path: where to write the pid list (default ``<first log dir>/pids.json``).
+        job_id: recorded in the pid list.
+        node: this node's address, named in failures reported to other launchers.
+    """
+
+    children: list[ChildSpec]
+    config: SupervisorConfig = field(default_factory=SupervisorConfig)
+    coordinator: object | None = None
+    stop_servers: Callable[[], None] | None = None
+    pids_path: Path | None = None
+    job_id: str = ""
+    node: str = ""
+
+    def __post_init__(self) -> None:
+        self._running: list[_Child] = []
+        self._history: list[dict] = []
+        self._signal: int | None = None
+        workers = sum(1 for c in self.children if c.role is Role.WORKER)
+        if self.coordinator is None:
+            self.coordinator = LocalCoordinator(workers)
+        if self.pids_path is None and self.children:
+            self.pids_path = self.children[0].log_path.parent / "pids.json"
+
+    # -- starting ----------------------------------------------------------------------
+
+    def _start(self, spec: ChildSpec, attempt: int) -> _Child:
+        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(spec.log_path, "ab") as f:
+            if attempt:
+                f.write(f"\n----- restart attempt {attempt} -----\n".encode())
+        proc = subprocess.Popen(
+            list(spec.argv),
+            env=dict(spec.env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: signals reach its whole tree
+            preexec_fn=die_with_parent_hook(),
+        )
+        child = _Child(spec, proc, attempt, threading.Thread(), time.monotonic())
+        child.pump = threading.Thread(
+            target=self._pump, args=(child,), name=f"log-{spec.role.value}-{spec.rank}", daemon=True
+        )
+        child.pump.start()
+        self._running.append(child)
+        self._history.append(
+            {"role": spec.role.value, "rank": spec.rank, "pid": proc.pid, "attempt": attempt}
+        )
+        self._write_pids()
+        log.debug("started %s (pid %d, attempt %d)", spec.name, proc.pid, attempt)
+        return child
+
+    def _pump(self, child: _Child) -> None:
+        """Copy the child's output to its log (and the console for worker 0)."""
+        fd = child.proc.stdout.fileno()
+        console = sys.stdout.buffer if child.spec.echo else None
+        with open(child.spec.log_path, "ab") as logfile:
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                child.last_output = time.monotonic()
+                logfile.write(chunk)
+                logfile.flush()
+                if console is not None:
+                    try:
+                        console.write(chunk)
+                        console.flush()
+                    except (OSError, ValueError):
+                        console = None  # console closed; the log still has everything
+        child.proc.stdout.close()
+
+    def _write_pids(self) -> None:
+        if self.pids_path is None:
+            return
+        record = {"job_id": self.job_id, "launcher": os.getpid(), "children": self._history}
+        tmp = self.pids_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, self.pids_path)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        """Start every child and supervise until the job completes, fails or is interrupted."""
+        previous = self._install_signal_handlers()
+        try:
+            for spec in sorted(self.children, key=lambda c: c.role is not Role.SERVER):
+                self._start(spec, 0)
+            return self._loop()
+        finally:
+            stop_groups([c.proc for c in self._running], self.config.grace_s)
+            for child in self._running:
+                child.pump.join(timeout=2.0)
+            self.coordinator.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _install_signal_handlers(self) -> dict:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+            self._signal = signum
+
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+        return previous
+
+    def _loop(self) -> Outcome:
+        restarts: dict[int, int] = {}
+        workers_left = {c.rank for c in self.children if c.role is Role.WORKER}
+        reported = False
+        while True:
+            if self._signal is not None:
+                name = signal.Signals(self._signal).name
+                log.warning("received %s: stopping every process of this job", name)
+                self.coordinator.report_failure(f"the launcher on this node received {name}")
+                return Outcome(128 + self._signal, "interrupted")
+            for child in list(self._running):
+                code = child.proc.poll()
+                if code is None or child.exit_code is not None:
+                    continue
+                child.exit_code = code
+                spec = child.spec
+                if spec.role is Role.WORKER and code == 0:
+                    workers_left.discard(spec.rank)
+                    log.info("worker %d finished", spec.rank)
+                elif (
+                    spec.role is Role.WORKER
+                    and restarts.get(spec.rank, 0) < self.config.max_restarts
+                ):
+                    k = restarts[spec.rank] = restarts.get(spec.rank, 0) + 1
+                    log.warning(
+                        "restarting worker %d (attempt %d/%d) after exit code %d",
+                        spec.rank,
+                        k,
+                        self.config.max_restarts,
+                        code,
+                    )
+                    child.pump.join(timeout=2.0)
+                    self._start(spec, k)  # the old entry stays, for the final group kill
+                elif spec.role is Role.SERVER and code == 0:
+                    log.warning(
+                        "server %d exited with code 0 before the workers finished", spec.rank
+                    )
+                else:
+                    return self._fail(child)
+            remote = self.coordinator.remote_failure()
+            if remote:
+                log.error("stopping: %s", remote)
+                return Outcome(1, "failed", Failure("launcher", -1, 0, 1, "", remote=remote))
+            if not workers_left and not reported:
+                self.coordinator.report_workers_done(
+                    sum(1 for c in self.children if c.role is Role.WORKER)
+                )
+                reported = True
+            if reported and self.coordinator.all_workers_done():
+                self._stop_servers()
+                return Outcome(0, "completed")
+            self._warn_quiet()
+            time.sleep(self.config.poll_s)
+
+    def _fail(self, child: _Child) -> Outcome:
+        spec = child.spec
+        child.pump.join(timeout=2.0)  # the last lines are in the log before the tail is read
+        failure = Failure(
+            role=spec.role.value,
+            rank=spec.rank,
+            pid=child.proc.pid,
+            exit_code=child.exit_code,
+            log_path=str(spec.log_path),
+            tail=tuple(tail(spec.log_path, self.config.tail_lines)),
+        )
+        log.error(
+            "%s (pid %d) failed with exit code %d: stopping the job",
+            spec.name,
+            child.proc.pid,
+            child.exit_code,
+        )
+        self.coordinator.report_failure(
+            f"{spec.name} on {self.node or 'another node'} exited with code {child.exit_code}; "
+            f"see {spec.log_path} there"
+        )
+        return Outcome(_exit_status(child.exit_code) or 1, "failed", failure)
+
+    def _stop_servers(self) -> None:
+        servers = [c for c in self._running if c.spec.role is Role.SERVER and c.proc.poll() is None]
+        if not servers:
+            return
+        if self.stop_servers is not None:
+            try:
+                self.stop_servers()
+            except Exception as exc:  # the SIGTERM fallback below still stops them
+                log.warning("stop request to the servers failed (%s); sending SIGTERM", exc)
+        deadline = time.monotonic() + self.config.server_stop_s
+        for child in servers:
+            try:
+                child.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("server %d still running after the stop request", child.spec.rank)
+
+    def _warn_quiet(self) -> None:
+        now = time.monotonic()
+        limit = self.config.quiet_warn_s
+        for child in self._running:
+            if child.exit_code is not None:
+                continue
+            quiet = now - child.last_output
+            if quiet > limit and now - child.warned_at > limit:
+                child.warned_at = now
+                log.warning(
+                    "%s (pid %d) has produced no output for %.0f s (--quiet-warn-s)",
+                    child.spec.name,
+                    child.proc.pid,
+                    quiet,
+                )

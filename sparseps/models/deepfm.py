@@ -1,0 +1,72 @@
+"""DeepFM (Guo et al., 2017): first-order weights + factorization machine + DNN."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .. import optim
+from ..config import Initializer
+from ..worker.nn import SparseEmbedding, SparseModel
+from ._blocks import mlp
+
+__all__ = ["DeepFM", "DeepFMHead"]
+
+
+class DeepFMHead(nn.Module):
+    """``(dense [B, D], emb [B, S, d], first [B, S, 1]) -> logits [B, 1]``.
+
+    The FM term is ``0.5 * sum_k((sum_i v_ik)^2 - sum_i v_ik^2)`` over the slot embeddings.
+    """
+
+    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]):
+        super().__init__()
+        self.dnn = mlp(num_slots * emb_dim + num_dense, hidden)
+        self.dense_linear = nn.Linear(num_dense, 1)
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        square_of_sum = emb.sum(dim=1).pow(2)
+        sum_of_square = emb.pow(2).sum(dim=1)
+        fm = 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)
+        deep = self.dnn(torch.cat([emb.flatten(1), dense], dim=1))
+        return first.sum(dim=1) + self.dense_linear(dense) + fm + deep
+
+
+class DeepFM(SparseModel):
+    """DeepFM over ``slots``: a dim-1 first-order table and a dim-``d`` FM/DNN table."""
+
+    def __init__(
+        self,
+        slots: Sequence[str],
+        num_dense: int,
+        *,
+        emb_dim: int = 8,
+        hidden: Sequence[int] = (400, 400, 400),
+        rule=None,
+        first_rule=None,
+        table: str = "fm_emb",
+        first_table: str = "fm_first",
+    ) -> None:
+        super().__init__()
+        slots = tuple(slots)
+        self.embeddings = nn.ModuleList(
+            [
+                SparseEmbedding(
+                    table,
+                    emb_dim,
+                    slots=slots,
+                    rule=rule or optim.Adam(lr=0.01),
+                    initializer=Initializer.uniform(-0.05, 0.05),
+                ),
+                SparseEmbedding(
+                    first_table,
+                    1,
+                    slots=slots,
+                    rule=first_rule or optim.Adam(lr=0.01),
+                    initializer=Initializer.zeros(),
+                ),
+            ]
+        )
+        self.head = DeepFMHead(len(slots), num_dense, emb_dim, hidden)

@@ -1,0 +1,55 @@
+"""A plain DNN: pooled embeddings of every slot and the dense features into an MLP."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .. import optim
+from ..config import Initializer
+from ..worker.nn import SparseEmbedding, SparseModel
+from ._blocks import mlp
+
+__all__ = ["DNN", "DNNHead"]
+
+
+class DNNHead(nn.Module):
+    """``(dense [B, D], emb [B, S, d]) -> logits [B, 1]``."""
+
+    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]):
+        super().__init__()
+        self.mlp = mlp(num_slots * emb_dim + num_dense, hidden)
+
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([emb.flatten(1), dense], dim=1))
+
+
+class DNN(SparseModel):
+    """An MLP over concatenated slot embeddings and dense features."""
+
+    def __init__(
+        self,
+        slots: Sequence[str],
+        num_dense: int,
+        *,
+        emb_dim: int = 8,
+        hidden: Sequence[int] = (400, 400, 400),
+        rule=None,
+        table: str = "emb",
+    ) -> None:
+        super().__init__()
+        slots = tuple(slots)
+        self.embeddings = nn.ModuleList(
+            [
+                SparseEmbedding(
+                    table,
+                    emb_dim,
+                    slots=slots,
+                    rule=rule or optim.Adam(lr=0.01),
+                    initializer=Initializer.uniform(-0.05, 0.05),
+                )
+            ]
+        )
+        self.head = DNNHead(len(slots), num_dense, emb_dim, hidden)

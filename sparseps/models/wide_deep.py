@@ -1,0 +1,79 @@
+"""Wide & Deep (Cheng et al., 2016), the model of the seed system's quick start.
+
+wide: a dim-1 table over every slot (FTRL by default, the classic rule for the linear
+part of CTR models) plus a linear layer on the dense features; deep: dim-``d`` embeddings
+of every slot concatenated with the dense features into an MLP. logit = wide + deep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .. import optim
+from ..config import Initializer
+from ..worker.nn import SparseEmbedding, SparseModel
+from ._blocks import mlp
+
+__all__ = ["WideDeep", "WideDeepHead"]
+
+
+class WideDeepHead(nn.Module):
+    """The dense part: ``(dense [B, D], deep [B, S, d], wide [B, S, 1]) -> logits [B, 1]``."""
+
+    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]):
+        super().__init__()
+        self.deep = mlp(num_slots * emb_dim + num_dense, hidden)
+        self.wide_dense = nn.Linear(num_dense, 1)
+
+    def forward(self, dense: torch.Tensor, deep: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([deep.flatten(1), dense], dim=1)
+        return self.deep(x) + self.wide_dense(dense) + wide.sum(dim=1)
+
+
+class WideDeep(SparseModel):
+    """Wide & Deep over ``slots`` with ``num_dense`` dense features.
+
+    Args:
+        slots: the sparse slot names (e.g. ``sparseps.data.CRITEO.slots``).
+        num_dense: number of dense features.
+        emb_dim: width of the deep embeddings.
+        hidden: MLP hidden widths (the seed system's default is 400-400-400).
+        deep_rule / wide_rule: server-side rules of the two tables.
+    """
+
+    def __init__(
+        self,
+        slots: Sequence[str],
+        num_dense: int,
+        *,
+        emb_dim: int = 8,
+        hidden: Sequence[int] = (400, 400, 400),
+        deep_rule=None,
+        wide_rule=None,
+        deep_table: str = "deep_emb",
+        wide_table: str = "wide_emb",
+    ) -> None:
+        super().__init__()
+        slots = tuple(slots)
+        self.embeddings = nn.ModuleList(
+            [
+                SparseEmbedding(
+                    deep_table,
+                    emb_dim,
+                    slots=slots,
+                    rule=deep_rule or optim.Adam(lr=0.01),
+                    initializer=Initializer.uniform(-0.05, 0.05),
+                ),
+                SparseEmbedding(
+                    wide_table,
+                    1,
+                    slots=slots,
+                    rule=wide_rule or optim.FTRL(alpha=0.05, beta=1.0, l1=0.0, l2=0.0),
+                    initializer=Initializer.zeros(),
+                ),
+            ]
+        )
+        self.head = WideDeepHead(len(slots), num_dense, emb_dim, hidden)

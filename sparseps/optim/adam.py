@@ -1,0 +1,89 @@
+"""Adam with a per-row step counter (lazy / sparse Adam).
+
+Rows are updated only when their key is pushed, and each row counts its own steps, so
+the bias correction of a row depends on how often *that row* was updated: exactly what
+``torch.optim.Adam`` does when each row is its own parameter and is stepped only when
+touched. Per element (torch's L2 form of weight decay)::
+
+    g += l2 * w;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g**2;  t += 1
+    w -= lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
+
+The step counter is stored as float32, exact up to 2**24 updates of one row; past that
+the bias corrections are 1 to float precision anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+from numba import njit
+
+from ..config import check_float
+from .base import Rule, clip_args, normalise_clip, register
+
+__all__ = ["Adam"]
+
+
+@register
+@dataclass(frozen=True)
+class Adam(Rule):
+    """Adam; state per row: ``m [dim]``, ``v [dim]``, ``step [1]`` (state_dim = 2*dim + 1).
+
+    Args:
+        lr: learning rate (> 0).
+        beta1, beta2: moment decay rates in [0, 1).
+        eps: added to the denominator (> 0).
+        l2: weight decay added to the gradient as ``l2 * w`` (>= 0).
+        clip: None or ``(min_bound, max_bound)`` applied to the weights after the step.
+    """
+
+    name: ClassVar[str] = "adam"
+    lr: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    l2: float = 0.0
+    clip: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        owner = "Adam"
+        object.__setattr__(self, "lr", check_float(owner, "lr", self.lr, gt=0.0))
+        object.__setattr__(self, "beta1", check_float(owner, "beta1", self.beta1, ge=0.0, lt=1.0))
+        object.__setattr__(self, "beta2", check_float(owner, "beta2", self.beta2, ge=0.0, lt=1.0))
+        object.__setattr__(self, "eps", check_float(owner, "eps", self.eps, gt=0.0))
+        object.__setattr__(self, "l2", check_float(owner, "l2", self.l2, ge=0.0))
+        object.__setattr__(self, "clip", normalise_clip(owner, self.clip))
+
+    def state_columns(self, dim: int) -> tuple[tuple[str, int], ...]:
+        return (("m", dim), ("v", dim), ("step", 1))
+
+    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> None:
+        low, high, clip = clip_args(self.clip)
+        _adam(
+            storage, rows, grads, dim, self.lr, self.beta1, self.beta2, self.eps, self.l2,
+            low, high, clip,
+        )  # fmt: skip
+
+
+@njit(nogil=True, cache=True)
+def _adam(storage, rows, grads, dim, lr, beta1, beta2, eps, l2, low, high, clip):  # pragma: no cover
+    step_col = 2 * dim
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        t = storage[r, dim + step_col] + 1.0
+        storage[r, dim + step_col] = t
+        step_size = lr / (1.0 - beta1**t)
+        correction2 = np.sqrt(1.0 - beta2**t)
+        for j in range(dim):
+            w = storage[r, j]
+            g = grads[i, j] + l2 * w
+            m = beta1 * storage[r, dim + j] + (1.0 - beta1) * g
+            v = beta2 * storage[r, dim + dim + j] + (1.0 - beta2) * g * g
+            storage[r, dim + j] = m
+            storage[r, dim + dim + j] = v
+            w = w - step_size * m / (np.sqrt(np.float32(v)) / correction2 + eps)
+            if clip:
+                w = min(max(w, low), high)
+            storage[r, j] = w

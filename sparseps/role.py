@@ -1,0 +1,336 @@
+"""The role API: what a user script asks to find its place in a job (DESIGN §2.3).
+
+One script runs on every process of a job (fleetrun semantics)::
+
+    import sparseps as sps
+    sps.init()
+    if sps.is_server():
+        sps.run_server()          # blocks until the launcher stops the job
+    else:
+        ...                       # train with sps.worker_index() of sps.worker_num()
+        sps.barrier_worker()
+        sps.stop()
+
+On a worker, :func:`init` also sets up ``torch.distributed`` (gloo) among the workers,
+meeting at ``SPARSEPS_MASTER`` where worker 0 hosts a TCPStore. A script run with plain
+``python script.py`` (no SPARSEPS_* variable) runs in local mode: one background server
+is started for it, and it is worker 0 of 1.
+
+The role is process-wide state, like ``torch.distributed``'s default group: a process
+has exactly one role in one job. It is created by :func:`init`, never at import time,
+and torn down by :func:`stop` (or at exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from . import env as _env
+from .env import Role, RoleEnv
+from .errors import ConfigError, SparsePSError
+
+__all__ = [
+    "barrier_worker",
+    "init",
+    "is_server",
+    "is_worker",
+    "role_env",
+    "run_server",
+    "server_endpoints",
+    "server_num",
+    "stop",
+    "worker_index",
+    "worker_num",
+]
+
+log = logging.getLogger(__name__)
+
+# Defaults of the optional knobs (env.py declares the variables).
+_RENDEZVOUS_TIMEOUT_S = 300.0
+_BARRIER_TIMEOUT_S = 1800.0
+_BARRIER_WARN_S = 60.0
+_COLLECTIVE_TIMEOUT_S = 1800.0
+_SERVER_START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class _Session:
+    env: RoleEnv
+    store: object | None = None  # torch.distributed Store (workers only)
+    local_server: object | None = None  # launch.local.LocalServer in local mode
+    barriers: int = 0
+    owns_group: bool = False
+
+
+_lock = threading.Lock()
+_session: _Session | None = None
+_atexit_registered = False
+
+
+def init(*, environ: Mapping[str, str] | None = None) -> RoleEnv:
+    """Find this process's role and connect it to the job; idempotent.
+
+    Args:
+        environ: the variables to read instead of ``os.environ`` (tests).
+
+    Returns:
+        the role of this process.
+
+    Raises:
+        ConfigError: some SPARSEPS_* variables are set but one is missing or malformed
+            (names it); there is no fallback from a half-configured cluster to local mode.
+        TimeoutError_: a worker could not meet the others within
+            ``SPARSEPS_RENDEZVOUS_TIMEOUT_S`` (names the missing ranks).
+        UnavailableError: local mode's server did not start.
+    """
+    global _session, _atexit_registered
+    with _lock:
+        if _session is not None:
+            return _session.env
+        found = _env.from_environ(environ)
+        session = _init_local(environ) if found is None else _Session(found)
+        try:
+            if session.env.role is Role.WORKER and session.store is None:
+                _join_workers(session, environ)
+        except BaseException:
+            _teardown(session, wait_for_peers=False)
+            raise
+        _session = session
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+        env = session.env
+        log.info(
+            "sparseps %s %d of %d (job %s, servers %s)",
+            env.role.value,
+            env.rank,
+            env.worker_num if env.role is Role.WORKER else len(env.servers),
+            env.job_id,
+            ",".join(env.servers),
+        )
+        return env
+
+
+def _init_local(environ: Mapping[str, str] | None) -> _Session:
+    import os
+
+    import torch.distributed as dist
+
+    from .launch.local import LocalServer
+    from .launch.rendezvous import init_gloo
+
+    server = LocalServer(
+        start_timeout_s=_env.float_setting(
+            _env.SERVER_START_TIMEOUT, _SERVER_START_TIMEOUT_S, environ
+        )
+    )
+    endpoint = server.start()
+    env = RoleEnv(
+        role=Role.WORKER,
+        rank=0,
+        servers=(endpoint,),
+        worker_num=1,
+        master="",
+        log_dir=str(server.log_dir),
+        job_id=f"local-{os.getpid()}",
+        local=True,
+    )
+    session = _Session(env, store=dist.HashStore(), local_server=server)
+    try:
+        if not dist.is_initialized():
+            init_gloo(env, session.store, timeout_s=_COLLECTIVE_TIMEOUT_S)
+            session.owns_group = True
+    except BaseException:
+        server.close()
+        raise
+    return session
+
+
+def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
+    import torch.distributed as dist
+
+    from .launch.rendezvous import connect_store, init_gloo, store_barrier
+
+    env = session.env
+    timeout_s = _env.float_setting(_env.RENDEZVOUS_TIMEOUT, _RENDEZVOUS_TIMEOUT_S, environ)
+    session.store = connect_store(env, timeout_s=timeout_s, setting=_env.RENDEZVOUS_TIMEOUT)
+    # A barrier of our own before gloo's: if a worker never comes, it is named.
+    store_barrier(
+        session.store,
+        "sparseps/rendezvous",
+        rank=env.rank,
+        world=env.worker_num,
+        timeout_s=timeout_s,
+        warn_s=_env.float_setting(_env.BARRIER_WARN, _BARRIER_WARN_S, environ),
+        address=env.master,
+        op="rendezvous",
+        setting=_env.RENDEZVOUS_TIMEOUT,
+    )
+    if dist.is_initialized():
+        log.warning("torch.distributed is already initialised; sparseps uses that group")
+        return
+    collective_s = _env.float_setting(_env.COLLECTIVE_TIMEOUT, _COLLECTIVE_TIMEOUT_S, environ)
+    init_gloo(env, session.store, timeout_s=collective_s)
+    session.owns_group = True
+
+
+def _current() -> _Session:
+    session = _session
+    if session is None:
+        raise ConfigError(
+            "sparseps role: call sps.init() first (it reads the SPARSEPS_* variables)"
+        )
+    return session
+
+
+def role_env() -> RoleEnv | None:
+    """The role set by :func:`init`, or None before it (and after :func:`stop`)."""
+    session = _session
+    return None if session is None else session.env
+
+
+def is_server() -> bool:
+    return _current().env.role is Role.SERVER
+
+
+def is_worker() -> bool:
+    return _current().env.role is Role.WORKER
+
+
+def worker_index() -> int:
+    """This worker's rank (``0..worker_num()-1``); a ConfigError on a server."""
+    env = _current().env
+    if env.role is not Role.WORKER:
+        raise ConfigError(f"worker_index(): this process is server {env.rank}, not a worker")
+    return env.rank
+
+
+def worker_num() -> int:
+    return _current().env.worker_num
+
+
+def server_num() -> int:
+    return len(_current().env.servers)
+
+
+def server_endpoints() -> list[str]:
+    """``host:port`` of every server; index = server rank."""
+    return list(_current().env.servers)
+
+
+def run_server() -> None:
+    """Serve this process's shard until the job stops it (a stop request or SIGTERM).
+
+    Raises:
+        ConfigError: this process is not a server.
+    """
+    env = _current().env
+    if env.role is not Role.SERVER:
+        raise ConfigError(
+            f"run_server(): this process is worker {env.rank}; guard it with "
+            f"`if sps.is_server(): sps.run_server()`"
+        )
+    from .server import run_from_env
+
+    run_from_env(env)
+
+
+def barrier_worker(timeout: float | None = None) -> None:
+    """Wait until every worker has called its barrier of the same number.
+
+    Logs (WARNING) the workers still missing every ``SPARSEPS_BARRIER_WARN_S`` seconds.
+
+    Args:
+        timeout: seconds; default ``SPARSEPS_BARRIER_TIMEOUT_S`` (1800).
+
+    Raises:
+        TimeoutError_: with ``op="barrier"`` and ``rank`` = the missing worker ranks.
+        ConfigError: called on a server.
+    """
+    session = _current()
+    env = session.env
+    if env.role is not Role.WORKER:
+        raise ConfigError("barrier_worker(): only workers take part in worker barriers")
+    if timeout is not None and timeout <= 0:
+        raise ConfigError(f"barrier_worker(timeout=): must be > 0, got {timeout}")
+    from .launch.rendezvous import store_barrier
+
+    session.barriers += 1
+    store_barrier(
+        session.store,
+        f"sparseps/barrier/{session.barriers}",
+        rank=env.rank,
+        world=env.worker_num,
+        timeout_s=timeout or _env.float_setting(_env.BARRIER_TIMEOUT, _BARRIER_TIMEOUT_S),
+        warn_s=_env.float_setting(_env.BARRIER_WARN, _BARRIER_WARN_S),
+        address=env.master or "local",
+        setting="barrier_worker(timeout=)" if timeout else _env.BARRIER_TIMEOUT,
+    )
+
+
+def stop() -> None:
+    """Leave the job: tear down the workers' gloo group and, in local mode, the server.
+
+    Worker 0 hosts the rendezvous store, so it waits (bounded by
+    ``SPARSEPS_BARRIER_TIMEOUT_S``) until every worker has called ``stop()`` before
+    closing it. Servers of a launched job are stopped by the launcher once every worker
+    has exited, not here. Idempotent; also runs at exit (without that wait).
+    """
+    _shutdown(wait_for_peers=True)
+
+
+def _at_exit() -> None:
+    _shutdown(wait_for_peers=False)
+
+
+def _shutdown(*, wait_for_peers: bool) -> None:
+    global _session
+    with _lock:
+        session, _session = _session, None
+    if session is not None:
+        _teardown(session, wait_for_peers=wait_for_peers)
+
+
+def _teardown(session: _Session, *, wait_for_peers: bool) -> None:
+    env = session.env
+    try:
+        if wait_for_peers and env.role is Role.WORKER and env.worker_num > 1 and session.store:
+            _exit_barrier(session)
+        if session.owns_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    finally:
+        session.store = None  # worker 0: closes the store's server
+        if session.local_server is not None:
+            session.local_server.close()
+
+
+def _exit_barrier(session: _Session) -> None:
+    from .launch.rendezvous import store_barrier
+
+    env = session.env
+    try:
+        if env.rank != 0:
+            session.store.set(f"sparseps/exit/{env.rank}", "1")
+            return
+        store_barrier(
+            session.store,
+            "sparseps/exit",
+            rank=0,
+            world=env.worker_num,
+            timeout_s=_env.float_setting(_env.BARRIER_TIMEOUT, _BARRIER_TIMEOUT_S),
+            warn_s=_env.float_setting(_env.BARRIER_WARN, _BARRIER_WARN_S),
+            address=env.master,
+            op="stop",
+            setting=_env.BARRIER_TIMEOUT,
+        )
+    except SparsePSError as exc:  # leaving anyway: the launcher handles failed peers
+        log.warning("stop(): %s", exc)
+    except Exception as exc:  # torch store errors (worker 0 already gone)
+        log.warning("stop(): could not reach the rendezvous store at %s: %s", env.master, exc)

@@ -1,0 +1,252 @@
+"""A client's connection to all servers: one I/O thread, one DEALER socket per server.
+
+Any thread may :meth:`Channel.submit` a request; it is handed to the I/O thread over an
+inproc socket (zero-copy) and sent to its server. Replies are matched to requests by id
+and wake the waiting thread. Many requests can be in flight at once, bounded by
+``max_in_flight``.
+
+A reply whose id is not pending (its caller timed out or gave up) is dropped with a
+debug line, so a late reply never confuses a later request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from ..errors import ProtocolError, RemoteError, TimeoutError_, UnavailableError
+from . import transport
+from .protocol import Limits, Reply, decode_reply, encode_request, peek_request_id
+
+__all__ = ["Call", "Channel"]
+
+log = logging.getLogger(__name__)
+
+_POLL_MS = 50
+_EVENTS = {
+    zmq.EVENT_CONNECTED: "connected",
+    zmq.EVENT_DISCONNECTED: "connection lost",
+    zmq.EVENT_CONNECT_RETRIED: "connection refused, retrying",
+    zmq.EVENT_CLOSED: "closed",
+}
+
+
+@dataclass(eq=False)
+class Call:
+    """One request to one server, waiting for its reply."""
+
+    id: int
+    rank: int
+    op: str
+    table: str | None
+    event: threading.Event = field(default_factory=threading.Event)
+    reply: Reply | None = None
+    failure: BaseException | None = None
+
+
+class Channel:
+    """Request/reply transport to a list of servers (used by :class:`PSClient`).
+
+    Args:
+        endpoints: ``host:port`` per server rank.
+        timeout: default seconds a wait may take.
+        timeout_setting: how the user changes ``timeout`` (named in timeout errors).
+        max_in_flight: requests that may be outstanding at once (all servers together).
+        limits: message size limits.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout: float,
+        timeout_setting: str,
+        max_in_flight: int,
+        limits: Limits,
+    ) -> None:
+        self.endpoints = tuple(endpoints)
+        self.timeout = timeout
+        self.timeout_setting = timeout_setting
+        self.limits = limits
+        self._ids = itertools.count(1)
+        self._pending: dict[int, Call] = {}
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._max_in_flight = max_in_flight
+        self._state = ["connecting"] * len(self.endpoints)
+        self._closing = threading.Event()
+        self._context = transport.new_context()
+        inbox = f"inproc://sparseps-client-{id(self)}"
+        self._inbox = self._context.socket(zmq.PULL)
+        self._inbox.setsockopt(zmq.LINGER, 0)
+        self._inbox.bind(inbox)
+        self._outbox = self._context.socket(zmq.PUSH)
+        self._outbox.setsockopt(zmq.LINGER, 0)
+        self._outbox.connect(inbox)
+        self._outbox_lock = threading.Lock()
+        self._dealers = []
+        self._monitors = []
+        for endpoint in self.endpoints:
+            sock = transport.new_dealer(self._context, limits.max_message_bytes)
+            self._monitors.append(sock.get_monitor_socket(events=sum(_EVENTS)))
+            sock.connect(transport.connect_address(endpoint))
+            self._dealers.append(sock)
+        self._thread = threading.Thread(target=self._run, name="sparseps-client-io", daemon=True)
+        self._thread.start()
+
+    # -- caller side -------------------------------------------------------------------
+
+    def submit(self, rank: int, op: str, table: str | None, bufs: Sequence[np.ndarray] = (), args: dict | None = None) -> Call:
+        """Queue one request to server ``rank``; returns its :class:`Call` at once."""
+        if self._closing.is_set():
+            raise UnavailableError(f"{op}: the PSClient is closed", op=op, role="server", rank=rank, address=self.endpoints[rank])
+        if not self._slots.acquire(timeout=self.timeout):
+            raise TimeoutError_(
+                f"{op}: {self._max_in_flight} requests still in flight after {self.timeout:.3g} s; the servers "
+                "are not answering fast enough (raise PSClient(max_in_flight=...) or wait on handles)",
+                op=op, role="server", rank=rank, address=self.endpoints[rank], seconds=self.timeout,
+                setting="PSClient(max_in_flight=...)",
+            )  # fmt: skip
+        call = Call(id=next(self._ids), rank=rank, op=op, table=table)
+        try:
+            frames = encode_request(op, call.id, table, bufs, args)
+        except BaseException:
+            self._slots.release()
+            raise
+        with self._lock:
+            self._pending[call.id] = call
+        with self._outbox_lock:
+            transport.send_frames(self._outbox, [rank.to_bytes(4, "little"), *frames])
+        return call
+
+    def wait(self, call: Call, deadline: float, timeout: float) -> Reply:
+        """The reply of ``call`` by ``deadline`` (monotonic), raising the right error."""
+        if not call.event.wait(max(0.0, deadline - time.monotonic())):
+            self._forget(call)
+            if not call.event.is_set():
+                address = self.endpoints[call.rank]
+                raise TimeoutError_(
+                    f"{call.op}{'' if call.table is None else f' {call.table!r}'}: server {call.rank} at "
+                    f"{address} did not answer within {timeout:.3g} s (connection: {self._state[call.rank]}); "
+                    f"the server may be dead, hung or overloaded. Change the limit with {self.timeout_setting}",
+                    op=call.op, role="server", rank=call.rank, address=address, seconds=timeout,
+                    setting=self.timeout_setting,
+                )  # fmt: skip
+        if call.failure is not None:
+            raise call.failure
+        reply = call.reply
+        if not reply.ok:
+            raise self._remote_error(call, reply.error)
+        return reply
+
+    def forget(self, call: Call) -> None:
+        """Stop waiting for ``call`` (its reply, if any arrives, is dropped)."""
+        self._forget(call)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the I/O thread and close every socket; pending calls fail as unavailable."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._thread.join(timeout)
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for call in pending:
+            call.failure = UnavailableError(
+                f"{call.op}: the PSClient was closed before server {call.rank} answered",
+                op=call.op, role="server", rank=call.rank, address=self.endpoints[call.rank],
+            )  # fmt: skip
+            call.event.set()
+        for sock in [*self._monitors, *self._dealers, self._inbox, self._outbox]:
+            sock.close(linger=0)
+        self._context.term()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _forget(self, call: Call) -> None:
+        with self._lock:
+            removed = self._pending.pop(call.id, None)
+        if removed is not None:
+            self._slots.release()
+
+    def _remote_error(self, call: Call, error: dict) -> Exception:
+        kind = str(error.get("type", "Error"))
+        message = str(error.get("message", ""))
+        where = f"server {call.rank} at {self.endpoints[call.rank]}"
+        if kind == "ProtocolError":
+            return ProtocolError(f"{call.op}: {where} rejected the request: {message}")
+        return RemoteError(
+            f"{call.op}{'' if call.table is None else f' {call.table!r}'}: {where} raised {kind}: {message}",
+            remote_type=kind, remote_traceback=str(error.get("traceback", "")), role="server",
+            rank=call.rank, address=self.endpoints[call.rank], op=call.op,
+        )  # fmt: skip
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._inbox, zmq.POLLIN)
+        for sock in [*self._dealers, *self._monitors]:
+            poller.register(sock, zmq.POLLIN)
+        rank_of = {sock: rank for rank, sock in enumerate(self._dealers)}
+        monitor_of = {sock: rank for rank, sock in enumerate(self._monitors)}
+        try:
+            while not self._closing.is_set():
+                for sock, _ in poller.poll(_POLL_MS):
+                    if sock is self._inbox:
+                        self._forward(self._inbox.recv_multipart(copy=False))
+                    elif sock in rank_of:
+                        self._deliver(rank_of[sock], sock.recv_multipart(copy=False))
+                    else:
+                        event = recv_monitor_message(sock)
+                        self._state[monitor_of[sock]] = _EVENTS.get(event["event"], self._state[monitor_of[sock]])
+        except zmq.ContextTerminated:  # pragma: no cover - close() joins first
+            pass
+        except Exception:  # pragma: no cover - a bug here must not hang callers silently
+            log.exception("sparseps client I/O thread failed; pending requests will time out")
+
+    def _forward(self, frames: list) -> None:
+        rank = int.from_bytes(frames[0].bytes, "little")
+        try:
+            transport.send_frames(self._dealers[rank], frames[1:], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            call_id = peek_request_id(frames[1:2])
+            with self._lock:
+                call = self._pending.pop(call_id, None)
+            if call is not None:
+                self._slots.release()
+                call.failure = UnavailableError(
+                    f"{call.op}: send queue to server {rank} at {self.endpoints[rank]} is full "
+                    f"(connection: {self._state[rank]})",
+                    op=call.op, role="server", rank=rank, address=self.endpoints[rank],
+                )  # fmt: skip
+                call.event.set()
+
+    def _deliver(self, rank: int, frames: list) -> None:
+        try:
+            reply = decode_reply(frames, self.limits)
+        except ProtocolError as exc:
+            call_id = peek_request_id(frames)
+            with self._lock:
+                call = self._pending.pop(call_id, None)
+            if call is None:
+                log.warning("dropped a malformed reply from server %d: %s", rank, exc)
+                return
+            self._slots.release()
+            call.failure = ProtocolError(f"{call.op}: malformed reply from server {rank} at {self.endpoints[rank]}: {exc}")
+            call.event.set()
+            return
+        with self._lock:
+            call = self._pending.pop(reply.id, None)
+        if call is None:
+            log.debug("dropped a late reply from server %d (request %s gave up waiting)", rank, reply.id)
+            return
+        self._slots.release()
+        call.reply = reply
+        call.event.set()

@@ -1,0 +1,423 @@
+"""``PSClient``: the one way workers and tools talk to the servers (DESIGN §2.3).
+
+Data-plane calls are batch-first and asynchronous: ``pull``/``push`` take a 1-D uint64
+key array (duplicates allowed) and return a :class:`Handle` at once; ``handle.wait()``
+gives the result. The client deduplicates keys (pull) or merges duplicates (push: summed
+gradients, shows and clicks), splits them by owning server
+(:func:`sparseps.server.routing.server_of`), sends one request per server in parallel and
+gathers the rows back in the caller's order.
+
+Control calls (``create_table``, ``stats``, ``save``, ...) block until every server
+answered.
+
+Timeouts: every wait is bounded. The default is 60 s, or ``SPARSEPS_RPC_TIMEOUT`` when
+set, or the ``timeout`` argument. A server that does not answer in time raises
+:class:`~sparseps.errors.TimeoutError_` naming the op, the server's rank and address, the
+seconds waited and the setting to change.
+
+Thread safety: a client may be shared by threads (e.g. a training loop plus a background
+push thread); every method is safe to call concurrently, and a handle may be waited
+from any thread (the result is cached, ``wait`` may be called again). Requests in flight
+at the same time are not ordered on the server: wait on a push before pulling if the
+pull must see it.
+
+Example::
+
+    with PSClient(["127.0.0.1:6000", "127.0.0.1:6001"]) as client:
+        client.create_table(TableConfig(name="emb", dim=16))
+        rows = client.pull("emb", keys).wait()      # float32 [len(keys), 16]
+        client.push("emb", keys, grads).wait()
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .. import env
+from ..errors import ConfigError, InputError
+from ..server.routing import dense_server_of, split_by_server
+from .channel import Call, Channel
+from .protocol import Limits
+
+__all__ = ["DEFAULT_MAX_IN_FLIGHT", "DEFAULT_TIMEOUT", "Handle", "PSClient"]
+
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_MAX_IN_FLIGHT = 64
+
+
+class Handle:
+    """The pending result of an asynchronous call; ``wait()`` returns it or raises."""
+
+    def __init__(self, channel: Channel | None, calls: Sequence[Call], finish: Callable[[list], object]) -> None:
+        self._channel = channel
+        self._calls = list(calls)
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._done = False
+        self._value = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True when every server answered (``wait`` will not block)."""
+        return self._done or all(call.event.is_set() for call in self._calls)
+
+    def wait(self, timeout: float | None = None):
+        """The result (rows for a pull, None for a push).
+
+        Args:
+            timeout: seconds; default the client's timeout.
+
+        Raises:
+            TimeoutError_: a server did not answer in time.
+            RemoteError: a server raised (carries its type, message and traceback).
+            ProtocolError: a server rejected the request as malformed.
+        """
+        with self._lock:
+            if not self._done:
+                self._resolve(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _resolve(self, timeout: float | None) -> None:
+        if not self._calls:
+            self._value, self._done = self._finish([]), True
+            return
+        limit = self._channel.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + limit
+        try:
+            replies = [self._channel.wait(call, deadline, limit) for call in self._calls]
+            self._value = self._finish(replies)
+        except Exception as exc:
+            for call in self._calls:
+                self._channel.forget(call)
+            self._error = exc
+        self._done = True
+        self._calls = []
+
+
+def _completed(value) -> Handle:
+    return Handle(None, [], lambda _: value)
+
+
+def _check_keys(keys, what: str) -> np.ndarray:
+    if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
+        found = f"{keys.dtype} array of shape {keys.shape}" if isinstance(keys, np.ndarray) else type(keys).__name__
+        raise InputError(f"{what}: keys must be a 1-D uint64 numpy array, got {found} (use keys.astype(np.uint64))")
+    return keys
+
+
+def _check_rows(values, name: str, what: str, n: int) -> np.ndarray:
+    if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.ndim != 2 or len(values) != n:
+        found = f"{values.dtype} array of shape {values.shape}" if isinstance(values, np.ndarray) else type(values).__name__
+        raise InputError(f"{what}: {name} must be a float32 array of shape [{n}, dim] (one row per key), got {found}")
+    bad = ~np.isfinite(values)
+    if bad.any():
+        rows = np.flatnonzero(bad.any(axis=1))
+        raise InputError(
+            f"{what}: {name} has {int(bad.sum())} NaN/inf values (first at row {int(rows[0])}); "
+            "the whole push is rejected so no server applies part of it"
+        )
+    return values
+
+
+def _check_counts(values, name: str, what: str, n: int) -> np.ndarray | None:
+    if values is None:
+        return None
+    if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.shape != (n,):
+        found = f"{values.dtype} array of shape {values.shape}" if isinstance(values, np.ndarray) else type(values).__name__
+        raise InputError(f"{what}: {name} must be a float32 array of shape [{n}] or None, got {found}")
+    return values
+
+
+def _check_vector(values, what: str) -> np.ndarray:
+    if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.ndim != 1:
+        found = f"{values.dtype} array of shape {values.shape}" if isinstance(values, np.ndarray) else type(values).__name__
+        raise InputError(f"{what}: expected a 1-D float32 array, got {found}")
+    if not np.isfinite(values).all():
+        raise InputError(f"{what}: {int((~np.isfinite(values)).sum())} NaN/inf values; rejected")
+    return np.ascontiguousarray(values)
+
+
+def merge_duplicates(keys: np.ndarray, values: np.ndarray, shows: np.ndarray | None, clicks: np.ndarray | None):
+    """Sum the rows, shows and clicks of equal keys (a key's rows are added in input order).
+
+    Returns:
+        ``(unique_keys, summed_values, shows, clicks)``; unique keys are sorted, ``shows``
+        defaults to the number of occurrences and ``clicks`` to zeros.
+    """
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    first = np.empty(len(keys), dtype=bool)
+    first[:1] = True
+    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    unique = sorted_keys[starts]
+    if len(unique) == len(keys):
+        merged = values[order]
+        shows = np.ones(len(keys), np.float32) if shows is None else shows[order]
+        clicks = np.zeros(len(keys), np.float32) if clicks is None else clicks[order]
+        return unique, merged, shows, clicks
+    merged = np.add.reduceat(values[order], starts, axis=0)
+    counts = np.diff(np.append(starts, len(keys))).astype(np.float32)
+    shows = counts if shows is None else np.add.reduceat(shows[order], starts)
+    clicks = np.zeros(len(unique), np.float32) if clicks is None else np.add.reduceat(clicks[order], starts)
+    return unique, merged, shows.astype(np.float32, copy=False), clicks.astype(np.float32, copy=False)
+
+
+class PSClient:
+    """A connection to every server of one job.
+
+    Args:
+        endpoints: ``host:port`` of every server in rank order (the servers' own list).
+        timeout: seconds any wait may take (default 60, or ``SPARSEPS_RPC_TIMEOUT``).
+        max_in_flight: requests outstanding at once over all servers (default 64); a
+            caller that would exceed it waits for replies (up to ``timeout``).
+        limits: message size limits (default :class:`~sparseps.rpc.protocol.Limits`).
+
+    Raises:
+        ConfigError: empty or malformed endpoints, non-positive timeout or max_in_flight.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        timeout: float | None = None,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        limits: Limits | None = None,
+    ) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e.strip()]
+        endpoints = [str(e).strip() for e in endpoints]
+        if not endpoints:
+            raise ConfigError("PSClient: endpoints must list at least one host:port")
+        for i, endpoint in enumerate(endpoints):
+            env.parse_endpoint(endpoint, what=f"PSClient endpoints[{i}]")
+        if timeout is None:
+            timeout = env.float_setting(env.RPC_TIMEOUT, DEFAULT_TIMEOUT)
+            setting = f"PSClient(timeout=...) or {env.RPC_TIMEOUT}"
+        else:
+            setting = "PSClient(timeout=...)"
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
+            raise ConfigError(f"PSClient: timeout must be a number of seconds > 0, got {timeout!r}")
+        if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1:
+            raise ConfigError(f"PSClient: max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        self.endpoints = tuple(endpoints)
+        self.timeout = float(timeout)
+        self._channel = Channel(
+            self.endpoints, timeout=self.timeout, timeout_setting=setting, max_in_flight=max_in_flight, limits=limits or Limits()
+        )
+
+    @property
+    def num_servers(self) -> int:
+        return len(self.endpoints)
+
+    def __enter__(self) -> PSClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the sockets and the I/O thread (idempotent). Pending handles fail."""
+        self._channel.close()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _all(self, op: str, table: str | None = None, args: dict | None = None, timeout: float | None = None, ranks=None) -> list:
+        """Send one request to every server (or to ``ranks``) and wait for all results."""
+        ranks = range(self.num_servers) if ranks is None else ranks
+        calls = [self._channel.submit(rank, op, table, (), args) for rank in ranks]
+        return Handle(self._channel, calls, lambda replies: [r.result for r in replies]).wait(timeout)
+
+    def _split(self, op: str, table: str, keys: np.ndarray, columns: Sequence[np.ndarray]) -> list[tuple[np.ndarray, Call]]:
+        """One request per server that owns some keys: ``[(positions in keys, call)]``."""
+        out = []
+        if self.num_servers == 1:
+            return [(None, self._channel.submit(0, op, table, [keys, *columns]))]
+        for rank, positions in enumerate(split_by_server(keys, self.num_servers)):
+            if len(positions):
+                bufs = [keys[positions], *(c[positions] for c in columns)]
+                out.append((positions, self._channel.submit(rank, op, table, bufs)))
+        return out
+
+    # -- sparse tables -----------------------------------------------------------------
+
+    def create_table(self, config) -> None:
+        """Create a sparse table on every server (idempotent for an equal config).
+
+        Raises:
+            RemoteError: a table of that name exists with a different config (the message
+                names the differing fields and both configs).
+        """
+        self._all("create_table", config.name, {"config": config.to_dict()})
+
+    def pull(self, table: str, keys: np.ndarray) -> Handle:
+        """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``."""
+        keys = _check_keys(keys, f"pull {table!r}")
+        unique, inverse = np.unique(keys, return_inverse=True)
+        if not len(unique):
+            calls = [(None, self._channel.submit(0, "pull", table, [unique]))]
+        else:
+            calls = self._split("pull", table, unique, ())
+
+        def finish(replies) -> np.ndarray:
+            if len(replies) == 1 and calls[0][0] is None:
+                return replies[0].bufs[0][inverse]
+            dim = replies[0].bufs[0].shape[1]
+            rows = np.empty((len(unique), dim), dtype=np.float32)
+            for (positions, _), reply in zip(calls, replies, strict=True):
+                rows[positions] = reply.bufs[0]
+            return rows[inverse]
+
+        return Handle(self._channel, [c for _, c in calls], finish)
+
+    def _push(self, op: str, table: str, keys, values, name: str, shows, clicks) -> Handle:
+        what = f"{op} {table!r}"
+        keys = _check_keys(keys, what)
+        values = _check_rows(values, name, what, len(keys))
+        shows = _check_counts(shows, "shows", what, len(keys))
+        clicks = _check_counts(clicks, "clicks", what, len(keys))
+        if not len(keys):
+            return _completed(None)
+        unique, merged, shows, clicks = merge_duplicates(keys, values, shows, clicks)
+        calls = self._split(op, table, unique, (merged, shows, clicks))
+        return Handle(self._channel, [c for _, c in calls], lambda _: None)
+
+    def push(self, table: str, keys: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> Handle:
+        """Apply gradients with the table's rule; ``wait()`` -> None.
+
+        Args:
+            table: sparse table name.
+            keys: 1-D uint64 (duplicates are merged here: summed grads, shows, clicks).
+            grads: float32 ``[len(keys), dim]``; NaN/inf rejects the whole push.
+            shows, clicks: float32 ``[len(keys)]`` or None (1 show, 0 clicks per key).
+        """
+        return self._push("push", table, keys, grads, "grads", shows, clicks)
+
+    def push_delta(self, table: str, keys: np.ndarray, deltas: np.ndarray, shows=None, clicks=None) -> Handle:
+        """Geo mode: add ``deltas`` to the rows (no optimizer rule); else like :meth:`push`."""
+        return self._push("push_delta", table, keys, deltas, "deltas", shows, clicks)
+
+    def decay(self, table: str, rate: float | None = None) -> None:
+        """End of day on every server: decay show/click, age unseen rows."""
+        self._all("decay", table, {} if rate is None else {"rate": float(rate)})
+
+    def shrink(self, table: str) -> np.ndarray:
+        """Delete rows per the lifecycle policy; returns the deleted keys (sorted uint64)."""
+        calls = [self._channel.submit(rank, "shrink", table) for rank in range(self.num_servers)]
+        parts = Handle(self._channel, calls, lambda replies: [r.bufs[0] for r in replies]).wait()
+        return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+
+    def save(self, table: str, directory: str | os.PathLike, *, timeout: float | None = None) -> list[dict]:
+        """Every server writes its shard of ``table`` into ``directory`` (seen by the servers).
+
+        Returns:
+            one record per file: ``name``, ``path``, ``bytes``, ``sha256``, ``rows``,
+            ``kind`` (``rows``/``pending``) and ``rank``.
+        """
+        folder = os.path.abspath(os.fspath(directory))
+        return [record for part in self._all("save", table, {"directory": folder}, timeout) for record in part]
+
+    def load(self, table: str, files: Sequence, *, timeout: float | None = None) -> dict:
+        """Load shard files written by any number of servers; each keeps the keys it owns.
+
+        Args:
+            table: an existing table with the same dim and rule as the saved one.
+            files: paths, or the records returned by :meth:`save` (checksums verified).
+
+        Returns:
+            totals over servers: ``{"rows", "pending", "files"}``.
+        """
+        specs = []
+        for spec in files:
+            if isinstance(spec, dict):
+                specs.append({"path": os.path.abspath(spec["path"]), **({"sha256": spec["sha256"]} if "sha256" in spec else {})})
+            else:
+                specs.append(os.path.abspath(os.fspath(spec)))
+        parts = self._all("load", table, {"files": specs}, timeout)
+        return {key: sum(part[key] for part in parts) for key in ("rows", "pending", "files")}
+
+    # -- dense tables ------------------------------------------------------------------
+
+    def _dense_rank(self, name: str) -> int:
+        return dense_server_of(name, self.num_servers)
+
+    def create_dense(self, name: str, size: int, rule, init: np.ndarray | None = None) -> None:
+        """Create a dense table of ``size`` floats on its server (idempotent when equal)."""
+        bufs = [] if init is None else [_check_vector(init, f"create_dense {name!r} init")]
+        call = self._channel.submit(self._dense_rank(name), "create_dense", name, bufs, {"size": int(size), "rule": rule.to_dict()})
+        Handle(self._channel, [call], lambda _: None).wait()
+
+    def pull_dense(self, name: str) -> Handle:
+        """``wait()`` -> float32 ``[size]`` (a fresh writable copy)."""
+        call = self._channel.submit(self._dense_rank(name), "pull_dense", name)
+        return Handle(self._channel, [call], lambda replies: replies[0].bufs[0].copy())
+
+    def _dense_op(self, op: str, name: str, values: np.ndarray) -> Handle:
+        values = _check_vector(values, f"{op} {name!r}")
+        call = self._channel.submit(self._dense_rank(name), op, name, [values])
+        return Handle(self._channel, [call], lambda _: None)
+
+    def push_dense(self, name: str, grad: np.ndarray) -> Handle:
+        """Apply a dense gradient with the table's rule."""
+        return self._dense_op("push_dense", name, grad)
+
+    def push_dense_delta(self, name: str, delta: np.ndarray) -> Handle:
+        """Geo mode: add ``delta`` to the dense values."""
+        return self._dense_op("push_dense_delta", name, delta)
+
+    def set_dense(self, name: str, values: np.ndarray) -> Handle:
+        """Overwrite the dense values (optimizer state is kept)."""
+        return self._dense_op("set_dense", name, values)
+
+    # -- cluster -----------------------------------------------------------------------
+
+    def ping(self, timeout: float | None = None, *, ranks: Sequence[int] | None = None) -> list[dict]:
+        """Each server's ``{"rank", "num_servers", "pid", "v"}``; checks they match this client.
+
+        Args:
+            timeout: seconds (default the client's timeout).
+            ranks: only these servers (default all).
+
+        Raises:
+            ConfigError: a server has another rank or server count than this client expects.
+        """
+        ranks = list(range(self.num_servers)) if ranks is None else list(ranks)
+        answers = self._all("ping", timeout=timeout, ranks=ranks)
+        for rank, answer in zip(ranks, answers, strict=True):
+            if answer.get("rank") != rank or answer.get("num_servers") != self.num_servers:
+                raise ConfigError(
+                    f"server at {self.endpoints[rank]} is rank {answer.get('rank')} of {answer.get('num_servers')}, "
+                    f"but this client lists it as rank {rank} of {self.num_servers}; use the servers' endpoint list"
+                )
+        return answers
+
+    def stats(self) -> dict:
+        """Per-server statistics and totals.
+
+        Returns:
+            ``{"servers": [per-server dict: rank, address, pid, tables {name: TableStats
+            fields}, dense, requests, bad_messages, failed], "total": {"tables": {name:
+            {"rows", "pending", "bytes_used"}}, "requests", "bad_messages", "failed"}}``.
+        """
+        servers = self._all("stats")
+        total: dict = {"tables": {}, "requests": 0, "bad_messages": 0, "failed": 0}
+        for server in servers:
+            for key in ("requests", "bad_messages", "failed"):
+                total[key] += server[key]
+            for name, table in server["tables"].items():
+                agg = total["tables"].setdefault(name, {"rows": 0, "pending": 0, "bytes_used": 0})
+                for key in agg:
+                    agg[key] += int(table.get(key, 0))
+        return {"servers": servers, "total": total}
+
+    def stop_servers(self, timeout: float | None = None, *, ranks: Sequence[int] | None = None) -> None:
+        """Ask every server (or ``ranks``) to stop; each replies, then exits."""
+        self._all("stop", timeout=timeout, ranks=ranks)

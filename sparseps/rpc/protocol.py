@@ -1,0 +1,412 @@
+"""The sparseps wire protocol: msgpack header frame + one raw frame per numpy buffer.
+
+A request is a zmq multipart message::
+
+    frame 0   msgpack map {"v": PROTOCOL_VERSION, "op": str, "id": int, "table": str | None,
+                           "bufs": [[dtype, shape], ...], "args": {str: small value}}
+    frame 1.. one raw little-endian buffer per entry of "bufs", in order
+
+A reply has the same shape: ``{"v", "id", "ok": bool, "error": {"type", "message",
+"traceback"} (only when not ok), "result": small value, "bufs": [...]}`` plus buffers.
+
+Buffers are sent zero-copy (``copy=False`` on numpy memory) and decoded with
+``np.frombuffer`` (no copy; the arrays are read-only views of the received frames).
+
+:func:`decode_request` is the one place where everything a peer sends is checked before
+any table is touched: version, op, header types, frame count, dtype allowlist, shapes
+against frame lengths, size limits and the per-op schema in :data:`OPS` (which buffers,
+dtypes and ranks each op takes, which leading dimensions must agree, which arguments are
+allowed). Any violation raises :class:`~sparseps.errors.ProtocolError` naming what was
+wrong; the server turns it into an error reply and keeps serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from math import prod
+
+import msgpack
+import numpy as np
+
+from ..errors import ConfigError, ProtocolError
+
+__all__ = [
+    "OPS",
+    "PROTOCOL_VERSION",
+    "Limits",
+    "OpSchema",
+    "Reply",
+    "Request",
+    "decode_reply",
+    "decode_request",
+    "encode_reply",
+    "encode_request",
+    "peek_request_id",
+]
+
+PROTOCOL_VERSION = 1
+
+# Wire dtype names -> explicit little-endian numpy dtypes (the allowlist).
+DTYPES: dict[str, np.dtype] = {
+    "uint64": np.dtype("<u8"),
+    "float32": np.dtype("<f4"),
+    "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"),
+    "uint8": np.dtype("u1"),
+}
+_NAME_OF = {dt: name for name, dt in DTYPES.items()}
+_MAX_NDIM = 4
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits applied to every decoded message.
+
+    Attributes:
+        max_message_bytes: total bytes of all frames of one message (default 1 GiB).
+        max_header_bytes: bytes of the msgpack header frame (default 1 MiB: headers hold
+            scalars, table configs and file lists, never bulk data).
+        max_buffers: buffer frames in one message.
+    """
+
+    max_message_bytes: int = 1 << 30
+    max_header_bytes: int = 1 << 20
+    max_buffers: int = 16
+
+    def __post_init__(self) -> None:
+        for name in ("max_message_bytes", "max_header_bytes", "max_buffers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"Limits.{name}: expected an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class BufSpec:
+    """One buffer an op takes: its name, dtype and number of dimensions."""
+
+    name: str
+    dtype: str
+    ndim: int
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    """What one op accepts.
+
+    Attributes:
+        table: whether the header's ``table`` must be a non-empty string.
+        bufs: required buffers, in frame order.
+        optional: optional buffers that may follow the required ones, in order (a
+            message may carry a prefix of them).
+        same_rows: names of buffers whose first dimension must be equal.
+        args: allowed argument names -> (accepted python types, required).
+    """
+
+    table: bool = False
+    bufs: tuple[BufSpec, ...] = ()
+    optional: tuple[BufSpec, ...] = ()
+    same_rows: tuple[str, ...] = ()
+    args: Mapping[str, tuple[tuple[type, ...], bool]] = field(default_factory=dict)
+
+
+_KEYS = BufSpec("keys", "uint64", 1)
+_SHOWS = BufSpec("shows", "float32", 1)
+_CLICKS = BufSpec("clicks", "float32", 1)
+_VEC = BufSpec("values", "float32", 1)
+_NONE = type(None)
+
+OPS: dict[str, OpSchema] = {
+    "ping": OpSchema(),
+    "stop": OpSchema(),
+    "stats": OpSchema(),
+    "create_table": OpSchema(table=True, args={"config": ((dict,), True)}),
+    "pull": OpSchema(table=True, bufs=(_KEYS,)),
+    "push": OpSchema(
+        table=True,
+        bufs=(_KEYS, BufSpec("grads", "float32", 2)),
+        optional=(_SHOWS, _CLICKS),
+        same_rows=("keys", "grads", "shows", "clicks"),
+    ),
+    "push_delta": OpSchema(
+        table=True,
+        bufs=(_KEYS, BufSpec("deltas", "float32", 2)),
+        optional=(_SHOWS, _CLICKS),
+        same_rows=("keys", "deltas", "shows", "clicks"),
+    ),
+    "decay": OpSchema(table=True, args={"rate": ((float, int, _NONE), False)}),
+    "shrink": OpSchema(table=True),
+    "save": OpSchema(table=True, args={"directory": ((str,), True)}),
+    "load": OpSchema(table=True, args={"files": ((list,), True)}),
+    "create_dense": OpSchema(
+        table=True,
+        optional=(_VEC,),
+        args={"size": ((int,), True), "rule": ((dict,), True)},
+    ),
+    "pull_dense": OpSchema(table=True),
+    "push_dense": OpSchema(table=True, bufs=(_VEC,)),
+    "push_dense_delta": OpSchema(table=True, bufs=(_VEC,)),
+    "set_dense": OpSchema(table=True, bufs=(_VEC,)),
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request: ``bufs`` maps the schema's buffer names to read-only arrays."""
+
+    op: str
+    id: int
+    table: str | None
+    bufs: dict[str, np.ndarray]
+    args: dict
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A decoded reply: ``ok`` with ``result``/``bufs``, or ``error`` (type/message/traceback)."""
+
+    id: int
+    ok: bool
+    result: object = None
+    bufs: tuple[np.ndarray, ...] = ()
+    error: dict | None = None
+
+
+def _frame_bytes(frame) -> memoryview:
+    """The payload of a zmq Frame (``recv(copy=False)``) or of a bytes-like object."""
+    buf = getattr(frame, "buffer", None)
+    return buf if buf is not None else memoryview(frame)
+
+
+def _buffer_header(arrays: Sequence[np.ndarray]) -> list:
+    described = []
+    for i, array in enumerate(arrays):
+        name = _NAME_OF.get(array.dtype)
+        if name is None:
+            raise ProtocolError(
+                f"buffer {i}: dtype {array.dtype} cannot be sent "
+                f"(allowed: {', '.join(DTYPES)}, little-endian)"
+            )
+        if not array.flags.c_contiguous:
+            raise ProtocolError(f"buffer {i}: must be C-contiguous (use np.ascontiguousarray)")
+        described.append([name, list(array.shape)])
+    return described
+
+
+def encode_request(
+    op: str,
+    request_id: int,
+    table: str | None = None,
+    bufs: Sequence[np.ndarray] = (),
+    args: Mapping | None = None,
+) -> list:
+    """Frames of one request; numpy buffers are passed through for zero-copy sends.
+
+    Raises:
+        ProtocolError: a buffer has a dtype outside the allowlist or is not contiguous.
+    """
+    header = {
+        "v": PROTOCOL_VERSION,
+        "op": op,
+        "id": request_id,
+        "table": table,
+        "bufs": _buffer_header(bufs),
+        "args": dict(args or {}),
+    }
+    return [msgpack.packb(header), *bufs]
+
+
+def encode_reply(
+    request_id: int | None,
+    *,
+    result: object = None,
+    bufs: Sequence[np.ndarray] = (),
+    error: Mapping | None = None,
+) -> list:
+    """Frames of one reply (``error`` set means ``ok`` is False and carries no buffers)."""
+    if error is not None:
+        header = {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": dict(error), "bufs": []}
+        return [msgpack.packb(header)]
+    header = {
+        "v": PROTOCOL_VERSION,
+        "id": request_id,
+        "ok": True,
+        "result": result,
+        "bufs": _buffer_header(bufs),
+    }
+    return [msgpack.packb(header), *bufs]
+
+
+def _unpack_header(frame, limits: Limits) -> dict:
+    raw = _frame_bytes(frame)
+    if raw.nbytes > limits.max_header_bytes:
+        raise ProtocolError(
+            f"header frame is {raw.nbytes} bytes, over the limit of {limits.max_header_bytes}"
+        )
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"header frame is not valid msgpack ({type(exc).__name__}: {exc})") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"header must be a msgpack map, got {type(header).__name__}")
+    version = header.get("v")
+    if not _is_int(version) or version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"protocol version {version!r} is not supported (this side speaks {PROTOCOL_VERSION}); "
+            "run the same sparseps version on servers and workers"
+        )
+    return header
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def peek_request_id(frames: Sequence) -> int | None:
+    """Best-effort request id of a (possibly malformed) request, to address an error reply."""
+    if not frames:
+        return None
+    try:
+        raw = _frame_bytes(frames[0])
+        if raw.nbytes > (1 << 20):
+            return None
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception:
+        return None
+    if isinstance(header, dict) and _is_int(header.get("id")) and 0 <= header["id"] < (1 << 63):
+        return header["id"]
+    return None
+
+
+def _decode_buffers(described, frames: Sequence, limits: Limits, where: str) -> list[np.ndarray]:
+    if not isinstance(described, list):
+        raise ProtocolError(f"{where}: 'bufs' must be a list, got {type(described).__name__}")
+    if len(described) > limits.max_buffers:
+        raise ProtocolError(f"{where}: {len(described)} buffers, over the limit of {limits.max_buffers}")
+    if len(described) != len(frames):
+        raise ProtocolError(
+            f"{where}: header declares {len(described)} buffers but {len(frames)} buffer frames arrived"
+        )
+    arrays = []
+    total = 0
+    for i, (entry, frame) in enumerate(zip(described, frames, strict=True)):
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
+            raise ProtocolError(f"{where}: buffer {i} must be described as [dtype, shape], got {entry!r:.80}")
+        name, shape = entry
+        dtype = DTYPES.get(name)
+        if dtype is None:
+            raise ProtocolError(f"{where}: buffer {i} dtype {name!r:.40} not allowed (allowed: {', '.join(DTYPES)})")
+        if not (isinstance(shape, list) and len(shape) <= _MAX_NDIM and all(_is_int(d) and d >= 0 for d in shape)):
+            raise ProtocolError(
+                f"{where}: buffer {i} shape must be a list of at most {_MAX_NDIM} non-negative ints, got {shape!r:.80}"
+            )
+        # Python ints do not overflow, so a huge declared shape cannot wrap around the check.
+        declared = prod(shape) * dtype.itemsize
+        total += declared
+        if total > limits.max_message_bytes:
+            raise ProtocolError(
+                f"{where}: buffers declare {total} bytes, over the limit of {limits.max_message_bytes}"
+            )
+        payload = _frame_bytes(frame)
+        if payload.nbytes != declared:
+            raise ProtocolError(
+                f"{where}: buffer {i} is {payload.nbytes} bytes but {name}{tuple(shape)} needs {declared}"
+            )
+        array = np.frombuffer(payload, dtype=dtype).reshape(shape)
+        array.flags.writeable = False  # a view of the received frame: handlers must not write it
+        arrays.append(array)
+    return arrays
+
+
+def _check_args(op: str, schema: OpSchema, args) -> dict:
+    if not isinstance(args, dict):
+        raise ProtocolError(f"op {op!r}: 'args' must be a map, got {type(args).__name__}")
+    for name, value in args.items():
+        spec = schema.args.get(name)
+        if spec is None:
+            allowed = ", ".join(schema.args) or "none"
+            raise ProtocolError(f"op {op!r}: unknown argument {name!r:.40} (allowed: {allowed})")
+        types, _ = spec
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            names = "/".join("None" if t is _NONE else t.__name__ for t in types)
+            raise ProtocolError(f"op {op!r}: argument {name!r} must be {names}, got {type(value).__name__}")
+    for name, (_, required) in schema.args.items():
+        if required and name not in args:
+            raise ProtocolError(f"op {op!r}: missing argument {name!r}")
+    return args
+
+
+def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
+    """Validate and decode one request (frames as received, without routing envelope).
+
+    Raises:
+        ProtocolError: anything that does not follow the protocol, naming what and where.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    total = sum(_frame_bytes(f).nbytes for f in frames)
+    if total > limits.max_message_bytes:
+        raise ProtocolError(f"message is {total} bytes, over the limit of {limits.max_message_bytes}")
+    header = _unpack_header(frames[0], limits)
+    op = header.get("op")
+    schema = OPS.get(op) if isinstance(op, str) else None
+    if schema is None:
+        raise ProtocolError(f"unknown op {op!r:.60} (known: {', '.join(sorted(OPS))})")
+    request_id = header.get("id")
+    if not (_is_int(request_id) and 0 <= request_id < (1 << 63)):
+        raise ProtocolError(f"op {op!r}: 'id' must be a non-negative 64-bit int, got {request_id!r:.40}")
+    table = header.get("table")
+    if schema.table:
+        if not (isinstance(table, str) and 0 < len(table) <= 256):
+            raise ProtocolError(f"op {op!r}: 'table' must be a non-empty string of at most 256 chars")
+    elif table is not None:
+        raise ProtocolError(f"op {op!r} takes no table, got {table!r:.40}")
+    unknown = set(header) - {"v", "op", "id", "table", "bufs", "args"}
+    if unknown:
+        raise ProtocolError(f"op {op!r}: unknown header keys {sorted(map(str, unknown))}")
+    where = f"op {op!r}"
+    arrays = _decode_buffers(header.get("bufs", []), frames[1:], limits, where)
+    specs = schema.bufs + schema.optional
+    if not len(schema.bufs) <= len(arrays) <= len(specs):
+        raise ProtocolError(
+            f"{where}: takes {len(schema.bufs)} to {len(specs)} buffers "
+            f"({', '.join(s.name for s in specs) or 'none'}), got {len(arrays)}"
+        )
+    bufs = {}
+    for spec, array in zip(specs, arrays, strict=False):
+        found = _NAME_OF[array.dtype]
+        if found != spec.dtype or array.ndim != spec.ndim:
+            raise ProtocolError(
+                f"{where}: buffer {spec.name!r} must be {spec.dtype} with {spec.ndim} dims, "
+                f"got {found} with shape {array.shape}"
+            )
+        bufs[spec.name] = array
+    rows = {name: bufs[name].shape[0] for name in schema.same_rows if name in bufs}
+    if len(set(rows.values())) > 1:
+        raise ProtocolError(f"{where}: buffers must have the same number of rows, got {rows}")
+    args = _check_args(op, schema, header.get("args", {}))
+    return Request(op=op, id=request_id, table=table, bufs=bufs, args=args)
+
+
+def decode_reply(frames: Sequence, limits: Limits = Limits()) -> Reply:
+    """Validate and decode one reply.
+
+    Raises:
+        ProtocolError: the reply does not follow the protocol.
+    """
+    if not frames:
+        raise ProtocolError("empty reply")
+    header = _unpack_header(frames[0], limits)
+    request_id = header.get("id")
+    if request_id is not None and not _is_int(request_id):
+        raise ProtocolError(f"reply 'id' must be an int or nil, got {type(request_id).__name__}")
+    ok = header.get("ok")
+    if not isinstance(ok, bool):
+        raise ProtocolError("reply 'ok' must be a bool")
+    if not ok:
+        error = header.get("error")
+        if not isinstance(error, dict):
+            raise ProtocolError("error reply without an 'error' map")
+        return Reply(id=request_id, ok=False, error=error)
+    arrays = _decode_buffers(header.get("bufs", []), frames[1:], limits, "reply")
+    return Reply(id=request_id, ok=True, result=header.get("result"), bufs=tuple(arrays))

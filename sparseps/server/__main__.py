@@ -1,0 +1,48 @@
+"""``python -m sparseps.server --rank R --endpoints h:p,h:p [--bind-host H] [--threads N]``.
+
+Runs one server in the foreground until a ``stop`` op or SIGTERM. Logs go to stderr.
+Exit code 0 after a clean stop, 1 with one error line when the server cannot start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..errors import SparsePSError
+from ..rpc.protocol import Limits
+from .main import DEFAULT_THREADS, serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sparseps.server", description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", type=int, required=True, help="this server's index in --endpoints")
+    parser.add_argument("--endpoints", required=True, help="host:port of every server, comma separated, in rank order")
+    parser.add_argument("--bind-host", default=None, help="interface to bind (default: from the endpoint)")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=f"handler threads (default {DEFAULT_THREADS})")
+    parser.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=Limits().max_message_bytes,
+        help="largest accepted message; bigger frames are dropped by the transport (default 1 GiB)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
+    try:
+        limits = Limits(max_message_bytes=args.max_message_bytes)
+        serve(args.rank, endpoints, bind_host=args.bind_host, threads=args.threads, limits=limits)
+    except SparsePSError as exc:
+        print(f"sparseps server {args.rank}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

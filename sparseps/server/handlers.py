@@ -1,0 +1,355 @@
+"""What a server does with each validated request: one method per op.
+
+:class:`ServerState` holds this server's shard of every sparse table and the dense tables
+placed on it. Requests arrive already validated by :func:`sparseps.rpc.protocol.decode_request`
+(types, dtypes, shapes); this module checks what needs server state (does the table
+exist, is the dim right, do the keys belong to this server) and calls the table engine.
+
+Concurrency: handlers run on a pool of threads. Each table has a reader-writer lock:
+pulls, stats and the export part of a save share it; pushes, decay, shrink and loads
+hold it alone, so updates of one table are serialised while different tables (and
+concurrent pulls) proceed in parallel; the compiled kernels release the GIL.
+Requests that are in flight at the same time are not ordered with respect to each
+other; a client that needs an order waits for the first handle before sending the next.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CheckpointError, ConfigError, InputError
+from ..rpc.protocol import PROTOCOL_VERSION, Request
+from . import shards
+from .routing import server_of
+
+__all__ = ["RWLock", "ServerState", "config_differences"]
+
+
+class RWLock:
+    """Many readers or one writer; a waiting writer blocks new readers (no starvation)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._waiting_writers = 0
+
+    @contextmanager
+    def read(self):
+        with self._cond:
+            while self._writer or self._waiting_writers:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self):
+        with self._cond:
+            self._waiting_writers += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting_writers -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+@dataclass
+class _Entry:
+    """A table with its lock (sparse: SparseTable; dense: DenseTable + its spec)."""
+
+    table: object
+    spec: dict = field(default_factory=dict)
+    lock: RWLock = field(default_factory=RWLock)
+
+
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """``field: existing=X requested=Y`` for every leaf that differs between two dicts."""
+    out = []
+    for key in sorted(set(old) | set(new), key=str):
+        a, b = old.get(key), new.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(config_differences(a, b, prefix=f"{name}."))
+        elif a != b:
+            out.append(f"{name}: existing={a!r} requested={b!r}")
+    return out
+
+
+class ServerState:
+    """The tables of one server and the op handlers.
+
+    Args:
+        rank: this server's rank.
+        num_servers: servers in the job (the key routing depends on it).
+        endpoint: ``host:port`` as the workers know it (for stats and errors).
+    """
+
+    def __init__(self, rank: int, num_servers: int, endpoint: str) -> None:
+        self.rank = rank
+        self.num_servers = num_servers
+        self.endpoint = endpoint
+        self.stop_requested = threading.Event()
+        self._sparse: dict[str, _Entry] = {}
+        self._dense: dict[str, _Entry] = {}
+        self._registry = threading.Lock()
+        self._counters = {"requests": 0, "bad_messages": 0, "failed": 0}
+        self._counter_lock = threading.Lock()
+        self._ops: dict[str, Callable[[Request], tuple[object, list]]] = {
+            name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
+        }
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def count(self, what: str) -> None:
+        with self._counter_lock:
+            self._counters[what] += 1
+
+    def handle(self, request: Request) -> tuple[object, list[np.ndarray]]:
+        """Run one request; returns ``(result, buffers)`` for the reply. Raises on failure."""
+        self.count("requests")
+        return self._ops[request.op](request)
+
+    def _sparse_entry(self, request: Request) -> _Entry:
+        entry = self._sparse.get(request.table)
+        if entry is None:
+            raise InputError(
+                f"server {self.rank}: sparse table {request.table!r} does not exist "
+                f"(tables: {sorted(self._sparse) or 'none'}); create it with PSClient.create_table first"
+            )
+        return entry
+
+    def _dense_entry(self, request: Request) -> _Entry:
+        entry = self._dense.get(request.table)
+        if entry is None:
+            raise InputError(
+                f"server {self.rank}: dense table {request.table!r} does not exist "
+                f"(dense tables: {sorted(self._dense) or 'none'}); create it with PSClient.create_dense first"
+            )
+        return entry
+
+    def _check_keys(self, request: Request, keys: np.ndarray) -> None:
+        """Keys must route here; a client with a different server list would corrupt shards."""
+        if self.num_servers > 1 and len(keys):
+            wrong = np.flatnonzero(server_of(keys, self.num_servers) != self.rank)
+            if len(wrong):
+                raise InputError(
+                    f"server {self.rank} of {self.num_servers}: {len(wrong)} of {len(keys)} keys of "
+                    f"{request.op} {request.table!r} belong to other servers (first key {int(keys[wrong[0]])}); "
+                    "the client's endpoint list must equal the servers' (same hosts, same order)"
+                )
+
+    # -- control -----------------------------------------------------------------------
+
+    def _op_ping(self, request: Request):
+        return {"rank": self.rank, "num_servers": self.num_servers, "pid": os.getpid(), "v": PROTOCOL_VERSION}, []
+
+    def _op_stop(self, request: Request):
+        self.stop_requested.set()
+        return {"rank": self.rank}, []
+
+    def _op_stats(self, request: Request):
+        tables = {}
+        for name, entry in list(self._sparse.items()):
+            with entry.lock.read():
+                tables[name] = dataclasses.asdict(entry.table.stats())
+        dense = {name: {"size": entry.spec["size"], "rule": entry.spec["rule"]} for name, entry in list(self._dense.items())}
+        with self._counter_lock:
+            counters = dict(self._counters)
+        return {"rank": self.rank, "address": self.endpoint, "pid": os.getpid(), "tables": tables, "dense": dense, **counters}, []
+
+    # -- sparse tables -----------------------------------------------------------------
+
+    def _op_create_table(self, request: Request):
+        from ..config import TableConfig
+        from ..table import SparseTable
+
+        config = TableConfig.from_dict(request.args["config"])
+        if config.name != request.table:
+            raise ConfigError(f"create_table: header table {request.table!r} != config name {config.name!r}")
+        with self._registry:
+            entry = self._sparse.get(config.name)
+            if entry is not None:
+                existing = entry.table.config
+                if existing == config:
+                    return {"created": False}, []
+                diff = config_differences(existing.to_dict(), config.to_dict())
+                raise ConfigError(
+                    f"server {self.rank}: table {config.name!r} already exists with a different config: "
+                    + "; ".join(diff)
+                    + f" (existing: {existing.to_dict()}; requested: {config.to_dict()})"
+                )
+            self._sparse[config.name] = _Entry(SparseTable(config))
+        return {"created": True}, []
+
+    def _op_pull(self, request: Request):
+        entry = self._sparse_entry(request)
+        keys = request.bufs["keys"]
+        self._check_keys(request, keys)
+        with entry.lock.read():
+            rows = entry.table.pull(keys)
+        return None, [rows]
+
+    def _push(self, request: Request, method: str, values: str):
+        entry = self._sparse_entry(request)
+        bufs = request.bufs
+        self._check_keys(request, bufs["keys"])
+        with entry.lock.write():
+            getattr(entry.table, method)(bufs["keys"], bufs[values], shows=bufs.get("shows"), clicks=bufs.get("clicks"))
+        return None, []
+
+    def _op_push(self, request: Request):
+        return self._push(request, "push", "grads")
+
+    def _op_push_delta(self, request: Request):
+        return self._push(request, "push_delta", "deltas")
+
+    def _op_decay(self, request: Request):
+        entry = self._sparse_entry(request)
+        with entry.lock.write():
+            entry.table.decay(request.args.get("rate"))
+        return None, []
+
+    def _op_shrink(self, request: Request):
+        entry = self._sparse_entry(request)
+        with entry.lock.write():
+            deleted = entry.table.shrink()
+        return None, [np.ascontiguousarray(deleted, dtype=np.uint64)]
+
+    def _op_save(self, request: Request):
+        entry = self._sparse_entry(request)
+        with entry.lock.read():
+            rows = entry.table.export_rows()
+            pending = entry.table.export_pending()
+        config = entry.table.config.to_dict()
+        meta = {"table": request.table, "config": config, "rank": self.rank, "num_servers": self.num_servers}
+        records = []
+        for kind, columns in (("rows", rows), ("pending", pending)):
+            name = shards.file_name(request.table, kind, self.rank, self.num_servers)
+            records.append({**shards.write_shard(request.args["directory"], name, columns, {**meta, "kind": kind}), "rank": self.rank})
+        return records, []
+
+    def _op_load(self, request: Request):
+        entry = self._sparse_entry(request)
+        config = entry.table.config.to_dict()
+        loaded = {"rows": 0, "pending": 0, "files": 0}
+        for spec in request.args["files"]:
+            path, checksum = _file_spec(spec)
+            meta, columns = shards.read_shard(path, sha256=checksum)
+            _check_compatible(path, meta, config)
+            if len(columns["key"]):
+                mine = server_of(columns["key"], self.num_servers) == self.rank
+                if not mine.all():
+                    columns = {name: np.ascontiguousarray(values[mine]) for name, values in columns.items()}
+            kind = meta.get("kind")
+            with entry.lock.write():
+                if kind == "rows":
+                    entry.table.import_rows(columns)
+                else:
+                    entry.table.import_pending(columns)
+            loaded[kind] += len(columns["key"])
+            loaded["files"] += 1
+        return loaded, []
+
+    # -- dense tables ------------------------------------------------------------------
+
+    def _op_create_dense(self, request: Request):
+        from ..optim import rule_from_dict
+        from ..table import DenseTable
+
+        size = request.args["size"]
+        if size < 1:
+            raise ConfigError(f"create_dense {request.table!r}: size must be >= 1, got {size}")
+        rule = rule_from_dict(request.args["rule"])
+        spec = {"size": size, "rule": rule.to_dict()}
+        init = request.bufs.get("values")
+        if init is not None and init.shape != (size,):
+            raise InputError(f"create_dense {request.table!r}: init has shape {init.shape}, expected ({size},)")
+        with self._registry:
+            entry = self._dense.get(request.table)
+            if entry is not None:
+                if entry.spec == spec:
+                    return {"created": False}, []
+                diff = config_differences(entry.spec, spec)
+                raise ConfigError(
+                    f"server {self.rank}: dense table {request.table!r} already exists with a different spec: " + "; ".join(diff)
+                )
+            table = DenseTable(request.table, size, rule=rule, init=None if init is None else np.array(init))
+            self._dense[request.table] = _Entry(table, spec=spec)
+        return {"created": True}, []
+
+    def _dense_values(self, request: Request) -> tuple[_Entry, np.ndarray]:
+        entry = self._dense_entry(request)
+        values = request.bufs["values"]
+        if values.shape != (entry.spec["size"],):
+            raise InputError(
+                f"{request.op} {request.table!r}: got {values.shape[0]} values, the table has {entry.spec['size']}"
+            )
+        return entry, values
+
+    def _op_pull_dense(self, request: Request):
+        entry = self._dense_entry(request)
+        with entry.lock.read():
+            values = entry.table.pull()
+        return None, [values]
+
+    def _op_push_dense(self, request: Request):
+        entry, values = self._dense_values(request)
+        with entry.lock.write():
+            entry.table.push(values)
+        return None, []
+
+    def _op_push_dense_delta(self, request: Request):
+        entry, values = self._dense_values(request)
+        with entry.lock.write():
+            entry.table.add(values)
+        return None, []
+
+    def _op_set_dense(self, request: Request):
+        entry, values = self._dense_values(request)
+        with entry.lock.write():
+            entry.table.set(values)
+        return None, []
+
+
+def _file_spec(spec) -> tuple[str, str | None]:
+    """A load entry is a path or a save record ``{"path", "sha256", ...}``."""
+    if isinstance(spec, str):
+        return spec, None
+    if isinstance(spec, dict) and isinstance(spec.get("path"), str):
+        checksum = spec.get("sha256")
+        return spec["path"], checksum if isinstance(checksum, str) else None
+    raise InputError(f"load: each file must be a path or a save record with 'path', got {spec!r:.80}")
+
+
+def _check_compatible(path: str, meta: dict, config: dict) -> None:
+    """A shard loads into a table with the same dim and rule kind (same row layout).
+
+    Rule hyper-parameters (lr, ...) may differ: resuming with a new learning rate is normal.
+    """
+    saved = meta.get("config") or {}
+    if saved.get("dim") != config.get("dim"):
+        raise CheckpointError(f"shard file {path}: saved dim={saved.get('dim')!r} does not match the table's dim={config.get('dim')!r}")
+    saved_rule = (saved.get("rule") or {}).get("name")
+    rule = (config.get("rule") or {}).get("name")
+    if saved_rule != rule:
+        raise CheckpointError(
+            f"shard file {path}: saved with rule {saved_rule!r}, the table uses {rule!r} (optimizer state layouts differ)"
+        )

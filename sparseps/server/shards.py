@@ -1,0 +1,159 @@
+"""Parquet shard files: one server's part of one sparse table, readable by other tools.
+
+A save writes two files per server into the target directory::
+
+    {table}.shard-{rank:05d}-of-{S:05d}.parquet    rows: the columns of export_rows()
+    {table}.pending-{rank:05d}-of-{S:05d}.parquet  admission counters of keys not yet rows
+
+Row columns: ``key: uint64``, ``embedding: fixed_size_list<float32>[dim]``,
+``state: fixed_size_list<float32>[state_dim]``, ``show``, ``click``, ``delta_score``:
+float32, ``unseen_days``: int32 (pending files: ``key``, ``show``, ``click``). A 2-D column
+of width 0 (e.g. the state of plain SGD) is not stored, since Arrow has no zero-width
+lists; the schema metadata key ``sparseps`` (JSON) records every column's width, the
+table config, the writer's rank and server count, and the file kind, so a reader can
+rebuild the exact arrays and check that the file belongs to the table it is loaded into.
+
+Each file is written under a temporary name and renamed into place, so a crash never
+leaves a half-written file under the final name. The save returns, per file, its name,
+size in bytes, sha256 and row count; a load given those records verifies the checksums.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import CheckpointError
+
+__all__ = ["FORMAT_VERSION", "file_name", "read_shard", "sha256_of", "write_shard"]
+
+FORMAT_VERSION = 1
+_META_KEY = b"sparseps"
+
+
+def file_name(table: str, kind: str, rank: int, num_servers: int) -> str:
+    """The shard file name; ``kind`` is ``"rows"`` or ``"pending"``."""
+    stem = "shard" if kind == "rows" else "pending"
+    return f"{table}.{stem}-{rank:05d}-of-{num_servers:05d}.parquet"
+
+
+def sha256_of(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _to_arrow(columns: dict[str, np.ndarray]) -> tuple[pa.Table, dict]:
+    """Arrow table + ``{name: [dtype, width]}`` (width None for 1-D columns)."""
+    arrays, layout = {}, {}
+    for name, values in columns.items():
+        if values.ndim == 2:
+            layout[name] = [values.dtype.name, int(values.shape[1])]
+            if values.shape[1] == 0:
+                continue
+            flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+            arrays[name] = pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+        elif values.ndim == 1:
+            layout[name] = [values.dtype.name, None]
+            arrays[name] = pa.array(values)
+        else:
+            raise CheckpointError(f"column {name!r}: only 1-D and 2-D arrays can be saved, got {values.shape}")
+    return pa.table(arrays), layout
+
+
+def write_shard(
+    directory: str | os.PathLike,
+    name: str,
+    columns: dict[str, np.ndarray],
+    meta: dict,
+) -> dict:
+    """Write ``columns`` to ``directory/name`` atomically.
+
+    Args:
+        directory: target folder (created if missing).
+        name: file name (see :func:`file_name`).
+        columns: 1-D or 2-D numpy arrays of equal length.
+        meta: JSON-serialisable facts stored in the schema metadata (kind, table, config...).
+
+    Returns:
+        ``{"name", "path", "bytes", "sha256", "rows", "kind"}``.
+    """
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    table, layout = _to_arrow(columns)
+    rows = len(next(iter(columns.values()))) if columns else 0
+    info = {**meta, "format": FORMAT_VERSION, "columns": layout, "rows": rows}
+    table = table.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})
+    final = folder / name
+    temporary = folder / f".{name}.tmp-{os.getpid()}"
+    pq.write_table(table, temporary)
+    with open(temporary, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, final)
+    return {
+        "name": name,
+        "path": str(final),
+        "bytes": final.stat().st_size,
+        "sha256": sha256_of(final),
+        "rows": rows,
+        "kind": meta.get("kind"),
+    }
+
+
+def _column(table: pa.Table, name: str, dtype: str, width: int | None) -> np.ndarray:
+    rows = table.num_rows
+    if width == 0:
+        return np.zeros((rows, 0), dtype=dtype)
+    if name not in table.column_names:
+        raise CheckpointError(f"column {name!r} is missing")
+    column = table.column(name).combine_chunks()
+    if width is None:
+        values = column.to_numpy(zero_copy_only=False)
+    else:
+        values = column.flatten().to_numpy(zero_copy_only=False).reshape(rows, width)
+    # A fresh, writable, contiguous array of the recorded dtype (Arrow buffers are read-only).
+    return np.array(values, dtype=dtype, order="C", copy=True)
+
+
+def read_shard(path: str | os.PathLike, *, sha256: str | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read one shard file back into numpy columns (bit-exact with what was written).
+
+    Args:
+        path: the file.
+        sha256: if given, the file's checksum must match.
+
+    Returns:
+        ``(meta, columns)``: the metadata written by :func:`write_shard` and the arrays.
+
+    Raises:
+        CheckpointError: the file is missing, unreadable, not a sparseps shard, or its
+            checksum does not match.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"shard file {path} does not exist")
+    if sha256 is not None and sha256_of(path) != sha256:
+        raise CheckpointError(f"shard file {path}: sha256 does not match the saved record (file changed or corrupt)")
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:
+        raise CheckpointError(f"shard file {path} is not readable Parquet: {exc}") from None
+    raw = (table.schema.metadata or {}).get(_META_KEY)
+    if raw is None:
+        raise CheckpointError(f"shard file {path} has no sparseps metadata (not written by a sparseps server)")
+    meta = json.loads(raw)
+    if meta.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"shard file {path}: format {meta.get('format')!r} is not supported ({FORMAT_VERSION})")
+    try:
+        columns = {name: _column(table, name, dtype, width) for name, (dtype, width) in meta["columns"].items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"shard file {path}: columns do not match its metadata ({exc})") from None
+    return meta, columns

@@ -1,0 +1,199 @@
+"""``local_cluster``: real server processes on loopback, for tests, benchmarks and tools.
+
+Example::
+
+    with local_cluster(servers=2) as cluster:
+        with cluster.client() as client:
+            client.create_table(TableConfig(name="emb", dim=8))
+            rows = client.pull("emb", keys).wait()
+        cluster.kill(1)          # SIGKILL, for fault tests
+
+On exit every server gets a ``stop`` op, then SIGTERM, then SIGKILL after a grace
+period, so no process outlives the block even when its body raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import ConfigError, SparsePSError, UnavailableError
+from ..rpc.client import PSClient
+from ..rpc.transport import free_port
+
+__all__ = ["LocalCluster", "local_cluster"]
+
+log = logging.getLogger(__name__)
+
+_START_ATTEMPTS = 3
+_GRACE_S = 5.0
+
+
+class LocalCluster:
+    """Handles to the server processes of a :func:`local_cluster`.
+
+    Attributes:
+        endpoints: ``127.0.0.1:port`` per server rank.
+        processes: the ``subprocess.Popen`` of each server (None once reaped).
+        log_dir: folder holding ``server.R.log`` (each server's stderr).
+    """
+
+    def __init__(self, endpoints: Sequence[str], processes: list[subprocess.Popen], log_dir: Path, timeout: float) -> None:
+        self.endpoints = tuple(endpoints)
+        self.processes = processes
+        self.log_dir = log_dir
+        self.timeout = timeout
+        self._clients: list[PSClient] = []
+
+    def client(self, *, timeout: float | None = None, **options) -> PSClient:
+        """A new client to all servers (closed with the cluster unless closed before)."""
+        client = PSClient(self.endpoints, timeout=timeout or self.timeout, **options)
+        self._clients.append(client)
+        return client
+
+    def pid(self, rank: int) -> int:
+        return self.processes[rank].pid
+
+    def kill(self, rank: int) -> None:
+        """SIGKILL server ``rank`` and reap it (no cleanup runs on its side)."""
+        process = self.processes[rank]
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+        process.wait(timeout=_GRACE_S)
+
+    def log_text(self, rank: int) -> str:
+        """What server ``rank`` wrote to stderr so far."""
+        path = self.log_dir / f"server.{rank}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _stop(self) -> None:
+        for client in self._clients:
+            client.close()
+        alive = [p for p in self.processes if p.poll() is None]
+        if alive:
+            ranks = [rank for rank, p in enumerate(self.processes) if p.poll() is None]
+            try:
+                with PSClient(self.endpoints, timeout=2.0) as client:
+                    client.stop_servers(ranks=ranks)
+            except SparsePSError as exc:  # best effort: signals follow
+                log.debug("stop op failed: %s", exc)
+        _reap(self.processes)
+
+
+def _reap(processes: list[subprocess.Popen]) -> None:
+    """Wait, then SIGTERM, then SIGKILL: nothing survives."""
+    deadline = time.monotonic() + _GRACE_S
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=_GRACE_S)
+
+
+def _spawn(endpoints: list[str], log_dir: Path, options: list[str], environ: dict | None) -> list[subprocess.Popen]:
+    processes = []
+    child_env = {**os.environ, **(environ or {})}
+    for rank in range(len(endpoints)):
+        command = [sys.executable, "-m", "sparseps.server", "--rank", str(rank), "--endpoints", ",".join(endpoints), *options]
+        with open(log_dir / f"server.{rank}.log", "wb") as log_file:
+            processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log_file, env=child_env))
+    return processes
+
+
+def _wait_ready(cluster: LocalCluster, timeout: float) -> None:
+    """Every server answers ping before ``timeout``, or an error says which did not and why."""
+    deadline = time.monotonic() + timeout
+    with PSClient(cluster.endpoints, timeout=timeout) as client:
+        for rank in range(len(cluster.endpoints)):
+            while True:
+                process = cluster.processes[rank]
+                if process.poll() is not None:
+                    raise UnavailableError(
+                        f"server {rank} exited with code {process.returncode} during start-up: "
+                        f"{cluster.log_text(rank).strip()[-500:]}",
+                        op="start", role="server", rank=rank, address=cluster.endpoints[rank],
+                    )  # fmt: skip
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise UnavailableError(
+                        f"server {rank} did not answer ping within {timeout:.3g} s of start-up: "
+                        f"{cluster.log_text(rank).strip()[-500:]}",
+                        op="ping", role="server", rank=rank, address=cluster.endpoints[rank],
+                    )  # fmt: skip
+                try:
+                    client.ping(timeout=min(0.5, remaining), ranks=[rank])
+                    break
+                except SparsePSError:
+                    continue
+
+
+@contextmanager
+def local_cluster(
+    servers: int = 1,
+    *,
+    timeout: float = 30.0,
+    threads: int | None = None,
+    max_message_bytes: int | None = None,
+    environ: dict | None = None,
+) -> Iterator[LocalCluster]:
+    """Start ``servers`` server processes on free loopback ports.
+
+    Args:
+        servers: number of server processes.
+        timeout: seconds to wait for start-up, and the default timeout of ``.client()``.
+        threads: handler threads per server (default: the server's default).
+        max_message_bytes: the servers' message size limit (default: the protocol's).
+        environ: extra environment variables for the server processes.
+
+    Yields:
+        a :class:`LocalCluster`.
+
+    Raises:
+        ConfigError: servers < 1.
+        UnavailableError: a server did not come up (its log tail is in the message).
+    """
+    if not isinstance(servers, int) or servers < 1:
+        raise ConfigError(f"local_cluster: servers must be an int >= 1, got {servers!r}")
+    options = [] if threads is None else ["--threads", str(threads)]
+    if max_message_bytes is not None:
+        options += ["--max-message-bytes", str(max_message_bytes)]
+    with tempfile.TemporaryDirectory(prefix="sparseps-cluster-") as folder:
+        log_dir = Path(folder)
+        cluster = None
+        for attempt in range(_START_ATTEMPTS):
+            endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
+            cluster = LocalCluster(endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout)
+            try:
+                _wait_ready(cluster, timeout)
+                break
+            except BaseException as exc:
+                logs = "".join(cluster.log_text(r) for r in range(servers))
+                _reap_now(cluster.processes)
+                # Another process may have taken a port between free_port() and bind: retry.
+                if "Address already in use" not in logs or attempt == _START_ATTEMPTS - 1 or not isinstance(exc, UnavailableError):
+                    raise
+        try:
+            yield cluster
+        finally:
+            cluster._stop()
+
+
+def _reap_now(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=_GRACE_S)

@@ -1,0 +1,179 @@
+"""Fault injection: malformed protocol messages and a raw socket to send them with.
+
+:func:`malformed_messages` yields messages that each break exactly one rule of the
+wire protocol (see :mod:`sparseps.rpc.protocol`), mixed with pure noise. A correct
+server answers every one with a ``ProtocolError`` reply and keeps serving.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import msgpack
+import numpy as np
+import zmq
+
+from ..rpc.protocol import PROTOCOL_VERSION
+
+__all__ = ["KINDS", "RawPeer", "malformed_messages"]
+
+
+def _header(op="pull", table="t", bufs=None, args=None, **extra) -> dict:
+    header = {"v": PROTOCOL_VERSION, "op": op, "id": 7, "table": table, "bufs": bufs or [], "args": args or {}}
+    header.update(extra)
+    return header
+
+
+def _pack(header) -> bytes:
+    return msgpack.packb(header)
+
+
+def _keys(rng: np.random.Generator, n: int) -> bytes:
+    return rng.integers(0, 2**63, n, dtype=np.uint64).tobytes()
+
+
+def _random_bytes(rng):
+    return [rng.bytes(int(rng.integers(0, 200))) for _ in range(int(rng.integers(1, 4)))]
+
+
+def _truncated_buffer(rng):
+    n = int(rng.integers(1, 64))
+    return [_pack(_header(bufs=[["uint64", [n]]])), _keys(rng, n)[: -int(rng.integers(1, 8))]]
+
+
+def _wrong_shape(rng):
+    n = int(rng.integers(2, 64))
+    # A 2-D key buffer: right byte count, wrong rank for the op.
+    return [_pack(_header(bufs=[["uint64", [n, 1]]])), _keys(rng, n)]
+
+
+def _wrong_dtype(rng):
+    n = int(rng.integers(1, 64))
+    dtype = str(rng.choice(["float64", "int8", "object", "<u8", "complex64", "int64", "float32"]))
+    itemsize = {"float64": 8, "int8": 1, "object": 8, "<u8": 8, "complex64": 8, "int64": 8, "float32": 4}[dtype]
+    return [_pack(_header(bufs=[[dtype, [n]]])), rng.bytes(n * itemsize)]
+
+
+def _unknown_op(rng):
+    return [_pack(_header(op=str(rng.choice(["pul", "drop_table", "", "exec", "__init__", "PULL"]))))]
+
+
+def _huge_size(rng):
+    dims = [int(rng.integers(1 << 20, 1 << 40)), int(rng.integers(1 << 20, 1 << 40))]
+    return [_pack(_header(op="push", bufs=[["uint64", dims[:1]], ["float32", dims]])), b"", b""]
+
+
+def _wrong_version(rng):
+    version = [0, 2, 99, -1, "1", None, 1.0][int(rng.integers(0, 7))]
+    return [_pack({**_header(), "v": version}), _keys(rng, 0)]
+
+
+def _wrong_frame_count(rng):
+    n = int(rng.integers(1, 16))
+    frames = [_pack(_header(bufs=[["uint64", [n]]]))]
+    extra = int(rng.integers(0, 4))
+    return frames + [_keys(rng, n)] * (0 if extra == 1 else extra)
+
+
+def _non_map_header(rng):
+    value = [[1, 2, 3], "pull", 42, None, True, b"\x00\x01", 3.5][int(rng.integers(0, 7))]
+    return [_pack(value)]
+
+
+def _bad_field_types(rng):
+    choice = int(rng.integers(0, 6))
+    if choice == 0:
+        return [_pack(_header(op="ping", table=None, id="seven"))]
+    if choice == 1:
+        return [_pack(_header(op="ping", table=None, id=-5))]
+    if choice == 2:
+        return [_pack(_header(table=123, bufs=[["uint64", [0]]])), b""]
+    if choice == 3:
+        return [_pack(_header(op="decay", args={"rate": "fast"}))]
+    if choice == 4:
+        return [_pack(_header(op="create_table", args={"config": [1, 2]}))]
+    return [_pack(_header(op="ping", table=None, bufs="uint64"))]
+
+
+def _unknown_arg(rng):
+    return [_pack(_header(op="shrink", args={"force": True}))]
+
+
+def _mismatched_rows(rng):
+    n = int(rng.integers(2, 32))
+    dim = 4
+    header = _header(op="push", bufs=[["uint64", [n]], ["float32", [n - 1, dim]]])
+    return [_pack(header), _keys(rng, n), rng.bytes((n - 1) * dim * 4)]
+
+
+def _int_map_key(rng):
+    # msgpack maps with non-string keys; the decoder refuses them (strict_map_key).
+    return [msgpack.packb({1: 2, "v": PROTOCOL_VERSION})]
+
+
+def _too_many_buffers(rng):
+    count = 40
+    return [_pack(_header(op="ping", table=None, bufs=[["uint8", [1]]] * count)), *([b"x"] * count)]
+
+
+KINDS: dict[str, Callable[[np.random.Generator], list[bytes]]] = {
+    "random_bytes": _random_bytes,
+    "truncated_buffer": _truncated_buffer,
+    "wrong_shape": _wrong_shape,
+    "wrong_dtype": _wrong_dtype,
+    "unknown_op": _unknown_op,
+    "huge_declared_size": _huge_size,
+    "wrong_version": _wrong_version,
+    "wrong_frame_count": _wrong_frame_count,
+    "non_map_header": _non_map_header,
+    "bad_field_types": _bad_field_types,
+    "unknown_arg": _unknown_arg,
+    "mismatched_rows": _mismatched_rows,
+    "int_map_key": _int_map_key,
+    "too_many_buffers": _too_many_buffers,
+}
+
+
+def malformed_messages(count: int, *, seed: int = 0) -> Iterator[tuple[str, list[bytes]]]:
+    """``count`` malformed messages ``(kind, frames)``, kinds in turn, contents random."""
+    rng = np.random.default_rng(seed)
+    kinds = list(KINDS)
+    for i in range(count):
+        kind = kinds[i % len(kinds)]
+        yield kind, KINDS[kind](rng)
+
+
+class RawPeer:
+    """A bare DEALER socket to one server, for sending arbitrary frames (a context manager)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self._context = zmq.Context()
+        self.socket = self._context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.connect(f"tcp://{endpoint}")
+
+    def send(self, frames: list[bytes]) -> None:
+        self.socket.send_multipart(frames)
+
+    def replies(self, expected: int, timeout: float) -> list[dict]:
+        """Headers of up to ``expected`` replies received before ``timeout`` seconds pass."""
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < expected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.socket.poll(int(remaining * 1000)):
+                break
+            frames = self.socket.recv_multipart()
+            out.append(msgpack.unpackb(frames[0], raw=False))
+        return out
+
+    def close(self) -> None:
+        self.socket.close()
+        self._context.term()
+
+    def __enter__(self) -> RawPeer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

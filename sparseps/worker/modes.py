@@ -1,0 +1,331 @@
+"""The three training modes: where rows come from and where gradients go.
+
+A mode object owns the per-step communication of a :class:`~sparseps.worker.trainer.Trainer`:
+
+- ``setup()``: create/obtain the dense parameters consistently across workers;
+- ``prefetch_pulls``: whether ``pull`` may run ahead in the prefetch thread;
+- ``pull(table, keys)``: the current rows of ``keys`` for a forward pass;
+- ``steps(source)``: the step loop (sync mode keeps workers in lock-step);
+- ``loss_scale(batch_size)``: the denominator of the summed per-sample loss;
+- ``apply(grads, dense_grad)``: send one step's gradients;
+- ``finish_pass()``: flush, so the servers hold every update of the pass;
+- ``refresh_dense()``: make the local dense parameters current (before evaluating).
+
+``grads`` is a list of ``(table, keys, grad [U, dim], shows, clicks)``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from ..checkpoint.dense_file import load_dense_file, save_dense_file
+from ..config import Lifecycle, TableConfig
+from ..server.routing import server_of
+from ..table import DenseTable, SparseTable
+from . import collectives
+from .dense import DenseParams
+from .pipeline import PushQueue
+from .strategy import Strategy
+
+__all__ = ["AsyncMode", "GeoMode", "SyncMode", "make_mode"]
+
+log = logging.getLogger(__name__)
+
+DENSE_TABLE = "__dense__"
+
+
+class _Mode:
+    prefetch_pulls = False
+
+    def __init__(self, client, dense: DenseParams, dense_rule, strategy: Strategy, rank: int):
+        self.client = client
+        self.dense = dense
+        self.dense_rule = dense_rule
+        self.strategy = strategy
+        self.rank = rank
+        self.step = 0
+
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
+        return self.client.pull(table, keys).wait()
+
+    def steps(self, source: Iterable) -> Iterator:
+        yield from source
+
+    def loss_scale(self, batch_size: int) -> float:
+        return float(max(batch_size, 1))
+
+    def apply(self, grads: list, dense_grad: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def finish_pass(self) -> None:
+        pass
+
+    def refresh_dense(self) -> None:
+        pass
+
+    def quiesce(self) -> None:
+        """Every update sent so far is applied, and every worker got here (a consistent cut)."""
+        collectives.barrier()
+
+    def save_dense(self, directory) -> str:
+        """Worker 0: write the dense parameters + optimizer state; returns the file name."""
+        return self.client.save_dense(DENSE_TABLE, str(directory))
+
+    def load_dense(self, path) -> None:
+        """Worker 0: restore the dense parameters + optimizer state where they live."""
+        self.client.load_dense(DENSE_TABLE, str(path))
+
+    def load_dense_local(self, path) -> None:
+        """Every worker, after ``load_dense``: make the local copy current."""
+        self.refresh_dense()
+
+    def close(self) -> None:
+        pass
+
+    def _create_dense_on_servers(self) -> None:
+        """Worker 0 creates the server dense table from its parameters; all then pull it."""
+        if self.dense.size == 0:
+            return
+        if self.rank == 0:
+            self.client.create_dense(
+                DENSE_TABLE, self.dense.size, self.dense_rule, init=self.dense.values()
+            )
+        collectives.barrier()
+        self.dense.set(self.client.pull_dense(DENSE_TABLE).wait())
+
+
+class AsyncMode(_Mode):
+    """Pushes applied as they arrive; dense parameters in a server dense table."""
+
+    prefetch_pulls = True
+
+    def setup(self) -> None:
+        self.queue = PushQueue(self.client, maxsize=self.strategy.push_queue_size)
+        self._create_dense_on_servers()
+
+    def apply(self, grads: list, dense_grad: np.ndarray) -> None:
+        for table, keys, grad, shows, clicks in grads:
+            self.queue.put_sparse(table, keys, grad, shows, clicks)
+        if dense_grad.size:
+            self.queue.put_dense(DENSE_TABLE, dense_grad)
+        self.step += 1
+        if dense_grad.size and self.step % self.strategy.dense_pull_interval == 0:
+            self.dense.set(self.client.pull_dense(DENSE_TABLE).wait())
+
+    def finish_pass(self) -> None:
+        self.quiesce()
+        self.refresh_dense()
+
+    def quiesce(self) -> None:
+        self.queue.flush()
+        collectives.barrier()
+
+    def refresh_dense(self) -> None:
+        if self.dense.size:
+            self.dense.set(self.client.pull_dense(DENSE_TABLE).wait())
+
+    def close(self) -> None:
+        self.queue.flush()
+        self.queue.close()
+
+
+class SyncMode(_Mode):
+    """Lock-step: the servers apply the sum of all workers' gradients once per step.
+
+    Every worker contributes to each step (an empty contribution once its data ran out),
+    the sparse gradients are all-gathered and each worker pushes the share of keys that
+    hashes to its rank, the dense gradients are all-reduced and applied by the same dense
+    rule on every worker (so dense parameters stay identical without a broadcast).
+    """
+
+    def setup(self) -> None:
+        values = collectives.broadcast_array(self.dense.values())
+        self.dense.set(values)
+        self.local_dense = (
+            DenseTable(DENSE_TABLE, self.dense.size, rule=self.dense_rule, init=values)
+            if self.dense.size
+            else None
+        )
+        self.global_batch = 0
+
+    def save_dense(self, directory) -> str:
+        arrays = (
+            self.local_dense.export()
+            if self.local_dense is not None
+            else {"values": self.dense.values()}
+        )
+        return save_dense_file(directory, arrays)
+
+    def load_dense(self, path) -> None:
+        pass  # every worker holds the dense optimizer: see load_dense_local
+
+    def load_dense_local(self, path) -> None:
+        arrays = load_dense_file(path)
+        if self.local_dense is not None:
+            self.local_dense.import_(arrays)
+            self.dense.set(self.local_dense.pull())
+
+    def steps(self, source: Iterable) -> Iterator:
+        iterator = iter(source)
+        while True:
+            item = next(iterator, None)
+            local = np.array(
+                [0 if item is None else 1, 0 if item is None else len(item[0])], np.int64
+            )
+            active, global_batch = (int(v) for v in collectives.all_reduce_sum(local))
+            if active == 0:
+                return
+            self.global_batch = global_batch
+            yield item
+
+    def loss_scale(self, batch_size: int) -> float:
+        return float(max(self.global_batch, 1))
+
+    def apply(self, grads: list, dense_grad: np.ndarray) -> None:
+        world = collectives.world_size()
+        handles = []
+        for table, keys, grad, shows, clicks in grads:
+            all_keys = np.concatenate(collectives.all_gather_arrays(keys))
+            all_grads = np.concatenate(collectives.all_gather_arrays(grad))
+            all_shows = np.concatenate(collectives.all_gather_arrays(shows))
+            all_clicks = np.concatenate(collectives.all_gather_arrays(clicks))
+            mine = server_of(all_keys, world) == self.rank if world > 1 else slice(None)
+            handles.append(
+                self.client.push(
+                    table,
+                    all_keys[mine],
+                    all_grads[mine],
+                    shows=all_shows[mine],
+                    clicks=all_clicks[mine],
+                )
+            )
+        if self.local_dense is not None:
+            total = collectives.all_reduce_sum(dense_grad)
+            self.local_dense.push(np.ascontiguousarray(total, np.float32))
+            self.dense.set(self.local_dense.pull())
+        for handle in handles:
+            handle.wait()
+        # every worker's share is applied before anybody pulls the next step's rows
+        collectives.barrier()
+        self.step += 1
+
+
+class GeoMode(_Mode):
+    """Local training for ``k_steps`` steps, then parameter deltas go to the servers.
+
+    Each worker keeps, per table, a local table of the rows it touched in the current
+    window (trained with the table's own rule) and a base copy of their values when
+    fetched; every ``k_steps`` it pushes ``local - base`` (servers add it), then starts a
+    new window that fetches fresh rows. Optimizer state is local to a window.
+    """
+
+    def setup(self) -> None:
+        self._create_dense_on_servers()
+        self.local_dense = None
+        if self.dense.size:
+            self.base_dense = self.dense.values()
+            self.local_dense = DenseTable(
+                DENSE_TABLE, self.dense.size, rule=self.dense_rule, init=self.base_dense
+            )
+        self.configs: dict[str, TableConfig] = {}
+        self.local: dict[str, SparseTable] = {}
+        self.base: dict[str, SparseTable] = {}
+
+    def register(self, config: TableConfig) -> None:
+        self.configs[config.name] = config
+        self._new_window(config.name)
+
+    def _new_window(self, name: str) -> None:
+        config = self.configs[name]
+        local = TableConfig(
+            name=config.name,
+            dim=config.dim,
+            rule=config.rule,
+            initializer=config.initializer,
+            lifecycle=Lifecycle(),
+            seed=config.seed,
+        )
+        self.local[name] = SparseTable(local)
+        self.base[name] = SparseTable(local)
+
+    def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
+        local = self.local[table]
+        missing = keys[~local.contains(keys)]
+        if missing.size:
+            fresh = self.client.pull(table, missing).wait()
+            for target in (local, self.base[table]):
+                target.import_rows(_rows_columns(target, missing, fresh))
+        return local.pull(keys)
+
+    def apply(self, grads: list, dense_grad: np.ndarray) -> None:
+        for table, keys, grad, shows, clicks in grads:
+            self.local[table].push(keys, grad, shows=shows, clicks=clicks)
+        if self.local_dense is not None:
+            self.local_dense.push(np.ascontiguousarray(dense_grad, np.float32))
+            self.dense.set(self.local_dense.pull())
+        self.step += 1
+        if self.step % self.strategy.k_steps == 0:
+            self._sync()
+
+    def _sync(self) -> None:
+        handles = []
+        for name, local in self.local.items():
+            rows = local.export_rows()
+            keys = rows["key"]
+            if keys.size:
+                delta = rows["embedding"] - self.base[name].pull(keys)
+                handles.append(
+                    self.client.push_delta(
+                        name, keys, delta, shows=rows["show"], clicks=rows["click"]
+                    )
+                )
+        if self.local_dense is not None:
+            handles.append(
+                self.client.push_dense_delta(DENSE_TABLE, self.local_dense.pull() - self.base_dense)
+            )
+        for handle in handles:
+            handle.wait()
+        for name in self.local:
+            self._new_window(name)
+        if self.local_dense is not None:
+            self.base_dense = self.client.pull_dense(DENSE_TABLE).wait()
+            self.local_dense.set(self.base_dense)
+            self.dense.set(self.base_dense)
+
+    def finish_pass(self) -> None:
+        self.quiesce()
+        self.refresh_dense()
+
+    def quiesce(self) -> None:
+        self._sync()
+        collectives.barrier()
+
+    def refresh_dense(self) -> None:
+        if self.local_dense is not None:
+            self.base_dense = self.client.pull_dense(DENSE_TABLE).wait()
+            self.local_dense.set(self.base_dense)
+            self.dense.set(self.base_dense)
+
+
+def _rows_columns(table: SparseTable, keys: np.ndarray, embedding: np.ndarray) -> dict:
+    n = keys.size
+    return {
+        "key": keys,
+        "embedding": np.ascontiguousarray(embedding, np.float32),
+        "state": np.zeros((n, table.layout.state_dim), np.float32),
+        "show": np.zeros(n, np.float32),
+        "click": np.zeros(n, np.float32),
+        "unseen_days": np.zeros(n, np.int32),
+        "delta_score": np.zeros(n, np.float32),
+    }
+
+
+def make_mode(strategy: Strategy, client, dense: DenseParams, dense_rule, rank: int) -> _Mode:
+    cls = {"async": AsyncMode, "sync": SyncMode, "geo": GeoMode}[strategy.mode]
+    return cls(client, dense, dense_rule, strategy, rank)

@@ -1,0 +1,149 @@
+"""PyTorch modules whose embedding rows live on the parameter servers.
+
+A :class:`SparseEmbedding` declares a server table (name, dim, optimizer rule, initializer,
+lifecycle) and, in ``forward``, pools the rows of the ids of its slots. The rows are not
+stored in the module: before each step the trainer (or the predictor) *binds* the module
+to the batch — the unique keys of the batch and a ``[U, dim]`` leaf tensor holding their
+pulled rows. ``forward`` then is a single ``F.embedding_bag`` over that tensor, and after
+``backward`` the tensor's ``.grad`` is exactly the merged per-key gradient to push.
+
+A :class:`SparseModel` splits a model into its sparse embeddings and a dense ``head``
+taking ``(dense, *pooled)``; the head alone is what an inference model exports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import Initializer, Lifecycle, TableConfig
+from ..errors import ConfigError, InputError
+from .lookup import SlotLookup
+
+__all__ = ["POOLINGS", "SparseEmbedding", "SparseModel", "dense_tensor"]
+
+POOLINGS = ("sum", "mean", None)
+
+
+class SparseEmbedding(nn.Module):
+    """Embeddings of uint64 ids held by the servers, pooled per (sample, slot).
+
+    Args:
+        table: server table name (one table may serve many slots).
+        dim: embedding width.
+        slots: the slot names this module reads, in output order; None = every slot of
+            the batch, in the batch's order.
+        pooling: ``"sum"`` or ``"mean"`` -> ``forward`` returns ``[B, S, dim]``;
+            None -> ``(rows [nnz, dim], bag_offsets [S*B])`` unpooled, slot-major.
+        rule: the server-side optimizer rule (``sparseps.optim.*``); default Adagrad.
+        initializer: deterministic per-key initializer; default uniform(-0.01, 0.01).
+        lifecycle: admission / decay / shrink policy; default admit everything.
+        seed: table seed for the initial values.
+    """
+
+    def __init__(
+        self,
+        table: str,
+        dim: int,
+        *,
+        slots: Sequence[str] | None = None,
+        pooling: str | None = "sum",
+        rule=None,
+        initializer: Initializer | None = None,
+        lifecycle: Lifecycle | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ConfigError(
+                f"SparseEmbedding.pooling: expected one of {POOLINGS}, got {pooling!r}"
+            )
+        kwargs = {"name": table, "dim": dim, "seed": seed}
+        if rule is not None:
+            kwargs["rule"] = rule
+        if initializer is not None:
+            kwargs["initializer"] = initializer
+        if lifecycle is not None:
+            kwargs["lifecycle"] = lifecycle
+        self.config = TableConfig(**kwargs)
+        self.slots = tuple(slots) if slots is not None else None
+        self.pooling = pooling
+        self._lookup: SlotLookup | None = None
+        self._rows: torch.Tensor | None = None
+
+    @property
+    def table(self) -> str:
+        return self.config.name
+
+    @property
+    def dim(self) -> int:
+        return self.config.dim
+
+    def slot_names(self, batch) -> tuple[str, ...]:
+        return self.slots if self.slots is not None else tuple(batch.slots)
+
+    def bind(self, lookup: SlotLookup, rows: np.ndarray | torch.Tensor, *, grad: bool) -> None:
+        """Attach the pulled rows of ``lookup.keys`` for the next forward pass."""
+        tensor = torch.from_numpy(rows) if isinstance(rows, np.ndarray) else rows
+        if tensor.shape != (lookup.keys.size, self.dim):
+            raise InputError(
+                f"table {self.table!r}: bound rows have shape {tuple(tensor.shape)}, "
+                f"expected ({lookup.keys.size}, {self.dim})"
+            )
+        self._lookup = lookup
+        self._rows = tensor.requires_grad_(grad)
+
+    def unbind(self) -> None:
+        self._lookup = None
+        self._rows = None
+
+    @property
+    def rows(self) -> torch.Tensor | None:
+        """The bound ``[U, dim]`` leaf tensor (its ``.grad`` is the per-key gradient)."""
+        return self._rows
+
+    @property
+    def lookup(self) -> SlotLookup | None:
+        return self._lookup
+
+    def forward(self, batch=None):
+        lookup, rows = self._lookup, self._rows
+        if lookup is None or rows is None:
+            raise InputError(
+                f"SparseEmbedding {self.table!r} has no rows bound: run the model through "
+                "sparseps.Trainer or sparseps.Predictor, which pull the rows of each batch"
+            )
+        index = torch.from_numpy(lookup.index)
+        offsets = torch.from_numpy(lookup.bag_offsets)
+        if self.pooling is None:
+            return rows[index], offsets
+        pooled = F.embedding_bag(index, rows, offsets, mode=self.pooling)
+        return pooled.view(lookup.num_slots, lookup.batch_size, self.dim).transpose(0, 1)
+
+    def extra_repr(self) -> str:
+        return f"table={self.table!r}, dim={self.dim}, pooling={self.pooling!r}"
+
+
+def dense_tensor(batch) -> torch.Tensor:
+    """The batch's dense features as a float32 tensor sharing memory with the batch."""
+    return torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32))
+
+
+class SparseModel(nn.Module):
+    """A model = sparse embeddings + a dense ``head(dense, *pooled) -> logits``.
+
+    Subclasses set ``self.embeddings`` (an ``nn.ModuleList`` of :class:`SparseEmbedding`)
+    and ``self.head``. ``forward(batch)`` returns logits ``[B]``. The head sees only
+    tensors, so it can be exported (TorchScript) and run without servers.
+    """
+
+    embeddings: nn.ModuleList
+    head: nn.Module
+
+    def forward(self, batch) -> torch.Tensor:
+        pooled = [emb(batch) for emb in self.embeddings]
+        return self.head(dense_tensor(batch), *pooled).reshape(-1)

@@ -1,0 +1,247 @@
+"""Overlap of IO, compute and communication on a worker.
+
+- :class:`Prefetcher` runs ``prepare(item)`` for the next items of an iterable in a
+  background thread (read + parse + dedup + pull of batch i+1 while batch i computes),
+  through a bounded queue.
+- :class:`PushQueue` sends pushes from a background thread, through a bounded queue;
+  pushes of the same table waiting in the queue are merged into one request (the client
+  merges duplicate keys), and :meth:`PushQueue.flush` waits until every push is applied.
+
+Both re-raise a background failure in the calling thread at the next call, so an error
+is never lost in a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import TimeoutError_
+
+__all__ = ["PushQueue", "PushStats", "Prefetcher"]
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Prefetcher:
+    """Iterate ``prepare(x) for x in source`` with ``depth`` items computed ahead.
+
+    Args:
+        source: any iterable (a dataset).
+        prepare: runs in the background thread; its result is what iteration yields.
+        depth: how many prepared items may wait (the queue bound).
+        timeout: seconds to wait for one item before raising (a hung reader or server).
+    """
+
+    def __init__(
+        self, source: Iterable, prepare: Callable, *, depth: int = 2, timeout: float = 600.0
+    ):
+        self._source = source
+        self._prepare = prepare
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._timeout = timeout
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparseps-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            for item in self._source:
+                if not self._put(self._prepare(item)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            self._put(_Failure(exc))
+            return
+        self._put(_END)
+
+    def __iter__(self) -> Iterator:
+        while True:
+            try:
+                item = self._queue.get(timeout=self._timeout)
+            except queue.Empty:
+                raise TimeoutError_(
+                    f"prefetch: no batch ready after {self._timeout:.0f} s (a data reader or a "
+                    "server pull is stuck); raise Strategy.collective_timeout to wait longer",
+                    op="prefetch",
+                    role="worker",
+                    seconds=self._timeout,
+                    setting="Strategy.collective_timeout",
+                ) from None
+            if item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.exc
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@dataclass(frozen=True)
+class PushStats:
+    pushed_requests: int
+    merged_requests: int
+    pending: int
+    push_seconds: float
+
+
+class PushQueue:
+    """Background pushes with a bounded queue and per-table merging.
+
+    Args:
+        client: a ``PSClient``.
+        maxsize: most queued push batches before ``put`` blocks (back-pressure).
+        timeout: seconds ``put``/``flush`` may block.
+    """
+
+    def __init__(self, client, *, maxsize: int = 8, timeout: float = 600.0) -> None:
+        self._client = client
+        self._queue: queue.Queue = queue.Queue(maxsize=maxsize)
+        self._timeout = timeout
+        self._error: BaseException | None = None
+        self._pushed = 0
+        self._merged = 0
+        self._seconds = 0.0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="sparseps-push", daemon=True)
+        self._thread.start()
+
+    def put_sparse(
+        self, table: str, keys, grads, shows=None, clicks=None, *, delta: bool = False
+    ) -> None:
+        self._put(("sparse", table, delta, keys, grads, shows, clicks))
+
+    def put_dense(self, name: str, grad, *, delta: bool = False) -> None:
+        self._put(("dense", name, delta, grad))
+
+    def _put(self, item) -> None:
+        self._raise_if_failed()
+        try:
+            self._queue.put(item, timeout=self._timeout)
+        except queue.Full:
+            raise TimeoutError_(
+                f"push queue: full for {self._timeout:.0f} s (servers are not taking pushes)",
+                op="push",
+                role="server",
+                seconds=self._timeout,
+                setting="Strategy.rpc_timeout",
+            ) from None
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _drain(self, first) -> list:
+        items = [first]
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _END:
+                self._queue.task_done()
+                return
+            items = self._drain(item)
+            done = [i for i in items if i is not _END]
+            try:
+                if self._error is None:
+                    self._send(done)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                self._error = exc
+                log.error("background push failed: %s", exc)
+            finally:
+                for _ in items:
+                    self._queue.task_done()
+            if len(done) != len(items):
+                return
+
+    def _send(self, items: list) -> None:
+        start = time.perf_counter()
+        groups: dict[tuple, list] = {}
+        for item in items:
+            groups.setdefault(item[:3], []).append(item[3:])
+        handles = []
+        for (kind, name, delta), parts in groups.items():
+            self._merged += len(parts) - 1
+            if kind == "dense":
+                grad = parts[0][0] if len(parts) == 1 else np.sum([p[0] for p in parts], axis=0)
+                send = self._client.push_dense_delta if delta else self._client.push_dense
+                handles.append(send(name, grad))
+                continue
+            keys = np.concatenate([p[0] for p in parts])
+            grads = np.concatenate([p[1] for p in parts])
+            shows = _concat_optional([p[2] for p in parts], [len(p[0]) for p in parts], 1.0)
+            clicks = _concat_optional([p[3] for p in parts], [len(p[0]) for p in parts], 0.0)
+            send = self._client.push_delta if delta else self._client.push
+            handles.append(send(name, keys, grads, shows=shows, clicks=clicks))
+        for handle in handles:
+            handle.wait()
+        self._pushed += len(handles)
+        self._seconds += time.perf_counter() - start
+
+    def flush(self) -> None:
+        """Block until every queued push has been applied by the servers."""
+        deadline = time.monotonic() + self._timeout
+        while self._queue.unfinished_tasks:
+            self._raise_if_failed()
+            if time.monotonic() > deadline:
+                raise TimeoutError_(
+                    f"push queue: flush not done after {self._timeout:.0f} s",
+                    op="flush",
+                    role="server",
+                    seconds=self._timeout,
+                    setting="Strategy.rpc_timeout",
+                )
+            time.sleep(0.001)
+        self._raise_if_failed()
+
+    def stats(self) -> PushStats:
+        return PushStats(self._pushed, self._merged, self._queue.qsize(), self._seconds)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._queue.put(_END, timeout=5)
+        except queue.Full:  # pragma: no cover - thread is wedged; daemon dies with us
+            return
+        self._thread.join(timeout=10)
+
+
+def _concat_optional(parts, lengths, fill: float):
+    if all(p is None for p in parts):
+        return None
+    return np.concatenate(
+        [
+            np.full(n, fill, np.float32) if p is None else np.asarray(p, np.float32)
+            for p, n in zip(parts, lengths, strict=True)
+        ]
+    )

@@ -1,0 +1,54 @@
+"""How workers and servers cooperate: the training mode and its knobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+__all__ = ["MODES", "Strategy"]
+
+MODES = ("sync", "async", "geo")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The distributed training strategy (Paddle's ``DistributedStrategy`` in one object).
+
+    Args:
+        mode: ``"sync"``: every step the servers apply the sum of all workers' sparse
+            gradients once and dense gradients are all-reduced among workers, so the result
+            equals one process training on the global batch. ``"async"``: pushes are applied
+            as they arrive; dense parameters live in a server dense table. ``"geo"``: workers
+            train local copies for ``k_steps`` steps, then push parameter deltas.
+        k_steps: geo mode: local steps between two delta pushes.
+        dense_pull_interval: async mode: pull fresh dense parameters every this many steps.
+        prefetch: overlap the pull of batch i+1 with the compute of batch i (async mode;
+            sync and geo prefetch data only, since their pulls must see the last update).
+        push_queue_size: bound of the background push queue (in batches).
+        rpc_timeout: seconds any server call may take (None: the client default,
+            ``SPARSEPS_RPC_TIMEOUT`` or 60 s).
+        collective_timeout: seconds a worker-to-worker collective (gloo) may take.
+    """
+
+    mode: str = "async"
+    k_steps: int = 100
+    dense_pull_interval: int = 10
+    prefetch: bool = True
+    push_queue_size: int = 8
+    rpc_timeout: float | None = None
+    collective_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"Strategy.mode: expected one of {MODES}, got {self.mode!r}")
+        for name in ("k_steps", "dense_pull_interval", "push_queue_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"Strategy.{name}: expected an integer >= 1, got {value!r}")
+        if self.rpc_timeout is not None and self.rpc_timeout <= 0:
+            raise ConfigError(f"Strategy.rpc_timeout: must be > 0, got {self.rpc_timeout}")
+        if self.collective_timeout <= 0:
+            raise ConfigError(
+                f"Strategy.collective_timeout: must be > 0, got {self.collective_timeout}"
+            )

@@ -1,0 +1,375 @@
+"""``sparseps.Trainer``: train, infer and evaluate a model whose embeddings live on servers.
+
+Per batch: dedup the keys per slot group (one pull per table and server), forward and
+backward in PyTorch, then push the merged per-key gradients with show/click counts. How
+pulls and pushes travel depends on the :class:`~sparseps.worker.strategy.Strategy` mode
+(see :mod:`sparseps.worker.modes`). The trainer connects lazily, on its first use, so a
+script may build it before ``if sps.is_server(): sps.run_server()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import optim, role
+from ..errors import ConfigError
+from ..metrics import CTRMetrics, MetricResult
+from ..rpc.client import PSClient
+from . import collectives
+from .dense import DenseParams
+from .lookup import build_lookup
+from .modes import GeoMode, make_mode
+from .nn import SparseEmbedding
+from .pipeline import Prefetcher
+from .strategy import Strategy
+
+__all__ = ["InferResult", "PassResult", "Trainer"]
+
+log = logging.getLogger(__name__)
+
+# Progress lines use a coarse AUC (it is a running indicator, not the pass metric).
+PROGRESS_BUCKETS = 2**12
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one training pass did: global metrics and timings of this worker."""
+
+    metrics: MetricResult
+    batches: int
+    samples: int
+    seconds: float
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class InferResult:
+    """Predictions of this worker's share of a dataset, and the global metrics."""
+
+    predictions: np.ndarray
+    labels: np.ndarray
+    metrics: MetricResult
+
+
+class Trainer:
+    """Trains a model with :class:`~sparseps.nn.SparseEmbedding` modules on a PS cluster.
+
+    Args:
+        model: a ``torch.nn.Module`` whose ``forward(batch)`` returns logits ``[B]``.
+        dense_optimizer: the rule for the dense parameters (``sparseps.optim.Adam(...)``,
+            ``SGD`` or ``Adagrad``); applied by the servers in async/geo mode and by every
+            worker identically in sync mode. Default ``Adam(lr=0.001)``.
+        strategy: the training mode and its knobs (default async).
+        client: an existing ``PSClient`` (default: one to ``sps.server_endpoints()``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        dense_optimizer=None,
+        strategy: Strategy | None = None,
+        *,
+        client=None,
+    ):
+        self.model = model
+        self.dense_rule = dense_optimizer if dense_optimizer is not None else optim.Adam(lr=0.001)
+        if not hasattr(self.dense_rule, "state_dim"):
+            raise ConfigError(
+                "Trainer.dense_optimizer: expected a sparseps.optim rule (SGD, Adagrad, Adam), "
+                f"got {type(self.dense_rule).__name__}; dense updates run on the servers"
+            )
+        self.strategy = strategy or Strategy()
+        self.embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
+        self._check_tables()
+        self._client = client
+        self._mode = None
+        self._tombstones: dict[str, list[np.ndarray]] = {}
+        self.passes = 0
+        self.rank = 0
+        self.server_num = 0
+
+    def _check_tables(self) -> None:
+        seen: dict[str, object] = {}
+        for emb in self.embeddings:
+            other = seen.setdefault(emb.table, emb.config)
+            if other != emb.config:
+                raise ConfigError(
+                    f"table {emb.table!r} is declared twice with different configs: {other} vs {emb.config}"
+                )
+
+    @property
+    def tables(self) -> dict:
+        return {emb.table: emb.config for emb in self.embeddings}
+
+    @property
+    def client(self) -> PSClient:
+        self._start()
+        return self._client
+
+    def _start(self) -> None:
+        if self._mode is not None:
+            return
+        env = role.role_env() or role.init()
+        if not role.is_worker():
+            raise ConfigError("Trainer runs on workers; a server process calls sps.run_server()")
+        if self._client is None:
+            self._client = PSClient(role.server_endpoints(), timeout=self.strategy.rpc_timeout)
+        for config in self.tables.values():
+            self._client.create_table(config)
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        self.rank, self.server_num = env.rank, len(role.server_endpoints())
+        self._mode = make_mode(
+            self.strategy, self._client, DenseParams(self.model), self.dense_rule, env.rank
+        )
+        self._mode.setup()
+        if isinstance(self._mode, GeoMode):
+            for config in self.tables.values():
+                self._mode.register(config)
+
+    # -- per batch -------------------------------------------------------------------------
+
+    def _lookups(self, batch) -> dict:
+        groups = {}
+        for emb in self.embeddings:
+            slots = emb.slot_names(batch)
+            if slots not in groups:
+                groups[slots] = build_lookup(batch, slots)
+        return groups
+
+    def _pull_all(self, lookups: dict, batch, *, local: bool = False) -> dict:
+        """Rows of every table for the batch: ``{table: [U, dim]}`` (pulls sent together).
+
+        ``local``: geo mode's training pulls read the worker's local copy first.
+        """
+        pending = {}
+        for emb in self.embeddings:
+            if emb.table not in pending:
+                keys = lookups[emb.slot_names(batch)].keys
+                if local:
+                    pending[emb.table] = self._mode.pull(emb.table, keys)
+                else:
+                    pending[emb.table] = self._client.pull(emb.table, keys)
+        return {t: (h if isinstance(h, np.ndarray) else h.wait()) for t, h in pending.items()}
+
+    def _prepare_with_pull(self, batch):
+        lookups = self._lookups(batch)
+        return batch, lookups, self._pull_all(lookups, batch)
+
+    def _prepare(self, batch):
+        return batch, self._lookups(batch), None
+
+    def _bind(self, batch, lookups, rows, *, grad: bool) -> None:
+        copies = {}
+        for emb in self.embeddings:
+            # tables read by several modules share one leaf tensor, so grads add up
+            if emb.table not in copies:
+                copies[emb.table] = torch.from_numpy(
+                    np.array(rows[emb.table], np.float32, copy=True)
+                )
+            emb.bind(lookups[emb.slot_names(batch)], copies[emb.table], grad=grad)
+
+    def _forward(self, batch) -> torch.Tensor:
+        return self.model(batch).reshape(-1)
+
+    def _iterate(self, dataset, *, pulls_ahead: bool) -> Prefetcher:
+        prepare = self._prepare_with_pull if pulls_ahead else self._prepare
+        depth = 2 if self.strategy.prefetch else 1
+        return Prefetcher(dataset, prepare, depth=depth, timeout=self.strategy.collective_timeout)
+
+    # -- public API ------------------------------------------------------------------------
+
+    def train_from_dataset(self, dataset, *, print_period: int = 100) -> PassResult:
+        """One pass over ``dataset`` (this worker's share of it); returns global metrics."""
+        self._start()
+        mode = self._mode
+        self.model.train()
+        metrics, window = CTRMetrics(), CTRMetrics(num_buckets=PROGRESS_BUCKETS)
+        prefetcher = self._iterate(
+            dataset, pulls_ahead=mode.prefetch_pulls and self.strategy.prefetch
+        )
+        start = last = time.perf_counter()
+        batches = samples = window_samples = 0
+        loss_sum = 0.0
+        try:
+            for item in mode.steps(prefetcher):
+                grads, dense_grad, loss, preds, labels = self._train_step(item)
+                mode.apply(grads, dense_grad)
+                if preds is None:
+                    continue
+                batches += 1
+                samples += preds.size
+                window_samples += preds.size
+                loss_sum += loss
+                metrics.update(preds, labels)
+                window.update(preds, labels)
+                if print_period and batches % print_period == 0:
+                    now = time.perf_counter()
+                    log.info(
+                        "time: [%s], batch: [%d], loss: [%.6f], auc: [%.6f], samples/s: [%.0f]",
+                        time.strftime("%Y-%m-%d %H:%M:%S"),
+                        batches,
+                        loss_sum / print_period,
+                        window.compute().auc,
+                        window_samples / max(now - last, 1e-9),
+                    )
+                    last, loss_sum, window_samples = now, 0.0, 0
+            mode.finish_pass()
+        finally:
+            prefetcher.close()
+            for emb in self.embeddings:
+                emb.unbind()
+        seconds = time.perf_counter() - start
+        self.passes += 1
+        return PassResult(metrics.compute(global_=True), batches, samples, seconds)
+
+    def _train_step(self, item):
+        dense_params = self._mode.dense
+        dense_params.zero_grad()
+        if item is None:  # sync mode: this worker has no data left but the others do
+            grads = [
+                (
+                    t,
+                    np.empty(0, np.uint64),
+                    np.zeros((0, c.dim), np.float32),
+                    np.zeros(0, np.float32),
+                    np.zeros(0, np.float32),
+                )
+                for t, c in self.tables.items()
+            ]
+            return grads, np.zeros(dense_params.size, np.float32), 0.0, None, None
+        batch, lookups, rows = item
+        if rows is None:
+            rows = self._pull_all(lookups, batch, local=isinstance(self._mode, GeoMode))
+        self._bind(batch, lookups, rows, grad=True)
+        logits = self._forward(batch)
+        labels = torch.from_numpy(np.asarray(batch.label, np.float32))
+        loss_total = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+        (loss_total / self._mode.loss_scale(len(batch))).backward()
+        grads, done = [], set()
+        for emb in self.embeddings:
+            if emb.table in done:
+                continue
+            done.add(emb.table)
+            lookup = emb.lookup
+            grad = emb.rows.grad
+            grad = (
+                np.zeros((lookup.keys.size, emb.dim), np.float32) if grad is None else grad.numpy()
+            )
+            grads.append(
+                (
+                    emb.table,
+                    lookup.keys,
+                    np.ascontiguousarray(grad, np.float32),
+                    lookup.shows,
+                    lookup.clicks,
+                )
+            )
+        preds = torch.sigmoid(logits.detach()).numpy()
+        return (
+            grads,
+            dense_params.grads().copy(),
+            float(loss_total) / max(len(batch), 1),
+            preds,
+            labels.numpy(),
+        )
+
+    def infer_from_dataset(self, dataset) -> InferResult:
+        """Predict this worker's share of ``dataset``; no pushes (tables stay unchanged)."""
+        self._start()
+        self._mode.refresh_dense()
+        self.model.eval()
+        metrics = CTRMetrics()
+        predictions, labels = [], []
+        prefetcher = self._iterate(dataset, pulls_ahead=True)
+        try:
+            with torch.no_grad():
+                for batch, lookups, rows in prefetcher:
+                    self._bind(batch, lookups, rows, grad=False)
+                    preds = torch.sigmoid(self._forward(batch)).numpy().astype(np.float32)
+                    label = np.asarray(batch.label, np.float32)
+                    metrics.update(preds, label)
+                    predictions.append(preds)
+                    labels.append(label)
+        finally:
+            prefetcher.close()
+            for emb in self.embeddings:
+                emb.unbind()
+        collectives.barrier()
+        cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.float32)  # noqa: E731
+        return InferResult(cat(predictions), cat(labels), metrics.compute(global_=True))
+
+    def evaluate(self, dataset) -> MetricResult:
+        """Global metrics (AUC from merged buckets, logloss, ...) of the model on ``dataset``."""
+        return self.infer_from_dataset(dataset).metrics
+
+    # -- lifecycle of features and model files (collective: every worker calls them) -----
+
+    def decay(self, rate: float | None = None) -> None:
+        """Decay show/click of every table (end of a day); ``rate`` default: the table's."""
+        self._start()
+        self._mode.quiesce()
+        if self.rank == 0:
+            for name in self.tables:
+                self._client.decay(name, rate)
+        collectives.barrier()
+
+    def shrink(self) -> dict[str, int]:
+        """Delete rows by score / unseen days; deleted keys become tombstones of the next delta."""
+        self._start()
+        self._mode.quiesce()
+        deleted = {}
+        if self.rank == 0:
+            for name in self.tables:
+                keys = self._client.shrink(name)
+                self._tombstones.setdefault(name, []).append(keys)
+                deleted[name] = int(keys.size)
+        collectives.barrier()
+        return deleted
+
+    def tombstones(self, table: str) -> np.ndarray:
+        """Keys deleted by shrink since the last inference save (worker 0)."""
+        parts = self._tombstones.get(table, [])
+        return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+
+    def save_checkpoint(self, directory, *, state: dict | None = None):
+        """Save everything needed to resume (collective); see :mod:`sparseps.checkpoint`."""
+        from ..checkpoint import coordinator
+
+        return coordinator.save_checkpoint(self, directory, state=state)
+
+    def load_checkpoint(self, directory) -> dict:
+        """Load a checkpoint (any number of servers); returns the saved ``state``."""
+        from ..checkpoint import coordinator
+
+        return coordinator.load_checkpoint(self, directory)
+
+    def save_inference_model(self, directory, *, mode: str = "base"):
+        """Save filtered embeddings + the TorchScript head (``mode`` base or delta)."""
+        from ..checkpoint import coordinator
+
+        return coordinator.save_inference_model(self, directory, mode=mode)
+
+    def stop(self) -> None:
+        """Flush pending pushes and release the connection (servers keep running)."""
+        if self._mode is not None:
+            self._mode.close()
+            self._mode = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,213 @@
+"""``sparseps launch`` end to end: real servers and workers as processes on loopback.
+
+Each test asserts on exit codes, pids and values; log text is checked only where the
+log line itself is the contract (the server start line, the restart line).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from _launchtools import (
+    JOB,
+    MINIMAL,
+    alive,
+    can_bind,
+    clean_env,
+    free_port,
+    free_port_pair,
+    job_processes,
+    launch_argv,
+    read_pids,
+    run_launch,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _results(folder, count):
+    return [json.loads((folder / f"worker.{r}.json").read_text()) for r in range(count)]
+
+
+def _assert_all_gone(log_dir, within: float = 5.0):
+    record = read_pids(log_dir)
+    pids = [c["pid"] for c in record["children"]]
+    wait_for(lambda: not any(alive(p) for p in pids), within, f"children {pids} to exit")
+    assert job_processes(record["job_id"]) == []
+    return record
+
+
+def test_two_servers_two_workers_push_pull_and_check_values(tmp_path):
+    log, out = tmp_path / "log", tmp_path / "out"
+    r = run_launch(
+        "--server-num", "2", "--worker-num", "2", "--log-dir", str(log), str(MINIMAL), "--out", str(out),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.name for p in log.glob("*.log")) == [
+        "server.0.log", "server.1.log", "worker.0.log", "worker.1.log",
+    ]  # fmt: skip
+    record = _assert_all_gone(log)
+    assert record["job_id"] in r.stdout  # the banner
+    endpoints = re.findall(r"server \d: (127\.0\.0\.1:\d+)", r.stdout)
+    for rank in (0, 1):
+        text = (log / f"server.{rank}.log").read_text()
+        assert f"running server with rank id: {rank}, endpoint: {endpoints[rank]}" in text
+    results = _results(out, 2)
+    for rank, res in enumerate(results):
+        assert (res["rank"], res["world"], res["servers"], res["ok"]) == (rank, 2, 2, True)
+        before, after = np.array(res["before"]), np.array(res["after"])
+        # SGD lr=0.5, 3 rounds, workers push 1*g and 2*g: every row moved by -4.5 * [1, 2, 3, 4]
+        np.testing.assert_allclose(after - before, np.tile(-4.5 * np.arange(1, 5), (6, 1)), atol=1e-4)
+    np.testing.assert_array_equal(results[0]["after"], results[1]["after"])
+    # worker 0's output is also on the launcher's console
+    assert "worker 0 of 2: all 6 rows as expected" in r.stdout + r.stderr
+
+
+def test_example_runs_alone_and_under_the_launcher(tmp_path):
+    alone = subprocess.run(
+        [sys.executable, str(MINIMAL), "--out", str(tmp_path / "alone")],
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "local mode" in alone.stderr
+    server_pid = int(re.search(r"background server \(pid (\d+)", alone.stderr).group(1))
+    assert not alive(server_pid)
+    (res,) = _results(tmp_path / "alone", 1)
+    assert (res["world"], res["servers"], res["ok"]) == (1, 1, True)
+    np.testing.assert_allclose(
+        np.array(res["after"]) - np.array(res["before"]), np.tile(-1.5 * np.arange(1, 5), (6, 1)), atol=1e-4
+    )
+
+    log = tmp_path / "log"
+    launched = run_launch(
+        "--server-num", "1", "--worker-num", "2", "--log-dir", str(log), str(MINIMAL),
+        "--out", str(tmp_path / "launched"), cwd=tmp_path,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert all(r["ok"] and r["world"] == 2 for r in _results(tmp_path / "launched", 2))
+    _assert_all_gone(log)
+
+
+def test_failing_worker_stops_the_job_and_names_it(tmp_path):
+    log = tmp_path / "log"
+    r = run_launch(
+        "--server-num", "2", "--worker-num", "2", "--log-dir", str(log), str(JOB), "fail",
+        "--dir", str(tmp_path), cwd=tmp_path,
+    )  # fmt: skip
+    ended = time.time()
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert re.search(r"worker 1 \(pid \d+\) exited with code 3", r.stderr), r.stderr
+    assert "worker 1: exiting with code 3" in r.stderr  # the tail of its log
+    # fail fast: the launcher ended within a few seconds of worker 1's last line
+    assert ended - (log / "worker.1.log").stat().st_mtime < 8.0
+    record = _assert_all_gone(log, within=1.0)
+    assert len(record["children"]) == 4
+
+
+def test_sigterm_to_the_launcher_stops_every_child(tmp_path):
+    log = tmp_path / "log"
+    launcher = subprocess.Popen(
+        launch_argv("--server-num", "1", "--worker-num", "2", "--log-dir", str(log), str(JOB), "sleep",
+                    "--dir", str(tmp_path)),
+        cwd=tmp_path, env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for rank in (0, 1):
+            wait_for(
+                lambda rank=rank: f"worker {rank} ready" in _text(log / f"worker.{rank}.log"),
+                90,
+                f"worker {rank} to start",
+            )
+        pids = [c["pid"] for c in read_pids(log)["children"]]
+        assert len(pids) == 3 and all(alive(p) for p in pids)
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=15)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 128 + signal.SIGTERM, launcher.stderr.read()
+    _assert_all_gone(log, within=3.0)
+
+
+def _text(path):
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def test_failed_worker_is_restarted(tmp_path):
+    log = tmp_path / "log"
+    r = run_launch(
+        "--server-num", "1", "--worker-num", "2", "--max-restarts", "1", "--log-dir", str(log),
+        str(JOB), "restart", "--dir", str(tmp_path), cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "restarting worker 1 (attempt 1/1) after exit code 7" in r.stderr
+    record = _assert_all_gone(log)
+    attempts = [(c["role"], c["rank"], c["attempt"]) for c in record["children"]]
+    assert sorted(attempts) == [("server", 0, 0), ("worker", 0, 0), ("worker", 1, 0), ("worker", 1, 1)]
+    first = int((tmp_path / "worker1.attempted").read_text())
+    second = int((tmp_path / "worker1.done").read_text())
+    assert first != second and (tmp_path / "worker0.done").exists()
+
+
+def test_barrier_timeout_names_the_missing_worker(tmp_path):
+    log = tmp_path / "log"
+    r = run_launch(
+        "--server-num", "1", "--worker-num", "2", "--log-dir", str(log), str(JOB), "barrier",
+        "--dir", str(tmp_path), cwd=tmp_path, env=clean_env(SPARSEPS_BARRIER_WARN_S="0.5"),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    record = json.loads((tmp_path / "barrier.json").read_text())
+    assert record["raised"] and record["op"] == "barrier" and record["role"] == "worker"
+    assert record["rank"] == [1]
+    assert 2.0 <= record["seconds"] < 10 and record["setting"] == "barrier_worker(timeout=)"
+    warning = [line for line in (log / "worker.0.log").read_text().splitlines() if "WARNING" in line]
+    assert any("still waiting for worker rank(s) [1]" in line for line in warning)
+
+
+def test_two_launchers_run_one_job_across_two_nodes(tmp_path):
+    # Linux routes all of 127/8 to lo; where 127.0.0.2 cannot be bound, a second name
+    # for loopback still gives two distinct "nodes".
+    a, b = "127.0.0.1", ("127.0.0.2" if can_bind("127.0.0.2") else "localhost")
+    master = free_port_pair(a)
+    common = [
+        "--servers", f"{a}:{free_port(a)},{b}:{free_port(a if b == 'localhost' else b)}",
+        "--workers", f"{a},{b}", "--master", f"{a}:{master}",
+    ]  # fmt: skip
+    procs = []
+    for host in (b, a):  # the node that hosts the control store starts last: others wait for it
+        argv = launch_argv(
+            *common, "--host", host, "--log-dir", str(tmp_path / f"log-{host}"), str(MINIMAL),
+            "--out", str(tmp_path / "out"),
+        )  # fmt: skip
+        procs.append(
+            subprocess.Popen(argv, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    try:
+        outputs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], "\n\n".join(outputs)
+    results = _results(tmp_path / "out", 2)
+    assert all(r["ok"] and r["world"] == 2 and r["servers"] == 2 for r in results)
+    np.testing.assert_array_equal(results[0]["after"], results[1]["after"])
+    job_ids = set()
+    for host, rank in ((a, 0), (b, 1)):
+        log = tmp_path / f"log-{host}"
+        assert sorted(p.name for p in log.glob("*.log")) == [f"server.{rank}.log", f"worker.{rank}.log"]
+        job_ids.add(_assert_all_gone(log)["job_id"])
+    assert len(job_ids) == 1  # both launchers derived the same job id

@@ -1,0 +1,62 @@
+"""A server started from the launcher's environment (DESIGN §2.2), without the launcher."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sparseps import optim
+from sparseps.config import TableConfig
+from sparseps.env import Role, RoleEnv
+from sparseps.errors import ConfigError
+from sparseps.rpc.client import PSClient
+from sparseps.rpc.transport import free_port
+from sparseps.server import run_from_env
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_server_from_environment_variables(tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    environ = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")},
+        "SPARSEPS_ROLE": "server",
+        "SPARSEPS_RANK": "0",
+        "SPARSEPS_SERVERS": endpoint,
+        "SPARSEPS_WORKER_NUM": "1",
+        "SPARSEPS_MASTER": f"127.0.0.1:{free_port()}",
+        "SPARSEPS_LOG_DIR": str(tmp_path),
+        "SPARSEPS_JOB_ID": "test-job",
+    }
+    code = "import sparseps.server as s, sparseps.env as e; s.run_from_env(e.from_environ())"
+    process = subprocess.Popen([sys.executable, "-c", code], env=environ, stderr=subprocess.PIPE, text=True)
+    try:
+        with PSClient([endpoint], timeout=20) as client:
+            assert client.ping()[0]["pid"] == process.pid
+            client.create_table(TableConfig(name="emb", dim=4, rule=optim.SGD(lr=1.0), seed=5))
+            keys = np.array([3, 1, 3], dtype=np.uint64)
+            before = client.pull("emb", keys).wait()
+            client.push("emb", keys, np.ones((3, 4), np.float32)).wait()
+            after = client.pull("emb", keys).wait()
+            # key 3 appears twice: its two gradients are summed before the SGD step.
+            np.testing.assert_allclose(before - after, [[2] * 4, [1] * 4, [2] * 4])
+            client.stop_servers()
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+    assert process.returncode == 0, stderr
+    assert f"running server with rank id: 0, endpoint: {endpoint}" in stderr
+
+
+def test_run_from_env_refuses_a_worker_role():
+    worker = RoleEnv(Role.WORKER, 0, ("127.0.0.1:1",), 1, "127.0.0.1:2", "log", "job")
+    with pytest.raises(ConfigError, match="SPARSEPS_ROLE must be 'server'"):
+        run_from_env(worker)
+    with pytest.raises(ConfigError, match="local mode"):
+        run_from_env(None)

@@ -1,0 +1,100 @@
+"""Dead and hung servers: bounded, descriptive failures; late replies are ignored."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from sparseps import optim
+from sparseps.config import TableConfig
+from sparseps.errors import ConfigError, TimeoutError_, UnavailableError
+from sparseps.rpc.client import PSClient
+from sparseps.server.routing import server_of
+from sparseps.testing import local_cluster
+
+pytestmark = pytest.mark.timeout(90)
+
+TIMEOUT = 2.0
+MARGIN = 1.5
+CONFIG = TableConfig(name="emb", dim=4, rule=optim.SGD(lr=1.0), seed=2)
+
+
+def _keys_on_all(servers: int) -> np.ndarray:
+    keys = np.arange(1, 400, dtype=np.uint64)
+    assert set(server_of(keys, servers).tolist()) == set(range(servers))
+    return keys
+
+
+def test_killed_server_fails_within_timeout_naming_the_peer():
+    with local_cluster(servers=2, timeout=30) as cluster, cluster.client(timeout=TIMEOUT) as client:
+        client.create_table(CONFIG)
+        keys = _keys_on_all(2)
+        client.push("emb", keys, np.ones((len(keys), 4), np.float32)).wait()
+        cluster.kill(1)
+        start = time.monotonic()
+        with pytest.raises((TimeoutError_, UnavailableError)) as info:
+            client.pull("emb", keys).wait()
+        elapsed = time.monotonic() - start
+        assert elapsed < TIMEOUT + MARGIN
+        error = info.value
+        assert (error.op, error.role, error.rank, error.address) == ("pull", "server", 1, cluster.endpoints[1])
+        assert isinstance(error, TimeoutError_)
+        assert error.seconds == TIMEOUT and "timeout" in error.setting
+        assert "SPARSEPS_RPC_TIMEOUT" not in error.setting  # an explicit argument set it
+        # The live server still answers for its own keys.
+        mine = keys[server_of(keys, 2) == 0]
+        assert client.pull("emb", mine).wait().shape == (len(mine), 4)
+
+
+def test_late_reply_from_hung_server_is_ignored():
+    with local_cluster(servers=1, timeout=30) as cluster, cluster.client(timeout=1.0) as client:
+        client.create_table(CONFIG)
+        keys = np.arange(10, dtype=np.uint64)
+        expected = client.pull("emb", keys).wait()
+        pid = cluster.pid(0)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(TimeoutError_):
+                client.pull("emb", keys[:3]).wait()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # The 3-row reply arrives late; the next call must get its own 10 rows.
+        rows = client.pull("emb", keys).wait(timeout=10)
+        np.testing.assert_array_equal(rows, expected)
+
+
+def test_env_timeout_setting_is_named(monkeypatch):
+    monkeypatch.setenv("SPARSEPS_RPC_TIMEOUT", "0.5")
+    with PSClient(["127.0.0.1:9"]) as client:
+        assert client.timeout == 0.5
+        start = time.monotonic()
+        with pytest.raises(TimeoutError_) as info:
+            client.ping()
+        assert time.monotonic() - start < 0.5 + MARGIN
+        assert info.value.setting == "PSClient(timeout=...) or SPARSEPS_RPC_TIMEOUT"
+        assert info.value.rank == 0 and info.value.address == "127.0.0.1:9"
+    monkeypatch.setenv("SPARSEPS_RPC_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="SPARSEPS_RPC_TIMEOUT"):
+        PSClient(["127.0.0.1:9"])
+
+
+def test_client_rejects_bad_arguments():
+    with pytest.raises(ConfigError, match="endpoints"):
+        PSClient([])
+    with pytest.raises(ConfigError, match="port"):
+        PSClient(["localhost:http"])
+    with pytest.raises(ConfigError, match="timeout"):
+        PSClient(["127.0.0.1:9"], timeout=0)
+    with pytest.raises(ConfigError, match="max_in_flight"):
+        PSClient(["127.0.0.1:9"], max_in_flight=0)
+
+
+def test_ping_detects_a_wrong_endpoint_list():
+    with local_cluster(servers=2, timeout=30) as cluster:
+        swapped = [cluster.endpoints[1], cluster.endpoints[0]]
+        with PSClient(swapped, timeout=5) as client, pytest.raises(ConfigError, match="rank 1 of 2"):
+            client.ping()

@@ -1,0 +1,72 @@
+"""Key routing: stable, balanced, vectorised."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparseps.errors import InputError
+from sparseps.server.routing import dense_server_of, mix64, server_of, split_by_server
+
+
+def _reference_mix(key: int) -> int:
+    """Plain-Python splitmix64 finaliser with the documented salt (the spec)."""
+    mask = (1 << 64) - 1
+    z = key ^ 0x5DEECE66DA5A5A5A
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def test_matches_the_documented_formula():
+    keys = np.array([0, 1, 2, 12345, 2**63, 2**64 - 1], dtype=np.uint64)
+    for key, mixed in zip(keys.tolist(), mix64(keys).tolist(), strict=True):
+        assert mixed == _reference_mix(key)
+    for servers in (1, 2, 3, 7):
+        expected = [((_reference_mix(k) >> 32) * servers) >> 32 for k in keys.tolist()]
+        assert server_of(keys, servers).tolist() == expected
+
+
+def test_pinned_values_never_change():
+    # Saved shards depend on this mapping: changing it breaks loading old checkpoints.
+    keys = np.arange(10, dtype=np.uint64)
+    assert server_of(keys, 3).tolist() == [((_reference_mix(k) >> 32) * 3) >> 32 for k in range(10)]
+    assert server_of(keys, 1).tolist() == [0] * 10
+
+
+@pytest.mark.parametrize("servers", [2, 3, 8])
+def test_sequential_keys_balance(servers):
+    counts = np.bincount(server_of(np.arange(300_000, dtype=np.uint64), servers), minlength=servers)
+    assert counts.min() / counts.max() > 0.98
+
+
+def test_low_bits_within_a_server_stay_uniform():
+    # The table's hash map uses low bits of its own hash: routing must not bias them.
+    keys = np.arange(200_000, dtype=np.uint64)
+    mine = keys[server_of(keys, 2) == 0]
+    low = np.bincount((mix64(mine) & np.uint64(15)).astype(np.int64), minlength=16)
+    assert low.min() / low.max() > 0.9
+
+
+def test_split_by_server_partitions_in_order():
+    keys = np.random.default_rng(0).integers(0, 2**63, 1000, dtype=np.uint64)
+    parts = split_by_server(keys, 3)
+    owner = server_of(keys, 3)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+    for rank, positions in enumerate(parts):
+        assert (owner[positions] == rank).all() and (np.diff(positions) > 0).all()
+
+
+def test_dense_placement_is_stable_and_validated():
+    assert dense_server_of("dense", 1) == 0
+    assert dense_server_of("dense", 4) == dense_server_of("dense", 4)
+    assert {dense_server_of(f"d{i}", 4) for i in range(64)} == {0, 1, 2, 3}
+    with pytest.raises(InputError):
+        dense_server_of("", 2)
+
+
+def test_rejects_wrong_input():
+    with pytest.raises(InputError, match="1-D uint64"):
+        server_of(np.arange(3), 2)
+    with pytest.raises(InputError, match="num_servers"):
+        server_of(np.arange(3, dtype=np.uint64), 0)

@@ -1,0 +1,48 @@
+"""The public front door: nothing private leaks, nothing public disappears."""
+
+import importlib
+
+import sparseps
+
+EXPECTED = {
+    "CheckpointError", "ConfigError", "InputError", "ProtocolError", "RemoteError",
+    "SparsePSError", "TimeoutError_", "UnavailableError", "__version__", "errors",
+    "Initializer", "Lifecycle", "TableConfig", "PSClient", "Strategy", "Trainer",
+    "init", "is_server", "is_worker", "worker_index", "worker_num", "server_num",
+    "server_endpoints", "run_server", "barrier_worker", "stop",
+    "data", "metrics", "models", "nn", "optim", "testing",
+}  # fmt: skip
+
+
+def test_all_is_exactly_the_public_api():
+    assert set(sparseps.__all__) == EXPECTED
+
+
+def test_every_public_name_resolves():
+    for name in sparseps.__all__:
+        assert getattr(sparseps, name) is not None, name
+
+
+def test_no_private_name_in_all():
+    assert not [n for n in sparseps.__all__ if n.startswith("_") and n != "__version__"]
+
+
+def test_import_is_light():
+    # importing the package must not start anything or pull in torch eagerly
+    code = "import sys, sparseps; print('torch' in sys.modules)"
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_errors_pickle_with_their_fields():
+    import pickle
+
+    err = sparseps.TimeoutError_("pull timed out", op="pull", role="server", rank=1,
+                                 address="127.0.0.1:1", seconds=2.0, setting="timeout")  # fmt: skip
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.op, back.rank, back.seconds, str(back)) == ("pull", 1, 2.0, "pull timed out")
+    assert isinstance(back, TimeoutError)
+    assert importlib.import_module("sparseps.errors").SparsePSError in type(back).__mro__

@@ -1,0 +1,63 @@
+"""The per-batch dedup that decides what is pulled and pushed (worked example pinned)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from sparseps.errors import InputError
+from sparseps.worker.lookup import build_lookup
+
+
+def _slot(values, offsets):
+    return SimpleNamespace(values=np.array(values, np.uint64), offsets=np.array(offsets, np.int64))
+
+
+class _Batch(SimpleNamespace):
+    def __len__(self):
+        return len(self.label)
+
+
+def _example():
+    return _Batch(
+        label=np.array([1, 0], np.float32),
+        slots={"a": _slot([5, 7, 5], [0, 2, 3]), "b": _slot([7], [0, 0, 1])},
+    )
+
+
+def test_worked_example_from_the_docstring():
+    lk = build_lookup(_example(), ["a", "b"])
+    np.testing.assert_array_equal(lk.keys, np.array([5, 7], np.uint64))
+    np.testing.assert_array_equal(lk.index, [0, 1, 0, 1])
+    np.testing.assert_array_equal(lk.bag_offsets, [0, 2, 3, 3])
+    np.testing.assert_array_equal(lk.shows, [2, 2])
+    np.testing.assert_array_equal(lk.clicks, [1, 1])
+
+
+def test_pooling_through_embedding_bag_matches_a_hand_sum():
+    lk = build_lookup(_example(), ["a", "b"])
+    rows = torch.tensor([[1.0, 2.0], [10.0, 20.0]])
+    pooled = (
+        torch.nn.functional.embedding_bag(
+            torch.from_numpy(lk.index), rows, torch.from_numpy(lk.bag_offsets), mode="sum"
+        )
+        .view(2, 2, 2)
+        .transpose(0, 1)
+    )
+    # sample 0: a -> 5 + 7, b -> nothing; sample 1: a -> 5, b -> 7
+    expected = torch.tensor([[[11.0, 22.0], [0.0, 0.0]], [[1.0, 2.0], [10.0, 20.0]]])
+    assert torch.equal(pooled, expected)
+
+
+def test_extreme_keys_survive_dedup():
+    big = 2**64 - 1
+    batch = _Batch(label=np.array([0.0], np.float32), slots={"a": _slot([big, 0, big], [0, 3])})
+    lk = build_lookup(batch, ["a"])
+    np.testing.assert_array_equal(lk.keys, np.array([0, big], np.uint64))
+    np.testing.assert_array_equal(lk.shows, [1, 2])
+
+
+def test_missing_slot_is_a_clear_error():
+    with pytest.raises(InputError, match="slot 'zz' is not in the batch"):
+        build_lookup(_example(), ["zz"])
