@@ -2,8 +2,8 @@
 
 Each sub-command lives in its own module, which defines ``add_arguments(parser)`` and
 ``run(args) -> int``; this file only lists them, so adding a command is one line here.
-Command modules keep heavy imports (torch, numba) inside ``run`` so that building the
-parser stays fast.
+Only the chosen command's module is imported; command modules keep heavy imports
+(torch, numba) inside ``run``.
 """
 
 from __future__ import annotations
@@ -22,23 +22,43 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("sparseps.checkpoint.inspect_cli", "what a model directory holds; exit 0 if it verifies"),
     "predict": ("sparseps.checkpoint.predict_cli", "predictions from an inference model, without servers"),
     "launch": ("sparseps.launch.cli", "start servers and workers, like fleetrun"),
+    "gen-data": ("sparseps.data.gen_cli", "synthetic Criteo-format data from a planted model"),
 }
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None) -> argparse.ArgumentParser:
+    """The parser; only the chosen command's module is imported (one broken command
+    module cannot take the others down)."""
     parser = argparse.ArgumentParser(prog="sparseps", description="sparseps parameter server")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The first argument naming a command (skipping ``--log-level VALUE``)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--log-level":
+            skip = True
+        elif arg in COMMANDS:
+            return arg
+        elif not arg.startswith("-"):
+            return None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser(_command(argv))
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

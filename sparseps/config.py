@@ -72,7 +72,9 @@ def check_float(
     """
     # bool is an int subclass; True as a learning rate is always a mistake.
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{owner}.{name}: expected a number, got {value!r} ({type(value).__name__})")
+        raise ConfigError(
+            f"{owner}.{name}: expected a number, got {value!r} ({type(value).__name__})"
+        )
     result = float(value)
     bounds = []
     if ge is not None:
@@ -89,10 +91,14 @@ def check_float(
     return result
 
 
-def check_int(owner: str, name: str, value: Any, *, ge: int | None = None, le: int | None = None) -> int:
+def check_int(
+    owner: str, name: str, value: Any, *, ge: int | None = None, le: int | None = None
+) -> int:
     """Return ``value`` as an int within ``[ge, le]`` or raise ConfigError naming the field."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{owner}.{name}: expected an integer, got {value!r} ({type(value).__name__})")
+        raise ConfigError(
+            f"{owner}.{name}: expected an integer, got {value!r} ({type(value).__name__})"
+        )
     if (ge is not None and value < ge) or (le is not None and value > le):
         low = "-inf" if ge is None else ge
         high = "inf" if le is None else le
@@ -106,9 +112,7 @@ def check_keys(owner: str, given: Mapping, allowed: set[str] | tuple[str, ...]) 
         raise ConfigError(f"{owner}: expected a dict, got {type(given).__name__}")
     unknown = sorted(set(given) - set(allowed))
     if unknown:
-        raise ConfigError(
-            f"{owner}: unknown key(s) {unknown}; accepted keys are {sorted(allowed)}"
-        )
+        raise ConfigError(f"{owner}: unknown key(s) {unknown}; accepted keys are {sorted(allowed)}")
 
 
 def _set(obj: object, name: str, value: object) -> None:
@@ -194,7 +198,10 @@ class Initializer:
 
     def to_dict(self) -> dict:
         """``{"kind": ..., <only the parameters this kind uses>}``."""
-        return {"kind": self.kind.value, **{name: getattr(self, name) for name in _INIT_FIELDS[self.kind]}}
+        return {
+            "kind": self.kind.value,
+            **{name: getattr(self, name) for name in _INIT_FIELDS[self.kind]},
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Initializer:
@@ -258,7 +265,11 @@ class Lifecycle:
             check_float(owner, "admit_probability", self.admit_probability, gt=0.0, le=1.0),
         )
         _set(self, "admit_score", check_float(owner, "admit_score", self.admit_score, ge=0.0))
-        _set(self, "nonclick_coeff", check_float(owner, "nonclick_coeff", self.nonclick_coeff, ge=0.0))
+        _set(
+            self,
+            "nonclick_coeff",
+            check_float(owner, "nonclick_coeff", self.nonclick_coeff, ge=0.0),
+        )
         _set(self, "click_coeff", check_float(owner, "click_coeff", self.click_coeff, ge=0.0))
         _set(self, "decay_rate", check_float(owner, "decay_rate", self.decay_rate, gt=0.0, le=1.0))
         _set(self, "shrink_score", check_float(owner, "shrink_score", self.shrink_score))

@@ -65,7 +65,9 @@ def train(rounds: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     sps.init()
     if sps.is_server():
         sps.run_server()  # blocks until the launcher stops the job
@@ -75,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, f"worker.{result['rank']}.json").write_text(json.dumps(result))
     if result["ok"]:
-        log.info("worker %d of %d: all %d rows as expected", result["rank"], result["world"], len(KEYS))
+        log.info(
+            "worker %d of %d: all %d rows as expected", result["rank"], result["world"], len(KEYS)
+        )
     else:
         log.error("worker %d: rows differ from the expected values: %s", result["rank"], result)
     sps.stop()

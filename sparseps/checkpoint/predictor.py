@@ -58,7 +58,8 @@ class EmbeddingTable:
         out[found] = self.rows[position[found]]
         missing = ~found
         if missing.any() and self.config.lifecycle.admission == "always":
-            out[missing] = initial_values(self.config, keys[missing])
+            config = self.config
+            out[missing] = initial_values(keys[missing], config.dim, config.initializer, config.seed)
         return out
 
 

@@ -50,7 +50,9 @@ class DatasetOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.schema, Schema):
-            raise ConfigError(f"schema: expected a sparseps.data.Schema, got {type(self.schema).__name__}")
+            raise ConfigError(
+                f"schema: expected a sparseps.data.Schema, got {type(self.schema).__name__}"
+            )
         for name, low in (("batch_size", 1), ("threads", 1), ("queue_size", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -65,7 +67,9 @@ class DatasetOptions:
               drop_last, strict, queue_size, pipe_timeout) -> DatasetOptions:  # fmt: skip
         """Expand the inputs and resolve rank/world (from the environment when None)."""
         if (rank is None) != (world is None):
-            raise ConfigError(f"give both rank and world or neither (got rank={rank}, world={world})")
+            raise ConfigError(
+                f"give both rank and world or neither (got rank={rank}, world={world})"
+            )
         if rank is None:
             role = env.from_environ()
             if role is None:

@@ -16,9 +16,14 @@ Avazu's ``id,click,hour,...``) takes the schema's columns by name from the heade
 ignores the others; it is otherwise read the same way.
 
 A line with the wrong number of fields, a missing label, or a label or dense value that
-is not a finite number is a bad line. Blank lines are skipped and not counted. Parsing is
-pyarrow's CSV reader (every column as text, so one bad value costs one line, not the
-chunk) plus whole-column casts and the compiled hash: no Python code per line.
+is not a finite number is a bad line. Blank lines (and lines of empty fields) are skipped
+and not counted.
+
+Two parsers apply these rules: unquoted text (all of Criteo TSV) goes through one
+compiled pass over the bytes (:mod:`sparseps.data.fast_delimited`); text with ``"``
+quotes goes through pyarrow's CSV reader (every column as text, so one bad value costs
+one line, not the chunk) plus whole-column casts and the compiled hash. Neither runs
+Python code per line; a test checks that they agree.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ import pyarrow.csv as pacsv
 
 from ..errors import InputError
 from .columns import Parsed, float_column, string_slot, transform_dense
+from .fast_delimited import parse_unquoted
 from .schema import Batch, Schema, sample_id
 
-__all__ = ["header_names", "parse_delimited"]
+__all__ = ["header_names", "parse_delimited", "parse_with_arrow"]
 
 
 def header_names(line: bytes, delimiter: str, schema: Schema, path: str) -> tuple[str, ...]:
@@ -40,7 +46,9 @@ def header_names(line: bytes, delimiter: str, schema: Schema, path: str) -> tupl
     Raises:
         InputError: a schema column is missing from the header.
     """
-    names = tuple(n.strip().strip('"') for n in line.decode("utf-8").rstrip("\r\n").split(delimiter))
+    names = tuple(
+        n.strip().strip('"') for n in line.decode("utf-8").rstrip("\r\n").split(delimiter)
+    )
     wanted = [schema.label, *dict.fromkeys(schema.dense), *schema.slots]
     missing = [n for n in wanted if n not in names]
     if missing:
@@ -66,11 +74,28 @@ def parse_delimited(data: bytes, schema: Schema, names: tuple[str, ...], delimit
         file_no: the file's number in the job (for sample ids).
         first_record: how many samples of this file came before this chunk.
         max_examples: how many bad lines to describe.
+
+    Text without a ``"`` goes through the compiled single pass
+    (:mod:`sparseps.data.fast_delimited`); text with quotes through pyarrow's CSV reader.
+    Both apply the same rules.
     """
+    parse = parse_unquoted if b'"' not in data else parse_with_arrow
+    return parse(
+        data, schema, names, delimiter, first_line=first_line, file_no=file_no,
+        first_record=first_record, max_examples=max_examples,
+    )  # fmt: skip
+
+
+def parse_with_arrow(data: bytes, schema: Schema, names: tuple[str, ...], delimiter: str, *,
+                     first_line: int, file_no: int, first_record: int,
+                     max_examples: int = 5) -> Parsed:  # fmt: skip
+    """The general path (quoted fields allowed): pyarrow's CSV reader, then whole columns."""
     short: list[tuple[int, str]] = []
 
     def on_invalid(row) -> str:  # called by arrow for bad lines only, never per good line
-        short.append((row.number, f"expected {row.expected_columns} fields, got {row.actual_columns}"))
+        short.append(
+            (row.number, f"expected {row.expected_columns} fields, got {row.actual_columns}")
+        )
         return "skip"
 
     wanted = list(dict.fromkeys([schema.label, *schema.dense, *schema.slots]))
@@ -85,6 +110,7 @@ def parse_delimited(data: bytes, schema: Schema, names: tuple[str, ...], delimit
         convert_options=pacsv.ConvertOptions(
             column_types=dict.fromkeys(wanted, pa.string()),
             include_columns=wanted,
+            null_values=[""],  # only an empty field is missing ("NA", "nan" are values)
             strings_can_be_null=True,
             quoted_strings_can_be_null=True,
         ),
@@ -118,7 +144,9 @@ def parse_delimited(data: bytes, schema: Schema, names: tuple[str, ...], delimit
         {n: string_slot(columns[n], n, None if all_kept else keep) for n in schema.slots},
         sample_id(file_no, np.arange(first_record, first_record + rows)),
     )
-    return Parsed(batch, int(bad.sum()) + len(short), _examples(bad, reasons, columns, short, first_line, max_examples))
+    examples = _examples(bad, reasons, columns, short, first_line, max_examples)
+    # with ignore_empty_lines=False every line is a table row or an invalid row
+    return Parsed(batch, int(bad.sum()) + len(short), examples, lines=len(table) + len(short))
 
 
 def _examples(bad, reasons, columns, short, first_line, max_examples) -> list[tuple[int, str]]:

@@ -8,15 +8,17 @@ per sample. Iterating yields slices of it (views, no copies).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError, TimeoutError_
 from .dataset import DatasetBase, rebatch
-from .schema import Batch
+from .schema import Batch, Schema
+from .sources import Format
 
 __all__ = ["InMemoryDataset"]
 
@@ -37,8 +39,16 @@ class InMemoryDataset(DatasetBase):
         ds.release_memory()
     """
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], schema: Schema,
+                 batch_size: int, threads: int = 1, pipe_command: str | None = None, *,
+                 format: str | Format | None = None, rank: int | None = None,
+                 world: int | None = None, drop_last: bool = False, strict: bool = False,
+                 queue_size: int = 16, pipe_timeout: float = 300.0) -> None:  # fmt: skip
+        super().__init__(
+            files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
+            world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
+            pipe_timeout=pipe_timeout,
+        )  # fmt: skip
         self._data: Batch | None = None
         self._preload: threading.Thread | None = None
         self._preload_error: BaseException | None = None
@@ -47,7 +57,9 @@ class InMemoryDataset(DatasetBase):
         """Read this worker's files into memory (replaces what was loaded)."""
         chunks = list(self._read_chunks())
         self._data = Batch.concat(chunks) if chunks else Batch.empty(self.schema)
-        log.info("InMemoryDataset: loaded %d samples from %d files", len(self._data), len(self.files))
+        log.info(
+            "InMemoryDataset: loaded %d samples from %d files", len(self._data), len(self.files)
+        )
 
     def preload_into_memory(self) -> None:
         """Start :meth:`load_into_memory` in a background thread; see :meth:`wait_preload_done`."""

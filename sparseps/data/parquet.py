@@ -77,7 +77,9 @@ def _slot(column: pa.Array, name: str, keep: np.ndarray, path: str) -> Slot:
     )
 
 
-def read_parquet(path: str, schema: Schema, *, file_no: int, max_examples: int = 5) -> Iterator[Parsed]:
+def read_parquet(
+    path: str, schema: Schema, *, file_no: int, max_examples: int = 5
+) -> Iterator[Parsed]:
     """Parse a Parquet file in chunks of rows.
 
     Raises:
@@ -113,7 +115,10 @@ def read_parquet(path: str, schema: Schema, *, file_no: int, max_examples: int =
             sample_id(file_no, np.arange(record, record + rows)),
         )
         examples = [
-            (row0 + int(r) + 1, "no label" if not has_label[r] else "label or dense value is not a finite number")
+            (
+                row0 + int(r) + 1,
+                "no label" if not has_label[r] else "label or dense value is not a finite number",
+            )
             for r in np.flatnonzero(bad)[:max_examples]
         ]
         yield Parsed(batch, int(bad.sum()), examples)

@@ -130,10 +130,28 @@ AVAZU = Schema(
     label="click",
     dense=(),
     slots=(
-        "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id",
-        "app_domain", "app_category", "device_id", "device_ip", "device_model",
-        "device_type", "device_conn_type", "C14", "C15", "C16", "C17", "C18", "C19",
-        "C20", "C21",
+        "hour",
+        "C1",
+        "banner_pos",
+        "site_id",
+        "site_domain",
+        "site_category",
+        "app_id",
+        "app_domain",
+        "app_category",
+        "device_id",
+        "device_ip",
+        "device_model",
+        "device_type",
+        "device_conn_type",
+        "C14",
+        "C15",
+        "C16",
+        "C17",
+        "C18",
+        "C19",
+        "C20",
+        "C21",
     ),  # fmt: skip
     id_column="id",
 )
@@ -241,16 +259,22 @@ class Batch:
         """
         n = len(self)
         if self.label.dtype != np.float32 or self.label.ndim != 1:
-            raise InputError(f"Batch.label: expected float32 [B], got {self.label.dtype} {self.label.shape}")
+            raise InputError(
+                f"Batch.label: expected float32 [B], got {self.label.dtype} {self.label.shape}"
+            )
         if self.dense.dtype != np.float32 or self.dense.ndim != 2 or self.dense.shape[0] != n:
-            raise InputError(f"Batch.dense: expected float32 [{n}, D], got {self.dense.dtype} {self.dense.shape}")
+            raise InputError(
+                f"Batch.dense: expected float32 [{n}, D], got {self.dense.dtype} {self.dense.shape}"
+            )
         if not self.dense.flags.c_contiguous:
             raise InputError("Batch.dense: must be C-contiguous (torch.from_numpy without a copy)")
         if self.ids.shape != (n,):
             raise InputError(f"Batch.ids: expected [{n}], got {self.ids.shape}")
         if schema is not None:
             if self.dense.shape[1] != schema.num_dense:
-                raise InputError(f"Batch.dense: {self.dense.shape[1]} columns, schema has {schema.num_dense}")
+                raise InputError(
+                    f"Batch.dense: {self.dense.shape[1]} columns, schema has {schema.num_dense}"
+                )
             if tuple(self.slots) != schema.slots:
                 raise InputError(f"Batch.slots: {tuple(self.slots)} != schema slots {schema.slots}")
         for name, slot in self.slots.items():
@@ -261,4 +285,6 @@ class Batch:
                     f"{slot.values.dtype} and {off.dtype} {off.shape}"
                 )
             if off[0] != 0 or off[-1] != slot.values.size or np.any(np.diff(off) < 0):
-                raise InputError(f"slot {name!r}: offsets must start at 0, not decrease, end at nnz")
+                raise InputError(
+                    f"slot {name!r}: offsets must start at 0, not decrease, end at nnz"
+                )

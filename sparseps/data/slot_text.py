@@ -46,9 +46,28 @@ _REASONS = {
 _POW10 = np.array([10.0**i for i in range(23)])
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _parse_float(data, s, e, pow10):
     """Decimal text ``data[s:e]`` -> (ok, float64). Exact for up to 15 significant digits."""
+    # fast path: a plain integer (most dense values in click logs are counts)
+    i = s
+    if i < e and data[i] == 45:
+        i += 1
+    v = 0
+    while i < e and i - s < 16:
+        c = data[i]
+        if c < 48 or c > 57:
+            break
+        v = v * 10 + (c - 48)
+        i += 1
+    if i == e and e > s and data[e - 1] != 45:
+        return True, float(-v if data[s] == 45 else v)
+    return _parse_decimal(data, s, e, pow10)
+
+
+@njit(nogil=True, cache=True)
+def _parse_decimal(data, s, e, pow10):
+    """The general decimal parser behind :func:`_parse_float`."""
     i = s
     neg = False
     if i < e and (data[i] == 45 or data[i] == 43):  # '-' '+'
@@ -233,7 +252,7 @@ class _Keys:
         self.index = np.array([entries[i][2] for i in order], np.int64)
         cols = [[c for c, n in enumerate(schema.dense) if n == name] for name in groups]
         self.dense_count = np.array([len(c) for c in cols], np.int64)
-        self.dense_start = np.concatenate([[0], np.cumsum(self.dense_count)[:-1]]).astype(np.int64)
+        self.dense_start = np.cumsum(self.dense_count) - self.dense_count
         self.dense_cols = np.array([c for group in cols for c in group], np.int64)
         self.groups = groups
 
@@ -310,4 +329,4 @@ def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: in
             expected=int(keys.dense_count[int(err_start[line])]) if code == 6 else 0,
         )  # fmt: skip
         examples.append((first_line + int(line), reason))
-    return Parsed(batch, int(bad.size), examples)
+    return Parsed(batch, int(bad.size), examples, lines=int(lines))

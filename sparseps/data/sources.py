@@ -47,7 +47,9 @@ def parse_format(value: str | Format, pipe_command: str | None) -> Format:
             f"format={value!r} is not one of {', '.join(f.value for f in Format)}"
         ) from None
     if pipe_command and fmt is Format.PARQUET:
-        raise ConfigError("format='parquet' cannot read a pipe_command's output (text formats only)")
+        raise ConfigError(
+            "format='parquet' cannot read a pipe_command's output (text formats only)"
+        )
     return fmt
 
 
@@ -86,9 +88,8 @@ def shard(files: Sequence[str], rank: int, world: int) -> list[tuple[int, str]]:
     return [(no, files[no]) for no in range(rank, len(files), world)]
 
 
-def _line_chunks(pieces: Iterator[bytes]) -> Iterator[tuple[bytes, int]]:
-    """Re-cut byte pieces into whole-line chunks of about CHUNK_BYTES; yields (chunk, first line)."""
-    line = 1
+def _line_chunks(pieces: Iterator[bytes]) -> Iterator[bytes]:
+    """Re-cut byte pieces into chunks of whole lines of about CHUNK_BYTES."""
     rest = b""
     pending: list[bytes] = []
     size = 0
@@ -104,11 +105,10 @@ def _line_chunks(pieces: Iterator[bytes]) -> Iterator[tuple[bytes, int]]:
             rest = data
             continue
         chunk, rest = data[:cut], data[cut:]
-        yield chunk, line
-        line += chunk.count(b"\n")
+        yield chunk
     data = rest + b"".join(pending)
     if data:
-        yield data, line
+        yield data
 
 
 def _file_pieces(path: str) -> Iterator[bytes]:
@@ -126,16 +126,24 @@ def read_file(path: str, file_no: int, schema: Schema, fmt: Format, *,
             the pipe command failed.
     """
     if not os.path.isfile(path):
-        raise InputError(f"data file {path!r} does not exist (was it moved after the dataset was made?)")
+        raise InputError(
+            f"data file {path!r} does not exist (was it moved after the dataset was made?)"
+        )
     if fmt is Format.PARQUET:
         yield from read_parquet(path, schema, file_no=file_no)
         return
-    pieces = pipe_chunks(pipe_command, path, timeout=pipe_timeout) if pipe_command else _file_pieces(path)
+    pieces = (
+        pipe_chunks(pipe_command, path, timeout=pipe_timeout)
+        if pipe_command
+        else _file_pieces(path)
+    )
     names, delimiter = schema.columns(), "\t"
-    record = 0
-    for index, (chunk, line) in enumerate(_line_chunks(pieces)):
+    record, line = 0, 1
+    for index, chunk in enumerate(_line_chunks(pieces)):
         if fmt is Format.SLOT_TEXT:
-            parsed = parse_slot_text(chunk, schema, first_line=line, file_no=file_no, first_record=record)
+            parsed = parse_slot_text(
+                chunk, schema, first_line=line, file_no=file_no, first_record=record
+            )
         else:
             if fmt is Format.CSV:
                 delimiter = ","
@@ -146,7 +154,14 @@ def read_file(path: str, file_no: int, schema: Schema, fmt: Format, *,
                     if not chunk:
                         continue
             parsed = parse_delimited(
-                chunk, schema, names, delimiter, first_line=line, file_no=file_no, first_record=record
+                chunk,
+                schema,
+                names,
+                delimiter,
+                first_line=line,
+                file_no=file_no,
+                first_record=record,
             )
         record += len(parsed.batch)
+        line += parsed.lines
         yield parsed

@@ -101,4 +101,6 @@ class PassCounter:
     def snapshot(self) -> PassStats:
         with self._lock:
             end = self._end if self._end is not None else time.perf_counter()
-            return PassStats(self.rows, self.bad, self.files, end - self._start, tuple(self.examples))
+            return PassStats(
+                self.rows, self.bad, self.files, end - self._start, tuple(self.examples)
+            )

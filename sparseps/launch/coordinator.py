@@ -19,13 +19,33 @@ from __future__ import annotations
 import logging
 import time
 from datetime import timedelta
+from typing import Protocol
 
 from ..env import parse_endpoint
 from ..errors import TimeoutError_, UnavailableError
 
-__all__ = ["LocalCoordinator", "StoreCoordinator"]
+__all__ = ["Coordinator", "LocalCoordinator", "StoreCoordinator"]
 
 log = logging.getLogger(__name__)
+
+
+class Coordinator(Protocol):
+    """What the supervisor needs to know about the rest of the job."""
+
+    def report_workers_done(self, count: int) -> None:
+        """This node's ``count`` workers all exited 0."""
+
+    def all_workers_done(self) -> bool:
+        """Every worker of the job exited 0 (time to stop this node's servers)."""
+
+    def report_failure(self, text: str) -> None:
+        """Tell the other launchers that this node failed (one line)."""
+
+    def remote_failure(self) -> str | None:
+        """The failure another launcher reported, if any (cheap; called every poll)."""
+
+    def close(self) -> None:
+        """This node is finished; release the coordination resources."""
 
 
 class LocalCoordinator:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ..env import Role
 from ..errors import ConfigError
-from .coordinator import LocalCoordinator
+from .coordinator import Coordinator, LocalCoordinator
 from .procutil import die_with_parent_hook, stop_groups, tail
 
 __all__ = ["ChildSpec", "Failure", "Outcome", "Supervisor", "SupervisorConfig"]
@@ -156,7 +156,7 @@ class Supervisor:
 
     children: list[ChildSpec]
     config: SupervisorConfig = field(default_factory=SupervisorConfig)
-    coordinator: object | None = None
+    coordinator: Coordinator | None = None
     stop_servers: Callable[[], None] | None = None
     pids_path: Path | None = None
     job_id: str = ""
@@ -269,7 +269,9 @@ class Supervisor:
             if self._signal is not None:
                 name = signal.Signals(self._signal).name
                 log.warning("received %s: stopping every process of this job", name)
-                self.coordinator.report_failure(f"the launcher on this node received {name}")
+                self.coordinator.report_failure(
+                    f"the launcher on {self.node or 'another node'} received {name}"
+                )
                 return Outcome(128 + self._signal, "interrupted")
             for child in list(self._running):
                 code = child.proc.poll()

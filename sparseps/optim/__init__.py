@@ -24,7 +24,17 @@ from .ftrl import FTRL
 from .rowwise_adagrad import RowwiseAdagrad
 from .sgd import SGD
 
-__all__ = ["DENSE_RULES", "FTRL", "RULES", "SGD", "Adagrad", "Adam", "Rule", "RowwiseAdagrad", "rule_from_dict"]
+__all__ = [
+    "DENSE_RULES",
+    "FTRL",
+    "RULES",
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "Rule",
+    "RowwiseAdagrad",
+    "rule_from_dict",
+]
 
 #: rules a DenseTable accepts
 DENSE_RULES = (SGD, Adagrad, Adam)

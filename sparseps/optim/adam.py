@@ -68,7 +68,9 @@ class Adam(Rule):
 
 
 @njit(nogil=True, cache=True)
-def _adam(storage, rows, grads, dim, lr, beta1, beta2, eps, l2, low, high, clip):  # pragma: no cover
+def _adam(
+    storage, rows, grads, dim, lr, beta1, beta2, eps, l2, low, high, clip
+):  # pragma: no cover
     step_col = 2 * dim
     for i in range(rows.shape[0]):
         r = rows[i]

@@ -3,8 +3,9 @@
 Data-plane calls are batch-first and asynchronous: ``pull``/``push`` take a 1-D uint64
 key array (duplicates allowed) and return a :class:`Handle` at once; ``handle.wait()``
 gives the result. The client deduplicates keys (pull) or merges duplicates (push: summed
-gradients, shows and clicks), splits them by owning server
-(:func:`sparseps.server.routing.server_of`), sends one request per server in parallel and
+gradients, shows and clicks, in input order like ``SparseTable.push``) and groups them
+by owning server in one compiled pass (:mod:`sparseps.rpc.batching`, same formula as
+:func:`sparseps.server.routing.server_of`), sends one request per server in parallel and
 gathers the rows back in the caller's order.
 
 Control calls (``create_table``, ``stats``, ``save``, ...) block until every server
@@ -40,7 +41,8 @@ import numpy as np
 
 from .. import env
 from ..errors import ConfigError, InputError
-from ..server.routing import dense_server_of, split_by_server
+from ..server.routing import dense_server_of
+from .batching import group_by_server, merge_by_group
 from .channel import Call, Channel
 from .protocol import Limits
 
@@ -144,32 +146,6 @@ def _check_vector(values, what: str) -> np.ndarray:
     return np.ascontiguousarray(values)
 
 
-def merge_duplicates(keys: np.ndarray, values: np.ndarray, shows: np.ndarray | None, clicks: np.ndarray | None):
-    """Sum the rows, shows and clicks of equal keys (a key's rows are added in input order).
-
-    Returns:
-        ``(unique_keys, summed_values, shows, clicks)``; unique keys are sorted, ``shows``
-        defaults to the number of occurrences and ``clicks`` to zeros.
-    """
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    first = np.empty(len(keys), dtype=bool)
-    first[:1] = True
-    np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    unique = sorted_keys[starts]
-    if len(unique) == len(keys):
-        merged = values[order]
-        shows = np.ones(len(keys), np.float32) if shows is None else shows[order]
-        clicks = np.zeros(len(keys), np.float32) if clicks is None else clicks[order]
-        return unique, merged, shows, clicks
-    merged = np.add.reduceat(values[order], starts, axis=0)
-    counts = np.diff(np.append(starts, len(keys))).astype(np.float32)
-    shows = counts if shows is None else np.add.reduceat(shows[order], starts)
-    clicks = np.zeros(len(unique), np.float32) if clicks is None else np.add.reduceat(clicks[order], starts)
-    return unique, merged, shows.astype(np.float32, copy=False), clicks.astype(np.float32, copy=False)
-
-
 class PSClient:
     """A connection to every server of one job.
 
@@ -236,15 +212,14 @@ class PSClient:
         calls = [self._channel.submit(rank, op, table, (), args) for rank in ranks]
         return Handle(self._channel, calls, lambda replies: [r.result for r in replies]).wait(timeout)
 
-    def _split(self, op: str, table: str, keys: np.ndarray, columns: Sequence[np.ndarray]) -> list[tuple[np.ndarray, Call]]:
-        """One request per server that owns some keys: ``[(positions in keys, call)]``."""
+    def _send_grouped(self, op: str, table: str, grouped: np.ndarray, offsets: np.ndarray, columns) -> list:
+        """One request per server that owns keys (server 0 when there are none): ``[(rank, call)]``."""
         out = []
-        if self.num_servers == 1:
-            return [(None, self._channel.submit(0, op, table, [keys, *columns]))]
-        for rank, positions in enumerate(split_by_server(keys, self.num_servers)):
-            if len(positions):
-                bufs = [keys[positions], *(c[positions] for c in columns)]
-                out.append((positions, self._channel.submit(rank, op, table, bufs)))
+        for rank in range(self.num_servers):
+            lo, hi = offsets[rank], offsets[rank + 1]
+            if hi > lo or (rank == 0 and not len(grouped)):
+                bufs = [grouped[lo:hi], *(c[lo:hi] for c in columns)]
+                out.append((rank, self._channel.submit(rank, op, table, bufs)))
         return out
 
     # -- sparse tables -----------------------------------------------------------------
@@ -261,19 +236,15 @@ class PSClient:
     def pull(self, table: str, keys: np.ndarray) -> Handle:
         """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``."""
         keys = _check_keys(keys, f"pull {table!r}")
-        unique, inverse = np.unique(keys, return_inverse=True)
-        if not len(unique):
-            calls = [(None, self._channel.submit(0, "pull", table, [unique]))]
-        else:
-            calls = self._split("pull", table, unique, ())
+        grouped, offsets, inverse = group_by_server(keys, self.num_servers)
+        calls = self._send_grouped("pull", table, grouped, offsets, ())
 
         def finish(replies) -> np.ndarray:
-            if len(replies) == 1 and calls[0][0] is None:
+            if len(replies) == 1:
                 return replies[0].bufs[0][inverse]
-            dim = replies[0].bufs[0].shape[1]
-            rows = np.empty((len(unique), dim), dtype=np.float32)
-            for (positions, _), reply in zip(calls, replies, strict=True):
-                rows[positions] = reply.bufs[0]
+            rows = np.empty((len(grouped), replies[0].bufs[0].shape[1]), dtype=np.float32)
+            for (rank, _), reply in zip(calls, replies, strict=True):
+                rows[offsets[rank] : offsets[rank + 1]] = reply.bufs[0]
             return rows[inverse]
 
         return Handle(self._channel, [c for _, c in calls], finish)
@@ -286,8 +257,9 @@ class PSClient:
         clicks = _check_counts(clicks, "clicks", what, len(keys))
         if not len(keys):
             return _completed(None)
-        unique, merged, shows, clicks = merge_duplicates(keys, values, shows, clicks)
-        calls = self._split(op, table, unique, (merged, shows, clicks))
+        grouped, offsets, inverse = group_by_server(keys, self.num_servers)
+        merged, shows, clicks = merge_by_group(inverse, len(grouped), values, shows, clicks)
+        calls = self._send_grouped(op, table, grouped, offsets, (merged, shows, clicks))
         return Handle(self._channel, [c for _, c in calls], lambda _: None)
 
     def push(self, table: str, keys: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> Handle:

@@ -34,7 +34,8 @@ __all__ = ["InferResult", "PassResult", "Trainer"]
 
 log = logging.getLogger(__name__)
 
-# Progress lines use a coarse AUC (it is a running indicator, not the pass metric).
+# Progress lines show a coarse AUC over the last print_period batches of this worker
+# (a windowed indicator like the seed system's; the pass metric is global and exact).
 PROGRESS_BUCKETS = 2**12
 
 
@@ -71,6 +72,8 @@ class Trainer:
             worker identically in sync mode. Default ``Adam(lr=0.001)``.
         strategy: the training mode and its knobs (default async).
         client: an existing ``PSClient`` (default: one to ``sps.server_endpoints()``).
+        num_threads: torch compute threads of this worker (default 1: workers and servers
+            of a job share the machine's cores; None leaves torch's setting alone).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class Trainer:
         strategy: Strategy | None = None,
         *,
         client=None,
+        num_threads: int | None = 1,
     ):
         self.model = model
         self.dense_rule = dense_optimizer if dense_optimizer is not None else optim.Adam(lr=0.001)
@@ -92,6 +96,7 @@ class Trainer:
         self.embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
         self._check_tables()
         self._client = client
+        self.num_threads = num_threads
         self._mode = None
         self._tombstones: dict[str, list[np.ndarray]] = {}
         self.passes = 0
@@ -126,7 +131,8 @@ class Trainer:
             self._client = PSClient(role.server_endpoints(), timeout=self.strategy.rpc_timeout)
         for config in self.tables.values():
             self._client.create_table(config)
-        torch.set_num_threads(max(1, torch.get_num_threads()))
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
         self.rank, self.server_num = env.rank, len(role.server_endpoints())
         self._mode = make_mode(
             self.strategy, self._client, DenseParams(self.model), self.dense_rule, env.rank
@@ -223,6 +229,7 @@ class Trainer:
                         window_samples / max(now - last, 1e-9),
                     )
                     last, loss_sum, window_samples = now, 0.0, 0
+                    window.reset()
             mode.finish_pass()
         finally:
             prefetcher.close()
@@ -278,7 +285,7 @@ class Trainer:
         return (
             grads,
             dense_params.grads().copy(),
-            float(loss_total) / max(len(batch), 1),
+            float(loss_total.detach()) / max(len(batch), 1),
             preds,
             labels.numpy(),
         )

@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 JOB = SCRIPTS / "job.py"
 MINIMAL = ROOT / "examples" / "minimal" / "train.py"
-LAUNCH_MODULE = "sparseps.launch"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -30,7 +29,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def launch_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", LAUNCH_MODULE, *args]
+    """``sparseps launch ARGS`` (the console script's entry point, run with this interpreter)."""
+    return [sys.executable, "-m", "sparseps.cli", "launch", *args]
 
 
 def run_launch(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None):

@@ -66,7 +66,9 @@ def test_two_servers_two_workers_push_pull_and_check_values(tmp_path):
         assert (res["rank"], res["world"], res["servers"], res["ok"]) == (rank, 2, 2, True)
         before, after = np.array(res["before"]), np.array(res["after"])
         # SGD lr=0.5, 3 rounds, workers push 1*g and 2*g: every row moved by -4.5 * [1, 2, 3, 4]
-        np.testing.assert_allclose(after - before, np.tile(-4.5 * np.arange(1, 5), (6, 1)), atol=1e-4)
+        np.testing.assert_allclose(
+            after - before, np.tile(-4.5 * np.arange(1, 5), (6, 1)), atol=1e-4
+        )
     np.testing.assert_array_equal(results[0]["after"], results[1]["after"])
     # worker 0's output is also on the launcher's console
     assert "worker 0 of 2: all 6 rows as expected" in r.stdout + r.stderr
@@ -84,7 +86,9 @@ def test_example_runs_alone_and_under_the_launcher(tmp_path):
     (res,) = _results(tmp_path / "alone", 1)
     assert (res["world"], res["servers"], res["ok"]) == (1, 1, True)
     np.testing.assert_allclose(
-        np.array(res["after"]) - np.array(res["before"]), np.tile(-1.5 * np.arange(1, 5), (6, 1)), atol=1e-4
+        np.array(res["after"]) - np.array(res["before"]),
+        np.tile(-1.5 * np.arange(1, 5), (6, 1)),
+        atol=1e-4,
     )
 
     log = tmp_path / "log"
@@ -156,7 +160,12 @@ def test_failed_worker_is_restarted(tmp_path):
     assert "restarting worker 1 (attempt 1/1) after exit code 7" in r.stderr
     record = _assert_all_gone(log)
     attempts = [(c["role"], c["rank"], c["attempt"]) for c in record["children"]]
-    assert sorted(attempts) == [("server", 0, 0), ("worker", 0, 0), ("worker", 1, 0), ("worker", 1, 1)]
+    assert sorted(attempts) == [
+        ("server", 0, 0),
+        ("worker", 0, 0),
+        ("worker", 1, 0),
+        ("worker", 1, 1),
+    ]
     first = int((tmp_path / "worker1.attempted").read_text())
     second = int((tmp_path / "worker1.done").read_text())
     assert first != second and (tmp_path / "worker0.done").exists()
@@ -173,7 +182,9 @@ def test_barrier_timeout_names_the_missing_worker(tmp_path):
     assert record["raised"] and record["op"] == "barrier" and record["role"] == "worker"
     assert record["rank"] == [1]
     assert 2.0 <= record["seconds"] < 10 and record["setting"] == "barrier_worker(timeout=)"
-    warning = [line for line in (log / "worker.0.log").read_text().splitlines() if "WARNING" in line]
+    warning = [
+        line for line in (log / "worker.0.log").read_text().splitlines() if "WARNING" in line
+    ]
     assert any("still waiting for worker rank(s) [1]" in line for line in warning)
 
 
@@ -193,7 +204,14 @@ def test_two_launchers_run_one_job_across_two_nodes(tmp_path):
             "--out", str(tmp_path / "out"),
         )  # fmt: skip
         procs.append(
-            subprocess.Popen(argv, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            subprocess.Popen(
+                argv,
+                cwd=tmp_path,
+                env=clean_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
         )
     try:
         outputs = [p.communicate(timeout=120)[0] for p in procs]
@@ -208,6 +226,48 @@ def test_two_launchers_run_one_job_across_two_nodes(tmp_path):
     job_ids = set()
     for host, rank in ((a, 0), (b, 1)):
         log = tmp_path / f"log-{host}"
-        assert sorted(p.name for p in log.glob("*.log")) == [f"server.{rank}.log", f"worker.{rank}.log"]
+        assert sorted(p.name for p in log.glob("*.log")) == [
+            f"server.{rank}.log",
+            f"worker.{rank}.log",
+        ]
         job_ids.add(_assert_all_gone(log)["job_id"])
     assert len(job_ids) == 1  # both launchers derived the same job id
+
+
+LOCAL_SCRIPT = """
+import logging, sys, time
+import sparseps as sps
+logging.basicConfig(level=logging.INFO)
+env = sps.init()
+assert env.local and sps.is_worker() and sps.worker_num() == 1 and sps.server_num() == 1
+sps.barrier_worker(timeout=5)
+print("ready", flush=True)
+if sys.argv[1] == "raise":
+    raise RuntimeError("script failed")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "sigkill"])
+def test_local_mode_server_never_outlives_the_script(tmp_path, how):
+    script = tmp_path / "local_job.py"
+    script.write_text(LOCAL_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), how], cwd=tmp_path, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        if how == "sigkill":
+            proc.kill()  # no exit hook runs: the kernel's parent-death signal stops the server
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == (1 if how == "raise" else -signal.SIGKILL)
+    if how == "raise":
+        assert "RuntimeError: script failed" in err
+    match = re.search(r"background server \(pid (\d+)", err)
+    assert match, err
+    server = int(match.group(1))
+    wait_for(lambda: not alive(server), 5.0, f"local server {server} to exit")

@@ -14,7 +14,9 @@ def test_single_node_picks_distinct_free_ports(tmp_path):
     ports = [int(s.rsplit(":", 1)[1]) for s in spec.servers] + [int(spec.master.rsplit(":", 1)[1])]
     assert len(set(ports)) == 4 and all(p > 0 for p in ports)
     assert spec.workers == ("127.0.0.1", "127.0.0.1") and spec.host == "127.0.0.1"
-    assert not spec.multi_node and spec.local_servers() == [0, 1, 2] and spec.local_workers() == [0, 1]
+    assert (
+        not spec.multi_node and spec.local_servers() == [0, 1, 2] and spec.local_workers() == [0, 1]
+    )
     assert spec.log_dir == str(tmp_path / "log")
     env = spec.role_env(Role.WORKER, 1)
     assert (env.rank, env.worker_num, env.servers, env.master) == (1, 2, spec.servers, spec.master)
@@ -55,7 +57,7 @@ def test_two_nodes_each_get_their_share_and_the_same_job_id():
         ({"servers": "a:1", "workers": "a", "host": "c"}, "--host 'c' runs nothing"),
         ({"workers": "127.0.0.1,10.0.0.9", "host": "127.0.0.1"}, "--servers is required"),
         ({"servers": "a:1,b:1", "workers": "a,b", "host": "a", "master": "b:5"}, "worker 0's host"),
-        ({"servers": "a:1,a:1", "workers": "a"}, "listed twice"),
+        ({"servers": "127.0.0.1:1,127.0.0.1:1"}, "listed twice"),
         ({"servers": "a", "workers": "a"}, "--servers"),
         ({"host": "203.0.113.7"}, "--host '203.0.113.7'"),
     ],
@@ -68,3 +70,29 @@ def test_inconsistent_options_name_the_option(options, message):
 def test_spec_validates_when_built_directly():
     with pytest.raises(ConfigError, match="at least one server"):
         ClusterSpec((), ("h",), "h:1", "h", "job", "/tmp")
+
+
+def test_command_line_accepts_fleetrun_spellings_and_passes_script_arguments():
+    import argparse
+
+    from sparseps.launch.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--server_num", "2", "--trainer_num", "3", "train.py", "--lr", "0.1", "--server-num", "9"]
+    )
+    assert (args.server_num, args.worker_num, args.script) == (2, 3, "train.py")
+    assert args.script_args == ["--lr", "0.1", "--server-num", "9"]  # after the script: its own
+    assert parser.parse_args(["--worker_num", "4", "t.py"]).worker_num == 4
+
+
+def test_missing_script_is_a_config_error(tmp_path):
+    import argparse
+
+    from sparseps.launch.cli import add_arguments, run
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ConfigError, match="nope.py"):
+        run(parser.parse_args(["--log-dir", str(tmp_path), "nope.py"]))

@@ -76,7 +76,9 @@ def test_worker_is_restarted_then_succeeds(tmp_path, caplog):
         print("second attempt ok")
     """
     with caplog.at_level(logging.WARNING):
-        outcome = Supervisor([child(tmp_path, Role.WORKER, 0, flaky)], SupervisorConfig(max_restarts=2)).run()
+        outcome = Supervisor(
+            [child(tmp_path, Role.WORKER, 0, flaky)], SupervisorConfig(max_restarts=2)
+        ).run()
     assert outcome.exit_code == 0 and outcome.reason == "completed"
     assert "restarting worker 0 (attempt 1/2) after exit code 5" in caplog.text
     attempts = [c["attempt"] for c in read_pids(tmp_path / "log")["children"]]
@@ -87,7 +89,8 @@ def test_worker_is_restarted_then_succeeds(tmp_path, caplog):
 
 def test_restarts_are_bounded(tmp_path):
     outcome = Supervisor(
-        [child(tmp_path, Role.WORKER, 0, "import sys; sys.exit(4)")], SupervisorConfig(max_restarts=1)
+        [child(tmp_path, Role.WORKER, 0, "import sys; sys.exit(4)")],
+        SupervisorConfig(max_restarts=1),
     ).run()
     assert outcome.exit_code == 4 and outcome.failure.rank == 0
     assert [c["attempt"] for c in read_pids(tmp_path / "log")["children"]] == [0, 1]
@@ -108,7 +111,10 @@ def test_servers_get_the_stop_request_when_workers_finish(tmp_path):
         stop_file.write_text("1")
 
     outcome = Supervisor(
-        [child(tmp_path, Role.SERVER, 0, server), child(tmp_path, Role.WORKER, 0, "print('work done')")],
+        [
+            child(tmp_path, Role.SERVER, 0, server),
+            child(tmp_path, Role.WORKER, 0, "print('work done')"),
+        ],
         stop_servers=stop_servers,
     ).run()
     assert outcome.exit_code == 0 and len(calls) == 1
@@ -132,7 +138,9 @@ def test_servers_that_ignore_the_stop_request_get_sigterm(tmp_path):
 def test_quiet_child_is_named_in_a_warning(tmp_path, caplog):
     code = "import time; print('hello', flush=True); time.sleep(1.5)"
     with caplog.at_level(logging.WARNING):
-        outcome = Supervisor([child(tmp_path, Role.WORKER, 0, code)], SupervisorConfig(quiet_warn_s=0.5)).run()
+        outcome = Supervisor(
+            [child(tmp_path, Role.WORKER, 0, code)], SupervisorConfig(quiet_warn_s=0.5)
+        ).run()
     assert outcome.exit_code == 0
     assert "worker 0 (pid" in caplog.text and "no output for" in caplog.text
 
@@ -142,7 +150,9 @@ def test_worker_zero_output_is_echoed(tmp_path, capfd):
     assert "to the console" in capfd.readouterr().out
 
 
-@pytest.mark.parametrize(("field", "value"), [("max_restarts", -1), ("grace_s", 0), ("quiet_warn_s", -1)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_restarts", -1), ("grace_s", 0), ("quiet_warn_s", -1)]
+)
 def test_config_is_validated(field, value):
     with pytest.raises(ConfigError, match=field.replace("_", "[-_]")):
         SupervisorConfig(**{field: value})

@@ -147,7 +147,9 @@ def test_batches_merge_and_state_are_order_independent_bit_for_bit():
     whole = CTRMetrics()
     whole.update(pred, label, users)
     cuts = np.sort(rng.choice(np.arange(1, n), 40, replace=False))
-    parts = list(zip(np.split(pred, cuts), np.split(label, cuts), np.split(users, cuts), strict=True))
+    parts = list(
+        zip(np.split(pred, cuts), np.split(label, cuts), np.split(users, cuts), strict=True)
+    )
     order = rng.permutation(len(parts))
     shuffled, a, b = CTRMetrics(), CTRMetrics(), CTRMetrics()
     for i in order:

@@ -53,10 +53,20 @@ def test_jsonl_reporter_appends_one_object_per_pass(tmp_path):
     records = read_jsonl(path)
     assert records == [json.loads(line) for line in lines]
     first, second, third = records
-    assert (first["pass"], first["phase"], first["auc"], first["count"]) == (1, "train", 0.7712, 1000)
+    assert (first["pass"], first["phase"], first["auc"], first["count"]) == (
+        1,
+        "train",
+        0.7712,
+        1000,
+    )
     assert isinstance(first["time"], float) and first["time"] > 1.6e9
     assert (second["phase"], second["day"]) == ("test", "20240101")
-    assert (third["pass"], third["auc"], third["auc_defined"], third["uauc"]) == (2, 0.5, False, None)
+    assert (third["pass"], third["auc"], third["auc_defined"], third["uauc"]) == (
+        2,
+        0.5,
+        False,
+        None,
+    )
     with pytest.raises(ConfigError, match="phase"):
         reporter.report(RESULT, pass_id=3, phase="validation")
     with pytest.raises(ConfigError, match="pass_id"):
@@ -87,8 +97,20 @@ def test_field_dump_round_trip_over_passes_and_workers(tmp_path):
     with FieldDumper(tmp_path, fields, worker_rank=1, rows_per_group=3) as d0:
         d0.begin_pass(7)
         # two batches: rows 0-1 and 2-4 (offsets re-based per batch)
-        d0.add(sample_id=ids[:2], label=label[:2], pred=pred[:2], C1=(c1_values[:2], c1_offsets[:3]), dense=dense[:2])
-        d0.add(sample_id=ids[2:], label=label[2:], pred=pred[2:], C1=(c1_values[2:], c1_offsets[2:] - 2), dense=dense[2:])
+        d0.add(
+            sample_id=ids[:2],
+            label=label[:2],
+            pred=pred[:2],
+            C1=(c1_values[:2], c1_offsets[:3]),
+            dense=dense[:2],
+        )
+        d0.add(
+            sample_id=ids[2:],
+            label=label[2:],
+            pred=pred[2:],
+            C1=(c1_values[2:], c1_offsets[2:] - 2),
+            dense=dense[2:],
+        )
         path = d0.end_pass()
         d0.begin_pass(8)  # an empty pass still publishes a file
     assert path == tmp_path / "pass-00007" / "fields-worker-00001.parquet"
@@ -103,11 +125,25 @@ def test_field_dump_round_trip_over_passes_and_workers(tmp_path):
     # a second worker, then the whole pass folder is read in rank order
     with FieldDumper(tmp_path, fields, worker_rank=0) as d1:
         d1.begin_pass(7)
-        d1.add(sample_id=ids[:1], label=label[:1], pred=pred[:1], C1=(c1_values[:1], [0, 1]), dense=dense[:1])
+        d1.add(
+            sample_id=ids[:1],
+            label=label[:1],
+            pred=pred[:1],
+            C1=(c1_values[:1], [0, 1]),
+            dense=dense[:1],
+        )
     merged = read_dump(tmp_path / "pass-00007")
     assert merged["sample_id"].tolist() == [ids[0]] + ids.tolist()
     values, offsets = merged["C1"]
-    assert values.tolist() == [11] + c1_values.tolist() and offsets.tolist() == [0, 1, 3, 3, 4, 6, 7]
+    assert values.tolist() == [11] + c1_values.tolist() and offsets.tolist() == [
+        0,
+        1,
+        3,
+        3,
+        4,
+        6,
+        7,
+    ]
     assert not list(tmp_path.rglob(".*tmp*"))  # no temporary file left behind
 
 

@@ -70,3 +70,22 @@ def test_rejects_wrong_input():
         server_of(np.arange(3), 2)
     with pytest.raises(InputError, match="num_servers"):
         server_of(np.arange(3, dtype=np.uint64), 0)
+
+
+@pytest.mark.parametrize("servers", [1, 2, 3, 7])
+def test_client_grouping_agrees_with_server_of(servers):
+    from sparseps.rpc.batching import group_by_server, merge_by_group
+
+    rng = np.random.default_rng(servers)
+    keys = rng.integers(0, 3000, 5000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    grouped, offsets, inverse = group_by_server(keys, servers)
+    assert len(grouped) == len(np.unique(keys)) and (grouped[inverse] == keys).all()
+    owner = server_of(grouped, servers)
+    for rank in range(servers):
+        assert (owner[offsets[rank] : offsets[rank + 1]] == rank).all()
+    values = rng.standard_normal((5000, 3)).astype(np.float32)
+    merged, shows, clicks = merge_by_group(inverse, len(grouped), values, None, None)
+    expected = np.zeros_like(merged)
+    np.add.at(expected, inverse, values)
+    np.testing.assert_allclose(merged, expected, rtol=1e-5, atol=1e-6)
+    assert (shows == np.bincount(inverse)).all() and not clicks.any()

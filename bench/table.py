@@ -1,0 +1,137 @@
+"""Sparse table engine: pull and push rows/s against numpy on the same rows, memory per row.
+
+Records (``sparseps bench table [--quick] [--json]``), for dim 8, 16 and 64 with Adagrad:
+
+- ``pull_rows_per_s``: ``SparseTable.pull`` (hash find + gather, fresh output) of Zipf
+  batches of 8192 keys from a table of 10M live keys (quick: 1M). Baseline: the numpy
+  fancy-index gather ``storage[ids, :dim]`` of the *same row indices* from the table's
+  own storage matrix, i.e. the same memory layout with the hashing already done.
+- ``push_rows_per_s``: ``SparseTable.push`` (merge repeated keys + find + statistics +
+  fused Adagrad update). Baseline: the numpy multi-pass version on the same row indices
+  (``np.unique`` + ``np.add.at`` to merge, then gather / compute / scatter of weights and
+  accumulators; it skips the statistics the table also updates).
+- ``bytes_per_row``: table bytes (storage, hash index, free lists) / live rows after
+  inserting every key through ``push`` (the growth path, no ``reserve``). Baseline: the
+  payload, 8-byte key + embedding + optimizer state + 4 statistics floats.
+
+Keys are splitmix64 of 0..N-1 (distinct, spread over the whole uint64 range); batch keys
+are ``keys[mix(rank) % N]`` for ``rank ~ Zipf(1.1)``, so hot keys are scattered in memory.
+Timings are the best of a few rounds over all batches (the machine is shared).
+Targets: pull >= 0.5x, push >= 1.0x, bytes <= 1.5x payload.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+
+from sparseps import optim
+from sparseps.benchmarking import BenchRecord
+from sparseps.config import Initializer, TableConfig
+from sparseps.table import SparseTable
+
+BATCH = 8192
+ZIPF_A = 1.1
+DIMS = (8, 16, 64)
+LR, EPS = 0.05, 1e-10
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _best(fn, rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _numpy_adagrad(storage: np.ndarray, ids: np.ndarray, grads: np.ndarray, dim: int) -> None:
+    """The multi-pass numpy update a table without compiled kernels would do."""
+    rows, inverse = np.unique(ids, return_inverse=True)
+    merged = np.zeros((rows.size, dim), np.float32)
+    np.add.at(merged, inverse, grads)
+    acc = storage[rows, dim : 2 * dim] + merged * merged
+    weights = storage[rows, :dim] - LR * merged / (np.sqrt(acc) + EPS)
+    storage[rows, dim : 2 * dim] = acc
+    storage[rows, :dim] = weights
+
+
+def _one_dim(dim: int, n_keys: int, n_batches: int, rounds: int) -> list[BenchRecord]:
+    config = TableConfig(name=f"bench{dim}", dim=dim, rule=optim.Adagrad(lr=LR, eps=EPS),
+                         initializer=Initializer.uniform(-0.01, 0.01))  # fmt: skip
+    table = SparseTable(config)
+    keys = _splitmix(np.arange(n_keys, dtype=np.uint64))
+    fill = 1 << 16
+    zeros = np.zeros((fill, dim), np.float32)
+    start = time.perf_counter()
+    for at in range(0, n_keys, fill):
+        chunk = keys[at : at + fill]
+        table.push(chunk, zeros[: chunk.size])
+    fill_s = time.perf_counter() - start
+    assert len(table) == n_keys
+
+    rng = np.random.default_rng(dim)
+    ranks = [rng.zipf(ZIPF_A, BATCH).astype(np.uint64) for _ in range(n_batches)]
+    batches = [np.ascontiguousarray(keys[_splitmix(r) % np.uint64(n_keys)]) for r in ranks]
+    grads = [rng.normal(0, 0.01, (BATCH, dim)).astype(np.float32) for _ in range(n_batches)]
+    ids = [table._index.find(b) for b in batches]  # the baselines get the rows for free
+    unique_frac = float(np.mean([np.unique(b).size / BATCH for b in batches]))
+    storage = table._rows
+    total = n_batches * BATCH
+
+    def pull():
+        for b in batches:
+            table.pull(b)
+
+    def gather():
+        for i in ids:
+            storage[i, :dim]
+
+    def push():
+        for b, g in zip(batches, grads, strict=True):
+            table.push(b, g)
+
+    def update():
+        for i, g in zip(ids, grads, strict=True):
+            _numpy_adagrad(storage, i, g, dim)
+
+    pull()
+    push()  # warm-up: compile / page in
+    pull_s, gather_s = _best(pull, rounds), _best(gather, rounds)
+    push_s, update_s = _best(push, rounds), _best(update, rounds)
+    assert table._rows is storage  # nothing was inserted while timing
+
+    params = {"dim": dim, "rows": n_keys, "batch": BATCH, "zipf_a": ZIPF_A, "rule": "adagrad",
+              "unique_frac": round(unique_frac, 3)}  # fmt: skip
+    records = [
+        BenchRecord("pull_rows_per_s", total / pull_s, "rows/s", total / gather_s, params),
+        BenchRecord("push_rows_per_s", total / push_s, "rows/s", total / update_s, params),
+        BenchRecord(
+            "bytes_per_row",
+            table.nbytes / len(table),
+            "bytes",
+            float(table.layout.payload_bytes),
+            {"dim": dim, "rows": n_keys, "rule": "adagrad", "fill_rows_per_s": round(n_keys / fill_s)},
+        ),
+    ]
+    del table, storage, ids, batches
+    gc.collect()
+    return records
+
+
+def run(quick: bool) -> list[BenchRecord]:
+    n_keys = 1_000_000 if quick else 10_000_000
+    records = []
+    for dim in DIMS:
+        records.extend(_one_dim(dim, n_keys, n_batches=24 if quick else 48, rounds=3))
+    return records

@@ -1,0 +1,170 @@
+"""The compiled fast path for unquoted delimited text (all of Criteo TSV in practice).
+
+One pass over the bytes of a chunk splits lines and fields, parses the label and dense
+numbers and hashes every categorical field in place (XXH64 with the slot's seed), so no
+intermediate string column is ever built. It implements exactly the rules of
+:mod:`sparseps.data.delimited` (which falls back to pyarrow's CSV reader for text with
+quotes), and ``tests/data/test_data_formats.py`` checks that both paths agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .columns import Parsed, transform_dense
+from .hashing import _xxh64, slot_seed
+from .schema import Batch, Schema, Slot, sample_id
+from .slot_text import _POW10, _parse_float
+
+__all__ = ["parse_unquoted"]
+
+_IGNORE, _LABEL, _DENSE, _SLOT = 0, 1, 2, 3
+_OK, _BLANK, _FIELDS, _NO_LABEL, _BAD_LABEL, _BAD_DENSE = 0, -1, 1, 2, 3, 4
+
+
+@njit(nogil=True, cache=True)
+def _parse(data, delimiter, col_kind, col_index, seeds, pow10,
+           status, err_a, err_b, label, dense, ids, present):  # fmt: skip
+    """Parse every line in one pass over the bytes; returns the number of lines."""
+    n = data.size
+    ncols = col_kind.size
+    line = 0
+    pos = 0
+    while pos < n:
+        code = _OK
+        has_value = False
+        col = 0
+        s = pos
+        while True:
+            e = s
+            while e < n and data[e] != delimiter and data[e] != 10:
+                e += 1
+            last = e >= n or data[e] == 10
+            f = e - 1 if last and e > s and data[e - 1] == 13 else e  # CRLF
+            if col < ncols:
+                kind = col_kind[col]
+                if kind == _SLOT:
+                    if f > s:
+                        k = col_index[col]
+                        ids[k, line] = _xxh64(data, s, f, seeds[k])
+                        present[k, line] = True
+                        has_value = True
+                elif kind == _DENSE:
+                    if f > s:
+                        has_value = True
+                        ok, x = _parse_float(data, s, f, pow10)
+                        if ok:
+                            dense[line, col_index[col]] = x
+                        elif code == _OK:
+                            code, err_a[line], err_b[line] = _BAD_DENSE, s, f
+                elif kind == _LABEL:
+                    if f == s:
+                        if code == _OK:
+                            code = _NO_LABEL
+                    else:
+                        has_value = True
+                        ok, x = _parse_float(data, s, f, pow10)
+                        if ok:
+                            label[line] = x
+                        elif code == _OK:
+                            code, err_a[line], err_b[line] = _BAD_LABEL, s, f
+            col += 1
+            if last:
+                break
+            s = e + 1
+        if col == 1 and f == pos:
+            code = _BLANK  # an empty line
+        elif col != ncols:
+            code, err_a[line] = _FIELDS, col
+        elif code == _NO_LABEL and not has_value:
+            code = _BLANK  # a line of empty fields is blank, as in the pyarrow path
+        status[line] = code
+        line += 1
+        pos = e + 1
+    return line
+
+
+class _Columns:
+    """What each column of the file is, as arrays the kernel reads."""
+
+    def __init__(self, schema: Schema, names: tuple[str, ...]) -> None:
+        dense = {name: j for j, name in enumerate(schema.dense)}
+        slots = {name: s for s, name in enumerate(schema.slots)}
+        self.kind = np.zeros(len(names), np.int8)
+        self.index = np.zeros(len(names), np.int64)
+        self.names = names
+        for c, name in enumerate(names):
+            if name == schema.label:
+                self.kind[c] = _LABEL
+            elif name in dense:
+                self.kind[c], self.index[c] = _DENSE, dense[name]
+            elif name in slots:
+                self.kind[c], self.index[c] = _SLOT, slots[name]
+        self.seeds = np.array([slot_seed(name) for name in schema.slots], np.uint64)
+        self.dense_names = {c: name for c, name in enumerate(names) if name in dense}
+
+
+_CACHE: dict[tuple[Schema, tuple[str, ...]], _Columns] = {}
+
+
+def parse_unquoted(data: bytes, schema: Schema, names: tuple[str, ...], delimiter: str, *,
+                   first_line: int, file_no: int, first_record: int,
+                   max_examples: int = 5) -> Parsed:  # fmt: skip
+    """Parse a chunk of whole lines of unquoted delimited text (arguments as in
+    :func:`sparseps.data.delimited.parse_delimited`)."""
+    columns = _CACHE.get((schema, names))
+    if columns is None:
+        columns = _CACHE.setdefault((schema, names), _Columns(schema, names))
+    buf = np.frombuffer(data, np.uint8)
+    cap = data.count(b"\n") + 1
+    status = np.zeros(cap, np.int8)
+    err_a = np.zeros(cap, np.int64)
+    err_b = np.zeros(cap, np.int64)
+    label = np.zeros(cap, np.float64)
+    dense = np.zeros((cap, schema.num_dense), np.float64)
+    ids = np.empty((len(schema.slots), cap), np.uint64)
+    present = np.zeros((len(schema.slots), cap), np.bool_)
+    lines = _parse(
+        buf, ord(delimiter), columns.kind, columns.index, columns.seeds, _POW10,
+        status, err_a, err_b, label, dense, ids, present,
+    )  # fmt: skip
+    status = status[:lines]
+    ok = status == _OK
+    rows = int(ok.sum())
+    everything = rows == lines
+    slots = {}
+    for s, name in enumerate(schema.slots):
+        have = present[s, :lines]
+        kept = have if everything else have & ok
+        offsets = np.zeros(rows + 1, np.int64)
+        np.cumsum(have if everything else have[ok], out=offsets[1:])
+        slots[name] = Slot(ids[s, :lines][kept], offsets)
+    batch = Batch(
+        (label[:lines] if everything else label[:lines][ok]).astype(np.float32),
+        transform_dense(dense[:lines] if everything else dense[:lines][ok], schema.dense_transform),
+        slots,
+        sample_id(file_no, np.arange(first_record, first_record + rows)),
+    )
+    bad = np.flatnonzero(status > 0)
+    examples = []
+    for line in bad[:max_examples]:
+        code = int(status[line])
+        text = data[err_a[line] : err_b[line]].decode("utf-8", "replace")
+        if code == _FIELDS:
+            reason = f"expected {len(names)} fields, got {int(err_a[line])}"
+        elif code == _NO_LABEL:
+            reason = "no label"
+        elif code == _BAD_LABEL:
+            reason = f"label is not a finite number ({text!r})"
+        else:
+            column = _column_of(data, int(err_a[line]), delimiter)
+            reason = f"{names[column]} is not a finite number ({text!r})"
+        examples.append((first_line + int(line), reason))
+    return Parsed(batch, int(bad.size), examples, lines=int(lines))
+
+
+def _column_of(data: bytes, position: int, delimiter: str) -> int:
+    """Which field of its line the byte at ``position`` is in (for one error message)."""
+    start = data.rfind(b"\n", 0, position) + 1
+    return data.count(delimiter.encode(), start, position)

@@ -1,0 +1,130 @@
+"""Compiled per-batch passes of the sparse table: merge duplicates, gather, new rows, stats.
+
+Each function makes one pass over a batch and assumes validated input (the table's
+public methods check dtypes, shapes and finiteness first).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .hashmap import mix64
+
+__all__ = ["add_rows", "dedup_merge", "gather", "init_rows", "touch_rows"]
+
+
+@njit(nogil=True, cache=True)
+def _dedup_merge(keys, values, shows, clicks):  # pragma: no cover - compiled
+    n = keys.shape[0]
+    dim = values.shape[1]
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    mask = np.uint64(size - 1)
+    slot_keys = np.empty(size, np.uint64)
+    slot_pos = np.empty(size, np.int64)
+    slot_used = np.zeros(size, np.bool_)
+    uniq = np.empty(n, np.uint64)
+    merged = np.empty((n, dim), np.float32)
+    merged_shows = np.empty(n, np.float32)
+    merged_clicks = np.empty(n, np.float32)
+    u = 0
+    for i in range(n):
+        key = keys[i]
+        s = np.int64(mix64(key) & mask)
+        while True:
+            if not slot_used[s]:
+                slot_used[s] = True
+                slot_keys[s] = key
+                slot_pos[s] = u
+                uniq[u] = key
+                for d in range(dim):
+                    merged[u, d] = values[i, d]
+                merged_shows[u] = shows[i]
+                merged_clicks[u] = clicks[i]
+                u += 1
+                break
+            if slot_keys[s] == key:
+                j = slot_pos[s]
+                for d in range(dim):
+                    merged[j, d] += values[i, d]
+                merged_shows[j] += shows[i]
+                merged_clicks[j] += clicks[i]
+                break
+            s = (s + 1) & (size - 1)
+    return uniq[:u], merged[:u], merged_shows[:u], merged_clicks[:u]
+
+
+def dedup_merge(keys, values, shows, clicks):
+    """Merge repeated keys: ``(unique keys, summed values, summed shows, summed clicks)``.
+
+    Unique keys keep the order of their first occurrence; sums run in occurrence order.
+    """
+    return _dedup_merge(keys, values, shows, clicks)
+
+
+@njit(nogil=True, cache=True)
+def _gather(storage, ids, dim, out):  # pragma: no cover - compiled
+    missing = 0
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        if r >= 0:
+            for j in range(dim):
+                out[i, j] = storage[r, j]
+        else:
+            missing += 1
+            for j in range(dim):
+                out[i, j] = 0.0
+    return missing
+
+
+def gather(storage: np.ndarray, ids: np.ndarray, dim: int) -> tuple[np.ndarray, int]:
+    """``(out float32 [n, dim], number of ids < 0)``: embeddings of ``ids``, zeros for -1."""
+    out = np.empty((ids.shape[0], dim), np.float32)
+    missing = _gather(storage, ids, dim, out)
+    return out, missing
+
+
+@njit(nogil=True, cache=True)
+def init_rows(
+    storage, rows, state0, shows, clicks, dim, stat0, nonclick, click_coeff
+):  # pragma: no cover
+    """Set the state and statistics of new ``rows`` (the embedding is filled separately).
+
+    Statistics start from the key's admission counters ``shows``/``clicks`` (zeros for
+    admission "always"); delta_score starts at their score; unseen at 0.
+    """
+    sd = state0.shape[0]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(sd):
+            storage[r, dim + j] = state0[j]
+        s = shows[i]
+        c = clicks[i]
+        storage[r, stat0] = s
+        storage[r, stat0 + 1] = c
+        storage[r, stat0 + 2] = (s - c) * nonclick + c * click_coeff
+        storage[r, stat0 + 3] = 0.0
+
+
+@njit(nogil=True, cache=True)
+def touch_rows(storage, rows, shows, clicks, stat0, nonclick, click_coeff):  # pragma: no cover
+    """Add a push's shows/clicks, its score increment to delta_score, mark pushed (-1)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        s = shows[i]
+        c = clicks[i]
+        storage[r, stat0] += s
+        storage[r, stat0 + 1] += c
+        storage[r, stat0 + 2] += (s - c) * nonclick + c * click_coeff
+        storage[r, stat0 + 3] = -1.0
+
+
+@njit(nogil=True, cache=True)
+def add_rows(storage, rows, deltas, dim):  # pragma: no cover - compiled
+    """Geo mode: ``embedding += delta`` for each row (no optimizer rule)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(dim):
+            storage[r, j] += deltas[i, j]

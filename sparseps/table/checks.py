@@ -1,0 +1,86 @@
+"""Validation at the table's public entry points.
+
+Compiled kernels assume valid input; these checks make sure they get it and, when not,
+raise :class:`~sparseps.errors.InputError` naming the call, the argument, what was
+expected and what was found. Arrays are never silently converted: a float64 gradient or
+an int64 key array is a bug in the caller (and a silent copy would hide a slow path).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError
+
+__all__ = ["check_counts", "check_finite", "check_keys", "check_matrix"]
+
+
+def _describe(array: object) -> str:
+    if not isinstance(array, np.ndarray):
+        return f"a {type(array).__name__}"
+    layout = "C-contiguous" if array.flags.c_contiguous else "non-contiguous"
+    return f"dtype {array.dtype}, shape {array.shape}, {layout}"
+
+
+def _fail(op: str, name: str, expected: str, array: object, fix: str = "") -> None:
+    hint = f"; {fix}" if fix else ""
+    raise InputError(f"{op}: {name} must be {expected}, found {_describe(array)}{hint}")
+
+
+def check_keys(op: str, keys: object, name: str = "keys") -> np.ndarray:
+    """A C-contiguous 1-D uint64 array, else InputError."""
+    expected = "a C-contiguous 1-D numpy uint64 array"
+    if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
+        _fail(op, name, expected, keys, "convert with np.ascontiguousarray(keys, dtype=np.uint64)")
+    if not keys.flags.c_contiguous:
+        _fail(op, name, expected, keys, "pass np.ascontiguousarray(keys)")
+    return keys
+
+
+def check_matrix(op: str, name: str, values: object, rows: int, dim: int) -> np.ndarray:
+    """A C-contiguous float32 ``[rows, dim]`` array, else InputError."""
+    expected = f"a C-contiguous float32 array of shape ({rows}, {dim})"
+    if not isinstance(values, np.ndarray) or values.dtype != np.float32:
+        _fail(op, name, expected, values, "convert with np.ascontiguousarray(x, dtype=np.float32)")
+    if values.shape != (rows, dim):
+        _fail(op, name, expected, values)
+    if not values.flags.c_contiguous:
+        _fail(op, name, expected, values, "pass np.ascontiguousarray(x)")
+    return values
+
+
+def check_vector(op: str, name: str, values: object, n: int, dtype) -> np.ndarray:
+    """A C-contiguous 1-D ``dtype`` array of length ``n``, else InputError."""
+    expected = f"a C-contiguous 1-D {np.dtype(dtype)} array of length {n}"
+    if not isinstance(values, np.ndarray) or values.dtype != dtype or values.shape != (n,):
+        _fail(op, name, expected, values)
+    if not values.flags.c_contiguous:
+        _fail(op, name, expected, values, "pass np.ascontiguousarray(x)")
+    return values
+
+
+def check_counts(op: str, name: str, values: object, n: int, default: float) -> np.ndarray:
+    """Shows or clicks: None -> ``default`` per key; else finite, >= 0 float32 ``[n]``."""
+    if values is None:
+        return np.full(n, default, np.float32)
+    check_vector(op, name, values, n, np.float32)
+    bad = ~(np.isfinite(values) & (values >= 0))
+    if bad.any():
+        raise InputError(
+            f"{op}: {name} must be finite and >= 0, found {int(bad.sum())} bad value(s), "
+            f"first {values[bad][0]!r} at position {int(np.flatnonzero(bad)[0])}"
+        )
+    return values
+
+
+def check_finite(op: str, name: str, values: np.ndarray, keys: np.ndarray) -> None:
+    """Reject the whole batch if any value is NaN or inf (names the count and first key)."""
+    if np.isfinite(values).all():
+        return
+    bad = ~np.isfinite(values)
+    rows = np.flatnonzero(bad.reshape(values.shape[0], -1).any(axis=1))
+    raise InputError(
+        f"{op}: {name} contain {int(bad.sum())} NaN/inf value(s) in {rows.size} row(s), first at "
+        f"key {int(keys[rows[0]])} (position {int(rows[0])}); the whole batch was rejected and "
+        "the table is unchanged"
+    )

@@ -1,0 +1,99 @@
+"""``DenseTable``: a flat float32 vector (the dense model) updated by a rule on a server.
+
+The vector and its optimizer state are stored as one row ``[values | state]`` so the
+same compiled kernels as the sparse rows apply (SGD, Adagrad, Adam).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import check_int
+from ..errors import ConfigError, InputError
+from ..optim import DENSE_RULES, Adam
+from . import checks
+
+__all__ = ["DenseTable"]
+
+_ROW0 = np.zeros(1, np.int64)
+
+
+class DenseTable:
+    """A dense parameter vector with its optimizer state.
+
+    Args:
+        name: table name (for messages).
+        size: number of float32 parameters (>= 1).
+        rule: SGD, Adagrad or Adam (default ``Adam()``).
+        init: float32-convertible ``[size]`` starting values; None = zeros.
+    """
+
+    def __init__(self, name: str, size: int, rule=None, init: np.ndarray | None = None) -> None:
+        self.name = name
+        self.size = check_int(f"DenseTable({name!r})", "size", size, ge=1, le=2**31 - 1)
+        self.rule = Adam() if rule is None else rule
+        if not isinstance(self.rule, DENSE_RULES):
+            accepted = [cls.__name__ for cls in DENSE_RULES]
+            raise ConfigError(
+                f"DenseTable({name!r}).rule: got {self.rule!r}, expected one of {accepted}"
+            )
+        self.state_dim = self.rule.state_dim(self.size)
+        self._row = np.zeros((1, self.size + self.state_dim), np.float32)
+        self._row[0, self.size :] = self.rule.initial_state(self.size)
+        if init is not None:
+            values = np.asarray(init)
+            if values.shape != (self.size,) or not np.issubdtype(values.dtype, np.number):
+                raise InputError(
+                    f"DenseTable({name!r}): init must be a numeric array of shape ({self.size},), "
+                    f"found dtype {values.dtype}, shape {values.shape}"
+                )
+            self._check_finite("init", values.astype(np.float32))
+            self._row[0, : self.size] = values
+
+    def _vector(self, op: str, values) -> np.ndarray:
+        vector = checks.check_vector(f"{self.name}.{op}", "values", values, self.size, np.float32)
+        self._check_finite(op, vector)
+        return vector
+
+    def _check_finite(self, op: str, values: np.ndarray) -> None:
+        if not np.isfinite(values).all():
+            bad = np.flatnonzero(~np.isfinite(values))
+            raise InputError(
+                f"{self.name}.{op}: {bad.size} NaN/inf value(s), first at index {int(bad[0])}; "
+                "rejected, the table is unchanged"
+            )
+
+    def pull(self) -> np.ndarray:
+        """A copy of the values, float32 ``[size]``."""
+        return self._row[0, : self.size].copy()
+
+    def push(self, grad: np.ndarray) -> None:
+        """One optimizer step with the float32 ``[size]`` gradient."""
+        grad = self._vector("push", grad)
+        self.rule.update(self._row, _ROW0, grad.reshape(1, self.size), self.size)
+
+    def add(self, delta: np.ndarray) -> None:
+        """Geo mode: ``values += delta``."""
+        self._row[0, : self.size] += self._vector("add", delta)
+
+    def set(self, values: np.ndarray) -> None:
+        """Overwrite the values (the optimizer state is kept)."""
+        self._row[0, : self.size] = self._vector("set", values)
+
+    def export(self) -> dict[str, np.ndarray]:
+        """``{"values": float32 [size], "state": float32 [state_dim]}`` (copies)."""
+        return {"values": self.pull(), "state": self._row[0, self.size :].copy()}
+
+    def import_(self, d: dict) -> None:
+        """Restore from :meth:`export` output (bit-exact)."""
+        if not isinstance(d, dict) or set(d) != {"values", "state"}:
+            found = sorted(d) if isinstance(d, dict) else type(d).__name__
+            raise InputError(
+                f"{self.name}.import_: expected keys ['state', 'values'], found {found}"
+            )
+        values = self._vector("import_", d["values"])
+        state = checks.check_vector(
+            f"{self.name}.import_", "state", d["state"], self.state_dim, np.float32
+        )
+        self._row[0, : self.size] = values
+        self._row[0, self.size :] = state

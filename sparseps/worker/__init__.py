@@ -1,0 +1,1 @@
+"""The worker side: SparseEmbedding, the trainer, training modes and the IO pipeline."""
