@@ -77,11 +77,18 @@ def _in_process(universe, pulls, pushes, grads) -> dict:
         table.push(keys, grads)
     push_s = time.perf_counter() - start
     latency = _latencies(table.pull, pulls)
-    return {"pull": len(pulls) * BATCH / pull_s, "push": len(pushes) * BATCH / push_s, "latency": latency}
+    return {
+        "pull": len(pulls) * BATCH / pull_s,
+        "push": len(pushes) * BATCH / push_s,
+        "latency": latency,
+    }
 
 
 def _remote(servers: int, universe, pulls, pushes, grads) -> dict:
-    with local_cluster(servers=servers, timeout=60) as cluster, cluster.client(timeout=120) as client:
+    with (
+        local_cluster(servers=servers, timeout=60) as cluster,
+        cluster.client(timeout=120) as client,
+    ):
         client.create_table(_config())
         _fill(lambda k, g: client.push("bench", k, g).wait(), universe)
         for keys in pulls[:3]:  # warm up the servers' compiled kernels and connections
@@ -89,7 +96,11 @@ def _remote(servers: int, universe, pulls, pushes, grads) -> dict:
         pull_s = _pipelined(lambda k: client.pull("bench", k), pulls, IN_FLIGHT)
         push_s = _pipelined(lambda k: client.push("bench", k, grads), pushes, IN_FLIGHT)
         latency = _latencies(lambda k: client.pull("bench", k).wait(), pulls)
-    return {"pull": len(pulls) * BATCH / pull_s, "push": len(pushes) * BATCH / push_s, "latency": latency}
+    return {
+        "pull": len(pulls) * BATCH / pull_s,
+        "push": len(pushes) * BATCH / push_s,
+        "latency": latency,
+    }
 
 
 def run(quick: bool) -> list[BenchRecord]:
@@ -105,7 +116,14 @@ def run(quick: bool) -> list[BenchRecord]:
     for servers in (1, 2):
         remote = _remote(servers, universe, pulls, pushes, grads)
         p50, p99 = np.percentile(remote["latency"], [50, 99])
-        params = {"servers": servers, "batch": BATCH, "dim": DIM, "in_flight": IN_FLIGHT, "batches": count, "rows": rows}
+        params = {
+            "servers": servers,
+            "batch": BATCH,
+            "dim": DIM,
+            "in_flight": IN_FLIGHT,
+            "batches": count,
+            "rows": rows,
+        }
         records += [
             BenchRecord("rpc_pull_rows_per_s", remote["pull"], "rows/s", local["pull"], params),
             BenchRecord("rpc_push_rows_per_s", remote["push"], "rows/s", local["push"], params),

@@ -19,8 +19,14 @@ from .errors import SparsePSError
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("sparseps.benchmarking", "run a benchmark from bench/ and print ratios"),
     "demo": ("sparseps.demo", "the main job: data, 1 server + 2 workers, wide&deep, test AUC"),
-    "inspect": ("sparseps.checkpoint.inspect_cli", "what a model directory holds; exit 0 if it verifies"),
-    "predict": ("sparseps.checkpoint.predict_cli", "predictions from an inference model, without servers"),
+    "inspect": (
+        "sparseps.checkpoint.inspect_cli",
+        "what a model directory holds; exit 0 if it verifies",
+    ),
+    "predict": (
+        "sparseps.checkpoint.predict_cli",
+        "predictions from an inference model, without servers",
+    ),
     "launch": ("sparseps.launch.cli", "start servers and workers, like fleetrun"),
     "gen-data": ("sparseps.data.gen_cli", "synthetic Criteo-format data from a planted model"),
 }
@@ -33,7 +39,7 @@ def _parser(command: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         p.set_defaults(_module=module)
         if name == command:
             importlib.import_module(module).add_arguments(p)

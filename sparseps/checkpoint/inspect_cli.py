@@ -11,11 +11,15 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("directory", help="a checkpoint, an inference save, or an inference model folder")
+    parser.add_argument(
+        "directory", help="a checkpoint, an inference save, or an inference model folder"
+    )
 
 
 def _describe(folder: Path, manifest: dict) -> list[str]:
-    lines = [f"{folder}: {manifest['format']} ({manifest.get('kind', 'checkpoint')}), created {manifest['created']}"]
+    lines = [
+        f"{folder}: {manifest['format']} ({manifest.get('kind', 'checkpoint')}), created {manifest['created']}"
+    ]
     for name, table in sorted(manifest.get("tables", {}).items()):
         config = table["config"]
         extra = f", {table['tombstones']} tombstones" if table.get("tombstones") else ""
@@ -23,11 +27,17 @@ def _describe(folder: Path, manifest: dict) -> list[str]:
             f"  table {name}: {table['rows']} rows, dim {config['dim']}, rule {config['rule'].get('name')}{extra}"
         )
     if "dense" in manifest:
-        lines.append(f"  dense: {manifest['dense']['size']} parameters, rule {manifest['dense']['rule'].get('name')}")
+        lines.append(
+            f"  dense: {manifest['dense']['size']} parameters, rule {manifest['dense']['rule'].get('name')}"
+        )
     if "embeddings" in manifest:
-        lines.append(f"  head inputs: dense + {', '.join(e['table'] for e in manifest['embeddings'])}")
+        lines.append(
+            f"  head inputs: dense + {', '.join(e['table'] for e in manifest['embeddings'])}"
+        )
     size = sum(f["size"] for f in manifest["files"].values())
-    lines.append(f"  files: {len(manifest['files'])}, {size / 1e6:.2f} MB; state: {manifest.get('state', {})}")
+    lines.append(
+        f"  files: {len(manifest['files'])}, {size / 1e6:.2f} MB; state: {manifest.get('state', {})}"
+    )
     return lines
 
 
@@ -42,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     folders = [root] if (root / mf.MANIFEST).exists() else [p for _, _, p in inference._saves(root)]
     if not folders:
-        print(f"sparseps inspect: {root}: not a model directory (no {mf.MANIFEST}, no base-/delta- saves)")
+        print(
+            f"sparseps inspect: {root}: not a model directory (no {mf.MANIFEST}, no base-/delta- saves)"
+        )
         return 1
     problems = 0
     for folder in folders:

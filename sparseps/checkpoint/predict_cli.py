@@ -14,7 +14,11 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("directory", help="inference model folder (trainer.save_inference_model)")
     parser.add_argument("--data", required=True, help="data file or folder to predict")
-    parser.add_argument("--format", default=None, help="criteo_tsv, csv, slot_text or parquet (default: by extension)")
+    parser.add_argument(
+        "--format",
+        default=None,
+        help="criteo_tsv, csv, slot_text or parquet (default: by extension)",
+    )
     parser.add_argument("--batch-size", type=int, default=4096)
 
 
@@ -32,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
 
     predictor = Predictor(args.directory)
     fmt = args.format or _guess_format(args.data)
-    dataset = QueueDataset([args.data], CRITEO, batch_size=args.batch_size, format=fmt, rank=0, world=1)
+    dataset = QueueDataset(
+        [args.data], CRITEO, batch_size=args.batch_size, format=fmt, rank=0, world=1
+    )
     out = sys.stdout
     for batch in dataset:
         out.write("\n".join(f"{p:.7f}" for p in predictor.predict_batch(batch)) + "\n")

@@ -59,7 +59,9 @@ class EmbeddingTable:
         missing = ~found
         if missing.any() and self.config.lifecycle.admission == "always":
             config = self.config
-            out[missing] = initial_values(keys[missing], config.dim, config.initializer, config.seed)
+            out[missing] = initial_values(
+                keys[missing], config.dim, config.initializer, config.seed
+            )
         return out
 
 

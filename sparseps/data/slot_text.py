@@ -147,8 +147,8 @@ def _parse_uint64(data, s, e):
 
 
 @njit(nogil=True, cache=True)
-def _parse(data, key_hash, key_kind, key_index, dense_start, dense_count, dense_cols, pow10,
-           status, err_start, err_end, label, dense, tok_line, tok_slot, tok_val):  # fmt: skip
+def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_count,
+           dense_cols, pow10, status, err_start, err_end, label, dense, tok_line, tok_slot, tok_val):  # fmt: skip
     """Parse every line of ``data``; returns (lines, tokens) written to the outputs."""
     n = data.size
     counts = np.zeros(dense_start.size, np.int64)
@@ -179,14 +179,27 @@ def _parse(data, key_hash, key_kind, key_index, dense_start, dense_count, dense_
                 i += 1
             any_token = True
             colon = s
+            number = 0
+            digits = True
             while colon < i and data[colon] != 58:
+                c = data[colon]
+                if 48 <= c <= 57:
+                    number = number * 10 + (c - 48)
+                else:
+                    digits = False
                 colon += 1
             if colon == i:
                 code, err_start[line], err_end[line] = 1, s, i
                 break
-            h = _xxh64(data, s, colon, np.uint64(0))
-            k = np.searchsorted(key_hash, h)
-            if k >= key_hash.size or key_hash[k] != h:
+            width = colon - s
+            if digits and 0 < width <= 4 and (width == 1 or data[s] != 48):
+                k = small_keys[number]  # slot keys are usually small numbers: no hash
+            else:
+                h = _xxh64(data, s, colon, np.uint64(0))
+                k = np.searchsorted(key_hash, h)
+                if k >= key_hash.size or key_hash[k] != h:
+                    k = -1
+            if k < 0:
                 continue  # a key the schema does not use
             kind = key_kind[k]
             if kind == _KIND_SLOT:
@@ -237,6 +250,15 @@ def _parse(data, key_hash, key_kind, key_index, dense_start, dense_count, dense_
     return line, ntok
 
 
+@njit(nogil=True, cache=True)
+def _group_by_slot(tok_slot, tok_val, cursor, out):
+    """Scatter ids into slot-major order, keeping their order within a slot (a counting sort)."""
+    for t in range(tok_slot.size):
+        s = tok_slot[t]
+        out[cursor[s]] = tok_val[t]
+        cursor[s] += 1
+
+
 class _Keys:
     """The schema's keys, looked up inside the kernel by their XXH64 (sorted)."""
 
@@ -255,6 +277,12 @@ class _Keys:
         self.dense_start = np.cumsum(self.dense_count) - self.dense_count
         self.dense_cols = np.array([c for group in cols for c in group], np.int64)
         self.groups = groups
+        # canonical decimal keys below 10000 are found by value, without hashing
+        self.small = np.full(10000, -1, np.int64)
+        for k, i in enumerate(order):
+            name = entries[i][0]
+            if name.isdigit() and name.isascii() and len(name) <= 4 and str(int(name)) == name:
+                self.small[int(name)] = k
 
 
 _KEY_CACHE: dict[Schema, _Keys] = {}
@@ -279,8 +307,9 @@ def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: in
     if keys is None:
         keys = _KEY_CACHE.setdefault(schema, _Keys(schema))
     buf = np.frombuffer(data, dtype=np.uint8)
-    max_lines = data.count(b"\n") + 1
-    max_tokens = data.count(b" ") + data.count(b"\t") + max_lines
+    max_lines = int(np.count_nonzero(buf == 10)) + 1
+    max_tokens = int(np.count_nonzero(buf == 58))  # every kept id has its ':'
+
     status = np.zeros(max_lines, np.int8)
     err_start = np.zeros(max_lines, np.int64)
     err_end = np.zeros(max_lines, np.int64)
@@ -290,7 +319,7 @@ def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: in
     tok_slot = np.empty(max_tokens, np.int64)
     tok_val = np.empty(max_tokens, np.uint64)
     lines, ntok = _parse(
-        buf, keys.hash, keys.kind, keys.index, keys.dense_start, keys.dense_count,
+        buf, keys.hash, keys.small, keys.kind, keys.index, keys.dense_start, keys.dense_count,
         keys.dense_cols, _POW10, status, err_start, err_end, label, dense, tok_line, tok_slot,
         tok_val,
     )  # fmt: skip
@@ -300,18 +329,18 @@ def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: in
     row_of_line = np.cumsum(ok) - 1
     tok_row = row_of_line[tok_line[:ntok]]
     tok_slot = tok_slot[:ntok]
-    # group the ids by slot, keeping line order inside a slot (stable sort)
-    order = np.argsort(tok_slot, kind="stable")
-    values = tok_val[:ntok][order]
     num_slots = len(schema.slots)
     counts = np.bincount(tok_slot * rows + tok_row, minlength=num_slots * rows)
     counts = counts.reshape(num_slots, rows)
-    slots, start = {}, 0
+    slot_start = np.zeros(num_slots + 1, np.int64)
+    np.cumsum(counts.sum(axis=1), out=slot_start[1:])
+    values = np.empty(ntok, np.uint64)
+    _group_by_slot(tok_slot, tok_val, slot_start[:-1].copy(), values)
+    slots = {}
     for s, name in enumerate(schema.slots):
         offsets = np.zeros(rows + 1, np.int64)
         np.cumsum(counts[s], out=offsets[1:])
-        slots[name] = Slot(values[start : start + offsets[-1]], offsets)
-        start += int(offsets[-1])
+        slots[name] = Slot(values[slot_start[s] : slot_start[s + 1]], offsets)
     batch = Batch(
         label[:lines][ok].astype(np.float32),
         transform_dense(dense[:lines][ok], schema.dense_transform),

@@ -22,6 +22,7 @@ from numba import njit
 
 from ..config import check_float
 from .base import Rule, clip_args, normalise_clip, register
+from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["Adam"]
 
@@ -72,7 +73,10 @@ def _adam(
     storage, rows, grads, dim, lr, beta1, beta2, eps, l2, low, high, clip
 ):  # pragma: no cover
     step_col = 2 * dim
-    for i in range(rows.shape[0]):
+    n = rows.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            prefetch_row(storage, rows[i + PREFETCH_AHEAD], 0, 3 * dim + 1)
         r = rows[i]
         t = storage[r, dim + step_col] + 1.0
         storage[r, dim + step_col] = t

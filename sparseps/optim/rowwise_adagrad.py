@@ -14,6 +14,7 @@ from numba import njit
 
 from ..config import check_float
 from .base import Rule, clip_args, normalise_clip, register
+from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["RowwiseAdagrad"]
 
@@ -53,7 +54,10 @@ class RowwiseAdagrad(Rule):
 
 @njit(nogil=True, cache=True)
 def _rowwise_adagrad(storage, rows, grads, dim, lr, eps, l2, low, high, clip):  # pragma: no cover
-    for i in range(rows.shape[0]):
+    n = rows.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            prefetch_row(storage, rows[i + PREFETCH_AHEAD], 0, dim + 1)
         r = rows[i]
         square_sum = 0.0
         for j in range(dim):

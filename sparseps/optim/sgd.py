@@ -10,6 +10,7 @@ from numba import njit
 
 from ..config import check_float
 from .base import Rule, clip_args, normalise_clip, register
+from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["SGD"]
 
@@ -45,7 +46,10 @@ class SGD(Rule):
 
 @njit(nogil=True, cache=True)
 def _sgd(storage, rows, grads, dim, lr, l2, low, high, clip):  # pragma: no cover - compiled
-    for i in range(rows.shape[0]):
+    n = rows.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            prefetch_row(storage, rows[i + PREFETCH_AHEAD], 0, dim)
         r = rows[i]
         for j in range(dim):
             w = storage[r, j]

@@ -21,7 +21,7 @@ from numba import njit
 
 from ..server.routing import _C1, _C2, _SALT
 
-__all__ = ["group_by_server", "merge_by_group"]
+__all__ = ["group_by_server", "merge_by_group", "misrouted"]
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -85,7 +85,9 @@ def _group(keys, num_servers):  # pragma: no cover - compiled
     return grouped, offsets, inverse
 
 
-def group_by_server(keys: np.ndarray, num_servers: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def group_by_server(
+    keys: np.ndarray, num_servers: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Deduplicate ``keys`` and group them by owning server.
 
     Args:
@@ -101,7 +103,9 @@ def group_by_server(keys: np.ndarray, num_servers: int) -> tuple[np.ndarray, np.
 
 
 @njit(nogil=True, cache=True)
-def _merge(inverse, count, values, shows, clicks, has_shows, has_clicks):  # pragma: no cover - compiled
+def _merge(
+    inverse, count, values, shows, clicks, has_shows, has_clicks
+):  # pragma: no cover - compiled
     n, dim = values.shape
     merged = np.empty((count, dim), np.float32)
     merged_shows = np.zeros(count, np.float32)
@@ -150,3 +154,22 @@ def merge_by_group(
         shows is not None,
         clicks is not None,
     )
+
+
+@njit(nogil=True, cache=True)
+def _misrouted(keys, num_servers, rank):  # pragma: no cover - compiled
+    count = 0
+    first = -1
+    for i in range(keys.shape[0]):
+        if _owner(keys[i], num_servers) != rank:
+            if first < 0:
+                first = i
+            count += 1
+    return count, first
+
+
+def misrouted(keys: np.ndarray, num_servers: int, rank: int) -> tuple[int, int]:
+    """``(how many keys do not belong to server rank, index of the first, or -1)``."""
+    if num_servers == 1 or not len(keys):
+        return 0, -1
+    return _misrouted(keys, num_servers, rank)

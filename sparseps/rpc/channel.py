@@ -104,10 +104,23 @@ class Channel:
 
     # -- caller side -------------------------------------------------------------------
 
-    def submit(self, rank: int, op: str, table: str | None, bufs: Sequence[np.ndarray] = (), args: dict | None = None) -> Call:
+    def submit(
+        self,
+        rank: int,
+        op: str,
+        table: str | None,
+        bufs: Sequence[np.ndarray] = (),
+        args: dict | None = None,
+    ) -> Call:
         """Queue one request to server ``rank``; returns its :class:`Call` at once."""
         if self._closing.is_set():
-            raise UnavailableError(f"{op}: the PSClient is closed", op=op, role="server", rank=rank, address=self.endpoints[rank])
+            raise UnavailableError(
+                f"{op}: the PSClient is closed",
+                op=op,
+                role="server",
+                rank=rank,
+                address=self.endpoints[rank],
+            )
         if not self._slots.acquire(timeout=self.timeout):
             raise TimeoutError_(
                 f"{op}: {self._max_in_flight} requests still in flight after {self.timeout:.3g} s; the servers "
@@ -205,7 +218,9 @@ class Channel:
                         self._deliver(rank_of[sock], sock.recv_multipart(copy=False))
                     else:
                         event = recv_monitor_message(sock)
-                        self._state[monitor_of[sock]] = _EVENTS.get(event["event"], self._state[monitor_of[sock]])
+                        self._state[monitor_of[sock]] = _EVENTS.get(
+                            event["event"], self._state[monitor_of[sock]]
+                        )
         except zmq.ContextTerminated:  # pragma: no cover - close() joins first
             pass
         except Exception:  # pragma: no cover - a bug here must not hang callers silently
@@ -239,13 +254,17 @@ class Channel:
                 log.warning("dropped a malformed reply from server %d: %s", rank, exc)
                 return
             self._slots.release()
-            call.failure = ProtocolError(f"{call.op}: malformed reply from server {rank} at {self.endpoints[rank]}: {exc}")
+            call.failure = ProtocolError(
+                f"{call.op}: malformed reply from server {rank} at {self.endpoints[rank]}: {exc}"
+            )
             call.event.set()
             return
         with self._lock:
             call = self._pending.pop(reply.id, None)
         if call is None:
-            log.debug("dropped a late reply from server %d (request %s gave up waiting)", rank, reply.id)
+            log.debug(
+                "dropped a late reply from server %d (request %s gave up waiting)", rank, reply.id
+            )
             return
         self._slots.release()
         call.reply = reply

@@ -33,117 +33,23 @@ Example::
 from __future__ import annotations
 
 import os
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from .. import env
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 from ..server.routing import dense_server_of
 from .batching import group_by_server, merge_by_group
-from .channel import Call, Channel
+from .channel import Channel
+from .checks import check_counts, check_keys, check_rows, check_vector
+from .handle import Handle, completed
 from .protocol import Limits
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "DEFAULT_TIMEOUT", "Handle", "PSClient"]
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_IN_FLIGHT = 64
-
-
-class Handle:
-    """The pending result of an asynchronous call; ``wait()`` returns it or raises."""
-
-    def __init__(self, channel: Channel | None, calls: Sequence[Call], finish: Callable[[list], object]) -> None:
-        self._channel = channel
-        self._calls = list(calls)
-        self._finish = finish
-        self._lock = threading.Lock()
-        self._done = False
-        self._value = None
-        self._error: BaseException | None = None
-
-    def done(self) -> bool:
-        """True when every server answered (``wait`` will not block)."""
-        return self._done or all(call.event.is_set() for call in self._calls)
-
-    def wait(self, timeout: float | None = None):
-        """The result (rows for a pull, None for a push).
-
-        Args:
-            timeout: seconds; default the client's timeout.
-
-        Raises:
-            TimeoutError_: a server did not answer in time.
-            RemoteError: a server raised (carries its type, message and traceback).
-            ProtocolError: a server rejected the request as malformed.
-        """
-        with self._lock:
-            if not self._done:
-                self._resolve(timeout)
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def _resolve(self, timeout: float | None) -> None:
-        if not self._calls:
-            self._value, self._done = self._finish([]), True
-            return
-        limit = self._channel.timeout if timeout is None else float(timeout)
-        deadline = time.monotonic() + limit
-        try:
-            replies = [self._channel.wait(call, deadline, limit) for call in self._calls]
-            self._value = self._finish(replies)
-        except Exception as exc:
-            for call in self._calls:
-                self._channel.forget(call)
-            self._error = exc
-        self._done = True
-        self._calls = []
-
-
-def _completed(value) -> Handle:
-    return Handle(None, [], lambda _: value)
-
-
-def _check_keys(keys, what: str) -> np.ndarray:
-    if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
-        found = f"{keys.dtype} array of shape {keys.shape}" if isinstance(keys, np.ndarray) else type(keys).__name__
-        raise InputError(f"{what}: keys must be a 1-D uint64 numpy array, got {found} (use keys.astype(np.uint64))")
-    return keys
-
-
-def _check_rows(values, name: str, what: str, n: int) -> np.ndarray:
-    if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.ndim != 2 or len(values) != n:
-        found = f"{values.dtype} array of shape {values.shape}" if isinstance(values, np.ndarray) else type(values).__name__
-        raise InputError(f"{what}: {name} must be a float32 array of shape [{n}, dim] (one row per key), got {found}")
-    bad = ~np.isfinite(values)
-    if bad.any():
-        rows = np.flatnonzero(bad.any(axis=1))
-        raise InputError(
-            f"{what}: {name} has {int(bad.sum())} NaN/inf values (first at row {int(rows[0])}); "
-            "the whole push is rejected so no server applies part of it"
-        )
-    return values
-
-
-def _check_counts(values, name: str, what: str, n: int) -> np.ndarray | None:
-    if values is None:
-        return None
-    if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.shape != (n,):
-        found = f"{values.dtype} array of shape {values.shape}" if isinstance(values, np.ndarray) else type(values).__name__
-        raise InputError(f"{what}: {name} must be a float32 array of shape [{n}] or None, got {found}")
-    return values
-
-
-def _check_vector(values, what: str) -> np.ndarray:
-    if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.ndim != 1:
-        found = f"{values.dtype} array of shape {values.shape}" if isinstance(values, np.ndarray) else type(values).__name__
-        raise InputError(f"{what}: expected a 1-D float32 array, got {found}")
-    if not np.isfinite(values).all():
-        raise InputError(f"{what}: {int((~np.isfinite(values)).sum())} NaN/inf values; rejected")
-    return np.ascontiguousarray(values)
 
 
 class PSClient:
@@ -182,12 +88,20 @@ class PSClient:
             setting = "PSClient(timeout=...)"
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
             raise ConfigError(f"PSClient: timeout must be a number of seconds > 0, got {timeout!r}")
-        if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1:
+        if (
+            not isinstance(max_in_flight, int)
+            or isinstance(max_in_flight, bool)
+            or max_in_flight < 1
+        ):
             raise ConfigError(f"PSClient: max_in_flight must be an int >= 1, got {max_in_flight!r}")
         self.endpoints = tuple(endpoints)
         self.timeout = float(timeout)
         self._channel = Channel(
-            self.endpoints, timeout=self.timeout, timeout_setting=setting, max_in_flight=max_in_flight, limits=limits or Limits()
+            self.endpoints,
+            timeout=self.timeout,
+            timeout_setting=setting,
+            max_in_flight=max_in_flight,
+            limits=limits or Limits(),
         )
 
     @property
@@ -206,13 +120,24 @@ class PSClient:
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _all(self, op: str, table: str | None = None, args: dict | None = None, timeout: float | None = None, ranks=None) -> list:
+    def _all(
+        self,
+        op: str,
+        table: str | None = None,
+        args: dict | None = None,
+        timeout: float | None = None,
+        ranks=None,
+    ) -> list:
         """Send one request to every server (or to ``ranks``) and wait for all results."""
         ranks = range(self.num_servers) if ranks is None else ranks
         calls = [self._channel.submit(rank, op, table, (), args) for rank in ranks]
-        return Handle(self._channel, calls, lambda replies: [r.result for r in replies]).wait(timeout)
+        return Handle(self._channel, calls, lambda replies: [r.result for r in replies]).wait(
+            timeout
+        )
 
-    def _send_grouped(self, op: str, table: str, grouped: np.ndarray, offsets: np.ndarray, columns) -> list:
+    def _send_grouped(
+        self, op: str, table: str, grouped: np.ndarray, offsets: np.ndarray, columns
+    ) -> list:
         """One request per server that owns keys (server 0 when there are none): ``[(rank, call)]``."""
         out = []
         for rank in range(self.num_servers):
@@ -235,34 +160,36 @@ class PSClient:
 
     def pull(self, table: str, keys: np.ndarray) -> Handle:
         """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``."""
-        keys = _check_keys(keys, f"pull {table!r}")
+        keys = check_keys(keys, f"pull {table!r}")
         grouped, offsets, inverse = group_by_server(keys, self.num_servers)
         calls = self._send_grouped("pull", table, grouped, offsets, ())
 
         def finish(replies) -> np.ndarray:
             if len(replies) == 1:
-                return replies[0].bufs[0][inverse]
+                return np.take(replies[0].bufs[0], inverse, axis=0)
             rows = np.empty((len(grouped), replies[0].bufs[0].shape[1]), dtype=np.float32)
             for (rank, _), reply in zip(calls, replies, strict=True):
                 rows[offsets[rank] : offsets[rank + 1]] = reply.bufs[0]
-            return rows[inverse]
+            return np.take(rows, inverse, axis=0)
 
         return Handle(self._channel, [c for _, c in calls], finish)
 
     def _push(self, op: str, table: str, keys, values, name: str, shows, clicks) -> Handle:
         what = f"{op} {table!r}"
-        keys = _check_keys(keys, what)
-        values = _check_rows(values, name, what, len(keys))
-        shows = _check_counts(shows, "shows", what, len(keys))
-        clicks = _check_counts(clicks, "clicks", what, len(keys))
+        keys = check_keys(keys, what)
+        values = check_rows(values, name, what, len(keys))
+        shows = check_counts(shows, "shows", what, len(keys))
+        clicks = check_counts(clicks, "clicks", what, len(keys))
         if not len(keys):
-            return _completed(None)
+            return completed(None)
         grouped, offsets, inverse = group_by_server(keys, self.num_servers)
         merged, shows, clicks = merge_by_group(inverse, len(grouped), values, shows, clicks)
         calls = self._send_grouped(op, table, grouped, offsets, (merged, shows, clicks))
         return Handle(self._channel, [c for _, c in calls], lambda _: None)
 
-    def push(self, table: str, keys: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> Handle:
+    def push(
+        self, table: str, keys: np.ndarray, grads: np.ndarray, shows=None, clicks=None
+    ) -> Handle:
         """Apply gradients with the table's rule; ``wait()`` -> None.
 
         Args:
@@ -273,7 +200,9 @@ class PSClient:
         """
         return self._push("push", table, keys, grads, "grads", shows, clicks)
 
-    def push_delta(self, table: str, keys: np.ndarray, deltas: np.ndarray, shows=None, clicks=None) -> Handle:
+    def push_delta(
+        self, table: str, keys: np.ndarray, deltas: np.ndarray, shows=None, clicks=None
+    ) -> Handle:
         """Geo mode: add ``deltas`` to the rows (no optimizer rule); else like :meth:`push`."""
         return self._push("push_delta", table, keys, deltas, "deltas", shows, clicks)
 
@@ -287,7 +216,9 @@ class PSClient:
         parts = Handle(self._channel, calls, lambda replies: [r.bufs[0] for r in replies]).wait()
         return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
-    def save(self, table: str, directory: str | os.PathLike, *, timeout: float | None = None) -> list[dict]:
+    def save(
+        self, table: str, directory: str | os.PathLike, *, timeout: float | None = None
+    ) -> list[dict]:
         """Every server writes its shard of ``table`` into ``directory`` (seen by the servers).
 
         Returns:
@@ -295,7 +226,11 @@ class PSClient:
             ``kind`` (``rows``/``pending``) and ``rank``.
         """
         folder = os.path.abspath(os.fspath(directory))
-        return [record for part in self._all("save", table, {"directory": folder}, timeout) for record in part]
+        return [
+            record
+            for part in self._all("save", table, {"directory": folder}, timeout)
+            for record in part
+        ]
 
     def load(self, table: str, files: Sequence, *, timeout: float | None = None) -> dict:
         """Load shard files written by any number of servers; each keeps the keys it owns.
@@ -310,7 +245,12 @@ class PSClient:
         specs = []
         for spec in files:
             if isinstance(spec, dict):
-                specs.append({"path": os.path.abspath(spec["path"]), **({"sha256": spec["sha256"]} if "sha256" in spec else {})})
+                specs.append(
+                    {
+                        "path": os.path.abspath(spec["path"]),
+                        **({"sha256": spec["sha256"]} if "sha256" in spec else {}),
+                    }
+                )
             else:
                 specs.append(os.path.abspath(os.fspath(spec)))
         parts = self._all("load", table, {"files": specs}, timeout)
@@ -323,8 +263,14 @@ class PSClient:
 
     def create_dense(self, name: str, size: int, rule, init: np.ndarray | None = None) -> None:
         """Create a dense table of ``size`` floats on its server (idempotent when equal)."""
-        bufs = [] if init is None else [_check_vector(init, f"create_dense {name!r} init")]
-        call = self._channel.submit(self._dense_rank(name), "create_dense", name, bufs, {"size": int(size), "rule": rule.to_dict()})
+        bufs = [] if init is None else [check_vector(init, f"create_dense {name!r} init")]
+        call = self._channel.submit(
+            self._dense_rank(name),
+            "create_dense",
+            name,
+            bufs,
+            {"size": int(size), "rule": rule.to_dict()},
+        )
         Handle(self._channel, [call], lambda _: None).wait()
 
     def pull_dense(self, name: str) -> Handle:
@@ -333,7 +279,7 @@ class PSClient:
         return Handle(self._channel, [call], lambda replies: replies[0].bufs[0].copy())
 
     def _dense_op(self, op: str, name: str, values: np.ndarray) -> Handle:
-        values = _check_vector(values, f"{op} {name!r}")
+        values = check_vector(values, f"{op} {name!r}")
         call = self._channel.submit(self._dense_rank(name), op, name, [values])
         return Handle(self._channel, [call], lambda _: None)
 
@@ -351,7 +297,9 @@ class PSClient:
 
     # -- cluster -----------------------------------------------------------------------
 
-    def ping(self, timeout: float | None = None, *, ranks: Sequence[int] | None = None) -> list[dict]:
+    def ping(
+        self, timeout: float | None = None, *, ranks: Sequence[int] | None = None
+    ) -> list[dict]:
         """Each server's ``{"rank", "num_servers", "pid", "v"}``; checks they match this client.
 
         Args:
@@ -390,6 +338,8 @@ class PSClient:
                     agg[key] += int(table.get(key, 0))
         return {"servers": servers, "total": total}
 
-    def stop_servers(self, timeout: float | None = None, *, ranks: Sequence[int] | None = None) -> None:
+    def stop_servers(
+        self, timeout: float | None = None, *, ranks: Sequence[int] | None = None
+    ) -> None:
         """Ask every server (or ``ranks``) to stop; each replies, then exits."""
         self._all("stop", timeout=timeout, ranks=ranks)

@@ -23,13 +23,14 @@ wrong; the server turns it into an error reply and keeps serving.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from math import prod
 
 import msgpack
 import numpy as np
 
 from ..errors import ConfigError, ProtocolError
+from .ops import OPS, OpSchema
 
 __all__ = [
     "OPS",
@@ -79,75 +80,6 @@ class Limits:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"Limits.{name}: expected an integer >= 1, got {value!r}")
-
-
-@dataclass(frozen=True)
-class BufSpec:
-    """One buffer an op takes: its name, dtype and number of dimensions."""
-
-    name: str
-    dtype: str
-    ndim: int
-
-
-@dataclass(frozen=True)
-class OpSchema:
-    """What one op accepts.
-
-    Attributes:
-        table: whether the header's ``table`` must be a non-empty string.
-        bufs: required buffers, in frame order.
-        optional: optional buffers that may follow the required ones, in order (a
-            message may carry a prefix of them).
-        same_rows: names of buffers whose first dimension must be equal.
-        args: allowed argument names -> (accepted python types, required).
-    """
-
-    table: bool = False
-    bufs: tuple[BufSpec, ...] = ()
-    optional: tuple[BufSpec, ...] = ()
-    same_rows: tuple[str, ...] = ()
-    args: Mapping[str, tuple[tuple[type, ...], bool]] = field(default_factory=dict)
-
-
-_KEYS = BufSpec("keys", "uint64", 1)
-_SHOWS = BufSpec("shows", "float32", 1)
-_CLICKS = BufSpec("clicks", "float32", 1)
-_VEC = BufSpec("values", "float32", 1)
-_NONE = type(None)
-
-OPS: dict[str, OpSchema] = {
-    "ping": OpSchema(),
-    "stop": OpSchema(),
-    "stats": OpSchema(),
-    "create_table": OpSchema(table=True, args={"config": ((dict,), True)}),
-    "pull": OpSchema(table=True, bufs=(_KEYS,)),
-    "push": OpSchema(
-        table=True,
-        bufs=(_KEYS, BufSpec("grads", "float32", 2)),
-        optional=(_SHOWS, _CLICKS),
-        same_rows=("keys", "grads", "shows", "clicks"),
-    ),
-    "push_delta": OpSchema(
-        table=True,
-        bufs=(_KEYS, BufSpec("deltas", "float32", 2)),
-        optional=(_SHOWS, _CLICKS),
-        same_rows=("keys", "deltas", "shows", "clicks"),
-    ),
-    "decay": OpSchema(table=True, args={"rate": ((float, int, _NONE), False)}),
-    "shrink": OpSchema(table=True),
-    "save": OpSchema(table=True, args={"directory": ((str,), True)}),
-    "load": OpSchema(table=True, args={"files": ((list,), True)}),
-    "create_dense": OpSchema(
-        table=True,
-        optional=(_VEC,),
-        args={"size": ((int,), True), "rule": ((dict,), True)},
-    ),
-    "pull_dense": OpSchema(table=True),
-    "push_dense": OpSchema(table=True, bufs=(_VEC,)),
-    "push_dense_delta": OpSchema(table=True, bufs=(_VEC,)),
-    "set_dense": OpSchema(table=True, bufs=(_VEC,)),
-}
 
 
 @dataclass(frozen=True)
@@ -225,7 +157,13 @@ def encode_reply(
 ) -> list:
     """Frames of one reply (``error`` set means ``ok`` is False and carries no buffers)."""
     if error is not None:
-        header = {"v": PROTOCOL_VERSION, "id": request_id, "ok": False, "error": dict(error), "bufs": []}
+        header = {
+            "v": PROTOCOL_VERSION,
+            "id": request_id,
+            "ok": False,
+            "error": dict(error),
+            "bufs": [],
+        }
         return [msgpack.packb(header)]
     header = {
         "v": PROTOCOL_VERSION,
@@ -246,7 +184,9 @@ def _unpack_header(frame, limits: Limits) -> dict:
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"header frame is not valid msgpack ({type(exc).__name__}: {exc})") from None
+        raise ProtocolError(
+            f"header frame is not valid msgpack ({type(exc).__name__}: {exc})"
+        ) from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header must be a msgpack map, got {type(header).__name__}")
     version = header.get("v")
@@ -282,7 +222,9 @@ def _decode_buffers(described, frames: Sequence, limits: Limits, where: str) -> 
     if not isinstance(described, list):
         raise ProtocolError(f"{where}: 'bufs' must be a list, got {type(described).__name__}")
     if len(described) > limits.max_buffers:
-        raise ProtocolError(f"{where}: {len(described)} buffers, over the limit of {limits.max_buffers}")
+        raise ProtocolError(
+            f"{where}: {len(described)} buffers, over the limit of {limits.max_buffers}"
+        )
     if len(described) != len(frames):
         raise ProtocolError(
             f"{where}: header declares {len(described)} buffers but {len(frames)} buffer frames arrived"
@@ -291,12 +233,20 @@ def _decode_buffers(described, frames: Sequence, limits: Limits, where: str) -> 
     total = 0
     for i, (entry, frame) in enumerate(zip(described, frames, strict=True)):
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
-            raise ProtocolError(f"{where}: buffer {i} must be described as [dtype, shape], got {entry!r:.80}")
+            raise ProtocolError(
+                f"{where}: buffer {i} must be described as [dtype, shape], got {entry!r:.80}"
+            )
         name, shape = entry
         dtype = DTYPES.get(name)
         if dtype is None:
-            raise ProtocolError(f"{where}: buffer {i} dtype {name!r:.40} not allowed (allowed: {', '.join(DTYPES)})")
-        if not (isinstance(shape, list) and len(shape) <= _MAX_NDIM and all(_is_int(d) and d >= 0 for d in shape)):
+            raise ProtocolError(
+                f"{where}: buffer {i} dtype {name!r:.40} not allowed (allowed: {', '.join(DTYPES)})"
+            )
+        if not (
+            isinstance(shape, list)
+            and len(shape) <= _MAX_NDIM
+            and all(_is_int(d) and d >= 0 for d in shape)
+        ):
             raise ProtocolError(
                 f"{where}: buffer {i} shape must be a list of at most {_MAX_NDIM} non-negative ints, got {shape!r:.80}"
             )
@@ -328,8 +278,10 @@ def _check_args(op: str, schema: OpSchema, args) -> dict:
             raise ProtocolError(f"op {op!r}: unknown argument {name!r:.40} (allowed: {allowed})")
         types, _ = spec
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            names = "/".join("None" if t is _NONE else t.__name__ for t in types)
-            raise ProtocolError(f"op {op!r}: argument {name!r} must be {names}, got {type(value).__name__}")
+            names = "/".join("None" if t is type(None) else t.__name__ for t in types)
+            raise ProtocolError(
+                f"op {op!r}: argument {name!r} must be {names}, got {type(value).__name__}"
+            )
     for name, (_, required) in schema.args.items():
         if required and name not in args:
             raise ProtocolError(f"op {op!r}: missing argument {name!r}")
@@ -346,7 +298,9 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
         raise ProtocolError("empty message")
     total = sum(_frame_bytes(f).nbytes for f in frames)
     if total > limits.max_message_bytes:
-        raise ProtocolError(f"message is {total} bytes, over the limit of {limits.max_message_bytes}")
+        raise ProtocolError(
+            f"message is {total} bytes, over the limit of {limits.max_message_bytes}"
+        )
     header = _unpack_header(frames[0], limits)
     op = header.get("op")
     schema = OPS.get(op) if isinstance(op, str) else None
@@ -354,11 +308,15 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
         raise ProtocolError(f"unknown op {op!r:.60} (known: {', '.join(sorted(OPS))})")
     request_id = header.get("id")
     if not (_is_int(request_id) and 0 <= request_id < (1 << 63)):
-        raise ProtocolError(f"op {op!r}: 'id' must be a non-negative 64-bit int, got {request_id!r:.40}")
+        raise ProtocolError(
+            f"op {op!r}: 'id' must be a non-negative 64-bit int, got {request_id!r:.40}"
+        )
     table = header.get("table")
     if schema.table:
         if not (isinstance(table, str) and 0 < len(table) <= 256):
-            raise ProtocolError(f"op {op!r}: 'table' must be a non-empty string of at most 256 chars")
+            raise ProtocolError(
+                f"op {op!r}: 'table' must be a non-empty string of at most 256 chars"
+            )
     elif table is not None:
         raise ProtocolError(f"op {op!r} takes no table, got {table!r:.40}")
     unknown = set(header) - {"v", "op", "id", "table", "bufs", "args"}

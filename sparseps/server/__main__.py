@@ -16,11 +16,26 @@ from .main import DEFAULT_THREADS, serve
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparseps.server", description=__doc__.splitlines()[0])
-    parser.add_argument("--rank", type=int, required=True, help="this server's index in --endpoints")
-    parser.add_argument("--endpoints", required=True, help="host:port of every server, comma separated, in rank order")
-    parser.add_argument("--bind-host", default=None, help="interface to bind (default: from the endpoint)")
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=f"handler threads (default {DEFAULT_THREADS})")
+    parser = argparse.ArgumentParser(
+        prog="python -m sparseps.server", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--rank", type=int, required=True, help="this server's index in --endpoints"
+    )
+    parser.add_argument(
+        "--endpoints",
+        required=True,
+        help="host:port of every server, comma separated, in rank order",
+    )
+    parser.add_argument(
+        "--bind-host", default=None, help="interface to bind (default: from the endpoint)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=DEFAULT_THREADS,
+        help=f"handler threads (default {DEFAULT_THREADS})",
+    )
     parser.add_argument(
         "--max-message-bytes",
         type=int,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import CheckpointError, ConfigError, InputError
+from ..rpc.batching import misrouted
 from ..rpc.protocol import PROTOCOL_VERSION, Request
 from . import shards
 from .routing import server_of
@@ -147,19 +148,23 @@ class ServerState:
 
     def _check_keys(self, request: Request, keys: np.ndarray) -> None:
         """Keys must route here; a client with a different server list would corrupt shards."""
-        if self.num_servers > 1 and len(keys):
-            wrong = np.flatnonzero(server_of(keys, self.num_servers) != self.rank)
-            if len(wrong):
-                raise InputError(
-                    f"server {self.rank} of {self.num_servers}: {len(wrong)} of {len(keys)} keys of "
-                    f"{request.op} {request.table!r} belong to other servers (first key {int(keys[wrong[0]])}); "
-                    "the client's endpoint list must equal the servers' (same hosts, same order)"
-                )
+        wrong, first = misrouted(keys, self.num_servers, self.rank)
+        if wrong:
+            raise InputError(
+                f"server {self.rank} of {self.num_servers}: {wrong} of {len(keys)} keys of "
+                f"{request.op} {request.table!r} belong to other servers (first key {int(keys[first])}); "
+                "the client's endpoint list must equal the servers' (same hosts, same order)"
+            )
 
     # -- control -----------------------------------------------------------------------
 
     def _op_ping(self, request: Request):
-        return {"rank": self.rank, "num_servers": self.num_servers, "pid": os.getpid(), "v": PROTOCOL_VERSION}, []
+        return {
+            "rank": self.rank,
+            "num_servers": self.num_servers,
+            "pid": os.getpid(),
+            "v": PROTOCOL_VERSION,
+        }, []
 
     def _op_stop(self, request: Request):
         self.stop_requested.set()
@@ -170,10 +175,20 @@ class ServerState:
         for name, entry in list(self._sparse.items()):
             with entry.lock.read():
                 tables[name] = dataclasses.asdict(entry.table.stats())
-        dense = {name: {"size": entry.spec["size"], "rule": entry.spec["rule"]} for name, entry in list(self._dense.items())}
+        dense = {
+            name: {"size": entry.spec["size"], "rule": entry.spec["rule"]}
+            for name, entry in list(self._dense.items())
+        }
         with self._counter_lock:
             counters = dict(self._counters)
-        return {"rank": self.rank, "address": self.endpoint, "pid": os.getpid(), "tables": tables, "dense": dense, **counters}, []
+        return {
+            "rank": self.rank,
+            "address": self.endpoint,
+            "pid": os.getpid(),
+            "tables": tables,
+            "dense": dense,
+            **counters,
+        }, []
 
     # -- sparse tables -----------------------------------------------------------------
 
@@ -183,7 +198,9 @@ class ServerState:
 
         config = TableConfig.from_dict(request.args["config"])
         if config.name != request.table:
-            raise ConfigError(f"create_table: header table {request.table!r} != config name {config.name!r}")
+            raise ConfigError(
+                f"create_table: header table {request.table!r} != config name {config.name!r}"
+            )
         with self._registry:
             entry = self._sparse.get(config.name)
             if entry is not None:
@@ -212,7 +229,9 @@ class ServerState:
         bufs = request.bufs
         self._check_keys(request, bufs["keys"])
         with entry.lock.write():
-            getattr(entry.table, method)(bufs["keys"], bufs[values], shows=bufs.get("shows"), clicks=bufs.get("clicks"))
+            getattr(entry.table, method)(
+                bufs["keys"], bufs[values], shows=bufs.get("shows"), clicks=bufs.get("clicks")
+            )
         return None, []
 
     def _op_push(self, request: Request):
@@ -239,11 +258,23 @@ class ServerState:
             rows = entry.table.export_rows()
             pending = entry.table.export_pending()
         config = entry.table.config.to_dict()
-        meta = {"table": request.table, "config": config, "rank": self.rank, "num_servers": self.num_servers}
+        meta = {
+            "table": request.table,
+            "config": config,
+            "rank": self.rank,
+            "num_servers": self.num_servers,
+        }
         records = []
         for kind, columns in (("rows", rows), ("pending", pending)):
             name = shards.file_name(request.table, kind, self.rank, self.num_servers)
-            records.append({**shards.write_shard(request.args["directory"], name, columns, {**meta, "kind": kind}), "rank": self.rank})
+            records.append(
+                {
+                    **shards.write_shard(
+                        request.args["directory"], name, columns, {**meta, "kind": kind}
+                    ),
+                    "rank": self.rank,
+                }
+            )
         return records, []
 
     def _op_load(self, request: Request):
@@ -257,7 +288,9 @@ class ServerState:
             if len(columns["key"]):
                 mine = server_of(columns["key"], self.num_servers) == self.rank
                 if not mine.all():
-                    columns = {name: np.ascontiguousarray(values[mine]) for name, values in columns.items()}
+                    columns = {
+                        name: np.ascontiguousarray(values[mine]) for name, values in columns.items()
+                    }
             kind = meta.get("kind")
             with entry.lock.write():
                 if kind == "rows":
@@ -281,7 +314,9 @@ class ServerState:
         spec = {"size": size, "rule": rule.to_dict()}
         init = request.bufs.get("values")
         if init is not None and init.shape != (size,):
-            raise InputError(f"create_dense {request.table!r}: init has shape {init.shape}, expected ({size},)")
+            raise InputError(
+                f"create_dense {request.table!r}: init has shape {init.shape}, expected ({size},)"
+            )
         with self._registry:
             entry = self._dense.get(request.table)
             if entry is not None:
@@ -289,9 +324,12 @@ class ServerState:
                     return {"created": False}, []
                 diff = config_differences(entry.spec, spec)
                 raise ConfigError(
-                    f"server {self.rank}: dense table {request.table!r} already exists with a different spec: " + "; ".join(diff)
+                    f"server {self.rank}: dense table {request.table!r} already exists with a different spec: "
+                    + "; ".join(diff)
                 )
-            table = DenseTable(request.table, size, rule=rule, init=None if init is None else np.array(init))
+            table = DenseTable(
+                request.table, size, rule=rule, init=None if init is None else np.array(init)
+            )
             self._dense[request.table] = _Entry(table, spec=spec)
         return {"created": True}, []
 
@@ -336,7 +374,9 @@ def _file_spec(spec) -> tuple[str, str | None]:
     if isinstance(spec, dict) and isinstance(spec.get("path"), str):
         checksum = spec.get("sha256")
         return spec["path"], checksum if isinstance(checksum, str) else None
-    raise InputError(f"load: each file must be a path or a save record with 'path', got {spec!r:.80}")
+    raise InputError(
+        f"load: each file must be a path or a save record with 'path', got {spec!r:.80}"
+    )
 
 
 def _check_compatible(path: str, meta: dict, config: dict) -> None:
@@ -346,7 +386,9 @@ def _check_compatible(path: str, meta: dict, config: dict) -> None:
     """
     saved = meta.get("config") or {}
     if saved.get("dim") != config.get("dim"):
-        raise CheckpointError(f"shard file {path}: saved dim={saved.get('dim')!r} does not match the table's dim={config.get('dim')!r}")
+        raise CheckpointError(
+            f"shard file {path}: saved dim={saved.get('dim')!r} does not match the table's dim={config.get('dim')!r}"
+        )
     saved_rule = (saved.get("rule") or {}).get("name")
     rule = (config.get("rule") or {}).get("name")
     if saved_rule != rule:

@@ -49,7 +49,9 @@ _instance = itertools.count()
 
 def _error_reply(request_id, exc: BaseException, *, with_traceback: bool) -> list:
     text = "".join(traceback.format_exception(exc)) if with_traceback else ""
-    return encode_reply(request_id, error={"type": type(exc).__name__, "message": str(exc), "traceback": text})
+    return encode_reply(
+        request_id, error={"type": type(exc).__name__, "message": str(exc), "traceback": text}
+    )
 
 
 def _process(state: ServerState, frames: list, limits: Limits, peer: str) -> list:
@@ -58,18 +60,29 @@ def _process(state: ServerState, frames: list, limits: Limits, peer: str) -> lis
         request = decode_request(frames, limits)
     except ProtocolError as exc:
         state.count("bad_messages")
-        log.warning("server %d: bad message from %s dropped with an error reply: %s", state.rank, peer, exc)
+        log.warning(
+            "server %d: bad message from %s dropped with an error reply: %s", state.rank, peer, exc
+        )
         return _error_reply(peek_request_id(frames), exc, with_traceback=False)
     try:
         result, bufs = state.handle(request)
         return encode_reply(request.id, result=result, bufs=bufs)
     except Exception as exc:  # a handler failure is reported to the caller, never fatal here
         state.count("failed")
-        log.warning("server %d: %s %r failed: %s: %s", state.rank, request.op, request.table, type(exc).__name__, exc)
+        log.warning(
+            "server %d: %s %r failed: %s: %s",
+            state.rank,
+            request.op,
+            request.table,
+            type(exc).__name__,
+            exc,
+        )
         return _error_reply(request.id, exc, with_traceback=not isinstance(exc, SparsePSError))
 
 
-def _handler_loop(context: zmq.Context, address: str, state: ServerState, limits: Limits, done: threading.Event) -> None:
+def _handler_loop(
+    context: zmq.Context, address: str, state: ServerState, limits: Limits, done: threading.Event
+) -> None:
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
@@ -144,18 +157,28 @@ def serve(
         raise UnavailableError(
             f"server {rank}: cannot bind {address} ({exc}); is another process using port "
             f"{parse_endpoint(endpoint)[1]}, or is the host not an address of this machine?",
-            op="bind", role="server", rank=rank, address=endpoint,
+            op="bind",
+            role="server",
+            rank=rank,
+            address=endpoint,
         ) from None
     inproc = f"inproc://sparseps-server-{rank}-{next(_instance)}"
     back.bind(inproc)
     done = threading.Event()
     workers = [
-        threading.Thread(target=_handler_loop, args=(context, inproc, state, limits, done), name=f"sparseps-server-{rank}-h{i}", daemon=True)
+        threading.Thread(
+            target=_handler_loop,
+            args=(context, inproc, state, limits, done),
+            name=f"sparseps-server-{rank}-h{i}",
+            daemon=True,
+        )
         for i in range(threads)
     ]
     for worker in workers:
         worker.start()
-    previous = _install_signals(state) if threading.current_thread() is threading.main_thread() else {}
+    previous = (
+        _install_signals(state) if threading.current_thread() is threading.main_thread() else {}
+    )
     host, port = parse_endpoint(endpoint)
     log.info("running server with rank id: %d, endpoint: %s:%d", rank, host, port)
     if ready is not None:
@@ -170,7 +193,13 @@ def serve(
             signal.signal(sig, handler)
         front.close()
         back.close()
-        context.term()
+        busy = [w.name for w in workers if w.is_alive()]
+        if busy:
+            # context.term() would wait for their sockets forever; the daemon threads end
+            # with the process.
+            log.warning("server %d: handler threads still busy at stop: %s", rank, ", ".join(busy))
+        else:
+            context.term()
         log.info("server %d stopped", rank)
 
 
@@ -213,7 +242,11 @@ def _install_signals(state: ServerState) -> dict:
 def _ensure_logging() -> None:
     """Make the start line reach stderr when the host process configured no logging."""
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
     if log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)
 
@@ -229,7 +262,11 @@ def run_from_env(role_env: RoleEnv, **options) -> None:
         ConfigError: the environment does not describe a server.
     """
     if role_env is None or role_env.role is not Role.SERVER:
-        found = "no SPARSEPS_* environment (local mode)" if role_env is None else f"role {role_env.role.value!r}"
+        found = (
+            "no SPARSEPS_* environment (local mode)"
+            if role_env is None
+            else f"role {role_env.role.value!r}"
+        )
         raise ConfigError(f"run_from_env: SPARSEPS_ROLE must be 'server', got {found}")
     _ensure_logging()
     serve(role_env.rank, list(role_env.servers), **options)

@@ -45,7 +45,11 @@ def mix64(keys: np.ndarray) -> np.ndarray:
 
 def _check(keys: np.ndarray, num_servers: int) -> None:
     if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
-        found = f"{keys.dtype} with shape {keys.shape}" if isinstance(keys, np.ndarray) else type(keys).__name__
+        found = (
+            f"{keys.dtype} with shape {keys.shape}"
+            if isinstance(keys, np.ndarray)
+            else type(keys).__name__
+        )
         raise InputError(f"server_of: keys must be a 1-D uint64 array, got {found}")
     if not isinstance(num_servers, int) or isinstance(num_servers, bool) or num_servers < 1:
         raise InputError(f"server_of: num_servers must be an int >= 1, got {num_servers!r}")

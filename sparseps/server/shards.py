@@ -65,7 +65,9 @@ def _to_arrow(columns: dict[str, np.ndarray]) -> tuple[pa.Table, dict]:
             layout[name] = [values.dtype.name, None]
             arrays[name] = pa.array(values)
         else:
-            raise CheckpointError(f"column {name!r}: only 1-D and 2-D arrays can be saved, got {values.shape}")
+            raise CheckpointError(
+                f"column {name!r}: only 1-D and 2-D arrays can be saved, got {values.shape}"
+            )
     return pa.table(arrays), layout
 
 
@@ -123,7 +125,9 @@ def _column(table: pa.Table, name: str, dtype: str, width: int | None) -> np.nda
     return np.array(values, dtype=dtype, order="C", copy=True)
 
 
-def read_shard(path: str | os.PathLike, *, sha256: str | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+def read_shard(
+    path: str | os.PathLike, *, sha256: str | None = None
+) -> tuple[dict, dict[str, np.ndarray]]:
     """Read one shard file back into numpy columns (bit-exact with what was written).
 
     Args:
@@ -141,19 +145,30 @@ def read_shard(path: str | os.PathLike, *, sha256: str | None = None) -> tuple[d
     if not path.is_file():
         raise CheckpointError(f"shard file {path} does not exist")
     if sha256 is not None and sha256_of(path) != sha256:
-        raise CheckpointError(f"shard file {path}: sha256 does not match the saved record (file changed or corrupt)")
+        raise CheckpointError(
+            f"shard file {path}: sha256 does not match the saved record (file changed or corrupt)"
+        )
     try:
         table = pq.read_table(path)
     except Exception as exc:
         raise CheckpointError(f"shard file {path} is not readable Parquet: {exc}") from None
     raw = (table.schema.metadata or {}).get(_META_KEY)
     if raw is None:
-        raise CheckpointError(f"shard file {path} has no sparseps metadata (not written by a sparseps server)")
+        raise CheckpointError(
+            f"shard file {path} has no sparseps metadata (not written by a sparseps server)"
+        )
     meta = json.loads(raw)
     if meta.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"shard file {path}: format {meta.get('format')!r} is not supported ({FORMAT_VERSION})")
+        raise CheckpointError(
+            f"shard file {path}: format {meta.get('format')!r} is not supported ({FORMAT_VERSION})"
+        )
     try:
-        columns = {name: _column(table, name, dtype, width) for name, (dtype, width) in meta["columns"].items()}
+        columns = {
+            name: _column(table, name, dtype, width)
+            for name, (dtype, width) in meta["columns"].items()
+        }
     except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"shard file {path}: columns do not match its metadata ({exc})") from None
+        raise CheckpointError(
+            f"shard file {path}: columns do not match its metadata ({exc})"
+        ) from None
     return meta, columns

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
 from .hashmap import mix64
 
 __all__ = ["add_rows", "dedup_merge", "gather", "init_rows", "touch_rows"]
@@ -67,7 +68,10 @@ def dedup_merge(keys, values, shows, clicks):
 @njit(nogil=True, cache=True)
 def _gather(storage, ids, dim, out):  # pragma: no cover - compiled
     missing = 0
-    for i in range(ids.shape[0]):
+    n = ids.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n and ids[i + PREFETCH_AHEAD] >= 0:
+            prefetch_row(storage, ids[i + PREFETCH_AHEAD], 0, dim)
         r = ids[i]
         if r >= 0:
             for j in range(dim):
@@ -111,7 +115,10 @@ def init_rows(
 @njit(nogil=True, cache=True)
 def touch_rows(storage, rows, shows, clicks, stat0, nonclick, click_coeff):  # pragma: no cover
     """Add a push's shows/clicks, its score increment to delta_score, mark pushed (-1)."""
-    for i in range(rows.shape[0]):
+    n = rows.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            prefetch_row(storage, rows[i + PREFETCH_AHEAD], stat0, 4)
         r = rows[i]
         s = shows[i]
         c = clicks[i]
@@ -124,7 +131,10 @@ def touch_rows(storage, rows, shows, clicks, stat0, nonclick, click_coeff):  # p
 @njit(nogil=True, cache=True)
 def add_rows(storage, rows, deltas, dim):  # pragma: no cover - compiled
     """Geo mode: ``embedding += delta`` for each row (no optimizer rule)."""
-    for i in range(rows.shape[0]):
+    n = rows.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            prefetch_row(storage, rows[i + PREFETCH_AHEAD], 0, dim)
         r = rows[i]
         for j in range(dim):
             storage[r, j] += deltas[i, j]

@@ -19,6 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..optim.prefetch import PREFETCH_AHEAD, prefetch
+
 __all__ = ["KeyIndex", "mix64"]
 
 EMPTY, FULL, TOMBSTONE = 0, 1, 2
@@ -42,10 +44,21 @@ def _home(key, capacity):  # pragma: no cover - compiled
     return np.int64(((mix64(key) >> np.uint64(32)) * np.uint64(capacity)) >> np.uint64(32))
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _prefetch_home(skeys, svals, sstate, keys, k):  # pragma: no cover - compiled
+    """Start loading the home slot of ``keys[k]`` (a key a few iterations ahead)."""
+    if k < keys.shape[0]:
+        i = _home(keys[k], skeys.shape[0])
+        prefetch(sstate, i, 0)
+        prefetch(skeys, i, 0)
+        prefetch(svals, i, 0)
+
+
 @njit(nogil=True, cache=True)
 def _find(skeys, svals, sstate, keys, out):  # pragma: no cover - compiled
     capacity = skeys.shape[0]
     for k in range(keys.shape[0]):
+        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD)
         key = keys[k]
         i = _home(key, capacity)
         result = -1
@@ -71,6 +84,7 @@ def _find_or_insert(
         if used >= limit:
             # the caller rehashes and resumes at k
             return k, nfree, next_id, used, size
+        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD)
         key = keys[k]
         i = _home(key, capacity)
         grave = -1

@@ -46,7 +46,13 @@ class LocalCluster:
         log_dir: folder holding ``server.R.log`` (each server's stderr).
     """
 
-    def __init__(self, endpoints: Sequence[str], processes: list[subprocess.Popen], log_dir: Path, timeout: float) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        processes: list[subprocess.Popen],
+        log_dir: Path,
+        timeout: float,
+    ) -> None:
         self.endpoints = tuple(endpoints)
         self.processes = processes
         self.log_dir = log_dir
@@ -104,13 +110,26 @@ def _reap(processes: list[subprocess.Popen]) -> None:
             process.wait(timeout=_GRACE_S)
 
 
-def _spawn(endpoints: list[str], log_dir: Path, options: list[str], environ: dict | None) -> list[subprocess.Popen]:
+def _spawn(
+    endpoints: list[str], log_dir: Path, options: list[str], environ: dict | None
+) -> list[subprocess.Popen]:
     processes = []
     child_env = {**os.environ, **(environ or {})}
     for rank in range(len(endpoints)):
-        command = [sys.executable, "-m", "sparseps.server", "--rank", str(rank), "--endpoints", ",".join(endpoints), *options]
+        command = [
+            sys.executable,
+            "-m",
+            "sparseps.server",
+            "--rank",
+            str(rank),
+            "--endpoints",
+            ",".join(endpoints),
+            *options,
+        ]
         with open(log_dir / f"server.{rank}.log", "wb") as log_file:
-            processes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log_file, env=child_env))
+            processes.append(
+                subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log_file, env=child_env)
+            )
     return processes
 
 
@@ -176,7 +195,9 @@ def local_cluster(
         cluster = None
         for attempt in range(_START_ATTEMPTS):
             endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
-            cluster = LocalCluster(endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout)
+            cluster = LocalCluster(
+                endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout
+            )
             try:
                 _wait_ready(cluster, timeout)
                 break
@@ -184,7 +205,11 @@ def local_cluster(
                 logs = "".join(cluster.log_text(r) for r in range(servers))
                 _reap_now(cluster.processes)
                 # Another process may have taken a port between free_port() and bind: retry.
-                if "Address already in use" not in logs or attempt == _START_ATTEMPTS - 1 or not isinstance(exc, UnavailableError):
+                if (
+                    "Address already in use" not in logs
+                    or attempt == _START_ATTEMPTS - 1
+                    or not isinstance(exc, UnavailableError)
+                ):
                     raise
         try:
             yield cluster

@@ -20,7 +20,14 @@ __all__ = ["KINDS", "RawPeer", "malformed_messages"]
 
 
 def _header(op="pull", table="t", bufs=None, args=None, **extra) -> dict:
-    header = {"v": PROTOCOL_VERSION, "op": op, "id": 7, "table": table, "bufs": bufs or [], "args": args or {}}
+    header = {
+        "v": PROTOCOL_VERSION,
+        "op": op,
+        "id": 7,
+        "table": table,
+        "bufs": bufs or [],
+        "args": args or {},
+    }
     header.update(extra)
     return header
 
@@ -51,12 +58,22 @@ def _wrong_shape(rng):
 def _wrong_dtype(rng):
     n = int(rng.integers(1, 64))
     dtype = str(rng.choice(["float64", "int8", "object", "<u8", "complex64", "int64", "float32"]))
-    itemsize = {"float64": 8, "int8": 1, "object": 8, "<u8": 8, "complex64": 8, "int64": 8, "float32": 4}[dtype]
+    itemsize = {
+        "float64": 8,
+        "int8": 1,
+        "object": 8,
+        "<u8": 8,
+        "complex64": 8,
+        "int64": 8,
+        "float32": 4,
+    }[dtype]
     return [_pack(_header(bufs=[[dtype, [n]]])), rng.bytes(n * itemsize)]
 
 
 def _unknown_op(rng):
-    return [_pack(_header(op=str(rng.choice(["pul", "drop_table", "", "exec", "__init__", "PULL"]))))]
+    return [
+        _pack(_header(op=str(rng.choice(["pul", "drop_table", "", "exec", "__init__", "PULL"]))))
+    ]
 
 
 def _huge_size(rng):

@@ -219,10 +219,11 @@ class SyncMode(_Mode):
 class GeoMode(_Mode):
     """Local training for ``k_steps`` steps, then parameter deltas go to the servers.
 
-    Each worker keeps, per table, a local table of the rows it touched in the current
-    window (trained with the table's own rule) and a base copy of their values when
-    fetched; every ``k_steps`` it pushes ``local - base`` (servers add it), then starts a
-    new window that fetches fresh rows. Optimizer state is local to a window.
+    Each worker keeps, per table, a local table of the rows it has used (trained with the
+    table's own rule, whose state persists across windows) and a base copy of their values
+    as last fetched. Every ``k_steps`` it pushes ``local - base`` for the keys touched in
+    the window (servers add it, with the window's show/click counts), then refreshes those
+    keys from the servers. Keys not touched in a window keep their last fetched value.
     """
 
     def setup(self) -> None:
@@ -233,16 +234,11 @@ class GeoMode(_Mode):
             self.local_dense = DenseTable(
                 DENSE_TABLE, self.dense.size, rule=self.dense_rule, init=self.base_dense
             )
-        self.configs: dict[str, TableConfig] = {}
         self.local: dict[str, SparseTable] = {}
         self.base: dict[str, SparseTable] = {}
+        self.touched: dict[str, list] = {}
 
     def register(self, config: TableConfig) -> None:
-        self.configs[config.name] = config
-        self._new_window(config.name)
-
-    def _new_window(self, name: str) -> None:
-        config = self.configs[name]
         local = TableConfig(
             name=config.name,
             dim=config.dim,
@@ -251,8 +247,9 @@ class GeoMode(_Mode):
             lifecycle=Lifecycle(),
             seed=config.seed,
         )
-        self.local[name] = SparseTable(local)
-        self.base[name] = SparseTable(local)
+        self.local[config.name] = SparseTable(local)
+        self.base[config.name] = SparseTable(local)
+        self.touched[config.name] = []
 
     def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
         local = self.local[table]
@@ -266,6 +263,7 @@ class GeoMode(_Mode):
     def apply(self, grads: list, dense_grad: np.ndarray) -> None:
         for table, keys, grad, shows, clicks in grads:
             self.local[table].push(keys, grad, shows=shows, clicks=clicks)
+            self.touched[table].append((keys, shows, clicks))
         if self.local_dense is not None:
             self.local_dense.push(np.ascontiguousarray(dense_grad, np.float32))
             self.dense.set(self.local_dense.pull())
@@ -274,29 +272,34 @@ class GeoMode(_Mode):
             self._sync()
 
     def _sync(self) -> None:
-        handles = []
-        for name, local in self.local.items():
-            rows = local.export_rows()
-            keys = rows["key"]
-            if keys.size:
-                delta = rows["embedding"] - self.base[name].pull(keys)
-                handles.append(
-                    self.client.push_delta(
-                        name, keys, delta, shows=rows["show"], clicks=rows["click"]
-                    )
-                )
+        handles, windows = [], {}
+        for name, parts in self.touched.items():
+            if not parts:
+                continue
+            keys, inverse = np.unique(np.concatenate([p[0] for p in parts]), return_inverse=True)
+            shows = np.bincount(inverse, np.concatenate([p[1] for p in parts]), keys.size).astype(
+                np.float32
+            )
+            clicks = np.bincount(inverse, np.concatenate([p[2] for p in parts]), keys.size).astype(
+                np.float32
+            )
+            delta = self.local[name].pull(keys) - self.base[name].pull(keys)
+            handles.append(self.client.push_delta(name, keys, delta, shows=shows, clicks=clicks))
+            windows[name] = keys
+            parts.clear()
         if self.local_dense is not None:
             handles.append(
                 self.client.push_dense_delta(DENSE_TABLE, self.local_dense.pull() - self.base_dense)
             )
         for handle in handles:
             handle.wait()
-        for name in self.local:
-            self._new_window(name)
-        if self.local_dense is not None:
-            self.base_dense = self.client.pull_dense(DENSE_TABLE).wait()
-            self.local_dense.set(self.base_dense)
-            self.dense.set(self.base_dense)
+        for name, keys in windows.items():
+            fresh = self.client.pull(name, keys).wait()
+            zeros = np.zeros(keys.size, np.float32)
+            for target in (self.local[name], self.base[name]):
+                # move the embedding to the fresh value, keep the optimizer state
+                target.push_delta(keys, fresh - target.pull(keys), shows=zeros, clicks=zeros)
+        self.refresh_dense()
 
     def finish_pass(self) -> None:
         self.quiesce()

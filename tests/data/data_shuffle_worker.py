@@ -13,7 +13,13 @@ from sparseps.data import CRITEO, InMemoryDataset
 
 
 def main() -> int:
-    rank, world, port, folder, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    rank, world, port, folder, out = (
+        int(sys.argv[1]),
+        int(sys.argv[2]),
+        sys.argv[3],
+        sys.argv[4],
+        sys.argv[5],
+    )
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=30),

@@ -92,7 +92,9 @@ def test_batches_cover_every_sample_once_across_chunks(tmp_path, monkeypatch, ba
     order = np.argsort(whole.ids)
     ids = whole.ids[order]
     files, rows = ids >> ID_FILE_SHIFT, ids & ((1 << ID_FILE_SHIFT) - 1)
-    assert ids.tolist() == [(f << ID_FILE_SHIFT) | r for f, n in ((0, 37), (2, 50)) for r in range(n)]
+    assert ids.tolist() == [
+        (f << ID_FILE_SHIFT) | r for f, n in ((0, 37), (2, 50)) for r in range(n)
+    ]
     np.testing.assert_array_equal(whole.label[order], rows % 2)
     np.testing.assert_allclose(whole.dense[order, 3], np.log1p(rows), rtol=1e-6)
     c1_values = whole.slots["C1"].take(order).values
@@ -200,9 +202,17 @@ def test_global_shuffle_across_two_worker_processes(tmp_path):
     port = _free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "data_shuffle_worker.py"), str(rank), "2",
-             str(port), str(tmp_path / "d"), str(tmp_path / f"out{rank}.npz")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                os.path.join(HERE, "data_shuffle_worker.py"),
+                str(rank),
+                "2",
+                str(port),
+                str(tmp_path / "d"),
+                str(tmp_path / f"out{rank}.npz"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )  # fmt: skip
         for rank in range(2)
     ]

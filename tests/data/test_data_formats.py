@@ -111,12 +111,13 @@ def test_slot_text_repeated_and_absent_slots(tmp_path):
     path.write_text(
         "click:1 d:0.5 d:2 a:7 b:8 a:9\n"
         "\n"
-        "click:0\td:1e-3\td:-4 extra:1 b:18446744073709551615\r\n"
+        "click:0\td:1e-3\td:-4 extra:1 b:18446744073709551615 99:5 01:6\r\n"
         "d:1 d:2 click:1\n"
     )
-    schema = Schema("click", ("d", "d"), ("a", "b"), dense_transform="raw")
+    schema = Schema("click", ("d", "d"), ("a", "b", "1"), dense_transform="raw")
     b = read_all(str(path), schema, batch_size=10, format="slot_text")
     assert len(b) == 3
+    assert b.slots["1"].values.size == 0  # "01" is not slot "1"; "99" and "extra" are ignored
     np.testing.assert_array_equal(b.label, [1, 0, 1])
     np.testing.assert_allclose(b.dense, [[0.5, 2], [1e-3, -4], [1, 2]])
     assert [ids_of(b, "a", i) for i in range(3)] == [[7, 9], [], []]
@@ -137,7 +138,7 @@ def test_avazu_with_its_schema():
 
 
 AVAZU_AWK = (
-    "awk -F, 'NR > 1 { printf \"click:%s\", $2; n = split(\"4 5 15 16 17 18 19 20 21 22 23 24\", c, \" \");"
+    'awk -F, \'NR > 1 { printf "click:%s", $2; n = split("4 5 15 16 17 18 19 20 21 22 23 24", c, " ");'
     ' for (k = 1; k <= n; k++) printf " %d:%d", c[k], $c[k] + 1; print "" }\''
 )
 

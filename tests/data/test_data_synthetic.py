@@ -20,8 +20,6 @@ def read_tree(folder) -> dict:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*.tsv"))}
 
 
-
-
 def test_gen_data_is_deterministic_per_seed(tmp_path, capsys):
     assert gen(tmp_path / "a", "--seed", "5") == 0
     printed = capsys.readouterr().out

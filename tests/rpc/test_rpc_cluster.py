@@ -8,12 +8,13 @@ in-process SparseTable gives for the same sequence of pulls and pushes.
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 
 import numpy as np
 import pytest
 
 from sparseps import optim
-from sparseps.config import Lifecycle, TableConfig
+from sparseps.config import Initializer, Lifecycle, TableConfig
 from sparseps.errors import InputError, RemoteError
 from sparseps.server.routing import server_of
 from sparseps.table import SparseTable
@@ -67,12 +68,17 @@ def test_two_client_processes_match_an_in_process_table(servers, admission):
     config = _config(admission)
     reference = SparseTable(config)
     context = mp.get_context("spawn")
-    with local_cluster(servers=servers, timeout=30) as cluster, cluster.client(timeout=30) as client:
+    with (
+        local_cluster(servers=servers, timeout=30) as cluster,
+        cluster.client(timeout=30) as client,
+    ):
         client.create_table(config)
         pipes, processes = [], []
         for _ in range(2):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_client_process, args=(cluster.endpoints, theirs), daemon=True)
+            process = context.Process(
+                target=_client_process, args=(cluster.endpoints, theirs), daemon=True
+            )
             process.start()
             pipes.append(ours)
             processes.append(process)
@@ -84,7 +90,9 @@ def test_two_client_processes_match_an_in_process_table(servers, admission):
                 remote_rows = pipe.recv()
                 keys, shows, clicks, noise = _batch(step)
                 local_rows = reference.pull(keys)
-                np.testing.assert_array_equal(remote_rows, local_rows, err_msg=f"pull of step {step}")
+                np.testing.assert_array_equal(
+                    remote_rows, local_rows, err_msg=f"pull of step {step}"
+                )
                 reference.push(keys, _grads(local_rows, noise), shows=shows, clicks=clicks)
         finally:
             for pipe in pipes:
@@ -115,7 +123,11 @@ def test_table_lifecycle_ops_and_errors():
             client.create_table(other)
         message = str(info.value)
         assert "dim: existing=4 requested=6" in message
-        assert "existing:" in message and "requested:" in message and info.value.remote_type == "ConfigError"
+        assert (
+            "existing:" in message
+            and "requested:" in message
+            and info.value.remote_type == "ConfigError"
+        )
 
         keys = np.arange(1, 201, dtype=np.uint64)
         with pytest.raises(RemoteError, match="does not exist"):
@@ -160,3 +172,41 @@ def test_dense_tables():
         assert not client.pull_dense("dense").wait().any()
         with pytest.raises(RemoteError, match="got 3 values"):
             client.push_dense("dense", np.ones(3, np.float32)).wait()
+
+
+def test_one_client_shared_by_threads():
+    """A training loop and a background push thread share one client (the trainer's use)."""
+    config = TableConfig(name="s", dim=4, rule=optim.SGD(lr=1.0), initializer=Initializer.zeros())
+    keys = np.arange(1, 2001, dtype=np.uint64)
+    rounds = 20
+    with local_cluster(servers=2, timeout=30) as cluster, cluster.client(timeout=20) as client:
+        client.create_table(config)
+        errors = []
+
+        def pusher():
+            try:
+                for _ in range(rounds):
+                    client.push("s", keys, np.ones((len(keys), 4), np.float32)).wait()
+            except Exception as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=pusher) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        seen = []
+        while any(t.is_alive() for t in threads):
+            handle = client.pull("s", keys[::7])
+            other = threading.Thread(target=lambda h=handle: seen.append(h.wait()))
+            other.start()
+            seen.append(handle.wait())
+            other.join(timeout=20)
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not errors, errors
+        # Every push applied exactly once: SGD with lr 1 on ones from zeros.
+        np.testing.assert_array_equal(
+            client.pull("s", keys).wait(), np.full((len(keys), 4), -2.0 * rounds, np.float32)
+        )
+        # Concurrent pulls saw whole pushes of one key's row (never half of a row).
+        for rows in seen:
+            assert (rows == rows[:, :1]).all()

@@ -33,7 +33,9 @@ def test_server_from_environment_variables(tmp_path):
         "SPARSEPS_JOB_ID": "test-job",
     }
     code = "import sparseps.server as s, sparseps.env as e; s.run_from_env(e.from_environ())"
-    process = subprocess.Popen([sys.executable, "-c", code], env=environ, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], env=environ, stderr=subprocess.PIPE, text=True
+    )
     try:
         with PSClient([endpoint], timeout=20) as client:
             assert client.ping()[0]["pid"] == process.pid

@@ -11,7 +11,7 @@ import pytest
 
 from sparseps import optim
 from sparseps.config import TableConfig
-from sparseps.errors import ConfigError, TimeoutError_, UnavailableError
+from sparseps.errors import ConfigError, RemoteError, TimeoutError_, UnavailableError
 from sparseps.rpc.client import PSClient
 from sparseps.server.routing import server_of
 from sparseps.testing import local_cluster
@@ -41,7 +41,12 @@ def test_killed_server_fails_within_timeout_naming_the_peer():
         elapsed = time.monotonic() - start
         assert elapsed < TIMEOUT + MARGIN
         error = info.value
-        assert (error.op, error.role, error.rank, error.address) == ("pull", "server", 1, cluster.endpoints[1])
+        assert (error.op, error.role, error.rank, error.address) == (
+            "pull",
+            "server",
+            1,
+            cluster.endpoints[1],
+        )
         assert isinstance(error, TimeoutError_)
         assert error.seconds == TIMEOUT and "timeout" in error.setting
         assert "SPARSEPS_RPC_TIMEOUT" not in error.setting  # an explicit argument set it
@@ -96,5 +101,21 @@ def test_client_rejects_bad_arguments():
 def test_ping_detects_a_wrong_endpoint_list():
     with local_cluster(servers=2, timeout=30) as cluster:
         swapped = [cluster.endpoints[1], cluster.endpoints[0]]
-        with PSClient(swapped, timeout=5) as client, pytest.raises(ConfigError, match="rank 1 of 2"):
+        with (
+            PSClient(swapped, timeout=5) as client,
+            pytest.raises(ConfigError, match="rank 1 of 2"),
+        ):
             client.ping()
+
+
+def test_server_refuses_keys_routed_for_another_cluster_size():
+    with local_cluster(servers=2, timeout=30) as cluster:
+        with cluster.client(timeout=10) as client:
+            client.create_table(CONFIG)
+        # A client that believes server 0 is the only server sends it every key.
+        with PSClient(cluster.endpoints[:1], timeout=10) as wrong:
+            with pytest.raises(ConfigError, match="rank 0 of 2"):
+                wrong.ping()
+            keys = _keys_on_all(2)
+            with pytest.raises(RemoteError, match="belong to other servers"):
+                wrong.pull("emb", keys).wait()

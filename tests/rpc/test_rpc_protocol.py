@@ -63,12 +63,16 @@ def test_reply_round_trip_and_error_reply():
     reply = decode_reply(_as_wire(encode_reply(9, result={"a": 1}, bufs=[rows])))
     assert reply.ok and reply.id == 9 and reply.result == {"a": 1}
     np.testing.assert_array_equal(reply.bufs[0], rows)
-    error = decode_reply(_as_wire(encode_reply(None, error={"type": "X", "message": "m", "traceback": ""})))
+    error = decode_reply(
+        _as_wire(encode_reply(None, error={"type": "X", "message": "m", "traceback": ""}))
+    )
     assert (error.ok, error.id, error.error["message"]) == (False, None, "m")
 
 
 def test_args_schema():
-    assert decode_request(_as_wire(encode_request("decay", 1, "t", args={"rate": 0.5}))).args == {"rate": 0.5}
+    assert decode_request(_as_wire(encode_request("decay", 1, "t", args={"rate": 0.5}))).args == {
+        "rate": 0.5
+    }
     with pytest.raises(ProtocolError, match="missing argument 'directory'"):
         decode_request(_as_wire(encode_request("save", 1, "t")))
     with pytest.raises(ProtocolError, match="unknown argument"):
@@ -133,5 +137,7 @@ def test_every_op_has_a_schema_and_round_trips():
         for name, (types, required) in schema.args.items():
             if required:
                 args[name] = {int: 1, str: "x", dict: {}, list: []}[types[0]]
-        request = decode_request(_as_wire(encode_request(op, 5, "t" if schema.table else None, bufs, args)))
+        request = decode_request(
+            _as_wire(encode_request(op, 5, "t" if schema.table else None, bufs, args))
+        )
         assert request.op == op and len(request.bufs) == len(schema.bufs)

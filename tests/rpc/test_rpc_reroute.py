@@ -79,7 +79,9 @@ def test_two_servers_save_load_onto_three(tmp_path):
         for name in a:
             assert a[name].dtype == b[name].dtype, name
             np.testing.assert_array_equal(a[name], b[name], err_msg=f"{kind}.{name}")
-    assert {"key", "embedding", "state", "show", "click", "unseen_days", "delta_score"} <= set(_columns(saved, "rows"))
+    assert {"key", "embedding", "state", "show", "click", "unseen_days", "delta_score"} <= set(
+        _columns(saved, "rows")
+    )
 
 
 def test_load_verifies_checksums(tmp_path):

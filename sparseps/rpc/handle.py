@@ -1,0 +1,72 @@
+"""``Handle``: the pending result of an asynchronous client call (batch-first, like ps-lite)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from .channel import Call, Channel
+
+__all__ = ["Handle", "completed"]
+
+
+class Handle:
+    """The pending result of an asynchronous call; ``wait()`` returns it or raises."""
+
+    def __init__(
+        self, channel: Channel | None, calls: Sequence[Call], finish: Callable[[list], object]
+    ) -> None:
+        self._channel = channel
+        self._calls = list(calls)
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._done = False
+        self._value = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True when every server answered (``wait`` will not block)."""
+        return self._done or all(call.event.is_set() for call in list(self._calls))
+
+    def wait(self, timeout: float | None = None):
+        """The result (rows for a pull, None for a push).
+
+        Args:
+            timeout: seconds; default the client's timeout.
+
+        Raises:
+            TimeoutError_: a server did not answer in time.
+            RemoteError: a server raised (carries its type, message and traceback).
+            ProtocolError: a server rejected the request as malformed.
+        """
+        if not self._done:
+            # Threads wait without holding a lock (each within its own timeout); the
+            # first to finish records the outcome, later ones keep it.
+            value, error = self._collect(timeout)
+            with self._lock:
+                if not self._done:
+                    self._value, self._error, self._done = value, error, True
+                    self._calls = []
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _collect(self, timeout: float | None) -> tuple[object, BaseException | None]:
+        calls = self._calls
+        if not calls:
+            return self._finish([]), None
+        limit = self._channel.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + limit
+        try:
+            replies = [self._channel.wait(call, deadline, limit) for call in calls]
+            return self._finish(replies), None
+        except Exception as exc:
+            for call in calls:
+                self._channel.forget(call)
+            return None, exc
+
+
+def completed(value) -> Handle:
+    """A handle that is already resolved to ``value``."""
+    return Handle(None, [], lambda _: value)

@@ -1,0 +1,82 @@
+"""The per-op schema of the wire protocol: which buffers and arguments each op takes.
+
+:func:`sparseps.rpc.protocol.decode_request` checks every request against
+:data:`OPS` before a handler sees it. Adding an op means one entry here and one
+``_op_<name>`` method on :class:`sparseps.server.handlers.ServerState`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["OPS", "BufSpec", "OpSchema"]
+
+
+@dataclass(frozen=True)
+class BufSpec:
+    """One buffer an op takes: its name, dtype and number of dimensions."""
+
+    name: str
+    dtype: str
+    ndim: int
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    """What one op accepts.
+
+    Attributes:
+        table: whether the header's ``table`` must be a non-empty string.
+        bufs: required buffers, in frame order.
+        optional: optional buffers that may follow the required ones, in order (a
+            message may carry a prefix of them).
+        same_rows: names of buffers whose first dimension must be equal.
+        args: allowed argument names -> (accepted python types, required).
+    """
+
+    table: bool = False
+    bufs: tuple[BufSpec, ...] = ()
+    optional: tuple[BufSpec, ...] = ()
+    same_rows: tuple[str, ...] = ()
+    args: Mapping[str, tuple[tuple[type, ...], bool]] = field(default_factory=dict)
+
+
+_KEYS = BufSpec("keys", "uint64", 1)
+_SHOWS = BufSpec("shows", "float32", 1)
+_CLICKS = BufSpec("clicks", "float32", 1)
+_VEC = BufSpec("values", "float32", 1)
+_NONE = type(None)
+
+OPS: dict[str, OpSchema] = {
+    "ping": OpSchema(),
+    "stop": OpSchema(),
+    "stats": OpSchema(),
+    "create_table": OpSchema(table=True, args={"config": ((dict,), True)}),
+    "pull": OpSchema(table=True, bufs=(_KEYS,)),
+    "push": OpSchema(
+        table=True,
+        bufs=(_KEYS, BufSpec("grads", "float32", 2)),
+        optional=(_SHOWS, _CLICKS),
+        same_rows=("keys", "grads", "shows", "clicks"),
+    ),
+    "push_delta": OpSchema(
+        table=True,
+        bufs=(_KEYS, BufSpec("deltas", "float32", 2)),
+        optional=(_SHOWS, _CLICKS),
+        same_rows=("keys", "deltas", "shows", "clicks"),
+    ),
+    "decay": OpSchema(table=True, args={"rate": ((float, int, _NONE), False)}),
+    "shrink": OpSchema(table=True),
+    "save": OpSchema(table=True, args={"directory": ((str,), True)}),
+    "load": OpSchema(table=True, args={"files": ((list,), True)}),
+    "create_dense": OpSchema(
+        table=True,
+        optional=(_VEC,),
+        args={"size": ((int,), True), "rule": ((dict,), True)},
+    ),
+    "pull_dense": OpSchema(table=True),
+    "push_dense": OpSchema(table=True, bufs=(_VEC,)),
+    "push_dense_delta": OpSchema(table=True, bufs=(_VEC,)),
+    "set_dense": OpSchema(table=True, bufs=(_VEC,)),
+}

@@ -1,0 +1,83 @@
+"""A small training job for the worker tests (run by ``sparseps launch`` on every role).
+
+Trains WideDeep (tiny MLP) for --passes passes over the train files in --mode, then worker
+0 pulls the rows of the keys in --keys and writes them with the dense vector to --out.
+"""
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import torch
+
+import sparseps as sps
+from sparseps.data import CRITEO, QueueDataset
+from sparseps.models import WideDeep
+from sparseps.worker.dense import DenseParams
+
+p = argparse.ArgumentParser()
+p.add_argument("--train", required=True)
+p.add_argument("--test", default="")
+p.add_argument("--keys", required=True)
+p.add_argument("--out", required=True)
+p.add_argument("--mode", default="sync")
+p.add_argument("--batch-size", type=int, default=16)
+p.add_argument("--passes", type=int, default=1)
+p.add_argument("--k-steps", type=int, default=5)
+p.add_argument("--load", default="")
+p.add_argument("--save", default="")
+p.add_argument("--infer-check", action="store_true")
+args = p.parse_args()
+
+sps.init()
+torch.manual_seed(0)
+model = WideDeep(
+    CRITEO.slots,
+    len(CRITEO.dense),
+    emb_dim=4,
+    hidden=(16,),
+    deep_rule=sps.optim.SGD(lr=0.05),
+    wide_rule=sps.optim.Adagrad(lr=0.05),
+)
+strategy = sps.Strategy(mode=args.mode, k_steps=args.k_steps, dense_pull_interval=1)
+trainer = sps.Trainer(model, dense_optimizer=sps.optim.Adam(lr=0.01), strategy=strategy)
+if sps.is_server():
+    sps.run_server()
+    sys.exit(0)
+
+if args.load:
+    trainer.load_checkpoint(args.load)
+train = QueueDataset([args.train], CRITEO, batch_size=args.batch_size, threads=1)
+results = []
+for _ in range(args.passes):
+    results.append(trainer.train_from_dataset(train, print_period=0).metrics.auc)
+if args.save:
+    trainer.save_checkpoint(args.save)
+summary = {"train_auc": results}
+keys = np.load(args.keys)
+before = {t: trainer.client.pull(t, keys).wait() for t in trainer.tables}
+
+
+def table_stats():
+    return json.dumps([s["tables"] for s in trainer.client.stats()["servers"]], sort_keys=True)
+
+
+stats_before = table_stats()
+if args.test:
+    test = QueueDataset([args.test], CRITEO, batch_size=64, threads=1)
+    summary["test_auc"] = trainer.evaluate(test).auc
+if args.infer_check:
+    after = {t: trainer.client.pull(t, keys).wait() for t in trainer.tables}
+    stats_after = table_stats()
+    summary["infer_unchanged"] = all(np.array_equal(before[t], after[t]) for t in before)
+    summary["stats_unchanged"] = stats_before == stats_after
+    summary["stats"] = stats_after
+if sps.worker_index() == 0:
+    arrays = {f"table.{t}": v for t, v in before.items()}
+    arrays["dense"] = DenseParams(model).values()
+    np.savez(args.out, **arrays)
+    with open(args.out + ".json", "w") as f:
+        json.dump(summary, f)
+trainer.stop()
+sps.stop()
