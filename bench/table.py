@@ -16,7 +16,8 @@ Records (``sparseps bench table [--quick] [--json]``), for dim 8, 16 and 64 with
 
 Keys are splitmix64 of 0..N-1 (distinct, spread over the whole uint64 range); batch keys
 are ``keys[mix(rank) % N]`` for ``rank ~ Zipf(1.1)``, so hot keys are scattered in memory.
-Timings are the best of a few rounds over all batches (the machine is shared).
+Timings are the best of 5 rounds over all batches, table and baseline timed alternately
+(the machine is shared).
 Targets: pull >= 0.5x, push >= 1.0x, bytes <= 1.5x payload.
 """
 
@@ -46,13 +47,16 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def _best(fn, rounds: int) -> float:
-    best = float("inf")
+def _best_pair(fn, baseline, rounds: int) -> tuple[float, float]:
+    """Best seconds of ``fn`` and of ``baseline``, timed alternately so that a noisy
+    neighbour on the shared machine hits both sides alike."""
+    best = [float("inf"), float("inf")]
     for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+        for side, call in enumerate((fn, baseline)):
+            start = time.perf_counter()
+            call()
+            best[side] = min(best[side], time.perf_counter() - start)
+    return best[0], best[1]
 
 
 def _numpy_adagrad(storage: np.ndarray, ids: np.ndarray, grads: np.ndarray, dim: int) -> None:
@@ -107,8 +111,8 @@ def _one_dim(dim: int, n_keys: int, n_batches: int, rounds: int) -> list[BenchRe
 
     pull()
     push()  # warm-up: compile / page in
-    pull_s, gather_s = _best(pull, rounds), _best(gather, rounds)
-    push_s, update_s = _best(push, rounds), _best(update, rounds)
+    pull_s, gather_s = _best_pair(pull, gather, rounds)
+    push_s, update_s = _best_pair(push, update, rounds)
     assert table._rows is storage  # nothing was inserted while timing
 
     params = {"dim": dim, "rows": n_keys, "batch": BATCH, "zipf_a": ZIPF_A, "rule": "adagrad",
@@ -121,11 +125,14 @@ def _one_dim(dim: int, n_keys: int, n_batches: int, rounds: int) -> list[BenchRe
             table.nbytes / len(table),
             "bytes",
             float(table.layout.payload_bytes),
-            {"dim": dim, "rows": n_keys, "rule": "adagrad", "fill_rows_per_s": round(n_keys / fill_s)},
+            {
+                "dim": dim,
+                "rows": n_keys,
+                "rule": "adagrad",
+                "fill_rows_per_s": round(n_keys / fill_s),
+            },
         ),
     ]
-    del table, storage, ids, batches
-    gc.collect()
     return records
 
 
@@ -133,5 +140,6 @@ def run(quick: bool) -> list[BenchRecord]:
     n_keys = 1_000_000 if quick else 10_000_000
     records = []
     for dim in DIMS:
-        records.extend(_one_dim(dim, n_keys, n_batches=24 if quick else 48, rounds=3))
+        records.extend(_one_dim(dim, n_keys, n_batches=24 if quick else 48, rounds=5))
+        gc.collect()  # free this dim's table before building the next one
     return records

@@ -13,9 +13,9 @@ import numpy as np
 from numba import njit
 
 from .columns import Parsed, transform_dense
-from .hashing import _xxh64, slot_seed
+from .hashing import slot_seed, xxh64_range
+from .numbers import POW10, parse_float
 from .schema import Batch, Schema, Slot, sample_id
-from .slot_text import _POW10, _parse_float
 
 __all__ = ["parse_unquoted"]
 
@@ -47,13 +47,13 @@ def _parse(data, delimiter, col_kind, col_index, seeds, pow10,
                 if kind == _SLOT:
                     if f > s:
                         k = col_index[col]
-                        ids[k, line] = _xxh64(data, s, f, seeds[k])
+                        ids[k, line] = xxh64_range(data, s, f, seeds[k])
                         present[k, line] = True
                         has_value = True
                 elif kind == _DENSE:
                     if f > s:
                         has_value = True
-                        ok, x = _parse_float(data, s, f, pow10)
+                        ok, x = parse_float(data, s, f, pow10)
                         if ok:
                             dense[line, col_index[col]] = x
                         elif code == _OK:
@@ -64,7 +64,7 @@ def _parse(data, delimiter, col_kind, col_index, seeds, pow10,
                             code = _NO_LABEL
                     else:
                         has_value = True
-                        ok, x = _parse_float(data, s, f, pow10)
+                        ok, x = parse_float(data, s, f, pow10)
                         if ok:
                             label[line] = x
                         elif code == _OK:
@@ -126,7 +126,7 @@ def parse_unquoted(data: bytes, schema: Schema, names: tuple[str, ...], delimite
     ids = np.empty((len(schema.slots), cap), np.uint64)
     present = np.zeros((len(schema.slots), cap), np.bool_)
     lines = _parse(
-        buf, ord(delimiter), columns.kind, columns.index, columns.seeds, _POW10,
+        buf, ord(delimiter), columns.kind, columns.index, columns.seeds, POW10,
         status, err_a, err_b, label, dense, ids, present,
     )  # fmt: skip
     status = status[:lines]

@@ -23,7 +23,7 @@ from numba import njit
 
 from ..errors import InputError
 
-__all__ = ["hash_string_array", "hash_strings", "slot_seed", "xxh64_bytes"]
+__all__ = ["hash_string_array", "hash_strings", "slot_seed", "xxh64_bytes", "xxh64_range"]
 
 _P1 = np.uint64(11400714785074694791)
 _P2 = np.uint64(14029467366897019727)
@@ -74,7 +74,7 @@ def _merge(acc, val):
 
 
 @njit(nogil=True, cache=True)
-def _xxh64(data, start, end, seed):
+def xxh64_range(data, start, end, seed):
     """XXH64 of ``data[start:end]`` (a uint8 array) with a uint64 seed."""
     p = start
     length = end - start
@@ -121,13 +121,13 @@ def _xxh64(data, start, end, seed):
 @njit(nogil=True, cache=True)
 def _hash_offsets(data, offsets, seed, out):
     for i in range(out.shape[0]):
-        out[i] = _xxh64(data, offsets[i], offsets[i + 1], seed)
+        out[i] = xxh64_range(data, offsets[i], offsets[i + 1], seed)
 
 
 def xxh64_bytes(value: bytes, seed: int = 0) -> int:
     """XXH64 of ``value`` through the compiled port (for tests and one-off ids)."""
     data = np.frombuffer(value, dtype=np.uint8)
-    return int(_xxh64(data, 0, data.size, np.uint64(seed)))
+    return int(xxh64_range(data, 0, data.size, np.uint64(seed)))
 
 
 def hash_strings(data: np.ndarray, offsets: np.ndarray, seed: int) -> np.ndarray:

@@ -27,7 +27,8 @@ import numpy as np
 from numba import njit
 
 from .columns import Parsed, transform_dense
-from .hashing import _xxh64, xxh64_bytes
+from .hashing import xxh64_bytes, xxh64_range
+from .numbers import POW10, parse_float, parse_uint64
 from .schema import Batch, Schema, Slot, sample_id
 
 __all__ = ["parse_slot_text"]
@@ -43,107 +44,6 @@ _REASONS = {
     6: "wrong number of {name!r} values (the schema has {expected})",
     7: "label {token!r} appears twice",
 }
-_POW10 = np.array([10.0**i for i in range(23)])
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _parse_float(data, s, e, pow10):
-    """Decimal text ``data[s:e]`` -> (ok, float64). Exact for up to 15 significant digits."""
-    # fast path: a plain integer (most dense values in click logs are counts)
-    i = s
-    if i < e and data[i] == 45:
-        i += 1
-    v = 0
-    while i < e and i - s < 16:
-        c = data[i]
-        if c < 48 or c > 57:
-            break
-        v = v * 10 + (c - 48)
-        i += 1
-    if i == e and e > s and data[e - 1] != 45:
-        return True, float(-v if data[s] == 45 else v)
-    return _parse_decimal(data, s, e, pow10)
-
-
-@njit(nogil=True, cache=True)
-def _parse_decimal(data, s, e, pow10):
-    """The general decimal parser behind :func:`_parse_float`."""
-    i = s
-    neg = False
-    if i < e and (data[i] == 45 or data[i] == 43):  # '-' '+'
-        neg = data[i] == 45
-        i += 1
-    mant = np.uint64(0)
-    ndig = 0
-    exp10 = 0
-    digits = 0
-    while i < e and 48 <= data[i] <= 57:
-        d = data[i] - 48
-        digits += 1
-        if ndig < 19:
-            if mant > 0 or d > 0:
-                ndig += 1
-            mant = mant * np.uint64(10) + np.uint64(d)
-        else:
-            exp10 += 1
-        i += 1
-    if i < e and data[i] == 46:  # '.'
-        i += 1
-        while i < e and 48 <= data[i] <= 57:
-            d = data[i] - 48
-            digits += 1
-            if ndig < 19:
-                if mant > 0 or d > 0:
-                    ndig += 1
-                mant = mant * np.uint64(10) + np.uint64(d)
-                exp10 -= 1
-            i += 1
-    if digits == 0:
-        return False, 0.0
-    if i < e and (data[i] == 101 or data[i] == 69):  # 'e' 'E'
-        i += 1
-        eneg = False
-        if i < e and (data[i] == 45 or data[i] == 43):
-            eneg = data[i] == 45
-            i += 1
-        if i >= e:
-            return False, 0.0
-        ex = 0
-        while i < e and 48 <= data[i] <= 57:
-            if ex < 100000:
-                ex = ex * 10 + (data[i] - 48)
-            i += 1
-        exp10 += -ex if eneg else ex
-    if i != e:
-        return False, 0.0
-    value = float(mant)
-    # Clinger's fast path: exact when the mantissa and the power of ten are exact doubles.
-    if 0 <= exp10 <= 22:
-        value = value * pow10[exp10]
-    elif -22 <= exp10 < 0:
-        value = value / pow10[-exp10]
-    else:
-        value = value * 10.0**exp10
-    if not np.isfinite(value):
-        return False, 0.0
-    return True, -value if neg else value
-
-
-@njit(nogil=True, cache=True)
-def _parse_uint64(data, s, e):
-    if s >= e:
-        return False, np.uint64(0)
-    value = np.uint64(0)
-    limit = np.uint64(1844674407370955161)  # (2**64 - 1) // 10
-    for i in range(s, e):
-        c = data[i]
-        if c < 48 or c > 57:
-            return False, np.uint64(0)
-        d = np.uint64(c - 48)
-        if value > limit or (value == limit and d > np.uint64(5)):
-            return False, np.uint64(0)
-        value = value * np.uint64(10) + d
-    return True, value
 
 
 @njit(nogil=True, cache=True)
@@ -195,7 +95,7 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
             if digits and 0 < width <= 4 and (width == 1 or data[s] != 48):
                 k = small_keys[number]  # slot keys are usually small numbers: no hash
             else:
-                h = _xxh64(data, s, colon, np.uint64(0))
+                h = xxh64_range(data, s, colon, np.uint64(0))
                 k = np.searchsorted(key_hash, h)
                 if k >= key_hash.size or key_hash[k] != h:
                     k = -1
@@ -203,7 +103,7 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
                 continue  # a key the schema does not use
             kind = key_kind[k]
             if kind == _KIND_SLOT:
-                ok, v = _parse_uint64(data, colon + 1, i)
+                ok, v = parse_uint64(data, colon + 1, i)
                 if not ok:
                     code, err_start[line], err_end[line] = 4, s, i
                     break
@@ -212,7 +112,7 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
                 tok_val[ntok] = v
                 ntok += 1
             elif kind == _KIND_DENSE:
-                ok, x = _parse_float(data, colon + 1, i, pow10)
+                ok, x = parse_float(data, colon + 1, i, pow10)
                 g = key_index[k]
                 if not ok:
                     code, err_start[line], err_end[line] = 3, s, i
@@ -223,7 +123,7 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
                 dense[line, dense_cols[dense_start[g] + counts[g]]] = x
                 counts[g] += 1
             else:
-                ok, x = _parse_float(data, colon + 1, i, pow10)
+                ok, x = parse_float(data, colon + 1, i, pow10)
                 if not ok:
                     code, err_start[line], err_end[line] = 2, s, i
                     break
@@ -320,7 +220,7 @@ def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: in
     tok_val = np.empty(max_tokens, np.uint64)
     lines, ntok = _parse(
         buf, keys.hash, keys.small, keys.kind, keys.index, keys.dense_start, keys.dense_count,
-        keys.dense_cols, _POW10, status, err_start, err_end, label, dense, tok_line, tok_slot,
+        keys.dense_cols, POW10, status, err_start, err_end, label, dense, tok_line, tok_slot,
         tok_val,
     )  # fmt: skip
     status = status[:lines]

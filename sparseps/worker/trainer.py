@@ -20,7 +20,7 @@ from torch import nn
 
 from .. import optim, role
 from ..errors import ConfigError
-from ..metrics import CTRMetrics, MetricResult
+from ..metrics import CTRMetrics, DumpConfig, MetricResult
 from ..rpc.client import PSClient
 from . import collectives
 from .dense import DenseParams
@@ -28,6 +28,7 @@ from .lookup import build_lookup
 from .modes import GeoMode, make_mode
 from .nn import SparseEmbedding
 from .pipeline import Prefetcher
+from .reporting import PassReporter
 from .strategy import Strategy
 
 __all__ = ["InferResult", "PassResult", "Trainer"]
@@ -74,6 +75,8 @@ class Trainer:
         client: an existing ``PSClient`` (default: one to ``sps.server_endpoints()``).
         num_threads: torch compute threads of this worker (default 1: workers and servers
             of a job share the machine's cores; None leaves torch's setting alone).
+        metrics_path: worker 0 appends one JSON line per pass and phase here.
+        dump: per-sample fields / parameters to dump each training pass (off by default).
     """
 
     def __init__(
@@ -84,6 +87,8 @@ class Trainer:
         *,
         client=None,
         num_threads: int | None = 1,
+        metrics_path: str | None = None,
+        dump: DumpConfig | None = None,
     ):
         self.model = model
         self.dense_rule = dense_optimizer if dense_optimizer is not None else optim.Adam(lr=0.001)
@@ -97,6 +102,7 @@ class Trainer:
         self._check_tables()
         self._client = client
         self.num_threads = num_threads
+        self._report_args = {"metrics_path": metrics_path, "dump": dump}
         self._mode = None
         self._tombstones: dict[str, list[np.ndarray]] = {}
         self.passes = 0
@@ -134,6 +140,7 @@ class Trainer:
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         self.rank, self.server_num = env.rank, len(role.server_endpoints())
+        self._reporter = PassReporter(self.model, rank=env.rank, **self._report_args)
         self._mode = make_mode(
             self.strategy, self._client, DenseParams(self.model), self.dense_rule, env.rank
         )
@@ -203,6 +210,7 @@ class Trainer:
         prefetcher = self._iterate(
             dataset, pulls_ahead=mode.prefetch_pulls and self.strategy.prefetch
         )
+        self._reporter.begin(self.passes)
         start = last = time.perf_counter()
         batches = samples = window_samples = 0
         loss_sum = 0.0
@@ -218,6 +226,7 @@ class Trainer:
                 loss_sum += loss
                 metrics.update(preds, labels)
                 window.update(preds, labels)
+                self._reporter.batch(item[0], preds)
                 if print_period and batches % print_period == 0:
                     now = time.perf_counter()
                     log.info(
@@ -236,8 +245,12 @@ class Trainer:
             for emb in self.embeddings:
                 emb.unbind()
         seconds = time.perf_counter() - start
+        result = PassResult(metrics.compute(global_=True), batches, samples, seconds)
+        self._reporter.end(
+            self.passes, "train", result.metrics, samples_per_s=round(result.samples_per_s, 1)
+        )
         self.passes += 1
-        return PassResult(metrics.compute(global_=True), batches, samples, seconds)
+        return result
 
     def _train_step(self, item):
         dense_params = self._mode.dense
@@ -311,9 +324,10 @@ class Trainer:
             prefetcher.close()
             for emb in self.embeddings:
                 emb.unbind()
-        collectives.barrier()
+        result = metrics.compute(global_=True)
+        self._reporter.end_infer(self.passes, result)
         cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.float32)  # noqa: E731
-        return InferResult(cat(predictions), cat(labels), metrics.compute(global_=True))
+        return InferResult(cat(predictions), cat(labels), result)
 
     def evaluate(self, dataset) -> MetricResult:
         """Global metrics (AUC from merged buckets, logloss, ...) of the model on ``dataset``."""

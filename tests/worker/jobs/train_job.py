@@ -28,6 +28,8 @@ p.add_argument("--k-steps", type=int, default=5)
 p.add_argument("--load", default="")
 p.add_argument("--save", default="")
 p.add_argument("--infer-check", action="store_true")
+p.add_argument("--metrics-path", default=None)
+p.add_argument("--dump", default="")
 args = p.parse_args()
 
 sps.init()
@@ -41,7 +43,10 @@ model = WideDeep(
     wide_rule=sps.optim.Adagrad(lr=0.05),
 )
 strategy = sps.Strategy(mode=args.mode, k_steps=args.k_steps, dense_pull_interval=1)
-trainer = sps.Trainer(model, dense_optimizer=sps.optim.Adam(lr=0.01), strategy=strategy)
+dump = sps.metrics.DumpConfig(args.dump, fields=("sample_id", "label", "pred", "C1"), params=("head.wide_dense.weight",)) if args.dump else None
+trainer = sps.Trainer(
+    model, dense_optimizer=sps.optim.Adam(lr=0.01), strategy=strategy, metrics_path=args.metrics_path, dump=dump
+)
 if sps.is_server():
     sps.run_server()
     sys.exit(0)
