@@ -23,6 +23,7 @@ This module is a base module: it imports ``sparseps.optim`` only inside function
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -71,7 +72,7 @@ def check_float(
         ConfigError: not a real number, not finite, or out of bounds.
     """
     # bool is an int subclass; True as a learning rate is always a mistake.
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigError(
             f"{owner}.{name}: expected a number, got {value!r} ({type(value).__name__})"
         )
@@ -95,7 +96,7 @@ def check_int(
     owner: str, name: str, value: Any, *, ge: int | None = None, le: int | None = None
 ) -> int:
     """Return ``value`` as an int within ``[ge, le]`` or raise ConfigError naming the field."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ConfigError(
             f"{owner}.{name}: expected an integer, got {value!r} ({type(value).__name__})"
         )

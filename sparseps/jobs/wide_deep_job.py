@@ -35,6 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.001, help="dense Adam learning rate")
     p.add_argument("--sparse-lr", type=float, default=0.01, help="deep table Adam learning rate")
     p.add_argument("--threads", type=int, default=1, help="reader threads per worker")
+    p.add_argument("--no-prefetch", action="store_true", help="turn off pull/compute overlap")
     p.add_argument("--print-period", type=int, default=200)
     p.add_argument("--checkpoint", default="", help="save a checkpoint here after training")
     p.add_argument("--inference-model", default="", help="save an inference model here")
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
         deep_rule=sps.optim.Adam(lr=args.sparse_lr),
     )
     trainer = sps.Trainer(
-        model, dense_optimizer=sps.optim.Adam(lr=args.lr), strategy=sps.Strategy(mode=args.mode)
+        model, dense_optimizer=sps.optim.Adam(lr=args.lr), strategy=sps.Strategy(mode=args.mode, prefetch=not args.no_prefetch)
     )
     train = QueueDataset([args.train], CRITEO, batch_size=args.batch_size, threads=args.threads)
     start = time.perf_counter()
@@ -72,7 +73,6 @@ def main(argv=None) -> int:
         samples += result.samples
     train_s = time.perf_counter() - start
     total = collectives.all_reduce_sum(np.array([samples], np.int64))[0]
-    slowest = collectives.all_reduce_sum(np.array([train_s], np.float64))  # noqa: F841 (sum kept for mean)
     test = QueueDataset([args.test], CRITEO, batch_size=4096, threads=args.threads)
     metrics = trainer.evaluate(test)
     stats = trainer.client.stats()
@@ -85,13 +85,16 @@ def main(argv=None) -> int:
         "test_rows": metrics.count,
         "train_auc": result.metrics.auc,
         "mode": args.mode,
+        "worker0_batches": result.batches,
+        "worker0_pass_s": round(result.seconds, 3),
+        "worker0_timings": result.timings,
         "workers": sps.worker_num(),
         "table_rows": _table_rows(stats, trainer.tables),
     }
-    if args.checkpoint and hasattr(trainer, "save_checkpoint"):
+    if args.checkpoint:
         trainer.save_checkpoint(args.checkpoint)
         summary["checkpoint"] = args.checkpoint
-    if args.inference_model and hasattr(trainer, "save_inference_model"):
+    if args.inference_model:
         trainer.save_inference_model(args.inference_model)
         summary["inference_model"] = args.inference_model
     if sps.worker_index() == 0:

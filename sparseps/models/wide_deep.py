@@ -71,7 +71,9 @@ class WideDeep(SparseModel):
                     wide_table,
                     1,
                     slots=slots,
-                    rule=wide_rule or optim.FTRL(alpha=0.05, beta=1.0, l1=0.0, l2=0.0),
+                    # beta=0: gradients are of the batch-mean loss, so n stays tiny and the
+                    # paper's beta=1 would all but freeze the per-feature learning rate
+                    rule=wide_rule or optim.FTRL(alpha=0.1, beta=0.0, l1=0.0, l2=0.0),
                     initializer=Initializer.zeros(),
                 ),
             ]

@@ -34,7 +34,7 @@ _POLL_MS = 50
 _EVENTS = {
     zmq.EVENT_CONNECTED: "connected",
     zmq.EVENT_DISCONNECTED: "connection lost",
-    zmq.EVENT_CONNECT_RETRIED: "connection refused, retrying",
+    zmq.EVENT_CONNECT_RETRIED: "cannot connect (refused or unresolvable), retrying",
     zmq.EVENT_CLOSED: "closed",
 }
 

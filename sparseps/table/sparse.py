@@ -26,6 +26,7 @@ Semantics pinned here:
 from __future__ import annotations
 
 import logging
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,15 @@ from ..config import Admission, TableConfig
 from ..errors import ConfigError, InputError
 from . import checks
 from .batch import add_rows, dedup_merge, gather, init_rows, touch_rows
+from .columns import (
+    OPTIONAL_PENDING_COLUMNS,
+    OPTIONAL_ROW_COLUMNS,
+    PENDING_COLUMNS,
+    ROW_COLUMNS,
+    check_columns,
+    gather_columns,
+    write_stats,
+)
 from .hashmap import KeyIndex
 from .initializers import fill_initial
 from .layout import STAT_COLUMNS, RowLayout
@@ -45,12 +55,8 @@ log = logging.getLogger(__name__)
 
 INITIAL_ROWS = 256
 DOUBLING_BYTES = 64 << 20  # below this a matrix doubles; above it grows by 25%
-PENDING_COLUMNS = 3  # show, click, unseen (no embedding, state or delta_score)
+# pending storage columns: no embedding, state or delta_score
 PENDING_WHERE = {"show": 0, "click": 1, "unseen": 2}
-ROW_COLUMNS = ("key", "embedding", "state", "show", "click", "unseen_days", "delta_score")
-PENDING_EXPORT = ("key", "show", "click")
-OPTIONAL_ROW_COLUMNS = ("touched",)
-OPTIONAL_PENDING_COLUMNS = ("unseen_days", "touched")
 
 
 @dataclass(frozen=True)
@@ -75,19 +81,19 @@ class TableStats:
 
 
 def _grown(array: np.ndarray, needed: int) -> np.ndarray:
-    """``array`` with at least ``needed`` rows (contents kept), growing it if short.
+    """``array`` with at least ``needed`` rows (contents kept), reallocating if short.
 
-    Growth is in place (``ndarray.resize`` -> realloc, which for large blocks remaps
-    pages instead of copying), so a 5 GB table does not need 11 GB while it grows. That
-    is safe because no view of a table's storage ever leaves the table: every pull and
-    export returns fresh arrays, and kernels only borrow the matrix during a call.
+    Growth copies into a new matrix rather than resizing in place: a reader that still
+    holds the old matrix (a pull racing a push when a caller forgets its lock) then reads
+    stale rows instead of freed memory. The price is old + new memory during the copy.
     """
     capacity = array.shape[0]
     if needed <= capacity:
         return array
     step = capacity if array.nbytes < DOUBLING_BYTES else capacity // 4
-    array.resize((max(needed, capacity + step), array.shape[1]), refcheck=False)
-    return array
+    new = np.empty((max(needed, capacity + step), array.shape[1]), array.dtype)
+    new[:capacity] = array
+    return new
 
 
 class SparseTable:
@@ -116,7 +122,7 @@ class SparseTable:
         self._index = KeyIndex()
         self._rows = np.empty((INITIAL_ROWS, self.layout.width), np.float32)
         self._pending_index = KeyIndex()
-        self._pending = np.empty((16, PENDING_COLUMNS), np.float32)
+        self._pending = np.empty((16, len(PENDING_WHERE)), np.float32)
 
     # -- size -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -144,7 +150,9 @@ class SparseTable:
     def reserve(self, rows: int) -> None:
         """Pre-size storage for ``rows`` live rows (e.g. before loading a checkpoint)."""
         if rows > self._rows.shape[0]:
-            self._rows.resize((rows, self.layout.width), refcheck=False)
+            new = np.empty((rows, self.layout.width), np.float32)
+            new[: self._rows.shape[0]] = self._rows
+            self._rows = new
 
     def keys(self) -> np.ndarray:
         """uint64 keys of the live rows (slot order)."""
@@ -266,7 +274,7 @@ class SparseTable:
         """
         if rate is None:
             rate = self._policy.decay_rate
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0.0 < rate <= 1.0:
+        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 < rate <= 1.0:
             raise InputError(f"decay: rate must be a number in (0, 1], found {rate!r}")
         skeys, svals, sstate = self._index.slots()
         decay_slots(sstate, svals, self._rows, self._stat0, self._where["unseen"], float(rate))
@@ -309,15 +317,15 @@ class SparseTable:
             decay; optional on import, default 0).
         """
         keys, ids = self._index.items()
-        columns = _export(self._rows, keys, ids, self._where)
+        columns = gather_columns(self._rows, keys, ids, self._where)
         return {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
 
     def export_pending(self) -> dict[str, np.ndarray]:
         """Admission counters of keys not admitted yet: ``key``, ``show``, ``click``
         (+ ``unseen_days`` int32 and ``touched`` uint8, optional on import)."""
         keys, ids = self._pending_index.items()
-        columns = _export(self._pending, keys, ids, PENDING_WHERE)
-        return {name: columns[name] for name in (*PENDING_EXPORT, *OPTIONAL_PENDING_COLUMNS)}
+        columns = gather_columns(self._pending, keys, ids, PENDING_WHERE)
+        return {name: columns[name] for name in (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)}
 
     def import_rows(self, columns: dict) -> None:
         """Upsert rows from :meth:`export_rows` columns (bit-exact round trip).
@@ -330,7 +338,7 @@ class SparseTable:
                 non-finite values; nothing is imported then.
         """
         layout = self.layout
-        cols = _check_columns("import_rows", columns, ROW_COLUMNS, OPTIONAL_ROW_COLUMNS,
+        cols = check_columns("import_rows", columns, ROW_COLUMNS, OPTIONAL_ROW_COLUMNS,
                               layout.dim, layout.state_dim)  # fmt: skip
         keys = cols["key"]
         if keys.size == 0:
@@ -339,7 +347,7 @@ class SparseTable:
         self._rows = _grown(self._rows, self._index.high_water)
         self._rows[ids, : self._dim] = cols["embedding"]
         self._rows[ids, self._dim : self._stat0] = cols["state"]
-        _write_stats(self._rows, ids, cols, self._where)
+        write_stats(self._rows, ids, cols, self._where)
         self._pending_index.erase(keys)
 
     def import_pending(self, columns: dict) -> None:
@@ -350,8 +358,8 @@ class SparseTable:
         Raises:
             InputError: as :meth:`import_rows`.
         """
-        cols = _check_columns(
-            "import_pending", columns, PENDING_EXPORT, OPTIONAL_PENDING_COLUMNS, 0, 0
+        cols = check_columns(
+            "import_pending", columns, PENDING_COLUMNS, OPTIONAL_PENDING_COLUMNS, 0, 0
         )
         keep = np.flatnonzero(~self._index.contains(cols["key"]))
         if keep.size < cols["key"].size:
@@ -362,77 +370,4 @@ class SparseTable:
             return
         ids, _ = self._pending_index.find_or_insert(np.ascontiguousarray(cols["key"]))
         self._pending = _grown(self._pending, self._pending_index.high_water)
-        _write_stats(self._pending, ids, cols, PENDING_WHERE)
-
-
-def _export(storage, keys, ids, where: dict[str, int]) -> dict[str, np.ndarray]:
-    """Gather the columns named in ``where`` (name -> first storage column) for ``ids``."""
-    columns = {"key": keys}
-    dim = where.get("dim", 0)
-    if dim:
-        columns["embedding"] = storage[ids, :dim]
-        columns["state"] = storage[ids, dim : where["show"]]
-    unseen = storage[ids, where["unseen"]]
-    for name in ("show", "click", "delta_score"):
-        if name in where:
-            columns[name] = storage[ids, where[name]]
-    columns["unseen_days"] = np.maximum(unseen, 0).astype(np.int32)
-    columns["touched"] = (unseen < 0).astype(np.uint8)
-    return columns
-
-
-def _write_stats(storage, ids, cols, where: dict[str, int]) -> None:
-    """Write the statistics columns present in both ``cols`` and ``where``."""
-    for name in ("show", "click", "delta_score"):
-        if name in where:
-            storage[ids, where[name]] = cols[name]
-    unseen = cols.get("unseen_days")
-    unseen = np.zeros(ids.size, np.float32) if unseen is None else unseen.astype(np.float32)
-    touched = cols.get("touched")
-    if touched is not None:
-        unseen = np.where(touched != 0, np.float32(-1.0), unseen)  # -1: pushed since last decay
-    storage[ids, where["unseen"]] = unseen
-
-
-_COLUMN_TYPES = {
-    "key": np.uint64,
-    "embedding": np.float32,
-    "state": np.float32,
-    "show": np.float32,
-    "click": np.float32,
-    "delta_score": np.float32,
-    "unseen_days": np.int32,
-    "touched": np.uint8,
-}
-
-
-def _check_columns(op, columns, required, optional, dim, state_dim) -> dict[str, np.ndarray]:
-    """Validate export-style columns: names, dtypes, shapes, equal lengths, unique keys."""
-    if not isinstance(columns, dict):
-        raise InputError(f"{op}: expected a dict of numpy arrays, found {type(columns).__name__}")
-    missing = [name for name in required if name not in columns]
-    unknown = sorted(set(columns) - set(required) - set(optional))
-    if missing or unknown:
-        raise InputError(
-            f"{op}: columns must be {list(required)} (optional {list(optional)}); "
-            f"missing {missing}, unknown {unknown}"
-        )
-    keys = checks.check_keys(op, columns["key"], "columns['key']")
-    n = keys.shape[0]
-    result = {"key": keys}
-    for name in columns:
-        if name == "key":
-            continue
-        label = f"columns[{name!r}]"
-        if name in ("embedding", "state"):
-            width = dim if name == "embedding" else state_dim
-            result[name] = checks.check_matrix(op, label, columns[name], n, width)
-        else:
-            result[name] = checks.check_vector(op, label, columns[name], n, _COLUMN_TYPES[name])
-        if result[name].dtype == np.float32 and not np.isfinite(result[name]).all():
-            raise InputError(f"{op}: {label} contains NaN/inf; nothing was imported")
-    if "unseen_days" in result and (result["unseen_days"] < 0).any():
-        raise InputError(f"{op}: columns['unseen_days'] must be >= 0; nothing was imported")
-    if n > 1 and np.unique(keys).size != n:
-        raise InputError(f"{op}: columns['key'] has repeated keys; nothing was imported")
-    return result
+        write_stats(self._pending, ids, cols, PENDING_WHERE)

@@ -22,7 +22,9 @@ class Strategy:
             as they arrive; dense parameters live in a server dense table. ``"geo"``: workers
             train local copies for ``k_steps`` steps, then push parameter deltas.
         k_steps: geo mode: local steps between two delta pushes.
-        dense_pull_interval: async mode: pull fresh dense parameters every this many steps.
+        dense_pull_interval: async mode: pull fresh dense parameters every this many steps
+            (the pull overlaps the next batch's preparation; stale dense parameters hurt
+            Adam-trained MLPs badly, so the default is every step).
         prefetch: overlap the pull of batch i+1 with the compute of batch i (async mode;
             sync and geo prefetch data only, since their pulls must see the last update).
         push_queue_size: bound of the background push queue (in batches).
@@ -33,7 +35,7 @@ class Strategy:
 
     mode: str = "async"
     k_steps: int = 100
-    dense_pull_interval: int = 10
+    dense_pull_interval: int = 1
     prefetch: bool = True
     push_queue_size: int = 8
     rpc_timeout: float | None = None

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -48,6 +49,7 @@ class PassResult:
     batches: int
     samples: int
     seconds: float
+    timings: dict = field(default_factory=dict)
 
     @property
     def samples_per_s(self) -> float:
@@ -105,6 +107,7 @@ class Trainer:
         self._report_args = {"metrics_path": metrics_path, "dump": dump}
         self._mode = None
         self._tombstones: dict[str, list[np.ndarray]] = {}
+        self._timings: Counter = Counter()
         self.passes = 0
         self.rank = 0
         self.server_num = 0
@@ -176,7 +179,10 @@ class Trainer:
 
     def _prepare_with_pull(self, batch):
         lookups = self._lookups(batch)
-        return batch, lookups, self._pull_all(lookups, batch)
+        start = time.perf_counter()
+        rows = self._pull_all(lookups, batch)
+        self._timings["pull_s"] += time.perf_counter() - start
+        return batch, lookups, rows
 
     def _prepare(self, batch):
         return batch, self._lookups(batch), None
@@ -217,7 +223,9 @@ class Trainer:
         try:
             for item in mode.steps(prefetcher):
                 grads, dense_grad, loss, preds, labels = self._train_step(item)
+                step_start = time.perf_counter()
                 mode.apply(grads, dense_grad)
+                self._timings["apply_s"] += time.perf_counter() - step_start
                 if preds is None:
                     continue
                 batches += 1
@@ -245,7 +253,10 @@ class Trainer:
             for emb in self.embeddings:
                 emb.unbind()
         seconds = time.perf_counter() - start
-        result = PassResult(metrics.compute(global_=True), batches, samples, seconds)
+        timings = {k: round(v, 4) for k, v in self._timings.items()}
+        timings.update(self._mode.timings())
+        self._timings.clear()
+        result = PassResult(metrics.compute(global_=True), batches, samples, seconds, timings)
         self._reporter.end(
             self.passes, "train", result.metrics, samples_per_s=round(result.samples_per_s, 1)
         )
@@ -269,12 +280,17 @@ class Trainer:
             return grads, np.zeros(dense_params.size, np.float32), 0.0, None, None
         batch, lookups, rows = item
         if rows is None:
+            start = time.perf_counter()
             rows = self._pull_all(lookups, batch, local=isinstance(self._mode, GeoMode))
+            self._timings["pull_s"] += time.perf_counter() - start
+        start = time.perf_counter()
+        self._mode.before_forward()
         self._bind(batch, lookups, rows, grad=True)
         logits = self._forward(batch)
         labels = torch.from_numpy(np.asarray(batch.label, np.float32))
         loss_total = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
         (loss_total / self._mode.loss_scale(len(batch))).backward()
+        self._timings["compute_s"] += time.perf_counter() - start
         grads, done = [], set()
         for emb in self.embeddings:
             if emb.table in done:

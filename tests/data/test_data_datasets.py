@@ -11,6 +11,7 @@ import pytest
 import torch
 import xxhash
 
+from sparseps.cli import main
 from sparseps.data import CRITEO, Batch, InMemoryDataset, QueueDataset, Schema, shard
 from sparseps.data import sources as sources_module
 from sparseps.data.schema import ID_FILE_SHIFT
@@ -231,3 +232,26 @@ def test_global_shuffle_across_two_worker_processes(tmp_path):
         np.testing.assert_array_equal(r["labels"], rows % 2)  # content travelled with the id
         files = r["ids"] >> ID_FILE_SHIFT
         assert r["c1"].tolist() == [c1(int(f), int(k)) for f, k in zip(files, rows, strict=True)]
+
+
+def test_bad_arguments_name_the_field(tmp_path):
+    files = write_files(tmp_path / "d", [1])
+    cases = [
+        (dict(batch_size=0), "batch_size"),
+        (dict(batch_size=4, threads=0), "threads"),
+        (dict(batch_size=4, queue_size=True), "queue_size"),
+        (dict(batch_size=4, format="xml"), "format='xml'"),
+        (dict(batch_size=4, rank=2, world=2), "rank=2, world=2"),
+        (dict(batch_size=4, rank=0), "both rank and world"),
+        (dict(batch_size=4, pipe_command="cat", format="parquet"), "parquet"),
+    ]
+    for kwargs, text in cases:
+        with pytest.raises(ConfigError, match=text):
+            QueueDataset(files, CRITEO, **kwargs)
+    with pytest.raises(ConfigError, match="schema"):
+        QueueDataset(files, "criteo", batch_size=4)
+    with pytest.raises(ConfigError, match="repeated: C1"):
+        Schema("label", ("I1",), ("C1", "C1"))
+    with pytest.raises(ConfigError, match="dense_transform"):
+        Schema("label", ("I1",), ("C1",), dense_transform="sqrt")
+    assert main(["gen-data", "--rows", "10", "--out", str(tmp_path / "g"), "--files", "0"]) == 1

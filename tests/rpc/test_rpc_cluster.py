@@ -178,7 +178,7 @@ def test_one_client_shared_by_threads():
     """A training loop and a background push thread share one client (the trainer's use)."""
     config = TableConfig(name="s", dim=4, rule=optim.SGD(lr=1.0), initializer=Initializer.zeros())
     keys = np.arange(1, 2001, dtype=np.uint64)
-    rounds = 20
+    rounds = 10
     with local_cluster(servers=2, timeout=30) as cluster, cluster.client(timeout=20) as client:
         client.create_table(config)
         errors = []

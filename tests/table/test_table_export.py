@@ -157,3 +157,39 @@ def test_erased_rows_memory_is_reused():
         and stats.dim == 8
         and stats.bytes_used >= 20000 * table.layout.payload_bytes
     )
+
+
+def test_reserve_contains_keys_and_stats():
+    table = SparseTable(TableConfig(name="t", dim=3, rule=optim.Adam()))
+    table.reserve(5000)
+    capacity = table.stats().capacity
+    assert capacity >= 5000
+    keys = np.arange(4000, dtype=np.uint64) * np.uint64(7919)
+    table.push(keys, np.zeros((keys.size, 3), np.float32))
+    stats = table.stats()
+    assert stats.capacity == capacity and stats.rows == len(table) == 4000 and stats.pending == 0
+    assert stats.name == "t" and stats.dim == 3 and stats.bytes_used == table.nbytes
+    np.testing.assert_array_equal(np.sort(table.keys()), keys)
+    probe = np.array([0, 7919, 1, 2**64 - 1], np.uint64)
+    assert table.contains(probe).tolist() == [True, True, False, False]
+    assert table.pull(np.empty(0, np.uint64)).shape == (0, 3)
+    table.push(np.empty(0, np.uint64), np.empty((0, 3), np.float32))  # an empty push is a no-op
+    assert len(table) == 4000
+
+
+@pytest.mark.parametrize("admission", ["always", "count"])
+def test_pull_is_read_only(admission):
+    table = _trained(optim.Adam(), Lifecycle(admission=admission, admit_count=2))
+    before_rows, before_pending, before_stats = (
+        table.export_rows(),
+        table.export_pending(),
+        table.stats(),
+    )
+    probe = np.arange(0, 10000, 7, dtype=np.uint64)  # live rows, pending keys, never-seen keys
+    first = table.pull(probe)
+    assert table.stats() == before_stats
+    _assert_same(table.export_rows(), before_rows)
+    _assert_same(table.export_pending(), before_pending)
+    np.testing.assert_array_equal(table.pull(probe), first)
+    if admission == "count":  # pending and never-seen keys read as zeros
+        assert not first[~table.contains(probe)].any()

@@ -165,3 +165,17 @@ def test_config_dict_round_trip_and_unknown_keys():
         optim.rule_from_dict({"name": "rmsprop"})
     with pytest.raises(ConfigError, match=r"Lifecycle: unknown key"):
         TableConfig.from_dict(dict(d, lifecycle={"admision": "count"}))
+
+
+def test_numpy_scalars_are_accepted_and_normalised():
+    import msgpack
+
+    config = TableConfig(
+        name="t", dim=np.int64(4), rule=optim.Adam(lr=np.float32(0.5)), seed=np.uint64(2**64 - 1)
+    )
+    assert type(config.dim) is int and type(config.seed) is int and type(config.rule.lr) is float
+    assert TableConfig.from_dict(msgpack.unpackb(msgpack.packb(config.to_dict()))) == config
+    with pytest.raises(ConfigError, match=r"TableConfig.dim: expected an integer, got 4.0"):
+        TableConfig(name="t", dim=4.0)
+    with pytest.raises(ConfigError, match=r"SGD.lr: expected a number, got True"):
+        optim.SGD(lr=True)

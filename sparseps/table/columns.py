@@ -1,0 +1,111 @@
+"""The exchange format of a sparse table's rows: named numpy columns.
+
+``export_rows`` / ``import_rows`` (and the pending variants) speak this format; the
+checkpoint code writes it as Arrow/Parquet columns. One row per key::
+
+    key          uint64  [n]
+    embedding    float32 [n, dim]
+    state        float32 [n, state_dim]     optimizer state (RowLayout.state_columns)
+    show, click  float32 [n]
+    delta_score  float32 [n]                score gained since the last delta save
+    unseen_days  int32   [n]                decays since the row was last pushed
+    touched      uint8   [n]  (optional)    1 = pushed since the last decay
+
+Pending keys (not admitted yet) export ``key``, ``show``, ``click`` and optionally
+``unseen_days`` and ``touched``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError
+from . import checks
+
+__all__ = [
+    "OPTIONAL_PENDING_COLUMNS",
+    "OPTIONAL_ROW_COLUMNS",
+    "PENDING_COLUMNS",
+    "ROW_COLUMNS",
+    "check_columns",
+    "gather_columns",
+    "write_stats",
+]
+
+ROW_COLUMNS = ("key", "embedding", "state", "show", "click", "unseen_days", "delta_score")
+PENDING_COLUMNS = ("key", "show", "click")
+OPTIONAL_ROW_COLUMNS = ("touched",)
+OPTIONAL_PENDING_COLUMNS = ("unseen_days", "touched")
+
+
+def gather_columns(storage, keys, ids, where: dict[str, int]) -> dict[str, np.ndarray]:
+    """Gather the columns named in ``where`` (name -> first storage column) for ``ids``."""
+    columns = {"key": keys}
+    dim = where.get("dim", 0)
+    if dim:
+        columns["embedding"] = storage[ids, :dim]
+        columns["state"] = storage[ids, dim : where["show"]]
+    unseen = storage[ids, where["unseen"]]
+    for name in ("show", "click", "delta_score"):
+        if name in where:
+            columns[name] = storage[ids, where[name]]
+    columns["unseen_days"] = np.maximum(unseen, 0).astype(np.int32)
+    columns["touched"] = (unseen < 0).astype(np.uint8)
+    return columns
+
+
+def write_stats(storage, ids, cols, where: dict[str, int]) -> None:
+    """Write the statistics columns present in both ``cols`` and ``where``."""
+    for name in ("show", "click", "delta_score"):
+        if name in where:
+            storage[ids, where[name]] = cols[name]
+    unseen = cols.get("unseen_days")
+    unseen = np.zeros(ids.size, np.float32) if unseen is None else unseen.astype(np.float32)
+    touched = cols.get("touched")
+    if touched is not None:
+        unseen = np.where(touched != 0, np.float32(-1.0), unseen)  # -1: pushed since last decay
+    storage[ids, where["unseen"]] = unseen
+
+
+COLUMN_TYPES = {
+    "key": np.uint64,
+    "embedding": np.float32,
+    "state": np.float32,
+    "show": np.float32,
+    "click": np.float32,
+    "delta_score": np.float32,
+    "unseen_days": np.int32,
+    "touched": np.uint8,
+}
+
+
+def check_columns(op, columns, required, optional, dim, state_dim) -> dict[str, np.ndarray]:
+    """Validate export-style columns: names, dtypes, shapes, equal lengths, unique keys."""
+    if not isinstance(columns, dict):
+        raise InputError(f"{op}: expected a dict of numpy arrays, found {type(columns).__name__}")
+    missing = [name for name in required if name not in columns]
+    unknown = sorted(set(columns) - set(required) - set(optional))
+    if missing or unknown:
+        raise InputError(
+            f"{op}: columns must be {list(required)} (optional {list(optional)}); "
+            f"missing {missing}, unknown {unknown}"
+        )
+    keys = checks.check_keys(op, columns["key"], "columns['key']")
+    n = keys.shape[0]
+    result = {"key": keys}
+    for name in columns:
+        if name == "key":
+            continue
+        label = f"columns[{name!r}]"
+        if name in ("embedding", "state"):
+            width = dim if name == "embedding" else state_dim
+            result[name] = checks.check_matrix(op, label, columns[name], n, width)
+        else:
+            result[name] = checks.check_vector(op, label, columns[name], n, COLUMN_TYPES[name])
+        if result[name].dtype == np.float32 and not np.isfinite(result[name]).all():
+            raise InputError(f"{op}: {label} contains NaN/inf; nothing was imported")
+    if "unseen_days" in result and (result["unseen_days"] < 0).any():
+        raise InputError(f"{op}: columns['unseen_days'] must be >= 0; nothing was imported")
+    if n > 1 and np.unique(keys).size != n:
+        raise InputError(f"{op}: columns['key'] has repeated keys; nothing was imported")
+    return result
