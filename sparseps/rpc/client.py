@@ -295,6 +295,24 @@ class PSClient:
         """Overwrite the dense values (optimizer state is kept)."""
         return self._dense_op("set_dense", name, values)
 
+    def save_dense(self, name: str, directory: str | os.PathLike) -> str:
+        """The owning server writes the dense table (values + optimizer state) into
+        ``directory``; returns the file name (``dense.npz``)."""
+        folder = os.path.abspath(os.fspath(directory))
+        rank = self._dense_rank(name)
+        return self._all("save_dense", name, {"directory": folder}, ranks=[rank])[0]["name"]
+
+    def load_dense(self, name: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
+        """The owning server restores the dense table from a :meth:`save_dense` file."""
+        args = {"path": os.path.abspath(os.fspath(path)), "sha256": sha256}
+        self._all("load_dense", name, args, ranks=[self._dense_rank(name)])
+
+    def save_inference(self, table: str, directory: str | os.PathLike, mode: str) -> list[dict]:
+        """Every server writes its embeddings for serving (``mode`` base or delta, see
+        :mod:`sparseps.checkpoint.inference`); returns one file record per server."""
+        folder = os.path.abspath(os.fspath(directory))
+        return self._all("save_inference", table, {"directory": folder, "mode": mode})
+
     # -- cluster -----------------------------------------------------------------------
 
     def ping(

@@ -79,4 +79,11 @@ OPS: dict[str, OpSchema] = {
     "push_dense": OpSchema(table=True, bufs=(_VEC,)),
     "push_dense_delta": OpSchema(table=True, bufs=(_VEC,)),
     "set_dense": OpSchema(table=True, bufs=(_VEC,)),
+    "save_dense": OpSchema(table=True, args={"directory": ((str,), True)}),
+    "load_dense": OpSchema(
+        table=True, args={"path": ((str,), True), "sha256": ((str, _NONE), False)}
+    ),
+    "save_inference": OpSchema(
+        table=True, args={"directory": ((str,), True), "mode": ((str,), True)}
+    ),
 }

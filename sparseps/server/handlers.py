@@ -366,6 +366,81 @@ class ServerState:
             entry.table.set(values)
         return None, []
 
+    def _op_save_dense(self, request: Request):
+        """Write the dense table (values + optimizer state) as ``dense.npz`` (checkpoints)."""
+        from ..checkpoint.dense_file import save_dense_file
+
+        entry = self._dense_entry(request)
+        with entry.lock.read():
+            arrays = entry.table.export()
+        folder = request.args["directory"]
+        os.makedirs(folder, exist_ok=True)
+        name = save_dense_file(folder, arrays)
+        path = os.path.join(folder, name)
+        record = {
+            "name": name,
+            "path": path,
+            "bytes": os.path.getsize(path),
+            "sha256": shards.sha256_of(path),
+        }
+        return record, []
+
+    def _op_load_dense(self, request: Request):
+        from ..checkpoint.dense_file import load_dense_file
+
+        entry = self._dense_entry(request)
+        path, checksum = request.args["path"], request.args.get("sha256")
+        if not os.path.isfile(path):
+            raise CheckpointError(f"load_dense {request.table!r}: {path} does not exist")
+        if checksum is not None and shards.sha256_of(path) != checksum:
+            raise CheckpointError(f"load_dense {request.table!r}: {path} checksum mismatch")
+        arrays = load_dense_file(path)
+        if arrays["values"].shape != (entry.spec["size"],):
+            raise CheckpointError(
+                f"load_dense {request.table!r}: {path} holds {arrays['values'].shape} values, "
+                f"the table has {entry.spec['size']}"
+            )
+        with entry.lock.write():
+            entry.table.import_(arrays)
+        return None, []
+
+    def _op_save_inference(self, request: Request):
+        """Write this shard's embeddings for serving: ``base`` = rows whose score reaches the
+        lifecycle's base_score, ``delta`` = rows changed since the previous inference save
+        (delta_score > 0); the delta scores then restart from zero."""
+        from ..table.lifecycle import score
+
+        mode = request.args["mode"]
+        if mode not in ("base", "delta"):
+            raise InputError(f"save_inference: mode must be 'base' or 'delta', got {mode!r}")
+        entry = self._sparse_entry(request)
+        config = entry.table.config
+        with entry.lock.write():
+            rows = entry.table.export_rows()
+            entry.table.reset_delta_score()
+        if mode == "base":
+            keep = (
+                score(rows["show"], rows["click"], config.lifecycle) >= config.lifecycle.base_score
+            )
+        else:
+            keep = rows["delta_score"] > 0
+        keys = rows["key"][keep]
+        order = np.argsort(keys, kind="stable")
+        columns = {
+            "key": np.ascontiguousarray(keys[order]),
+            "embedding": np.ascontiguousarray(rows["embedding"][keep][order]),
+        }
+        name = f"{request.table}.{mode}-{self.rank:05d}-of-{self.num_servers:05d}.parquet"
+        meta = {
+            "table": request.table,
+            "config": config.to_dict(),
+            "rank": self.rank,
+            "num_servers": self.num_servers,
+            "kind": mode,
+        }
+        record = shards.write_shard(request.args["directory"], name, columns, meta)
+        return {**record, "rank": self.rank}, []
+
 
 def _file_spec(spec) -> tuple[str, str | None]:
     """A load entry is a path or a save record ``{"path", "sha256", ...}``."""
