@@ -32,6 +32,7 @@ _LAZY = {
     "PSClient": ("sparseps.rpc.client", "PSClient"),
     "Strategy": ("sparseps.worker.strategy", "Strategy"),
     "Trainer": ("sparseps.worker.trainer", "Trainer"),
+    "Predictor": ("sparseps.checkpoint.predictor", "Predictor"),
     "init": ("sparseps.role", "init"),
     "is_server": ("sparseps.role", "is_server"),
     "is_worker": ("sparseps.role", "is_worker"),
@@ -50,21 +51,42 @@ _LAZY = {
     "testing": ("sparseps.testing", None),
 }
 
-__all__ = sorted(
-    [
-        "CheckpointError",
-        "ConfigError",
-        "InputError",
-        "ProtocolError",
-        "RemoteError",
-        "SparsePSError",
-        "TimeoutError_",
-        "UnavailableError",
-        "__version__",
-        "errors",
-        *_LAZY,
-    ]
-)
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "Initializer",
+    "InputError",
+    "Lifecycle",
+    "PSClient",
+    "Predictor",
+    "ProtocolError",
+    "RemoteError",
+    "SparsePSError",
+    "Strategy",
+    "TableConfig",
+    "TimeoutError_",
+    "Trainer",
+    "UnavailableError",
+    "__version__",
+    "barrier_worker",
+    "data",
+    "errors",
+    "init",
+    "is_server",
+    "is_worker",
+    "metrics",
+    "models",
+    "nn",
+    "optim",
+    "run_server",
+    "server_endpoints",
+    "server_num",
+    "stop",
+    "testing",
+    "worker_index",
+    "worker_num",
+]
+assert set(__all__) >= set(_LAZY), "every lazy name is public"
 
 
 def __getattr__(name: str):

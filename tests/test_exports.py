@@ -7,7 +7,7 @@ import sparseps
 EXPECTED = {
     "CheckpointError", "ConfigError", "InputError", "ProtocolError", "RemoteError",
     "SparsePSError", "TimeoutError_", "UnavailableError", "__version__", "errors",
-    "Initializer", "Lifecycle", "TableConfig", "PSClient", "Strategy", "Trainer",
+    "Initializer", "Lifecycle", "TableConfig", "PSClient", "Strategy", "Trainer", "Predictor",
     "init", "is_server", "is_worker", "worker_index", "worker_num", "server_num",
     "server_endpoints", "run_server", "barrier_worker", "stop",
     "data", "metrics", "models", "nn", "optim", "testing",

@@ -22,6 +22,10 @@ __all__ = ["load_checkpoint", "save_checkpoint", "save_inference_model"]
 
 log = logging.getLogger(__name__)
 
+# Fault injection for tests (sparseps.testing): called after each table's shards are written
+# and before the manifest, so a test can kill a server in the middle of a save.
+after_table_saved = None
+
 
 def save_checkpoint(trainer, directory: str | Path, *, state: dict | None = None) -> dict | None:
     """Save every table, the dense model and ``state``; returns the manifest (worker 0)."""
@@ -42,6 +46,8 @@ def _write_checkpoint(trainer, directory: Path, state: dict) -> dict:
         records = trainer._client.save(name, str(directory))
         for record in records:
             files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
+        if after_table_saved is not None:
+            after_table_saved(name)
         tables[name] = {
             "config": config.to_dict(),
             "rows": sum(r["rows"] for r in records if r["kind"] == "rows"),

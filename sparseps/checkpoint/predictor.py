@@ -91,7 +91,9 @@ class Predictor:
                     config, np.empty(0, np.uint64), np.zeros((0, config.dim), np.float32)
                 )
                 self.tables[name] = table
-            for file_name in entry["files"]:
+            # tombstones first: a key deleted by shrink and pushed again later is in the rows
+            files = sorted(entry["files"], key=lambda name: not name.endswith(".tombstones.parquet"))
+            for file_name in files:
                 meta, columns = shards.read_shard(folder / file_name)
                 if meta.get("kind") == "tombstones":
                     table.delete(columns["key"])

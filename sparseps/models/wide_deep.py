@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .. import optim
-from ..config import Initializer
+from ..config import Initializer, Lifecycle
 from ..worker.nn import SparseEmbedding, SparseModel
 from ._blocks import mlp
 
@@ -42,6 +42,7 @@ class WideDeep(SparseModel):
         emb_dim: width of the deep embeddings.
         hidden: MLP hidden widths (the seed system's default is 400-400-400).
         deep_rule / wide_rule: server-side rules of the two tables.
+        lifecycle: admission / decay / shrink policy of both tables (default: admit all).
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class WideDeep(SparseModel):
         wide_rule=None,
         deep_table: str = "deep_emb",
         wide_table: str = "wide_emb",
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         super().__init__()
         slots = tuple(slots)
@@ -66,6 +68,7 @@ class WideDeep(SparseModel):
                     slots=slots,
                     rule=deep_rule or optim.Adam(lr=0.01),
                     initializer=Initializer.uniform(-0.05, 0.05),
+                    lifecycle=lifecycle,
                 ),
                 SparseEmbedding(
                     wide_table,
@@ -75,6 +78,7 @@ class WideDeep(SparseModel):
                     # paper's beta=1 would all but freeze the per-feature learning rate
                     rule=wide_rule or optim.FTRL(alpha=0.1, beta=0.0, l1=0.0, l2=0.0),
                     initializer=Initializer.zeros(),
+                    lifecycle=lifecycle,
                 ),
             ]
         )

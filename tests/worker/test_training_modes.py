@@ -177,7 +177,9 @@ def test_infer_leaves_every_table_unchanged(small_data, tmp_path):
     lines = read_jsonl(tmp_path / "metrics.jsonl")
     assert [(r["pass"], r["phase"]) for r in lines] == [(0, "train"), (1, "test")]
     assert lines[1]["auc"] == pytest.approx(got["summary"]["test_auc"])
-    fields = [read_dump(p) for p in sorted((tmp_path / "dump").glob("pass-00000/fields-worker-*.parquet"))]
+    fields = [
+        read_dump(p) for p in sorted((tmp_path / "dump").glob("pass-00000/fields-worker-*.parquet"))
+    ]
     assert len(fields) == 2 and sum(len(f["label"]) for f in fields) == 200
     assert all(((f["pred"] > 0) & (f["pred"] < 1)).all() for f in fields)
     assert got["summary"]["stats_unchanged"] is True, got["summary"]["stats"]

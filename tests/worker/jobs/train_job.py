@@ -30,6 +30,12 @@ p.add_argument("--save", default="")
 p.add_argument("--infer-check", action="store_true")
 p.add_argument("--metrics-path", default=None)
 p.add_argument("--dump", default="")
+p.add_argument("--save-stalled", default="", help="then start this save and stall after one table")
+p.add_argument("--marker", default="", help="touched when the stalled save is stalled")
+p.add_argument(
+    "--predict-check", default="", help="inference dir: base, shrink, 2 deltas vs Predictor"
+)
+p.add_argument("--shrink-score", type=float, default=0.0)
 args = p.parse_args()
 
 sps.init()
@@ -41,11 +47,22 @@ model = WideDeep(
     hidden=(16,),
     deep_rule=sps.optim.SGD(lr=0.05),
     wide_rule=sps.optim.Adagrad(lr=0.05),
+    lifecycle=sps.Lifecycle(shrink_score=args.shrink_score),
 )
 strategy = sps.Strategy(mode=args.mode, k_steps=args.k_steps, dense_pull_interval=1)
-dump = sps.metrics.DumpConfig(args.dump, fields=("sample_id", "label", "pred", "C1"), params=("head.wide_dense.weight",)) if args.dump else None
+dump = (
+    sps.metrics.DumpConfig(
+        args.dump, fields=("sample_id", "label", "pred", "C1"), params=("head.wide_dense.weight",)
+    )
+    if args.dump
+    else None
+)
 trainer = sps.Trainer(
-    model, dense_optimizer=sps.optim.Adam(lr=0.01), strategy=strategy, metrics_path=args.metrics_path, dump=dump
+    model,
+    dense_optimizer=sps.optim.Adam(lr=0.01),
+    strategy=strategy,
+    metrics_path=args.metrics_path,
+    dump=dump,
 )
 if sps.is_server():
     sps.run_server()
@@ -60,6 +77,33 @@ for _ in range(args.passes):
 if args.save:
     trainer.save_checkpoint(args.save)
 summary = {"train_auc": results}
+if args.save_stalled:
+    import pathlib
+    import time
+
+    from sparseps.checkpoint import coordinator
+
+    def stall(table):
+        pathlib.Path(args.marker).touch()
+        time.sleep(120)  # the test kills a server now; the save must not complete
+
+    coordinator.after_table_saved = stall
+    trainer.save_checkpoint(args.save_stalled)
+if args.predict_check:
+    from sparseps.checkpoint.predictor import Predictor
+
+    test = QueueDataset([args.test], CRITEO, batch_size=64, threads=1)
+    diffs, deleted = [], {}
+    for step in range(3):
+        if step:
+            trainer.train_from_dataset(train, print_period=0)
+            deleted = trainer.shrink()
+        trainer.save_inference_model(args.predict_check, mode="delta" if step else "base")
+        ours = trainer.infer_from_dataset(test).predictions
+        theirs = Predictor(args.predict_check).predict(test)
+        diffs.append(float(np.abs(ours - theirs).max()))
+    summary["predict_diffs"] = diffs
+    summary["deleted"] = deleted
 keys = np.load(args.keys)
 before = {t: trainer.client.pull(t, keys).wait() for t in trainer.tables}
 
