@@ -89,7 +89,9 @@ def _baseline(folder: Path) -> dict:
         w = wide(idx, off).view(slots, n, 1).transpose(0, 1)
         return head(torch.from_numpy(batch.dense), d, w).reshape(-1)
 
-    train = QueueDataset([str(folder / "train")], CRITEO, batch_size=BATCH, threads=1, rank=0, world=1)
+    train = QueueDataset(
+        [str(folder / "train")], CRITEO, batch_size=BATCH, threads=1, rank=0, world=1
+    )
     start, samples = time.perf_counter(), 0
     for batch in train:
         loss = F.binary_cross_entropy_with_logits(forward(batch), torch.from_numpy(batch.label))
@@ -102,7 +104,9 @@ def _baseline(folder: Path) -> dict:
     seconds = time.perf_counter() - start
     metrics = CTRMetrics()
     with torch.no_grad():
-        test = QueueDataset([str(folder / "test")], CRITEO, batch_size=4096, threads=1, rank=0, world=1)
+        test = QueueDataset(
+            [str(folder / "test")], CRITEO, batch_size=4096, threads=1, rank=0, world=1
+        )
         for batch in test:
             metrics.update(torch.sigmoid(forward(batch)).numpy(), batch.label)
     return {"samples_per_s": samples / seconds, "test_auc": metrics.compute().auc}
@@ -114,18 +118,34 @@ def run(quick: bool = False) -> list[BenchRecord]:
     with tempfile.TemporaryDirectory() as tmp:
         ours = _sparseps(folder, Path(tmp))
     base = _baseline(folder)
-    params = {"rows": rows, "servers": 1, "workers": 2, "mode": "async", "batch": BATCH, "model": "wide_deep 400-400-400 dim 8"}
+    params = {
+        "rows": rows,
+        "servers": 1,
+        "workers": 2,
+        "mode": "async",
+        "batch": BATCH,
+        "model": "wide_deep 400-400-400 dim 8",
+    }
     timings = ours["worker0_timings"]
-    per_step = sum(timings.get(k, 0.0) for k in ("pull_s", "compute_s", "push_s")) / max(ours["worker0_batches"], 1)
+    per_step = sum(timings.get(k, 0.0) for k in ("pull_s", "compute_s", "push_s")) / max(
+        ours["worker0_batches"], 1
+    )
     step = ours["worker0_pass_s"] / max(ours["worker0_batches"], 1)
     return [
-        BenchRecord("samples_per_s", ours["samples_per_s"], "samples/s", base["samples_per_s"], params),
+        BenchRecord(
+            "samples_per_s", ours["samples_per_s"], "samples/s", base["samples_per_s"], params
+        ),
         BenchRecord("test_auc", ours["test_auc"], "auc", base["test_auc"], params),
         BenchRecord(
             "step_overlap",
             step / per_step if per_step else 0.0,
             "ratio",
             None,
-            {**params, "step_ms": round(step * 1e3, 2), "pull_compute_push_ms": round(per_step * 1e3, 2), **timings},
+            {
+                **params,
+                "step_ms": round(step * 1e3, 2),
+                "pull_compute_push_ms": round(per_step * 1e3, 2),
+                **timings,
+            },
         ),
     ]

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "launch": ("sparseps.launch.cli", "start servers and workers, like fleetrun"),
     "gen-data": ("sparseps.data.gen_cli", "synthetic Criteo-format data from a planted model"),
+    "online": ("sparseps.online.cli", "streaming training in passes over time-partitioned data"),
 }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import SparsePSError
 
-DEFAULT_ROWS = 1_000_000
+DEFAULT_ROWS = 2_000_000
 DEFAULT_SEED = 2026
 
 

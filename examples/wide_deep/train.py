@@ -18,7 +18,9 @@ train_path, test_path = sys.argv[1], sys.argv[2]
 
 sps.init()
 model = WideDeep(CRITEO.slots, num_dense=len(CRITEO.dense), emb_dim=8, hidden=(400, 400, 400))
-trainer = sps.Trainer(model, dense_optimizer=sps.optim.Adam(lr=0.001), strategy=sps.Strategy(mode="async"))
+trainer = sps.Trainer(
+    model, dense_optimizer=sps.optim.Adam(lr=0.001), strategy=sps.Strategy(mode="async")
+)
 
 if sps.is_server():
     sps.run_server()

@@ -6,7 +6,8 @@ The *planted model* depends only on ``seed`` (and, for drifting data, on ``day``
   values); value ``k`` of a slot is drawn with a bounded power law (Zipf-like,
   ``P(k) ~ (k + 1) ** -a``, ``a`` per slot in 1.05..1.5) and is missing with a per-slot
   rate (0 to 45%); it is written as 8 hex digits, a bijection of ``k``, like real Criteo.
-- each value has a weight ``w = scale_slot * Laplace`` (heavier tails than a normal),
+- each value has a weight ``w = scale_slot * Laplace * (1 + k / 100) ** -0.75`` (heavier
+  tails than a normal; rarer values carry less signal, as in real logs), the Laplace draw
   computed from a hash of ``(seed, slot, k)``, so no table of millions of weights is
   stored; four slot pairs add an interaction weight per pair of values.
 - 13 integer dense features ``floor(exp(mu + sigma * z)) - 1`` (counts, some -1, some
@@ -52,6 +53,11 @@ CROSSES = ((0, 1), (4, 5), (8, 13), (16, 19))  # slot pairs with interaction wei
 NUM_DENSE = 13
 TARGET_CTR = 0.22
 LOGIT_SD = 1.6  # spread of the planted logit: Bayes AUC about 0.83 at a 22% CTR
+# Rare values carry less signal, as in real logs (a value's weight is damped by
+# (1 + k / RARE_SCALE) ** -RARE_POWER for its frequency rank k): most of the planted signal
+# sits in values a model sees often enough to learn in one pass over ~1M rows.
+RARE_SCALE = 100.0
+RARE_POWER = 0.75
 _SPLITS = {"train": 1, "test": 2, "calibration": 3}
 _M1, _M2, _GOLD = (
     np.uint64(0xBF58476D1CE4E5B9),
@@ -196,16 +202,24 @@ def _logits(model: PlantedModel, rows: _Rows, *, day: int) -> np.ndarray:
     values = rows.values.astype(np.uint64)
     logit = np.zeros(values.shape[0])
     for s in range(values.shape[1]):
-        w = _weights(model, s, values[:, s], day)
+        w = _weights(model, s, values[:, s], day) * _damping(rows.values[:, s])
         logit += model.scale[s] * np.where(rows.present[:, s], w, 0.0)
     for c, (a, b) in enumerate(CROSSES):
         pair = values[:, a] * np.uint64(1 << 24) ^ values[:, b]
-        w = _weights(model, 1000 + c, pair, day)
+        w = (
+            _weights(model, 1000 + c, pair, day)
+            * _damping(rows.values[:, a])
+            * _damping(rows.values[:, b])
+        )
         both = rows.present[:, a] & rows.present[:, b]
         logit += model.cross_scale[c] * np.where(both, w, 0.0)
     feature = np.where(rows.dense_present, np.log1p(np.maximum(rows.dense, 0)), 0.0)
     logit += (feature - model.dense_centre) @ model.dense_beta
     return logit
+
+
+def _damping(ranks: np.ndarray) -> np.ndarray:
+    return (1.0 + ranks / RARE_SCALE) ** -RARE_POWER
 
 
 def _codes(model: PlantedModel, values: np.ndarray) -> np.ndarray:

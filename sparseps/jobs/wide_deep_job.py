@@ -63,7 +63,9 @@ def main(argv=None) -> int:
         deep_rule=sps.optim.Adam(lr=args.sparse_lr),
     )
     trainer = sps.Trainer(
-        model, dense_optimizer=sps.optim.Adam(lr=args.lr), strategy=sps.Strategy(mode=args.mode, prefetch=not args.no_prefetch)
+        model,
+        dense_optimizer=sps.optim.Adam(lr=args.lr),
+        strategy=sps.Strategy(mode=args.mode, prefetch=not args.no_prefetch),
     )
     train = QueueDataset([args.train], CRITEO, batch_size=args.batch_size, threads=args.threads)
     start = time.perf_counter()

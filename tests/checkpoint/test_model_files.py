@@ -41,7 +41,14 @@ def _cmd(tmp: Path, servers: int, workers: int, *args: str) -> list[str]:
 
 def launch(tmp: Path, *args: str, servers: int = 2, workers: int = 2) -> dict:
     tmp.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(_cmd(tmp, servers, workers, *args), cwd=tmp, env=_env(), capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        _cmd(tmp, servers, workers, *args),
+        cwd=tmp,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads((tmp / "out.npz.json").read_text())
 
@@ -53,7 +60,10 @@ def read_checkpoint(directory: Path) -> dict:
     for name, entry in manifest["tables"].items():
         for kind in ("shard", "pending"):
             tables = [pq.read_table(directory / f) for f in entry["files"] if f".{kind}-" in f]
-            columns = {c: np.concatenate([t.column(c).to_numpy(zero_copy_only=False) for t in tables]) for c in tables[0].column_names}
+            columns = {
+                c: np.concatenate([t.column(c).to_numpy(zero_copy_only=False) for t in tables])
+                for c in tables[0].column_names
+            }
             order = np.argsort(columns["key"], kind="stable")
             for column, values in columns.items():
                 values = values[order]
@@ -80,13 +90,27 @@ def data(tmp_path_factory):
 
 
 def _args(data: Path, *more: str) -> list[str]:
-    return ["--train", str(data / "train"), "--test", str(data / "test"), "--keys", str(data / "keys.npy"), *more]
+    return [
+        "--train",
+        str(data / "train"),
+        "--test",
+        str(data / "test"),
+        "--keys",
+        str(data / "keys.npy"),
+        *more,
+    ]
 
 
 def test_save_with_two_servers_load_with_three_is_bit_identical(data, tmp_path):
     first, again = tmp_path / "ckpt2", tmp_path / "ckpt3"
     launch(tmp_path / "a", *_args(data, "--mode", "async", "--save", str(first)), servers=2)
-    launch(tmp_path / "b", *_args(data, "--mode", "async", "--passes", "0", "--load", str(first), "--save", str(again)), servers=3)
+    launch(
+        tmp_path / "b",
+        *_args(
+            data, "--mode", "async", "--passes", "0", "--load", str(first), "--save", str(again)
+        ),
+        servers=3,
+    )
     saved, reloaded = read_checkpoint(first), read_checkpoint(again)
     assert saved["deep_emb.shard.key"].size > 1000
     assert_same(saved, reloaded)
@@ -97,14 +121,23 @@ def test_resume_equals_uninterrupted_training(data, tmp_path):
     straight, half, resumed = tmp_path / "straight", tmp_path / "half", tmp_path / "resumed"
     launch(tmp_path / "a", *_args(data, "--mode", "sync", "--passes", "4", "--save", str(straight)))
     launch(tmp_path / "b", *_args(data, "--mode", "sync", "--passes", "2", "--save", str(half)))
-    launch(tmp_path / "c", *_args(data, "--mode", "sync", "--passes", "2", "--load", str(half), "--save", str(resumed)))
+    launch(
+        tmp_path / "c",
+        *_args(
+            data, "--mode", "sync", "--passes", "2", "--load", str(half), "--save", str(resumed)
+        ),
+    )
     assert_same(read_checkpoint(straight), read_checkpoint(resumed))
     assert mf.read_manifest(resumed)["state"]["passes"] == 4
 
 
 def test_predictor_reproduces_the_trainer_for_base_and_deltas_after_shrink(data, tmp_path):
     model = tmp_path / "infer"
-    summary = launch(tmp_path / "a", *_args(data, "--mode", "sync", "--predict-check", str(model), "--shrink-score", "0.5"), workers=1)
+    summary = launch(
+        tmp_path / "a",
+        *_args(data, "--mode", "sync", "--predict-check", str(model), "--shrink-score", "0.5"),
+        workers=1,
+    )
     assert len(summary["predict_diffs"]) == 3
     assert max(summary["predict_diffs"]) < 1e-6, summary["predict_diffs"]
     assert summary["deleted"]["deep_emb"] > 0  # shrink deleted rows: the deltas carry tombstones
@@ -116,12 +149,31 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(data,
     good, broken, marker = tmp_path / "good", tmp_path / "broken", tmp_path / "stalled"
     work = tmp_path / "a"
     work.mkdir()
-    args = _args(data, "--mode", "async", "--save", str(good), "--save-stalled", str(broken), "--marker", str(marker))
-    proc = subprocess.Popen(_cmd(work, 2, 2, *args), cwd=work, env=_env(SPARSEPS_RPC_TIMEOUT="5"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = _args(
+        data,
+        "--mode",
+        "async",
+        "--save",
+        str(good),
+        "--save-stalled",
+        str(broken),
+        "--marker",
+        str(marker),
+    )
+    proc = subprocess.Popen(
+        _cmd(work, 2, 2, *args),
+        cwd=work,
+        env=_env(SPARSEPS_RPC_TIMEOUT="5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the job never reached the stalled save"
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                "the job never reached the stalled save"
+            )
             time.sleep(0.2)
         server = json.loads((work / "log" / "pids.json").read_text())
         pid = _server_pid(server, 1)
@@ -132,13 +184,27 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(data,
             proc.kill()
     assert proc.returncode != 0
     # the half-written checkpoint is reported as incomplete and cannot be loaded
-    inspect = subprocess.run([sys.executable, "-m", "sparseps.cli", "inspect", str(broken)], capture_output=True, text=True, env=_env())
+    inspect = subprocess.run(
+        [sys.executable, "-m", "sparseps.cli", "inspect", str(broken)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
     assert inspect.returncode != 0 and "MANIFEST" in inspect.stdout + inspect.stderr
     assert any(broken.glob("deep_emb.shard-*.parquet"))  # it was really half written
     # the previous one verifies and loads into a fresh job with another server count
-    ok = subprocess.run([sys.executable, "-m", "sparseps.cli", "inspect", str(good)], capture_output=True, text=True, env=_env())
+    ok = subprocess.run(
+        [sys.executable, "-m", "sparseps.cli", "inspect", str(good)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+    )
     assert ok.returncode == 0, ok.stdout
-    launch(tmp_path / "b", *_args(data, "--mode", "async", "--passes", "0", "--load", str(good)), servers=3)
+    launch(
+        tmp_path / "b",
+        *_args(data, "--mode", "async", "--passes", "0", "--load", str(good)),
+        servers=3,
+    )
 
 
 def _server_pid(pids: dict, rank: int) -> int:

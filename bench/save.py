@@ -1,0 +1,82 @@
+"""Checkpoint save/load speed of a 5M-row table against plain numpy file IO.
+
+A real server (``local_cluster(servers=1)``) holds a 5M-row Adagrad table of dim 16; we
+time ``client.save`` (Parquet shard with checksums, atomic rename) and ``client.load``
+into a fresh table, and, in the same run, ``ndarray.tofile`` / ``np.fromfile`` of the
+same columns (the bytes a checkpoint must hold, with no format, checksum or routing).
+Records ``save_mb_per_s`` and ``load_mb_per_s`` (MB = 1e6 bytes of row payload).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sparseps.benchmarking import BenchRecord
+
+ROWS, QUICK_ROWS = 5_000_000, 500_000
+DIM = 16
+BATCH = 1 << 16
+
+
+def _numpy_round_trip(columns: dict, folder: Path) -> tuple[float, float]:
+    start = time.perf_counter()
+    for name, values in columns.items():
+        with open(folder / f"{name}.bin", "wb") as f:
+            values.tofile(f)
+            f.flush()
+    save = time.perf_counter() - start
+    start = time.perf_counter()
+    for name, values in columns.items():
+        np.fromfile(folder / f"{name}.bin", dtype=values.dtype)
+    return save, time.perf_counter() - start
+
+
+def run(quick: bool = False) -> list[BenchRecord]:
+    import sparseps as sps
+    from sparseps.table import SparseTable
+    from sparseps.testing import local_cluster
+
+    rows = QUICK_ROWS if quick else ROWS
+    config = sps.TableConfig(name="emb", dim=DIM, rule=sps.optim.Adagrad(lr=0.05))
+    keys = np.random.default_rng(0).permutation(
+        np.arange(1, rows + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    )
+    reference = SparseTable(config)
+    for start in range(0, rows, BATCH):
+        chunk = keys[start : start + BATCH]
+        reference.push(chunk, np.full((chunk.size, DIM), 0.01, np.float32))
+    columns = reference.export_rows()
+    payload = sum(v.nbytes for v in columns.values())
+    del reference
+    folder = Path(tempfile.mkdtemp(prefix="sparseps-bench-save-"))
+    try:
+        with local_cluster(servers=1, timeout=60) as cluster, cluster.client() as client:
+            client.create_table(config)
+            for start in range(0, rows, BATCH):
+                chunk = keys[start : start + BATCH]
+                client.push("emb", chunk, np.full((chunk.size, DIM), 0.01, np.float32)).wait()
+            start = time.perf_counter()
+            records = client.save("emb", folder / "ckpt", timeout=600)
+            save_s = time.perf_counter() - start
+            client.create_table(
+                sps.TableConfig(name="emb2", dim=DIM, rule=sps.optim.Adagrad(lr=0.05))
+            )
+            start = time.perf_counter()
+            loaded = client.load("emb2", records, timeout=600)
+            load_s = time.perf_counter() - start
+            assert loaded["rows"] == rows, loaded
+        (folder / "npy").mkdir()
+        np_save_s, np_load_s = _numpy_round_trip(columns, folder / "npy")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    mb = payload / 1e6
+    params = {"rows": rows, "dim": DIM, "rule": "adagrad", "servers": 1, "mb": round(mb, 1)}
+    return [
+        BenchRecord("save_mb_per_s", mb / save_s, "MB/s", mb / np_save_s, params),
+        BenchRecord("load_mb_per_s", mb / load_s, "MB/s", mb / np_load_s, params),
+    ]

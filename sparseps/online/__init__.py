@@ -1,0 +1,23 @@
+"""Streaming (online) training in passes over time-partitioned data (docs/online.md).
+
+``sparseps online CONFIG.yaml`` runs a job; :class:`OnlineDriver` is its pass loop,
+:class:`Ledger` its record of completed passes, :func:`load_config` its validated config.
+"""
+
+from __future__ import annotations
+
+from .config import OnlineConfig, load_config
+from .layout import DataLayout, PassId
+from .ledger import Ledger
+from .stream import write_stream
+
+__all__ = ["DataLayout", "Ledger", "OnlineConfig", "PassId", "load_config", "write_stream"]
+
+
+def __getattr__(name: str):
+    # the driver needs torch; load it only when asked for
+    if name == "OnlineDriver":
+        from .driver import OnlineDriver
+
+        return OnlineDriver
+    raise AttributeError(f"module 'sparseps.online' has no attribute {name!r}")

@@ -1,0 +1,57 @@
+"""``sparseps online CONFIG.yaml``: run a streaming-training job end to end.
+
+Validates the config, then starts the job through the launcher (``job.server_num``
+servers and ``job.worker_num`` workers on this machine, each running
+:mod:`sparseps.online.job`). Re-running the same command after a crash resumes after the
+last checkpointed pass (see docs/online.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["add_arguments", "launch_argv", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="the job's YAML config (see docs/online.md)")
+    parser.add_argument(
+        "--check", action="store_true", help="validate the config and print it; start nothing"
+    )
+
+
+def launch_argv(config, config_path: str | Path) -> list[str]:
+    """The ``sparseps launch`` arguments that run the job of ``config``."""
+    job = config.job
+    argv = [
+        "--server-num", str(job.server_num), "--worker-num", str(job.worker_num),
+        "--log-dir", str(config.log_dir),
+    ]  # fmt: skip
+    if job.job_id:
+        argv += ["--job-id", job.job_id]
+    return [*argv, str(Path(__file__).with_name("job.py")), str(Path(config_path).resolve())]
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..launch import cli as launch_cli
+    from .config import load_config
+    from .model_dir import ModelDir
+
+    config = load_config(args.config)
+    if args.check:
+        print(json.dumps(config.to_dict(), indent=2))
+        return 0
+    config.model_dir.mkdir(parents=True, exist_ok=True)
+    parser = argparse.ArgumentParser(prog="sparseps launch")
+    launch_cli.add_arguments(parser)
+    code = launch_cli.run(parser.parse_args(launch_argv(config, args.config)))
+    status_path = ModelDir(config.model_dir).status_path
+    status = json.loads(status_path.read_text()) if status_path.is_file() else {}
+    if code != 0 and status.get("state") == "failed":
+        print(f"sparseps online: error: {status.get('error')}", file=sys.stderr)
+    elif code == 0:
+        print(f"sparseps online: done; ledger {config.model_dir / 'ledger.jsonl'}", flush=True)
+    return code

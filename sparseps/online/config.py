@@ -1,0 +1,404 @@
+"""The YAML config of an online job, as frozen dataclasses validated at load.
+
+Example (every key but ``data.root``, ``schedule.start_day`` and ``save.model_dir`` has a
+default)::
+
+    job:      {server_num: 1, worker_num: 2, mode: sync}
+    data:     {root: /data/stream, pattern: "{day}/{hhmm}", split_minutes: 5,
+               splits_per_pass: 12, done_marker: _SUCCESS, wait_timeout_s: 3600}
+    schedule: {start_day: "20240101", days: 3}
+    model:    {emb_dim: 8, hidden: [64, 32], dense_lr: 0.001, deep_lr: 0.01}
+    save:     {model_dir: /models/ctr, delta_every: 1, checkpoint_every: 4}
+
+Unknown keys are rejected (``ConfigError`` names the key and lists the accepted ones);
+every value is type- and range-checked and an error names ``section.key``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = [
+    "DataConfig",
+    "JobConfig",
+    "ModelConfig",
+    "OnlineConfig",
+    "SaveConfig",
+    "ScheduleConfig",
+    "load_config",
+]
+
+MINUTES_PER_DAY = 24 * 60
+PATTERN_FIELDS = ("day", "hhmm", "year", "month", "dd", "hour", "minute")
+
+
+def _int(where: str, value: Any, lo: int, hi: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{where}: expected an integer {bound}, got {value!r}")
+    return value
+
+
+def _float(where: str, value: Any, lo: float, hi: float | None = None, *, open_lo=False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok:
+        value = float(value)
+        ok = (value > lo if open_lo else value >= lo) and (hi is None or value <= hi)
+    if not ok:
+        low = f"> {lo}" if open_lo else f">= {lo}"
+        bound = f"{low} and <= {hi}" if hi is not None else low
+        raise ConfigError(f"{where}: expected a number {bound}, got {value!r}")
+    return value
+
+
+def _str(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _choice(where: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ConfigError(f"{where}: expected one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def parse_day(where: str, value: Any) -> dt.date:
+    """``YYYYMMDD`` (a string, or an int YAML read from unquoted digits) as a date."""
+    text = str(value)
+    try:
+        if isinstance(value, bool) or len(text) != 8 or not text.isdigit():
+            raise ValueError
+        return dt.datetime.strptime(text, "%Y%m%d").date()
+    except ValueError:
+        raise ConfigError(
+            f"{where}: expected a day as YYYYMMDD (e.g. '20240101'), got {value!r}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Processes and training mode.
+
+    Args:
+        server_num, worker_num: processes the launcher starts (1..64).
+        mode: ``sync`` (exact, reproducible), ``async`` or ``geo``.
+        log_dir: per-role logs (default ``MODEL_DIR/log``).
+        job_id: id of the job's processes (default: the launcher's).
+        rpc_timeout_s, collective_timeout_s: see :class:`sparseps.Strategy`.
+    """
+
+    server_num: int = 1
+    worker_num: int = 1
+    mode: str = "sync"
+    log_dir: str | None = None
+    job_id: str | None = None
+    rpc_timeout_s: float = 120.0
+    collective_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        _int("job.server_num", self.server_num, 1, 64)
+        _int("job.worker_num", self.worker_num, 1, 64)
+        _choice("job.mode", self.mode, ("sync", "async", "geo"))
+        if self.log_dir is not None:
+            _str("job.log_dir", self.log_dir)
+        if self.job_id is not None:
+            _str("job.job_id", self.job_id)
+        _float("job.rpc_timeout_s", self.rpc_timeout_s, 0.0, open_lo=True)
+        _float("job.collective_timeout_s", self.collective_timeout_s, 0.0, open_lo=True)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the stream lies and how it is cut into passes.
+
+    Split ``i`` of a day starts at minute ``i * split_minutes`` and lives in
+    ``root / pattern.format(day="YYYYMMDD", hhmm="HHMM", ...)``; it is ready once its
+    ``done_marker`` file exists. A pass is ``splits_per_pass`` consecutive splits.
+
+    Args:
+        root: the stream's root folder.
+        pattern: a ``str.format`` pattern with fields day, hhmm, year, month, dd, hour, minute.
+        split_minutes: minutes per split (divides a day).
+        splits_per_pass: splits per pass.
+        done_marker: file name that says a split is complete.
+        wait_timeout_s: how long to wait for a split's marker before stopping the job.
+        poll_s: how often to look for a marker.
+        format: file format (``criteo_tsv``, ``csv``, ``slot_text``, ``parquet``).
+        batch_size, threads: see :class:`sparseps.data.InMemoryDataset`.
+        shuffle_seed: base seed of the per-pass global shuffle (``None``: no shuffle).
+    """
+
+    root: str = ""
+    pattern: str = "{day}/{hhmm}"
+    split_minutes: int = 5
+    splits_per_pass: int = 12
+    done_marker: str = "_SUCCESS"
+    wait_timeout_s: float = 3600.0
+    poll_s: float = 5.0
+    format: str = "criteo_tsv"
+    batch_size: int = 512
+    threads: int = 1
+    shuffle_seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        _str("data.root", self.root)
+        _str("data.pattern", self.pattern)
+        try:
+            self.pattern.format(**dict.fromkeys(PATTERN_FIELDS, "x"))
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(
+                f"data.pattern: {self.pattern!r} is not a format string over the fields "
+                f"{', '.join(PATTERN_FIELDS)} ({type(exc).__name__}: {exc})"
+            ) from None
+        if os.path.isabs(self.pattern) or ".." in Path(self.pattern).parts:
+            raise ConfigError(f"data.pattern: must be relative to data.root, got {self.pattern!r}")
+        _int("data.split_minutes", self.split_minutes, 1, MINUTES_PER_DAY)
+        if MINUTES_PER_DAY % self.split_minutes:
+            raise ConfigError(
+                f"data.split_minutes: must divide a day (1440 minutes), got {self.split_minutes}"
+            )
+        _int("data.splits_per_pass", self.splits_per_pass, 1, MINUTES_PER_DAY // self.split_minutes)
+        _str("data.done_marker", self.done_marker)
+        if "/" in self.done_marker:
+            raise ConfigError(
+                f"data.done_marker: a file name, not a path; got {self.done_marker!r}"
+            )
+        _float("data.wait_timeout_s", self.wait_timeout_s, 0.0)
+        _float("data.poll_s", self.poll_s, 0.0, open_lo=True)
+        _choice("data.format", self.format, ("criteo_tsv", "csv", "slot_text", "parquet"))
+        _int("data.batch_size", self.batch_size, 1, 1 << 20)
+        _int("data.threads", self.threads, 1, 64)
+        if self.shuffle_seed is not None:
+            _int("data.shuffle_seed", self.shuffle_seed, 0)
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """Which passes run.
+
+    Args:
+        start_day: first day, ``YYYYMMDD``.
+        days: how many days.
+        passes_per_day: passes per day (default: the whole day,
+            ``1440 / (split_minutes * splits_per_pass)``; fewer ends each day early).
+        evaluate_only: only evaluate each pass (progressive metrics of a frozen model,
+            e.g. loaded with ``model.init_checkpoint``); nothing is trained or saved.
+    """
+
+    start_day: str = ""
+    days: int = 1
+    passes_per_day: int | None = None
+    evaluate_only: bool = False
+
+    def __post_init__(self) -> None:
+        day = parse_day("schedule.start_day", self.start_day)
+        object.__setattr__(self, "start_day", day.strftime("%Y%m%d"))
+        _int("schedule.days", self.days, 1, 36600)
+        if self.passes_per_day is not None:
+            _int("schedule.passes_per_day", self.passes_per_day, 1)
+        if not isinstance(self.evaluate_only, bool):
+            raise ConfigError(
+                f"schedule.evaluate_only: expected true or false, got {self.evaluate_only!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The built-in wide&deep model and its optimizers.
+
+    Args:
+        emb_dim: deep embedding width.  hidden: MLP widths.
+        dense_lr: Adam learning rate of the dense part.
+        deep_rule, deep_lr: server rule of the deep table (adam, adagrad, sgd).
+        wide_lr: FTRL alpha of the wide table.
+        seed: torch seed of the dense initialisation.
+        decay_rate: end-of-day show/click decay (in (0, 1]).
+        shrink_score, shrink_unseen_days: end-of-day shrink thresholds.
+        init_checkpoint: warm start from this checkpoint when the model dir has none.
+    """
+
+    emb_dim: int = 8
+    hidden: tuple[int, ...] = (64, 32)
+    dense_lr: float = 0.001
+    deep_rule: str = "adam"
+    deep_lr: float = 0.01
+    wide_lr: float = 0.1
+    seed: int = 0
+    decay_rate: float = 0.98
+    shrink_score: float = 0.0
+    shrink_unseen_days: int = 30
+    init_checkpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        _int("model.emb_dim", self.emb_dim, 1, 1024)
+        if not isinstance(self.hidden, list | tuple) or not self.hidden:
+            raise ConfigError(
+                f"model.hidden: expected a non-empty list of widths, got {self.hidden!r}"
+            )
+        object.__setattr__(
+            self, "hidden", tuple(_int("model.hidden[]", h, 1, 1 << 16) for h in self.hidden)
+        )
+        _float("model.dense_lr", self.dense_lr, 0.0, open_lo=True)
+        _choice("model.deep_rule", self.deep_rule, ("adam", "adagrad", "sgd"))
+        _float("model.deep_lr", self.deep_lr, 0.0, open_lo=True)
+        _float("model.wide_lr", self.wide_lr, 0.0, open_lo=True)
+        _int("model.seed", self.seed, 0)
+        _float("model.decay_rate", self.decay_rate, 0.0, 1.0, open_lo=True)
+        _float("model.shrink_score", self.shrink_score, 0.0)
+        _int("model.shrink_unseen_days", self.shrink_unseen_days, 0)
+        if self.init_checkpoint is not None:
+            _str("model.init_checkpoint", self.init_checkpoint)
+
+
+@dataclass(frozen=True)
+class SaveConfig:
+    """What is saved and when (see docs/online.md for the model directory's layout).
+
+    Args:
+        model_dir: the job's model directory (ledger, checkpoints, inference model).
+        delta_every: save a delta inference model every this many passes (0: never).
+        checkpoint_every: save a checkpoint every this many passes (the end of each day
+            always saves one). Passes after the last checkpoint are redone after a crash.
+        keep_checkpoints: complete checkpoints kept (older ones are deleted).
+        check_inference: after each inference save, compare the inference model's
+            predictions on the pass's data with the trainer's (fails beyond 1e-6).
+    """
+
+    model_dir: str = ""
+    delta_every: int = 1
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2
+    check_inference: bool = False
+
+    def __post_init__(self) -> None:
+        _str("save.model_dir", self.model_dir)
+        _int("save.delta_every", self.delta_every, 0)
+        _int("save.checkpoint_every", self.checkpoint_every, 1)
+        _int("save.keep_checkpoints", self.keep_checkpoints, 1)
+        if not isinstance(self.check_inference, bool):
+            raise ConfigError(
+                f"save.check_inference: expected true or false, got {self.check_inference!r}"
+            )
+
+
+_SECTIONS = {
+    "job": JobConfig,
+    "data": DataConfig,
+    "schedule": ScheduleConfig,
+    "model": ModelConfig,
+    "save": SaveConfig,
+}
+_REQUIRED = {"data": ("root",), "schedule": ("start_day",), "save": ("model_dir",)}
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    """The whole job: one section per concern."""
+
+    job: JobConfig
+    data: DataConfig
+    schedule: ScheduleConfig
+    model: ModelConfig
+    save: SaveConfig
+
+    def __post_init__(self) -> None:
+        per_day = MINUTES_PER_DAY // (self.data.split_minutes * self.data.splits_per_pass)
+        if self.schedule.passes_per_day is not None and self.schedule.passes_per_day > per_day:
+            raise ConfigError(
+                f"schedule.passes_per_day: {self.schedule.passes_per_day} passes of "
+                f"{self.data.splits_per_pass} x {self.data.split_minutes} min do not fit in a "
+                f"day (at most {per_day})"
+            )
+
+    @property
+    def passes_per_day(self) -> int:
+        if self.schedule.passes_per_day is not None:
+            return self.schedule.passes_per_day
+        return MINUTES_PER_DAY // (self.data.split_minutes * self.data.splits_per_pass)
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(self.save.model_dir)
+
+    @property
+    def log_dir(self) -> Path:
+        return Path(self.job.log_dir) if self.job.log_dir else self.model_dir / "log"
+
+    @classmethod
+    def from_dict(cls, raw: Any, *, base: Path | None = None) -> OnlineConfig:
+        """Build from a parsed YAML mapping; relative paths resolve against ``base``."""
+        if not isinstance(raw, dict):
+            raise ConfigError(
+                f"online config: expected a mapping of sections, got {type(raw).__name__}"
+            )
+        unknown = sorted(set(raw) - set(_SECTIONS))
+        if unknown:
+            raise ConfigError(
+                f"online config: unknown section {unknown[0]!r}; accepted: {', '.join(_SECTIONS)}"
+            )
+        built = {}
+        for name, kind in _SECTIONS.items():
+            section = raw.get(name) or {}
+            if not isinstance(section, dict):
+                raise ConfigError(f"{name}: expected a mapping, got {section!r}")
+            accepted = [f.name for f in fields(kind)]
+            for key in section:
+                if key not in accepted:
+                    raise ConfigError(f"{name}.{key}: unknown key; accepted: {', '.join(accepted)}")
+            for key in _REQUIRED.get(name, ()):
+                if key not in section:
+                    raise ConfigError(f"{name}.{key}: required")
+            section = dict(section)
+            if base is not None:
+                for key in ("root", "model_dir", "log_dir", "init_checkpoint"):
+                    value = section.get(key)
+                    if isinstance(value, str) and value and not os.path.isabs(value):
+                        section[key] = str((base / value).resolve())
+            built[name] = kind(**section)
+        return cls(**built)
+
+    def to_dict(self) -> dict:
+        out = {}
+        for name in _SECTIONS:
+            section = getattr(self, name)
+            out[name] = {f.name: _plain(getattr(section, f.name)) for f in fields(section)}
+        return out
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def load_config(path: str | os.PathLike) -> OnlineConfig:
+    """Read and validate a YAML config; relative paths are relative to the file's folder.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or a value is invalid (names the key).
+    """
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"online config {path}: cannot read ({exc.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"online config {path}: not valid YAML ({exc})") from None
+    try:
+        return OnlineConfig.from_dict(raw, base=path.resolve().parent)
+    except ConfigError as exc:
+        raise ConfigError(f"online config {path}: {exc}") from None

@@ -1,0 +1,278 @@
+"""The pass loop of streaming training (every worker runs it; saves are collective).
+
+Per pass, in order:
+
+1. take the pass's data, loaded in the background while the previous pass trained (the
+   loader first waits for every split's done-marker, up to ``data.wait_timeout_s``);
+2. global shuffle (seed = ``data.shuffle_seed`` and the pass's ``seq``: a redone pass
+   sees the same order);
+3. **evaluate the new data with the current model** (progressive metrics: the model has
+   never seen these samples);
+4. train one pass;
+5. at the end of a day: decay + shrink, a base inference model; otherwise a delta
+   inference model every ``save.delta_every`` passes;
+6. a checkpoint every ``save.checkpoint_every`` passes and at the end of each day (its
+   manifest state holds the pass record);
+7. worker 0 appends the pass record to the ledger and logs it (one line + one JSON line).
+
+Restart: the newest complete checkpoint is loaded and the loop continues with the pass
+after it (the ledger's rule, see :mod:`sparseps.online.ledger`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CheckpointError, ConfigError, TimeoutError_
+from ..worker import collectives
+from .config import OnlineConfig
+from .layout import DataLayout, PassId
+from .ledger import Ledger
+from .model_dir import ModelDir
+
+__all__ = ["OnlineDriver"]
+
+log = logging.getLogger(__name__)
+
+INFERENCE_TOLERANCE = 1e-6
+
+
+class _Loader:
+    """Waits for a pass's done-markers, then loads this worker's share, in a thread."""
+
+    def __init__(self, layout: DataLayout, pass_id: PassId, make_dataset) -> None:
+        self.pass_id = pass_id
+        self._result = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(layout, make_dataset), name=f"online-load-{pass_id.seq}",
+            daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+
+    def _run(self, layout: DataLayout, make_dataset) -> None:
+        try:
+            folders = layout.wait_ready(self.pass_id)
+            dataset = make_dataset(folders)
+            dataset.load_into_memory()
+            self._result = (folders, dataset)
+        except BaseException as exc:  # re-raised in get()
+            self._error = exc
+
+    def get(self, timeout: float):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError_(
+                f"pass {self.pass_id}: loading its data took more than {timeout:.0f} s",
+                op="load_pass", seconds=timeout, setting="data.wait_timeout_s / job.collective_timeout_s",
+            )  # fmt: skip
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+
+class OnlineDriver:
+    """Runs the schedule of an online job on one worker.
+
+    Args:
+        config: the validated job config.
+        trainer: a :class:`sparseps.Trainer` of the job's model (connected on first use).
+        rank, world: this worker and the number of workers.
+    """
+
+    def __init__(self, config: OnlineConfig, trainer, *, rank: int, world: int) -> None:
+        self.config = config
+        self.trainer = trainer
+        self.rank, self.world = rank, world
+        self.layout = DataLayout(config)
+        self.dir = ModelDir(config.model_dir)
+        self.ledger = Ledger.of(config.model_dir)
+        self._last_checkpoint: str | None = None
+
+    # -- data --------------------------------------------------------------------------
+
+    def _dataset(self, folders):
+        from ..data import CRITEO, CRITEO_SLOT, InMemoryDataset
+
+        data = self.config.data
+        schema = CRITEO_SLOT if data.format == "slot_text" else CRITEO
+        return InMemoryDataset(
+            [str(f) for f in folders], schema, data.batch_size, data.threads,
+            format=data.format, rank=self.rank, world=self.world,
+        )  # fmt: skip
+
+    def _load_timeout(self) -> float:
+        return self.config.data.wait_timeout_s + self.config.job.collective_timeout_s
+
+    # -- resume ------------------------------------------------------------------------
+
+    def resume(self) -> int:
+        """Load the newest checkpoint (or ``model.init_checkpoint``); returns its last ``seq``."""
+        if self.rank == 0:
+            self.dir.clean_incomplete()
+        collectives.barrier()
+        latest = self.dir.latest_checkpoint()
+        last_seq, restored = -1, None
+        if latest is not None:
+            path, state = latest
+            self.trainer.load_checkpoint(path)
+            restored = state["online"]
+            last_seq = int(restored["seq"])
+            self._check_schedule(path, restored)
+            self._last_checkpoint = str(path)
+            log.info("resuming after %s/pass-%03d from %s", restored["day"], restored["pass"], path)
+        elif self.config.model.init_checkpoint:
+            self.trainer.load_checkpoint(self.config.model.init_checkpoint)
+            self.trainer.passes = 0
+            log.info("warm start from %s", self.config.model.init_checkpoint)
+        if self.rank == 0:
+            if self.ledger.records():
+                self.ledger.resume(last_seq, self._last_checkpoint, restored)
+            self.dir.rewind_inference(self.trainer.passes)
+        collectives.barrier()
+        return last_seq
+
+    def _check_schedule(self, path: Path, record: dict) -> None:
+        expected = {p.seq: p for p in self.layout.passes()}.get(int(record["seq"]))
+        if expected is not None and (expected.day, expected.index) != (
+            record["day"],
+            record["pass"],
+        ):
+            raise ConfigError(
+                f"{path}: holds pass {record['day']}/{record['pass']} as seq {record['seq']}, but "
+                f"this config's schedule has {expected}; schedule.start_day, "
+                "schedule.passes_per_day and data.splits_per_pass must not change between runs "
+                "of one model directory"
+            )
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> list[dict]:
+        """Run every pass after the last checkpoint; returns this run's pass records."""
+        last_seq = self.resume()
+        todo = [p for p in self.layout.passes() if p.seq > last_seq]
+        records = []
+        if self.rank == 0:
+            self.dir.write_status("running", next=str(todo[0]) if todo else None)
+        loader = _Loader(self.layout, todo[0], self._dataset) if todo else None
+        for i, pass_id in enumerate(todo):
+            folders, dataset = loader.get(self._load_timeout())
+            # all workers must hold their data before the collective shuffle
+            collectives.barrier()
+            loader = _Loader(self.layout, todo[i + 1], self._dataset) if i + 1 < len(todo) else None
+            records.append(self._run_pass(pass_id, folders, dataset))
+            dataset.release_memory()
+        if self.rank == 0:
+            self.dir.write_status("completed", passes=len(self.ledger.passes()))
+        return records
+
+    def _run_pass(self, pass_id: PassId, folders, dataset) -> dict:
+        trainer, config = self.trainer, self.config
+        start = time.perf_counter()
+        if config.data.shuffle_seed is not None:
+            dataset.global_shuffle(seed=config.data.shuffle_seed * 1_000_003 + pass_id.seq)
+        progressive = trainer.evaluate(dataset)
+        record = {
+            "kind": "pass", "seq": pass_id.seq, "day": pass_id.day, "pass": pass_id.index,
+            "splits": [str(f) for f in folders], "eval": progressive.to_dict(),
+        }  # fmt: skip
+        if config.schedule.evaluate_only:
+            record.update(trained=False, seconds=round(time.perf_counter() - start, 3))
+            self._finish(pass_id, record)
+            return record
+        result = trainer.train_from_dataset(dataset, print_period=0)
+        record.update(trained=True, train=result.metrics.to_dict(), samples=result.metrics.count)
+        saved = record["saved"] = {}
+        last_of_day = self.layout.is_last_of_day(pass_id)
+        if last_of_day:
+            trainer.decay(config.model.decay_rate)
+            record["shrunk"] = trainer.shrink()
+        inference_mode = None
+        if last_of_day:
+            inference_mode = "base"
+        elif config.save.delta_every and (pass_id.seq + 1) % config.save.delta_every == 0:
+            inference_mode = "delta" if self._has_base() else "base"
+        if inference_mode:
+            folder = trainer.save_inference_model(self.dir.inference, mode=inference_mode)
+            if self.rank == 0:
+                saved[inference_mode] = str(folder)
+            if config.save.check_inference:
+                record["inference_max_diff"] = self._check_inference(folders)
+        record["passes"] = trainer.passes
+        record["seconds"] = round(time.perf_counter() - start, 3)
+        if last_of_day or (pass_id.seq + 1) % config.save.checkpoint_every == 0:
+            path = self.dir.checkpoint_path(pass_id)
+            saved["checkpoint"] = record["checkpoint"] = str(path)
+            trainer.save_checkpoint(path, state={"online": _jsonable(record)})
+            self._last_checkpoint = str(path)
+            if self.rank == 0:
+                self.dir.prune(config.save.keep_checkpoints)
+        self._finish(pass_id, record)
+        return record
+
+    def _has_base(self) -> bool:
+        flag = np.array([self.dir.has_base() if self.rank == 0 else 0], np.int64)
+        return bool(collectives.all_reduce_sum(flag)[0])
+
+    def _finish(self, pass_id: PassId, record: dict) -> None:
+        record.setdefault("checkpoint", self._last_checkpoint)
+        if self.rank == 0:
+            self.ledger.append(_jsonable(record))
+            self.dir.write_status("running", last=str(pass_id))
+            eval_auc = record["eval"]["auc"]
+            train = record.get("train") or {}
+            log.info(
+                "online pass %s: progressive auc=%.6f logloss=%.6f count=%d | train auc=%s | "
+                "saved=%s | %.1f s",
+                pass_id, eval_auc, record["eval"]["logloss"], record["eval"]["count"],
+                f"{train['auc']:.6f}" if train else "-", sorted(record.get("saved", {})),
+                record["seconds"],
+            )  # fmt: skip
+            log.info("online pass record: %s", json.dumps(record, sort_keys=True))
+        collectives.barrier()
+
+    def _check_inference(self, folders) -> float:
+        """Max |inference model - trainer| prediction on this pass's data (collective)."""
+        from ..checkpoint.predictor import Predictor
+        from ..data import CRITEO, CRITEO_SLOT, QueueDataset
+
+        data = self.config.data
+        schema = CRITEO_SLOT if data.format == "slot_text" else CRITEO
+        dataset = QueueDataset(
+            [str(f) for f in folders], schema, data.batch_size, 1, format=data.format,
+            rank=self.rank, world=self.world,
+        )  # fmt: skip
+        mine = self.trainer.infer_from_dataset(dataset).predictions
+        # every worker holds the same inference files; each checks its own share
+        served = Predictor(self.dir.inference).predict(dataset)
+        if served.shape != mine.shape:
+            raise CheckpointError(
+                f"inference check: {served.size} predictions from the inference model, "
+                f"{mine.size} from the trainer"
+            )
+        diff = float(np.max(np.abs(served - mine))) if mine.size else 0.0
+        worst = collectives.all_gather_arrays(np.array([diff], np.float64))
+        diff = float(max(a[0] for a in worst))
+        if diff > INFERENCE_TOLERANCE:
+            raise CheckpointError(
+                f"inference check: the inference model in {self.dir.inference} differs from the "
+                f"trainer by up to {diff:.3g} (> {INFERENCE_TOLERANCE}) on {folders[0]}..."
+            )
+        return diff
+
+
+def _jsonable(record: dict) -> dict:
+    """Plain JSON values (numpy scalars become Python numbers)."""
+
+    def plain(value):
+        if isinstance(value, np.generic):
+            return value.item()
+        raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+    return json.loads(json.dumps(record, default=plain))

@@ -1,0 +1,85 @@
+"""The script ``sparseps online`` hands to the launcher; it runs on every role.
+
+``python -m sparseps.cli launch ... sparseps/online/job.py CONFIG.yaml``: servers serve;
+workers build the model from the config and run :class:`~sparseps.online.driver.OnlineDriver`.
+Worker 0 writes ``MODEL_DIR/status.json`` (``failed`` with the error when the job stops
+on an error, e.g. a split whose done-marker never appeared).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from sparseps.errors import SparsePSError
+
+log = logging.getLogger("sparseps.online.job")
+
+
+def build_trainer(config):
+    """The wide&deep model and trainer the config describes."""
+    import torch
+
+    import sparseps as sps
+    from sparseps.data import CRITEO
+    from sparseps.models import WideDeep
+
+    m = config.model
+    torch.manual_seed(m.seed)
+    rules = {"adam": sps.optim.Adam, "adagrad": sps.optim.Adagrad, "sgd": sps.optim.SGD}
+    model = WideDeep(
+        CRITEO.slots,
+        len(CRITEO.dense),
+        emb_dim=m.emb_dim,
+        hidden=m.hidden,
+        deep_rule=rules[m.deep_rule](lr=m.deep_lr),
+        wide_rule=sps.optim.FTRL(alpha=m.wide_lr, beta=0.0, l1=0.0, l2=0.0),
+        lifecycle=sps.Lifecycle(
+            decay_rate=m.decay_rate,
+            shrink_score=m.shrink_score,
+            shrink_unseen_days=m.shrink_unseen_days,
+        ),
+    )
+    strategy = sps.Strategy(
+        mode=config.job.mode,
+        rpc_timeout=config.job.rpc_timeout_s,
+        collective_timeout=config.job.collective_timeout_s,
+    )
+    return sps.Trainer(model, dense_optimizer=sps.optim.Adam(lr=m.dense_lr), strategy=strategy)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sparseps as sps
+    from sparseps.online.config import load_config
+    from sparseps.online.driver import OnlineDriver
+    from sparseps.online.model_dir import ModelDir
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: job.py CONFIG.yaml", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = load_config(argv[0])
+    sps.init()
+    if sps.is_server():
+        sps.run_server()
+        return 0
+    rank = sps.worker_index()
+    trainer = build_trainer(config)
+    try:
+        OnlineDriver(config, trainer, rank=rank, world=sps.worker_num()).run()
+    except SparsePSError as exc:
+        log.error("online job stopped: %s", exc)
+        if rank == 0:
+            ModelDir(config.model_dir).write_status("failed", error=str(exc))
+        print(f"sparseps online: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    trainer.stop()
+    sps.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

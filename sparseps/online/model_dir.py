@@ -1,0 +1,113 @@
+"""The model directory of an online job and what a restart finds in it.
+
+Layout::
+
+    MODEL_DIR/ledger.jsonl                 completed passes (see sparseps.online.ledger)
+    MODEL_DIR/status.json                  running / completed / failed (+ the error)
+    MODEL_DIR/checkpoints/SSSSSS-YYYYMMDD-PPP/   one checkpoint per saved pass (MANIFEST last)
+    MODEL_DIR/inference/base-NNNNN, delta-NNNNN  the serving chain (sparseps.Predictor)
+    MODEL_DIR/log/                         per-role logs of the launcher
+
+Every checkpoint goes to a new folder, so a crash mid-save leaves the previous one intact;
+only complete ones (valid manifest) count, and the newest ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from ..checkpoint import manifest as mf
+from ..errors import CheckpointError
+from .layout import PassId
+
+__all__ = ["ModelDir"]
+
+log = logging.getLogger(__name__)
+
+
+class ModelDir:
+    """Paths and housekeeping of one online job's model directory."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        self.checkpoints = self.root / "checkpoints"
+        self.inference = self.root / "inference"
+        self.status_path = self.root / "status.json"
+
+    def checkpoint_path(self, pass_id: PassId) -> Path:
+        return self.checkpoints / f"{pass_id.seq:06d}-{pass_id.day}-{pass_id.index:03d}"
+
+    def complete_checkpoints(self) -> list[tuple[Path, dict]]:
+        """Complete checkpoints (path, manifest state), oldest first."""
+        found = []
+        if self.checkpoints.is_dir():
+            for folder in sorted(self.checkpoints.iterdir()):
+                if not (folder / mf.MANIFEST).is_file():
+                    continue
+                try:
+                    manifest = mf.read_manifest(folder, fmt="sparseps-checkpoint")
+                except CheckpointError as exc:
+                    log.warning("ignoring checkpoint %s: %s", folder, exc)
+                    continue
+                if "online" in manifest.get("state", {}):
+                    found.append((folder, manifest["state"]))
+        return sorted(found, key=lambda item: item[1]["online"]["seq"])
+
+    def latest_checkpoint(self) -> tuple[Path, dict] | None:
+        found = self.complete_checkpoints()
+        return found[-1] if found else None
+
+    def clean_incomplete(self) -> None:
+        """Delete checkpoint folders without a manifest (saves a crash interrupted)."""
+        if self.checkpoints.is_dir():
+            for folder in self.checkpoints.iterdir():
+                if folder.is_dir() and not (folder / mf.MANIFEST).is_file():
+                    log.info("removing incomplete checkpoint %s", folder)
+                    shutil.rmtree(folder, ignore_errors=True)
+
+    def prune(self, keep: int) -> list[Path]:
+        """Delete all but the newest ``keep`` complete checkpoints; returns what was deleted."""
+        complete = self.complete_checkpoints()
+        gone = [path for path, _ in complete[: max(len(complete) - keep, 0)]]
+        for path in gone:
+            shutil.rmtree(path, ignore_errors=True)
+        return gone
+
+    def rewind_inference(self, passes: int) -> list[Path]:
+        """Delete inference saves newer than the resumed model (trained passes > ``passes``).
+
+        Their rows came from passes that will be trained again; keeping them would put a
+        future model in the serving chain. Incomplete saves go too.
+        """
+        removed = []
+        if not self.inference.is_dir():
+            return removed
+        for folder in sorted(self.inference.iterdir()):
+            if not folder.is_dir() or not folder.name.startswith(("base-", "delta-")):
+                continue
+            try:
+                state = mf.read_manifest(folder).get("state", {})
+                stale = int(state.get("passes", 0)) > passes
+            except CheckpointError:
+                stale = True
+            if stale:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+        if removed:
+            log.info("removed %d inference saves made after the checkpoint", len(removed))
+        return removed
+
+    def has_base(self) -> bool:
+        return self.inference.is_dir() and any(
+            (f / mf.MANIFEST).is_file() for f in self.inference.glob("base-*")
+        )
+
+    def write_status(self, state: str, **extra) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        mf.write_json_atomic(
+            self.status_path,
+            {"state": state, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra},
+        )

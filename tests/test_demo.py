@@ -1,0 +1,78 @@
+"""``sparseps demo`` end to end on a small data set, then inspect / predict its model files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT.parent / "shared" / "data" / "criteo_sample.csv"
+
+
+def sparseps(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "sparseps.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    done = sparseps("demo", "--out", str(out), "--rows", "40000", "--json")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_demo_json_summary(demo):
+    out, summary = demo
+    for key in ("rows", "train_s", "samples_per_s", "test_auc", "test_logloss", "bayes_auc", "table_rows",
+                "checkpoint", "inference_model", "test_data"):  # fmt: skip
+        assert key in summary, key
+    assert summary["rows"] == 40000
+    assert 0.6 < summary["test_auc"] <= summary["bayes_auc"] + 0.01
+    assert summary["table_rows"]["deep_emb"] > 1000
+    assert Path(summary["checkpoint"]).is_dir() and Path(summary["inference_model"]).is_dir()
+
+
+def test_inspect_verifies_both_model_directories(demo):
+    _, summary = demo
+    for directory in (summary["checkpoint"], summary["inference_model"]):
+        done = sparseps("inspect", directory)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "deep_emb" in done.stdout and "verified" in done.stdout
+
+
+@pytest.mark.skipif(not SAMPLE.is_file(), reason="the shared samples are not beside this checkout")
+def test_predict_runs_on_the_shared_criteo_sample(demo):
+    _, summary = demo
+    done = sparseps("predict", summary["inference_model"], "--data", str(SAMPLE))
+    assert done.returncode == 0, done.stderr
+    predictions = [float(x) for x in done.stdout.split()]
+    assert len(predictions) == 200 and all(0.0 < p < 1.0 for p in predictions)
+
+
+def test_flipping_one_byte_of_a_shard_fails_inspect_naming_the_file(demo, tmp_path):
+    import shutil
+
+    _, summary = demo
+    for source in (Path(summary["checkpoint"]), Path(summary["inference_model"])):
+        copy = tmp_path / source.name
+        shutil.copytree(source, copy)
+        shard = sorted(copy.rglob("deep_emb.*.parquet"))[0]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        done = sparseps("inspect", str(copy))
+        assert done.returncode != 0
+        assert shard.name in done.stdout + done.stderr
