@@ -47,6 +47,7 @@ _LAZY = {
     "metrics": ("sparseps.metrics", None),
     "models": ("sparseps.models", None),
     "nn": ("sparseps.nn", None),
+    "online": ("sparseps.online", None),
     "optim": ("sparseps.optim", None),
     "testing": ("sparseps.testing", None),
 }
@@ -77,6 +78,7 @@ __all__ = [
     "metrics",
     "models",
     "nn",
+    "online",
     "optim",
     "run_server",
     "server_endpoints",

@@ -10,7 +10,7 @@ EXPECTED = {
     "Initializer", "Lifecycle", "TableConfig", "PSClient", "Strategy", "Trainer", "Predictor",
     "init", "is_server", "is_worker", "worker_index", "worker_num", "server_num",
     "server_endpoints", "run_server", "barrier_worker", "stop",
-    "data", "metrics", "models", "nn", "optim", "testing",
+    "data", "metrics", "models", "nn", "online", "optim", "testing",
 }  # fmt: skip
 
 
