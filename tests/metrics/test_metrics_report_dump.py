@@ -83,7 +83,17 @@ def test_tensorboard_reporter(tmp_path):
         pytest.importorskip("tensorboard")  # reported as skipped: the writer path is untested
     with TensorBoardReporter(tmp_path / "tb") as tb:
         tb.report(RESULT, pass_id=0, phase="train")
+        tb.report(RESULT, pass_id=1, phase="train")
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    auc = [t for t in events.Tags()["scalars"] if t.endswith("/auc")]
+    assert len(auc) == 1
+    points = events.Scalars(auc[0])
+    assert [p.step for p in points] == [0, 1]
+    assert points[0].value == pytest.approx(0.7712)
 
 
 def test_field_dump_round_trip_over_passes_and_workers(tmp_path):
