@@ -69,7 +69,7 @@ def test_flipping_one_byte_of_a_shard_fails_inspect_naming_the_file(demo, tmp_pa
     for source in (Path(summary["checkpoint"]), Path(summary["inference_model"])):
         copy = tmp_path / source.name
         shutil.copytree(source, copy)
-        shard = sorted(copy.rglob("deep_emb.*.parquet"))[0]
+        shard = sorted(copy.rglob("deep_emb.*.arrow"))[0]
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0xFF
         shard.write_bytes(bytes(data))

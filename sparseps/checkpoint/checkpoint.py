@@ -5,7 +5,7 @@ Save (every worker calls it; it is collective):
 1. every worker flushes its pushes and meets the others at a barrier, so no push is
    applied between the start and the end of the save (a consistent cut);
 2. worker 0 invalidates an older manifest in the directory, asks every server to write
-   its shard of every table (Parquet, see :mod:`sparseps.server.shards`), writes the
+   its shard of every table (Arrow IPC, see :mod:`sparseps.server.shards`), writes the
    dense parameters and their optimizer state (``dense.npz``), and writes
    ``MANIFEST.json`` last, atomically, listing every file with size and checksum;
 3. a second barrier releases the workers.

@@ -2,8 +2,8 @@
 
 An inference model directory is a chain of saves, each a folder with its own manifest::
 
-    DIR/base-00003/   MANIFEST.json, head.pt, {table}.base-RRRRR-of-SSSSS.parquet ...
-    DIR/delta-00004/  MANIFEST.json, head.pt, {table}.delta-..., {table}.tombstones.parquet
+    DIR/base-00003/   MANIFEST.json, head.pt, {table}.base-RRRRR-of-SSSSS.arrow ...
+    DIR/delta-00004/  MANIFEST.json, head.pt, {table}.delta-..., {table}.tombstones.arrow
     DIR/delta-00005/  ...
 
 Sequence numbers increase across bases and deltas. A reader takes the newest complete
@@ -110,7 +110,7 @@ def write_inference(trainer, directory: Path, mode: str) -> Path:
         if tombstones.size:
             record = shards.write_shard(
                 folder,
-                f"{name}.tombstones.parquet",
+                f"{name}.tombstones.arrow",
                 {"key": tombstones},
                 {"kind": "tombstones", "table": name},
             )

@@ -12,9 +12,9 @@ Layout (version 1)::
       "format": "sparseps-checkpoint" | "sparseps-inference",
       "version": 1,
       "created": "2026-11-22T08:00:00Z",
-      "files": {"deep_emb.shard-00000-of-00002.parquet": {"size": 123, "sha256": "..."}, ...},
+      "files": {"deep_emb.shard-00000-of-00002.arrow": {"size": 123, "sha256": "..."}, ...},
       "tables": {"deep_emb": {"config": {...}, "layout": {...}, "rows": 1000,
-                              "files": ["deep_emb.shard-00000-of-00002.parquet", ...]}},
+                              "files": ["deep_emb.shard-00000-of-00002.arrow", ...]}},
       "dense": {...}, "state": {"pass": 3, "day": "20261122", ...}
     }
 """

@@ -92,9 +92,7 @@ class Predictor:
                 )
                 self.tables[name] = table
             # tombstones first: a key deleted by shrink and pushed again later is in the rows
-            files = sorted(
-                entry["files"], key=lambda name: not name.endswith(".tombstones.parquet")
-            )
+            files = sorted(entry["files"], key=lambda name: not name.endswith(".tombstones.arrow"))
             for file_name in files:
                 meta, columns = shards.read_shard(folder / file_name)
                 if meta.get("kind") == "tombstones":

@@ -430,7 +430,7 @@ class ServerState:
             "key": np.ascontiguousarray(keys[order]),
             "embedding": np.ascontiguousarray(rows["embedding"][keep][order]),
         }
-        name = f"{request.table}.{mode}-{self.rank:05d}-of-{self.num_servers:05d}.parquet"
+        name = f"{request.table}.{mode}-{self.rank:05d}-of-{self.num_servers:05d}.arrow"
         meta = {
             "table": request.table,
             "config": config.to_dict(),

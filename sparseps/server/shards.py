@@ -1,9 +1,9 @@
-"""Parquet shard files: one server's part of one sparse table, readable by other tools.
+"""Arrow IPC shard files: one server's part of one sparse table, readable by other tools.
 
 A save writes two files per server into the target directory::
 
-    {table}.shard-{rank:05d}-of-{S:05d}.parquet    rows: the columns of export_rows()
-    {table}.pending-{rank:05d}-of-{S:05d}.parquet  admission counters of keys not yet rows
+    {table}.shard-{rank:05d}-of-{S:05d}.arrow    rows: the columns of export_rows()
+    {table}.pending-{rank:05d}-of-{S:05d}.arrow  admission counters of keys not yet rows
 
 Row columns: ``key: uint64``, ``embedding: fixed_size_list<float32>[dim]``,
 ``state: fixed_size_list<float32>[state_dim]``, ``show``, ``click``, ``delta_score``:
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.feather as feather
 
 from ..errors import CheckpointError
 
@@ -40,7 +40,7 @@ _META_KEY = b"sparseps"
 def file_name(table: str, kind: str, rank: int, num_servers: int) -> str:
     """The shard file name; ``kind`` is ``"rows"`` or ``"pending"``."""
     stem = "shard" if kind == "rows" else "pending"
-    return f"{table}.{stem}-{rank:05d}-of-{num_servers:05d}.parquet"
+    return f"{table}.{stem}-{rank:05d}-of-{num_servers:05d}.arrow"
 
 
 def sha256_of(path: str | os.PathLike) -> str:
@@ -96,7 +96,10 @@ def write_shard(
     table = table.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})
     final = folder / name
     temporary = folder / f".{name}.tmp-{os.getpid()}"
-    pq.write_table(table, temporary)
+    # Arrow IPC (Feather v2), uncompressed: about memcpy speed, where Parquet's encoding of
+    # fixed-size-list columns wrote ~30x slower (bench/save.py); pyarrow, polars, pandas
+    # and DuckDB read it directly.
+    feather.write_feather(table, temporary, compression="uncompressed")
     with open(temporary, "rb+") as handle:
         os.fsync(handle.fileno())
     os.replace(temporary, final)
@@ -149,9 +152,11 @@ def read_shard(
             f"shard file {path}: sha256 does not match the saved record (file changed or corrupt)"
         )
     try:
-        table = pq.read_table(path)
+        table = feather.read_table(path, memory_map=True)
     except Exception as exc:
-        raise CheckpointError(f"shard file {path} is not readable Parquet: {exc}") from None
+        raise CheckpointError(
+            f"shard file {path} is not a readable Arrow IPC file: {exc}"
+        ) from None
     raw = (table.schema.metadata or {}).get(_META_KEY)
     if raw is None:
         raise CheckpointError(

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow.feather as feather
 import pytest
 
 from sparseps.checkpoint import manifest as mf
@@ -59,7 +59,7 @@ def read_checkpoint(directory: Path) -> dict:
     out = {}
     for name, entry in manifest["tables"].items():
         for kind in ("shard", "pending"):
-            tables = [pq.read_table(directory / f) for f in entry["files"] if f".{kind}-" in f]
+            tables = [feather.read_table(directory / f) for f in entry["files"] if f".{kind}-" in f]
             columns = {
                 c: np.concatenate([t.column(c).to_numpy(zero_copy_only=False) for t in tables])
                 for c in tables[0].column_names
@@ -191,7 +191,7 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(data,
         env=_env(),
     )
     assert inspect.returncode != 0 and "MANIFEST" in inspect.stdout + inspect.stderr
-    assert any(broken.glob("deep_emb.shard-*.parquet"))  # it was really half written
+    assert any(broken.glob("deep_emb.shard-*.arrow"))  # it was really half written
     # the previous one verifies and loads into a fresh job with another server count
     ok = subprocess.run(
         [sys.executable, "-m", "sparseps.cli", "inspect", str(good)],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.feather as feather
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,8 +83,8 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
 def checkpoint_arrays(folder: Path) -> dict[str, np.ndarray]:
     """Every column of every shard (rows sorted by key) and the dense arrays."""
     out = {}
-    for path in sorted(folder.glob("*.parquet")):
-        table = pq.read_table(path)
+    for path in sorted(folder.glob("*.arrow")):
+        table = feather.read_table(path)
         if table.num_rows == 0:
             out[path.name] = np.zeros(0)
             continue

@@ -65,5 +65,5 @@ def test_crash_and_resume_equals_uninterrupted_run(tmp_path):
     for name, ref in ref_arrays.items():
         np.testing.assert_array_equal(arrays[name], ref, err_msg=name)
     print(f"final checkpoints equal: {len(arrays)} arrays, "
-          f"{arrays['deep_emb.shard-00000-of-00001.parquet:key'].size} deep rows; "
+          f"{arrays['deep_emb.shard-00000-of-00001.arrow:key'].size} deep rows; "
           f"progressive auc per pass {[round(r['eval']['auc'], 4) for r in ledger.passes()]}")  # fmt: skip

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow.feather as feather
 import pytest
 
 from sparseps import optim
@@ -49,12 +49,14 @@ def test_two_servers_save_load_onto_three(tmp_path):
         before = client.pull("emb", probe).wait()
         saved = client.save("emb", tmp_path / "two")
     assert sorted(r["name"] for r in saved) == [
-        "emb.pending-00000-of-00002.parquet",
-        "emb.pending-00001-of-00002.parquet",
-        "emb.shard-00000-of-00002.parquet",
-        "emb.shard-00001-of-00002.parquet",
+        "emb.pending-00000-of-00002.arrow",
+        "emb.pending-00001-of-00002.arrow",
+        "emb.shard-00000-of-00002.arrow",
+        "emb.shard-00001-of-00002.arrow",
     ]
-    schema = pq.read_schema(saved[0]["path"] if saved[0]["kind"] == "rows" else saved[1]["path"])
+    schema = feather.read_table(
+        saved[0]["path"] if saved[0]["kind"] == "rows" else saved[1]["path"]
+    )
     assert str(schema.field("key").type) == "uint64"
     assert str(schema.field("embedding").type).startswith("fixed_size_list<")
 
@@ -93,4 +95,4 @@ def test_load_verifies_checksums(tmp_path):
         with pytest.raises(RemoteError, match="sha256 does not match"):
             client.load("emb", tampered)
         with pytest.raises(RemoteError, match="does not exist"):
-            client.load("emb", [str(tmp_path / "nope.parquet")])
+            client.load("emb", [str(tmp_path / "nope.arrow")])

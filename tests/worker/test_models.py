@@ -23,8 +23,14 @@ def _batch(rng, n=5):
     for name in SLOTS:
         lengths = rng.integers(0, 3, n)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        slots[name] = SimpleNamespace(values=rng.integers(0, 20, offsets[-1]).astype(np.uint64), offsets=offsets)
-    return _Batch(label=rng.integers(0, 2, n).astype(np.float32), dense=rng.random((n, 4), dtype=np.float32), slots=slots)
+        slots[name] = SimpleNamespace(
+            values=rng.integers(0, 20, offsets[-1]).astype(np.uint64), offsets=offsets
+        )
+    return _Batch(
+        label=rng.integers(0, 2, n).astype(np.float32),
+        dense=rng.random((n, 4), dtype=np.float32),
+        slots=slots,
+    )
 
 
 @pytest.mark.parametrize("cls", [WideDeep, DNN, DeepFM])
@@ -40,7 +46,9 @@ def test_model_trains_through_bound_rows_and_its_head_scripts(cls):
         emb.bind(lookup, rows, grad=True)
     logits = model(batch)
     assert logits.shape == (5,)
-    torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.label)).backward()
+    torch.nn.functional.binary_cross_entropy_with_logits(
+        logits, torch.from_numpy(batch.label)
+    ).backward()
     for emb in model.embeddings:
         grad = leaves[emb.table].grad
         assert grad is not None and grad.shape == (lookup.keys.size, emb.dim)
