@@ -12,6 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT.parent / "shared" / "data" / "criteo_sample.csv"
+if not SAMPLE.is_file():
+    SAMPLE = Path("/work/shared/data/criteo_sample.csv")
 
 
 def sparseps(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -13,7 +13,10 @@ import xxhash
 from sparseps.data import AVAZU, CRITEO, CRITEO_SLOT, Batch, QueueDataset, Schema, slot_seed
 from sparseps.data.hashing import hash_string_array, xxh64_bytes
 
-DATA = "/work/shared/data"
+# the shared samples live in shared/ beside the checkout (CI clones it the same way)
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data")
+if not os.path.isdir(DATA):
+    DATA = "/work/shared/data"
 CRITEO_CSV = os.path.join(DATA, "criteo_sample.csv")
 SLOT_TXT = os.path.join(DATA, "criteo_slot_sample.txt")
 AVAZU_CSV = os.path.join(DATA, "avazu_sample.csv")
