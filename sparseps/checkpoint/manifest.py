@@ -21,7 +21,6 @@ Layout (version 1)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -29,6 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..server.shards import sha256_of
 
 __all__ = [
     "MANIFEST",
@@ -43,14 +43,6 @@ __all__ = [
 MANIFEST = "MANIFEST.json"
 VERSION = 1
 FORMATS = ("sparseps-checkpoint", "sparseps-inference")
-
-
-def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def file_record(path: Path) -> dict:

@@ -7,10 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .. import optim
-from ..config import Initializer
-from ..worker.nn import SparseEmbedding, SparseModel
-from ._blocks import mlp
+from ..worker.nn import SparseModel
+from ._blocks import mlp, slot_embedding
 
 __all__ = ["DeepFM", "DeepFMHead"]
 
@@ -53,20 +51,8 @@ class DeepFM(SparseModel):
         slots = tuple(slots)
         self.embeddings = nn.ModuleList(
             [
-                SparseEmbedding(
-                    table,
-                    emb_dim,
-                    slots=slots,
-                    rule=rule or optim.Adam(lr=0.01),
-                    initializer=Initializer.uniform(-0.05, 0.05),
-                ),
-                SparseEmbedding(
-                    first_table,
-                    1,
-                    slots=slots,
-                    rule=first_rule or optim.Adam(lr=0.01),
-                    initializer=Initializer.zeros(),
-                ),
+                slot_embedding(table, emb_dim, slots, rule),
+                slot_embedding(first_table, 1, slots, first_rule, zeros=True),
             ]
         )
         self.head = DeepFMHead(len(slots), num_dense, emb_dim, hidden)

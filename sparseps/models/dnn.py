@@ -7,10 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .. import optim
-from ..config import Initializer
-from ..worker.nn import SparseEmbedding, SparseModel
-from ._blocks import mlp
+from ..worker.nn import SparseModel
+from ._blocks import mlp, slot_embedding
 
 __all__ = ["DNN", "DNNHead"]
 
@@ -41,15 +39,5 @@ class DNN(SparseModel):
     ) -> None:
         super().__init__()
         slots = tuple(slots)
-        self.embeddings = nn.ModuleList(
-            [
-                SparseEmbedding(
-                    table,
-                    emb_dim,
-                    slots=slots,
-                    rule=rule or optim.Adam(lr=0.01),
-                    initializer=Initializer.uniform(-0.05, 0.05),
-                )
-            ]
-        )
+        self.embeddings = nn.ModuleList([slot_embedding(table, emb_dim, slots, rule)])
         self.head = DNNHead(len(slots), num_dense, emb_dim, hidden)

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from .. import optim
-from ..config import Initializer, Lifecycle
-from ..worker.nn import SparseEmbedding, SparseModel
-from ._blocks import mlp
+from ..config import Lifecycle
+from ..worker.nn import SparseModel
+from ._blocks import mlp, slot_embedding
 
 __all__ = ["WideDeep", "WideDeepHead"]
 
@@ -60,26 +60,13 @@ class WideDeep(SparseModel):
     ) -> None:
         super().__init__()
         slots = tuple(slots)
+        # wide FTRL with beta=0: gradients are of the batch-mean loss, so n stays tiny and
+        # the paper's beta=1 would all but freeze the per-feature learning rate
+        wide_rule = wide_rule or optim.FTRL(alpha=0.1, beta=0.0, l1=0.0, l2=0.0)
         self.embeddings = nn.ModuleList(
             [
-                SparseEmbedding(
-                    deep_table,
-                    emb_dim,
-                    slots=slots,
-                    rule=deep_rule or optim.Adam(lr=0.01),
-                    initializer=Initializer.uniform(-0.05, 0.05),
-                    lifecycle=lifecycle,
-                ),
-                SparseEmbedding(
-                    wide_table,
-                    1,
-                    slots=slots,
-                    # beta=0: gradients are of the batch-mean loss, so n stays tiny and the
-                    # paper's beta=1 would all but freeze the per-feature learning rate
-                    rule=wide_rule or optim.FTRL(alpha=0.1, beta=0.0, l1=0.0, l2=0.0),
-                    initializer=Initializer.zeros(),
-                    lifecycle=lifecycle,
-                ),
+                slot_embedding(deep_table, emb_dim, slots, deep_rule, lifecycle=lifecycle),
+                slot_embedding(wide_table, 1, slots, wide_rule, zeros=True, lifecycle=lifecycle),
             ]
         )
         self.head = WideDeepHead(len(slots), num_dense, emb_dim, hidden)
