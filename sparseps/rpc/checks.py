@@ -1,7 +1,10 @@
 """Validation of the arrays handed to :class:`~sparseps.rpc.client.PSClient` (the public boundary).
 
 Each check raises :class:`~sparseps.errors.InputError` naming the call, the argument,
-what was expected and what was found.
+what was expected and what was found. Pushes are checked completely here, before
+anything is sent: a push split over several servers must be applied by all of them or by
+none, and a server that rejected its part could not undo the others' (the tables would
+then disagree with any single-table replay of the same pushes).
 """
 
 from __future__ import annotations
@@ -10,70 +13,102 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["check_counts", "check_keys", "check_rows", "check_vector"]
+__all__ = ["check_counts", "check_keys", "check_merged", "check_rows", "check_vector"]
+
+_REJECTED = "the whole push is rejected and nothing was sent to any server"
+
+
+def _found(values) -> str:
+    if isinstance(values, np.ndarray):
+        return f"{values.dtype} array of shape {values.shape}"
+    return type(values).__name__
 
 
 def check_keys(keys, what: str) -> np.ndarray:
     if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
-        found = (
-            f"{keys.dtype} array of shape {keys.shape}"
-            if isinstance(keys, np.ndarray)
-            else type(keys).__name__
-        )
         raise InputError(
-            f"{what}: keys must be a 1-D uint64 numpy array, got {found} (use keys.astype(np.uint64))"
+            f"{what}: keys must be a 1-D uint64 numpy array, got {_found(keys)} "
+            "(use keys.astype(np.uint64))"
         )
     return keys
 
 
 def check_rows(values, name: str, what: str, n: int) -> np.ndarray:
+    """float32 ``[n, dim]`` with no NaN/inf (the error names the first bad row/column)."""
     if (
         not isinstance(values, np.ndarray)
         or values.dtype != np.float32
         or values.ndim != 2
         or len(values) != n
     ):
-        found = (
-            f"{values.dtype} array of shape {values.shape}"
-            if isinstance(values, np.ndarray)
-            else type(values).__name__
-        )
         raise InputError(
-            f"{what}: {name} must be a float32 array of shape [{n}, dim] (one row per key), got {found}"
+            f"{what}: {name} must be a float32 array of shape [{n}, dim] (one row per key), "
+            f"got {_found(values)}"
         )
     bad = ~np.isfinite(values)
     if bad.any():
-        rows = np.flatnonzero(bad.any(axis=1))
+        # argmax of the flattened mask: the first bad value in C order, without a loop.
+        row, column = np.unravel_index(int(np.argmax(bad)), bad.shape)
         raise InputError(
-            f"{what}: {name} has {int(bad.sum())} NaN/inf values (first at row {int(rows[0])}); "
-            "the whole push is rejected so no server applies part of it"
+            f"{what}: {name} must be finite; {int(bad.sum())} NaN/inf value(s), first "
+            f"{float(values[row, column])!r} at {name}[{row}, {column}]; {_REJECTED}"
         )
     return values
 
 
 def check_counts(values, name: str, what: str, n: int) -> np.ndarray | None:
+    """Shows or clicks: None, or a finite, non-negative float32 ``[n]``.
+
+    The servers refuse the same values, but only for their own keys; checking here keeps
+    a bad count from being applied by some servers and not others.
+    """
     if values is None:
         return None
     if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.shape != (n,):
-        found = (
-            f"{values.dtype} array of shape {values.shape}"
-            if isinstance(values, np.ndarray)
-            else type(values).__name__
-        )
         raise InputError(
-            f"{what}: {name} must be a float32 array of shape [{n}] or None, got {found}"
+            f"{what}: {name} must be a float32 array of shape [{n}] or None, got {_found(values)}"
+        )
+    # NaN fails both comparisons, so one mask catches NaN, inf and negatives.
+    bad = ~(np.isfinite(values) & (values >= 0))
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise InputError(
+            f"{what}: {name} must be finite and >= 0; {int(bad.sum())} bad value(s), first "
+            f"{float(values[first])!r} at {name}[{first}]; {_REJECTED}"
         )
     return values
 
 
+def check_merged(
+    what: str, keys: np.ndarray, values: np.ndarray, shows: np.ndarray, clicks: np.ndarray
+) -> None:
+    """After duplicates were summed: finite inputs can still overflow float32 to inf.
+
+    Args:
+        what: the call, for the message.
+        keys: the unique keys, in the order of the merged rows.
+        values, shows, clicks: the merged rows and counts.
+
+    Raises:
+        InputError: naming the first key whose merged row or counts are not finite.
+    """
+    bad = ~np.isfinite(values).all(axis=1) | ~np.isfinite(shows) | ~np.isfinite(clicks)
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise InputError(
+            f"{what}: the summed gradients or counts of duplicate key {int(keys[first])} "
+            f"overflow float32 (inf); scale them down; {_REJECTED}"
+        )
+
+
 def check_vector(values, what: str) -> np.ndarray:
     if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.ndim != 1:
-        found = (
-            f"{values.dtype} array of shape {values.shape}"
-            if isinstance(values, np.ndarray)
-            else type(values).__name__
+        raise InputError(f"{what}: expected a 1-D float32 array, got {_found(values)}")
+    bad = ~np.isfinite(values)
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise InputError(
+            f"{what}: {int(bad.sum())} NaN/inf value(s), first {float(values[first])!r} at index "
+            f"{first}; rejected, nothing was sent"
         )
-        raise InputError(f"{what}: expected a 1-D float32 array, got {found}")
-    if not np.isfinite(values).all():
-        raise InputError(f"{what}: {int((~np.isfinite(values)).sum())} NaN/inf values; rejected")
     return np.ascontiguousarray(values)
