@@ -1,4 +1,8 @@
-"""A server started from the launcher's environment (DESIGN §2.2), without the launcher."""
+"""A server started from the launcher's environment (DESIGN §2.2), without the launcher.
+
+Issue 3, must-show 6: with the SPARSEPS_* variables set, the user-facing
+``sps.init(); sps.run_server()`` serves, and a PSClient reaches it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from sparseps.errors import ConfigError
 from sparseps.rpc.client import PSClient
 from sparseps.rpc.transport import free_port
 from sparseps.server import run_from_env
+from sparseps.table import SparseTable
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,20 +37,28 @@ def test_server_from_environment_variables(tmp_path):
         "SPARSEPS_LOG_DIR": str(tmp_path),
         "SPARSEPS_JOB_ID": "test-job",
     }
-    code = "import sparseps.server as s, sparseps.env as e; s.run_from_env(e.from_environ())"
+    code = "import sparseps as sps; sps.init(); sps.run_server()"
     process = subprocess.Popen(
         [sys.executable, "-c", code], env=environ, stderr=subprocess.PIPE, text=True
     )
     try:
         with PSClient([endpoint], timeout=20) as client:
             assert client.ping()[0]["pid"] == process.pid
-            client.create_table(TableConfig(name="emb", dim=4, rule=optim.SGD(lr=1.0), seed=5))
+            config = TableConfig(name="emb", dim=4, rule=optim.SGD(lr=1.0), seed=5)
+            reference = SparseTable(config)
+            client.create_table(config)
             keys = np.array([3, 1, 3], dtype=np.uint64)
+            grads = np.ones((3, 4), np.float32)
             before = client.pull("emb", keys).wait()
-            client.push("emb", keys, np.ones((3, 4), np.float32)).wait()
+            np.testing.assert_array_equal(before, reference.pull(keys))
+            assert before.any()  # the initial rows are not all zeros, so a no-op would show
+            client.push("emb", keys, grads).wait()
+            reference.push(keys, grads)
             after = client.pull("emb", keys).wait()
+            np.testing.assert_array_equal(after, reference.pull(keys))
             # key 3 appears twice: its two gradients are summed before the SGD step.
             np.testing.assert_allclose(before - after, [[2] * 4, [1] * 4, [2] * 4])
+            assert client.stats()["servers"][0]["tables"]["emb"]["rows"] == 2
             client.stop_servers()
         _, stderr = process.communicate(timeout=20)
     finally:
