@@ -23,7 +23,7 @@ wrong; the server turns it into an error reply and keeps serving.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 
 import msgpack
@@ -33,6 +33,7 @@ from ..errors import ConfigError, ProtocolError
 from .ops import OPS, OpSchema
 
 __all__ = [
+    "HEADER_ROOM",
     "OPS",
     "PROTOCOL_VERSION",
     "Limits",
@@ -58,6 +59,9 @@ DTYPES: dict[str, np.dtype] = {
 }
 _NAME_OF = {dt: name for name, dt in DTYPES.items()}
 _MAX_NDIM = 4
+# Bytes kept free for the msgpack header when one bulk buffer must fit in a message with
+# it. Headers of data messages are a few hundred bytes (a table name is at most 256 chars).
+HEADER_ROOM = 4096
 
 
 @dataclass(frozen=True)
@@ -81,16 +85,36 @@ class Limits:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"Limits.{name}: expected an integer >= 1, got {value!r}")
 
+    @property
+    def max_payload_bytes(self) -> int:
+        """Bytes of bulk data (one reply's rows, one dense vector) that fit in one message
+        beside its header: ``max_message_bytes - HEADER_ROOM``."""
+        return max(0, self.max_message_bytes - HEADER_ROOM)
+
+    @property
+    def max_dense_size(self) -> int:
+        """Floats in one dense table: it is pulled and pushed whole, in one message.
+
+        With its optimizer state (Adam keeps two more floats per value) a dense table then
+        holds at most about ``3 * max_message_bytes`` bytes of server memory.
+        """
+        return self.max_payload_bytes // 4
+
 
 @dataclass(frozen=True)
 class Request:
-    """A validated request: ``bufs`` maps the schema's buffer names to read-only arrays."""
+    """A validated request: ``bufs`` maps the schema's buffer names to read-only arrays.
+
+    ``limits`` are the limits it was decoded under; its reply travels the same way, so a
+    handler bounds what it would send back by them (before allocating it).
+    """
 
     op: str
     id: int
     table: str | None
     bufs: dict[str, np.ndarray]
     args: dict
+    limits: Limits = field(default=Limits(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -343,7 +367,7 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
     if len(set(rows.values())) > 1:
         raise ProtocolError(f"{where}: buffers must have the same number of rows, got {rows}")
     args = _check_args(op, schema, header.get("args", {}))
-    return Request(op=op, id=request_id, table=table, bufs=bufs, args=args)
+    return Request(op=op, id=request_id, table=table, bufs=bufs, args=args, limits=limits)
 
 
 def decode_reply(frames: Sequence, limits: Limits = Limits()) -> Reply:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import CheckpointError, ConfigError, InputError
 from ..rpc.batching import misrouted
-from ..rpc.protocol import PROTOCOL_VERSION, Request
+from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
 from . import shards
 from .routing import server_of
 
@@ -156,6 +156,20 @@ class ServerState:
                 "the client's endpoint list must equal the servers' (same hosts, same order)"
             )
 
+    def _check_reply_size(self, request: Request, count: int, width: int, unit: str) -> None:
+        """Refuse, before allocating it, a reply that could not travel in one message."""
+        limits = request.limits
+        nbytes = count * width * 4
+        if nbytes > limits.max_payload_bytes:
+            raise InputError(
+                f"server {self.rank}: {request.op} {request.table!r}: the reply would be {count} "
+                f"{unit} x {width} float32 = {nbytes} bytes, over the message limit "
+                f"(Limits.max_message_bytes={limits.max_message_bytes} minus {HEADER_ROOM} for the "
+                f"header); send at most {limits.max_payload_bytes // (width * 4)} {unit} per server "
+                "per request, or raise the servers' --max-message-bytes together with "
+                "PSClient(limits=Limits(max_message_bytes=...))"
+            )
+
     # -- control -----------------------------------------------------------------------
 
     def _op_ping(self, request: Request):
@@ -220,6 +234,7 @@ class ServerState:
         entry = self._sparse_entry(request)
         keys = request.bufs["keys"]
         self._check_keys(request, keys)
+        self._check_reply_size(request, len(keys), entry.table.config.dim, "keys")
         with entry.lock.read():
             rows = entry.table.pull(keys)
         return None, [rows]
@@ -308,8 +323,16 @@ class ServerState:
         from ..table import DenseTable
 
         size = request.args["size"]
-        if size < 1:
-            raise ConfigError(f"create_dense {request.table!r}: size must be >= 1, got {size}")
+        # Bounded so that pull_dense/push_dense fit in one message, which also bounds the
+        # table with its optimizer state to about 3 * max_message_bytes of memory.
+        largest = request.limits.max_dense_size
+        if not 1 <= size <= largest:
+            raise ConfigError(
+                f"server {self.rank}: create_dense {request.table!r}: size must be 1..{largest} "
+                f"floats, got {size}; a dense table travels whole in one message of at most "
+                f"Limits.max_message_bytes={request.limits.max_message_bytes} bytes (raise the "
+                "servers' --max-message-bytes and the client's Limits, or split the table)"
+            )
         rule = rule_from_dict(request.args["rule"])
         spec = {"size": size, "rule": rule.to_dict()}
         init = request.bufs.get("values")
