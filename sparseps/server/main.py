@@ -1,104 +1,39 @@
-"""The server process: a ROUTER front socket, a pool of handler threads, and a stop op.
+"""The server process: bind the endpoint, run the request loop, stop cleanly.
 
-Message flow (the "least-recently-used broker" pattern)::
+:class:`~sparseps.server.loop.RequestLoop` owns the front socket and answers data-plane
+ops itself; long ops go to a small pool of threads (see that module for why). This module
+sets the sockets up, installs the signal handlers and tears everything down.
 
-    clients (DEALER) ──tcp──▶ ROUTER front ──▶ broker loop ──inproc──▶ ROUTER back ──▶ handler threads
-                                                 (this thread)                  (DEALER each)
-
-The broker only moves frames (zero-copy): it hands each request to an *idle* handler
-thread, so a slow request (a save) never queues others behind it while threads are free.
-Handler threads decode and validate the request (:func:`decode_request`), run it on
-:class:`~sparseps.server.handlers.ServerState` and send the reply back the same way.
-
-A bad message or a failing handler produces an error reply and one log line; nothing a
-peer sends can stop the server except the ``stop`` op (or SIGTERM / SIGINT when
+Nothing a peer sends can stop the server except the ``stop`` op (or SIGTERM / SIGINT when
 :func:`serve` runs in the main thread).
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
+import os
 import signal
 import sys
 import threading
-import time
-import traceback
 from collections.abc import Sequence
 
 import zmq
 
 from ..env import Role, RoleEnv, parse_endpoint
-from ..errors import ConfigError, ProtocolError, SparsePSError, UnavailableError
+from ..errors import ConfigError, UnavailableError
 from ..rpc import transport
-from ..rpc.protocol import Limits, decode_request, encode_reply, peek_request_id
+from ..rpc.protocol import Limits
 from .handlers import ServerState
+from .loop import RequestLoop, handler_loop
 
 __all__ = ["DEFAULT_THREADS", "run_from_env", "serve"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_THREADS = 4
-_READY = b"\x00READY"
-_POLL_MS = 100
-# After a stop op, time given to in-flight requests to finish and their replies to leave.
-_DRAIN_S = 2.0
+# Pool threads for long ops (save, load, shrink, ...); the data plane runs in the loop.
+DEFAULT_THREADS = max(1, min(4, os.cpu_count() or 1))
 _instance = itertools.count()
-
-
-def _error_reply(request_id, exc: BaseException, *, with_traceback: bool) -> list:
-    text = "".join(traceback.format_exception(exc)) if with_traceback else ""
-    return encode_reply(
-        request_id, error={"type": type(exc).__name__, "message": str(exc), "traceback": text}
-    )
-
-
-def _process(state: ServerState, frames: list, limits: Limits, peer: str) -> list:
-    """One request in, reply frames out. Never raises."""
-    try:
-        request = decode_request(frames, limits)
-    except ProtocolError as exc:
-        state.count("bad_messages")
-        log.warning(
-            "server %d: bad message from %s dropped with an error reply: %s", state.rank, peer, exc
-        )
-        return _error_reply(peek_request_id(frames), exc, with_traceback=False)
-    try:
-        result, bufs = state.handle(request)
-        return encode_reply(request.id, result=result, bufs=bufs)
-    except Exception as exc:  # a handler failure is reported to the caller, never fatal here
-        state.count("failed")
-        log.warning(
-            "server %d: %s %r failed: %s: %s",
-            state.rank,
-            request.op,
-            request.table,
-            type(exc).__name__,
-            exc,
-        )
-        return _error_reply(request.id, exc, with_traceback=not isinstance(exc, SparsePSError))
-
-
-def _handler_loop(
-    context: zmq.Context, address: str, state: ServerState, limits: Limits, done: threading.Event
-) -> None:
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    try:
-        sock.send(_READY)
-        while not done.is_set():
-            if not sock.poll(_POLL_MS):
-                continue
-            frames = sock.recv_multipart(copy=False)
-            client, body = frames[0], frames[1:]
-            reply = _process(state, body, limits, peer=client.bytes.hex())
-            transport.send_frames(sock, [client, *reply])
-    except zmq.ContextTerminated:
-        pass
-    finally:
-        sock.close()
 
 
 def _check_args(rank: int, endpoints: Sequence[str], threads: int) -> None:
@@ -131,7 +66,7 @@ def serve(
         endpoints: ``host:port`` of every server, in rank order (the same list the workers use).
         bind_host: interface to bind; default: the endpoint's host if it is an IP address
             (``localhost`` -> 127.0.0.1), else all interfaces.
-        threads: handler threads.
+        threads: pool threads for long ops (default: the core count, at most 4).
         limits: message size limits (default :class:`Limits`).
         ready: set once the socket is bound (for in-process servers).
 
@@ -167,7 +102,7 @@ def serve(
     done = threading.Event()
     workers = [
         threading.Thread(
-            target=_handler_loop,
+            target=handler_loop,
             args=(context, inproc, state, limits, done),
             name=f"sparseps-server-{rank}-h{i}",
             daemon=True,
@@ -183,9 +118,11 @@ def serve(
     log.info("running server with rank id: %d, endpoint: %s:%d", rank, host, port)
     if ready is not None:
         ready.set()
+    loop = RequestLoop(front, back, state, limits, threads)
     try:
-        _broker(front, back, state, threads)
+        loop.run()
     finally:
+        loop.close()
         done.set()
         for worker in workers:
             worker.join(timeout=2.0)
@@ -201,31 +138,6 @@ def serve(
         else:
             context.term()
         log.info("server %d stopped", rank)
-
-
-def _broker(front: zmq.Socket, back: zmq.Socket, state: ServerState, threads: int) -> None:
-    """Move requests to idle handlers and replies to clients until stopped and drained."""
-    idle: collections.deque[bytes] = collections.deque()
-    poller = zmq.Poller()
-    poller.register(back, zmq.POLLIN)
-    drain_until = None
-    while True:
-        if state.stop_requested.is_set():
-            drain_until = drain_until or time.monotonic() + _DRAIN_S
-            # Ready handlers announce themselves once; all idle means no reply is pending.
-            if len(idle) >= threads or time.monotonic() > drain_until:
-                return
-        accepting = bool(idle) and drain_until is None
-        poller.register(front, zmq.POLLIN if accepting else 0)
-        events = dict(poller.poll(_POLL_MS))
-        if back in events:
-            frames = back.recv_multipart(copy=False)
-            idle.append(frames[0].bytes)
-            if len(frames) > 2 or frames[1].bytes != _READY:
-                front.send_multipart(frames[1:], copy=False)
-        if accepting and front in events:
-            frames = front.recv_multipart(copy=False)
-            back.send_multipart([idle.popleft(), *frames], copy=False)
 
 
 def _install_signals(state: ServerState) -> dict:
