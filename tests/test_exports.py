@@ -1,6 +1,7 @@
 """The public front door: nothing private leaks, nothing public disappears."""
 
 import importlib
+import types
 
 import sparseps
 
@@ -25,6 +26,40 @@ def test_every_public_name_resolves():
 
 def test_no_private_name_in_all():
     assert not [n for n in sparseps.__all__ if n.startswith("_") and n != "__version__"]
+
+
+def _leaks(module: types.ModuleType) -> list[str]:
+    """Public-looking attributes of ``module`` that are neither in ``__all__`` nor one of
+    its own submodules (``sparseps.rpc`` appears on ``sparseps`` once imported)."""
+    public = set(module.__all__)
+    return sorted(
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and name not in public
+        and not (
+            isinstance(value, types.ModuleType) and value.__name__ == f"{module.__name__}.{name}"
+        )
+    )
+
+
+def test_no_stray_attribute_leaks():
+    # Resolve every lazy name first: that imports (and attaches) the submodules behind them.
+    for name in sparseps.__all__:
+        getattr(sparseps, name)
+    assert _leaks(sparseps) == [], "import them as _name, or del them after use"
+
+
+def test_leak_check_catches_a_stray_import():
+    fake = types.ModuleType("sparseps_fake")
+    exec(
+        "import importlib, os.path as osp\nfrom math import pi\nimport json as _json\n"
+        "__all__ = ['pi']\nhelper = lambda: 1\n",
+        vars(fake),
+    )
+    fake.sub = types.ModuleType("sparseps_fake.sub")  # a submodule is not a leak
+    fake.other = types.ModuleType("sparseps_other.sub")  # another package's module is
+    assert _leaks(fake) == ["helper", "importlib", "osp", "other"]
 
 
 def test_import_is_light():

@@ -9,6 +9,7 @@ import zmq
 
 from sparseps.errors import ConfigError, ProtocolError
 from sparseps.rpc.protocol import (
+    HEADER_ROOM,
     OPS,
     PROTOCOL_VERSION,
     Limits,
@@ -93,6 +94,21 @@ def test_size_limits():
         decode_request(_as_wire(big_header), small)
     with pytest.raises(ConfigError, match="max_buffers"):
         Limits(max_buffers=0)
+
+
+def test_bulk_size_limits_follow_the_message_limit():
+    limits = Limits(max_message_bytes=8 << 20)
+    assert limits.max_payload_bytes == (8 << 20) - HEADER_ROOM
+    assert limits.max_dense_size == ((8 << 20) - HEADER_ROOM) // 4
+    assert Limits().max_dense_size == ((1 << 30) - HEADER_ROOM) // 4
+    assert Limits(max_message_bytes=100).max_dense_size == 0
+    # The largest dense vector fits in one push_dense message with a 256-char table name.
+    values = np.zeros(limits.max_dense_size, np.float32)
+    frames = encode_request("push_dense", 2**62, "t" * 256, [values])
+    request = decode_request(_as_wire(frames), limits)
+    assert request.bufs["values"].shape == (limits.max_dense_size,)
+    # The request carries the limits it was decoded under (handlers bound replies by them).
+    assert request.limits is limits
 
 
 def test_encode_rejects_unsupported_buffers():
