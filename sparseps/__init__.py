@@ -6,9 +6,7 @@ the compiled kernels are loaded on first use, so ``import sparseps`` and the com
 line stay quick and nothing starts at import time.
 """
 
-from __future__ import annotations
-
-import importlib
+import importlib as _importlib
 
 from . import errors
 from .errors import (
@@ -96,7 +94,7 @@ def __getattr__(name: str):
         module_name, attribute = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'sparseps' has no attribute {name!r}") from None
-    module = importlib.import_module(module_name)
+    module = _importlib.import_module(module_name)
     value = module if attribute is None else getattr(module, attribute)
     globals()[name] = value
     return value

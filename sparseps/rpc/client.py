@@ -42,7 +42,7 @@ from ..errors import ConfigError
 from ..server.routing import dense_server_of
 from .batching import group_by_server, merge_by_group
 from .channel import Channel
-from .checks import check_counts, check_keys, check_rows, check_vector
+from .checks import check_counts, check_keys, check_merged, check_rows, check_vector
 from .handle import Handle, completed
 from .protocol import Limits
 
@@ -184,6 +184,8 @@ class PSClient:
             return completed(None)
         grouped, offsets, inverse = group_by_server(keys, self.num_servers)
         merged, shows, clicks = merge_by_group(inverse, len(grouped), values, shows, clicks)
+        if len(grouped) < len(keys):  # only sums of duplicates can overflow
+            check_merged(what, grouped, merged, shows, clicks)
         calls = self._send_grouped(op, table, grouped, offsets, (merged, shows, clicks))
         return Handle(self._channel, [c for _, c in calls], lambda _: None)
 

@@ -71,10 +71,19 @@ def test_malformed_frames_get_error_replies_and_server_keeps_serving():
         assert all(r["error"]["message"] for r in replies)
         assert rss_after - rss_before < RSS_BOUND, (rss_before, rss_after)
 
-        # A frame over the size limit is dropped by the transport (no reply, no crash).
+        # A frame over the size limit is dropped by the transport with its connection (no
+        # reply, no crash), and the server logs the closed connection naming the limit.
+        line = f"over max_message_bytes={8 << 20}"
         with RawPeer(cluster.endpoints[0]) as peer:
+            time.sleep(0.5)  # connected, and earlier peers' closings logged
+            closed_before = cluster.log_text(0).count(line)
             peer.send([b"\x80", b"\x00" * (9 << 20)])
             assert peer.replies(1, timeout=1.0) == []
+            # Logged while this peer is still open: the server dropped the connection.
+            deadline = time.monotonic() + 10
+            while cluster.log_text(0).count(line) == closed_before:
+                assert time.monotonic() < deadline, cluster.log_text(0)[-2000:]
+                time.sleep(0.05)
 
         np.testing.assert_array_equal(client.pull("emb", keys).wait(), reference.pull(keys))
         stats = client.stats()["servers"][0]

@@ -91,6 +91,12 @@ def test_bad_push_on_one_server_is_sent_to_none():
             with pytest.raises(InputError, match=pattern.replace("grads", "deltas")):
                 client.push_delta("emb", keys, bad_grads, shows=bad_shows, clicks=bad_clicks)
 
+        # Finite duplicates whose sum overflows float32 (keys[15] repeats keys[5]).
+        huge = grads.copy()
+        huge[5] = huge[15] = 3e38
+        with pytest.raises(InputError, match=rf"duplicate key {int(keys[5])} overflow"):
+            client.push("emb", keys, huge, shows=shows, clicks=clicks)
+
         state_after = _table_state(client)
         # Each server counted exactly one more request: the second stats call itself.
         for (req_b, failed_b, table_b), (req_a, failed_a, table_a) in zip(
