@@ -74,3 +74,18 @@ def test_growth_and_id_reuse_at_scale():
     new_ids, _ = index.find_or_insert(fresh)
     assert index.high_water == high_water  # every freed id was reused
     assert set(new_ids.tolist()) == set(ids[::2].tolist())
+
+
+def test_erasing_most_keys_gives_slot_memory_back():
+    keys = np.arange(1, 100_001, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    index = KeyIndex()
+    ids, _ = index.find_or_insert(keys)
+    full = index.capacity
+    gone, kept = keys[:98_000], keys[98_000:]
+    index.erase(gone)
+    assert index.capacity <= full // 4  # rehashed into a smaller slot array
+    assert len(index) == kept.size
+    np.testing.assert_array_equal(index.find(kept), ids[98_000:])
+    assert (index.find(gone) == -1).all()
+    again, is_new = index.find_or_insert(gone[:1000])
+    assert is_new.all() and set(again.tolist()) <= set(ids[:98_000].tolist())  # ids reused

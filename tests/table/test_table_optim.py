@@ -126,7 +126,7 @@ def test_adam_step_counter_is_per_row():
     assert steps == {1: 3.0, 2: 1.0}
 
 
-def _numpy_reference(kind, params, initial):
+def _numpy_reference(kind, params, initial, clip=None):
     w = initial.astype(np.float64).copy()
     if kind == "rowwise":
         lr, eps, l2 = params
@@ -149,6 +149,8 @@ def _numpy_reference(kind, params, initial):
                 n[i] += g * g
                 shrunk = np.where(np.abs(z[i]) <= l1, 0.0, -(z[i] - np.sign(z[i]) * l1))
                 w[i] = shrunk / ((beta + np.sqrt(n[i])) / alpha + l2)
+            if clip is not None:
+                w[i] = np.clip(w[i], *clip)
         history.append(w.copy())
     return history
 
@@ -160,6 +162,13 @@ def _numpy_reference(kind, params, initial):
         ("rowwise", optim.RowwiseAdagrad(lr=0.2, eps=1e-8, l2=0.05), (0.2, 1e-8, 0.05)),
         ("ftrl", optim.FTRL(alpha=0.1, beta=1.0, l1=0.0, l2=0.0), (0.1, 1.0, 0.0, 0.0)),
         ("ftrl", optim.FTRL(alpha=0.5, beta=0.5, l1=0.3, l2=0.2), (0.5, 0.5, 0.3, 0.2)),
+        # Bounds tight enough that most updated weights hit one (checked below).
+        (
+            "rowwise",
+            optim.RowwiseAdagrad(lr=0.5, eps=1e-8, l2=0.05, clip=(-0.3, 0.2)),
+            (0.5, 1e-8, 0.05),
+        ),
+        ("ftrl", optim.FTRL(alpha=2.0, beta=0.1, clip=(-0.05, 0.1)), (2.0, 0.1, 0.0, 0.0)),
     ],
 )
 def test_rule_matches_numpy_reference(kind, rule, params):
@@ -167,7 +176,10 @@ def test_rule_matches_numpy_reference(kind, rule, params):
         TableConfig(name="t", dim=DIM, rule=rule, initializer=Initializer.uniform(-1, 1))
     )
     initial = table.pull(KEYS)
-    expected = _numpy_reference(kind, params, initial)
+    expected = _numpy_reference(kind, params, initial, rule.clip)
+    if rule.clip is not None:  # the bounds matter: without them the result differs
+        unclipped = _numpy_reference(kind, params, initial)
+        assert np.abs(unclipped[-1][:7] - expected[-1][:7]).max() > 0.05
     for step, (picks, grads) in enumerate(_batches(1)):
         table.push(np.ascontiguousarray(KEYS[picks]), grads)
         np.testing.assert_allclose(
