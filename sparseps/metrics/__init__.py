@@ -9,7 +9,7 @@ Three layers, each usable alone (DESIGN §2.7):
 - the collectives (:mod:`.distributed`) that ``compute(global_=True)`` uses.
 
 Plus per-pass reporting (:func:`format_metrics`, :class:`JsonlReporter`,
-:class:`TensorBoardReporter`) and debugging dumps (:class:`FieldDumper`,
+:class:`TensorBoardReporter`, :class:`ReportConfig` for a trainer) and debugging dumps (:class:`FieldDumper`,
 :func:`dump_params`, :func:`read_dump`). Definitions and formats: ``docs/metrics.md``.
 """
 
@@ -25,7 +25,14 @@ from .functions import (
     exact_auc,
     grouped_auc,
 )
-from .report import JsonlReporter, Phase, TensorBoardReporter, format_metrics, read_jsonl
+from .report import (
+    JsonlReporter,
+    Phase,
+    ReportConfig,
+    TensorBoardReporter,
+    format_metrics,
+    read_jsonl,
+)
 
 __all__ = [
     "DEFAULT_NUM_BUCKETS",
@@ -36,6 +43,7 @@ __all__ = [
     "JsonlReporter",
     "MetricResult",
     "Phase",
+    "ReportConfig",
     "TensorBoardReporter",
     "auc_from_histograms",
     "bucket_error_from_histograms",

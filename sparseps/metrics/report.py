@@ -5,6 +5,8 @@
 - :class:`JsonlReporter`: one JSON object per pass and phase appended to a file.
 - :class:`TensorBoardReporter`: scalars in TensorBoard event files (needs the optional
   ``tensorboard`` package).
+- :class:`ReportConfig`: what a trainer computes and reports per pass (all of the above,
+  the AUC resolution, the grouping for UAUC/GAUC and the debugging dumps).
 
 In a multi-worker job the global metrics are identical on every worker, so only one
 worker (rank 0) should report them.
@@ -16,13 +18,23 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from ..errors import ConfigError
-from .accumulator import MetricResult
+from .accumulator import DEFAULT_NUM_BUCKETS, MetricResult
+from .dump import DumpConfig
+from .functions import check_num_buckets
 
-__all__ = ["JsonlReporter", "Phase", "TensorBoardReporter", "format_metrics", "read_jsonl"]
+__all__ = [
+    "JsonlReporter",
+    "Phase",
+    "ReportConfig",
+    "TensorBoardReporter",
+    "format_metrics",
+    "read_jsonl",
+]
 
 # (field, formatted name) in the order of the log line; floats get 6 decimals
 _LINE_FIELDS = (
@@ -162,3 +174,47 @@ class TensorBoardReporter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """What a :class:`~sparseps.Trainer` computes and writes once per pass.
+
+    Every output is off by default; the pass metrics are always computed (globally) and
+    logged by worker 0.
+
+    Attributes:
+        metrics_path: worker 0 appends one JSON line per pass and phase here
+            (:class:`JsonlReporter`).
+        tensorboard_dir: worker 0 writes every metric as a TensorBoard scalar
+            ``{phase}/{name}`` at step = pass (:class:`TensorBoardReporter`; needs the
+            ``tensorboard`` package).
+        num_buckets: AUC histogram resolution of the pass metrics (default 2**20).
+        group_slot: a slot of the batch whose first id per sample groups samples for
+            UAUC/GAUC (e.g. a user id slot); samples with no id in it form group 0. None:
+            no grouped AUC.
+        dump: per-sample fields / parameters to dump each training pass.
+    """
+
+    metrics_path: str | os.PathLike | None = None
+    tensorboard_dir: str | os.PathLike | None = None
+    num_buckets: int = DEFAULT_NUM_BUCKETS
+    group_slot: str | None = None
+    dump: DumpConfig | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            check_num_buckets(self.num_buckets)
+        except ConfigError as exc:
+            raise ConfigError(f"ReportConfig.{exc}") from None
+        if self.group_slot is not None and (
+            not isinstance(self.group_slot, str) or not self.group_slot
+        ):
+            raise ConfigError(
+                f"ReportConfig.group_slot: expected a slot name or None, got {self.group_slot!r}"
+            )
+        if self.dump is not None and not isinstance(self.dump, DumpConfig):
+            raise ConfigError(
+                f"ReportConfig.dump: expected a sparseps.metrics.DumpConfig, got "
+                f"{type(self.dump).__name__}"
+            )

@@ -10,6 +10,12 @@ table that reads a group of slots needs the same three things for a step:
 - ``shows`` / ``clicks``: per unique key, how many times it occurred and how many of those
   occurrences were in positive samples (the show/click statistics the servers keep).
 
+A table read by several modules over different slots is deduplicated once, over the
+union of their slots; :meth:`SlotLookup.select` then gives each module its own
+``index``/``bag_offsets`` into the same ``keys`` (slices of the union's arrays, no second
+dedup), so there is one pull and one push per table and the modules' gradients land in
+one ``[U, dim]`` tensor.
+
 Worked example (2 samples, slots ``a`` and ``b``)::
 
     a: values [5, 7, 5]  offsets [0, 2, 3]      sample 0 -> [5, 7], sample 1 -> [5]
@@ -18,7 +24,9 @@ Worked example (2 samples, slots ``a`` and ``b``)::
     keys        [5, 7]
     index       [0, 1, 0, 1]          (occurrences a0, a0, a1, b1 -> rows of keys)
     bag_offsets [0, 2, 3, 3]          (bags a/s0, a/s1, b/s0, b/s1)
+    slot_bounds [0, 3, 4]             (occurrences of a: 0..2, of b: 3)
     shows       [2, 2]   clicks [1, 1]
+    select(["b"]): keys [5, 7], index [1], bag_offsets [0, 0]
 """
 
 from __future__ import annotations
@@ -44,10 +52,48 @@ class SlotLookup:
     bag_offsets: np.ndarray  # int64 [S * B]
     shows: np.ndarray  # float32 [U]
     clicks: np.ndarray  # float32 [U]
+    slot_bounds: np.ndarray  # int64 [S + 1]: slot s owns index[slot_bounds[s]:slot_bounds[s+1]]
 
     @property
     def num_slots(self) -> int:
         return len(self.slots)
+
+    def select(self, slots: Sequence[str]) -> SlotLookup:
+        """The lookup of a sub-sequence of ``self.slots`` over the same ``keys``.
+
+        ``index`` and ``bag_offsets`` address the same ``[U, dim]`` rows; ``shows`` and
+        ``clicks`` stay those of every slot of ``self`` (they describe the keys, which are
+        pushed once per table).
+
+        Raises:
+            InputError: a slot that ``self`` was not built over.
+        """
+        slots = tuple(slots)
+        if slots == self.slots:
+            return self
+        position = {name: i for i, name in enumerate(self.slots)}
+        missing = [name for name in slots if name not in position]
+        if missing:
+            raise InputError(
+                f"slots {missing} are not in this lookup (built over {list(self.slots)})"
+            )
+        size, index, bags, bounds = self.batch_size, [], [], [0]
+        for name in slots:  # a loop over slots; each step is a slice of the union's arrays
+            p = position[name]
+            start, stop = int(self.slot_bounds[p]), int(self.slot_bounds[p + 1])
+            index.append(self.index[start:stop])
+            bags.append(self.bag_offsets[p * size : (p + 1) * size] - start + bounds[-1])
+            bounds.append(bounds[-1] + stop - start)
+        return SlotLookup(
+            slots=slots,
+            batch_size=size,
+            keys=self.keys,
+            index=np.concatenate(index) if index else np.empty(0, np.int64),
+            bag_offsets=np.concatenate(bags) if bags else np.empty(0, np.int64),
+            shows=self.shows,
+            clicks=self.clicks,
+            slot_bounds=np.asarray(bounds, np.int64),
+        )
 
 
 def build_lookup(batch, slots: Sequence[str]) -> SlotLookup:
@@ -61,7 +107,7 @@ def build_lookup(batch, slots: Sequence[str]) -> SlotLookup:
         InputError: a slot is missing from the batch.
     """
     size = len(batch)
-    values, bag_starts, occurrence_sample = [], [], []
+    values, bag_starts, occurrence_sample, bounds = [], [], [], [0]
     base = 0
     for name in slots:
         slot = batch.slots.get(name)
@@ -75,6 +121,7 @@ def build_lookup(batch, slots: Sequence[str]) -> SlotLookup:
         bag_starts.append(offsets[:-1] + base)
         occurrence_sample.append(np.repeat(np.arange(size, dtype=np.int64), np.diff(offsets)))
         base += int(offsets[-1])
+        bounds.append(base)
     all_values = np.concatenate(values) if values else np.empty(0, np.uint64)
     keys, index = np.unique(all_values, return_inverse=True)
     index = index.astype(np.int64, copy=False).reshape(-1)
@@ -90,4 +137,5 @@ def build_lookup(batch, slots: Sequence[str]) -> SlotLookup:
         bag_offsets=np.concatenate(bag_starts) if bag_starts else np.empty(0, np.int64),
         shows=shows,
         clicks=clicks,
+        slot_bounds=np.asarray(bounds, np.int64),
     )

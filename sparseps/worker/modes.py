@@ -72,9 +72,13 @@ class _Mode:
     def refresh_dense(self) -> None:
         pass
 
+    @property
+    def collective_timeout(self) -> float:
+        return self.strategy.collective_timeout
+
     def quiesce(self) -> None:
         """Every update sent so far is applied, and every worker got here (a consistent cut)."""
-        collectives.barrier()
+        collectives.barrier(timeout=self.collective_timeout)
 
     def save_dense(self, directory) -> str:
         """Worker 0: write the dense parameters + optimizer state; returns the file name."""
@@ -103,7 +107,7 @@ class _Mode:
             self.client.create_dense(
                 DENSE_TABLE, self.dense.size, self.dense_rule, init=self.dense.values()
             )
-        collectives.barrier()
+        collectives.barrier(timeout=self.collective_timeout)
         self.dense.set(self.client.pull_dense(DENSE_TABLE).wait())
 
 
@@ -113,7 +117,14 @@ class AsyncMode(_Mode):
     prefetch_pulls = True
 
     def setup(self) -> None:
-        self.queue = PushQueue(self.client, maxsize=self.strategy.push_queue_size)
+        if self.strategy.rpc_timeout is not None:
+            timeout, setting = self.strategy.rpc_timeout, "Strategy.rpc_timeout"
+        else:  # the client's own limit (its timeout= argument or SPARSEPS_RPC_TIMEOUT)
+            timeout = self.client.timeout
+            setting = "Strategy.rpc_timeout (default: the client's timeout, SPARSEPS_RPC_TIMEOUT)"
+        self.queue = PushQueue(
+            self.client, maxsize=self.strategy.push_queue_size, timeout=timeout, setting=setting
+        )
         self._dense_push = None
         self._dense_pull = None
         self._create_dense_on_servers()
@@ -148,7 +159,7 @@ class AsyncMode(_Mode):
             self._dense_push.wait()
             self._dense_push = None
         self.before_forward()
-        collectives.barrier()
+        collectives.barrier(timeout=self.collective_timeout)
 
     def refresh_dense(self) -> None:
         if self.dense.size:
@@ -180,7 +191,7 @@ class SyncMode(_Mode):
     """
 
     def setup(self) -> None:
-        values = collectives.broadcast_array(self.dense.values())
+        values = collectives.broadcast_array(self.dense.values(), timeout=self.collective_timeout)
         self.dense.set(values)
         self.local_dense = (
             DenseTable(DENSE_TABLE, self.dense.size, rule=self.dense_rule, init=values)
@@ -213,7 +224,9 @@ class SyncMode(_Mode):
             local = np.array(
                 [0 if item is None else 1, 0 if item is None else len(item[0])], np.int64
             )
-            active, global_batch = (int(v) for v in collectives.all_reduce_sum(local))
+            active, global_batch = (
+                int(v) for v in collectives.all_reduce_sum(local, timeout=self.collective_timeout)
+            )
             if active == 0:
                 return
             self.global_batch = global_batch
@@ -223,13 +236,13 @@ class SyncMode(_Mode):
         return float(max(self.global_batch, 1))
 
     def apply(self, grads: list, dense_grad: np.ndarray) -> None:
-        world = collectives.world_size()
+        world, timeout = collectives.world_size(), self.collective_timeout
         handles = []
         for table, keys, grad, shows, clicks in grads:
-            all_keys = np.concatenate(collectives.all_gather_arrays(keys))
-            all_grads = np.concatenate(collectives.all_gather_arrays(grad))
-            all_shows = np.concatenate(collectives.all_gather_arrays(shows))
-            all_clicks = np.concatenate(collectives.all_gather_arrays(clicks))
+            all_keys, all_grads, all_shows, all_clicks = (
+                np.concatenate(collectives.all_gather_arrays(part, timeout=timeout))
+                for part in (keys, grad, shows, clicks)
+            )
             mine = server_of(all_keys, world) == self.rank if world > 1 else slice(None)
             handles.append(
                 self.client.push(
@@ -241,13 +254,13 @@ class SyncMode(_Mode):
                 )
             )
         if self.local_dense is not None:
-            total = collectives.all_reduce_sum(dense_grad)
+            total = collectives.all_reduce_sum(dense_grad, timeout=timeout)
             self.local_dense.push(np.ascontiguousarray(total, np.float32))
             self.dense.set(self.local_dense.pull())
         for handle in handles:
             handle.wait()
         # every worker's share is applied before anybody pulls the next step's rows
-        collectives.barrier()
+        collectives.barrier(timeout=timeout)
         self.step += 1
 
 
@@ -259,6 +272,11 @@ class GeoMode(_Mode):
     as last fetched. Every ``k_steps`` it pushes ``local - base`` for the keys touched in
     the window (servers add it, with the window's show/click counts), then refreshes those
     keys from the servers. Keys not touched in a window keep their last fetched value.
+
+    The local copy holds every row the worker used, unless ``Strategy.geo_keep_windows``
+    is set: then a row unused for that many windows is dropped from it (the local tables'
+    own lifecycle does the bookkeeping: a decay per window ages rows not pushed in it, a
+    shrink drops those older than the limit).
     """
 
     def setup(self) -> None:
@@ -274,12 +292,20 @@ class GeoMode(_Mode):
         self.touched: dict[str, list] = {}
 
     def register(self, config: TableConfig) -> None:
+        keep = self.strategy.geo_keep_windows
+        # admission happens on the servers; locally every used key is a row. decay_rate 1:
+        # the local decay only ages rows (show/click are not used locally).
+        lifecycle = (
+            Lifecycle()
+            if keep is None
+            else Lifecycle(decay_rate=1.0, shrink_score=0.0, shrink_unseen_days=keep - 1)
+        )
         local = TableConfig(
             name=config.name,
             dim=config.dim,
             rule=config.rule,
             initializer=config.initializer,
-            lifecycle=Lifecycle(),
+            lifecycle=lifecycle,
             seed=config.seed,
         )
         self.local[config.name] = SparseTable(local)
@@ -334,6 +360,12 @@ class GeoMode(_Mode):
             for target in (self.local[name], self.base[name]):
                 # move the embedding to the fresh value, keep the optimizer state
                 target.push_delta(keys, fresh - target.pull(keys), shows=zeros, clicks=zeros)
+        if self.strategy.geo_keep_windows is not None:
+            # local and base saw the same pushes this window, so they drop the same rows
+            for name in self.local:
+                for target in (self.local[name], self.base[name]):
+                    target.decay(1.0)
+                    target.shrink()
         self.refresh_dense()
 
     def finish_pass(self) -> None:
@@ -342,7 +374,7 @@ class GeoMode(_Mode):
 
     def quiesce(self) -> None:
         self._sync()
-        collectives.barrier()
+        collectives.barrier(timeout=self.collective_timeout)
 
     def refresh_dense(self) -> None:
         if self.local_dense is not None:

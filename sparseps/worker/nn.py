@@ -33,7 +33,9 @@ class SparseEmbedding(nn.Module):
     """Embeddings of uint64 ids held by the servers, pooled per (sample, slot).
 
     Args:
-        table: server table name (one table may serve many slots).
+        table: server table name. One table may serve many slots, and several modules
+            (over the same or different slots; they must declare the same config): the
+            trainer pulls and pushes it once per batch, see :mod:`sparseps.worker.binding`.
         dim: embedding width.
         slots: the slot names this module reads, in output order; None = every slot of
             the batch, in the batch's order.

@@ -44,15 +44,23 @@ class Prefetcher:
         prepare: runs in the background thread; its result is what iteration yields.
         depth: how many prepared items may wait (the queue bound).
         timeout: seconds to wait for one item before raising (a hung reader or server).
+        setting: the name of the setting that changes ``timeout``, for its error message.
     """
 
     def __init__(
-        self, source: Iterable, prepare: Callable, *, depth: int = 2, timeout: float = 600.0
+        self,
+        source: Iterable,
+        prepare: Callable,
+        *,
+        depth: int = 2,
+        timeout: float = 600.0,
+        setting: str = "Prefetcher(timeout=...)",
     ):
         self._source = source
         self._prepare = prepare
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._timeout = timeout
+        self._setting = setting
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sparseps-prefetch", daemon=True)
         self._thread.start()
@@ -83,11 +91,11 @@ class Prefetcher:
             except queue.Empty:
                 raise TimeoutError_(
                     f"prefetch: no batch ready after {self._timeout:.0f} s (a data reader or a "
-                    "server pull is stuck); raise Strategy.collective_timeout to wait longer",
+                    f"server pull is stuck); raise {self._setting} to wait longer",
                     op="prefetch",
                     role="worker",
                     seconds=self._timeout,
-                    setting="Strategy.collective_timeout",
+                    setting=self._setting,
                 ) from None
             if item is _END:
                 return
@@ -114,13 +122,25 @@ class PushQueue:
     Args:
         client: a ``PSClient``.
         maxsize: most queued push batches before ``put`` blocks (back-pressure).
-        timeout: seconds ``put``/``flush`` may block.
+        timeout: seconds ``put`` may block on a full queue, and ``flush`` may wait
+            without the queue making progress (the trainer passes ``Strategy.rpc_timeout``
+            or the client's timeout: a queue that stops draining means a server stopped
+            answering pushes).
+        setting: the name of the setting that changes ``timeout``, for its error message.
     """
 
-    def __init__(self, client, *, maxsize: int = 8, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        client,
+        *,
+        maxsize: int = 8,
+        timeout: float = 60.0,
+        setting: str = "PushQueue(timeout=...)",
+    ) -> None:
         self._client = client
         self._queue: queue.Queue = queue.Queue(maxsize=maxsize)
         self._timeout = timeout
+        self._setting = setting
         self._error: BaseException | None = None
         self._pushed = 0
         self._merged = 0
@@ -143,11 +163,12 @@ class PushQueue:
             self._queue.put(item, timeout=self._timeout)
         except queue.Full:
             raise TimeoutError_(
-                f"push queue: full for {self._timeout:.0f} s (servers are not taking pushes)",
+                f"push queue: full for {self._timeout:.0f} s (servers are not taking pushes; "
+                f"see the server logs, or raise {self._setting})",
                 op="push",
                 role="server",
                 seconds=self._timeout,
-                setting="Strategy.rpc_timeout",
+                setting=self._setting,
             ) from None
 
     def _raise_if_failed(self) -> None:
@@ -207,17 +228,28 @@ class PushQueue:
         self._seconds += time.perf_counter() - start
 
     def flush(self) -> None:
-        """Block until every queued push has been applied by the servers."""
+        """Block until every queued push has been applied by the servers.
+
+        Raises:
+            TimeoutError_: the queue made no progress for ``timeout`` seconds (a long
+                queue of slow pushes is fine as long as they keep completing).
+            the background failure of an earlier push, if one failed.
+        """
+        left = self._queue.unfinished_tasks
         deadline = time.monotonic() + self._timeout
-        while self._queue.unfinished_tasks:
+        while left:
             self._raise_if_failed()
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if self._queue.unfinished_tasks < left:
+                left, deadline = self._queue.unfinished_tasks, now + self._timeout
+            elif now > deadline:
                 raise TimeoutError_(
-                    f"push queue: flush not done after {self._timeout:.0f} s",
+                    f"push queue: flush made no progress for {self._timeout:.0f} s "
+                    f"({left} pushes pending; see the server logs, or raise {self._setting})",
                     op="flush",
                     role="server",
                     seconds=self._timeout,
-                    setting="Strategy.rpc_timeout",
+                    setting=self._setting,
                 )
             time.sleep(0.001)
         self._raise_if_failed()

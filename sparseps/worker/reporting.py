@@ -1,7 +1,10 @@
-"""Per-pass reporting of a trainer: the log line, a JSON line, and debugging dumps.
+"""What a trainer reports: progress lines, per-pass metrics, JSON lines, TensorBoard, dumps.
 
+- Every worker logs a progress line every ``print_period`` batches, over its own window
+  of batches: ``time: [...], batch: [N], loss: [x], auc: [y], samples/s: [z]``.
 - Worker 0 logs one line per pass and phase (``pass: [3], phase: [train], auc: [...]``)
-  and, when ``metrics_path`` is set, appends one JSON object per pass and phase to it.
+  and, as configured by :class:`~sparseps.metrics.ReportConfig`, appends one JSON object
+  per pass and phase and writes TensorBoard scalars.
 - With a :class:`~sparseps.metrics.DumpConfig`, every worker writes the chosen per-sample
   fields of each pass (``sample_id``, ``label``, ``pred`` and any slot name, whose ids
   are written as a list column) and worker 0 the chosen dense parameters; the formats
@@ -11,39 +14,126 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..metrics import DumpConfig, FieldDumper, JsonlReporter, dump_params, format_metrics
+from ..errors import ConfigError, InputError
+from ..metrics import (
+    CTRMetrics,
+    FieldDumper,
+    JsonlReporter,
+    ReportConfig,
+    TensorBoardReporter,
+    dump_params,
+    format_metrics,
+)
 
-__all__ = ["PassReporter"]
+__all__ = ["PROGRESS_BUCKETS", "PassReporter", "Progress", "group_ids"]
 
 log = logging.getLogger(__name__)
 
 _BUILTIN_FIELDS = ("sample_id", "label", "pred")
 
+# Progress lines show a coarse AUC over the last print_period batches of this worker
+# (a windowed indicator like the seed system's; the pass metric is global and exact).
+PROGRESS_BUCKETS = 2**12
+
+
+def group_ids(batch, slot: str) -> np.ndarray:
+    """The first id of ``slot`` per sample (uint64 ``[B]``); 0 where the sample has none."""
+    found = batch.slots.get(slot)
+    if found is None:
+        raise InputError(
+            f"ReportConfig.group_slot {slot!r} is not a slot of the batch (batch slots: "
+            f"{', '.join(batch.slots)}); name one of them or set group_slot=None"
+        )
+    offsets = np.asarray(found.offsets, np.int64)
+    has = offsets[1:] > offsets[:-1]
+    groups = np.zeros(len(batch), np.uint64)
+    groups[has] = np.asarray(found.values, np.uint64)[offsets[:-1][has]]
+    return groups
+
+
+class Progress:
+    """The progress line of one worker, every ``period`` batches (0: never)."""
+
+    def __init__(self, period: int) -> None:
+        self.period = period
+        self.window = CTRMetrics(num_buckets=PROGRESS_BUCKETS)
+        self.batches = 0
+        self._loss = 0.0
+        self._samples = 0
+        self._last = time.perf_counter()
+
+    def add(self, loss: float, preds: np.ndarray, labels: np.ndarray) -> None:
+        """One batch's mean loss and predictions; logs when a window is complete."""
+        self.batches += 1
+        if not self.period:
+            return
+        self._loss += loss
+        self._samples += preds.size
+        self.window.update(preds, labels)
+        if self.batches % self.period:
+            return
+        now = time.perf_counter()
+        log.info(
+            "time: [%s], batch: [%d], loss: [%.6f], auc: [%.6f], samples/s: [%.0f]",
+            time.strftime("%Y-%m-%d %H:%M:%S"),
+            self.batches,
+            self._loss / self.period,
+            self.window.compute().auc,
+            self._samples / max(now - self._last, 1e-9),
+        )
+        self._last, self._loss, self._samples = now, 0.0, 0
+        self.window.reset()
+
 
 class PassReporter:
-    """Reports and dumps of one trainer (cheap no-ops when nothing is configured)."""
+    """Metrics, reports and dumps of one trainer (cheap no-ops when nothing is configured).
 
-    def __init__(
-        self, model, *, rank: int, metrics_path: str | None, dump: DumpConfig | None
-    ) -> None:
+    Args:
+        model: the trained module (its named parameters are what ``dump.params`` names).
+        rank: this worker's rank; only worker 0 writes reports and parameter dumps.
+        config: what to compute and write.
+    """
+
+    def __init__(self, model, *, rank: int, config: ReportConfig) -> None:
         self.rank = rank
-        self.jsonl = JsonlReporter(metrics_path) if metrics_path and rank == 0 else None
-        self.dump = dump or DumpConfig()
-        self.fields = (
-            FieldDumper(self.dump.directory, self.dump.fields, worker_rank=rank)
-            if self.dump.dump_fields
+        self.config = config
+        self.jsonl = (
+            JsonlReporter(config.metrics_path) if config.metrics_path and rank == 0 else None
+        )
+        self.tensorboard = (
+            TensorBoardReporter(config.tensorboard_dir)
+            if config.tensorboard_dir and rank == 0
             else None
         )
-        self.params = dict(model.named_parameters()) if self.dump.dump_params else {}
-        unknown = [name for name in self.dump.params if name not in self.params]
+        self.dump = config.dump
+        self.fields = (
+            FieldDumper(self.dump.directory, self.dump.fields, worker_rank=rank)
+            if self.dump is not None and self.dump.dump_fields
+            else None
+        )
+        self.params = (
+            dict(model.named_parameters())
+            if self.dump is not None and self.dump.dump_params
+            else {}
+        )
+        unknown = [n for n in (self.dump.params if self.dump else ()) if n not in self.params]
         if unknown:
             raise ConfigError(
                 f"DumpConfig.params: no parameter named {unknown} (have {sorted(self.params)})"
             )
+
+    def metrics(self) -> CTRMetrics:
+        """A fresh accumulator for a pass, at the configured resolution."""
+        return CTRMetrics(num_buckets=self.config.num_buckets)
+
+    def update(self, metrics: CTRMetrics, batch, preds: np.ndarray, labels: np.ndarray) -> None:
+        """Add a batch to a pass's metrics, with its grouping ids when configured."""
+        slot = self.config.group_slot
+        metrics.update(preds, labels, None if slot is None else group_ids(batch, slot))
 
     def begin(self, pass_id: int) -> None:
         if self.fields is not None:
@@ -64,7 +154,8 @@ class PassReporter:
                 columns[name] = (batch.slots[name].values, batch.slots[name].offsets)
             else:
                 raise ConfigError(
-                    f"DumpConfig.fields: {name!r} is neither one of {_BUILTIN_FIELDS} nor a slot of the batch"
+                    f"DumpConfig.fields: {name!r} is neither one of {_BUILTIN_FIELDS} nor a slot "
+                    f"of the batch (slots: {', '.join(batch.slots)})"
                 )
         self.fields.add(**columns)
 
@@ -78,10 +169,18 @@ class PassReporter:
         self._report(pass_id, "test", metrics, dump=False)
 
     def _report(self, pass_id: int, phase: str, metrics, *, dump: bool = True, **extra) -> None:
-        if self.rank == 0:
-            log.info("%s", format_metrics(metrics, prefix=f"pass: [{pass_id}], phase: [{phase}], "))
-            if self.jsonl is not None:
-                self.jsonl.report(metrics, pass_id=pass_id, phase=phase, **extra)
-            if self.params and dump:
-                named = {n: self.params[n].detach().numpy().copy() for n in self.dump.params}
-                dump_params(self.dump.directory, pass_id, named)
+        if self.rank != 0:
+            return
+        log.info("%s", format_metrics(metrics, prefix=f"pass: [{pass_id}], phase: [{phase}]"))
+        if self.jsonl is not None:
+            self.jsonl.report(metrics, pass_id=pass_id, phase=phase, **extra)
+        if self.tensorboard is not None:
+            self.tensorboard.report(metrics, pass_id=pass_id, phase=phase)
+        if self.params and dump:
+            named = {n: self.params[n].detach().numpy().copy() for n in self.dump.params}
+            dump_params(self.dump.directory, pass_id, named)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None

@@ -27,16 +27,26 @@ class Strategy:
             Adam-trained MLPs badly, so the default is every step).
         prefetch: overlap the pull of batch i+1 with the compute of batch i (async mode;
             sync and geo prefetch data only, since their pulls must see the last update).
+        geo_keep_windows: geo mode: drop a row from the worker's local copy once it went
+            unused for this many ``k_steps`` windows (its local optimizer state goes with
+            it; a later use pulls it again). None keeps every row the worker ever used, so
+            the local copy grows with the keys of its data.
         push_queue_size: bound of the background push queue (in batches).
         rpc_timeout: seconds any server call may take (None: the client default,
-            ``SPARSEPS_RPC_TIMEOUT`` or 60 s).
-        collective_timeout: seconds a worker-to-worker collective (gloo) may take.
+            ``SPARSEPS_RPC_TIMEOUT`` or 60 s); also how long a full push queue may block
+            and a flush may go without progress.
+        collective_timeout: seconds a worker waits in a worker-to-worker collective (the
+            gloo all-reduce/all-gather/barrier of sync mode, of a pass end and of a save)
+            and for the next batch from its data reader, before raising ``TimeoutError_``.
+            The process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``, 1800 s)
+            still applies when it is lower.
     """
 
     mode: str = "async"
     k_steps: int = 100
     dense_pull_interval: int = 1
     prefetch: bool = True
+    geo_keep_windows: int | None = None
     push_queue_size: int = 8
     rpc_timeout: float | None = None
     collective_timeout: float = 600.0
@@ -48,6 +58,15 @@ class Strategy:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Strategy.{name}: expected an integer >= 1, got {value!r}")
+        if self.geo_keep_windows is not None and (
+            isinstance(self.geo_keep_windows, bool)
+            or not isinstance(self.geo_keep_windows, int)
+            or self.geo_keep_windows < 1
+        ):
+            raise ConfigError(
+                f"Strategy.geo_keep_windows: expected None or an integer >= 1, "
+                f"got {self.geo_keep_windows!r}"
+            )
         if self.rpc_timeout is not None and self.rpc_timeout <= 0:
             raise ConfigError(f"Strategy.rpc_timeout: must be > 0, got {self.rpc_timeout}")
         if self.collective_timeout <= 0:

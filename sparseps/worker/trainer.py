@@ -1,7 +1,8 @@
 """``sparseps.Trainer``: train, infer and evaluate a model whose embeddings live on servers.
 
-Per batch: dedup the keys per slot group (one pull per table and server), forward and
-backward in PyTorch, then push the merged per-key gradients with show/click counts. How
+Per batch: dedup the keys once per table, over every slot its modules read (one pull per
+table and server; see :mod:`sparseps.worker.binding`), forward and backward in PyTorch,
+then push the merged per-key gradients with show/click counts. How
 pulls and pushes travel depends on the :class:`~sparseps.worker.strategy.Strategy` mode
 (see :mod:`sparseps.worker.modes`). The trainer connects lazily, on its first use, so a
 script may build it before ``if sps.is_server(): sps.run_server()``.
@@ -20,25 +21,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import optim, role
-from ..errors import ConfigError
-from ..metrics import CTRMetrics, DumpConfig, MetricResult
+from ..errors import ConfigError, TimeoutError_
+from ..metrics import MetricResult, ReportConfig
 from ..rpc.client import PSClient
 from . import collectives
+from .binding import TableBinder
 from .dense import DenseParams
-from .lookup import build_lookup
 from .modes import GeoMode, make_mode
 from .nn import SparseEmbedding
 from .pipeline import Prefetcher
-from .reporting import PassReporter
+from .reporting import PassReporter, Progress
 from .strategy import Strategy
 
 __all__ = ["InferResult", "PassResult", "Trainer"]
 
 log = logging.getLogger(__name__)
-
-# Progress lines show a coarse AUC over the last print_period batches of this worker
-# (a windowed indicator like the seed system's; the pass metric is global and exact).
-PROGRESS_BUCKETS = 2**12
 
 
 @dataclass(frozen=True)
@@ -77,8 +74,12 @@ class Trainer:
         client: an existing ``PSClient`` (default: one to ``sps.server_endpoints()``).
         num_threads: torch compute threads of this worker (default 1: workers and servers
             of a job share the machine's cores; None leaves torch's setting alone).
-        metrics_path: worker 0 appends one JSON line per pass and phase here.
-        dump: per-sample fields / parameters to dump each training pass (off by default).
+        report: per-pass metrics and outputs (JSON lines, TensorBoard, AUC buckets,
+            UAUC/GAUC grouping, dumps); default: metrics logged by worker 0 only.
+
+    Raises:
+        ConfigError: a bad dense optimizer, or one table declared by several modules with
+            different configs.
     """
 
     def __init__(
@@ -89,8 +90,7 @@ class Trainer:
         *,
         client=None,
         num_threads: int | None = 1,
-        metrics_path: str | None = None,
-        dump: DumpConfig | None = None,
+        report: ReportConfig | None = None,
     ):
         self.model = model
         self.dense_rule = dense_optimizer if dense_optimizer is not None else optim.Adam(lr=0.001)
@@ -99,12 +99,17 @@ class Trainer:
                 "Trainer.dense_optimizer: expected a sparseps.optim rule (SGD, Adagrad, Adam), "
                 f"got {type(self.dense_rule).__name__}; dense updates run on the servers"
             )
+        if report is not None and not isinstance(report, ReportConfig):
+            raise ConfigError(
+                f"Trainer.report: expected a sparseps.metrics.ReportConfig, got {type(report).__name__}"
+            )
         self.strategy = strategy or Strategy()
         self.embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
-        self._check_tables()
+        self._binder = TableBinder(self.embeddings)
         self._client = client
         self.num_threads = num_threads
-        self._report_args = {"metrics_path": metrics_path, "dump": dump}
+        self.report_config = report or ReportConfig()
+        self._reporter: PassReporter | None = None
         self._mode = None
         self._tombstones: dict[str, list[np.ndarray]] = {}
         self._timings: Counter = Counter()
@@ -112,18 +117,10 @@ class Trainer:
         self.rank = 0
         self.server_num = 0
 
-    def _check_tables(self) -> None:
-        seen: dict[str, object] = {}
-        for emb in self.embeddings:
-            other = seen.setdefault(emb.table, emb.config)
-            if other != emb.config:
-                raise ConfigError(
-                    f"table {emb.table!r} is declared twice with different configs: {other} vs {emb.config}"
-                )
-
     @property
     def tables(self) -> dict:
-        return {emb.table: emb.config for emb in self.embeddings}
+        """``{table name: TableConfig}`` of every table the model reads."""
+        return dict(self._binder.tables)
 
     @property
     def client(self) -> PSClient:
@@ -143,7 +140,8 @@ class Trainer:
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         self.rank, self.server_num = env.rank, len(role.server_endpoints())
-        self._reporter = PassReporter(self.model, rank=env.rank, **self._report_args)
+        if self._reporter is None:
+            self._reporter = PassReporter(self.model, rank=env.rank, config=self.report_config)
         self._mode = make_mode(
             self.strategy, self._client, DenseParams(self.model), self.dense_rule, env.rank
         )
@@ -154,48 +152,42 @@ class Trainer:
 
     # -- per batch -------------------------------------------------------------------------
 
-    def _lookups(self, batch) -> dict:
-        groups = {}
-        for emb in self.embeddings:
-            slots = emb.slot_names(batch)
-            if slots not in groups:
-                groups[slots] = build_lookup(batch, slots)
-        return groups
-
-    def _pull_all(self, lookups: dict, batch, *, local: bool = False) -> dict:
+    def _pull_all(self, lookups: dict, *, local: bool = False) -> dict:
         """Rows of every table for the batch: ``{table: [U, dim]}`` (pulls sent together).
 
         ``local``: geo mode's training pulls read the worker's local copy first.
         """
-        pending = {}
-        for emb in self.embeddings:
-            if emb.table not in pending:
-                keys = lookups[emb.slot_names(batch)].keys
-                if local:
-                    pending[emb.table] = self._mode.pull(emb.table, keys)
-                else:
-                    pending[emb.table] = self._client.pull(emb.table, keys)
-        return {t: (h if isinstance(h, np.ndarray) else h.wait()) for t, h in pending.items()}
+        if local:
+            return {t: self._mode.pull(t, lk.keys) for t, lk in lookups.items()}
+        pending = {t: self._client.pull(t, lk.keys) for t, lk in lookups.items()}
+        return {t: h.wait() for t, h in pending.items()}
 
     def _prepare_with_pull(self, batch):
-        lookups = self._lookups(batch)
+        lookups = self._binder.lookups(batch)
         start = time.perf_counter()
-        rows = self._pull_all(lookups, batch)
+        rows = self._pull_all(lookups)
         self._timings["pull_s"] += time.perf_counter() - start
         return batch, lookups, rows
 
     def _prepare(self, batch):
-        return batch, self._lookups(batch), None
+        return batch, self._binder.lookups(batch), None
 
-    def _bind(self, batch, lookups, rows, *, grad: bool) -> None:
-        copies = {}
-        for emb in self.embeddings:
-            # tables read by several modules share one leaf tensor, so grads add up
-            if emb.table not in copies:
-                copies[emb.table] = torch.from_numpy(
-                    np.array(rows[emb.table], np.float32, copy=True)
-                )
-            emb.bind(lookups[emb.slot_names(batch)], copies[emb.table], grad=grad)
+    def _global(self, metrics) -> MetricResult:
+        """The pass metrics over every worker (a collective)."""
+        timeout = self.strategy.collective_timeout
+        try:
+            return metrics.compute(global_=True, timeout=timeout)
+        except TimeoutError_ as exc:
+            raise TimeoutError_(
+                f"pass metrics: not every worker finished its pass within {timeout:.0f} s of "
+                "this one; a worker is stuck or has far more data - see the other workers' "
+                "logs, or raise Strategy.collective_timeout",
+                op="pass metrics",
+                role="worker",
+                rank=self.rank,
+                seconds=exc.seconds,
+                setting="Strategy.collective_timeout",
+            ) from exc
 
     def _forward(self, batch) -> torch.Tensor:
         return self.model(batch).reshape(-1)
@@ -203,23 +195,31 @@ class Trainer:
     def _iterate(self, dataset, *, pulls_ahead: bool) -> Prefetcher:
         prepare = self._prepare_with_pull if pulls_ahead else self._prepare
         depth = 2 if self.strategy.prefetch else 1
-        return Prefetcher(dataset, prepare, depth=depth, timeout=self.strategy.collective_timeout)
+        return Prefetcher(
+            dataset,
+            prepare,
+            depth=depth,
+            timeout=self.strategy.collective_timeout,
+            setting="Strategy.collective_timeout",
+        )
 
     # -- public API ------------------------------------------------------------------------
 
     def train_from_dataset(self, dataset, *, print_period: int = 100) -> PassResult:
-        """One pass over ``dataset`` (this worker's share of it); returns global metrics."""
+        """One pass over ``dataset`` (this worker's share of it); returns global metrics.
+
+        Every ``print_period`` batches this worker logs a progress line (0: none).
+        """
         self._start()
-        mode = self._mode
+        mode, reporter = self._mode, self._reporter
         self.model.train()
-        metrics, window = CTRMetrics(), CTRMetrics(num_buckets=PROGRESS_BUCKETS)
+        metrics, progress = reporter.metrics(), Progress(print_period)
         prefetcher = self._iterate(
             dataset, pulls_ahead=mode.prefetch_pulls and self.strategy.prefetch
         )
-        self._reporter.begin(self.passes)
-        start = last = time.perf_counter()
-        batches = samples = window_samples = 0
-        loss_sum = 0.0
+        reporter.begin(self.passes)
+        start = time.perf_counter()
+        batches = samples = 0
         try:
             for item in mode.steps(prefetcher):
                 grads, dense_grad, loss, preds, labels = self._train_step(item)
@@ -230,34 +230,19 @@ class Trainer:
                     continue
                 batches += 1
                 samples += preds.size
-                window_samples += preds.size
-                loss_sum += loss
-                metrics.update(preds, labels)
-                window.update(preds, labels)
-                self._reporter.batch(item[0], preds)
-                if print_period and batches % print_period == 0:
-                    now = time.perf_counter()
-                    log.info(
-                        "time: [%s], batch: [%d], loss: [%.6f], auc: [%.6f], samples/s: [%.0f]",
-                        time.strftime("%Y-%m-%d %H:%M:%S"),
-                        batches,
-                        loss_sum / print_period,
-                        window.compute().auc,
-                        window_samples / max(now - last, 1e-9),
-                    )
-                    last, loss_sum, window_samples = now, 0.0, 0
-                    window.reset()
+                reporter.update(metrics, item[0], preds, labels)
+                reporter.batch(item[0], preds)
+                progress.add(loss, preds, labels)
             mode.finish_pass()
         finally:
             prefetcher.close()
-            for emb in self.embeddings:
-                emb.unbind()
+            self._binder.unbind()
         seconds = time.perf_counter() - start
         timings = {k: round(v, 4) for k, v in self._timings.items()}
         timings.update(self._mode.timings())
         self._timings.clear()
-        result = PassResult(metrics.compute(global_=True), batches, samples, seconds, timings)
-        self._reporter.end(
+        result = PassResult(self._global(metrics), batches, samples, seconds, timings)
+        reporter.end(
             self.passes, "train", result.metrics, samples_per_s=round(result.samples_per_s, 1)
         )
         self.passes += 1
@@ -267,52 +252,24 @@ class Trainer:
         dense_params = self._mode.dense
         dense_params.zero_grad()
         if item is None:  # sync mode: this worker has no data left but the others do
-            grads = [
-                (
-                    t,
-                    np.empty(0, np.uint64),
-                    np.zeros((0, c.dim), np.float32),
-                    np.zeros(0, np.float32),
-                    np.zeros(0, np.float32),
-                )
-                for t, c in self.tables.items()
-            ]
+            grads = self._binder.empty_grads()
             return grads, np.zeros(dense_params.size, np.float32), 0.0, None, None
         batch, lookups, rows = item
         if rows is None:
             start = time.perf_counter()
-            rows = self._pull_all(lookups, batch, local=isinstance(self._mode, GeoMode))
+            rows = self._pull_all(lookups, local=isinstance(self._mode, GeoMode))
             self._timings["pull_s"] += time.perf_counter() - start
         start = time.perf_counter()
         self._mode.before_forward()
-        self._bind(batch, lookups, rows, grad=True)
+        leaves = self._binder.bind(batch, lookups, rows, grad=True)
         logits = self._forward(batch)
         labels = torch.from_numpy(np.asarray(batch.label, np.float32))
         loss_total = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
         (loss_total / self._mode.loss_scale(len(batch))).backward()
         self._timings["compute_s"] += time.perf_counter() - start
-        grads, done = [], set()
-        for emb in self.embeddings:
-            if emb.table in done:
-                continue
-            done.add(emb.table)
-            lookup = emb.lookup
-            grad = emb.rows.grad
-            grad = (
-                np.zeros((lookup.keys.size, emb.dim), np.float32) if grad is None else grad.numpy()
-            )
-            grads.append(
-                (
-                    emb.table,
-                    lookup.keys,
-                    np.ascontiguousarray(grad, np.float32),
-                    lookup.shows,
-                    lookup.clicks,
-                )
-            )
         preds = torch.sigmoid(logits.detach()).numpy()
         return (
-            grads,
+            self._binder.grads(lookups, leaves),
             dense_params.grads().copy(),
             float(loss_total.detach()) / max(len(batch), 1),
             preds,
@@ -324,23 +281,22 @@ class Trainer:
         self._start()
         self._mode.refresh_dense()
         self.model.eval()
-        metrics = CTRMetrics()
+        metrics = self._reporter.metrics()
         predictions, labels = [], []
         prefetcher = self._iterate(dataset, pulls_ahead=True)
         try:
             with torch.no_grad():
                 for batch, lookups, rows in prefetcher:
-                    self._bind(batch, lookups, rows, grad=False)
+                    self._binder.bind(batch, lookups, rows, grad=False)
                     preds = torch.sigmoid(self._forward(batch)).numpy().astype(np.float32)
                     label = np.asarray(batch.label, np.float32)
-                    metrics.update(preds, label)
+                    self._reporter.update(metrics, batch, preds, label)
                     predictions.append(preds)
                     labels.append(label)
         finally:
             prefetcher.close()
-            for emb in self.embeddings:
-                emb.unbind()
-        result = metrics.compute(global_=True)
+            self._binder.unbind()
+        result = self._global(metrics)
         self._reporter.end_infer(self.passes, result)
         cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.float32)  # noqa: E731
         return InferResult(cat(predictions), cat(labels), result)
@@ -358,7 +314,7 @@ class Trainer:
         if self.rank == 0:
             for name in self.tables:
                 self._client.decay(name, rate)
-        collectives.barrier()
+        collectives.barrier(timeout=self.strategy.collective_timeout)
 
     def shrink(self) -> dict[str, int]:
         """Delete rows by score / unseen days; deleted keys become tombstones of the next delta."""
@@ -370,7 +326,7 @@ class Trainer:
                 keys = self._client.shrink(name)
                 self._tombstones.setdefault(name, []).append(keys)
                 deleted[name] = int(keys.size)
-        collectives.barrier()
+        collectives.barrier(timeout=self.strategy.collective_timeout)
         return deleted
 
     def tombstones(self, table: str) -> np.ndarray:
@@ -401,6 +357,9 @@ class Trainer:
         if self._mode is not None:
             self._mode.close()
             self._mode = None
+        if self._reporter is not None:
+            self._reporter.close()
+            self._reporter = None
         if self._client is not None:
             self._client.close()
             self._client = None

@@ -61,3 +61,21 @@ def test_extreme_keys_survive_dedup():
 def test_missing_slot_is_a_clear_error():
     with pytest.raises(InputError, match="slot 'zz' is not in the batch"):
         build_lookup(_example(), ["zz"])
+
+
+def test_select_gives_a_module_its_slots_over_the_same_keys():
+    lk = build_lookup(_example(), ["a", "b"])
+    np.testing.assert_array_equal(lk.slot_bounds, [0, 3, 4])
+    b = lk.select(["b"])  # the docstring's example
+    assert b.keys is lk.keys and b.shows is lk.shows
+    np.testing.assert_array_equal(b.index, [1])
+    np.testing.assert_array_equal(b.bag_offsets, [0, 0])
+    np.testing.assert_array_equal(b.slot_bounds, [0, 1])
+    # reordered: equal to a lookup built over those slots, re-indexed to the union's keys
+    ba = lk.select(["b", "a"])
+    own = build_lookup(_example(), ["b", "a"])
+    np.testing.assert_array_equal(ba.keys[ba.index], own.keys[own.index])
+    np.testing.assert_array_equal(ba.bag_offsets, own.bag_offsets)
+    assert lk.select(["a", "b"]) is lk
+    with pytest.raises(InputError, match=r"slots \['zz'\] are not in this lookup"):
+        lk.select(["zz"])

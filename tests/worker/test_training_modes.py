@@ -170,7 +170,14 @@ def test_infer_leaves_every_table_unchanged(small_data, tmp_path):
         str(folder / "keys.npy"), "--mode", "async", "--infer-check",
         "--metrics-path", str(tmp_path / "metrics.jsonl"), "--dump", str(tmp_path / "dump"), servers=1,
     )  # fmt: skip
-    assert got["summary"]["infer_unchanged"] is True
+    summary = got["summary"]
+    # every worker compared every saved column (and the shard files' sha256) and the
+    # server dense table before and after inference
+    assert summary["infer_unchanged"] == [True, True], summary
+    assert summary["dense_checked"] is True
+    for files, values in summary["infer_checked"]:
+        assert files == 4 and values > 1000  # 2 tables x (rows + pending) on 1 server
+    assert summary["change_detected"] is True  # one more show on one key is caught
     # the per-pass JSON lines (train then test) and the dumps of both workers
     from sparseps.metrics import read_dump, read_jsonl
 

@@ -61,8 +61,7 @@ trainer = sps.Trainer(
     model,
     dense_optimizer=sps.optim.Adam(lr=0.01),
     strategy=strategy,
-    metrics_path=args.metrics_path,
-    dump=dump,
+    report=sps.metrics.ReportConfig(metrics_path=args.metrics_path, dump=dump),
 )
 if sps.is_server():
     sps.run_server()
@@ -112,16 +111,65 @@ def table_stats():
     return json.dumps([s["tables"] for s in trainer.client.stats()["servers"]], sort_keys=True)
 
 
-stats_before = table_stats()
+def snapshot(folder):
+    """Every byte the servers hold for the model: each table saved (every column: keys,
+    embeddings, optimizer state, show/click/unseen/delta_score, pending counters) with
+    the files' sha256, and the async dense table."""
+    records = {t: trainer.client.save(t, folder) for t in trainer.tables}
+    files = {r["name"]: r["sha256"] for parts in records.values() for r in parts}
+    columns = {}
+    for parts in records.values():
+        for r in parts:
+            _, cols = read_shard(r["path"])
+            order = np.argsort(cols["key"], kind="stable")  # compare by key, not file order
+            columns.update({f"{r['name']}:{c}": v[order] for c, v in cols.items()})
+    dense = trainer.client.pull_dense(DENSE_TABLE).wait() if args.mode == "async" else None
+    return files, columns, dense
+
+
+if args.infer_check:
+    import pathlib
+
+    from sparseps.server.shards import read_shard
+    from sparseps.worker import collectives
+    from sparseps.worker.modes import DENSE_TABLE
+
+    rank = sps.worker_index()
+    check_dir = pathlib.Path(args.out).parent / "infer-check"
+    collectives.barrier()  # every worker's pass is done before anybody snapshots
+    files_before, columns_before, dense_before = snapshot(check_dir / f"before-{rank}")
+    stats_before = table_stats()
+    collectives.barrier()  # nobody infers while another worker still snapshots
 if args.test:
     test = QueueDataset([args.test], CRITEO, batch_size=64, threads=1)
-    summary["test_auc"] = trainer.evaluate(test).auc
+    summary["test_auc"] = trainer.evaluate(test).auc  # a collective: all workers are done
 if args.infer_check:
-    after = {t: trainer.client.pull(t, keys).wait() for t in trainer.tables}
+    files_after, columns_after, dense_after = snapshot(check_dir / f"after-{rank}")
     stats_after = table_stats()
-    summary["infer_unchanged"] = all(np.array_equal(before[t], after[t]) for t in before)
+    same = (
+        files_before == files_after
+        and columns_before.keys() == columns_after.keys()
+        and all(np.array_equal(v, columns_after[k]) for k, v in columns_before.items())
+        and (dense_before is None or dense_before.tobytes() == dense_after.tobytes())
+    )
+    checked = (len(files_before), sum(v.size for v in columns_before.values()))
+    # every worker's verdict, gathered so worker 0 reports them all
+    verdicts = collectives.all_gather_arrays(np.array([int(same), *checked], np.int64))
+    summary["infer_unchanged"] = [bool(v[0]) for v in verdicts]
+    summary["infer_checked"] = [v[1:].tolist() for v in verdicts]
+    summary["dense_checked"] = dense_before is not None and dense_before.size > 0
     summary["stats_unchanged"] = stats_before == stats_after
     summary["stats"] = stats_after
+    collectives.barrier()
+    if rank == 0:  # the comparison's own check: one more show on one key must be seen
+        table = sorted(trainer.tables)[0]
+        key = keys[:1]  # a trained key: its row exists
+        zeros = np.zeros((1, trainer.tables[table].dim), np.float32)
+        trainer.client.push(table, key, zeros, shows=np.ones(1, np.float32)).wait()
+        files_changed, columns_changed, _ = snapshot(check_dir / "changed")
+        summary["change_detected"] = files_changed != files_after and any(
+            not np.array_equal(v, columns_after[k]) for k, v in columns_changed.items()
+        )
 if sps.worker_index() == 0:
     arrays = {f"table.{t}": v for t, v in before.items()}
     arrays["dense"] = DenseParams(model).values()
