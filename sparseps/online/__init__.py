@@ -1,7 +1,8 @@
 """Streaming (online) training in passes over time-partitioned data (docs/online.md).
 
 ``sparseps online CONFIG.yaml`` runs a job; :class:`OnlineDriver` is its pass loop,
-:class:`Ledger` its record of completed passes, :func:`load_config` its validated config.
+:class:`Ledger` its record of completed passes, :func:`load_config` its validated config,
+:func:`plan_pass` what each pass saves, :class:`PhaseEvent` what its ``on_phase`` hook gets.
 """
 
 from __future__ import annotations
@@ -9,9 +10,22 @@ from __future__ import annotations
 from .config import OnlineConfig, load_config
 from .layout import DataLayout, PassId
 from .ledger import Ledger
+from .phases import PHASES, PhaseEvent
+from .schedule import PassPlan, plan_pass
 from .stream import write_stream
 
-__all__ = ["DataLayout", "Ledger", "OnlineConfig", "PassId", "load_config", "write_stream"]
+__all__ = [
+    "PHASES",
+    "DataLayout",
+    "Ledger",
+    "OnlineConfig",
+    "PassId",
+    "PassPlan",
+    "PhaseEvent",
+    "load_config",
+    "plan_pass",
+    "write_stream",
+]
 
 
 def __getattr__(name: str):

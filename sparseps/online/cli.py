@@ -23,8 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def launch_argv(config, config_path: str | Path) -> list[str]:
-    """The ``sparseps launch`` arguments that run the job of ``config``."""
+def launch_argv(
+    config, config_path: str | Path, *, script: str | Path | None = None, script_args=()
+) -> list[str]:
+    """The ``sparseps launch`` arguments that run the job of ``config``.
+
+    ``script``: run this instead of :mod:`sparseps.online.job` (a script that calls
+    ``job.main([CONFIG], on_phase=...)``), with ``script_args`` after the config path.
+    """
     job = config.job
     argv = [
         "--server-num", str(job.server_num), "--worker-num", str(job.worker_num),
@@ -32,7 +38,8 @@ def launch_argv(config, config_path: str | Path) -> list[str]:
     ]  # fmt: skip
     if job.job_id:
         argv += ["--job-id", job.job_id]
-    return [*argv, str(Path(__file__).with_name("job.py")), str(Path(config_path).resolve())]
+    script = Path(script) if script is not None else Path(__file__).with_name("job.py")
+    return [*argv, str(script.resolve()), str(Path(config_path).resolve()), *map(str, script_args)]
 
 
 def run(args: argparse.Namespace) -> int:

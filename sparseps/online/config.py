@@ -10,19 +10,28 @@ default)::
     model:    {emb_dim: 8, hidden: [64, 32], dense_lr: 0.001, deep_lr: 0.01}
     save:     {model_dir: /models/ctr, delta_every: 1, checkpoint_every: 4}
 
-Unknown keys are rejected (``ConfigError`` names the key and lists the accepted ones);
-every value is type- and range-checked and an error names ``section.key``.
+Unknown sections and keys are rejected (one ``ConfigError`` names every one of them and
+lists the accepted keys); every value is type- and range-checked and an error names
+``section.key``.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .checks import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_str,
+    parse_day,
+    reject_unknown,
+)
 
 __all__ = [
     "DataConfig",
@@ -36,55 +45,6 @@ __all__ = [
 
 MINUTES_PER_DAY = 24 * 60
 PATTERN_FIELDS = ("day", "hhmm", "year", "month", "dd", "hour", "minute")
-
-
-def _int(where: str, value: Any, lo: int, hi: int | None = None) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < lo
-        or (hi is not None and value > hi)
-    ):
-        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ConfigError(f"{where}: expected an integer {bound}, got {value!r}")
-    return value
-
-
-def _float(where: str, value: Any, lo: float, hi: float | None = None, *, open_lo=False) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if ok:
-        value = float(value)
-        ok = (value > lo if open_lo else value >= lo) and (hi is None or value <= hi)
-    if not ok:
-        low = f"> {lo}" if open_lo else f">= {lo}"
-        bound = f"{low} and <= {hi}" if hi is not None else low
-        raise ConfigError(f"{where}: expected a number {bound}, got {value!r}")
-    return value
-
-
-def _str(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def _choice(where: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ConfigError(f"{where}: expected one of {', '.join(choices)}; got {value!r}")
-    return value
-
-
-def parse_day(where: str, value: Any) -> dt.date:
-    """``YYYYMMDD`` (a string, or an int YAML read from unquoted digits) as a date."""
-    text = str(value)
-    try:
-        if isinstance(value, bool) or len(text) != 8 or not text.isdigit():
-            raise ValueError
-        return dt.datetime.strptime(text, "%Y%m%d").date()
-    except ValueError:
-        raise ConfigError(
-            f"{where}: expected a day as YYYYMMDD (e.g. '20240101'), got {value!r}"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -108,15 +68,15 @@ class JobConfig:
     collective_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        _int("job.server_num", self.server_num, 1, 64)
-        _int("job.worker_num", self.worker_num, 1, 64)
-        _choice("job.mode", self.mode, ("sync", "async", "geo"))
+        check_int("job.server_num", self.server_num, 1, 64)
+        check_int("job.worker_num", self.worker_num, 1, 64)
+        check_choice("job.mode", self.mode, ("sync", "async", "geo"))
         if self.log_dir is not None:
-            _str("job.log_dir", self.log_dir)
+            check_str("job.log_dir", self.log_dir)
         if self.job_id is not None:
-            _str("job.job_id", self.job_id)
-        _float("job.rpc_timeout_s", self.rpc_timeout_s, 0.0, open_lo=True)
-        _float("job.collective_timeout_s", self.collective_timeout_s, 0.0, open_lo=True)
+            check_str("job.job_id", self.job_id)
+        check_float("job.rpc_timeout_s", self.rpc_timeout_s, 0.0, open_lo=True)
+        check_float("job.collective_timeout_s", self.collective_timeout_s, 0.0, open_lo=True)
 
 
 @dataclass(frozen=True)
@@ -138,6 +98,8 @@ class DataConfig:
         format: file format (``criteo_tsv``, ``csv``, ``slot_text``, ``parquet``).
         batch_size, threads: see :class:`sparseps.data.InMemoryDataset`.
         shuffle_seed: base seed of the per-pass global shuffle (``None``: no shuffle).
+        preload: load the next pass in the background while the current one trains
+            (``false``: load each pass when its turn comes, holding one pass in memory).
     """
 
     root: str = ""
@@ -151,10 +113,11 @@ class DataConfig:
     batch_size: int = 512
     threads: int = 1
     shuffle_seed: int | None = 0
+    preload: bool = True
 
     def __post_init__(self) -> None:
-        _str("data.root", self.root)
-        _str("data.pattern", self.pattern)
+        check_str("data.root", self.root)
+        check_str("data.pattern", self.pattern)
         try:
             self.pattern.format(**dict.fromkeys(PATTERN_FIELDS, "x"))
         except (KeyError, IndexError, ValueError) as exc:
@@ -164,24 +127,27 @@ class DataConfig:
             ) from None
         if os.path.isabs(self.pattern) or ".." in Path(self.pattern).parts:
             raise ConfigError(f"data.pattern: must be relative to data.root, got {self.pattern!r}")
-        _int("data.split_minutes", self.split_minutes, 1, MINUTES_PER_DAY)
+        check_int("data.split_minutes", self.split_minutes, 1, MINUTES_PER_DAY)
         if MINUTES_PER_DAY % self.split_minutes:
             raise ConfigError(
                 f"data.split_minutes: must divide a day (1440 minutes), got {self.split_minutes}"
             )
-        _int("data.splits_per_pass", self.splits_per_pass, 1, MINUTES_PER_DAY // self.split_minutes)
-        _str("data.done_marker", self.done_marker)
+        check_int(
+            "data.splits_per_pass", self.splits_per_pass, 1, MINUTES_PER_DAY // self.split_minutes
+        )
+        check_str("data.done_marker", self.done_marker)
         if "/" in self.done_marker:
             raise ConfigError(
                 f"data.done_marker: a file name, not a path; got {self.done_marker!r}"
             )
-        _float("data.wait_timeout_s", self.wait_timeout_s, 0.0)
-        _float("data.poll_s", self.poll_s, 0.0, open_lo=True)
-        _choice("data.format", self.format, ("criteo_tsv", "csv", "slot_text", "parquet"))
-        _int("data.batch_size", self.batch_size, 1, 1 << 20)
-        _int("data.threads", self.threads, 1, 64)
+        check_float("data.wait_timeout_s", self.wait_timeout_s, 0.0)
+        check_float("data.poll_s", self.poll_s, 0.0, open_lo=True)
+        check_choice("data.format", self.format, ("criteo_tsv", "csv", "slot_text", "parquet"))
+        check_int("data.batch_size", self.batch_size, 1, 1 << 20)
+        check_int("data.threads", self.threads, 1, 64)
         if self.shuffle_seed is not None:
-            _int("data.shuffle_seed", self.shuffle_seed, 0)
+            check_int("data.shuffle_seed", self.shuffle_seed, 0)
+        check_bool("data.preload", self.preload)
 
 
 @dataclass(frozen=True)
@@ -205,13 +171,10 @@ class ScheduleConfig:
     def __post_init__(self) -> None:
         day = parse_day("schedule.start_day", self.start_day)
         object.__setattr__(self, "start_day", day.strftime("%Y%m%d"))
-        _int("schedule.days", self.days, 1, 36600)
+        check_int("schedule.days", self.days, 1, 36600)
         if self.passes_per_day is not None:
-            _int("schedule.passes_per_day", self.passes_per_day, 1)
-        if not isinstance(self.evaluate_only, bool):
-            raise ConfigError(
-                f"schedule.evaluate_only: expected true or false, got {self.evaluate_only!r}"
-            )
+            check_int("schedule.passes_per_day", self.passes_per_day, 1)
+        check_bool("schedule.evaluate_only", self.evaluate_only)
 
 
 @dataclass(frozen=True)
@@ -242,24 +205,24 @@ class ModelConfig:
     init_checkpoint: str | None = None
 
     def __post_init__(self) -> None:
-        _int("model.emb_dim", self.emb_dim, 1, 1024)
+        check_int("model.emb_dim", self.emb_dim, 1, 1024)
         if not isinstance(self.hidden, list | tuple) or not self.hidden:
             raise ConfigError(
                 f"model.hidden: expected a non-empty list of widths, got {self.hidden!r}"
             )
         object.__setattr__(
-            self, "hidden", tuple(_int("model.hidden[]", h, 1, 1 << 16) for h in self.hidden)
+            self, "hidden", tuple(check_int("model.hidden[]", h, 1, 1 << 16) for h in self.hidden)
         )
-        _float("model.dense_lr", self.dense_lr, 0.0, open_lo=True)
-        _choice("model.deep_rule", self.deep_rule, ("adam", "adagrad", "sgd"))
-        _float("model.deep_lr", self.deep_lr, 0.0, open_lo=True)
-        _float("model.wide_lr", self.wide_lr, 0.0, open_lo=True)
-        _int("model.seed", self.seed, 0)
-        _float("model.decay_rate", self.decay_rate, 0.0, 1.0, open_lo=True)
-        _float("model.shrink_score", self.shrink_score, 0.0)
-        _int("model.shrink_unseen_days", self.shrink_unseen_days, 0)
+        check_float("model.dense_lr", self.dense_lr, 0.0, open_lo=True)
+        check_choice("model.deep_rule", self.deep_rule, ("adam", "adagrad", "sgd"))
+        check_float("model.deep_lr", self.deep_lr, 0.0, open_lo=True)
+        check_float("model.wide_lr", self.wide_lr, 0.0, open_lo=True)
+        check_int("model.seed", self.seed, 0)
+        check_float("model.decay_rate", self.decay_rate, 0.0, 1.0, open_lo=True)
+        check_float("model.shrink_score", self.shrink_score, 0.0)
+        check_int("model.shrink_unseen_days", self.shrink_unseen_days, 0)
         if self.init_checkpoint is not None:
-            _str("model.init_checkpoint", self.init_checkpoint)
+            check_str("model.init_checkpoint", self.init_checkpoint)
 
 
 @dataclass(frozen=True)
@@ -269,9 +232,13 @@ class SaveConfig:
     Args:
         model_dir: the job's model directory (ledger, checkpoints, inference model).
         delta_every: save a delta inference model every this many passes (0: never).
-        checkpoint_every: save a checkpoint every this many passes (the end of each day
-            always saves one). Passes after the last checkpoint are redone after a crash.
+        delta_every, checkpoint_every: count passes from the start of each day (see
+            :mod:`sparseps.online.schedule`); the end of each day always saves a base and
+            a checkpoint. Passes after the last checkpoint are redone after a crash.
         keep_checkpoints: complete checkpoints kept (older ones are deleted).
+        keep_bases: inference bases kept, each with the deltas after it; older saves
+            are deleted once a checkpoint covers the newest kept base (the newest
+            base's chain, which serving loads, is never deleted).
         check_inference: after each inference save, compare the inference model's
             predictions on the pass's data with the trainer's (fails beyond 1e-6).
     """
@@ -280,17 +247,16 @@ class SaveConfig:
     delta_every: int = 1
     checkpoint_every: int = 1
     keep_checkpoints: int = 2
+    keep_bases: int = 2
     check_inference: bool = False
 
     def __post_init__(self) -> None:
-        _str("save.model_dir", self.model_dir)
-        _int("save.delta_every", self.delta_every, 0)
-        _int("save.checkpoint_every", self.checkpoint_every, 1)
-        _int("save.keep_checkpoints", self.keep_checkpoints, 1)
-        if not isinstance(self.check_inference, bool):
-            raise ConfigError(
-                f"save.check_inference: expected true or false, got {self.check_inference!r}"
-            )
+        check_str("save.model_dir", self.model_dir)
+        check_int("save.delta_every", self.delta_every, 0)
+        check_int("save.checkpoint_every", self.checkpoint_every, 1)
+        check_int("save.keep_checkpoints", self.keep_checkpoints, 1)
+        check_int("save.keep_bases", self.keep_bases, 1)
+        check_bool("save.check_inference", self.check_inference)
 
 
 _SECTIONS = {
@@ -343,20 +309,15 @@ class OnlineConfig:
             raise ConfigError(
                 f"online config: expected a mapping of sections, got {type(raw).__name__}"
             )
-        unknown = sorted(set(raw) - set(_SECTIONS))
-        if unknown:
-            raise ConfigError(
-                f"online config: unknown section {unknown[0]!r}; accepted: {', '.join(_SECTIONS)}"
-            )
+        for name in _SECTIONS:
+            if not isinstance(raw.get(name) or {}, dict):
+                raise ConfigError(f"{name}: expected a mapping, got {raw[name]!r}")
+        reject_unknown(
+            raw, {name: [f.name for f in fields(kind)] for name, kind in _SECTIONS.items()}
+        )
         built = {}
         for name, kind in _SECTIONS.items():
             section = raw.get(name) or {}
-            if not isinstance(section, dict):
-                raise ConfigError(f"{name}: expected a mapping, got {section!r}")
-            accepted = [f.name for f in fields(kind)]
-            for key in section:
-                if key not in accepted:
-                    raise ConfigError(f"{name}.{key}: unknown key; accepted: {', '.join(accepted)}")
             for key in _REQUIRED.get(name, ()):
                 if key not in section:
                     raise ConfigError(f"{name}.{key}: required")

@@ -3,17 +3,25 @@
 Per pass, in order:
 
 1. take the pass's data, loaded in the background while the previous pass trained (the
-   loader first waits for every split's done-marker, up to ``data.wait_timeout_s``);
+   loader first waits for every split's done-marker, up to ``data.wait_timeout_s``;
+   ``data.preload: false`` loads it only now); the record keeps how long the load took
+   (``load_s``) and how long the pass waited for it (``data_wait_s``), both the slowest
+   worker's;
 2. global shuffle (seed = ``data.shuffle_seed`` and the pass's ``seq``: a redone pass
    sees the same order);
 3. **evaluate the new data with the current model** (progressive metrics: the model has
    never seen these samples);
 4. train one pass;
-5. at the end of a day: decay + shrink, a base inference model; otherwise a delta
-   inference model every ``save.delta_every`` passes;
+5. the saves :func:`sparseps.online.schedule.plan_pass` plans: at the end of a day
+   decay + shrink and a base inference model, otherwise a delta every
+   ``save.delta_every`` passes;
 6. a checkpoint every ``save.checkpoint_every`` passes and at the end of each day (its
-   manifest state holds the pass record);
+   manifest state holds the pass record); then old checkpoints and inference saves are
+   pruned (``save.keep_checkpoints``, ``save.keep_bases``);
 7. worker 0 appends the pass record to the ledger and logs it (one line + one JSON line).
+
+An optional ``on_phase`` hook is called at named points of this loop
+(:mod:`sparseps.online.phases`); tests use it to crash a job at an exact point.
 
 Restart: the newest complete checkpoint is loaded and the loop continues with the pass
 after it (the ledger's rule, see :mod:`sparseps.online.ledger`).
@@ -35,6 +43,8 @@ from .config import OnlineConfig
 from .layout import DataLayout, PassId
 from .ledger import Ledger
 from .model_dir import ModelDir
+from .phases import CountingDataset, PhaseEvent, PhaseHook
+from .schedule import plan_pass
 
 __all__ = ["OnlineDriver"]
 
@@ -48,6 +58,7 @@ class _Loader:
 
     def __init__(self, layout: DataLayout, pass_id: PassId, make_dataset) -> None:
         self.pass_id = pass_id
+        self.seconds = 0.0  # wait for the markers + load, set when the thread ends
         self._result = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
@@ -57,6 +68,7 @@ class _Loader:
         self._thread.start()
 
     def _run(self, layout: DataLayout, make_dataset) -> None:
+        start = time.perf_counter()
         try:
             folders = layout.wait_ready(self.pass_id)
             dataset = make_dataset(folders)
@@ -64,8 +76,10 @@ class _Loader:
             self._result = (folders, dataset)
         except BaseException as exc:  # re-raised in get()
             self._error = exc
+        self.seconds = time.perf_counter() - start
 
     def get(self, timeout: float):
+        """``(folders, dataset)`` once loaded; raises the loader's error."""
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError_(
@@ -84,16 +98,27 @@ class OnlineDriver:
         config: the validated job config.
         trainer: a :class:`sparseps.Trainer` of the job's model (connected on first use).
         rank, world: this worker and the number of workers.
+        on_phase: called with a :class:`~sparseps.online.phases.PhaseEvent` at each
+            phase of the loop (see :mod:`sparseps.online.phases`); ``None``: no calls.
     """
 
-    def __init__(self, config: OnlineConfig, trainer, *, rank: int, world: int) -> None:
+    def __init__(
+        self, config: OnlineConfig, trainer, *, rank: int, world: int,
+        on_phase: PhaseHook | None = None,
+    ) -> None:  # fmt: skip
         self.config = config
         self.trainer = trainer
         self.rank, self.world = rank, world
         self.layout = DataLayout(config)
         self.dir = ModelDir(config.model_dir)
         self.ledger = Ledger.of(config.model_dir)
+        self.on_phase = on_phase
         self._last_checkpoint: str | None = None
+        self._has_base = False
+
+    def _phase(self, phase: str, pass_id: PassId) -> None:
+        if self.on_phase is not None:
+            self.on_phase(PhaseEvent(phase, pass_id, self.rank))
 
     # -- data --------------------------------------------------------------------------
 
@@ -135,7 +160,9 @@ class OnlineDriver:
             if self.ledger.records():
                 self.ledger.resume(last_seq, self._last_checkpoint, restored)
             self.dir.rewind_inference(self.trainer.passes)
-        collectives.barrier()
+        # worker 0 owns the folder's state; every worker must plan the same saves
+        flag = np.array([self.dir.has_base() if self.rank == 0 else 0], np.int64)
+        self._has_base = bool(collectives.all_reduce_sum(flag)[0])
         return last_seq
 
     def _check_schedule(self, path: Path, record: dict) -> None:
@@ -160,65 +187,84 @@ class OnlineDriver:
         records = []
         if self.rank == 0:
             self.dir.write_status("running", next=str(todo[0]) if todo else None)
-        loader = _Loader(self.layout, todo[0], self._dataset) if todo else None
+        preload = self.config.data.preload
+        loader = _Loader(self.layout, todo[0], self._dataset) if todo and preload else None
         for i, pass_id in enumerate(todo):
+            if loader is None:
+                loader = _Loader(self.layout, pass_id, self._dataset)
+            start = time.perf_counter()
             folders, dataset = loader.get(self._load_timeout())
-            # all workers must hold their data before the collective shuffle
-            collectives.barrier()
-            loader = _Loader(self.layout, todo[i + 1], self._dataset) if i + 1 < len(todo) else None
-            records.append(self._run_pass(pass_id, folders, dataset))
+            # collective, so also the barrier the shuffle needs: every worker holds its data
+            timing = self._slowest([loader.seconds, time.perf_counter() - start])
+            loader = None
+            if preload and i + 1 < len(todo):
+                loader = _Loader(self.layout, todo[i + 1], self._dataset)
+            records.append(self._run_pass(pass_id, folders, dataset, timing))
             dataset.release_memory()
         if self.rank == 0:
             self.dir.write_status("completed", passes=len(self.ledger.passes()))
         return records
 
-    def _run_pass(self, pass_id: PassId, folders, dataset) -> dict:
-        trainer, config = self.trainer, self.config
+    def _slowest(self, values: list[float]) -> list[float]:
+        """Element-wise max over workers (a pass starts when the slowest worker has data)."""
+        mine = np.array([values], np.float64)
+        return np.max(np.concatenate(collectives.all_gather_arrays(mine)), axis=0).tolist()
+
+    def _run_pass(self, pass_id: PassId, folders, dataset, timing: list[float]) -> dict:
+        trainer, config, save = self.trainer, self.config, self.config.save
         start = time.perf_counter()
+        self._phase("pass_start", pass_id)
         if config.data.shuffle_seed is not None:
             dataset.global_shuffle(seed=config.data.shuffle_seed * 1_000_003 + pass_id.seq)
         progressive = trainer.evaluate(dataset)
         record = {
             "kind": "pass", "seq": pass_id.seq, "day": pass_id.day, "pass": pass_id.index,
             "splits": [str(f) for f in folders], "eval": progressive.to_dict(),
+            "load_s": round(timing[0], 4), "data_wait_s": round(timing[1], 4),
         }  # fmt: skip
+        self._phase("evaluated", pass_id)
         if config.schedule.evaluate_only:
             record.update(trained=False, seconds=round(time.perf_counter() - start, 3))
             self._finish(pass_id, record)
             return record
+        plan = plan_pass(
+            pass_id.index, self.layout.per_day, delta_every=save.delta_every,
+            checkpoint_every=save.checkpoint_every, has_base=self._has_base,
+        )  # fmt: skip
+        if self.on_phase is not None:
+            dataset = CountingDataset(dataset, self.on_phase, pass_id, self.rank)
         result = trainer.train_from_dataset(dataset, print_period=0)
         record.update(trained=True, train=result.metrics.to_dict(), samples=result.metrics.count)
         saved = record["saved"] = {}
-        last_of_day = self.layout.is_last_of_day(pass_id)
-        if last_of_day:
+        if plan.end_of_day:
             trainer.decay(config.model.decay_rate)
+            record["decay_rate"] = config.model.decay_rate
             record["shrunk"] = trainer.shrink()
-        inference_mode = None
-        if last_of_day:
-            inference_mode = "base"
-        elif config.save.delta_every and (pass_id.seq + 1) % config.save.delta_every == 0:
-            inference_mode = "delta" if self._has_base() else "base"
-        if inference_mode:
-            folder = trainer.save_inference_model(self.dir.inference, mode=inference_mode)
+        self._phase("trained", pass_id)
+        if plan.inference:
+            folder = trainer.save_inference_model(self.dir.inference, mode=plan.inference)
+            self._has_base = True
             if self.rank == 0:
-                saved[inference_mode] = str(folder)
-            if config.save.check_inference:
+                saved[plan.inference] = str(folder)
+            if save.check_inference:
                 record["inference_max_diff"] = self._check_inference(folders)
+            self._phase("inference_saved", pass_id)
         record["passes"] = trainer.passes
         record["seconds"] = round(time.perf_counter() - start, 3)
-        if last_of_day or (pass_id.seq + 1) % config.save.checkpoint_every == 0:
+        if plan.checkpoint:
             path = self.dir.checkpoint_path(pass_id)
             saved["checkpoint"] = record["checkpoint"] = str(path)
+            self._phase("checkpoint", pass_id)
             trainer.save_checkpoint(path, state={"online": _jsonable(record)})
             self._last_checkpoint = str(path)
             if self.rank == 0:
-                self.dir.prune(config.save.keep_checkpoints)
+                self.dir.prune(save.keep_checkpoints)
+                # only now: a restart never rewinds before this checkpoint, so the bases
+                # it covers stay (pruning earlier could leave no base after a rewind)
+                self.dir.prune_inference(save.keep_bases, covered_passes=trainer.passes)
+            self._phase("checkpointed", pass_id)
         self._finish(pass_id, record)
         return record
-
-    def _has_base(self) -> bool:
-        flag = np.array([self.dir.has_base() if self.rank == 0 else 0], np.int64)
-        return bool(collectives.all_reduce_sum(flag)[0])
 
     def _finish(self, pass_id: PassId, record: dict) -> None:
         record.setdefault("checkpoint", self._last_checkpoint)
@@ -235,6 +281,7 @@ class OnlineDriver:
                 record["seconds"],
             )  # fmt: skip
             log.info("online pass record: %s", json.dumps(record, sort_keys=True))
+            self._phase("ledger_written", pass_id)
         collectives.barrier()
 
     def _check_inference(self, folders) -> float:

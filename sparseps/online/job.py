@@ -4,6 +4,10 @@
 workers build the model from the config and run :class:`~sparseps.online.driver.OnlineDriver`.
 Worker 0 writes ``MODEL_DIR/status.json`` (``failed`` with the error when the job stops
 on an error, e.g. a split whose done-marker never appeared).
+
+A script of its own can run the same job with a phase hook (the driver's ``on_phase``,
+e.g. a :class:`sparseps.testing.crash.CrashPoint`): ``job.main([config], on_phase=hook)``,
+launched with :func:`sparseps.online.cli.launch_argv` ``(..., script=that_script)``.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ def build_trainer(config):
     return sps.Trainer(model, dense_optimizer=sps.optim.Adam(lr=m.dense_lr), strategy=strategy)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, on_phase=None) -> int:
+    """Run this process's role of the job of ``argv == [CONFIG.yaml]``; the exit code."""
     import sparseps as sps
     from sparseps.online.config import load_config
     from sparseps.online.driver import OnlineDriver
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = sps.worker_index()
     trainer = build_trainer(config)
     try:
-        OnlineDriver(config, trainer, rank=rank, world=sps.worker_num()).run()
+        OnlineDriver(config, trainer, rank=rank, world=sps.worker_num(), on_phase=on_phase).run()
     except SparsePSError as exc:
         log.error("online job stopped: %s", exc)
         if rank == 0:

@@ -9,12 +9,16 @@ Layout::
     MODEL_DIR/log/                         per-role logs of the launcher
 
 Every checkpoint goes to a new folder, so a crash mid-save leaves the previous one intact;
-only complete ones (valid manifest) count, and the newest ``keep`` are kept.
+only complete ones (valid manifest) count, and the newest ``keep`` are kept. Inference
+saves are numbered across bases and deltas; a reader loads the newest complete base and
+the deltas after it (:func:`sparseps.checkpoint.inference.chain`), so pruning keeps the
+newest ``keep_bases`` bases and everything after the oldest of them.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import time
 from pathlib import Path
@@ -26,6 +30,9 @@ from .layout import PassId
 __all__ = ["ModelDir"]
 
 log = logging.getLogger(__name__)
+
+# the folder names of sparseps.checkpoint.inference: kind and a sequence number
+_INFERENCE = re.compile(r"^(base|delta)-(\d{5})$")
 
 
 class ModelDir:
@@ -45,7 +52,9 @@ class ModelDir:
         found = []
         if self.checkpoints.is_dir():
             for folder in sorted(self.checkpoints.iterdir()):
-                if not (folder / mf.MANIFEST).is_file():
+                # a hidden folder is a save's staging area (sparseps.checkpoint.staging):
+                # even with a manifest it was never committed, so it never counts
+                if folder.name.startswith(".") or not (folder / mf.MANIFEST).is_file():
                     continue
                 try:
                     manifest = mf.read_manifest(folder, fmt="sparseps-checkpoint")
@@ -61,10 +70,13 @@ class ModelDir:
         return found[-1] if found else None
 
     def clean_incomplete(self) -> None:
-        """Delete checkpoint folders without a manifest (saves a crash interrupted)."""
+        """Delete what interrupted checkpoint saves left: folders without a manifest and
+        hidden staging folders (the online job never saves over an existing checkpoint,
+        so none of them holds a checkpoint to put back)."""
         if self.checkpoints.is_dir():
             for folder in self.checkpoints.iterdir():
-                if folder.is_dir() and not (folder / mf.MANIFEST).is_file():
+                hidden = folder.name.startswith(".")
+                if folder.is_dir() and (hidden or not (folder / mf.MANIFEST).is_file()):
                     log.info("removing incomplete checkpoint %s", folder)
                     shutil.rmtree(folder, ignore_errors=True)
 
@@ -99,6 +111,50 @@ class ModelDir:
         if removed:
             log.info("removed %d inference saves made after the checkpoint", len(removed))
         return removed
+
+    def inference_saves(self) -> list[tuple[int, str, Path]]:
+        """Inference save folders ``(sequence, kind, path)``, complete or not, oldest first."""
+        found = []
+        if self.inference.is_dir():
+            for folder in self.inference.iterdir():
+                match = _INFERENCE.match(folder.name)
+                if match and folder.is_dir():
+                    found.append((int(match.group(2)), match.group(1), folder))
+        return sorted(found)
+
+    def prune_inference(self, keep_bases: int, *, covered_passes: int) -> list[Path]:
+        """Delete inference saves older than the ``keep_bases``-th newest complete base.
+
+        Only bases a checkpoint covers count (``state.passes <= covered_passes``): a
+        restart deletes saves newer than its checkpoint, and the base chain serving loads
+        must survive that. Saves after the oldest kept base (its deltas, newer bases and
+        their deltas) are kept. Returns what was deleted.
+        """
+        if keep_bases < 1:
+            raise CheckpointError(
+                f"prune_inference: keep_bases must be >= 1 (the newest base's chain is the "
+                f"served model), got {keep_bases}"
+            )
+        saves = self.inference_saves()
+        bases = []
+        for sequence, kind, folder in saves:
+            if kind != "base" or not (folder / mf.MANIFEST).is_file():
+                continue
+            try:
+                passes = int(mf.read_manifest(folder).get("state", {}).get("passes", 0))
+            except CheckpointError as exc:
+                log.warning("inference save %s does not count as a base: %s", folder, exc)
+                continue
+            if passes <= covered_passes:
+                bases.append(sequence)
+        if len(bases) <= keep_bases:
+            return []
+        cutoff = bases[-keep_bases]
+        gone = [folder for sequence, _, folder in saves if sequence < cutoff]
+        for folder in gone:
+            shutil.rmtree(folder, ignore_errors=True)
+        log.info("pruned %d inference saves older than %s", len(gone), f"base-{cutoff:05d}")
+        return gone
 
     def has_base(self) -> bool:
         return self.inference.is_dir() and any(

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -59,25 +55,20 @@ def run_online(config: Path, timeout: float = 150) -> subprocess.CompletedProces
     )  # fmt: skip
 
 
-def kill_job(proc: subprocess.Popen, log_dir: Path) -> None:
-    """SIGKILL the launcher's group and every child's group (each child has its own)."""
-    pids = []
-    if (log_dir / "pids.json").is_file():
-        pids = [c["pid"] for c in json.loads((log_dir / "pids.json").read_text())["children"]]
-    for pid in [proc.pid, *pids]:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
-    proc.wait(timeout=30)
+def run_crashing(config: Path, phase: str, seq: int, batches: int = 1,
+                 timeout: float = 150) -> subprocess.CompletedProcess:  # fmt: skip
+    """Launch the job of ``config`` with worker 0 exiting at ``phase`` of pass ``seq``."""
+    from sparseps.online.cli import launch_argv
+    from sparseps.online.config import load_config
 
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    loaded = load_config(config)
+    loaded.model_dir.mkdir(parents=True, exist_ok=True)
+    argv = launch_argv(loaded, config, script=Path(__file__).with_name("_crash_job.py"),
+                       script_args=[phase, seq, batches])  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "sparseps.cli", "launch", *argv], env=clean_env(),
+        capture_output=True, text=True, timeout=timeout, cwd=config.parent,
+    )  # fmt: skip
 
 
 def checkpoint_arrays(folder: Path) -> dict[str, np.ndarray]:

@@ -12,7 +12,9 @@ from _onlinetools import (
     write_config,
 )
 
+from sparseps.checkpoint.inference import chain
 from sparseps.online import Ledger, write_stream
+from sparseps.online.model_dir import ModelDir
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,6 +46,20 @@ def test_online_beats_frozen_on_drift_and_inference_matches(tmp_path):
         ["base"],
     ]
 
+    # preload: each pass after the first was loaded while the previous one trained, so it
+    # waited for its data a small part of the load time (tests/online/test_online_driver.py
+    # measures it against preloading off with slow loads)
+    timings = [(r["load_s"], r["data_wait_s"]) for r in passes]
+    print(f"\n(load_s, data_wait_s) per pass: {timings}")
+    assert all(wait < 0.5 * load for load, wait in timings[1:]), timings
+    # 5: inference retention (save.keep_bases: 2, the default) kept the two newest bases
+    # and the delta between them; the served chain is the newest base alone
+    model = ModelDir(tmp_path / "online")
+    assert [p.name for _, _, p in model.inference_saves()] == [
+        "base-00003", "delta-00004", "base-00005"
+    ]  # fmt: skip
+    assert [p.name for p in chain(model.inference)] == ["base-00005"]
+
     day1 = tmp_path / "online/checkpoints/000001-20240101-001"
     frozen = write_config(tmp_path / "frozen.yaml", data_root=data, model_dir=tmp_path / "frozen",
                           days=2, passes_per_day=2, start_day="20240102",
@@ -53,6 +69,23 @@ def test_online_beats_frozen_on_drift_and_inference_matches(tmp_path):
     frozen_passes = Ledger.of(tmp_path / "frozen").passes()
     assert len(frozen_passes) == 4 and not any(r["trained"] for r in frozen_passes)
     assert not (tmp_path / "frozen/checkpoints").exists()
+    # evaluate before train: the online job evaluated day 2's first pass with the model
+    # of the end of day 1 - the very model the frozen job loaded - so the two progressive
+    # evaluations are of the same model on the same samples. Had the online job trained
+    # on the pass first, its AUC would be higher. Only the shuffle differs (its seed
+    # includes seq: 2 here, 0 there), which moves samples between workers and batches and
+    # changes the order of float sums (seen: ~1e-10 relative), hence the tolerance.
+    online_first, frozen_first = passes[2]["eval"], frozen_passes[0]["eval"]
+    assert sorted(online_first) == sorted(frozen_first)
+    for key, value in frozen_first.items():
+        if isinstance(value, float):
+            assert online_first[key] == pytest.approx(value, rel=1e-6), key
+        else:  # counts, clicks, flags, metrics not defined here (None)
+            assert online_first[key] == value, key
+    assert frozen_first["count"] == 1500  # the whole pass: 1 split of 1500 rows
+    # ... while every later pass differs: the online model has moved on
+    for online_rec, frozen_rec in zip(passes[3:], frozen_passes[1:], strict=True):
+        assert online_rec["eval"]["auc"] != frozen_rec["eval"]["auc"]
     online_auc = [r["eval"]["auc"] for r in passes[2:]]
     frozen_auc = [r["eval"]["auc"] for r in frozen_passes]
     assert [r["eval"]["count"] for r in passes[2:]] == [r["eval"]["count"] for r in frozen_passes]

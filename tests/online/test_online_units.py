@@ -35,6 +35,7 @@ def test_defaults_and_relative_paths(tmp_path):
     assert config.log_dir == tmp_path / "model" / "log"
     assert config.passes_per_day == 24  # 1440 min / (12 x 5 min)
     assert config.job.mode == "sync" and config.model.hidden == (64, 32)
+    assert config.data.preload is True and config.save.keep_bases == 2
     assert OnlineConfig.from_dict(config.to_dict()) == config
 
 
@@ -52,11 +53,30 @@ def test_defaults_and_relative_paths(tmp_path):
         ({"model__hidden": []}, "model.hidden"),
         ({"model__decay_rate": 0}, "model.decay_rate"),
         ({"extra__x": 1}, "unknown section 'extra'"),
+        ({"data__preload": "yes"}, "data.preload: expected true or false"),
+        ({"save__keep_bases": 0}, "save.keep_bases: expected an integer >= 1"),
+        ({"save__check_inference": 1}, "save.check_inference: expected true or false"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path, change, message):
     with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("}", r"\}")):
         _config(tmp_path, **change)
+
+
+def test_every_unknown_key_and_section_is_named_at_once(tmp_path):
+    path = tmp_path / "job.yaml"
+    raw = {k: dict(v) for k, v in BASE.items()}
+    raw["data"].update(patern="x", batchsize=3)
+    raw["save"]["keep_base"] = 1
+    raw["extra"] = {}
+    raw["other"] = {}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    for part in ("unknown sections 'extra', 'other'", "data.batchsize: unknown key",
+                 "data.patern: unknown key", "save.keep_base: unknown key", "keep_bases"):  # fmt: skip
+        assert part in message, message
 
 
 def test_required_key(tmp_path):
