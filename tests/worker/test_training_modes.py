@@ -234,3 +234,21 @@ def test_async_and_geo_converge_like_sync(planted_data, sync_auc, mode, tmp_path
     print(f"{mode}: test AUC {auc:.4f}, sync {sync_auc:.4f}, planted {meta['bayes_auc_test']:.4f}")
     assert sync_auc > 0.65, sync_auc
     assert abs(auc - sync_auc) < 0.01
+
+
+def test_sync_mode_names_collective_timeout_when_a_worker_never_joins(tmp_path):
+    out = tmp_path / "straggler.json"
+    cmd = [
+        sys.executable, "-m", "sparseps.cli", "launch", "--server-num", "1", "--worker-num", "2",
+        "--log-dir", str(tmp_path / "log"), str(JOB.parent / "straggler_job.py"),
+        "--out", str(out), "--timeout", "2",
+    ]  # fmt: skip
+    done = subprocess.run(
+        cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["error"] == "TimeoutError_" and got["setting"] == "Strategy.collective_timeout"
+    assert "raise Strategy.collective_timeout" in got["message"]
+    # the strategy's limit, not the process group's 1800 s: load can add a little
+    assert 1.9 <= got["waited"] < 6.0, got
