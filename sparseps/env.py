@@ -12,6 +12,10 @@ The launcher sets these variables for every process it starts:
 ``SPARSEPS_JOB_ID``       an id shared by every process of one job
 ========================  =====================================================
 
+``SPARSEPS_RESTART_COUNT`` (optional, default 0) is the worker group's restart generation:
+0 for the first start, ``k`` after the launcher's ``k``-th restart (``--max-restarts``), so
+that a script knows when to resume from its last checkpoint.
+
 With none of them set a script runs in *local mode* (one background server, one
 worker). With some but not all set, :func:`from_environ` raises a :class:`ConfigError`
 naming the missing or malformed variable: a half-configured cluster never silently
@@ -28,6 +32,7 @@ from enum import StrEnum
 from .errors import ConfigError
 
 __all__ = [
+    "RESTART_COUNT",
     "VARIABLES",
     "Role",
     "RoleEnv",
@@ -45,6 +50,8 @@ MASTER = "SPARSEPS_MASTER"
 LOG_DIR = "SPARSEPS_LOG_DIR"
 JOB_ID = "SPARSEPS_JOB_ID"
 VARIABLES = (ROLE, RANK, SERVERS, WORKER_NUM, MASTER, LOG_DIR, JOB_ID)
+# Set by the launcher too, but optional (absent = 0): not part of the all-or-nothing rule.
+RESTART_COUNT = "SPARSEPS_RESTART_COUNT"
 
 # Optional tuning knobs (not part of the role contract; absent means default).
 RPC_TIMEOUT = "SPARSEPS_RPC_TIMEOUT"
@@ -78,7 +85,8 @@ def parse_endpoint(text: str, *, what: str = "endpoint") -> tuple[str, int]:
 class RoleEnv:
     """The role of this process in a job. Tests build it directly.
 
-    ``local`` is True when no SPARSEPS_* variable was set (local mode).
+    ``local`` is True when no SPARSEPS_* variable was set (local mode);
+    ``restart_count`` is the worker group's restart generation (``SPARSEPS_RESTART_COUNT``).
     """
 
     role: Role
@@ -89,8 +97,11 @@ class RoleEnv:
     log_dir: str
     job_id: str
     local: bool = False
+    restart_count: int = 0
 
     def __post_init__(self) -> None:
+        if self.restart_count < 0:
+            raise ConfigError(f"{RESTART_COUNT}: must be >= 0, got {self.restart_count}")
         if not isinstance(self.role, Role):
             raise ConfigError(f"{ROLE}: expected 'server' or 'worker', got {self.role!r}")
         if self.worker_num < 1:
@@ -117,6 +128,7 @@ class RoleEnv:
             MASTER: self.master,
             LOG_DIR: self.log_dir,
             JOB_ID: self.job_id,
+            RESTART_COUNT: str(self.restart_count),
         }
 
 
@@ -159,6 +171,7 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RoleEnv | None:
         master=environ[MASTER].strip(),
         log_dir=environ[LOG_DIR],
         job_id=environ[JOB_ID],
+        restart_count=_int(environ, RESTART_COUNT) if environ.get(RESTART_COUNT) else 0,
     )
 
 
@@ -184,6 +197,6 @@ def child_environ(overrides: Mapping[str, str]) -> dict[str, str]:
     of a role (e.g. a launcher started from inside a worker); the launcher passes the
     child's full role in ``overrides`` (``RoleEnv.to_environ()``).
     """
-    child = {k: v for k, v in os.environ.items() if k not in VARIABLES}
+    child = {k: v for k, v in os.environ.items() if k not in VARIABLES and k != RESTART_COUNT}
     child.update(overrides)
     return child

@@ -74,6 +74,10 @@ _atexit_registered = False
 def init(*, environ: Mapping[str, str] | None = None) -> RoleEnv:
     """Find this process's role and connect it to the job; idempotent.
 
+    With no logging configured by the application (no handler on the root or the
+    ``sparseps`` logger), sparseps's INFO lines go to stderr (see
+    :mod:`sparseps.launch.logsetup`).
+
     Args:
         environ: the variables to read instead of ``os.environ`` (tests).
 
@@ -88,9 +92,14 @@ def init(*, environ: Mapping[str, str] | None = None) -> RoleEnv:
         UnavailableError: local mode's server did not start.
     """
     global _session, _atexit_registered
+    from .launch.logsetup import ensure_default_logging
+
     with _lock:
         if _session is not None:
             return _session.env
+        # before anything logs: with no logging configured, INFO lines (local mode,
+        # training progress) would otherwise never be seen
+        ensure_default_logging()
         found = _env.from_environ(environ)
         session = _init_local(environ) if found is None else _Session(found)
         try:
@@ -105,12 +114,13 @@ def init(*, environ: Mapping[str, str] | None = None) -> RoleEnv:
             _atexit_registered = True
         env = session.env
         log.info(
-            "sparseps %s %d of %d (job %s, servers %s)",
+            "sparseps %s %d of %d (job %s, servers %s%s)",
             env.role.value,
             env.rank,
             env.worker_num if env.role is Role.WORKER else len(env.servers),
             env.job_id,
             ",".join(env.servers),
+            f", restart {env.restart_count}" if env.restart_count else "",
         )
         return env
 

@@ -12,8 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from ..env import Role, child_environ
-from ..errors import ConfigError
+from ..env import MASTER, Role, child_environ
+from ..errors import ConfigError, SparsePSError
+from .logsetup import LOG_FORMAT
 
 __all__ = ["add_arguments", "run"]
 
@@ -83,18 +84,54 @@ def _server_stopper(endpoints: tuple[str, ...], ranks: list[int], timeout_s: flo
     return stop
 
 
+def _fresh_master(host: str):
+    """Restart generation k of a one-node job meets at a new free port: a fresh rendezvous
+    (nothing of the old store or gloo group can be met again)."""
+
+    def env(generation: int) -> dict[str, str]:  # noqa: ARG001 - same rule for every k
+        from .spec import free_ports
+
+        return {MASTER: f"{host}:{free_ports(host, 1)[0]}"}
+
+    return env
+
+
+class _LauncherLog:
+    """``LOG_DIR/launcher.log``: the launcher's own messages, as on its console.
+
+    Log records of the ``sparseps`` loggers (quiet-process warnings, restarts, failures)
+    are copied there by a handler, and :meth:`say` prints a line (the banner, the final
+    summary) to a console stream and to the file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._handler = logging.StreamHandler(self._file)
+        self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logging.getLogger("sparseps").addHandler(self._handler)
+
+    def say(self, text: str, stream=None) -> None:
+        """Print ``text`` to ``stream`` (None: the file only) and append it to the file."""
+        if stream is not None:
+            print(text, file=stream, flush=True)
+        with self._handler.lock:  # not interleaved with a record being written
+            self._file.write(text + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        logging.getLogger("sparseps").removeHandler(self._handler)
+        self._handler.close()
+        self._file.close()
+
+
 def run(args: argparse.Namespace) -> int:
     """Start this node's share of the job and supervise it; the exit code says how it ended."""
-    from .coordinator import StoreCoordinator
     from .spec import make_spec
-    from .supervisor import Supervisor, SupervisorConfig
 
     script = Path(args.script)
     if not script.is_file():
         raise ConfigError(f"launch: script {args.script!r} not found (cwd {os.getcwd()})")
-    config = SupervisorConfig(
-        max_restarts=args.max_restarts, grace_s=args.grace_s, quiet_warn_s=args.quiet_warn_s
-    )
     spec = make_spec(
         server_num=args.server_num,
         worker_num=args.worker_num,
@@ -106,7 +143,37 @@ def run(args: argparse.Namespace) -> int:
         job_id=args.job_id,
     )
     Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
-    print(spec.describe(), flush=True)
+    out = _LauncherLog(Path(spec.log_dir) / "launcher.log")
+    try:
+        out.say(spec.describe(), sys.stdout)
+        outcome = _supervise(args, spec, script)
+        if outcome.failure is not None:
+            out.say(
+                f"sparseps launch: job {spec.job_id} failed: {outcome.failure.describe()}",
+                sys.stderr,
+            )
+        elif outcome.reason == "interrupted":
+            out.say(
+                f"sparseps launch: job {spec.job_id} interrupted; every process stopped",
+                sys.stderr,
+            )
+        else:
+            out.say(f"sparseps launch: job {spec.job_id} completed", sys.stdout)
+        return outcome.exit_code
+    except SparsePSError as exc:  # e.g. the control store; main() prints it on the console
+        out.say(f"sparseps launch: error: {exc}")
+        raise
+    finally:
+        out.close()
+
+
+def _supervise(args: argparse.Namespace, spec, script: Path):
+    from .coordinator import StoreCoordinator
+    from .supervisor import Supervisor, SupervisorConfig
+
+    config = SupervisorConfig(
+        max_restarts=args.max_restarts, grace_s=args.grace_s, quiet_warn_s=args.quiet_warn_s
+    )
     coordinator = None
     if spec.multi_node:
         coordinator = StoreCoordinator(
@@ -117,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
             job_id=spec.job_id,
             worker_num=len(spec.workers),
             timeout_s=args.rendezvous_timeout_s,
+            worker_nodes=tuple(dict.fromkeys(spec.workers)),
         )
     local_servers = spec.local_servers()
     supervisor = Supervisor(
@@ -129,18 +197,8 @@ def run(args: argparse.Namespace) -> int:
         pids_path=Path(spec.log_dir) / "pids.json",
         job_id=spec.job_id,
         node=spec.host,
+        # Across nodes the master port is the user's (firewalls); every launcher stops its
+        # workers before any restarts, so worker 0 binds it again (coordinator.py).
+        restart_env=None if spec.multi_node else _fresh_master(spec.host),
     )
-    outcome = supervisor.run()
-    if outcome.failure is not None:
-        print(
-            f"sparseps launch: job {spec.job_id} failed: {outcome.failure.describe()}",
-            file=sys.stderr,
-        )
-    elif outcome.reason == "interrupted":
-        print(
-            f"sparseps launch: job {spec.job_id} interrupted; every process stopped",
-            file=sys.stderr,
-        )
-    else:
-        print(f"sparseps launch: job {spec.job_id} completed", flush=True)
-    return outcome.exit_code
+    return supervisor.run()

@@ -5,9 +5,15 @@ nodes each launcher only sees its own share, so they meet at a small key-value s
 (:class:`StoreCoordinator`, a ``torch.distributed.TCPStore``) hosted by the launcher on
 the master host at ``ClusterSpec.control_endpoint``:
 
-- ``workers_done``: a counter each launcher adds its finished workers to; a node with
-  servers stops them once it reaches the job's worker count.
+- ``workers_done/<g>``: a counter each launcher adds its finished workers of worker-group
+  generation ``g`` to; a node with servers stops them once it reaches the job's worker
+  count (and no generation ``g + 1`` was asked for).
 - ``failed``: the first failure, as one line; every launcher polls it and stops its share.
+- ``restart/<g>``: a launcher whose worker failed with restarts left asks for generation
+  ``g`` of the worker group (the value says why). Every launcher stops its workers, sets
+  ``stopped/<g>/<node>``, and starts generation ``g`` only once every node that runs
+  workers has: no worker of the new generation can meet one of the old (gloo cannot
+  re-form around a survivor), and worker 0 can bind the rendezvous port again.
 - ``done/<node>``: the hosting launcher keeps the store up until every node has said it
   finished, so nobody loses the store mid-shutdown. It gives up on a node whose
   ``alive/<node>`` heartbeat counter (bumped twice a second while it runs) has not
@@ -30,7 +36,13 @@ log = logging.getLogger(__name__)
 
 
 class Coordinator(Protocol):
-    """What the supervisor needs to know about the rest of the job."""
+    """What the supervisor needs to know about the rest of the job.
+
+    ``generation`` is the worker group's restart generation this node runs (0 = the
+    first start); :meth:`restart` moves to the next one.
+    """
+
+    generation: int
 
     def report_workers_done(self, count: int) -> None:
         """This node's ``count`` workers all exited 0."""
@@ -44,6 +56,21 @@ class Coordinator(Protocol):
     def remote_failure(self) -> str | None:
         """The failure another launcher reported, if any (cheap; called every poll)."""
 
+    def remote_restart(self) -> str | None:
+        """Why another launcher asked for the next worker generation, if it did (polled)."""
+
+    def restart(self, reason: str | None) -> None:
+        """Move to the next worker generation; this node's workers are already stopped.
+
+        Args:
+            reason: this node asks for the restart (one line: which worker failed), or
+                None when it follows another launcher's request.
+
+        Raises:
+            TimeoutError_: a node with workers did not stop them in time.
+            UnavailableError: another launcher failed meanwhile, or the store is gone.
+        """
+
     def close(self) -> None:
         """This node is finished; release the coordination resources."""
 
@@ -53,6 +80,7 @@ class LocalCoordinator:
 
     def __init__(self, worker_num: int) -> None:
         self.worker_num = worker_num
+        self.generation = 0
         self._done = 0
 
     def report_workers_done(self, count: int) -> None:
@@ -66,6 +94,13 @@ class LocalCoordinator:
 
     def remote_failure(self) -> str | None:
         return None
+
+    def remote_restart(self) -> str | None:
+        return None
+
+    def restart(self, reason: str | None) -> None:  # noqa: ARG002 - nobody else to tell
+        self.generation += 1
+        self._done = 0
 
     def close(self) -> None:
         pass
@@ -81,8 +116,10 @@ class StoreCoordinator:
         peers: every launcher's host, this one included.
         job_id: prefixes the keys, so a stale store of another job cannot confuse this one.
         worker_num: number of workers in the job.
-        timeout_s: how long to wait for the store to come up, and how long a silent
-            launcher is waited for before the hosting launcher closes the store.
+        timeout_s: how long to wait for the store to come up, for every node to stop its
+            workers before a restart, and for a silent launcher before the hosting
+            launcher closes the store.
+        worker_nodes: the hosts that run workers (default: every peer).
 
     Raises:
         UnavailableError: the hosting launcher cannot listen on the endpoint.
@@ -99,6 +136,7 @@ class StoreCoordinator:
         job_id: str,
         worker_num: int,
         timeout_s: float,
+        worker_nodes: tuple[str, ...] | None = None,
     ) -> None:
         import torch.distributed as dist  # heavy; only multi-node launches need it
 
@@ -106,11 +144,15 @@ class StoreCoordinator:
         self.host_it = host_it
         self.node = node
         self.peers = peers
+        self.worker_nodes = tuple(peers if worker_nodes is None else worker_nodes)
         self.worker_num = worker_num
         self.timeout_s = timeout_s
+        self.generation = 0
         self._prefix = f"{job_id}/"
         self._reported_failure = False
         self._last_poll = 0.0
+        self._failure: str | None = None
+        self._restart: str | None = None
         host, port = parse_endpoint(endpoint, what="control endpoint")
         try:
             self._store = dist.TCPStore(
@@ -143,12 +185,18 @@ class StoreCoordinator:
     def _key(self, name: str) -> str:
         return self._prefix + name
 
+    def _text(self, name: str) -> str:
+        return self._store.get(self._key(name)).decode("utf-8", errors="replace")
+
     def report_workers_done(self, count: int) -> None:
-        self._store.add(self._key("workers_done"), count)
+        self._store.add(self._key(f"workers_done/{self.generation}"), count)
 
     def all_workers_done(self) -> bool:
         try:
-            return self._store.add(self._key("workers_done"), 0) >= self.worker_num
+            if self._store.check([self._key(f"restart/{self.generation + 1}")]):
+                return False  # a new generation was asked for: its workers have work to do
+            done = self._store.add(self._key(f"workers_done/{self.generation}"), 0)
+            return done >= self.worker_num
         except Exception:  # store gone: remote_failure() reports it
             return False
 
@@ -160,22 +208,78 @@ class StoreCoordinator:
         except Exception as exc:
             log.warning("could not tell the other launchers about the failure: %s", exc)
 
-    def remote_failure(self) -> str | None:
-        """The failure another launcher reported (polled at most twice a second).
-
-        Each poll also bumps this node's heartbeat.
-        """
+    def _poll(self) -> None:
+        """Look at the store at most twice a second; each look bumps this node's heartbeat."""
         now = time.monotonic()
         if self._reported_failure or now - self._last_poll < 0.5:
-            return None
+            return
         self._last_poll = now
         try:
             self._store.add(self._key(f"alive/{self.node}"), 1)
             if self._store.check([self._key("failed")]):
-                return self._store.get(self._key("failed")).decode("utf-8", errors="replace")
+                self._failure = self._text("failed")
+            elif self._store.check([self._key(f"restart/{self.generation + 1}")]):
+                self._restart = self._text(f"restart/{self.generation + 1}")
         except Exception as exc:
-            return f"lost contact with the launcher control store at {self.endpoint}: {exc}"
-        return None
+            self._failure = (
+                f"lost contact with the launcher control store at {self.endpoint}: {exc}"
+            )
+
+    def remote_failure(self) -> str | None:
+        """The failure another launcher reported (polled at most twice a second)."""
+        self._poll()
+        return None if self._reported_failure else self._failure
+
+    def remote_restart(self) -> str | None:
+        """Why another launcher asked for the next worker generation (polled as above)."""
+        self._poll()
+        return self._restart
+
+    def restart(self, reason: str | None) -> None:
+        """Ask for (or follow) generation + 1, say this node stopped its workers, and wait
+        until every node with workers has (see the module doc)."""
+        target = self.generation + 1
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            if reason is not None and not self._store.check([self._key(f"restart/{target}")]):
+                self._store.set(self._key(f"restart/{target}"), reason)
+            self._store.set(self._key(f"stopped/{target}/{self.node}"), "1")
+            keys = {n: self._key(f"stopped/{target}/{n}") for n in self.worker_nodes}
+            while not self._store.check(list(keys.values())):
+                if self._store.check([self._key("failed")]):
+                    raise UnavailableError(
+                        f"worker restart {target} abandoned: another launcher reported: "
+                        f"{self._text('failed')}",
+                        op="restart",
+                        role="launcher",
+                        address=self.endpoint,
+                    )
+                if time.monotonic() > deadline:
+                    late = [n for n, k in keys.items() if not self._store.check([k])]
+                    raise TimeoutError_(
+                        f"worker restart {target}: the launchers on {', '.join(late)} did not "
+                        f"stop their workers within {self.timeout_s:.0f} s; check that they "
+                        f"run, or raise --rendezvous-timeout-s",
+                        op="restart",
+                        role="launcher",
+                        address=self.endpoint,
+                        seconds=self.timeout_s,
+                        setting="--rendezvous-timeout-s",
+                    )
+                self._store.add(self._key(f"alive/{self.node}"), 1)
+                time.sleep(0.1)
+        except (TimeoutError_, UnavailableError):
+            raise
+        except Exception as exc:  # torch store errors: the hosting launcher is gone
+            raise UnavailableError(
+                f"worker restart {target}: lost the launcher control store at "
+                f"{self.endpoint} ({exc})",
+                op="restart",
+                role="launcher",
+                address=self.endpoint,
+            ) from None
+        self.generation = target
+        self._restart = None
 
     def close(self) -> None:
         """Say this node finished; the host then waits until every node has (see module doc)."""

@@ -6,11 +6,22 @@ Rules (DESIGN §1, "launcher"):
   anything it spawned; on Linux it also gets SIGTERM if the launcher dies;
 - a child's stdout+stderr go to ``LOG_DIR/{role}.{rank}.log`` (worker 0's also to the
   console) through one pump thread per child, which also notes when it last wrote;
-- when a child exits non-zero (after its restarts, for workers) every other child is
-  stopped (SIGTERM, then SIGKILL after ``grace_s``) and the outcome names it;
+- when a worker exits non-zero and restarts are left, the whole worker *group* is
+  restarted (below); when a child exits non-zero otherwise, every other child is stopped
+  (SIGTERM, then SIGKILL after ``grace_s``) and the outcome names it;
 - when all workers of the job exited 0, this node's servers are asked to stop (the
   ``stop_servers`` callback, e.g. a ``stop`` RPC), then SIGTERM/SIGKILL as a fallback;
 - SIGINT/SIGTERM to the launcher stop every child.
+
+Why the whole group restarts: once the workers have formed their gloo group, a
+single new worker cannot join it (gloo's full mesh is built once; the survivors'
+collectives would wait for the dead peer until their timeout). So every worker is
+stopped and all of them start again as generation ``k`` with a fresh rendezvous (the
+``restart_env`` callback: a new master port on one node), while the servers keep
+running: their tables survive, and a script that loads its last checkpoint resumes.
+Across nodes the coordinator makes every launcher stop its workers before any starts
+generation ``k`` (see ``coordinator.py``). ``max_restarts`` bounds the group restarts
+of the whole job.
 
 ``LOG_DIR/pids.json`` lists every process started (restarts included) so that tools and
 tests can check that none survives the job.
@@ -27,99 +38,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..env import Role
-from ..errors import ConfigError
+from ..env import MASTER, RESTART_COUNT, Role
+from ..errors import SparsePSError
 from .coordinator import Coordinator, LocalCoordinator
 from .procutil import die_with_parent_hook, stop_groups, tail
+from .records import ChildSpec, Failure, Outcome, SupervisorConfig
 
 __all__ = ["ChildSpec", "Failure", "Outcome", "Supervisor", "SupervisorConfig"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SupervisorConfig:
-    """Knobs of the supervision loop.
-
-    Attributes:
-        max_restarts: times a failed *worker* is started again (servers never are).
-        grace_s: seconds between SIGTERM and SIGKILL when stopping children.
-        quiet_warn_s: warn when a running child has written nothing for this long.
-        server_stop_s: seconds servers get to exit after the stop request.
-        tail_lines: log lines of a failed child shown in the outcome.
-        poll_s: how often children are checked.
-    """
-
-    max_restarts: int = 0
-    grace_s: float = 5.0
-    quiet_warn_s: float = 300.0
-    server_stop_s: float = 10.0
-    tail_lines: int = 20
-    poll_s: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
-        for name in ("grace_s", "quiet_warn_s", "server_stop_s", "poll_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
-        if self.tail_lines < 0:
-            raise ConfigError(f"tail_lines: must be >= 0, got {self.tail_lines}")
-
-
-@dataclass(frozen=True)
-class ChildSpec:
-    """One process to run: its role, command line, full environment and log file."""
-
-    role: Role
-    rank: int
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    log_path: Path
-    echo: bool = False  # also copy its output to the console
-
-    @property
-    def name(self) -> str:
-        return f"{self.role.value} {self.rank}"
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why the job failed: which process, its exit code (negative = signal) and log tail."""
-
-    role: str
-    rank: int
-    pid: int
-    exit_code: int
-    log_path: str
-    tail: tuple[str, ...] = ()
-    remote: str = ""  # set when another node's launcher reported the failure
-
-    def describe(self) -> str:
-        if self.remote:
-            return f"another launcher of this job reported: {self.remote}"
-        how = (
-            f"was killed by signal {-self.exit_code}"
-            if self.exit_code < 0
-            else f"exited with code {self.exit_code}"
-        )
-        head = f"{self.role} {self.rank} (pid {self.pid}) {how}; log: {self.log_path}"
-        if not self.tail:
-            return head
-        body = "\n".join(f"    {line}" for line in self.tail)
-        return f"{head}\n  last {len(self.tail)} lines of its log:\n{body}"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How the job ended: ``exit_code`` is what the launcher should exit with."""
-
-    exit_code: int
-    reason: str  # "completed" | "failed" | "interrupted"
-    failure: Failure | None = None
 
 
 @dataclass
@@ -152,6 +82,9 @@ class Supervisor:
         pids_path: where to write the pid list (default ``<first log dir>/pids.json``).
         job_id: recorded in the pid list.
         node: this node's address, named in failures reported to other launchers.
+        restart_env: extra environment for the workers of restart generation ``k``
+            (e.g. ``{"SPARSEPS_MASTER": <a fresh port>}``). Every worker gets
+            ``SPARSEPS_RESTART_COUNT`` = its generation.
     """
 
     children: list[ChildSpec]
@@ -161,6 +94,7 @@ class Supervisor:
     pids_path: Path | None = None
     job_id: str = ""
     node: str = ""
+    restart_env: Callable[[int], Mapping[str, str]] | None = None
 
     def __post_init__(self) -> None:
         self._running: list[_Child] = []
@@ -177,11 +111,14 @@ class Supervisor:
     def _start(self, spec: ChildSpec, attempt: int) -> _Child:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "ab") as f:
-            if attempt:
+            if attempt:  # the worker group's restart generation
                 f.write(f"\n----- restart attempt {attempt} -----\n".encode())
+        env = dict(spec.env)
+        if spec.role is Role.WORKER:  # the worker group's generation (env.RESTART_COUNT)
+            env[RESTART_COUNT] = str(attempt)
         proc = subprocess.Popen(
             list(spec.argv),
-            env=dict(spec.env),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -262,8 +199,8 @@ class Supervisor:
         return previous
 
     def _loop(self) -> Outcome:
-        restarts: dict[int, int] = {}
-        workers_left = {c.rank for c in self.children if c.role is Role.WORKER}
+        workers = [c for c in self.children if c.role is Role.WORKER]
+        workers_left = {c.rank for c in workers}
         reported = False
         while True:
             if self._signal is not None:
@@ -273,6 +210,7 @@ class Supervisor:
                     f"the launcher on {self.node or 'another node'} received {name}"
                 )
                 return Outcome(128 + self._signal, "interrupted")
+            restart: tuple[_Child | None, str] | None = None
             for child in list(self._running):
                 code = child.proc.poll()
                 if code is None or child.exit_code is not None:
@@ -282,20 +220,9 @@ class Supervisor:
                 if spec.role is Role.WORKER and code == 0:
                     workers_left.discard(spec.rank)
                     log.info("worker %d finished", spec.rank)
-                elif (
-                    spec.role is Role.WORKER
-                    and restarts.get(spec.rank, 0) < self.config.max_restarts
-                ):
-                    k = restarts[spec.rank] = restarts.get(spec.rank, 0) + 1
-                    log.warning(
-                        "restarting worker %d (attempt %d/%d) after exit code %d",
-                        spec.rank,
-                        k,
-                        self.config.max_restarts,
-                        code,
-                    )
-                    child.pump.join(timeout=2.0)
-                    self._start(spec, k)  # the old entry stays, for the final group kill
+                elif spec.role is Role.WORKER and self._restarts_left():
+                    restart = (child, "")
+                    break
                 elif spec.role is Role.SERVER and code == 0:
                     log.warning(
                         "server %d exited with code 0 before the workers finished", spec.rank
@@ -306,16 +233,72 @@ class Supervisor:
             if remote:
                 log.error("stopping: %s", remote)
                 return Outcome(1, "failed", Failure("launcher", -1, 0, 1, "", remote=remote))
+            if restart is None and (reason := self.coordinator.remote_restart()):
+                restart = (None, reason)
+            if restart is not None:
+                failed = self._restart_workers(*restart)
+                if failed is not None:
+                    return failed
+                workers_left, reported = {c.rank for c in workers}, False
+                continue
             if not workers_left and not reported:
-                self.coordinator.report_workers_done(
-                    sum(1 for c in self.children if c.role is Role.WORKER)
-                )
+                self.coordinator.report_workers_done(len(workers))
                 reported = True
             if reported and self.coordinator.all_workers_done():
                 self._stop_servers()
                 return Outcome(0, "completed")
             self._warn_quiet()
             time.sleep(self.config.poll_s)
+
+    def _restarts_left(self) -> bool:
+        return self.coordinator.generation < self.config.max_restarts
+
+    def _restart_workers(self, failed: _Child | None, remote: str) -> Outcome | None:
+        """Stop every worker of this node and start the group again as the next generation.
+
+        Args:
+            failed: this node's worker whose failure caused the restart, or None when
+                another launcher asked for it (``remote`` says why).
+
+        Returns:
+            None when the new generation runs, else the outcome of the failed restart.
+        """
+        k, limit = self.coordinator.generation + 1, self.config.max_restarts
+        where = f" on {self.node}" if self.node else ""
+        if failed is not None:
+            reason = (
+                f"{failed.spec.name} (pid {failed.proc.pid}){where} exited with code "
+                f"{failed.exit_code}"
+            )
+            log.warning(
+                "%s: restarting all workers (restart %d of %d; servers keep running)",
+                reason, k, limit,
+            )  # fmt: skip
+        else:
+            log.warning("restarting this node's workers (restart %d of %d): %s", k, limit, remote)
+        old = [c for c in self._running if c.spec.role is Role.WORKER]
+        stop_groups([c.proc for c in old], self.config.grace_s)  # survivors and leftovers
+        for c in old:
+            c.pump.join(timeout=2.0)
+            c.exit_code = c.proc.returncode
+        self._running = [c for c in self._running if c.spec.role is not Role.WORKER]
+        try:
+            self.coordinator.restart(reason if failed is not None else None)
+        except SparsePSError as exc:
+            log.error("%s", exc)
+            self.coordinator.report_failure(str(exc))
+            return Outcome(1, "failed", Failure("launcher", -1, 0, 1, "", remote=str(exc)))
+        extra = dict(self.restart_env(k)) if self.restart_env else {}
+        specs = [c for c in self.children if c.role is Role.WORKER]
+        for spec in specs:
+            self._start(replace(spec, env={**spec.env, **extra}), k)
+        if specs:
+            log.info(
+                "worker group restart %d of %d: started worker(s) %s, rendezvous %s",
+                k, limit, ",".join(str(c.rank) for c in specs),
+                extra.get(MASTER, specs[0].env.get(MASTER, "-")),
+            )  # fmt: skip
+        return None
 
     def _fail(self, child: _Child) -> Outcome:
         spec = child.spec
@@ -328,11 +311,17 @@ class Supervisor:
             log_path=str(spec.log_path),
             tail=tuple(tail(spec.log_path, self.config.tail_lines)),
         )
+        used = (
+            f" (no restarts left: {self.coordinator.generation} of {self.config.max_restarts} used)"
+            if spec.role is Role.WORKER and self.config.max_restarts
+            else ""
+        )
         log.error(
-            "%s (pid %d) failed with exit code %d: stopping the job",
+            "%s (pid %d) failed with exit code %d%s: stopping the job",
             spec.name,
             child.proc.pid,
             child.exit_code,
+            used,
         )
         self.coordinator.report_failure(
             f"{spec.name} on {self.node or 'another node'} exited with code {child.exit_code}; "

@@ -110,3 +110,69 @@ def can_bind(host: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def results(folder: Path, count: int) -> list[dict]:
+    """The ``worker.R.json`` records the job scripts write, rank order."""
+    return [json.loads((folder / f"worker.{r}.json").read_text()) for r in range(count)]
+
+
+def assert_all_gone(log_dir: Path, within: float = 5.0) -> dict:
+    """Every pid the launcher recorded exits within ``within`` s; none of the job is left."""
+    record = read_pids(log_dir)
+    pids = [c["pid"] for c in record["children"]]
+    wait_for(lambda: not any(alive(p) for p in pids), within, f"children {pids} to exit")
+    assert job_processes(record["job_id"]) == []
+    return record
+
+
+def text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def two_nodes() -> tuple[str, str]:
+    """Two "node" addresses on loopback: Linux routes all of 127/8 to lo; where 127.0.0.2
+    cannot be bound, a second name for loopback still gives two distinct nodes."""
+    return "127.0.0.1", ("127.0.0.2" if can_bind("127.0.0.2") else "localhost")
+
+
+def start_two_launchers(tmp_path: Path, script: Path, *args: str, options: tuple = ()):
+    """Start one launcher per node (1 server + 1 worker each; worker 1 on the second node).
+
+    Returns ``[(host, log_dir, Popen)]``; the node hosting the control store starts last,
+    so the other has to wait for it.
+    """
+    a, b = two_nodes()
+    master = free_port_pair(a)
+    common = [
+        "--servers", f"{a}:{free_port(a)},{b}:{free_port(a if b == 'localhost' else b)}",
+        "--workers", f"{a},{b}", "--master", f"{a}:{master}", *options,
+    ]  # fmt: skip
+    started = []
+    for host in (b, a):
+        log_dir = tmp_path / f"log-{host}"
+        argv = launch_argv(*common, "--host", host, "--log-dir", str(log_dir), str(script), *args)
+        proc = subprocess.Popen(
+            argv, cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        started.append((host, log_dir, proc))
+    return started[::-1]
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Wait for every process (bounded); kill any still running. Returns their outputs."""
+    deadline = time.monotonic() + timeout
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=max(0.1, deadline - time.monotonic()))[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return outputs

@@ -19,30 +19,19 @@ from _launchtools import (
     JOB,
     MINIMAL,
     alive,
-    can_bind,
     clean_env,
-    free_port,
-    free_port_pair,
-    job_processes,
+    finish,
     launch_argv,
     read_pids,
     run_launch,
+    start_two_launchers,
+    text,
     wait_for,
 )
+from _launchtools import assert_all_gone as _assert_all_gone
+from _launchtools import results as _results
 
 pytestmark = pytest.mark.timeout(150)
-
-
-def _results(folder, count):
-    return [json.loads((folder / f"worker.{r}.json").read_text()) for r in range(count)]
-
-
-def _assert_all_gone(log_dir, within: float = 5.0):
-    record = read_pids(log_dir)
-    pids = [c["pid"] for c in record["children"]]
-    wait_for(lambda: not any(alive(p) for p in pids), within, f"children {pids} to exit")
-    assert job_processes(record["job_id"]) == []
-    return record
 
 
 def test_two_servers_two_workers_push_pull_and_check_values(tmp_path):
@@ -53,7 +42,7 @@ def test_two_servers_two_workers_push_pull_and_check_values(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(p.name for p in log.glob("*.log")) == [
-        "server.0.log", "server.1.log", "worker.0.log", "worker.1.log",
+        "launcher.log", "server.0.log", "server.1.log", "worker.0.log", "worker.1.log",
     ]  # fmt: skip
     record = _assert_all_gone(log)
     assert record["job_id"] in r.stdout  # the banner
@@ -117,7 +106,8 @@ def test_failing_worker_stops_the_job_and_names_it(tmp_path):
     assert len(record["children"]) == 4
 
 
-def test_sigterm_to_the_launcher_stops_every_child(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_to_the_launcher_stops_every_child(tmp_path, sig):
     log = tmp_path / "log"
     launcher = subprocess.Popen(
         launch_argv("--server-num", "1", "--worker-num", "2", "--log-dir", str(log), str(JOB), "sleep",
@@ -127,27 +117,20 @@ def test_sigterm_to_the_launcher_stops_every_child(tmp_path):
     try:
         for rank in (0, 1):
             wait_for(
-                lambda rank=rank: f"worker {rank} ready" in _text(log / f"worker.{rank}.log"),
+                lambda rank=rank: f"worker {rank} ready" in text(log / f"worker.{rank}.log"),
                 90,
                 f"worker {rank} to start",
             )
         pids = [c["pid"] for c in read_pids(log)["children"]]
         assert len(pids) == 3 and all(alive(p) for p in pids)
-        launcher.send_signal(signal.SIGTERM)
+        launcher.send_signal(sig)
         launcher.wait(timeout=15)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
-    assert launcher.returncode == 128 + signal.SIGTERM, launcher.stderr.read()
+    assert launcher.returncode == 128 + sig, launcher.stderr.read()
     _assert_all_gone(log, within=3.0)
-
-
-def _text(path):
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return ""
 
 
 def test_failed_worker_is_restarted(tmp_path):
@@ -157,12 +140,15 @@ def test_failed_worker_is_restarted(tmp_path):
         str(JOB), "restart", "--dir", str(tmp_path), cwd=tmp_path,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "restarting worker 1 (attempt 1/1) after exit code 7" in r.stderr
+    assert re.search(r"worker 1 \(pid \d+\) on \S+ exited with code 7: restarting all workers "
+                     r"\(restart 1 of 1", r.stderr), r.stderr  # fmt: skip
     record = _assert_all_gone(log)
     attempts = [(c["role"], c["rank"], c["attempt"]) for c in record["children"]]
+    # the whole worker group starts again (generation 1); the server keeps running
     assert sorted(attempts) == [
         ("server", 0, 0),
         ("worker", 0, 0),
+        ("worker", 0, 1),
         ("worker", 1, 0),
         ("worker", 1, 1),
     ]
@@ -189,49 +175,39 @@ def test_barrier_timeout_names_the_missing_worker(tmp_path):
 
 
 def test_two_launchers_run_one_job_across_two_nodes(tmp_path):
-    # Linux routes all of 127/8 to lo; where 127.0.0.2 cannot be bound, a second name
-    # for loopback still gives two distinct "nodes".
-    a, b = "127.0.0.1", ("127.0.0.2" if can_bind("127.0.0.2") else "localhost")
-    master = free_port_pair(a)
-    common = [
-        "--servers", f"{a}:{free_port(a)},{b}:{free_port(a if b == 'localhost' else b)}",
-        "--workers", f"{a},{b}", "--master", f"{a}:{master}",
-    ]  # fmt: skip
-    procs = []
-    for host in (b, a):  # the node that hosts the control store starts last: others wait for it
-        argv = launch_argv(
-            *common, "--host", host, "--log-dir", str(tmp_path / f"log-{host}"), str(MINIMAL),
-            "--out", str(tmp_path / "out"),
-        )  # fmt: skip
-        procs.append(
-            subprocess.Popen(
-                argv,
-                cwd=tmp_path,
-                env=clean_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    try:
-        outputs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    nodes = start_two_launchers(tmp_path, MINIMAL, "--out", str(tmp_path / "out"))
+    procs = [proc for _, _, proc in nodes]
+    outputs = finish(procs, timeout=120)
     assert [p.returncode for p in procs] == [0, 0], "\n\n".join(outputs)
     results = _results(tmp_path / "out", 2)
     assert all(r["ok"] and r["world"] == 2 and r["servers"] == 2 for r in results)
     np.testing.assert_array_equal(results[0]["after"], results[1]["after"])
     job_ids = set()
-    for host, rank in ((a, 0), (b, 1)):
-        log = tmp_path / f"log-{host}"
+    for rank, (_, log, _) in enumerate(nodes):
         assert sorted(p.name for p in log.glob("*.log")) == [
+            "launcher.log",
             f"server.{rank}.log",
             f"worker.{rank}.log",
         ]
         job_ids.add(_assert_all_gone(log)["job_id"])
     assert len(job_ids) == 1  # both launchers derived the same job id
+
+
+def test_fleetrun_spellings_of_the_counts(tmp_path):
+    log = tmp_path / "log"
+    r = run_launch(
+        "--server_num=2", "--trainer_num=2", "--log_dir", str(log), str(MINIMAL),
+        "--out", str(tmp_path / "out"), cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    record = _assert_all_gone(log)
+    assert sorted((c["role"], c["rank"]) for c in record["children"]) == [
+        ("server", 0), ("server", 1), ("worker", 0), ("worker", 1),
+    ]  # fmt: skip
+    assert all(
+        res["ok"] and res["world"] == 2 and res["servers"] == 2
+        for res in _results(tmp_path / "out", 2)
+    )
 
 
 LOCAL_SCRIPT = """

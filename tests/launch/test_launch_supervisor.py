@@ -7,6 +7,7 @@ import logging
 import sys
 import textwrap
 import time
+from dataclasses import replace
 
 import pytest
 from _launchtools import alive, clean_env, read_pids, wait_for
@@ -80,11 +81,47 @@ def test_worker_is_restarted_then_succeeds(tmp_path, caplog):
             [child(tmp_path, Role.WORKER, 0, flaky)], SupervisorConfig(max_restarts=2)
         ).run()
     assert outcome.exit_code == 0 and outcome.reason == "completed"
-    assert "restarting worker 0 (attempt 1/2) after exit code 5" in caplog.text
+    assert "exited with code 5: restarting all workers (restart 1 of 2" in caplog.text
     attempts = [c["attempt"] for c in read_pids(tmp_path / "log")["children"]]
     assert attempts == [0, 1]
     log_text = (tmp_path / "log" / "worker.0.log").read_text()
     assert "restart attempt 1" in log_text and log_text.rstrip().endswith("second attempt ok")
+
+
+def test_a_restart_stops_the_surviving_workers_and_starts_the_next_generation(tmp_path):
+    record = tmp_path / "record"
+    # worker 0 waits forever in generation 0 (like a peer stuck in a collective); in
+    # generation 1 it records what the launcher gave it
+    survivor = f"""
+        import os, time
+        if os.environ["SPARSEPS_RESTART_COUNT"] == "0":
+            time.sleep(60)
+        open({str(record)!r}, "w").write(os.environ["SPARSEPS_RESTART_COUNT"] + " "
+                                          + os.environ["SPARSEPS_MASTER"])
+    """
+    flaky = """
+        import os, sys, time
+        if os.environ["SPARSEPS_RESTART_COUNT"] == "0":
+            time.sleep(0.3)
+            sys.exit(5)
+    """
+    workers = [child(tmp_path, Role.WORKER, 0, survivor), child(tmp_path, Role.WORKER, 1, flaky)]
+    workers = [replace(w, env={**w.env, "SPARSEPS_MASTER": "127.0.0.1:1"}) for w in workers]
+    start = time.monotonic()
+    outcome = Supervisor(
+        [child(tmp_path, Role.SERVER, 0, SLEEPER), *workers],
+        SupervisorConfig(max_restarts=1, grace_s=1.0, server_stop_s=0.5),
+        restart_env=lambda k: {"SPARSEPS_MASTER": f"127.0.0.1:{1000 + k}"},
+    ).run()
+    assert outcome.exit_code == 0 and time.monotonic() - start < 10
+    assert record.read_text() == "1 127.0.0.1:1001"  # generation 1, a fresh rendezvous
+    children = read_pids(tmp_path / "log")["children"]
+    assert sorted((c["role"], c["rank"], c["attempt"]) for c in children) == [
+        ("server", 0, 0), ("worker", 0, 0), ("worker", 0, 1), ("worker", 1, 0), ("worker", 1, 1),
+    ]  # fmt: skip
+    assert not any(alive(c["pid"]) for c in children)
+    # generation 0 of worker 0 did not fail by itself: the launcher stopped it
+    assert "Traceback" not in (tmp_path / "log" / "worker.0.log").read_text()
 
 
 def test_restarts_are_bounded(tmp_path):

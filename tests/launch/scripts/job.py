@@ -8,6 +8,12 @@ Every role runs it (fleetrun semantics). Modes, on the workers:
   remembers it); the second attempt joins and both meet at a barrier.
 - ``barrier``: worker 0 waits at a barrier that worker 1 never reaches, records the
   timeout error in DIR/barrier.json, then releases worker 1.
+- ``late``: a resumable job of ``ROUNDS`` rounds; each round starts at a barrier, checks
+  a gloo all-reduce, pushes ``(rank + 1) * [1, 2, 3, 4]`` to every key and records the
+  rounds done in DIR/progress (the job's "checkpoint"). In the first generation
+  (``SPARSEPS_RESTART_COUNT=0``) worker 1 exits 7 after round 0, long after the gloo group
+  formed; a restarted generation resumes at the recorded round. Each worker writes
+  DIR/worker.R.json (rows before/after, the rounds it ran, its restart count).
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ from pathlib import Path
 import sparseps as sps
 from sparseps import env as sps_env
 
+ROUNDS = 3
+KEYS = [1, 7, 42, 2**33 + 5, 2**63 + 11, 2**64 - 1]
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["fail", "sleep", "restart", "barrier"])
+    parser.add_argument("mode", choices=["fail", "sleep", "restart", "barrier", "late"])
     parser.add_argument("--dir", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -38,12 +47,14 @@ def main() -> int:
             marker.write_text(str(os.getpid()))
             print("worker 1: first attempt fails on purpose", flush=True)
             return 7
-    sps.init()
+    role = sps.init()
     if sps.is_server():
         sps.run_server()
         return 0
     rank = sps.worker_index()
     print(f"worker {rank} ready", flush=True)
+    if args.mode == "late":
+        return late(folder, rank, role.restart_count)
     if args.mode == "fail":
         if rank == 1:
             print("worker 1: exiting with code 3", flush=True)
@@ -77,6 +88,42 @@ def main() -> int:
             deadline = time.monotonic() + 60
             while not release.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
+    sps.stop()
+    return 0
+
+
+def late(folder: Path, rank: int, restart: int) -> int:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    keys = np.array(KEYS, dtype=np.uint64)
+    grads = np.tile((rank + 1) * np.arange(1, 5, dtype=np.float32), (len(keys), 1))
+    progress, before_file = folder / "progress", folder / f"before.{rank}.json"
+    done = int(progress.read_text()) if progress.exists() else 0
+    ran, sums = [], []
+    with sps.PSClient(sps.server_endpoints(), timeout=60) as client:
+        client.create_table(sps.TableConfig(name="emb", dim=4, rule=sps.optim.SGD(lr=0.5)))
+        if done == 0:  # nothing pushed yet: the initial rows
+            before_file.write_text(json.dumps(client.pull("emb", keys).wait().tolist()))
+        for r in range(done, ROUNDS):
+            sps.barrier_worker(timeout=60)  # a store barrier: a lost peer is waited for, named
+            total = torch.tensor([rank + 1.0])
+            dist.all_reduce(total)  # the gloo group of this generation works
+            sums.append(total.item())
+            client.push("emb", keys, grads).wait()
+            sps.barrier_worker(timeout=60)  # every push of round r is applied
+            if rank == 0:
+                progress.write_text(str(r + 1))
+            sps.barrier_worker(timeout=60)
+            ran.append(r)
+            if rank == 1 and restart == 0 and r == 0:
+                print("worker 1: failing after round 0 on purpose", flush=True)
+                return 7
+        after = client.pull("emb", keys).wait().tolist()
+    record = {"rank": rank, "restart": restart, "ran": ran, "sums": sums,
+              "before": json.loads(before_file.read_text()), "after": after}  # fmt: skip
+    (folder / f"worker.{rank}.json").write_text(json.dumps(record))
     sps.stop()
     return 0
 

@@ -1,0 +1,99 @@
+"""What the supervisor is given and what it returns: plain frozen records.
+
+Kept apart from the supervision loop (``supervisor.py``) so that both stay small; the
+launcher's package re-exports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..env import Role
+from ..errors import ConfigError
+
+__all__ = ["ChildSpec", "Failure", "Outcome", "SupervisorConfig"]
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """Knobs of the supervision loop.
+
+    Attributes:
+        max_restarts: times the worker group is restarted after a worker failed, for the
+            whole job (every worker starts again; servers never are restarted).
+        grace_s: seconds between SIGTERM and SIGKILL when stopping children.
+        quiet_warn_s: warn when a running child has written nothing for this long.
+        server_stop_s: seconds servers get to exit after the stop request.
+        tail_lines: log lines of a failed child shown in the outcome.
+        poll_s: how often children are checked.
+    """
+
+    max_restarts: int = 0
+    grace_s: float = 5.0
+    quiet_warn_s: float = 300.0
+    server_stop_s: float = 10.0
+    tail_lines: int = 20
+    poll_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
+        for name in ("grace_s", "quiet_warn_s", "server_stop_s", "poll_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.tail_lines < 0:
+            raise ConfigError(f"tail_lines: must be >= 0, got {self.tail_lines}")
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """One process to run: its role, command line, full environment and log file."""
+
+    role: Role
+    rank: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    log_path: Path
+    echo: bool = False  # also copy its output to the console
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value} {self.rank}"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the job failed: which process, its exit code (negative = signal) and log tail."""
+
+    role: str
+    rank: int
+    pid: int
+    exit_code: int
+    log_path: str
+    tail: tuple[str, ...] = ()
+    remote: str = ""  # set when another node's launcher reported the failure
+
+    def describe(self) -> str:
+        if self.remote:
+            return f"another launcher of this job reported: {self.remote}"
+        how = (
+            f"was killed by signal {-self.exit_code}"
+            if self.exit_code < 0
+            else f"exited with code {self.exit_code}"
+        )
+        head = f"{self.role} {self.rank} (pid {self.pid}) {how}; log: {self.log_path}"
+        if not self.tail:
+            return head
+        body = "\n".join(f"    {line}" for line in self.tail)
+        return f"{head}\n  last {len(self.tail)} lines of its log:\n{body}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the job ended: ``exit_code`` is what the launcher should exit with."""
+
+    exit_code: int
+    reason: str  # "completed" | "failed" | "interrupted"
+    failure: Failure | None = None
