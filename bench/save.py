@@ -1,11 +1,12 @@
 """Checkpoint save/load speed of a 5M-row table against plain numpy file IO.
 
 A real server (``local_cluster(servers=1)``) holds a 5M-row Adagrad table of dim 16; we
-time ``client.save`` (Parquet shard with checksums, atomic rename) and ``client.load``
-into a fresh table, and, in the same run, ``ndarray.tofile`` / ``np.fromfile`` of the
-same columns (the bytes a checkpoint must hold, fsynced, with no format, checksum,
-table export/import or routing). Shards are Arrow IPC; Parquet was ~30x slower to write
-for the fixed-size-list columns.
+time ``client.save`` (Arrow IPC shard files, uncompressed, fsynced, with checksums and an
+atomic rename; see ``sparseps/server/shards.py``) and ``client.load`` into a fresh table,
+and, in the same run, ``ndarray.tofile`` / ``np.fromfile`` of the same columns (the bytes
+a checkpoint must hold, fsynced, with no format, checksum, table export/import or
+routing). Parquet, the first format, was ~30x slower to write for the fixed-size-list
+columns (bench/RESULTS.md).
 Records ``save_mb_per_s`` and ``load_mb_per_s`` (MB = 1e6 bytes of row payload).
 """
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import CheckpointError
 from ..worker import collectives
 from . import checkpoint as ck
-from . import inference
+from . import inference, staging
 from . import manifest as mf
 
 __all__ = ["load_checkpoint", "save_checkpoint", "save_inference_model"]
@@ -37,33 +37,51 @@ def save_checkpoint(trainer, directory: str | Path, *, state: dict | None = None
 
 
 def _write_checkpoint(trainer, directory: Path, state: dict) -> dict:
-    directory = directory.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
-    ck.invalidate(directory)
+    target = directory.resolve()
+    staging.recover(target)
+    ck.check_replaceable(target)
+    staging.remove_stale(target)
+    # A failed save leaves its staging folder (never loaded, reported by load and inspect
+    # as an interrupted save); the next save to the same target removes it.
+    folder = staging.new_staging(target)
+    manifest = _write_files(trainer, folder, state)
+    staging.commit(folder, target)
+    log.info("checkpoint saved to %s (%d files)", target, len(manifest["files"]))
+    return manifest
+
+
+def _write_files(trainer, folder: Path, state: dict) -> dict:
+    """Write every file of a checkpoint into ``folder``, the manifest last."""
     files: dict[str, dict] = {}
     tables: dict[str, dict] = {}
     for name, config in trainer.tables.items():
-        records = trainer._client.save(name, str(directory))
+        records = trainer._client.save(name, str(folder))
         for record in records:
             files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
         if after_table_saved is not None:
             after_table_saved(name)
         tables[name] = {
             "config": config.to_dict(),
+            "layout": ck.layout_of(config),
             "rows": sum(r["rows"] for r in records if r["kind"] == "rows"),
             "pending": sum(r["rows"] for r in records if r["kind"] == "pending"),
             "files": sorted(r["name"] for r in records),
             "servers": trainer.server_num,
         }
-    name = trainer._mode.save_dense(directory)
-    files[name] = mf.file_record(directory / name)
+        # Deletions not yet in an inference save live only in worker 0's memory: keep
+        # them, or a delta saved after a restart would not tombstone those keys.
+        tombstones = trainer.tombstones(name)
+        if tombstones.size:
+            record = ck.write_tombstones(folder, name, tombstones)
+            files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
+            tables[name]["tombstones"] = {"file": record["name"], "keys": record["rows"]}
+    name = trainer._mode.save_dense(folder)
+    files[name] = mf.file_record(folder / name)
     dense = {"size": trainer._mode.dense.size, "rule": trainer.dense_rule.to_dict(), "file": name}
     full_state = {"passes": trainer.passes, "mode": trainer.strategy.mode, **state}
-    manifest = mf.write_manifest(
-        directory, "sparseps-checkpoint", files, tables=tables, dense=dense, state=full_state
+    return mf.write_manifest(
+        folder, "sparseps-checkpoint", files, tables=tables, dense=dense, state=full_state
     )
-    log.info("checkpoint saved to %s (%d files)", directory, len(files))
-    return manifest
 
 
 def load_checkpoint(trainer, directory: str | Path) -> dict:
@@ -71,6 +89,8 @@ def load_checkpoint(trainer, directory: str | Path) -> dict:
     trainer._start()
     directory = Path(directory).resolve()
     trainer._mode.quiesce()
+    if not directory.exists():
+        raise CheckpointError(staging.missing_report(directory))
     manifest = mf.read_manifest(directory, fmt="sparseps-checkpoint")
     ck.check_tables(directory, manifest["tables"], trainer.tables)
     dense_size = manifest["dense"]["size"]
@@ -87,6 +107,7 @@ def load_checkpoint(trainer, directory: str | Path) -> dict:
 
 def _load_on_servers(trainer, directory: Path, manifest: dict) -> None:
     mf.verify(directory, manifest)
+    tombstones = {}
     for name in trainer.tables:
         entry = manifest["tables"][name]
         specs = [
@@ -94,7 +115,12 @@ def _load_on_servers(trainer, directory: Path, manifest: dict) -> None:
             for f in entry["files"]
         ]
         trainer._client.load(name, specs)
+        if "tombstones" in entry:
+            tombstones[name] = [ck.read_tombstones(directory / entry["tombstones"]["file"])]
     trainer._mode.load_dense(directory / manifest["dense"]["file"])
+    # the checkpoint's pending deletions replace whatever this process had
+    trainer._tombstones.clear()
+    trainer._tombstones.update(tombstones)
 
 
 def _on_worker_zero(trainer, what: str, function, *args):
@@ -125,7 +151,27 @@ def save_inference_model(trainer, directory: str | Path, *, mode: str = "base") 
     trainer._start()
     trainer._mode.quiesce()
     folder = _on_worker_zero(
-        trainer, "save_inference_model", inference.write_inference, trainer, Path(directory), mode
+        trainer, "save_inference_model", _save_inference, trainer, Path(directory), mode
     )
     trainer._tombstones.clear()
+    return folder
+
+
+# Fault injection for tests: called after an inference save is in place and before the
+# servers reset their changed-rows marker.
+before_inference_commit = None
+
+
+def _save_inference(trainer, directory: Path, mode: str) -> Path:
+    folder = inference.write_inference(trainer, directory, mode)
+    # The save is on disk: its tombstones and changed rows are now the chain's. Only now
+    # may the servers restart their "changed since the last save" marker; a crash before
+    # this line repeats the rows in the next delta (harmless upserts) instead of losing
+    # them. No push lands between the servers' export and this reset: every worker is
+    # held in _on_worker_zero's all-reduce (the consistent cut of quiesce).
+    trainer._tombstones.clear()
+    if before_inference_commit is not None:
+        before_inference_commit(folder)
+    for name in trainer.tables:
+        trainer._client.commit_inference(name)
     return folder

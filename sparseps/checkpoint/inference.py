@@ -6,9 +6,11 @@ An inference model directory is a chain of saves, each a folder with its own man
     DIR/delta-00004/  MANIFEST.json, head.pt, {table}.delta-..., {table}.tombstones.arrow
     DIR/delta-00005/  ...
 
-Sequence numbers increase across bases and deltas. A reader takes the newest complete
-base and applies, in order, every complete delta after it (stopping at the first
-missing or incomplete one). Embedding files hold ``key: uint64`` and
+Sequence numbers increase across bases and deltas. Each save is written into a hidden
+staging folder and renamed into place once its manifest is written (see
+:mod:`.staging`), so a crash never leaves a ``base-``/``delta-`` folder without a
+manifest. A reader takes the newest complete base and applies, in order, every complete
+delta after it (stopping at the first missing or incomplete one). Embedding files hold ``key: uint64`` and
 ``embedding: fixed_size_list<float32>[dim]``; tombstone files hold ``key`` (keys that
 shrink deleted: they fall back to what a pull of an unknown key gives in training).
 ``head.pt`` is ``torch.jit.script`` of the model's ``head(dense, *pooled)``; the
@@ -28,6 +30,7 @@ import torch
 from ..errors import CheckpointError
 from ..server import shards
 from . import manifest as mf
+from . import staging
 
 __all__ = ["HEAD_FILE", "chain", "write_inference"]
 
@@ -90,8 +93,19 @@ def _script_head(model) -> torch.jit.ScriptModule:
         head.train(was_training)
 
 
+# Fault injection for tests: called after the servers wrote a table's rows into the
+# staging folder, before the manifest, so a test can interrupt an inference save.
+after_table_saved = None
+
+
 def write_inference(trainer, directory: Path, mode: str) -> Path:
-    """Worker 0's part of ``save_inference_model``: servers write rows, we write the rest."""
+    """Worker 0's part of ``save_inference_model``: servers write rows, we write the rest.
+
+    Everything goes into a hidden staging folder that is renamed to ``{mode}-NNNNN`` once
+    its manifest is written, so a crash leaves no incomplete save in the chain. The
+    servers' changed-rows marker is *not* reset here (see ``coordinator``): a save that
+    never lands must leave its rows for the next delta.
+    """
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     saves = _saves(directory)
@@ -100,12 +114,24 @@ def write_inference(trainer, directory: Path, mode: str) -> Path:
             f"{directory}: a delta needs a base inference model first (save mode='base')"
         )
     sequence = (saves[-1][0] + 1) if saves else 0
-    folder = directory / f"{mode}-{sequence:05d}"
-    folder.mkdir()
+    target = directory / f"{mode}-{sequence:05d}"
+    for other in ("base", "delta"):  # an interrupted save may have had the other kind
+        staging.remove_stale(directory / f"{other}-{sequence:05d}")
+    # a failed save leaves its hidden staging folder, out of the chain; the next save removes it
+    folder = staging.new_staging(target)
+    _write_save(trainer, folder, mode, sequence)
+    staging.commit(folder, target)
+    log.info("inference model (%s) saved to %s", mode, target)
+    return target
+
+
+def _write_save(trainer, folder: Path, mode: str, sequence: int) -> None:
     files: dict[str, dict] = {}
     tables: dict[str, dict] = {}
     for name, config in trainer.tables.items():
         records = trainer._client.save_inference(name, str(folder), mode)
+        if after_table_saved is not None:
+            after_table_saved(name)
         tombstones = trainer.tombstones(name) if mode == "delta" else np.empty(0, np.uint64)
         if tombstones.size:
             record = shards.write_shard(
@@ -145,5 +171,3 @@ def write_inference(trainer, directory: Path, mode: str) -> Path:
         embeddings=embeddings,
         state={"passes": trainer.passes},
     )
-    log.info("inference model (%s) saved to %s", mode, folder)
-    return folder

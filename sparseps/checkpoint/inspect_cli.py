@@ -22,7 +22,10 @@ def _describe(folder: Path, manifest: dict) -> list[str]:
     ]
     for name, table in sorted(manifest.get("tables", {}).items()):
         config = table["config"]
-        extra = f", {table['tombstones']} tombstones" if table.get("tombstones") else ""
+        # inference saves count tombstones; checkpoints point at the file of pending ones
+        tombstones = table.get("tombstones") or 0
+        count = tombstones["keys"] if isinstance(tombstones, dict) else tombstones
+        extra = f", {count} tombstones" if count else ""
         lines.append(
             f"  table {name}: {table['rows']} rows, dim {config['dim']}, rule {config['rule'].get('name')}{extra}"
         )
@@ -43,12 +46,13 @@ def _describe(folder: Path, manifest: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import CheckpointError
-    from . import inference
+    from . import inference, staging
     from . import manifest as mf
 
     root = Path(args.directory)
     if not root.is_dir():
-        print(f"sparseps inspect: {root}: no such directory")
+        # names the hidden folders an interrupted save left beside it, if any
+        print(f"sparseps inspect: {staging.missing_report(root)}")
         return 1
     folders = [root] if (root / mf.MANIFEST).exists() else [p for _, _, p in inference._saves(root)]
     if not folders:

@@ -2,21 +2,34 @@
 
 A model directory (checkpoint or inference model) is valid only if its manifest exists
 and every file it lists has the recorded size and SHA-256. The manifest is written to a
-temporary file, fsynced and renamed into place, so a crash during a save leaves either
-no manifest (the directory reports as incomplete) or a complete one — never a manifest
-that points at half-written files.
+temporary file, fsynced and renamed into place, so a folder has either no manifest (it
+reports as incomplete) or a complete one — never a manifest that points at half-written
+files. Saves go one step further: they write into a hidden staging folder and move it to
+its final path only once its manifest is written (:mod:`sparseps.checkpoint.staging`).
 
-Layout (version 1)::
+Layout (version 1) of a checkpoint (``trainer.save_checkpoint``)::
 
     {
-      "format": "sparseps-checkpoint" | "sparseps-inference",
-      "version": 1,
-      "created": "2026-11-22T08:00:00Z",
+      "format": "sparseps-checkpoint", "version": 1, "created": "2026-11-22T08:00:00Z",
       "files": {"deep_emb.shard-00000-of-00002.arrow": {"size": 123, "sha256": "..."}, ...},
-      "tables": {"deep_emb": {"config": {...}, "layout": {...}, "rows": 1000,
-                              "files": ["deep_emb.shard-00000-of-00002.arrow", ...]}},
-      "dense": {...}, "state": {"pass": 3, "day": "20261122", ...}
+      "tables": {"deep_emb": {
+          "config": {...},                       # TableConfig.to_dict() when saved
+          "layout": {"rule": "adagrad", "dim": 8, "state_dim": 8,
+                     "state_columns": [["accumulator", 8]],
+                     "stat_columns": ["show", "click", "delta_score", "unseen"]},
+          "rows": 1000, "pending": 12, "servers": 2,
+          "files": ["deep_emb.pending-00000-of-00002.arrow", ...],   # rows + pending shards
+          "tombstones": {"file": "deep_emb.tombstones.arrow", "keys": 40}}},  # if any
+      "dense": {"size": 1919, "rule": {...}, "file": "dense.npz"},
+      "state": {"passes": 3, "mode": "sync", ...}   # plus what the caller passed
     }
+
+``layout`` is what a load compares (:func:`sparseps.checkpoint.checkpoint.layout_of`);
+``tombstones`` lists keys shrink deleted since the last inference save. An inference
+save (``trainer.save_inference_model``) has ``"format": "sparseps-inference"``,
+``kind`` (``base``/``delta``), ``sequence``, ``tables`` (``config``, ``rows``,
+``tombstones`` as a count, ``files``), ``embeddings`` (head inputs, in order) and
+``state`` (``passes``).
 """
 
 from __future__ import annotations

@@ -363,3 +363,8 @@ class PSClient:
     ) -> None:
         """Ask every server (or ``ranks``) to stop; each replies, then exits."""
         self._all("stop", timeout=timeout, ranks=ranks)
+
+    def commit_inference(self, table: str) -> None:
+        """After an inference save is in place: every server restarts ``table``'s
+        changed-rows marker, so the next delta holds only rows changed from now on."""
+        self._all("commit_inference", table)

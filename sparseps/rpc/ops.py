@@ -86,4 +86,5 @@ OPS: dict[str, OpSchema] = {
     "save_inference": OpSchema(
         table=True, args={"directory": ((str,), True), "mode": ((str,), True)}
     ),
+    "commit_inference": OpSchema(table=True),
 }

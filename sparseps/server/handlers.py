@@ -294,12 +294,11 @@ class ServerState:
 
     def _op_load(self, request: Request):
         entry = self._sparse_entry(request)
-        config = entry.table.config.to_dict()
         loaded = {"rows": 0, "pending": 0, "files": 0}
         for spec in request.args["files"]:
             path, checksum = _file_spec(spec)
             meta, columns = shards.read_shard(path, sha256=checksum)
-            _check_compatible(path, meta, config)
+            _check_compatible(path, meta, entry.table)
             if len(columns["key"]):
                 mine = server_of(columns["key"], self.num_servers) == self.rank
                 if not mine.all():
@@ -430,7 +429,8 @@ class ServerState:
     def _op_save_inference(self, request: Request):
         """Write this shard's embeddings for serving: ``base`` = rows whose score reaches the
         lifecycle's base_score, ``delta`` = rows changed since the previous inference save
-        (delta_score > 0); the delta scores then restart from zero."""
+        (delta_score > 0). The delta scores restart from zero only on ``commit_inference``,
+        once the save is in place: a save that never lands leaves them to the next delta."""
         from ..table.lifecycle import score
 
         mode = request.args["mode"]
@@ -438,9 +438,8 @@ class ServerState:
             raise InputError(f"save_inference: mode must be 'base' or 'delta', got {mode!r}")
         entry = self._sparse_entry(request)
         config = entry.table.config
-        with entry.lock.write():
+        with entry.lock.read():
             rows = entry.table.export_rows()
-            entry.table.reset_delta_score()
         if mode == "base":
             keep = (
                 score(rows["show"], rows["click"], config.lifecycle) >= config.lifecycle.base_score
@@ -464,6 +463,13 @@ class ServerState:
         record = shards.write_shard(request.args["directory"], name, columns, meta)
         return {**record, "rank": self.rank}, []
 
+    def _op_commit_inference(self, request: Request):
+        """An inference save is in place: restart the changed-rows marker (delta_score)."""
+        entry = self._sparse_entry(request)
+        with entry.lock.write():
+            entry.table.reset_delta_score()
+        return None, []
+
 
 def _file_spec(spec) -> tuple[str, str | None]:
     """A load entry is a path or a save record ``{"path", "sha256", ...}``."""
@@ -477,19 +483,31 @@ def _file_spec(spec) -> tuple[str, str | None]:
     )
 
 
-def _check_compatible(path: str, meta: dict, config: dict) -> None:
-    """A shard loads into a table with the same dim and rule kind (same row layout).
+def _check_compatible(path: str, meta: dict, table) -> None:
+    """A shard loads into a table with the same row layout: dim, rule kind, state widths.
 
     Rule hyper-parameters (lr, ...) may differ: resuming with a new learning rate is normal.
     """
-    saved = meta.get("config") or {}
-    if saved.get("dim") != config.get("dim"):
+    kind = meta.get("kind")
+    if kind not in ("rows", "pending"):
         raise CheckpointError(
-            f"shard file {path}: saved dim={saved.get('dim')!r} does not match the table's dim={config.get('dim')!r}"
+            f"shard file {path}: is a {kind!r} file; a table loads only 'rows' and 'pending' shards"
+        )
+    saved = meta.get("config") or {}
+    layout = table.layout
+    if saved.get("dim") != layout.dim:
+        raise CheckpointError(
+            f"shard file {path}: saved dim={saved.get('dim')!r} does not match the table's dim={layout.dim}"
         )
     saved_rule = (saved.get("rule") or {}).get("name")
-    rule = (config.get("rule") or {}).get("name")
-    if saved_rule != rule:
+    if saved_rule != table.config.rule.name:
         raise CheckpointError(
-            f"shard file {path}: saved with rule {saved_rule!r}, the table uses {rule!r} (optimizer state layouts differ)"
+            f"shard file {path}: saved with rule {saved_rule!r}, the table uses "
+            f"{table.config.rule.name!r} (optimizer state layouts differ)"
+        )
+    state = (meta.get("columns") or {}).get("state")
+    if kind == "rows" and (state is None or state[1] != layout.state_dim):
+        raise CheckpointError(
+            f"shard file {path}: optimizer state is {None if state is None else state[1]} floats "
+            f"wide, the table's rule stores {layout.state_dim}"
         )

@@ -13,6 +13,11 @@ lists; the schema metadata key ``sparseps`` (JSON) records every column's width,
 table config, the writer's rank and server count, and the file kind, so a reader can
 rebuild the exact arrays and check that the file belongs to the table it is loaded into.
 
+The same writer makes the inference files (``{table}.base-…``/``{table}.delta-…``: ``key``
+and ``embedding``) and the tombstone files (``{table}.tombstones.arrow``: ``key``) that
+worker 0 writes; the metadata ``kind`` tells them apart, and a table load accepts only
+``rows`` and ``pending``.
+
 Each file is written under a temporary name and renamed into place, so a crash never
 leaves a half-written file under the final name. The save returns, per file, its name,
 size in bytes, sha256 and row count; a load given those records verifies the checksums.

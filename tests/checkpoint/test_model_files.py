@@ -23,6 +23,7 @@ from sparseps.data.synthetic import write_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "worker" / "jobs" / "train_job.py"
+LOAD_JOB = ROOT / "tests" / "checkpoint" / "jobs" / "model_job.py"
 
 
 def _env(**extra) -> dict:
@@ -145,8 +146,13 @@ def test_predictor_reproduces_the_trainer_for_base_and_deltas_after_shrink(data,
     assert manifest["tables"]["deep_emb"]["tombstones"] > 0
 
 
-def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(data, tmp_path):
-    good, broken, marker = tmp_path / "good", tmp_path / "broken", tmp_path / "stalled"
+@pytest.mark.parametrize("same_folder", [False, True], ids=["new-folder", "same-folder"])
+def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(
+    data, tmp_path, same_folder
+):
+    good, marker = tmp_path / "good", tmp_path / "stalled"
+    # the stalled save goes to a new folder, or over the good checkpoint itself
+    target = good if same_folder else tmp_path / "broken"
     work = tmp_path / "a"
     work.mkdir()
     args = _args(
@@ -156,14 +162,14 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(data,
         "--save",
         str(good),
         "--save-stalled",
-        str(broken),
+        str(target),
         "--marker",
         str(marker),
     )
     proc = subprocess.Popen(
         _cmd(work, 2, 2, *args),
         cwd=work,
-        env=_env(SPARSEPS_RPC_TIMEOUT="5"),
+        env=_env(SPARSEPS_RPC_TIMEOUT="15"),  # notices the dead server, tolerates a busy machine
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -175,6 +181,7 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(data,
                 "the job never reached the stalled save"
             )
             time.sleep(0.2)
+        good_manifest = (good / mf.MANIFEST).read_bytes()
         server = json.loads((work / "log" / "pids.json").read_text())
         pid = _server_pid(server, 1)
         os.kill(pid, signal.SIGKILL)
@@ -183,15 +190,22 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(data,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    # the half-written checkpoint is reported as incomplete and cannot be loaded
-    inspect = subprocess.run(
-        [sys.executable, "-m", "sparseps.cli", "inspect", str(broken)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-    )
-    assert inspect.returncode != 0 and "MANIFEST" in inspect.stdout + inspect.stderr
-    assert any(broken.glob("deep_emb.shard-*.arrow"))  # it was really half written
+    # the half-written save is beside its target, never at it
+    [half] = [p for p in tmp_path.iterdir() if p.name.startswith(f".{target.name}.saving-")]
+    assert any(half.glob("deep_emb.shard-*.arrow")) and not (half / mf.MANIFEST).exists()
+    if same_folder:
+        assert (good / mf.MANIFEST).read_bytes() == good_manifest
+    else:
+        # reported as an interrupted save by inspect and by a trainer's load, not loaded
+        inspect = subprocess.run(
+            [sys.executable, "-m", "sparseps.cli", "inspect", str(target)],
+            capture_output=True,
+            text=True,
+            env=_env(),
+        )
+        assert inspect.returncode != 0 and "interrupted" in inspect.stdout, inspect.stdout
+        [error] = _load_errors(tmp_path / "c", data, target)
+        assert str(target) in error and "interrupted" in error and half.name in error
     # the previous one verifies and loads into a fresh job with another server count
     ok = subprocess.run(
         [sys.executable, "-m", "sparseps.cli", "inspect", str(good)],
@@ -205,6 +219,32 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(data,
         *_args(data, "--mode", "async", "--passes", "0", "--load", str(good)),
         servers=3,
     )
+
+
+def _load_errors(work: Path, data: Path, target: Path) -> list[str]:
+    """What trainer.load_checkpoint(target) raises, in a local-mode job of the same model."""
+    work.mkdir()
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(LOAD_JOB),
+            "--train",
+            str(data / "train"),
+            "--test",
+            str(data / "test"),
+            "--out",
+            str(work / "out.json"),
+            "--steps",
+            f"load={target}",
+        ],  # fmt: skip
+        cwd=work,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((work / "out.json").read_text())["load_errors"]
 
 
 def _server_pid(pids: dict, rank: int) -> int:
