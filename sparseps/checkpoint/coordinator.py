@@ -157,11 +157,6 @@ def save_inference_model(trainer, directory: str | Path, *, mode: str = "base") 
     return folder
 
 
-# Fault injection for tests: called after an inference save is in place and before the
-# servers reset their changed-rows marker.
-before_inference_commit = None
-
-
 def _save_inference(trainer, directory: Path, mode: str) -> Path:
     folder = inference.write_inference(trainer, directory, mode)
     # The save is on disk: its tombstones and changed rows are now the chain's. Only now
@@ -170,8 +165,6 @@ def _save_inference(trainer, directory: Path, mode: str) -> Path:
     # them. No push lands between the servers' export and this reset: every worker is
     # held in _on_worker_zero's all-reduce (the consistent cut of quiesce).
     trainer._tombstones.clear()
-    if before_inference_commit is not None:
-        before_inference_commit(folder)
     for name in trainer.tables:
         trainer._client.commit_inference(name)
     return folder
