@@ -154,10 +154,7 @@ class AsyncMode(_Mode):
         self.refresh_dense()
 
     def quiesce(self) -> None:
-        self.queue.flush()
-        if self._dense_push is not None:
-            self._dense_push.wait()
-            self._dense_push = None
+        self.quiesce_local()
         self.before_forward()
         collectives.barrier(timeout=self.collective_timeout)
 
@@ -170,6 +167,7 @@ class AsyncMode(_Mode):
         self.queue.close()
 
     def quiesce_local(self) -> None:
+        """This worker's pushes (sparse and dense) are applied; no barrier."""
         self.queue.flush()
         if self._dense_push is not None:
             self._dense_push.wait()
