@@ -84,9 +84,11 @@ def _to_slot_text(tsv: Path, out: Path) -> None:
     assert len(lines) == n
 
 
-def run(quick: bool) -> list[BenchRecord]:
-    rows = 200_000 if quick else 1_000_000
-    repeats = 3 if quick else 5
+def run(quick: bool, *, rows: int | None = None, repeats: int | None = None) -> list[BenchRecord]:
+    """The records above; ``rows``/``repeats`` override the sizes (a smoke test uses a
+    few thousand rows and one repeat: the record shapes, not the figures)."""
+    rows = rows or (200_000 if quick else 1_000_000)
+    repeats = repeats or (3 if quick else 5)
     cores = os.cpu_count()
     records: list[BenchRecord] = []
     with tempfile.TemporaryDirectory(prefix="sparseps-bench-data-") as tmp:

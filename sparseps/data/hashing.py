@@ -10,8 +10,9 @@ the process, the machine or the Python version (never ``hash()``). XXH64 is the
 algorithm of the ``xxhash`` package (``xxhash.xxh64_intdigest(value, seed)``); this
 module is a numba port of it that runs over the data and offsets buffers of a whole
 arrow string column at once, because one Python call per value is far too slow for the
-reader's throughput target. ``tests/data/test_hashing.py`` proves the port bit-identical
-to the package.
+reader's throughput target. ``tests/data/test_data_formats.py``
+(``test_compiled_xxh64_is_bit_identical_to_the_xxhash_package``) proves the port
+bit-identical to the package.
 """
 
 from __future__ import annotations

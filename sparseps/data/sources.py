@@ -121,6 +121,9 @@ def read_file(path: str, file_no: int, schema: Schema, fmt: Format, *,
               pipe_command: str | None = None, pipe_timeout: float = 300.0) -> Iterator[Parsed]:  # fmt: skip
     """Parse one file (or a command's output for it) chunk by chunk.
 
+    A 0-byte file gives no rows in every format (without a ``pipe_command``, whose
+    output is what counts).
+
     Raises:
         InputError: the file is missing or unreadable, a header lacks schema columns, or
             the pipe command failed.
@@ -129,6 +132,10 @@ def read_file(path: str, file_no: int, schema: Schema, fmt: Format, *,
         raise InputError(
             f"data file {path!r} does not exist (was it moved after the dataset was made?)"
         )
+    if not pipe_command and os.path.getsize(path) == 0:
+        # An empty file is an empty part of the data (a writer that had no rows for it),
+        # in every format: Parquet would otherwise reject it for lacking a footer.
+        return
     if fmt is Format.PARQUET:
         yield from read_parquet(path, schema, file_no=file_no)
         return

@@ -122,15 +122,29 @@ def test_slot_text_bad_lines(tmp_path, line, reason):
         list(QueueDataset(str(path), SLOT_SCHEMA, batch_size=10, format="slot_text", strict=True))
 
 
-def test_empty_file_gives_zero_rows(tmp_path):
-    (tmp_path / "empty.tsv").write_bytes(b"")
-    (tmp_path / "empty.csv").write_bytes(b"")
-    for name, fmt in (("empty.tsv", "criteo_tsv"), ("empty.csv", "csv")):
-        ds = QueueDataset(str(tmp_path / name), CRITEO, batch_size=4, format=fmt)
-        assert list(ds) == [] and ds.stats().rows == 0 and ds.stats().bad_lines == 0
-    ds = InMemoryDataset(str(tmp_path / "empty.tsv"), CRITEO, batch_size=4)
-    ds.load_into_memory()
-    assert len(ds) == 0 and list(ds) == []
+@pytest.mark.parametrize("fmt", ["criteo_tsv", "csv", "slot_text", "parquet"])
+def test_empty_file_gives_zero_rows_in_every_format(tmp_path, fmt):
+    path = tmp_path / f"empty.{fmt}"
+    path.write_bytes(b"")
+    ds = QueueDataset(str(path), CRITEO, batch_size=4, format=fmt)
+    assert list(ds) == [] and ds.stats().rows == 0 and ds.stats().bad_lines == 0
+    assert ds.stats().passes[0].files == 1  # the file was read, not skipped as missing
+    memory = InMemoryDataset(str(path), CRITEO, batch_size=4, format=fmt)
+    memory.load_into_memory()
+    assert len(memory) == 0 and list(memory) == []
+
+
+def test_empty_file_through_a_pipe_command_gives_zero_rows(tmp_path):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    ds = QueueDataset(str(tmp_path / "empty.txt"), CRITEO, batch_size=4, pipe_command="cat")
+    assert list(ds) == [] and ds.stats().rows == 0
+
+
+def test_a_non_empty_file_that_is_not_parquet_is_named(tmp_path):
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"PAR")  # truncated: not empty, not Parquet
+    with pytest.raises(InputError, match=r"broken\.parquet: not a readable Parquet file"):
+        list(QueueDataset(str(path), CRITEO, batch_size=4, format="parquet"))
 
 
 def test_missing_file_is_named(tmp_path):

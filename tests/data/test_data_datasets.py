@@ -119,6 +119,39 @@ def test_iterating_again_is_a_new_pass_and_an_early_stop_does_not_hang(tmp_path,
     assert len(ds.stats().passes) == 2 and ds.stats().passes[1].rows == 300
 
 
+@pytest.mark.parametrize(("threads", "queue_size"), [(1, 1), (2, 3)])
+def test_a_stalled_consumer_leaves_a_bounded_number_of_chunks_buffered(
+    tmp_path, monkeypatch, threads, queue_size
+):
+    from sparseps.data import dataset as dataset_module
+
+    monkeypatch.setattr(sources_module, "CHUNK_BYTES", 300)  # ~100 chunks in all
+    write_files(tmp_path / "d", [100, 100, 100])
+    parsed = []  # rows of every chunk the readers have parsed so far
+    real = dataset_module.read_file
+
+    def counting(*args, **kwargs):
+        for chunk in real(*args, **kwargs):
+            parsed.append(len(chunk.batch))
+            yield chunk
+
+    monkeypatch.setattr(dataset_module, "read_file", counting)
+    ds = QueueDataset(
+        str(tmp_path / "d"), CRITEO, batch_size=1, threads=threads, queue_size=queue_size
+    )
+    batches = iter(ds)
+    first = next(batches)  # the consumer holds one chunk, then stalls
+    # the queue's chunks, plus one chunk per reader blocked in put(), plus the one held
+    bound = queue_size + threads + 1
+    deadline = time.monotonic() + 10
+    while len(parsed) < bound and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)  # stalled well past the time it took to fill the buffer
+    assert len(parsed) == bound, parsed
+    rest = sum(len(b) for b in batches)  # resuming delivers every sample exactly once
+    assert len(first) + rest == 300 == sum(parsed) and len(parsed) > 3 * bound
+
+
 def test_batch_fields_go_to_torch_without_copies(tmp_path):
     write_files(tmp_path / "d", [20])
     batch = next(iter(QueueDataset(str(tmp_path / "d"), CRITEO, batch_size=8)))

@@ -1,15 +1,29 @@
 """gen-data: deterministic per seed, realistic CTR, planted AUC printed and stored."""
 
 import json
+from dataclasses import replace
 from itertools import product
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
 import pytest
 
 from sparseps.cli import main
 from sparseps.data import CRITEO, Batch, QueueDataset
 from sparseps.data.auc import exact_auc
-from sparseps.data.synthetic import CARDINALITIES, _rows, generate, planted_model
+from sparseps.data.synthetic import (
+    CARDINALITIES,
+    CROSSES,
+    NUM_DENSE,
+    _codes,
+    _key,
+    _logits,
+    _Rows,
+    _rows,
+    generate,
+    planted_model,
+)
 
 
 def gen(out, *extra: str) -> int:
@@ -44,19 +58,99 @@ def test_gen_data_is_deterministic_per_seed(tmp_path, capsys):
     assert batch.label.mean() == pytest.approx(meta["ctr_train"])
 
 
-def test_written_rows_match_the_generator_and_its_planted_auc(tmp_path):
+def _uncode(model, codes: np.ndarray) -> np.ndarray:
+    """The inverse of ``synthetic._codes``: the value index of each written 8-hex code."""
+    x = codes.astype(np.uint32)
+    x ^= (x >> np.uint32(13)) ^ (x >> np.uint32(26))  # undo x ^= x >> 13 (32-bit)
+    x = x * np.uint32(pow(0x85EBCA77, -1, 2**32))
+    x ^= (x >> np.uint32(15)) ^ (x >> np.uint32(30))  # undo x ^= x >> 15
+    x = x * np.uint32(pow(0x9E3779B1, -1, 2**32))
+    salt = np.array([_key(model.seed, s, 3) & 0xFFFFFFFF for s in range(x.shape[1])], np.uint32)
+    return (x ^ salt).astype(np.int64)
+
+
+def _read_written(paths) -> tuple[np.ndarray, _Rows]:
+    """Labels and model inputs read back from written TSV files (nothing else used)."""
+    names = list(CRITEO.columns())
+    types = {"label": pa.int8(), **dict.fromkeys(CRITEO.dense, pa.int64()),
+             **dict.fromkeys(CRITEO.slots, pa.string())}  # fmt: skip
+    table = pa.concat_tables(
+        pacsv.read_csv(
+            str(path),
+            read_options=pacsv.ReadOptions(column_names=names),
+            parse_options=pacsv.ParseOptions(delimiter="\t"),
+            convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=True),
+        )
+        for path in paths
+    )
+    n = table.num_rows
+    dense = np.stack([table[c].fill_null(0).to_numpy() for c in CRITEO.dense], axis=1)
+    dense_present = np.stack([table[c].is_valid().to_numpy() for c in CRITEO.dense], axis=1)
+    present = np.stack([table[c].is_valid().to_numpy() for c in CRITEO.slots], axis=1)
+    codes = np.zeros((n, len(CRITEO.slots)), np.uint32)
+    for j, c in enumerate(CRITEO.slots):
+        text = table[c].fill_null("00000000").to_numpy(zero_copy_only=False).astype("S8")
+        digits = np.frombuffer(text.tobytes(), np.uint8).reshape(n, 8).astype(np.int64)
+        digits = np.where(digits >= ord("a"), digits - ord("a") + 10, digits - ord("0"))
+        codes[:, j] = (digits @ (16 ** np.arange(7, -1, -1))).astype(np.uint32)
+    return table["label"].to_numpy(), _Rows(codes, present, dense, dense_present, None)
+
+
+def test_written_rows_match_the_generator_and_its_planted_auc(tmp_path, capsys):
     gen(tmp_path, "--seed", "9", "--test-rows", "2000")
+    printed = capsys.readouterr().out
     meta = json.loads((tmp_path / "meta.json").read_text())
-    data = generate(2000, 9, split="test")
-    assert meta["bayes_auc_test"] == pytest.approx(exact_auc(data.label, data.prob), abs=1e-12)
+    model = planted_model(9)
+    values = np.random.default_rng(0).integers(0, CARDINALITIES, (1000, len(CARDINALITIES)))
+    np.testing.assert_array_equal(_uncode(model, _codes(model, values)), values)
+    for split, sizes in (("train", [10000] * 3), ("test", [2000])):
+        labels, rows = _read_written(meta[f"{split}_files"])
+        # every label of every written file is the generator's, in order
+        expected = [generate(n, 9, split=split, part=p, model=model) for p, n in enumerate(sizes)]
+        np.testing.assert_array_equal(labels, np.concatenate([e.label for e in expected]))
+        # the planted probability, recomputed from nothing but the written rows ...
+        inputs = replace(rows, values=_uncode(model, rows.values))
+        prob = 1 / (1 + np.exp(-(model.bias + _logits(model, inputs, day=0))))
+        np.testing.assert_allclose(prob, np.concatenate([e.prob for e in expected]), rtol=1e-12)
+        # ... gives exactly the AUC gen-data printed and stored
+        auc = exact_auc(labels, prob)
+        assert auc == pytest.approx(meta[f"bayes_auc_{split}"], abs=1e-12)
+        assert f"{auc:.4f} on {split}" in printed
     lines = (tmp_path / "test" / "part-00000.tsv").read_text().splitlines()
     first = lines[0].split("\t")
     assert len(lines) == 2000 and len(first) == 40
-    assert int(first[0]) == data.label[0]
     cats = [f for f in first[14:] if f]
     assert all(len(v) == 8 and int(v, 16) >= 0 for v in cats)  # 8 hex digits, like Criteo
     dense = [f for f in first[1:14] if f]
     assert all(int(v) >= -1 for v in dense)
+
+
+def test_interaction_terms_change_the_logit():
+    model = planted_model(3)
+    no_cross = replace(model, cross_scale=np.zeros_like(model.cross_scale))
+    rows = _rows(model, 20000, "train", 0, 0)
+    delta = _logits(model, rows, day=0) - _logits(no_cross, rows, day=0)
+    # the cross terms move the logit exactly where both slots of some pair are present
+    both = np.zeros(len(delta), bool)
+    for a, b in CROSSES:
+        both |= rows.present[:, a] & rows.present[:, b]
+    assert np.all(delta[~both] == 0) and np.count_nonzero(delta[both]) > 0.99 * both.sum()
+    assert delta[both].std() > 0.05
+    # and they are true interactions: not a sum of per-value effects. For one pair, the
+    # difference of differences over a 2x2 grid of values cancels every additive term.
+    (a, b), grid = CROSSES[0], [(0, 0), (0, 1), (1, 0), (1, 1)]
+    values = np.zeros((4, len(CARDINALITIES)), np.int64)
+    values[:, a], values[:, b] = [i for i, _ in grid], [j for _, j in grid]
+    present = np.zeros_like(values, bool)
+    present[:, [a, b]] = True
+    dense = np.zeros((4, NUM_DENSE), np.int64)
+    square = _Rows(values, present, dense, np.zeros_like(dense, bool), None)
+
+    def dod(m) -> float:
+        z = _logits(m, square, day=0)
+        return float(z[0] - z[1] - z[2] + z[3])
+
+    assert abs(dod(no_cross)) < 1e-12 and abs(dod(model)) > 1e-3
 
 
 def test_planted_model_shapes_the_data():
