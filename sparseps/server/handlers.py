@@ -5,10 +5,13 @@ placed on it. Requests arrive already validated by :func:`sparseps.rpc.protocol.
 (types, dtypes, shapes); this module checks what needs server state (does the table
 exist, is the dim right, do the keys belong to this server) and calls the table engine.
 
-Concurrency: handlers run on a pool of threads. Each table has a reader-writer lock:
-pulls, stats and the export part of a save share it; pushes, decay, shrink and loads
-hold it alone, so updates of one table are serialised while different tables (and
-concurrent pulls) proceed in parallel; the compiled kernels release the GIL.
+The ops that read or write files live in :mod:`sparseps.server.file_ops` (mixed in).
+
+Concurrency: data-plane ops run in the server's request loop, long ops on a pool of
+threads (:mod:`sparseps.server.loop`). Each table has a reader-writer lock: pulls, stats
+and the export part of a save share it; pushes, decay, shrink and loads hold it alone, so
+updates of one table are serialised while pulls and other tables proceed; the compiled
+kernels release the GIL.
 Requests that are in flight at the same time are not ordered with respect to each
 other; a client that needs an order waits for the first handle before sending the next.
 """
@@ -24,11 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import CheckpointError, ConfigError, InputError
+from ..errors import ConfigError, InputError
 from ..rpc.batching import misrouted
 from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
-from . import shards
-from .routing import server_of
+from .file_ops import FileOps
 
 __all__ = ["RWLock", "ServerState", "config_differences"]
 
@@ -94,7 +96,7 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     return out
 
 
-class ServerState:
+class ServerState(FileOps):
     """The tables of one server and the op handlers.
 
     Args:
@@ -267,54 +269,6 @@ class ServerState:
             deleted = entry.table.shrink()
         return None, [np.ascontiguousarray(deleted, dtype=np.uint64)]
 
-    def _op_save(self, request: Request):
-        entry = self._sparse_entry(request)
-        with entry.lock.read():
-            rows = entry.table.export_rows()
-            pending = entry.table.export_pending()
-        config = entry.table.config.to_dict()
-        meta = {
-            "table": request.table,
-            "config": config,
-            "rank": self.rank,
-            "num_servers": self.num_servers,
-        }
-        records = []
-        for kind, columns in (("rows", rows), ("pending", pending)):
-            name = shards.file_name(request.table, kind, self.rank, self.num_servers)
-            records.append(
-                {
-                    **shards.write_shard(
-                        request.args["directory"], name, columns, {**meta, "kind": kind}
-                    ),
-                    "rank": self.rank,
-                }
-            )
-        return records, []
-
-    def _op_load(self, request: Request):
-        entry = self._sparse_entry(request)
-        loaded = {"rows": 0, "pending": 0, "files": 0}
-        for spec in request.args["files"]:
-            path, checksum = _file_spec(spec)
-            meta, columns = shards.read_shard(path, sha256=checksum)
-            _check_compatible(path, meta, entry.table)
-            if len(columns["key"]):
-                mine = server_of(columns["key"], self.num_servers) == self.rank
-                if not mine.all():
-                    columns = {
-                        name: np.ascontiguousarray(values[mine]) for name, values in columns.items()
-                    }
-            kind = meta.get("kind")
-            with entry.lock.write():
-                if kind == "rows":
-                    entry.table.import_rows(columns)
-                else:
-                    entry.table.import_pending(columns)
-            loaded[kind] += len(columns["key"])
-            loaded["files"] += 1
-        return loaded, []
-
     # -- dense tables ------------------------------------------------------------------
 
     def _op_create_dense(self, request: Request):
@@ -387,127 +341,3 @@ class ServerState:
         with entry.lock.write():
             entry.table.set(values)
         return None, []
-
-    def _op_save_dense(self, request: Request):
-        """Write the dense table (values + optimizer state) as ``dense.npz`` (checkpoints)."""
-        from ..checkpoint.dense_file import save_dense_file
-
-        entry = self._dense_entry(request)
-        with entry.lock.read():
-            arrays = entry.table.export()
-        folder = request.args["directory"]
-        os.makedirs(folder, exist_ok=True)
-        name = save_dense_file(folder, arrays)
-        path = os.path.join(folder, name)
-        record = {
-            "name": name,
-            "path": path,
-            "bytes": os.path.getsize(path),
-            "sha256": shards.sha256_of(path),
-        }
-        return record, []
-
-    def _op_load_dense(self, request: Request):
-        from ..checkpoint.dense_file import load_dense_file
-
-        entry = self._dense_entry(request)
-        path, checksum = request.args["path"], request.args.get("sha256")
-        if not os.path.isfile(path):
-            raise CheckpointError(f"load_dense {request.table!r}: {path} does not exist")
-        if checksum is not None and shards.sha256_of(path) != checksum:
-            raise CheckpointError(f"load_dense {request.table!r}: {path} checksum mismatch")
-        arrays = load_dense_file(path)
-        if arrays["values"].shape != (entry.spec["size"],):
-            raise CheckpointError(
-                f"load_dense {request.table!r}: {path} holds {arrays['values'].shape} values, "
-                f"the table has {entry.spec['size']}"
-            )
-        with entry.lock.write():
-            entry.table.import_(arrays)
-        return None, []
-
-    def _op_save_inference(self, request: Request):
-        """Write this shard's embeddings for serving: ``base`` = rows whose score reaches the
-        lifecycle's base_score, ``delta`` = rows changed since the previous inference save
-        (delta_score > 0). The delta scores restart from zero only on ``commit_inference``,
-        once the save is in place: a save that never lands leaves them to the next delta."""
-        from ..table.lifecycle import score
-
-        mode = request.args["mode"]
-        if mode not in ("base", "delta"):
-            raise InputError(f"save_inference: mode must be 'base' or 'delta', got {mode!r}")
-        entry = self._sparse_entry(request)
-        config = entry.table.config
-        with entry.lock.read():
-            rows = entry.table.export_rows()
-        if mode == "base":
-            keep = (
-                score(rows["show"], rows["click"], config.lifecycle) >= config.lifecycle.base_score
-            )
-        else:
-            keep = rows["delta_score"] > 0
-        keys = rows["key"][keep]
-        order = np.argsort(keys, kind="stable")
-        columns = {
-            "key": np.ascontiguousarray(keys[order]),
-            "embedding": np.ascontiguousarray(rows["embedding"][keep][order]),
-        }
-        name = f"{request.table}.{mode}-{self.rank:05d}-of-{self.num_servers:05d}.arrow"
-        meta = {
-            "table": request.table,
-            "config": config.to_dict(),
-            "rank": self.rank,
-            "num_servers": self.num_servers,
-            "kind": mode,
-        }
-        record = shards.write_shard(request.args["directory"], name, columns, meta)
-        return {**record, "rank": self.rank}, []
-
-    def _op_commit_inference(self, request: Request):
-        """An inference save is in place: restart the changed-rows marker (delta_score)."""
-        entry = self._sparse_entry(request)
-        with entry.lock.write():
-            entry.table.reset_delta_score()
-        return None, []
-
-
-def _file_spec(spec) -> tuple[str, str | None]:
-    """A load entry is a path or a save record ``{"path", "sha256", ...}``."""
-    if isinstance(spec, str):
-        return spec, None
-    if isinstance(spec, dict) and isinstance(spec.get("path"), str):
-        checksum = spec.get("sha256")
-        return spec["path"], checksum if isinstance(checksum, str) else None
-    raise InputError(
-        f"load: each file must be a path or a save record with 'path', got {spec!r:.80}"
-    )
-
-
-def _check_compatible(path: str, meta: dict, table) -> None:
-    """A shard loads into a table with the same row layout: dim, rule kind, state widths.
-
-    Rule hyper-parameters (lr, ...) may differ: resuming with a new learning rate is normal.
-    """
-    kind = meta.get("kind")
-    if kind not in ("rows", "pending"):
-        raise CheckpointError(
-            f"shard file {path}: is a {kind!r} file; a table loads only 'rows' and 'pending' shards"
-        )
-    saved = meta.get("config") or {}
-    layout = table.layout
-    if saved.get("dim") != layout.dim:
-        raise CheckpointError(
-            f"shard file {path}: saved dim={saved.get('dim')!r} does not match the table's dim={layout.dim}"
-        )
-    saved_rule = (saved.get("rule") or {}).get("name")
-    if saved_rule != table.config.rule.name:
-        raise CheckpointError(
-            f"shard file {path}: saved with rule {saved_rule!r}, the table uses "
-            f"{table.config.rule.name!r} (optimizer state layouts differ)"
-        )
-    state = (meta.get("columns") or {}).get("state")
-    if kind == "rows" and (state is None or state[1] != layout.state_dim):
-        raise CheckpointError(
-            f"shard file {path}: optimizer state is {None if state is None else state[1]} floats "
-            f"wide, the table's rule stores {layout.state_dim}"
-        )

@@ -122,7 +122,7 @@ def test_layout_check_ignores_hyper_parameters_and_names_what_differs(tmp_path):
 
 
 def test_server_load_checks_the_shard_layout_not_hyper_parameters():
-    from sparseps.server.handlers import _check_compatible
+    from sparseps.server.file_ops import _check_compatible
     from sparseps.table import SparseTable
 
     table = SparseTable(_table())
