@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
@@ -59,16 +60,19 @@ class Coordinator(Protocol):
     def remote_restart(self) -> str | None:
         """Why another launcher asked for the next worker generation, if it did (polled)."""
 
-    def restart(self, reason: str | None) -> None:
+    def restart(self, reason: str | None, *, cancelled: Callable[[], bool] = bool) -> None:
         """Move to the next worker generation; this node's workers are already stopped.
 
         Args:
             reason: this node asks for the restart (one line: which worker failed), or
                 None when it follows another launcher's request.
+            cancelled: polled while waiting for the other nodes; True gives up (e.g. the
+                launcher received SIGTERM).
 
         Raises:
             TimeoutError_: a node with workers did not stop them in time.
-            UnavailableError: another launcher failed meanwhile, or the store is gone.
+            UnavailableError: another launcher failed meanwhile, the store is gone, or
+                the wait was cancelled.
         """
 
     def close(self) -> None:
@@ -98,7 +102,7 @@ class LocalCoordinator:
     def remote_restart(self) -> str | None:
         return None
 
-    def restart(self, reason: str | None) -> None:  # noqa: ARG002 - nobody else to tell
+    def restart(self, reason: str | None, *, cancelled: Callable[[], bool] = bool) -> None:  # noqa: ARG002 - nobody else to tell or wait for
         self.generation += 1
         self._done = 0
 
@@ -235,9 +239,9 @@ class StoreCoordinator:
         self._poll()
         return self._restart
 
-    def restart(self, reason: str | None) -> None:
+    def restart(self, reason: str | None, *, cancelled: Callable[[], bool] = bool) -> None:
         """Ask for (or follow) generation + 1, say this node stopped its workers, and wait
-        until every node with workers has (see the module doc)."""
+        until every node with workers has (see the module doc and :class:`Coordinator`)."""
         target = self.generation + 1
         deadline = time.monotonic() + self.timeout_s
         try:
@@ -250,6 +254,13 @@ class StoreCoordinator:
                     raise UnavailableError(
                         f"worker restart {target} abandoned: another launcher reported: "
                         f"{self._text('failed')}",
+                        op="restart",
+                        role="launcher",
+                        address=self.endpoint,
+                    )
+                if cancelled():
+                    raise UnavailableError(
+                        f"worker restart {target} cancelled while waiting for the other launchers",
                         op="restart",
                         role="launcher",
                         address=self.endpoint,

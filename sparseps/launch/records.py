@@ -73,11 +73,11 @@ class Failure:
     exit_code: int
     log_path: str
     tail: tuple[str, ...] = ()
-    remote: str = ""  # set when another node's launcher reported the failure
+    remote: str = ""  # set when the launcher failed, not a child (e.g. another node's)
 
     def describe(self) -> str:
         if self.remote:
-            return f"another launcher of this job reported: {self.remote}"
+            return self.remote
         how = (
             f"was killed by signal {-self.exit_code}"
             if self.exit_code < 0

@@ -204,12 +204,7 @@ class Supervisor:
         reported = False
         while True:
             if self._signal is not None:
-                name = signal.Signals(self._signal).name
-                log.warning("received %s: stopping every process of this job", name)
-                self.coordinator.report_failure(
-                    f"the launcher on {self.node or 'another node'} received {name}"
-                )
-                return Outcome(128 + self._signal, "interrupted")
+                return self._interrupted()
             restart: tuple[_Child | None, str] | None = None
             for child in list(self._running):
                 code = child.proc.poll()
@@ -232,7 +227,8 @@ class Supervisor:
             remote = self.coordinator.remote_failure()
             if remote:
                 log.error("stopping: %s", remote)
-                return Outcome(1, "failed", Failure("launcher", -1, 0, 1, "", remote=remote))
+                text = f"another launcher of this job reported: {remote}"
+                return Outcome(1, "failed", Failure("launcher", -1, 0, 1, "", remote=text))
             if restart is None and (reason := self.coordinator.remote_restart()):
                 restart = (None, reason)
             if restart is not None:
@@ -249,6 +245,14 @@ class Supervisor:
                 return Outcome(0, "completed")
             self._warn_quiet()
             time.sleep(self.config.poll_s)
+
+    def _interrupted(self) -> Outcome:
+        name = signal.Signals(self._signal).name
+        log.warning("received %s: stopping every process of this job", name)
+        self.coordinator.report_failure(
+            f"the launcher on {self.node or 'another node'} received {name}"
+        )
+        return Outcome(128 + self._signal, "interrupted")
 
     def _restarts_left(self) -> bool:
         return self.coordinator.generation < self.config.max_restarts
@@ -283,10 +287,15 @@ class Supervisor:
             c.exit_code = c.proc.returncode
         self._running = [c for c in self._running if c.spec.role is not Role.WORKER]
         try:
-            self.coordinator.restart(reason if failed is not None else None)
+            self.coordinator.restart(
+                reason if failed is not None else None,
+                cancelled=lambda: self._signal is not None,
+            )
         except SparsePSError as exc:
+            if self._signal is not None:
+                return self._interrupted()
             log.error("%s", exc)
-            self.coordinator.report_failure(str(exc))
+            self.coordinator.report_failure(f"{self.node or 'a launcher'}: {exc}")
             return Outcome(1, "failed", Failure("launcher", -1, 0, 1, "", remote=str(exc)))
         extra = dict(self.restart_env(k)) if self.restart_env else {}
         specs = [c for c in self.children if c.role is Role.WORKER]

@@ -1,0 +1,83 @@
+"""The launchers' control store in-process: restart generations across two "nodes", and
+bounded waits when a node does not follow (an error naming it, never a hang)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from _launchtools import free_port
+
+from sparseps.errors import TimeoutError_, UnavailableError
+from sparseps.launch.coordinator import StoreCoordinator
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def nodes():
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = dict(peers=("a", "b"), job_id="job", worker_num=2, timeout_s=2.0)
+    a = StoreCoordinator(endpoint, host_it=True, node="a", **common)
+    b = StoreCoordinator(endpoint, host_it=False, node="b", **common)
+    yield a, b
+    b.close()
+    a.close()  # the host closes last: it waits for b's "done"
+
+
+def _poll(predicate, seconds: float = 5.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"nothing from {predicate} within {seconds} s")
+
+
+def test_a_restart_asked_by_one_node_is_followed_by_the_other(nodes):
+    a, b = nodes
+    a.report_workers_done(1)  # generation 0: node a's worker had finished
+    reason = "worker 1 (pid 42) on b exited with code 7"
+    asker = threading.Thread(target=b.restart, args=(reason,), daemon=True)
+    asker.start()  # b waits until a has stopped its workers too
+    assert _poll(a.remote_restart) == reason
+    assert not a.all_workers_done()  # a new generation has work to do
+    a.restart(None)
+    asker.join(timeout=5)
+    assert not asker.is_alive() and (a.generation, b.generation) == (1, 1)
+    assert a.remote_restart() is None and b.remote_restart() is None
+    # "all workers done" counts generation 1 only
+    a.report_workers_done(1)
+    assert not a.all_workers_done()
+    b.report_workers_done(1)
+    assert a.all_workers_done() and b.all_workers_done()
+
+
+def test_a_node_that_never_stops_its_workers_times_the_restart_out(nodes):
+    a, _ = nodes
+    start = time.monotonic()
+    with pytest.raises(TimeoutError_, match=r"launchers on b did not stop") as info:
+        a.restart("worker 0 on a exited with code 7")
+    assert 2.0 <= time.monotonic() - start < 5.0
+    assert (info.value.op, info.value.setting) == ("restart", "--rendezvous-timeout-s")
+    assert a.generation == 0
+
+
+def test_a_failure_reported_during_the_restart_abandons_it(nodes):
+    a, b = nodes
+    timer = threading.Timer(0.3, b.report_failure, args=("server 1 on b exited with code 1",))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(UnavailableError, match="server 1 on b exited with code 1"):
+        a.restart("worker 0 on a exited with code 7")
+    assert time.monotonic() - start < 1.5
+    timer.join()
+
+
+def test_a_cancelled_restart_stops_waiting_at_once(nodes):
+    a, _ = nodes
+    start = time.monotonic()
+    with pytest.raises(UnavailableError, match="cancelled"):
+        a.restart("worker 0 on a exited with code 7", cancelled=lambda: True)
+    assert time.monotonic() - start < 1.0
