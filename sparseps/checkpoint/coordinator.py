@@ -159,12 +159,12 @@ def save_inference_model(trainer, directory: str | Path, *, mode: str = "base") 
 
 def _save_inference(trainer, directory: Path, mode: str) -> Path:
     folder = inference.write_inference(trainer, directory, mode)
-    # The save is on disk: its tombstones and changed rows are now the chain's. Only now
-    # may the servers restart their "changed since the last save" marker; a crash before
-    # this line repeats the rows in the next delta (harmless upserts) instead of losing
-    # them. No push lands between the servers' export and this reset: every worker is
-    # held in _on_worker_zero's all-reduce (the consistent cut of quiesce).
-    trainer._tombstones.clear()
+    # The save is on disk: its changed rows are now the chain's (its tombstones are
+    # cleared by the caller). Only now may the servers restart their "changed since the
+    # last save" marker; a crash before this line repeats the rows in the next delta
+    # (harmless upserts) instead of losing them. No push lands between the servers'
+    # export and this reset: every worker is held in _on_worker_zero's all-reduce (the
+    # consistent cut of quiesce).
     for name in trainer.tables:
         trainer._client.commit_inference(name)
     return folder

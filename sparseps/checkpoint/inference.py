@@ -28,11 +28,11 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..server import shards
 from . import manifest as mf
 from . import staging
+from .checkpoint import write_tombstones
 
-__all__ = ["HEAD_FILE", "chain", "write_inference"]
+__all__ = ["HEAD_FILE", "chain", "saves", "write_inference"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,9 @@ HEAD_FILE = "head.pt"
 _FOLDER = re.compile(r"^(base|delta)-(\d{5})$")
 
 
-def _saves(directory: Path) -> list[tuple[int, str, Path]]:
+def saves(directory: Path) -> list[tuple[int, str, Path]]:
+    """Inference save folders ``(sequence, kind, path)`` in ``directory``, complete or not,
+    oldest first."""
     found = []
     if directory.is_dir():
         for child in directory.iterdir():
@@ -57,16 +59,16 @@ def chain(directory: str | Path) -> list[Path]:
         CheckpointError: no complete base save in ``directory``.
     """
     directory = Path(directory)
-    saves = _saves(directory)
-    complete = {path for _, _, path in saves if (path / mf.MANIFEST).is_file()}
-    bases = [i for i, (_, kind, path) in enumerate(saves) if kind == "base" and path in complete]
+    found = saves(directory)
+    complete = {path for _, _, path in found if (path / mf.MANIFEST).is_file()}
+    bases = [i for i, (_, kind, path) in enumerate(found) if kind == "base" and path in complete]
     if not bases:
         raise CheckpointError(
             f"{directory}: no complete base inference model (base-NNNNN with a {mf.MANIFEST})"
         )
     start = bases[-1]
-    result = [saves[start][2]]
-    for _, kind, path in saves[start + 1 :]:
+    result = [found[start][2]]
+    for _, kind, path in found[start + 1 :]:
         if kind != "delta" or path not in complete:
             log.warning(
                 "%s: stopping at %s (incomplete or unexpected); later saves are ignored",
@@ -108,12 +110,12 @@ def write_inference(trainer, directory: Path, mode: str) -> Path:
     """
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    saves = _saves(directory)
-    if mode == "delta" and not any(kind == "base" for _, kind, _ in saves):
+    found = saves(directory)
+    if mode == "delta" and not any(kind == "base" for _, kind, _ in found):
         raise CheckpointError(
             f"{directory}: a delta needs a base inference model first (save mode='base')"
         )
-    sequence = (saves[-1][0] + 1) if saves else 0
+    sequence = (found[-1][0] + 1) if found else 0
     target = directory / f"{mode}-{sequence:05d}"
     for other in ("base", "delta"):  # an interrupted save may have had the other kind
         staging.remove_stale(directory / f"{other}-{sequence:05d}")
@@ -134,13 +136,7 @@ def _write_save(trainer, folder: Path, mode: str, sequence: int) -> None:
             after_table_saved(name)
         tombstones = trainer.tombstones(name) if mode == "delta" else np.empty(0, np.uint64)
         if tombstones.size:
-            record = shards.write_shard(
-                folder,
-                f"{name}.tombstones.arrow",
-                {"key": tombstones},
-                {"kind": "tombstones", "table": name},
-            )
-            records = [*records, record]
+            records = [*records, write_tombstones(folder, name, tombstones)]
         for record in records:
             files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
         tables[name] = {

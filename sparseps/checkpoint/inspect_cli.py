@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         # names the hidden folders an interrupted save left beside it, if any
         print(f"sparseps inspect: {staging.missing_report(root)}")
         return 1
-    folders = [root] if (root / mf.MANIFEST).exists() else [p for _, _, p in inference._saves(root)]
+    folders = [root] if (root / mf.MANIFEST).exists() else [p for _, _, p in inference.saves(root)]
     if not folders:
         print(
             f"sparseps inspect: {root}: not a model directory (no {mf.MANIFEST}, no base-/delta- saves)"

@@ -18,7 +18,6 @@ newest ``keep_bases`` bases and everything after the oldest of them.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import time
 from pathlib import Path
@@ -30,9 +29,6 @@ from .layout import PassId
 __all__ = ["ModelDir"]
 
 log = logging.getLogger(__name__)
-
-# the folder names of sparseps.checkpoint.inference: kind and a sequence number
-_INFERENCE = re.compile(r"^(base|delta)-(\d{5})$")
 
 
 class ModelDir:
@@ -95,11 +91,7 @@ class ModelDir:
         future model in the serving chain. Incomplete saves go too.
         """
         removed = []
-        if not self.inference.is_dir():
-            return removed
-        for folder in sorted(self.inference.iterdir()):
-            if not folder.is_dir() or not folder.name.startswith(("base-", "delta-")):
-                continue
+        for _, _, folder in self.inference_saves():
             try:
                 state = mf.read_manifest(folder).get("state", {})
                 stale = int(state.get("passes", 0)) > passes
@@ -114,13 +106,11 @@ class ModelDir:
 
     def inference_saves(self) -> list[tuple[int, str, Path]]:
         """Inference save folders ``(sequence, kind, path)``, complete or not, oldest first."""
-        found = []
-        if self.inference.is_dir():
-            for folder in self.inference.iterdir():
-                match = _INFERENCE.match(folder.name)
-                if match and folder.is_dir():
-                    found.append((int(match.group(2)), match.group(1), folder))
-        return sorted(found)
+        # imported here: that module needs torch, and the `sparseps online` launcher
+        # process uses this class without ever loading a model
+        from ..checkpoint.inference import saves
+
+        return saves(self.inference)
 
     def prune_inference(self, keep_bases: int, *, covered_passes: int) -> list[Path]:
         """Delete inference saves older than the ``keep_bases``-th newest complete base.

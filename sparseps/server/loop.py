@@ -255,7 +255,7 @@ class RequestLoop:
             self._to_pool(pending, long=long)
 
     def _log_disconnect(self) -> None:
-        event = recv_monitor_message(self._monitor)
+        endpoint = recv_monitor_message(self._monitor).get("endpoint", b"")
         # zmq closes a connection that announces a frame over MAXMSGSIZE (before reading
         # it); a client that exits closes it too. Either way it is worth one line.
         log.info(
@@ -263,7 +263,5 @@ class RequestLoop:
             "over max_message_bytes=%d, which zmq drops with the connection); endpoint %s",
             self.state.rank,
             self.limits.max_message_bytes,
-            event.get("endpoint", b"").decode(errors="replace")
-            if isinstance(event.get("endpoint"), bytes)
-            else event.get("endpoint"),
+            endpoint.decode(errors="replace") if isinstance(endpoint, bytes) else endpoint,
         )
