@@ -10,13 +10,13 @@ import numpy as np
 from numba import njit
 
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
-from .hashmap import mix64
+from .hashmap import draw_seed, seeded_hash
 
 __all__ = ["add_rows", "dedup_merge", "gather", "init_rows", "touch_rows"]
 
 
 @njit(nogil=True, cache=True)
-def _dedup_merge(keys, values, shows, clicks):  # pragma: no cover - compiled
+def _dedup_merge(keys, values, shows, clicks, seed):  # pragma: no cover - compiled
     n = keys.shape[0]
     dim = values.shape[1]
     size = 16
@@ -33,7 +33,7 @@ def _dedup_merge(keys, values, shows, clicks):  # pragma: no cover - compiled
     u = 0
     for i in range(n):
         key = keys[i]
-        s = np.int64(mix64(key) & mask)
+        s = np.int64(seeded_hash(key, seed) & mask)
         while True:
             if not slot_used[s]:
                 slot_used[s] = True
@@ -61,8 +61,10 @@ def dedup_merge(keys, values, shows, clicks):
     """Merge repeated keys: ``(unique keys, summed values, summed shows, summed clicks)``.
 
     Unique keys keep the order of their first occurrence; sums run in occurrence order.
+    The batch-local hash set is seeded afresh per call, so a client cannot craft keys that
+    all collide in it (the result does not depend on the seed).
     """
-    return _dedup_merge(keys, values, shows, clicks)
+    return _dedup_merge(keys, values, shows, clicks, draw_seed())
 
 
 @njit(nogil=True, cache=True)

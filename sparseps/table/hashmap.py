@@ -2,9 +2,18 @@
 
 Every uint64 is a valid key, including 0 and 2**64-1, because slot occupancy lives in a
 separate ``uint8`` state array (empty / full / tombstone) instead of a reserved key
-value. Slots are probed linearly from ``fastrange(splitmix64(key))``; using the mixer's
-high bits with a multiply-shift range reduction lets the capacity be any size, so the
-map can grow by 1.5x instead of doubling (memory matters at tens of millions of keys).
+value. Slots are probed linearly from ``fastrange(splitmix64(key ^ seed))``; using the
+mixer's high bits with a multiply-shift range reduction lets the capacity be any size, so
+the map can grow by 1.5x instead of doubling (memory matters at tens of millions of keys).
+
+The seed is a 64-bit secret drawn from the OS at construction, one per index (kept across
+rehashes). splitmix64 is a bijection anyone can invert: without the seed a client could
+send keys that all share one home slot and make every insert probe the whole cluster
+(quadratic; 120k such keys took ~40x the time of random ones). With it, which keys
+collide differs per index and cannot be predicted from the keys. Slot order (``items``)
+therefore differs between two indexes holding the same keys; nothing persists it (a
+load rebuilds the index). ``mix64`` itself stays unseeded: initial values and admission
+draws must be a pure function of (table seed, key).
 
 The map also allocates the ids: a new key gets the most recently freed id (LIFO free
 stack) or the next never-used one, so ids stay dense in ``[0, high_water)`` and the row
@@ -16,12 +25,14 @@ Memory: 13 bytes per slot (8 key + 4 id + 1 state); the load factor stays in
 
 from __future__ import annotations
 
+import secrets
+
 import numpy as np
 from numba import njit
 
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch
 
-__all__ = ["KeyIndex", "mix64"]
+__all__ = ["KeyIndex", "draw_seed", "mix64", "seeded_hash"]
 
 EMPTY, FULL, TOMBSTONE = 0, 1, 2
 MAX_LOAD = 0.75  # of used slots (live + tombstones) before a rehash
@@ -38,29 +49,45 @@ def mix64(x):  # pragma: no cover - compiled
     return x ^ (x >> np.uint64(31))
 
 
+def draw_seed() -> np.uint64:
+    """A fresh 64-bit secret for :func:`seeded_hash` (from the OS's CSPRNG)."""
+    return np.uint64(secrets.randbits(64))
+
+
 @njit(nogil=True, cache=True, inline="always")
-def _home(key, capacity):  # pragma: no cover - compiled
+def seeded_hash(key, seed):  # pragma: no cover - compiled
+    """The hash of in-memory hash tables: splitmix64 of ``key ^ seed`` (seed secret).
+
+    Only for structures whose layout nobody relies on (indexes, dedup sets); anything that
+    must be reproducible (initial values, admission, routing) uses unseeded mixers.
+    """
+    return mix64(key ^ seed)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _home(key, capacity, seed):  # pragma: no cover - compiled
     # fastrange: (high 32 bits of the hash) * capacity >> 32, any capacity < 2**32
-    return np.int64(((mix64(key) >> np.uint64(32)) * np.uint64(capacity)) >> np.uint64(32))
+    h = seeded_hash(key, seed)
+    return np.int64(((h >> np.uint64(32)) * np.uint64(capacity)) >> np.uint64(32))
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _prefetch_home(skeys, svals, sstate, keys, k):  # pragma: no cover - compiled
+def _prefetch_home(skeys, svals, sstate, keys, k, seed):  # pragma: no cover - compiled
     """Start loading the home slot of ``keys[k]`` (a key a few iterations ahead)."""
     if k < keys.shape[0]:
-        i = _home(keys[k], skeys.shape[0])
+        i = _home(keys[k], skeys.shape[0], seed)
         prefetch(sstate, i, 0)
         prefetch(skeys, i, 0)
         prefetch(svals, i, 0)
 
 
 @njit(nogil=True, cache=True)
-def _find(skeys, svals, sstate, keys, out):  # pragma: no cover - compiled
+def _find(skeys, svals, sstate, keys, out, seed):  # pragma: no cover - compiled
     capacity = skeys.shape[0]
     for k in range(keys.shape[0]):
-        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD)
+        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD, seed)
         key = keys[k]
-        i = _home(key, capacity)
+        i = _home(key, capacity, seed)
         result = -1
         while True:
             state = sstate[i]
@@ -77,16 +104,16 @@ def _find(skeys, svals, sstate, keys, out):  # pragma: no cover - compiled
 
 @njit(nogil=True, cache=True)
 def _find_or_insert(
-    skeys, svals, sstate, keys, start, out, is_new, free, nfree, next_id, used, limit, size
+    skeys, svals, sstate, keys, start, out, is_new, free, nfree, next_id, used, limit, size, seed
 ):  # pragma: no cover - compiled
     capacity = skeys.shape[0]
     for k in range(start, keys.shape[0]):
         if used >= limit:
             # the caller rehashes and resumes at k
             return k, nfree, next_id, used, size
-        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD)
+        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD, seed)
         key = keys[k]
-        i = _home(key, capacity)
+        i = _home(key, capacity, seed)
         grave = -1
         found = False
         while True:
@@ -126,11 +153,11 @@ def _find_or_insert(
 
 
 @njit(nogil=True, cache=True)
-def _erase(skeys, svals, sstate, keys, out, free, nfree, used, size):  # pragma: no cover
+def _erase(skeys, svals, sstate, keys, out, free, nfree, used, size, seed):  # pragma: no cover
     capacity = skeys.shape[0]
     for k in range(keys.shape[0]):
         key = keys[k]
-        i = _home(key, capacity)
+        i = _home(key, capacity, seed)
         out[k] = -1
         while True:
             state = sstate[i]
@@ -162,13 +189,13 @@ def _erase(skeys, svals, sstate, keys, out, free, nfree, used, size):  # pragma:
 
 
 @njit(nogil=True, cache=True)
-def _rehash(okeys, ovals, ostate, nkeys, nvals, nstate):  # pragma: no cover - compiled
+def _rehash(okeys, ovals, ostate, nkeys, nvals, nstate, seed):  # pragma: no cover - compiled
     capacity = nkeys.shape[0]
     for s in range(okeys.shape[0]):
         if ostate[s] != FULL:
             continue
         key = okeys[s]
-        i = _home(key, capacity)
+        i = _home(key, capacity, seed)
         while nstate[i] != EMPTY:
             i += 1
             if i == capacity:
@@ -195,12 +222,21 @@ class KeyIndex:
     Not thread-safe for writers: the owning table serialises mutations (the server
     holds a write lock); concurrent ``find`` calls are safe and release the GIL.
 
+    Growth is all-or-nothing: a ``MemoryError`` while rehashing leaves the index as it
+    was. :meth:`reserve` grows ahead of a batch so that the insert itself cannot fail.
+
     Args:
         capacity: initial number of slots (grows automatically).
+        seed: the hash secret; None (the default) draws one from the OS.
+        allocator: the memory hook (:class:`~sparseps.table.growth.Allocator`).
     """
 
-    def __init__(self, capacity: int = 64) -> None:
-        self._alloc_slots(max(MIN_CAPACITY, int(capacity)))
+    def __init__(self, capacity: int = 64, *, seed: int | None = None, allocator=None) -> None:
+        from .growth import DEFAULT_ALLOCATOR
+
+        self._allocator = DEFAULT_ALLOCATOR if allocator is None else allocator
+        self._seed = draw_seed() if seed is None else np.uint64(seed)
+        self._install(*self._alloc_slots(max(MIN_CAPACITY, int(capacity))))
         self._size = 0  # live keys
         self._used = 0  # live keys + tombstones
         self._next_id = 0  # ids in [0, next_id) are live or on the free stack
@@ -212,6 +248,11 @@ class KeyIndex:
         return self._size
 
     @property
+    def seed(self) -> int:
+        """The hash secret of this index (differs between indexes)."""
+        return int(self._seed)
+
+    @property
     def capacity(self) -> int:
         """Number of hash slots."""
         return self._keys.shape[0]
@@ -220,6 +261,11 @@ class KeyIndex:
     def high_water(self) -> int:
         """One past the largest id ever handed out: storage must hold this many rows."""
         return self._next_id
+
+    @property
+    def free_ids(self) -> int:
+        """Erased ids waiting for reuse (new keys take these before raising high_water)."""
+        return self._nfree
 
     @property
     def nbytes(self) -> int:
@@ -233,7 +279,7 @@ class KeyIndex:
     def find(self, keys: np.ndarray) -> np.ndarray:
         """int64 ids of ``keys`` (uint64 [n]); -1 where a key is absent."""
         out = np.empty(keys.shape[0], np.int64)
-        _find(self._keys, self._vals, self._state, keys, out)
+        _find(self._keys, self._vals, self._state, keys, out, self._seed)
         return out
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
@@ -258,23 +304,40 @@ class KeyIndex:
             start, self._nfree, self._next_id, self._used, self._size = _find_or_insert(
                 self._keys, self._vals, self._state, keys, start, out, is_new,
                 self._free, self._nfree, self._next_id, self._used, self._limit, self._size,
+                self._seed,
             )  # fmt: skip
         return out, is_new
+
+    def reserve(self, incoming: int, *, erasing: int = 0) -> None:
+        """Grow now so that inserting ``incoming`` new keys and erasing ``erasing`` keys
+        allocate nothing (so cannot fail half-way). ``MemoryError`` leaves the index as is.
+        """
+        if self._next_id + incoming - self._nfree > MAX_IDS:
+            self._refuse(incoming)
+        if self._used + incoming > self._limit:
+            self._grow(incoming)
+        self._reserve_free(erasing)
+
+    def bytes_to_reserve(self, incoming: int) -> int:
+        """Bytes :meth:`reserve` would allocate for ``incoming`` new keys (0 if none)."""
+        if self._used + incoming <= self._limit:
+            return 0
+        return 13 * self._planned_capacity(incoming)
 
     def erase(self, keys: np.ndarray) -> np.ndarray:
         """Remove ``keys``; returns the freed ids (int64 [n], -1 where absent)."""
         n = keys.shape[0]
-        if self._free.shape[0] < self._nfree + n:
-            grown = np.empty(max(self._nfree + n, 2 * self._free.shape[0]), np.int64)
-            grown[: self._nfree] = self._free[: self._nfree]
-            self._free = grown
+        self._reserve_free(n)
         out = np.empty(n, np.int64)
         self._nfree, self._used, self._size = _erase(
             self._keys, self._vals, self._state, keys, out, self._free, self._nfree,
-            self._used, self._size,
+            self._used, self._size, self._seed,
         )  # fmt: skip
         if self.capacity > 1024 and self._size < self.capacity // 8:
-            self._grow(0)  # most keys are gone: give the slot memory back
+            try:
+                self._grow(0)  # most keys are gone: give the slot memory back
+            except MemoryError:  # the erase is done; shrinking is only an optimisation
+                pass
         return out
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
@@ -285,25 +348,41 @@ class KeyIndex:
         return keys, ids
 
     def clear(self) -> None:
-        self.__init__(MIN_CAPACITY)
+        self.__init__(MIN_CAPACITY, allocator=self._allocator)
 
     # -- growth -----------------------------------------------------------------------
-    def _alloc_slots(self, capacity: int) -> None:
-        self._keys = np.empty(capacity, np.uint64)
-        self._vals = np.empty(capacity, np.int32)
-        self._state = np.zeros(capacity, np.uint8)
-        # at least one slot always stays empty so every probe loop terminates
-        self._limit = min(int(capacity * MAX_LOAD), capacity - 1)
+    def _alloc_slots(self, capacity: int):
+        """New slot arrays (all allocated before any is installed: a failure changes nothing)."""
+        empty = self._allocator.empty
+        keys = empty(capacity, np.uint64)
+        vals = empty(capacity, np.int32)
+        state = empty(capacity, np.uint8)
+        state[:] = EMPTY
+        return keys, vals, state
 
-    def _grow(self, incoming: int) -> None:
-        """Rehash into a table sized for ``size + incoming`` live keys at TARGET_LOAD."""
+    def _install(self, keys, vals, state) -> None:
+        self._keys, self._vals, self._state = keys, vals, state
+        # at least one slot always stays empty so every probe loop terminates
+        self._limit = min(int(keys.shape[0] * MAX_LOAD), keys.shape[0] - 1)
+
+    def _reserve_free(self, n: int) -> None:
+        if self._free.shape[0] < self._nfree + n:
+            grown = self._allocator.empty(max(self._nfree + n, 2 * self._free.shape[0]), np.int64)
+            grown[: self._nfree] = self._free[: self._nfree]
+            self._free = grown
+
+    def _planned_capacity(self, incoming: int) -> int:
         old = self.capacity
         wanted = max(MIN_CAPACITY, int((self._size + max(incoming, 1)) / TARGET_LOAD) + 1)
         if wanted > old:
             wanted = max(wanted, old + old // 2)  # amortised O(1) per insert
-        okeys, ovals, ostate = self._keys, self._vals, self._state
-        self._alloc_slots(min(wanted, 2**32 - 1))
-        _rehash(okeys, ovals, ostate, self._keys, self._vals, self._state)
+        return min(wanted, 2**32 - 1)
+
+    def _grow(self, incoming: int) -> None:
+        """Rehash into a table sized for ``size + incoming`` live keys at TARGET_LOAD."""
+        slots = self._alloc_slots(self._planned_capacity(incoming))
+        _rehash(self._keys, self._vals, self._state, *slots, self._seed)
+        self._install(*slots)
         self._used = self._size
 
     def _refuse(self, n: int) -> None:
