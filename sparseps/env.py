@@ -16,6 +16,11 @@ The launcher sets these variables for every process it starts:
 0 for the first start, ``k`` after the launcher's ``k``-th restart (``--max-restarts``), so
 that a script knows when to resume from its last checkpoint.
 
+``SPARSEPS_SECURE`` (optional, ``1``/``0``, default 0) turns on authenticated, encrypted
+transport (docs/security.md); ``SPARSEPS_KEY_DIR`` is then the folder holding the job's key
+pair (written by ``sparseps keys DIR``). Only the folder's path travels in the
+environment, never a key. Both are honoured in local mode too, for clients of a secure job.
+
 With none of them set a script runs in *local mode* (one background server, one
 worker). With some but not all set, :func:`from_environ` raises a :class:`ConfigError`
 naming the missing or malformed variable: a half-configured cluster never silently
@@ -32,7 +37,9 @@ from enum import StrEnum
 from .errors import ConfigError
 
 __all__ = [
+    "KEY_DIR",
     "RESTART_COUNT",
+    "SECURE",
     "VARIABLES",
     "Role",
     "RoleEnv",
@@ -40,6 +47,7 @@ __all__ = [
     "float_setting",
     "from_environ",
     "parse_endpoint",
+    "security_setting",
 ]
 
 ROLE = "SPARSEPS_ROLE"
@@ -52,6 +60,9 @@ JOB_ID = "SPARSEPS_JOB_ID"
 VARIABLES = (ROLE, RANK, SERVERS, WORKER_NUM, MASTER, LOG_DIR, JOB_ID)
 # Set by the launcher too, but optional (absent = 0): not part of the all-or-nothing rule.
 RESTART_COUNT = "SPARSEPS_RESTART_COUNT"
+# Authenticated transport (optional; absent = off): a switch and the key folder's path.
+SECURE = "SPARSEPS_SECURE"
+KEY_DIR = "SPARSEPS_KEY_DIR"
 
 # Optional tuning knobs (not part of the role contract; absent means default).
 RPC_TIMEOUT = "SPARSEPS_RPC_TIMEOUT"
@@ -86,7 +97,8 @@ class RoleEnv:
     """The role of this process in a job. Tests build it directly.
 
     ``local`` is True when no SPARSEPS_* variable was set (local mode);
-    ``restart_count`` is the worker group's restart generation (``SPARSEPS_RESTART_COUNT``).
+    ``restart_count`` is the worker group's restart generation (``SPARSEPS_RESTART_COUNT``);
+    ``key_dir`` is the job's key folder when transport security is on, else empty.
     """
 
     role: Role
@@ -98,6 +110,12 @@ class RoleEnv:
     job_id: str
     local: bool = False
     restart_count: int = 0
+    key_dir: str = ""
+
+    @property
+    def secure(self) -> bool:
+        """Whether the job's sockets use CURVE with the keys in :attr:`key_dir`."""
+        return bool(self.key_dir)
 
     def __post_init__(self) -> None:
         if self.restart_count < 0:
@@ -129,6 +147,7 @@ class RoleEnv:
             LOG_DIR: self.log_dir,
             JOB_ID: self.job_id,
             RESTART_COUNT: str(self.restart_count),
+            **({SECURE: "1", KEY_DIR: self.key_dir} if self.key_dir else {}),
         }
 
 
@@ -172,7 +191,30 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RoleEnv | None:
         log_dir=environ[LOG_DIR],
         job_id=environ[JOB_ID],
         restart_count=_int(environ, RESTART_COUNT) if environ.get(RESTART_COUNT) else 0,
+        key_dir=security_setting(environ) or "",
     )
+
+
+def security_setting(environ: Mapping[str, str] | None = None) -> str | None:
+    """The key folder when ``SPARSEPS_SECURE`` is on, else None.
+
+    Raises:
+        ConfigError: ``SPARSEPS_SECURE`` is not a boolean, or it is on and
+            ``SPARSEPS_KEY_DIR`` is not set.
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(SECURE, "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return None
+    if text not in ("1", "true", "yes", "on"):
+        raise ConfigError(f"{SECURE}: expected 1 or 0, got {environ[SECURE]!r}")
+    key_dir = environ.get(KEY_DIR, "").strip()
+    if not key_dir:
+        raise ConfigError(
+            f"{KEY_DIR} is not set, but {SECURE} is on: point it at the job's key folder "
+            "(made by `sparseps keys DIR`)"
+        )
+    return key_dir
 
 
 def float_setting(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
@@ -197,6 +239,7 @@ def child_environ(overrides: Mapping[str, str]) -> dict[str, str]:
     of a role (e.g. a launcher started from inside a worker); the launcher passes the
     child's full role in ``overrides`` (``RoleEnv.to_environ()``).
     """
-    child = {k: v for k, v in os.environ.items() if k not in VARIABLES and k != RESTART_COUNT}
+    dropped = {*VARIABLES, RESTART_COUNT, SECURE, KEY_DIR}
+    child = {k: v for k, v in os.environ.items() if k not in dropped}
     child.update(overrides)
     return child

@@ -25,6 +25,7 @@ from zmq.utils.monitor import recv_monitor_message
 from ..errors import ProtocolError, RemoteError, TimeoutError_, UnavailableError
 from . import transport
 from .protocol import Limits, Reply, decode_reply, encode_request, peek_request_id
+from .security import Security, handshake_failed_events
 
 __all__ = ["Call", "Channel"]
 
@@ -36,7 +37,12 @@ _EVENTS = {
     zmq.EVENT_DISCONNECTED: "connection lost",
     zmq.EVENT_CONNECT_RETRIED: "cannot connect (refused or unresolvable), retrying",
     zmq.EVENT_CLOSED: "closed",
+    zmq.EVENT_HANDSHAKE_SUCCEEDED: "connected",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "handshake failed",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "authentication failed",
 }
+_HANDSHAKE_FAILED = handshake_failed_events()
 
 
 @dataclass(eq=False)
@@ -61,6 +67,9 @@ class Channel:
         timeout_setting: how the user changes ``timeout`` (named in timeout errors).
         max_in_flight: requests that may be outstanding at once (all servers together).
         limits: message size limits.
+        security: CURVE keys of the job (None: plain transport). A server that refuses
+            the handshake (wrong key, or one side without a key) fails that server's
+            pending and new calls at once with an :class:`UnavailableError`.
     """
 
     def __init__(
@@ -71,6 +80,7 @@ class Channel:
         timeout_setting: str,
         max_in_flight: int,
         limits: Limits,
+        security: Security | None = None,
     ) -> None:
         self.endpoints = tuple(endpoints)
         self.timeout = timeout
@@ -92,10 +102,14 @@ class Channel:
         self._outbox.setsockopt(zmq.LINGER, 0)
         self._outbox.connect(inbox)
         self._outbox_lock = threading.Lock()
+        self.security = security
+        # rank -> why its server refused our handshake (None: not refused); set and
+        # cleared by the I/O thread from monitor events, read by it in _forward.
+        self._refused: list[str | None] = [None] * len(self.endpoints)
         self._dealers = []
         self._monitors = []
         for endpoint in self.endpoints:
-            sock = transport.new_dealer(self._context, limits.max_message_bytes)
+            sock = transport.new_dealer(self._context, limits.max_message_bytes, security=security)
             self._monitors.append(sock.get_monitor_socket(events=sum(_EVENTS)))
             sock.connect(transport.connect_address(endpoint))
             self._dealers.append(sock)
@@ -217,17 +231,69 @@ class Channel:
                     elif sock in rank_of:
                         self._deliver(rank_of[sock], sock.recv_multipart(copy=False))
                     else:
-                        event = recv_monitor_message(sock)
-                        self._state[monitor_of[sock]] = _EVENTS.get(
-                            event["event"], self._state[monitor_of[sock]]
-                        )
+                        self._on_event(monitor_of[sock], recv_monitor_message(sock))
         except zmq.ContextTerminated:  # pragma: no cover - close() joins first
             pass
         except Exception:  # pragma: no cover - a bug here must not hang callers silently
             log.exception("sparseps client I/O thread failed; pending requests will time out")
 
+    def _on_event(self, rank: int, event: dict) -> None:
+        kind = event["event"]
+        self._state[rank] = _EVENTS.get(kind, self._state[rank])
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if self._refused[rank] is not None:
+                log.info("server %d at %s accepted the handshake", rank, self.endpoints[rank])
+            self._refused[rank] = None
+        elif kind & _HANDSHAKE_FAILED:
+            first = self._refused[rank] is None
+            self._refused[rank] = self._refusal(rank, kind, event["value"])
+            if first:  # zmq retries every reconnect interval: say it once
+                log.error("%s", self._refused[rank])
+            with self._lock:
+                failed = [c for c in self._pending.values() if c.rank == rank]
+                for call in failed:
+                    del self._pending[call.id]
+            for call in failed:
+                self._fail_refused(call)
+
+    def _refusal(self, rank: int, kind: int, value: int) -> str:
+        """Why server ``rank`` refused us, and what to do about it."""
+        where = f"server {rank} at {self.endpoints[rank]}"
+        if self.security is None:
+            # A plain client meets a CURVE server: mechanism mismatch (PROTOCOL event).
+            return (
+                f"authentication failed: {where} requires the job's key (a --secure job) and "
+                f"this client has none; set SPARSEPS_SECURE=1 and SPARSEPS_KEY_DIR to the job's "
+                f"key folder, or pass PSClient(security=...) (zmq handshake event {kind:#x}, {value})"
+            )
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            detail = "the server refused this client's key"
+        else:  # the server could not decrypt our hello: another key, or a plain server
+            detail = "the server has another key, or runs without --secure"
+        return (
+            f"authentication failed: {where}: this client's key is not the job's key ({detail}); "
+            f"check SPARSEPS key dir {self.security.key_dir or '(in-memory keys)'} "
+            f"(SPARSEPS_KEY_DIR) holds the same keys as the job's servers "
+            f"(zmq handshake event {kind:#x}, {value})"
+        )
+
+    def _fail_refused(self, call: Call) -> None:
+        self._slots.release()
+        call.failure = UnavailableError(
+            f"{call.op}: {self._refused[call.rank]}",
+            op=call.op, role="server", rank=call.rank, address=self.endpoints[call.rank],
+        )  # fmt: skip
+        call.event.set()
+
     def _forward(self, frames: list) -> None:
         rank = int.from_bytes(frames[0].bytes, "little")
+        if self._refused[rank] is not None:
+            # Fail at once rather than queue behind a handshake that keeps failing.
+            with self._lock:
+                call = self._pending.pop(peek_request_id(frames[1:2]), None)
+            if call is not None:
+                self._fail_refused(call)
+            return
         try:
             transport.send_frames(self._dealers[rank], frames[1:], flags=zmq.NOBLOCK)
         except zmq.Again:

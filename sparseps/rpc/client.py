@@ -44,6 +44,7 @@ from .batching import group_by_server, merge_by_group
 from .channel import Channel
 from .checks import check_counts, check_keys, check_merged, check_rows, check_vector
 from .handle import Handle, completed
+from .security import Security, security_from_env
 from .protocol import Limits
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "DEFAULT_TIMEOUT", "Handle", "PSClient"]
@@ -61,6 +62,10 @@ class PSClient:
         max_in_flight: requests outstanding at once over all servers (default 64); a
             caller that would exceed it waits for replies (up to ``timeout``).
         limits: message size limits (default :class:`~sparseps.rpc.protocol.Limits`).
+        security: the job's CURVE keys (:class:`~sparseps.rpc.security.Security`); default:
+            from ``SPARSEPS_SECURE``/``SPARSEPS_KEY_DIR``, plain transport when unset. A
+            server that refuses this client's key fails its calls at once with an
+            :class:`~sparseps.errors.UnavailableError` saying so.
 
     Raises:
         ConfigError: empty or malformed endpoints, non-positive timeout or max_in_flight.
@@ -73,6 +78,7 @@ class PSClient:
         timeout: float | None = None,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         limits: Limits | None = None,
+        security: Security | None = None,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
@@ -102,6 +108,7 @@ class PSClient:
             timeout_setting=setting,
             max_in_flight=max_in_flight,
             limits=limits or Limits(),
+            security=security if security is not None else security_from_env(),
         )
 
     @property

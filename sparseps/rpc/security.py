@@ -42,6 +42,7 @@ from pathlib import Path
 import zmq
 from zmq.utils import z85
 
+from .. import env
 from ..errors import ConfigError
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     "Security",
     "ZapAuthenticator",
     "handshake_failed_events",
+    "security_from_env",
+    "security_from_key_dir",
     "write_job_keys",
 ]
 
@@ -328,3 +331,18 @@ def handshake_failed_events() -> int:
         | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
         | zmq.EVENT_HANDSHAKE_FAILED_AUTH
     )
+
+
+def security_from_key_dir(key_dir: str | os.PathLike | None) -> Security | None:
+    """A :class:`Security` for the keys in ``key_dir``; None (plain transport) if empty."""
+    return Security(JobKeys.load(key_dir)) if key_dir else None
+
+
+def security_from_env(environ=None) -> Security | None:
+    """The transport security ``SPARSEPS_SECURE``/``SPARSEPS_KEY_DIR`` ask for, or None.
+
+    Raises:
+        ConfigError: the switch is malformed, the folder is not set, or its keys do not
+            load (see :meth:`JobKeys.load`).
+    """
+    return security_from_key_dir(env.security_setting(environ))

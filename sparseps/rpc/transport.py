@@ -14,6 +14,7 @@ import numpy as np
 import zmq
 
 from ..env import parse_endpoint
+from .security import Security
 
 __all__ = [
     "bind_address",
@@ -69,13 +70,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def new_router(context: zmq.Context, max_message_bytes: int) -> zmq.Socket:
+def new_router(
+    context: zmq.Context, max_message_bytes: int, *, security: Security | None = None
+) -> zmq.Socket:
     """The server's front socket.
 
     ``MAXMSGSIZE`` makes zmq drop a peer that announces a frame larger than the limit
     before any memory is allocated for it, so a hostile size cannot balloon the server.
+    With ``security`` the socket is a CURVE server: start ``security.authenticator`` on
+    ``context`` first; zmq then accepts no message from a peer before its key is admitted.
     """
     sock = context.socket(zmq.ROUTER)
+    if security is not None:
+        security.server_socket(sock)
     sock.setsockopt(zmq.LINGER, LINGER_MS)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.SNDHWM, HWM)
@@ -85,9 +92,16 @@ def new_router(context: zmq.Context, max_message_bytes: int) -> zmq.Socket:
     return sock
 
 
-def new_dealer(context: zmq.Context, max_message_bytes: int) -> zmq.Socket:
-    """A client's socket to one server (requests out, replies in, matched by id)."""
+def new_dealer(
+    context: zmq.Context, max_message_bytes: int, *, security: Security | None = None
+) -> zmq.Socket:
+    """A client's socket to one server (requests out, replies in, matched by id).
+
+    With ``security`` the socket is a CURVE client holding the job's key pair.
+    """
     sock = context.socket(zmq.DEALER)
+    if security is not None:
+        security.client_socket(sock)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.SNDHWM, HWM)

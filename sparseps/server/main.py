@@ -24,6 +24,7 @@ from ..env import Role, RoleEnv, parse_endpoint
 from ..errors import ConfigError, UnavailableError
 from ..rpc import transport
 from ..rpc.protocol import Limits
+from ..rpc.security import Security, security_from_key_dir
 from .handlers import ServerState
 from .loop import RequestLoop, handler_loop
 
@@ -55,6 +56,7 @@ def serve(
     threads: int = DEFAULT_THREADS,
     limits: Limits | None = None,
     ready: threading.Event | None = None,
+    security: Security | None = None,
 ) -> None:
     """Serve shard ``rank`` of ``len(endpoints)`` of every table until stopped.
 
@@ -69,6 +71,8 @@ def serve(
         threads: pool threads for long ops (default: the core count, at most 4).
         limits: message size limits (default :class:`Limits`).
         ready: set once the socket is bound (for in-process servers).
+        security: the job's CURVE keys: only peers holding them get past the handshake,
+            and nothing an unauthenticated peer sends is buffered (None: plain transport).
 
     Raises:
         ConfigError: bad rank, endpoints or threads.
@@ -79,7 +83,9 @@ def serve(
     endpoint = endpoints[rank]
     state = ServerState(rank, len(endpoints), endpoint)
     context = transport.new_context()
-    front = transport.new_router(context, limits.max_message_bytes)
+    # libzmq asks the ZAP handler about every peer; it must run before the socket binds.
+    auth = security.authenticator(context) if security is not None else None
+    front = transport.new_router(context, limits.max_message_bytes, security=security)
     back = context.socket(zmq.ROUTER)
     back.setsockopt(zmq.LINGER, 0)
     address = transport.bind_address(endpoint, bind_host)
@@ -88,6 +94,8 @@ def serve(
     except zmq.ZMQError as exc:
         front.close()
         back.close()
+        if auth is not None:
+            auth.close()
         context.term()
         raise UnavailableError(
             f"server {rank}: cannot bind {address} ({exc}); is another process using port "
@@ -116,6 +124,8 @@ def serve(
     )
     host, port = parse_endpoint(endpoint)
     log.info("running server with rank id: %d, endpoint: %s:%d", rank, host, port)
+    if security is not None:
+        log.info("server %d: CURVE transport, job keys from %s", rank, security.key_dir or "memory")
     if ready is not None:
         ready.set()
     loop = RequestLoop(front, back, state, limits, threads)
@@ -130,6 +140,8 @@ def serve(
             signal.signal(sig, handler)
         front.close()
         back.close()
+        if auth is not None:
+            auth.close()
         busy = [w.name for w in workers if w.is_alive()]
         if busy:
             # context.term() would wait for their sockets forever; the daemon threads end
@@ -181,4 +193,6 @@ def run_from_env(role_env: RoleEnv, **options) -> None:
         )
         raise ConfigError(f"run_from_env: SPARSEPS_ROLE must be 'server', got {found}")
     _ensure_logging()
+    if "security" not in options:
+        options["security"] = security_from_key_dir(role_env.key_dir)
     serve(role_env.rank, list(role_env.servers), **options)
