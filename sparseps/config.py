@@ -44,7 +44,8 @@ __all__ = [
 ]
 
 MAX_DIM = 65536
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+# fullmatch, never match: "$" also matches before a trailing newline ("emb\n")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 
 
 # -- validators shared by config objects and optimizer rules -------------------------------
@@ -330,7 +331,7 @@ class TableConfig:
         from .optim import Rule
 
         owner = "TableConfig"
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise ConfigError(
                 f"{owner}.name: got {self.name!r}, expected 1-128 characters from [A-Za-z0-9_.-]"
             )

@@ -29,6 +29,7 @@ falls back to local mode.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ KEY_DIR = "SPARSEPS_KEY_DIR"
 
 # Optional tuning knobs (not part of the role contract; absent means default).
 RPC_TIMEOUT = "SPARSEPS_RPC_TIMEOUT"
+FILE_TIMEOUT = "SPARSEPS_FILE_TIMEOUT"  # save/load ops, apart from the data plane's timeout
 BARRIER_WARN = "SPARSEPS_BARRIER_WARN_S"
 BARRIER_TIMEOUT = "SPARSEPS_BARRIER_TIMEOUT_S"
 RENDEZVOUS_TIMEOUT = "SPARSEPS_RENDEZVOUS_TIMEOUT_S"
@@ -227,9 +229,15 @@ def float_setting(name: str, default: float, environ: Mapping[str, str] | None =
         value = float(text)
     except ValueError:
         raise ConfigError(f"{name}: expected a number of seconds, got {text!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name}: must be > 0, got {value}")
+    if not math.isfinite(value) or value <= 0:  # "inf" would disable a deadline silently
+        raise ConfigError(f"{name}: must be a finite number > 0, got {text!r}")
     return value
+
+
+def job_id_setting(environ: Mapping[str, str] | None = None) -> str | None:
+    """This process's job id (``SPARSEPS_JOB_ID``), or None when it is not part of a job."""
+    environ = os.environ if environ is None else environ
+    return environ.get(JOB_ID) or None
 
 
 def child_environ(overrides: Mapping[str, str]) -> dict[str, str]:

@@ -110,7 +110,7 @@ def check_replaceable(target: Path) -> None:
             fmt = None
         if fmt == "sparseps-checkpoint":
             return
-    other = sorted(p.name for p in target.iterdir() if not _CHECKPOINT_FILE.match(p.name))
+    other = sorted(p.name for p in target.iterdir() if not _CHECKPOINT_FILE.fullmatch(p.name))
     if other:
         raise CheckpointError(
             f"{target}: holds files that are not part of a checkpoint ({other[:3]}); a save "

@@ -46,7 +46,7 @@ def saves(directory: Path) -> list[tuple[int, str, Path]]:
     found = []
     if directory.is_dir():
         for child in directory.iterdir():
-            match = _FOLDER.match(child.name)
+            match = _FOLDER.fullmatch(child.name)
             if match and child.is_dir():
                 found.append((int(match.group(2)), match.group(1), child))
     return sorted(found)

@@ -72,13 +72,13 @@ def _children(spec, script: str, script_args: list[str]) -> list:
     return children
 
 
-def _server_stopper(endpoints: tuple[str, ...], ranks: list[int], timeout_s: float):
+def _server_stopper(endpoints: tuple[str, ...], ranks: list[int], timeout_s: float, job_id: str):
     """Ask this node's servers (``ranks`` of the job's ``endpoints``) to stop."""
 
     def stop() -> None:
         from ..rpc.client import PSClient
 
-        with PSClient(list(endpoints), timeout=timeout_s) as client:
+        with PSClient(list(endpoints), timeout=timeout_s, job_id=job_id) as client:
             client.stop_servers(ranks=ranks)
 
     return stop
@@ -191,7 +191,7 @@ def _supervise(args: argparse.Namespace, spec, script: Path):
         children=_children(spec, str(script), list(args.script_args)),
         config=config,
         coordinator=coordinator,
-        stop_servers=_server_stopper(spec.servers, local_servers, config.server_stop_s)
+        stop_servers=_server_stopper(spec.servers, local_servers, config.server_stop_s, spec.job_id)
         if local_servers
         else None,
         pids_path=Path(spec.log_dir) / "pids.json",

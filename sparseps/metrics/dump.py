@@ -39,7 +39,7 @@ ROWS_PER_GROUP = 1 << 16
 
 
 def _check_name(name: object, what: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(f"{what} {name!r}: use letters, digits, '_', '.', ':' or '-'")
     return name
 

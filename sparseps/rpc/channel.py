@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import ProtocolError, RemoteError, TimeoutError_, UnavailableError
 from . import transport
+from .ops import UPDATE_OPS
 from .protocol import Limits, Reply, decode_reply, encode_request, peek_request_id
 from .security import Security, handshake_failed_events
 
@@ -56,6 +58,10 @@ class Call:
     event: threading.Event = field(default_factory=threading.Event)
     reply: Reply | None = None
     failure: BaseException | None = None
+    # An update keeps what it sent, to send it again (same seq) after a timeout.
+    seq: int | None = None
+    resend: tuple | None = None
+    retries_left: int = 0
 
 
 class Channel:
@@ -70,6 +76,10 @@ class Channel:
         security: CURVE keys of the job (None: plain transport). A server that refuses
             the handshake (wrong key, or one side without a key) fails that server's
             pending and new calls at once with an :class:`UnavailableError`.
+        job_id: sent with every request; servers of another job refuse it.
+        update_retries: times an update op (:data:`~sparseps.rpc.ops.UPDATE_OPS`) is sent
+            again, with the same sequence number, when its server did not answer in time.
+            The server applies each sequence number once, so a retry never doubles a push.
     """
 
     def __init__(
@@ -81,8 +91,15 @@ class Channel:
         max_in_flight: int,
         limits: Limits,
         security: Security | None = None,
+        job_id: str | None = None,
+        update_retries: int = 0,
     ) -> None:
         self.endpoints = tuple(endpoints)
+        self.job_id = job_id
+        self.update_retries = update_retries
+        # Random per client: (client_id, seq) names one update across the servers' windows.
+        self.client_id = secrets.randbits(63)
+        self._seqs = itertools.count(1)
         self.timeout = timeout
         self.timeout_setting = timeout_setting
         self.limits = limits
@@ -143,21 +160,55 @@ class Channel:
                 setting="PSClient(max_in_flight=...)",
             )  # fmt: skip
         call = Call(id=next(self._ids), rank=rank, op=op, table=table)
+        if op in UPDATE_OPS:
+            call.seq = next(self._seqs)
+            call.retries_left = self.update_retries
+            if call.retries_left:
+                call.resend = (tuple(bufs), args)
+        self._send(call, bufs, args)
+        return call
+
+    def _send(self, call: Call, bufs: Sequence[np.ndarray], args: dict | None) -> None:
         try:
-            frames = encode_request(op, call.id, table, bufs, args)
+            frames = encode_request(
+                call.op, call.id, call.table, bufs, args, job=self.job_id,
+                client=None if call.seq is None else self.client_id, seq=call.seq,
+            )  # fmt: skip
         except BaseException:
             self._slots.release()
             raise
         with self._lock:
             self._pending[call.id] = call
         with self._outbox_lock:
-            transport.send_frames(self._outbox, [rank.to_bytes(4, "little"), *frames])
-        return call
+            transport.send_frames(self._outbox, [call.rank.to_bytes(4, "little"), *frames])
+
+    def _retry(self, call: Call) -> bool:
+        """Send a timed-out update again under a new request id (same seq); False when no
+        retry is left or the slot for it cannot be had."""
+        if not call.retries_left or call.resend is None or self._closing.is_set():
+            return False
+        if not self._slots.acquire(timeout=self.timeout):
+            return False
+        call.retries_left -= 1
+        old_id, call.id = call.id, next(self._ids)
+        log.warning(
+            "%s %r: server %d at %s did not answer request %d in time; sending it again as "
+            "request %d (seq %d, applied once by the server)",
+            call.op, call.table, call.rank, self.endpoints[call.rank], old_id, call.id, call.seq,
+        )  # fmt: skip
+        bufs, args = call.resend
+        self._send(call, bufs, args)
+        return True
 
     def wait(self, call: Call, deadline: float, timeout: float) -> Reply:
         """The reply of ``call`` by ``deadline`` (monotonic), raising the right error."""
-        if not call.event.wait(max(0.0, deadline - time.monotonic())):
+        while not call.event.wait(max(0.0, deadline - time.monotonic())):
             self._forget(call)
+            if call.event.is_set():
+                break
+            if self._retry(call):
+                deadline = time.monotonic() + timeout
+                continue
             if not call.event.is_set():
                 address = self.endpoints[call.rank]
                 raise TimeoutError_(

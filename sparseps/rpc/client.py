@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 
@@ -45,12 +46,23 @@ from .channel import Channel
 from .checks import check_counts, check_keys, check_merged, check_rows, check_vector
 from .handle import Handle, completed
 from .security import Security, security_from_env
-from .protocol import Limits
+from .protocol import JOB_ID, Limits
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "DEFAULT_TIMEOUT", "Handle", "PSClient"]
 
 DEFAULT_TIMEOUT = 60.0
+DEFAULT_FILE_TIMEOUT = 1800.0
 DEFAULT_MAX_IN_FLIGHT = 64
+
+
+def _check_seconds(name: str, value) -> None:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not value > 0
+    ):
+        raise ConfigError(f"PSClient: {name} must be a finite number of seconds > 0, got {value!r}")
 
 
 class PSClient:
@@ -66,9 +78,19 @@ class PSClient:
             from ``SPARSEPS_SECURE``/``SPARSEPS_KEY_DIR``, plain transport when unset. A
             server that refuses this client's key fails its calls at once with an
             :class:`~sparseps.errors.UnavailableError` saying so.
+        job_id: the job these servers belong to (default ``SPARSEPS_JOB_ID``, set by the
+            launcher for every process of a job); sent with every request, and a server
+            of another job refuses it (servers started without a job id accept any).
+        file_timeout: seconds a save or load may take (default 1800, or
+            ``SPARSEPS_FILE_TIMEOUT``): file ops are slow by nature and must not share the
+            data plane's timeout, which should stay short to detect a dead server fast.
+        update_retries: times a push whose server did not answer within ``timeout`` is
+            sent again (default 0). Each push carries this client's sequence number and
+            a server applies it once, so a retry never doubles an update.
 
     Raises:
-        ConfigError: empty or malformed endpoints, non-positive timeout or max_in_flight.
+        ConfigError: empty or malformed endpoints, a timeout that is not a finite number
+            > 0, max_in_flight < 1, update_retries < 0 or a malformed job id.
     """
 
     def __init__(
@@ -79,6 +101,9 @@ class PSClient:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         limits: Limits | None = None,
         security: Security | None = None,
+        job_id: str | None = None,
+        file_timeout: float | None = None,
+        update_retries: int = 0,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
@@ -92,8 +117,24 @@ class PSClient:
             setting = f"PSClient(timeout=...) or {env.RPC_TIMEOUT}"
         else:
             setting = "PSClient(timeout=...)"
-        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
-            raise ConfigError(f"PSClient: timeout must be a number of seconds > 0, got {timeout!r}")
+        _check_seconds("timeout", timeout)
+        if job_id is None:
+            job_id = env.job_id_setting()
+        if file_timeout is None:
+            file_timeout = env.float_setting(env.FILE_TIMEOUT, DEFAULT_FILE_TIMEOUT)
+        _check_seconds("file_timeout", file_timeout)
+        if job_id is not None and not (isinstance(job_id, str) and JOB_ID.fullmatch(job_id)):
+            raise ConfigError(
+                f"PSClient: job_id must be 1-128 characters from [A-Za-z0-9_.:-], got {job_id!r}"
+            )
+        if (
+            not isinstance(update_retries, int)
+            or isinstance(update_retries, bool)
+            or update_retries < 0
+        ):
+            raise ConfigError(
+                f"PSClient: update_retries must be an int >= 0, got {update_retries!r}"
+            )
         if (
             not isinstance(max_in_flight, int)
             or isinstance(max_in_flight, bool)
@@ -102,6 +143,8 @@ class PSClient:
             raise ConfigError(f"PSClient: max_in_flight must be an int >= 1, got {max_in_flight!r}")
         self.endpoints = tuple(endpoints)
         self.timeout = float(timeout)
+        self.file_timeout = float(file_timeout)
+        self.job_id = job_id
         self._channel = Channel(
             self.endpoints,
             timeout=self.timeout,
@@ -109,6 +152,8 @@ class PSClient:
             max_in_flight=max_in_flight,
             limits=limits or Limits(),
             security=security if security is not None else security_from_env(),
+            job_id=job_id,
+            update_retries=update_retries,
         )
 
     @property
@@ -237,7 +282,9 @@ class PSClient:
         folder = os.path.abspath(os.fspath(directory))
         return [
             record
-            for part in self._all("save", table, {"directory": folder}, timeout)
+            for part in self._all(
+                "save", table, {"directory": folder}, timeout or self.file_timeout
+            )
             for record in part
         ]
 
@@ -262,7 +309,7 @@ class PSClient:
                 )
             else:
                 specs.append(os.path.abspath(os.fspath(spec)))
-        parts = self._all("load", table, {"files": specs}, timeout)
+        parts = self._all("load", table, {"files": specs}, timeout or self.file_timeout)
         return {key: sum(part[key] for part in parts) for key in ("rows", "pending", "files")}
 
     # -- dense tables ------------------------------------------------------------------
@@ -309,18 +356,22 @@ class PSClient:
         ``directory``; returns the file name (``dense.npz``)."""
         folder = os.path.abspath(os.fspath(directory))
         rank = self._dense_rank(name)
-        return self._all("save_dense", name, {"directory": folder}, ranks=[rank])[0]["name"]
+        return self._all(
+            "save_dense", name, {"directory": folder}, self.file_timeout, ranks=[rank]
+        )[0]["name"]
 
     def load_dense(self, name: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
         """The owning server restores the dense table from a :meth:`save_dense` file."""
         args = {"path": os.path.abspath(os.fspath(path)), "sha256": sha256}
-        self._all("load_dense", name, args, ranks=[self._dense_rank(name)])
+        self._all("load_dense", name, args, self.file_timeout, ranks=[self._dense_rank(name)])
 
     def save_inference(self, table: str, directory: str | os.PathLike, mode: str) -> list[dict]:
         """Every server writes its embeddings for serving (``mode`` base or delta, see
         :mod:`sparseps.checkpoint.inference`); returns one file record per server."""
         folder = os.path.abspath(os.fspath(directory))
-        return self._all("save_inference", table, {"directory": folder, "mode": mode})
+        return self._all(
+            "save_inference", table, {"directory": folder, "mode": mode}, self.file_timeout
+        )
 
     # -- cluster -----------------------------------------------------------------------
 
@@ -351,14 +402,15 @@ class PSClient:
 
         Returns:
             ``{"servers": [per-server dict: rank, address, pid, tables {name: TableStats
-            fields}, dense, requests, bad_messages, failed], "total": {"tables": {name:
-            {"rows", "pending", "bytes_used"}}, "requests", "bad_messages", "failed"}}``.
+            fields}, dense, requests, bad_messages, failed, duplicates], "total": {"tables":
+            {name: {"rows", "pending", "bytes_used"}}, "requests", "bad_messages", "failed",
+            "duplicates"}}`` (``duplicates``: updates sent again and applied only once).
         """
         servers = self._all("stats")
-        total: dict = {"tables": {}, "requests": 0, "bad_messages": 0, "failed": 0}
+        total: dict = {"tables": {}, "requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
         for server in servers:
-            for key in ("requests", "bad_messages", "failed"):
-                total[key] += server[key]
+            for key in ("requests", "bad_messages", "failed", "duplicates"):
+                total[key] += server.get(key, 0)
             for name, table in server["tables"].items():
                 agg = total["tables"].setdefault(name, {"rows": 0, "pending": 0, "bytes_used": 0})
                 for key in agg:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["OPS", "BufSpec", "OpSchema"]
+__all__ = ["OPS", "UPDATE_OPS", "BufSpec", "OpSchema"]
 
 
 @dataclass(frozen=True)
@@ -88,3 +88,7 @@ OPS: dict[str, OpSchema] = {
     ),
     "commit_inference": OpSchema(table=True),
 }
+
+# Ops that change a table by adding to it: sent with (client, seq) and applied once per
+# seq, so that a request sent again after a timeout cannot be applied twice.
+UPDATE_OPS = frozenset({"push", "push_delta", "push_dense", "push_dense_delta"})

@@ -3,8 +3,15 @@
 A request is a zmq multipart message::
 
     frame 0   msgpack map {"v": PROTOCOL_VERSION, "op": str, "id": int, "table": str | None,
-                           "bufs": [[dtype, shape], ...], "args": {str: small value}}
+                           "bufs": [[dtype, shape], ...], "args": {str: small value},
+                           "job": str (optional), "client": int, "seq": int (optional)}
     frame 1.. one raw little-endian buffer per entry of "bufs", in order
+
+``job`` is the job id of the sender: a server that belongs to a job refuses requests of
+any other job (a leftover client of an earlier job on a reused port). ``client`` (a
+random 63-bit id per client) and ``seq`` (that client's counter) make an update
+idempotent: a server applies each ``(client, seq)`` of an update op once, so a request
+sent again after a timeout cannot be applied twice.
 
 A reply has the same shape: ``{"v", "id", "ok": bool, "error": {"type", "message",
 "traceback"} (only when not ok), "result": small value, "bufs": [...]}`` plus buffers.
@@ -22,6 +29,7 @@ wrong; the server turns it into an error reply and keeps serving.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
@@ -59,6 +67,12 @@ DTYPES: dict[str, np.dtype] = {
 }
 _NAME_OF = {dt: name for name, dt in DTYPES.items()}
 _MAX_NDIM = 4
+# Table names on the wire: what TableConfig accepts plus the reserved dense names
+# (``__dense__``). Checked with fullmatch: no control characters, no trailing newline.
+TABLE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
+# Job ids are printed in errors and logs: a short printable token.
+JOB_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+_HEADER_KEYS = frozenset({"v", "op", "id", "table", "bufs", "args", "job", "client", "seq"})
 # Bytes kept free for the msgpack header when one bulk buffer must fit in a message with
 # it. Headers of data messages are a few hundred bytes (a table name is at most 256 chars).
 HEADER_ROOM = 4096
@@ -115,6 +129,9 @@ class Request:
     bufs: dict[str, np.ndarray]
     args: dict
     limits: Limits = field(default=Limits(), compare=False)
+    job: str | None = None
+    client: int | None = None
+    seq: int | None = None
 
 
 @dataclass(frozen=True)
@@ -155,8 +172,16 @@ def encode_request(
     table: str | None = None,
     bufs: Sequence[np.ndarray] = (),
     args: Mapping | None = None,
+    *,
+    job: str | None = None,
+    client: int | None = None,
+    seq: int | None = None,
 ) -> list:
     """Frames of one request; numpy buffers are passed through for zero-copy sends.
+
+    Args:
+        job: the sender's job id (omitted when None).
+        client, seq: the sender's id and its counter for this update (both or neither).
 
     Raises:
         ProtocolError: a buffer has a dtype outside the allowlist or is not contiguous.
@@ -169,6 +194,11 @@ def encode_request(
         "bufs": _buffer_header(bufs),
         "args": dict(args or {}),
     }
+    if job is not None:
+        header["job"] = job
+    if client is not None:
+        header["client"] = client
+        header["seq"] = seq
     return [msgpack.packb(header), *bufs]
 
 
@@ -337,15 +367,19 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
         )
     table = header.get("table")
     if schema.table:
-        if not (isinstance(table, str) and 0 < len(table) <= 256):
+        if not (isinstance(table, str) and TABLE_NAME.fullmatch(table)):
             raise ProtocolError(
-                f"op {op!r}: 'table' must be a non-empty string of at most 256 chars"
+                f"op {op!r}: 'table' must be 1-256 characters from [A-Za-z0-9_.-], "
+                f"got {table!r:.60}"
             )
     elif table is not None:
         raise ProtocolError(f"op {op!r} takes no table, got {table!r:.40}")
-    unknown = set(header) - {"v", "op", "id", "table", "bufs", "args"}
+    unknown = set(header) - _HEADER_KEYS
     if unknown:
-        raise ProtocolError(f"op {op!r}: unknown header keys {sorted(map(str, unknown))}")
+        raise ProtocolError(
+            f"op {op!r}: unknown header keys {sorted(map(str, unknown))[:8]!r:.200}"
+        )
+    job, client, seq = _identity(op, header)
     where = f"op {op!r}"
     arrays = _decode_buffers(header.get("bufs", []), frames[1:], limits, where)
     specs = schema.bufs + schema.optional
@@ -367,7 +401,28 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
     if len(set(rows.values())) > 1:
         raise ProtocolError(f"{where}: buffers must have the same number of rows, got {rows}")
     args = _check_args(op, schema, header.get("args", {}))
-    return Request(op=op, id=request_id, table=table, bufs=bufs, args=args, limits=limits)
+    return Request(
+        op=op, id=request_id, table=table, bufs=bufs, args=args, limits=limits,
+        job=job, client=client, seq=seq,
+    )  # fmt: skip
+
+
+def _identity(op: str, header: dict) -> tuple[str | None, int | None, int | None]:
+    """The optional ``job``, ``client`` and ``seq`` header fields, validated."""
+    job = header.get("job")
+    if job is not None and not (isinstance(job, str) and JOB_ID.fullmatch(job)):
+        raise ProtocolError(
+            f"op {op!r}: 'job' must be 1-128 characters from [A-Za-z0-9_.:-], got {job!r:.60}"
+        )
+    client, seq = header.get("client"), header.get("seq")
+    if (client is None) != (seq is None):
+        raise ProtocolError(f"op {op!r}: 'client' and 'seq' come together or not at all")
+    for name, value in (("client", client), ("seq", seq)):
+        if value is not None and not (_is_int(value) and 0 <= value < (1 << 63)):
+            raise ProtocolError(
+                f"op {op!r}: {name!r} must be a non-negative 64-bit int, got {value!r:.40}"
+            )
+    return job, client, seq
 
 
 def decode_reply(frames: Sequence, limits: Limits = Limits()) -> Reply:

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         default=Limits().max_message_bytes,
         help="largest accepted message; bigger frames are dropped by the transport (default 1 GiB)",
     )
+    parser.add_argument(
+        "--job-id", default=None, help="refuse requests of any other job (default: accept any)"
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -52,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     try:
         limits = Limits(max_message_bytes=args.max_message_bytes)
-        serve(args.rank, endpoints, bind_host=args.bind_host, threads=args.threads, limits=limits)
+        serve(
+            args.rank, endpoints, bind_host=args.bind_host, threads=args.threads,
+            limits=limits, job_id=args.job_id,
+        )  # fmt: skip
     except SparsePSError as exc:
         print(f"sparseps server {args.rank}: error: {exc}", file=sys.stderr)
         return 1

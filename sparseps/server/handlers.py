@@ -19,6 +19,7 @@ other; a client that needs an order waits for the first handle before sending th
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -27,10 +28,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, ProtocolError
 from ..rpc.batching import misrouted
+from ..rpc.ops import UPDATE_OPS
 from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
+from .applied import AppliedUpdates
 from .file_ops import FileOps
+from .log_budget import LogBudget
 
 __all__ = ["RWLock", "ServerState", "config_differences"]
 
@@ -103,17 +107,24 @@ class ServerState(FileOps):
         rank: this server's rank.
         num_servers: servers in the job (the key routing depends on it).
         endpoint: ``host:port`` as the workers know it (for stats and errors).
+        job_id: the job this server belongs to; requests of another job, or without a
+            job id, are refused. None (servers started by hand or by tests) accepts any.
     """
 
-    def __init__(self, rank: int, num_servers: int, endpoint: str) -> None:
+    def __init__(
+        self, rank: int, num_servers: int, endpoint: str, job_id: str | None = None
+    ) -> None:
         self.rank = rank
         self.num_servers = num_servers
         self.endpoint = endpoint
+        self.job_id = job_id
+        self._applied = AppliedUpdates()
+        self.log_budget = LogBudget(logging.getLogger("sparseps.server.loop"))
         self.stop_requested = threading.Event()
         self._sparse: dict[str, _Entry] = {}
         self._dense: dict[str, _Entry] = {}
         self._registry = threading.Lock()
-        self._counters = {"requests": 0, "bad_messages": 0, "failed": 0}
+        self._counters = {"requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
         self._counter_lock = threading.Lock()
         self._ops: dict[str, Callable[[Request], tuple[object, list]]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
@@ -125,10 +136,39 @@ class ServerState(FileOps):
         with self._counter_lock:
             self._counters[what] += 1
 
+    def check_job(self, request: Request) -> None:
+        """Refuse a request of another job (a leftover process on a reused port).
+
+        Raises:
+            ProtocolError: the request's job id is not this server's.
+        """
+        if self.job_id is None or request.job == self.job_id:
+            return
+        sender = "carries no job id" if request.job is None else f"comes from job {request.job!r}"
+        raise ProtocolError(
+            f"{request.op} {request.table!r} {sender}, but server {self.rank} at {self.endpoint} "
+            f"belongs to job {self.job_id!r}; a process of another job (or a tool started "
+            "without PSClient(job_id=...)) reached this port: stop it, or pass this job's id"
+        )
+
     def handle(self, request: Request) -> tuple[object, list[np.ndarray]]:
-        """Run one request; returns ``(result, buffers)`` for the reply. Raises on failure."""
+        """Run one request; returns ``(result, buffers)`` for the reply. Raises on failure.
+
+        An update that carries ``(client, seq)`` is applied once: a repeat (a retry after
+        a timeout) is answered ``{"duplicate": True}`` without touching the table.
+        """
         self.count("requests")
-        return self._ops[request.op](request)
+        self.check_job(request)
+        if request.seq is None or request.op not in UPDATE_OPS:
+            return self._ops[request.op](request)
+        if not self._applied.begin(request.client, request.seq):
+            self.count("duplicates")
+            return {"duplicate": True}, []
+        try:
+            return self._ops[request.op](request)
+        except BaseException:
+            self._applied.failed(request.client, request.seq)
+            raise
 
     def _sparse_entry(self, request: Request) -> _Entry:
         entry = self._sparse.get(request.table)

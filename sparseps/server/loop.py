@@ -16,7 +16,8 @@ more server processes, as with the seed system's pservers.
 Long or blocking ops (save, load, shrink, decay, table creation, ...) run on the pool so
 the loop keeps answering. While any of them runs, data-plane ops go to the pool as well:
 they may wait on a table lock the long op holds, and must not stall the loop (``ping``
-and ``stop`` are always answered inline, so liveness checks never queue behind a save).
+and ``stop`` are always answered inline, and the front socket keeps being read while
+requests wait for a pool thread, so liveness checks never queue behind a save).
 
 A bad message or a failing handler produces an error reply and one log line; nothing a
 peer sends stops the loop except the ``stop`` op.
@@ -25,10 +26,10 @@ peer sends stops the loop except the ``stop`` op.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
-import traceback
 
 import msgpack
 import zmq
@@ -63,41 +64,64 @@ READY = b"\x00READY"
 POLL_MS = 100
 # Requests taken from the front socket per wake-up before looking at pool replies again.
 _BURST = 32
+# Pool-bound requests held while every pool thread is busy (see RequestLoop.waiting).
+MAX_WAITING = 4096
+MAX_WAITING_BYTES = 256 << 20
 # After a stop op, time given to in-flight requests to finish and their replies to leave.
 DRAIN_S = 2.0
 
 
-def _error_reply(request_id, exc: BaseException, *, with_traceback: bool) -> list:
-    text = "".join(traceback.format_exception(exc)) if with_traceback else ""
-    return encode_reply(
-        request_id, error={"type": type(exc).__name__, "message": str(exc), "traceback": text}
-    )
+_incidents = itertools.count(1)
+
+
+def _error_reply(request_id, exc: BaseException, note: str = "") -> list:
+    """An error reply: the exception's type and message, never a traceback (it would show
+    a peer our file paths and code; the server's log has it)."""
+    error = {"type": type(exc).__name__, "message": f"{exc}{note}", "traceback": ""}
+    return encode_reply(request_id, error=error)
 
 
 def process(state: ServerState, frames: list, limits: Limits, peer: str) -> list:
-    """One request in, reply frames out. Never raises."""
+    """One request in, reply frames out. Never raises.
+
+    Log lines go through the state's :class:`LogBudget`, so a peer sending bad requests
+    in a loop costs a few lines a minute, not one per message.
+    """
     try:
         request = decode_request(frames, limits)
     except ProtocolError as exc:
         state.count("bad_messages")
-        log.warning(
-            "server %d: bad message from %s dropped with an error reply: %s", state.rank, peer, exc
-        )
-        return _error_reply(peek_request_id(frames), exc, with_traceback=False)
+        state.log_budget.log(
+            logging.WARNING, "bad_message",
+            "server %d: bad message from %s dropped with an error reply: %s", state.rank, peer, exc,
+        )  # fmt: skip
+        return _error_reply(peek_request_id(frames), exc)
     try:
         result, bufs = state.handle(request)
         return encode_reply(request.id, result=result, bufs=bufs)
+    except ProtocolError as exc:  # refused at the boundary (e.g. another job's request)
+        state.count("bad_messages")
+        state.log_budget.log(
+            logging.WARNING, "refused", "server %d: refused a request from %s: %s",
+            state.rank, peer, exc,
+        )  # fmt: skip
+        return _error_reply(request.id, exc)
     except Exception as exc:  # a handler failure is reported to the caller, never fatal here
         state.count("failed")
-        log.warning(
-            "server %d: %s %r failed: %s: %s",
-            state.rank,
-            request.op,
-            request.table,
-            type(exc).__name__,
-            exc,
-        )
-        return _error_reply(request.id, exc, with_traceback=not isinstance(exc, SparsePSError))
+        if isinstance(exc, SparsePSError):
+            state.log_budget.log(
+                logging.WARNING, f"failed:{request.op}", "server %d: %s %r failed: %s: %s",
+                state.rank, request.op, request.table, type(exc).__name__, exc,
+            )  # fmt: skip
+            return _error_reply(request.id, exc)
+        # A bug: the traceback stays in this log, the peer gets an incident number to quote.
+        incident = next(_incidents)
+        state.log_budget.log(
+            logging.ERROR, f"bug:{request.op}", "server %d: %s %r failed (incident %d)",
+            state.rank, request.op, request.table, incident, exc_info=exc,
+        )  # fmt: skip
+        note = f" (server {state.rank} incident {incident}: the traceback is in its log)"
+        return _error_reply(request.id, exc, note)
 
 
 def peek_op(frames: list, limits: Limits) -> str | None:
@@ -114,6 +138,10 @@ def peek_op(frames: list, limits: Limits) -> str | None:
         return None
     op = header.get("op") if isinstance(header, dict) else None
     return op if isinstance(op, str) else None
+
+
+def _nbytes(frames: list) -> int:
+    return sum(len(frame) for frame in frames)
 
 
 def _send_reply(sock: zmq.Socket, frames: list, rank: int, where: str) -> None:
@@ -178,9 +206,13 @@ class RequestLoop:
         self.limits = limits
         self.threads = threads
         self.idle: collections.deque[bytes] = collections.deque()
-        # Pool-bound requests that found no idle thread; while any wait, the front is not
-        # read, so zmq's queues (bounded by HWM) hold the rest.
+        # Pool-bound requests that found no idle thread. The front keeps being read while
+        # they wait (so ping and stop are answered behind a long save), up to
+        # MAX_WAITING requests or MAX_WAITING_BYTES; past that it is not read, and zmq's
+        # queues (bounded by HWM) hold the rest.
         self.waiting: collections.deque[tuple[list, bool]] = collections.deque()
+        self.waiting_bytes = 0
+        self.max_waiting_bytes = max(MAX_WAITING_BYTES, limits.max_message_bytes)
         self.long_running = 0
         self._long_by_thread: dict[bytes, bool] = {}
         self._monitor = front.get_monitor_socket(events=zmq.EVENT_DISCONNECTED)
@@ -203,7 +235,7 @@ class RequestLoop:
                 all_idle = len(self.idle) >= self.threads and not self.waiting
                 if all_idle or time.monotonic() > drain_until:
                     return
-            accepting = drain_until is None and not self.waiting
+            accepting = drain_until is None and not self._waiting_full()
             if accepting != accepting_before:
                 poller.register(self.front, zmq.POLLIN if accepting else 0)
                 accepting_before = accepting
@@ -222,8 +254,11 @@ class RequestLoop:
             except zmq.Again:
                 return
             self._route(frames)
-            if self.waiting or self.state.stop_requested.is_set():
+            if self._waiting_full() or self.state.stop_requested.is_set():
                 return
+
+    def _waiting_full(self) -> bool:
+        return len(self.waiting) >= MAX_WAITING or self.waiting_bytes >= self.max_waiting_bytes
 
     def _route(self, frames: list) -> None:
         client, body = frames[0], frames[1:]
@@ -237,6 +272,7 @@ class RequestLoop:
     def _to_pool(self, frames: list, *, long: bool) -> None:
         if not self.idle:
             self.waiting.append((frames, long))
+            self.waiting_bytes += _nbytes(frames)
             return
         thread = self.idle.popleft()
         self._long_by_thread[thread] = long
@@ -252,6 +288,7 @@ class RequestLoop:
         self.idle.append(thread)
         while self.waiting and self.idle:
             pending, long = self.waiting.popleft()
+            self.waiting_bytes -= _nbytes(pending)
             self._to_pool(pending, long=long)
 
     def _log_disconnect(self) -> None:

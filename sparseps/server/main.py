@@ -57,6 +57,7 @@ def serve(
     limits: Limits | None = None,
     ready: threading.Event | None = None,
     security: Security | None = None,
+    job_id: str | None = None,
 ) -> None:
     """Serve shard ``rank`` of ``len(endpoints)`` of every table until stopped.
 
@@ -73,6 +74,8 @@ def serve(
         ready: set once the socket is bound (for in-process servers).
         security: the job's CURVE keys: only peers holding them get past the handshake,
             and nothing an unauthenticated peer sends is buffered (None: plain transport).
+        job_id: the job this server belongs to: requests of any other job are refused
+            (None accepts any; the launcher always sets it).
 
     Raises:
         ConfigError: bad rank, endpoints or threads.
@@ -81,7 +84,7 @@ def serve(
     _check_args(rank, endpoints, threads)
     limits = limits or Limits()
     endpoint = endpoints[rank]
-    state = ServerState(rank, len(endpoints), endpoint)
+    state = ServerState(rank, len(endpoints), endpoint, job_id)
     context = transport.new_context()
     # libzmq asks the ZAP handler about every peer; it must run before the socket binds.
     auth = security.authenticator(context) if security is not None else None
@@ -195,4 +198,4 @@ def run_from_env(role_env: RoleEnv, **options) -> None:
     _ensure_logging()
     if "security" not in options:
         options["security"] = security_from_key_dir(role_env.key_dir)
-    serve(role_env.rank, list(role_env.servers), **options)
+    serve(role_env.rank, list(role_env.servers), job_id=role_env.job_id, **options)

@@ -52,15 +52,18 @@ class LocalCluster:
         processes: list[subprocess.Popen],
         log_dir: Path,
         timeout: float,
+        job_id: str | None = None,
     ) -> None:
         self.endpoints = tuple(endpoints)
         self.processes = processes
         self.log_dir = log_dir
         self.timeout = timeout
+        self.job_id = job_id
         self._clients: list[PSClient] = []
 
     def client(self, *, timeout: float | None = None, **options) -> PSClient:
         """A new client to all servers (closed with the cluster unless closed before)."""
+        options.setdefault("job_id", self.job_id)
         client = PSClient(self.endpoints, timeout=timeout or self.timeout, **options)
         self._clients.append(client)
         return client
@@ -87,7 +90,7 @@ class LocalCluster:
         if alive:
             ranks = [rank for rank, p in enumerate(self.processes) if p.poll() is None]
             try:
-                with PSClient(self.endpoints, timeout=2.0) as client:
+                with PSClient(self.endpoints, timeout=2.0, job_id=self.job_id) as client:
                     client.stop_servers(ranks=ranks)
             except SparsePSError as exc:  # best effort: signals follow
                 log.debug("stop op failed: %s", exc)
@@ -136,7 +139,7 @@ def _spawn(
 def _wait_ready(cluster: LocalCluster, timeout: float) -> None:
     """Every server answers ping before ``timeout``, or an error says which did not and why."""
     deadline = time.monotonic() + timeout
-    with PSClient(cluster.endpoints, timeout=timeout) as client:
+    with PSClient(cluster.endpoints, timeout=timeout, job_id=cluster.job_id) as client:
         for rank in range(len(cluster.endpoints)):
             while True:
                 process = cluster.processes[rank]
@@ -168,6 +171,7 @@ def local_cluster(
     threads: int | None = None,
     max_message_bytes: int | None = None,
     environ: dict | None = None,
+    job_id: str | None = None,
 ) -> Iterator[LocalCluster]:
     """Start ``servers`` server processes on free loopback ports.
 
@@ -177,6 +181,8 @@ def local_cluster(
         threads: handler threads per server (default: the server's default).
         max_message_bytes: the servers' message size limit (default: the protocol's).
         environ: extra environment variables for the server processes.
+        job_id: the servers belong to this job and refuse other jobs' requests (the
+            cluster's own clients send it); default: accept any.
 
     Yields:
         a :class:`LocalCluster`.
@@ -190,13 +196,15 @@ def local_cluster(
     options = [] if threads is None else ["--threads", str(threads)]
     if max_message_bytes is not None:
         options += ["--max-message-bytes", str(max_message_bytes)]
+    if job_id is not None:
+        options += ["--job-id", job_id]
     with tempfile.TemporaryDirectory(prefix="sparseps-cluster-") as folder:
         log_dir = Path(folder)
         cluster = None
         for attempt in range(_START_ATTEMPTS):
             endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
             cluster = LocalCluster(
-                endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout
+                endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout, job_id
             )
             try:
                 _wait_ready(cluster, timeout)

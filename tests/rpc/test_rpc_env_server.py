@@ -42,7 +42,8 @@ def test_server_from_environment_variables(tmp_path):
         [sys.executable, "-c", code], env=environ, stderr=subprocess.PIPE, text=True
     )
     try:
-        with PSClient([endpoint], timeout=20) as client:
+        # the server belongs to job "test-job": clients of that job only
+        with PSClient([endpoint], timeout=20, job_id="test-job") as client:
             assert client.ping()[0]["pid"] == process.pid
             config = TableConfig(name="emb", dim=4, rule=optim.SGD(lr=1.0), seed=5)
             reference = SparseTable(config)

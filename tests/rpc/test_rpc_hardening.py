@@ -1,0 +1,203 @@
+"""Hardening of the request path: job identity, idempotent retried pushes, no tracebacks
+to peers, rate-limited logs, liveness behind long ops, separate file-op timeouts, names."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+
+import msgpack
+import numpy as np
+import pytest
+
+from sparseps import optim
+from sparseps.config import TableConfig
+from sparseps.env import float_setting
+from sparseps.errors import ConfigError, ProtocolError, TimeoutError_
+from sparseps.rpc.client import PSClient
+from sparseps.rpc.protocol import Limits, decode_request, encode_request
+from sparseps.server.handlers import ServerState
+from sparseps.server.loop import process
+from sparseps.testing import local_cluster
+from sparseps.testing.faults import RawPeer
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIG = TableConfig(name="emb", dim=4, rule=optim.SGD(lr=1.0), seed=3)
+KEYS = np.arange(1, 65, dtype=np.uint64)
+
+
+def _ones():
+    return np.ones((len(KEYS), 4), np.float32)
+
+
+def test_a_client_of_another_job_is_refused_and_changes_nothing():
+    with local_cluster(servers=2, job_id="job-new") as cluster:
+        with cluster.client() as mine:
+            mine.create_table(CONFIG)
+            before = mine.pull("emb", KEYS).wait()
+        for other in ("job-old", None):
+            with PSClient(cluster.endpoints, timeout=10, job_id=other) as stale:
+                if other is None:
+                    stale._channel.job_id = None  # a tool that sends no job id at all
+                with pytest.raises(ProtocolError) as info:
+                    stale.push("emb", KEYS, _ones()).wait()
+                text = str(info.value)
+                assert "'job-new'" in text
+                assert ("'job-old'" in text) if other else ("no job id" in text)
+        with cluster.client() as mine:
+            np.testing.assert_array_equal(mine.pull("emb", KEYS).wait(), before)
+            assert mine.stats()["total"]["bad_messages"] >= 2
+
+
+def test_the_job_id_defaults_to_the_launchers_environment(monkeypatch):
+    monkeypatch.setenv("SPARSEPS_JOB_ID", "job-env")
+    with local_cluster(servers=1, job_id="job-env") as cluster:
+        with PSClient(cluster.endpoints, timeout=10) as client:
+            assert client.job_id == "job-env"
+            client.create_table(CONFIG)  # accepted: same job
+
+
+def test_a_push_sent_again_after_a_timeout_is_applied_once():
+    with local_cluster(servers=1) as cluster:
+        with cluster.client(timeout=1.0, update_retries=2) as client:
+            client.create_table(CONFIG)
+            initial = client.pull("emb", KEYS).wait()
+            pid = cluster.pid(0)
+            os.kill(pid, signal.SIGSTOP)  # the server takes the request but cannot answer
+            resume = threading.Timer(1.6, os.kill, (pid, signal.SIGCONT))
+            resume.start()
+            try:
+                client.push("emb", KEYS, _ones()).wait()  # times out once, sent again
+            finally:
+                resume.join()
+                os.kill(pid, signal.SIGCONT)
+            # both copies reached the server; SGD lr=1 applied once: initial - 1
+            np.testing.assert_array_equal(client.pull("emb", KEYS).wait(), initial - 1.0)
+            assert client.stats()["total"]["duplicates"] >= 1
+
+
+def test_the_same_update_frames_twice_are_applied_once_but_a_new_seq_is_applied():
+    with local_cluster(servers=1) as cluster, cluster.client() as client:
+        client.create_table(CONFIG)
+        initial = client.pull("emb", KEYS).wait()
+        grads = _ones()
+
+        def frames(request_id, seq):
+            return [bytes(f) for f in encode_request(
+                "push", request_id, "emb", [KEYS, grads], client=77, seq=seq
+            )]  # fmt: skip
+
+        with RawPeer(cluster.endpoints[0]) as peer:
+            for request_id, seq in ((1, 5), (2, 5), (3, 6)):
+                peer.send(frames(request_id, seq))
+            replies = peer.replies(3, timeout=10)
+        assert [r["ok"] for r in replies] == [True, True, True]
+        assert sorted(bool((r.get("result") or {}).get("duplicate")) for r in replies) == [
+            False,
+            False,
+            True,
+        ]
+        np.testing.assert_array_equal(client.pull("emb", KEYS).wait(), (initial - 1.0) - 1.0)
+
+
+def _state() -> ServerState:
+    return ServerState(0, 1, "127.0.0.1:1")
+
+
+def _ping_frames():
+    return [bytes(f) for f in encode_request("ping", 9)]
+
+
+def test_a_handler_bug_reaches_the_peer_without_a_traceback(caplog):
+    state = _state()
+
+    def broken(request):
+        raise KeyError("secret internal detail")
+
+    state._ops["ping"] = broken  # the op table is the explicit hook for handlers
+    with caplog.at_level(logging.ERROR, logger="sparseps.server.loop"):
+        reply = msgpack.unpackb(process(state, _ping_frames(), Limits(), "peer")[0])
+    error = reply["error"]
+    assert reply["ok"] is False and error["type"] == "KeyError"
+    assert error["traceback"] == ""
+    assert "incident" in error["message"] and "Traceback" not in error["message"]
+    assert "Traceback" in caplog.text  # the server's log keeps it
+
+
+def test_repeated_bad_messages_are_counted_but_rate_limited_in_the_log(caplog):
+    state = _state()
+    with caplog.at_level(logging.WARNING, logger="sparseps.server.loop"):
+        for _ in range(200):
+            process(state, [b"\xc1garbage"], Limits(), "peer")
+    lines = [r for r in caplog.records if "bad message" in r.getMessage()]
+    assert 1 <= len(lines) <= state.log_budget.burst
+    assert state._counters["bad_messages"] == 200
+
+
+def test_table_names_with_a_trailing_newline_or_control_characters_are_refused():
+    with pytest.raises(ConfigError):
+        TableConfig(name="emb\n", dim=4)
+    for name in ("emb\n", "e\x00mb", "emb ", ""):
+        frames = [bytes(f) for f in encode_request("pull", 1, name, [KEYS])]
+        with pytest.raises(ProtocolError):
+            decode_request(frames)
+
+
+def test_timeouts_must_be_finite():
+    for bad in (math.inf, math.nan, -1.0, 0):
+        with pytest.raises(ConfigError):
+            PSClient(["127.0.0.1:9"], timeout=bad)
+        with pytest.raises(ConfigError):
+            PSClient(["127.0.0.1:9"], timeout=5, file_timeout=bad)
+    for text in ("inf", "nan", "-inf", "0"):
+        with pytest.raises(ConfigError):
+            float_setting("SPARSEPS_RPC_TIMEOUT", 1.0, {"SPARSEPS_RPC_TIMEOUT": text})
+
+
+def test_ping_is_answered_while_long_ops_queue_and_saves_have_their_own_timeout(tmp_path):
+    big = TableConfig(name="big", dim=64, rule=optim.Adam(lr=0.01), seed=1)
+    with local_cluster(servers=1, threads=1) as cluster:
+        with cluster.client(timeout=60) as setup:
+            setup.create_table(big)
+            rng = np.random.default_rng(0)
+            for _ in range(6):
+                keys = rng.integers(1, 2**63, 250_000, dtype=np.uint64)
+                setup.push("big", keys, np.ones((len(keys), 64), np.float32)).wait()
+            start = time.monotonic()
+            setup.save("big", tmp_path / "alone")
+            alone = time.monotonic() - start
+        assert alone > 0.5, f"the table saves too fast ({alone:.2f} s) to show queueing"
+        # A data-plane timeout far below the save's duration: saves use file_timeout.
+        with cluster.client(timeout=alone / 4, file_timeout=120) as client:
+            saves = [
+                threading.Thread(target=client.save, args=("big", tmp_path / f"s{i}"))
+                for i in range(3)
+            ]
+            for thread in saves:
+                thread.start()
+            time.sleep(alone / 4)  # one save runs on the only pool thread, two wait
+            start = time.monotonic()
+            client.ping()
+            waited = time.monotonic() - start
+            for thread in saves:
+                thread.join(120)
+        assert waited < alone / 4, f"ping waited {waited:.2f} s behind saves of {alone:.2f} s"
+        for i in range(3):
+            assert any((tmp_path / f"s{i}").iterdir())
+
+
+def test_a_data_plane_timeout_still_names_its_setting():
+    with local_cluster(servers=1) as cluster, cluster.client(timeout=0.5) as client:
+        client.create_table(CONFIG)
+        os.kill(cluster.pid(0), signal.SIGSTOP)
+        try:
+            with pytest.raises(TimeoutError_) as info:
+                client.pull("emb", KEYS).wait()
+        finally:
+            os.kill(cluster.pid(0), signal.SIGCONT)
+        assert info.value.seconds == 0.5
