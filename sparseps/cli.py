@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "predictions from an inference model, without servers",
     ),
     "launch": ("sparseps.launch.cli", "start servers and workers, like fleetrun"),
+    "keys": ("sparseps.rpc.keys_cli", "write a job key pair for --secure transport"),
     "gen-data": ("sparseps.data.gen_cli", "synthetic Criteo-format data from a planted model"),
     "online": ("sparseps.online.cli", "streaming training in passes over time-partitioned data"),
 }
