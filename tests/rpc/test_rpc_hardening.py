@@ -56,29 +56,33 @@ def test_a_client_of_another_job_is_refused_and_changes_nothing():
 
 def test_the_job_id_defaults_to_the_launchers_environment(monkeypatch):
     monkeypatch.setenv("SPARSEPS_JOB_ID", "job-env")
-    with local_cluster(servers=1, job_id="job-env") as cluster:
-        with PSClient(cluster.endpoints, timeout=10) as client:
-            assert client.job_id == "job-env"
-            client.create_table(CONFIG)  # accepted: same job
+    with (
+        local_cluster(servers=1, job_id="job-env") as cluster,
+        PSClient(cluster.endpoints, timeout=10) as client,
+    ):
+        assert client.job_id == "job-env"
+        client.create_table(CONFIG)  # accepted: same job
 
 
 def test_a_push_sent_again_after_a_timeout_is_applied_once():
-    with local_cluster(servers=1) as cluster:
-        with cluster.client(timeout=1.0, update_retries=2) as client:
-            client.create_table(CONFIG)
-            initial = client.pull("emb", KEYS).wait()
-            pid = cluster.pid(0)
-            os.kill(pid, signal.SIGSTOP)  # the server takes the request but cannot answer
-            resume = threading.Timer(1.6, os.kill, (pid, signal.SIGCONT))
-            resume.start()
-            try:
-                client.push("emb", KEYS, _ones()).wait()  # times out once, sent again
-            finally:
-                resume.join()
-                os.kill(pid, signal.SIGCONT)
-            # both copies reached the server; SGD lr=1 applied once: initial - 1
-            np.testing.assert_array_equal(client.pull("emb", KEYS).wait(), initial - 1.0)
-            assert client.stats()["total"]["duplicates"] >= 1
+    with (
+        local_cluster(servers=1) as cluster,
+        cluster.client(timeout=1.0, update_retries=2) as client,
+    ):
+        client.create_table(CONFIG)
+        initial = client.pull("emb", KEYS).wait()
+        pid = cluster.pid(0)
+        os.kill(pid, signal.SIGSTOP)  # the server takes the request but cannot answer
+        resume = threading.Timer(1.6, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        try:
+            client.push("emb", KEYS, _ones()).wait()  # times out once, sent again
+        finally:
+            resume.join()
+            os.kill(pid, signal.SIGCONT)
+        # both copies reached the server; SGD lr=1 applied once: initial - 1
+        np.testing.assert_array_equal(client.pull("emb", KEYS).wait(), initial - 1.0)
+        assert client.stats()["total"]["duplicates"] >= 1
 
 
 def test_the_same_update_frames_twice_are_applied_once_but_a_new_seq_is_applied():
