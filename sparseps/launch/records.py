@@ -6,6 +6,8 @@ launcher's package re-exports them.
 
 from __future__ import annotations
 
+import math
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +15,28 @@ from pathlib import Path
 from ..env import Role
 from ..errors import ConfigError
 
-__all__ = ["ChildSpec", "Failure", "Outcome", "SupervisorConfig"]
+__all__ = ["SERVER_EXIT_NOTE", "ChildSpec", "Failure", "Outcome", "SupervisorConfig", "check_seconds"]
+
+# Why any server exit fails the job, also one with code 0 (a server given SIGTERM exits 0).
+SERVER_EXIT_NOTE = "before every worker finished (a server exit always stops the job)"
+
+
+def check_seconds(name: str, value: float, *, zero_ok: bool = False) -> float:
+    """``value`` as a duration in seconds: a finite number > 0 (>= 0 with ``zero_ok``).
+
+    ``value > 0`` alone accepts ``inf`` (a wait that never ends) and, being False for
+    ``nan`` only by accident of the comparison, is easy to get wrong; both are refused.
+
+    Raises:
+        ConfigError: naming ``name``, the value and the accepted range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{name}: must be a number of seconds, got {value!r}")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero_ok):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ConfigError(f"{name}: must be a finite number of seconds {bound}, got {value!r}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -41,8 +64,7 @@ class SupervisorConfig:
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts: must be >= 0, got {self.max_restarts}")
         for name in ("grace_s", "quiet_warn_s", "server_stop_s", "poll_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
+            check_seconds(name, getattr(self, name))
         if self.tail_lines < 0:
             raise ConfigError(f"tail_lines: must be >= 0, got {self.tail_lines}")
 
@@ -74,16 +96,23 @@ class Failure:
     log_path: str
     tail: tuple[str, ...] = ()
     remote: str = ""  # set when the launcher failed, not a child (e.g. another node's)
+    note: str = ""  # why this exit fails the job when its code alone does not say
+
+    def how(self) -> str:
+        """``exited with code N`` or ``was killed by signal N (SIGNAME)``."""
+        if self.exit_code >= 0:
+            return f"exited with code {self.exit_code}"
+        try:
+            name = f" ({signal.Signals(-self.exit_code).name})"
+        except ValueError:
+            name = ""
+        return f"was killed by signal {-self.exit_code}{name}"
 
     def describe(self) -> str:
         if self.remote:
             return self.remote
-        how = (
-            f"was killed by signal {-self.exit_code}"
-            if self.exit_code < 0
-            else f"exited with code {self.exit_code}"
-        )
-        head = f"{self.role} {self.rank} (pid {self.pid}) {how}; log: {self.log_path}"
+        note = f" {self.note}" if self.note else ""
+        head = f"{self.role} {self.rank} (pid {self.pid}) {self.how()}{note}; log: {self.log_path}"
         if not self.tail:
             return head
         body = "\n".join(f"    {line}" for line in self.tail)

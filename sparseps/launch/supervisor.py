@@ -9,6 +9,11 @@ Rules (DESIGN §1, "launcher"):
 - when a worker exits non-zero and restarts are left, the whole worker *group* is
   restarted (below); when a child exits non-zero otherwise, every other child is stopped
   (SIGTERM, then SIGKILL after ``grace_s``) and the outcome names it;
+- a server that exits before every worker of the job finished, with *any* code (a
+  server that gets SIGTERM exits 0), fails the job at once: its tables are gone, so the
+  workers could only wait out their RPC timeout, and a restarted worker group would
+  train against a dead server. A server exit never restarts the worker group; the
+  servers are checked before a worker's failure is taken as a reason to restart;
 - when all workers of the job exited 0, this node's servers are asked to stop (the
   ``stop_servers`` callback, e.g. a ``stop`` RPC), then SIGTERM/SIGKILL as a fallback;
 - SIGINT/SIGTERM to the launcher stop every child.
@@ -45,7 +50,7 @@ from ..env import MASTER, RESTART_COUNT, Role
 from ..errors import SparsePSError
 from .coordinator import Coordinator, LocalCoordinator
 from .procutil import die_with_parent_hook, stop_groups, tail
-from .records import ChildSpec, Failure, Outcome, SupervisorConfig
+from .records import SERVER_EXIT_NOTE, ChildSpec, Failure, Outcome, SupervisorConfig
 
 __all__ = ["ChildSpec", "Failure", "Outcome", "Supervisor", "SupervisorConfig"]
 
@@ -205,23 +210,24 @@ class Supervisor:
         while True:
             if self._signal is not None:
                 return self._interrupted()
+            if (server := self._exited_server()) is not None:
+                return self._fail(server)
             restart: tuple[_Child | None, str] | None = None
             for child in list(self._running):
+                if child.spec.role is not Role.WORKER or child.exit_code is not None:
+                    continue
                 code = child.proc.poll()
-                if code is None or child.exit_code is not None:
+                if code is None:
                     continue
                 child.exit_code = code
-                spec = child.spec
-                if spec.role is Role.WORKER and code == 0:
-                    workers_left.discard(spec.rank)
-                    log.info("worker %d finished", spec.rank)
-                elif spec.role is Role.WORKER and self._restarts_left():
+                if code == 0:
+                    workers_left.discard(child.spec.rank)
+                    log.info("worker %d finished", child.spec.rank)
+                elif (server := self._exited_server(settle=True)) is not None:
+                    return self._fail(server)  # the worker failed because a server died
+                elif self._restarts_left():
                     restart = (child, "")
                     break
-                elif spec.role is Role.SERVER and code == 0:
-                    log.warning(
-                        "server %d exited with code 0 before the workers finished", spec.rank
-                    )
                 else:
                     return self._fail(child)
             remote = self.coordinator.remote_failure()
@@ -253,6 +259,25 @@ class Supervisor:
             f"the launcher on {self.node or 'another node'} received {name}"
         )
         return Outcome(128 + self._signal, "interrupted")
+
+    def _exited_server(self, *, settle: bool = False) -> _Child | None:
+        """The first of this node's servers that has exited (None while all run).
+
+        Args:
+            settle: look twice, ``poll_s`` apart: a worker that failed because a server
+                died may be seen before the server's exit is.
+        """
+        for attempt in range(2 if settle else 1):
+            if attempt:
+                time.sleep(self.config.poll_s)
+            for child in self._running:
+                if child.spec.role is not Role.SERVER:
+                    continue
+                if child.exit_code is None:
+                    child.exit_code = child.proc.poll()
+                if child.exit_code is not None:
+                    return child
+        return None
 
     def _restarts_left(self) -> bool:
         return self.coordinator.generation < self.config.max_restarts
@@ -297,6 +322,8 @@ class Supervisor:
             log.error("%s", exc)
             self.coordinator.report_failure(f"{self.node or 'a launcher'}: {exc}")
             return Outcome(1, "failed", Failure("launcher", -1, 0, 1, "", remote=str(exc)))
+        if (server := self._exited_server()) is not None:
+            return self._fail(server)  # never start a generation against a dead server
         extra = dict(self.restart_env(k)) if self.restart_env else {}
         specs = [c for c in self.children if c.role is Role.WORKER]
         for spec in specs:
@@ -312,6 +339,7 @@ class Supervisor:
     def _fail(self, child: _Child) -> Outcome:
         spec = child.spec
         child.pump.join(timeout=2.0)  # the last lines are in the log before the tail is read
+        server = spec.role is Role.SERVER
         failure = Failure(
             role=spec.role.value,
             rank=spec.rank,
@@ -319,6 +347,7 @@ class Supervisor:
             exit_code=child.exit_code,
             log_path=str(spec.log_path),
             tail=tuple(tail(spec.log_path, self.config.tail_lines)),
+            note=SERVER_EXIT_NOTE if server else "",
         )
         used = (
             f" (no restarts left: {self.coordinator.generation} of {self.config.max_restarts} used)"
@@ -326,15 +355,16 @@ class Supervisor:
             else ""
         )
         log.error(
-            "%s (pid %d) failed with exit code %d%s: stopping the job",
+            "%s (pid %d) %s%s%s: stopping the job",
             spec.name,
             child.proc.pid,
-            child.exit_code,
+            failure.how(),
+            f" {SERVER_EXIT_NOTE}" if server else "",
             used,
         )
         self.coordinator.report_failure(
-            f"{spec.name} on {self.node or 'another node'} exited with code {child.exit_code}; "
-            f"see {spec.log_path} there"
+            f"{spec.name} on {self.node or 'another node'} {failure.how()}"
+            f"{f' {SERVER_EXIT_NOTE}' if server else ''}; see {spec.log_path} there"
         )
         return Outcome(_exit_status(child.exit_code) or 1, "failed", failure)
 

@@ -188,8 +188,64 @@ def test_worker_zero_output_is_echoed(tmp_path, capfd):
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("max_restarts", -1), ("grace_s", 0), ("quiet_warn_s", -1)]
-)
+    ("field", "value"),
+    [("max_restarts", -1), ("grace_s", 0), ("quiet_warn_s", -1), ("grace_s", float("inf")),
+     ("server_stop_s", float("nan")), ("poll_s", float("-inf")), ("quiet_warn_s", "5")],
+)  # fmt: skip
 def test_config_is_validated(field, value):
     with pytest.raises(ConfigError, match=field.replace("_", "[-_]")):
         SupervisorConfig(**{field: value})
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_server_exit_with_any_code_fails_the_job_and_never_restarts_workers(tmp_path, code):
+    server = f"import sys, time; time.sleep(0.5); print('server leaving', flush=True); sys.exit({code})"
+    start = time.monotonic()
+    outcome = Supervisor(
+        [child(tmp_path, Role.SERVER, 0, server), child(tmp_path, Role.WORKER, 0, SLEEPER)],
+        SupervisorConfig(max_restarts=2, grace_s=1.0),
+    ).run()
+    assert time.monotonic() - start < 6
+    assert outcome.reason == "failed" and outcome.exit_code == (code or 1)
+    f = outcome.failure
+    assert (f.role, f.rank, f.exit_code, f.tail[-1]) == ("server", 0, code, "server leaving")
+    assert f"server 0 (pid {f.pid}) exited with code {code} before every worker finished" in (
+        f.describe()
+    )
+    children = read_pids(tmp_path / "log")["children"]
+    assert [(c["role"], c["attempt"]) for c in children] == [("server", 0), ("worker", 0)]
+    assert not any(alive(c["pid"]) for c in children)
+
+
+def test_a_worker_failing_because_a_server_died_names_the_server(tmp_path):
+    gone = tmp_path / "gone"
+    server = f"""
+        import os, signal
+        open({str(gone)!r}, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+    worker = f"""
+        import os, sys, time
+        while not os.path.exists({str(gone)!r}):
+            time.sleep(0.005)
+        sys.exit(3)  # as a worker whose server connection broke
+    """
+    outcome = Supervisor(
+        [child(tmp_path, Role.SERVER, 0, server), child(tmp_path, Role.WORKER, 0, worker)],
+        SupervisorConfig(max_restarts=2, grace_s=1.0),
+    ).run()
+    assert outcome.exit_code == 128 + 9
+    assert (outcome.failure.role, outcome.failure.exit_code) == ("server", -9)
+    assert "killed by signal 9 (SIGKILL) before every worker finished" in outcome.failure.describe()
+    attempts = [(c["role"], c["attempt"]) for c in read_pids(tmp_path / "log")["children"]]
+    assert attempts == [("server", 0), ("worker", 0)]  # no restart generation
+
+
+def test_servers_stopped_after_the_workers_finished_complete_the_job(tmp_path):
+    # the launcher's own stop step: a server exiting then is the expected end
+    outcome = Supervisor(
+        [child(tmp_path, Role.SERVER, 0, SLEEPER), child(tmp_path, Role.WORKER, 0, "pass")],
+        SupervisorConfig(server_stop_s=0.5, grace_s=1.0),
+        stop_servers=lambda: None,
+    ).run()
+    assert (outcome.exit_code, outcome.reason, outcome.failure) == (0, "completed", None)

@@ -14,6 +14,11 @@ Every role runs it (fleetrun semantics). Modes, on the workers:
   (``SPARSEPS_RESTART_COUNT=0``) worker 1 exits 7 after round 0, long after the gloo group
   formed; a restarted generation resumes at the recorded round. Each worker writes
   DIR/worker.R.json (rows before/after, the rounds it ran, its restart count).
+- ``pull``: every worker pulls from the servers in a loop (each pull waits up to the
+  client's RPC timeout) for up to 120 s, after writing DIR/pulling.R; a dead server
+  makes a pull wait out that timeout.
+- ``stop-server``: like ``pull``, but worker 0 first asks server 0 to stop: the server
+  exits 0 by itself, long before the workers are done (DIR/stopping is written first).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ KEYS = [1, 7, 42, 2**33 + 5, 2**63 + 11, 2**64 - 1]
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["fail", "sleep", "restart", "barrier", "late"])
+    parser.add_argument("mode", choices=["fail", "sleep", "restart", "barrier", "late", "pull", "stop-server"])
     parser.add_argument("--dir", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -55,6 +60,8 @@ def main() -> int:
     print(f"worker {rank} ready", flush=True)
     if args.mode == "late":
         return late(folder, rank, role.restart_count)
+    if args.mode in ("pull", "stop-server"):
+        return pull(folder, rank, stop_server=args.mode == "stop-server")
     if args.mode == "fail":
         if rank == 1:
             print("worker 1: exiting with code 3", flush=True)
@@ -125,6 +132,24 @@ def late(folder: Path, rank: int, restart: int) -> int:
               "before": json.loads(before_file.read_text()), "after": after}  # fmt: skip
     (folder / f"worker.{rank}.json").write_text(json.dumps(record))
     sps.stop()
+    return 0
+
+
+def pull(folder: Path, rank: int, *, stop_server: bool) -> int:
+    import numpy as np
+
+    keys = np.array(KEYS, dtype=np.uint64)
+    with sps.PSClient(sps.server_endpoints()) as client:  # SPARSEPS_RPC_TIMEOUT applies
+        client.create_table(sps.TableConfig(name="emb", dim=4, rule=sps.optim.SGD(lr=0.5)))
+        if stop_server and rank == 0:
+            (folder / "stopping").write_text(str(os.getpid()))
+            client.stop_servers(ranks=[0])
+            print("worker 0: asked server 0 to stop", flush=True)
+        (folder / f"pulling.{rank}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            client.pull("emb", keys).wait()
+            time.sleep(0.05)
     return 0
 
 
