@@ -68,6 +68,7 @@ KEY_DIR = "SPARSEPS_KEY_DIR"
 # Optional tuning knobs (not part of the role contract; absent means default).
 RPC_TIMEOUT = "SPARSEPS_RPC_TIMEOUT"
 FILE_TIMEOUT = "SPARSEPS_FILE_TIMEOUT"  # save/load ops, apart from the data plane's timeout
+FILE_ROOTS = "SPARSEPS_FILE_ROOTS"  # os.pathsep-separated folders a server's file ops may use
 BARRIER_WARN = "SPARSEPS_BARRIER_WARN_S"
 BARRIER_TIMEOUT = "SPARSEPS_BARRIER_TIMEOUT_S"
 RENDEZVOUS_TIMEOUT = "SPARSEPS_RENDEZVOUS_TIMEOUT_S"
@@ -232,6 +233,21 @@ def float_setting(name: str, default: float, environ: Mapping[str, str] | None =
     if not math.isfinite(value) or value <= 0:  # "inf" would disable a deadline silently
         raise ConfigError(f"{name}: must be a finite number > 0, got {text!r}")
     return value
+
+
+def file_roots_setting(environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+    """The servers' file roots (``SPARSEPS_FILE_ROOTS``), or None when not set.
+
+    Raises:
+        ConfigError: a root is not an absolute path.
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(FILE_ROOTS, "")
+    roots = tuple(part for part in text.split(os.pathsep) if part.strip())
+    for root in roots:
+        if not os.path.isabs(root):
+            raise ConfigError(f"{FILE_ROOTS}: {root!r} is not an absolute path")
+    return roots or None
 
 
 def job_id_setting(environ: Mapping[str, str] | None = None) -> str | None:

@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..server.file_guard import being_written
 from . import manifest as mf
 
 __all__ = ["commit", "leftovers", "missing_report", "new_staging", "recover", "remove_stale"]
@@ -68,6 +69,13 @@ def remove_stale(target: Path) -> None:
     Called by the single writer of ``target`` at the start of a save, after :func:`recover`.
     """
     for folder in leftovers(target, _SAVING):
+        if being_written(folder):
+            # an earlier attempt whose client gave up while a server still writes it
+            log.warning(
+                "%s: leaving %s in place: a server is still writing it (an earlier save "
+                "attempt that timed out); the next save removes it", target, folder.name,
+            )  # fmt: skip
+            continue
         log.warning("%s: removing %s left by an interrupted save", target, folder.name)
         shutil.rmtree(folder, ignore_errors=True)
     if target.is_dir():

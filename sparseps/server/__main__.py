@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 
+from ..env import file_roots_setting
 from ..errors import SparsePSError
 from ..rpc.protocol import Limits
 from .main import DEFAULT_THREADS, serve
@@ -45,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--job-id", default=None, help="refuse requests of any other job (default: accept any)"
     )
+    parser.add_argument(
+        "--file-root",
+        action="append",
+        default=None,
+        help="a folder save/load may use (repeatable; default: SPARSEPS_FILE_ROOTS, else any)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -58,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(
             args.rank, endpoints, bind_host=args.bind_host, threads=args.threads,
             limits=limits, job_id=args.job_id,
+            file_roots=args.file_root or file_roots_setting(),
         )  # fmt: skip
     except SparsePSError as exc:
         print(f"sparseps server {args.rank}: error: {exc}", file=sys.stderr)

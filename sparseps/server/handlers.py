@@ -22,7 +22,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -33,6 +33,7 @@ from ..rpc.batching import misrouted
 from ..rpc.ops import UPDATE_OPS
 from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
 from .applied import AppliedUpdates
+from .file_guard import FILE_ARGS, FileGuard
 from .file_ops import FileOps
 from .log_budget import LogBudget
 
@@ -109,15 +110,23 @@ class ServerState(FileOps):
         endpoint: ``host:port`` as the workers know it (for stats and errors).
         job_id: the job this server belongs to; requests of another job, or without a
             job id, are refused. None (servers started by hand or by tests) accepts any.
+        file_roots: folders the file ops may use (see :mod:`sparseps.server.file_guard`);
+            None accepts any absolute path.
     """
 
     def __init__(
-        self, rank: int, num_servers: int, endpoint: str, job_id: str | None = None
+        self,
+        rank: int,
+        num_servers: int,
+        endpoint: str,
+        job_id: str | None = None,
+        file_roots: Sequence[str] | None = None,
     ) -> None:
         self.rank = rank
         self.num_servers = num_servers
         self.endpoint = endpoint
         self.job_id = job_id
+        self.file_guard = FileGuard(file_roots, rank)
         self._applied = AppliedUpdates()
         self.log_budget = LogBudget(logging.getLogger("sparseps.server.loop"))
         self.stop_requested = threading.Event()
@@ -159,6 +168,10 @@ class ServerState(FileOps):
         """
         self.count("requests")
         self.check_job(request)
+        if request.op in FILE_ARGS:
+            self.file_guard.check(request)
+            with self.file_guard.writing(request):
+                return self._ops[request.op](request)
         if request.seq is None or request.op not in UPDATE_OPS:
             return self._ops[request.op](request)
         if not self._applied.begin(request.client, request.seq):

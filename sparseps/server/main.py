@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import zmq
 
-from ..env import Role, RoleEnv, parse_endpoint
+from ..env import Role, RoleEnv, file_roots_setting, parse_endpoint
 from ..errors import ConfigError, UnavailableError
 from ..rpc import transport
 from ..rpc.protocol import Limits
@@ -58,6 +58,7 @@ def serve(
     ready: threading.Event | None = None,
     security: Security | None = None,
     job_id: str | None = None,
+    file_roots: Sequence[str] | None = None,
 ) -> None:
     """Serve shard ``rank`` of ``len(endpoints)`` of every table until stopped.
 
@@ -76,6 +77,8 @@ def serve(
             and nothing an unauthenticated peer sends is buffered (None: plain transport).
         job_id: the job this server belongs to: requests of any other job are refused
             (None accepts any; the launcher always sets it).
+        file_roots: folders save/load may use (:mod:`sparseps.server.file_guard`); None
+            accepts any absolute path.
 
     Raises:
         ConfigError: bad rank, endpoints or threads.
@@ -84,7 +87,7 @@ def serve(
     _check_args(rank, endpoints, threads)
     limits = limits or Limits()
     endpoint = endpoints[rank]
-    state = ServerState(rank, len(endpoints), endpoint, job_id)
+    state = ServerState(rank, len(endpoints), endpoint, job_id, file_roots)
     context = transport.new_context()
     # libzmq asks the ZAP handler about every peer; it must run before the socket binds.
     auth = security.authenticator(context) if security is not None else None
@@ -198,4 +201,5 @@ def run_from_env(role_env: RoleEnv, **options) -> None:
     _ensure_logging()
     if "security" not in options:
         options["security"] = security_from_key_dir(role_env.key_dir)
+    options.setdefault("file_roots", file_roots_setting())
     serve(role_env.rank, list(role_env.servers), job_id=role_env.job_id, **options)

@@ -205,3 +205,45 @@ def test_a_data_plane_timeout_still_names_its_setting():
         finally:
             os.kill(cluster.pid(0), signal.SIGCONT)
         assert info.value.seconds == 0.5
+
+
+def test_file_ops_only_touch_paths_under_the_servers_file_roots(tmp_path):
+    from sparseps.errors import RemoteError
+
+    root = tmp_path / "models"
+    root.mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (root / "escape").symlink_to(outside)
+    environ = {"SPARSEPS_FILE_ROOTS": str(root)}
+    with local_cluster(servers=1, environ=environ) as cluster, cluster.client() as client:
+        client.create_table(CONFIG)
+        client.push("emb", KEYS, _ones()).wait()
+        records = client.save("emb", root / "ck")
+        assert {r["kind"] for r in records} == {"rows", "pending"}
+        assert not [p for p in (root / "ck").iterdir() if p.name.startswith(".writing-")]
+        for where in (outside / "ck", root / "escape" / "ck", root / ".." / "elsewhere"):
+            with pytest.raises(RemoteError, match="outside this server's file roots"):
+                client.save("emb", where)
+        assert list(outside.iterdir()) == []  # nothing was written there
+        with pytest.raises(RemoteError, match="outside this server's file roots"):
+            client.load("emb", ["/etc/passwd"])  # no probing of paths either
+        with pytest.raises(RemoteError, match="outside this server's file roots"):
+            client.load_dense("anything", "/etc/passwd")
+        assert client.load("emb", records)["rows"] == len(KEYS)
+
+
+def test_a_retried_save_does_not_delete_a_folder_a_server_is_still_writing(tmp_path):
+    from sparseps.checkpoint import staging
+    from sparseps.server.file_guard import being_written, writer_lock
+
+    target = tmp_path / "ck"
+    busy = staging.new_staging(target)
+    dead = staging.new_staging(target)
+    with writer_lock(busy, "0-1"):  # a server still writing the first attempt's folder
+        assert being_written(busy) and not being_written(dead)
+        staging.remove_stale(target)
+        assert busy.is_dir() and not dead.exists()
+    assert not being_written(busy)  # the lock file is gone with the write
+    staging.remove_stale(target)
+    assert not busy.exists()
