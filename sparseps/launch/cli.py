@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="host:port of the workers' rendezvous (default: a free port on one node; "
              "worker 0's host and port 6170 across nodes)")  # fmt: skip
     add("--job-id", dest="job_id", default=None, help="id shared by every process of the job")
+    add("--secure", action=argparse.BooleanOptionalAction, default=None,
+        help="authenticated, encrypted transport (CURVE) on every socket of the job; default: "
+             "on when a host is not a loopback address (docs/security.md)")  # fmt: skip
+    add("--key-dir", dest="key_dir", default=None,
+        help="the job's key folder from `sparseps keys DIR` (implies --secure; required when a "
+             "secure job spans hosts; default on one node: fresh keys in LOG_DIR/keys)")  # fmt: skip
     add("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
         help="restart a failed worker up to N times (default 0)")  # fmt: skip
     add("--grace-s", dest="grace_s", type=float, default=5.0,
@@ -72,13 +78,17 @@ def _children(spec, script: str, script_args: list[str]) -> list:
     return children
 
 
-def _server_stopper(endpoints: tuple[str, ...], ranks: list[int], timeout_s: float, job_id: str):
+def _server_stopper(
+    endpoints: tuple[str, ...], ranks: list[int], timeout_s: float, job_id: str, security=None
+):
     """Ask this node's servers (``ranks`` of the job's ``endpoints``) to stop."""
 
     def stop() -> None:
         from ..rpc.client import PSClient
 
-        with PSClient(list(endpoints), timeout=timeout_s, job_id=job_id) as client:
+        with PSClient(
+            list(endpoints), timeout=timeout_s, job_id=job_id, security=security
+        ) as client:
             client.stop_servers(ranks=ranks)
 
     return stop
@@ -141,12 +151,15 @@ def run(args: argparse.Namespace) -> int:
         master=args.master,
         log_dir=args.log_dir,
         job_id=args.job_id,
+        secure=args.secure,
+        key_dir=args.key_dir,
     )
     Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
+    security = _job_security(spec, made_here=spec.secure and not args.key_dir)
     out = _LauncherLog(Path(spec.log_dir) / "launcher.log")
     try:
         out.say(spec.describe(), sys.stdout)
-        outcome = _supervise(args, spec, script)
+        outcome = _supervise(args, spec, script, security)
         if outcome.failure is not None:
             out.say(
                 f"sparseps launch: job {spec.job_id} failed: {outcome.failure.describe()}",
@@ -167,7 +180,23 @@ def run(args: argparse.Namespace) -> int:
         out.close()
 
 
-def _supervise(args: argparse.Namespace, spec, script: Path):
+def _job_security(spec, *, made_here: bool):
+    """The job's :class:`~sparseps.rpc.security.Security` (None: plain transport).
+
+    A one-node secure job without ``--key-dir`` gets fresh keys in ``LOG_DIR/keys``
+    (replacing any of an earlier job there: its leftovers must not reach this one). Keys
+    are loaded here, before any child starts, so a bad folder fails the launch at once.
+    """
+    if not spec.secure:
+        return None
+    from ..rpc.security import JobKeys, Security, write_job_keys
+
+    if made_here:
+        write_job_keys(spec.key_dir, force=True)
+    return Security(JobKeys.load(spec.key_dir))
+
+
+def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
     from .coordinator import StoreCoordinator
     from .supervisor import Supervisor, SupervisorConfig
 
@@ -191,7 +220,9 @@ def _supervise(args: argparse.Namespace, spec, script: Path):
         children=_children(spec, str(script), list(args.script_args)),
         config=config,
         coordinator=coordinator,
-        stop_servers=_server_stopper(spec.servers, local_servers, config.server_stop_s, spec.job_id)
+        stop_servers=_server_stopper(
+            spec.servers, local_servers, config.server_stop_s, spec.job_id, security
+        )
         if local_servers
         else None,
         pids_path=Path(spec.log_dir) / "pids.json",

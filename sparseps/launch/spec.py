@@ -17,6 +17,7 @@ Example (two nodes, one server and one worker each)::
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import secrets
 import socket
@@ -82,6 +83,8 @@ class ClusterSpec:
         host: the address of this node; it runs the entries whose host equals it.
         job_id: shared by every process of the job (``SPARSEPS_JOB_ID``).
         log_dir: folder of the per-role logs (absolute).
+        key_dir: the job's key folder (absolute) when its sockets use CURVE, else empty
+            (``SPARSEPS_KEY_DIR``; docs/security.md).
     """
 
     servers: tuple[str, ...]
@@ -90,6 +93,7 @@ class ClusterSpec:
     host: str
     job_id: str
     log_dir: str
+    key_dir: str = ""
 
     def __post_init__(self) -> None:
         if not self.servers:
@@ -123,6 +127,16 @@ class ClusterSpec:
         return len(self.nodes) > 1
 
     @property
+    def secure(self) -> bool:
+        """Whether every socket of the job uses CURVE with the keys in :attr:`key_dir`."""
+        return bool(self.key_dir)
+
+    @property
+    def loopback_only(self) -> bool:
+        """Every host is a loopback address: no other machine can reach the job's ports."""
+        return all(_is_loopback(h) for h in self.nodes)
+
+    @property
     def control_endpoint(self) -> str:
         """Where the launchers of a multi-node job coordinate (master port + offset)."""
         host, port = parse_endpoint(self.master)
@@ -150,6 +164,7 @@ class ClusterSpec:
             master=self.master,
             log_dir=self.log_dir,
             job_id=self.job_id,
+            key_dir=self.key_dir,
         )
 
     def describe(self) -> str:
@@ -169,9 +184,43 @@ class ClusterSpec:
             *(f"  worker {r}: {h}{mark(r in workers_here)}" for r, h in enumerate(self.workers)),
             f"rendezvous  : {self.master}",
             f"log dir     : {self.log_dir}",
+            f"transport   : {f'CURVE, keys in {self.key_dir}' if self.secure else 'plain'}",
             "---------------------------------------",
         ]
         return "\n".join(lines)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: assume other machines can reach it
+        return False
+
+
+def _key_dir(
+    secure: bool | None, key_dir: str | None, log_dir: str, hosts: list[str], single_node: bool
+) -> str:
+    """The job's key folder, or "" for plain transport (the rule in docs/security.md)."""
+    if key_dir:
+        if secure is False:
+            raise ConfigError("--key-dir and --no-secure contradict each other; drop one")
+        return os.path.abspath(os.path.expanduser(key_dir))
+    if secure is None:
+        # On by default once another machine can reach the job's ports.
+        secure = not all(_is_loopback(h) for h in hosts)
+    if not secure:
+        return ""
+    if not single_node:
+        raise ConfigError(
+            f"--key-dir is required: this --secure job spans hosts ({', '.join(hosts)}) and "
+            "every host needs the same keys; make them once with `sparseps keys DIR`, copy DIR "
+            "to every host (scp -rp keeps its 0700/0600 modes) and pass --key-dir DIR to every "
+            "launcher (or --no-secure on a trusted network)"
+        )
+    # One node: the launcher makes fresh keys for this job inside the log dir.
+    return os.path.join(os.path.abspath(log_dir), "keys")
 
 
 def _count(name: str, given: int | None, listed: list[str], flag: str) -> int | None:
@@ -192,6 +241,8 @@ def make_spec(
     master: str | None = None,
     log_dir: str = "log",
     job_id: str | None = None,
+    secure: bool | None = None,
+    key_dir: str | None = None,
 ) -> ClusterSpec:
     """Resolve the command-line options into a :class:`ClusterSpec`.
 
@@ -208,6 +259,10 @@ def make_spec(
         log_dir: per-role log folder (made absolute).
         job_id: default: random on one node; a hash of the layout across nodes, so that
             every node's launcher derives the same id.
+        secure: CURVE on every socket (True), plain (False), or None: on when a host is
+            not a loopback address. Implied by ``key_dir``.
+        key_dir: the job's key folder; required when a secure job spans hosts. A secure
+            one-node job without it gets ``LOG_DIR/keys`` (the launcher writes fresh keys).
 
     Raises:
         ConfigError: naming the option that is inconsistent and how to fix it.
@@ -257,4 +312,11 @@ def make_spec(
         host=host,
         job_id=job_id,
         log_dir=os.path.abspath(log_dir),
+        key_dir=_key_dir(
+            secure,
+            key_dir,
+            log_dir,
+            list(dict.fromkeys([*worker_hosts, *(parse_endpoint(s)[0] for s in server_eps)])),
+            single_node,
+        ),
     )
