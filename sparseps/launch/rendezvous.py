@@ -1,7 +1,9 @@
-"""Where workers meet: worker 0's ``torch.distributed.TCPStore`` and barriers on it.
+"""Where workers meet: worker 0's rendezvous store and barriers on it.
 
-The workers of a job find each other at ``SPARSEPS_MASTER``: worker 0 hosts a TCPStore
-there, the others connect to it. On top of the store:
+The workers of a job find each other at ``SPARSEPS_MASTER``: worker 0 hosts a
+:class:`~sparseps.launch.store.StoreServer` there, bound to the master's host address
+only (CURVE-secured when the job is), and every worker, worker 0 included, talks to it
+through a :class:`~sparseps.launch.store.ZmqStore`. On top of the store:
 
 - :func:`store_barrier` — every rank sets ``NAME/<rank>``, then polls until all keys
   exist. Unlike ``dist.barrier()`` it can say *which* ranks are missing: it logs them
@@ -19,33 +21,34 @@ from datetime import timedelta
 
 from ..env import MASTER, RoleEnv, parse_endpoint
 from ..errors import TimeoutError_, UnavailableError
+from ..rpc.security import JobKeys, Security
+from .store import StoreServer, ZmqStore
 
 __all__ = ["connect_store", "init_gloo", "store_barrier"]
 
 log = logging.getLogger(__name__)
 
 
-def connect_store(env: RoleEnv, *, timeout_s: float, setting: str):
-    """Host (worker 0) or join (others) the job's TCPStore at ``env.master``.
+def connect_store(env: RoleEnv, *, timeout_s: float, setting: str, security=None) -> ZmqStore:
+    """Host (worker 0) or join (others) the job's rendezvous store at ``env.master``.
+
+    Worker 0 listens on the master's host address only (not every interface). The store is
+    CURVE-secured when the job is (``env.key_dir``), or with an explicit ``security``.
 
     Raises:
-        UnavailableError: worker 0 cannot listen on the master port.
+        UnavailableError: worker 0 cannot listen on the master port; a CURVE handshake
+            failed (this process lacks the job key).
         TimeoutError_: worker 0's store did not answer within ``timeout_s``.
+        ConfigError: the job's key folder is unreadable or malformed.
     """
-    import torch.distributed as dist
-
     host, port = parse_endpoint(env.master, what=MASTER)
-    try:
-        return dist.TCPStore(
-            host,
-            port,
-            world_size=env.worker_num,
-            is_master=env.rank == 0,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
-    except Exception as exc:  # torch raises DistNetworkError / DistStoreError / RuntimeError
-        if env.rank == 0:
+    if security is None and env.key_dir:
+        security = Security(JobKeys.load(env.key_dir))
+    server = None
+    if env.rank == 0:
+        try:
+            server = StoreServer(host, port, security=security)
+        except UnavailableError as exc:
             raise UnavailableError(
                 f"rendezvous: worker 0 cannot listen on {env.master} ({exc}); is the port "
                 f"free on this host? ({MASTER})",
@@ -54,6 +57,18 @@ def connect_store(env: RoleEnv, *, timeout_s: float, setting: str):
                 rank=0,
                 address=env.master,
             ) from None
+    try:
+        return ZmqStore(
+            env.master,
+            timeout_s=timeout_s,
+            setting=setting,
+            what="rendezvous store",
+            security=security,
+            owner=server,
+        )
+    except TimeoutError_ as exc:
+        if server is not None:
+            server.close()
         raise TimeoutError_(
             f"rendezvous: worker 0's store at {env.master} did not answer within "
             f"{timeout_s:.0f} s ({exc}); check worker 0's log, or raise {setting}",
@@ -64,6 +79,10 @@ def connect_store(env: RoleEnv, *, timeout_s: float, setting: str):
             seconds=timeout_s,
             setting=setting,
         ) from None
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
 
 
 def store_barrier(
@@ -105,16 +124,7 @@ def store_barrier(
             if waited >= timeout_s or now >= next_warn:
                 missing = [r for r, key in enumerate(keys) if not store.check([key])]
                 if waited >= timeout_s:
-                    raise TimeoutError_(
-                        f"{op}: worker rank(s) {missing} did not arrive within {waited:.1f} s "
-                        f"(rendezvous {address}); check their logs, or raise {setting}",
-                        op=op,
-                        role="worker",
-                        rank=missing,
-                        address=address,
-                        seconds=waited,
-                        setting=setting,
-                    )
+                    break
                 log.warning(
                     "%s %s: still waiting for worker rank(s) %s after %.0f s",
                     op,
@@ -125,9 +135,9 @@ def store_barrier(
                 next_warn = now + warn_s
             time.sleep(pause)
             pause = min(pause * 2, 0.05)  # quick for tight barriers, cheap for long waits
-    except TimeoutError_:
-        raise
-    except Exception as exc:  # the store's host (worker 0) is gone
+        else:
+            return
+    except Exception as exc:  # the store's host (worker 0) is gone or silent
         raise UnavailableError(
             f"{op}: lost the rendezvous store at {address} ({exc}); worker 0 hosts it, "
             f"check its log",
@@ -136,6 +146,16 @@ def store_barrier(
             rank=0,
             address=address,
         ) from None
+    raise TimeoutError_(
+        f"{op}: worker rank(s) {missing} did not arrive within {waited:.1f} s "
+        f"(rendezvous {address}); check their logs, or raise {setting}",
+        op=op,
+        role="worker",
+        rank=missing,
+        address=address,
+        seconds=waited,
+        setting=setting,
+    )
 
 
 def init_gloo(env: RoleEnv, store, *, timeout_s: float) -> None:
