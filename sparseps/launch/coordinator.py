@@ -2,8 +2,9 @@
 
 On one node the launcher knows everything itself (:class:`LocalCoordinator`). Across
 nodes each launcher only sees its own share, so they meet at a small key-value store
-(:class:`StoreCoordinator`, a ``torch.distributed.TCPStore``) hosted by the launcher on
-the master host at ``ClusterSpec.control_endpoint``:
+(:class:`StoreCoordinator`, a :class:`~sparseps.launch.store.ZmqStore`) hosted by the
+launcher on the master host at ``ClusterSpec.control_endpoint``, bound to that address
+only and CURVE-secured when the job is:
 
 - ``workers_done/<g>``: a counter each launcher adds its finished workers of worker-group
   generation ``g`` to; a node with servers stops them once it reaches the job's worker
@@ -25,7 +26,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Protocol
 
 from ..env import parse_endpoint
@@ -111,7 +111,7 @@ class LocalCoordinator:
 
 
 class StoreCoordinator:
-    """Launchers on several nodes, meeting at a TCPStore on the master host.
+    """Launchers on several nodes, meeting at a store on the master host.
 
     Args:
         endpoint: ``host:port`` of the store (``ClusterSpec.control_endpoint``).
@@ -124,9 +124,12 @@ class StoreCoordinator:
             workers before a restart, and for a silent launcher before the hosting
             launcher closes the store.
         worker_nodes: the hosts that run workers (default: every peer).
+        security: the job's :class:`~sparseps.rpc.security.Security` (CURVE with the job
+            key on the store and on every launcher's connection); None = plain TCP.
 
     Raises:
-        UnavailableError: the hosting launcher cannot listen on the endpoint.
+        UnavailableError: the hosting launcher cannot listen on the endpoint; the CURVE
+            handshake with the store failed (this launcher lacks the job key).
         TimeoutError_: no store answered at the endpoint within ``timeout_s``.
     """
 
@@ -141,8 +144,9 @@ class StoreCoordinator:
         worker_num: int,
         timeout_s: float,
         worker_nodes: tuple[str, ...] | None = None,
+        security=None,
     ) -> None:
-        import torch.distributed as dist  # heavy; only multi-node launches need it
+        from .store import StoreServer, ZmqStore  # imports torch: only multi-node launches
 
         self.endpoint = endpoint
         self.host_it = host_it
@@ -157,17 +161,13 @@ class StoreCoordinator:
         self._last_poll = 0.0
         self._failure: str | None = None
         self._restart: str | None = None
+        self._closed = False
         host, port = parse_endpoint(endpoint, what="control endpoint")
-        try:
-            self._store = dist.TCPStore(
-                host,
-                port,
-                is_master=host_it,
-                timeout=timedelta(seconds=timeout_s),
-                wait_for_workers=False,
-            )
-        except Exception as exc:  # torch raises DistNetworkError / RuntimeError
-            if host_it:
+        server = None
+        if host_it:
+            try:
+                server = StoreServer(host, port, security=security)
+            except UnavailableError as exc:
                 raise UnavailableError(
                     f"launcher control store: cannot listen on {endpoint} ({exc}); the port "
                     f"is --master's port + 1, choose another --master port",
@@ -175,6 +175,18 @@ class StoreCoordinator:
                     role="launcher",
                     address=endpoint,
                 ) from None
+        try:
+            self._store = ZmqStore(
+                endpoint,
+                timeout_s=timeout_s,
+                setting="--rendezvous-timeout-s",
+                what="launcher control store",
+                security=security,
+                owner=server,
+            )
+        except TimeoutError_ as exc:
+            if server is not None:
+                server.close()
             raise TimeoutError_(
                 f"launcher control store: no launcher answered at {endpoint} within "
                 f"{timeout_s:.0f} s ({exc}); start the launcher on the master host "
@@ -185,6 +197,10 @@ class StoreCoordinator:
                 seconds=timeout_s,
                 setting="--rendezvous-timeout-s",
             ) from None
+        except BaseException:
+            if server is not None:
+                server.close()
+            raise
 
     def _key(self, name: str) -> str:
         return self._prefix + name
@@ -244,44 +260,19 @@ class StoreCoordinator:
         until every node with workers has (see the module doc and :class:`Coordinator`)."""
         target = self.generation + 1
         deadline = time.monotonic() + self.timeout_s
+        keys = {n: self._key(f"stopped/{target}/{n}") for n in self.worker_nodes}
+        problem: Exception | None = None
         try:
             if reason is not None and not self._store.check([self._key(f"restart/{target}")]):
                 self._store.set(self._key(f"restart/{target}"), reason)
             self._store.set(self._key(f"stopped/{target}/{self.node}"), "1")
-            keys = {n: self._key(f"stopped/{target}/{n}") for n in self.worker_nodes}
             while not self._store.check(list(keys.values())):
-                if self._store.check([self._key("failed")]):
-                    raise UnavailableError(
-                        f"worker restart {target} abandoned: another launcher reported: "
-                        f"{self._text('failed')}",
-                        op="restart",
-                        role="launcher",
-                        address=self.endpoint,
-                    )
-                if cancelled():
-                    raise UnavailableError(
-                        f"worker restart {target} cancelled while waiting for the other launchers",
-                        op="restart",
-                        role="launcher",
-                        address=self.endpoint,
-                    )
-                if time.monotonic() > deadline:
-                    late = [n for n, k in keys.items() if not self._store.check([k])]
-                    raise TimeoutError_(
-                        f"worker restart {target}: the launchers on {', '.join(late)} did not "
-                        f"stop their workers within {self.timeout_s:.0f} s; check that they "
-                        f"run, or raise --rendezvous-timeout-s",
-                        op="restart",
-                        role="launcher",
-                        address=self.endpoint,
-                        seconds=self.timeout_s,
-                        setting="--rendezvous-timeout-s",
-                    )
+                problem = self._restart_problem(target, keys, deadline, cancelled)
+                if problem is not None:
+                    break
                 self._store.add(self._key(f"alive/{self.node}"), 1)
                 time.sleep(0.1)
-        except (TimeoutError_, UnavailableError):
-            raise
-        except Exception as exc:  # torch store errors: the hosting launcher is gone
+        except Exception as exc:  # a store error: the hosting launcher is gone or silent
             raise UnavailableError(
                 f"worker restart {target}: lost the launcher control store at "
                 f"{self.endpoint} ({exc})",
@@ -289,17 +280,57 @@ class StoreCoordinator:
                 role="launcher",
                 address=self.endpoint,
             ) from None
+        if problem is not None:
+            raise problem
         self.generation = target
         self._restart = None
 
+    def _restart_problem(
+        self, target: int, keys: dict[str, str], deadline: float, cancelled: Callable[[], bool]
+    ) -> Exception | None:
+        """Why the wait for restart ``target`` must end now, if it must (store errors raise)."""
+        if self._store.check([self._key("failed")]):
+            return UnavailableError(
+                f"worker restart {target} abandoned: another launcher reported: "
+                f"{self._text('failed')}",
+                op="restart",
+                role="launcher",
+                address=self.endpoint,
+            )
+        if cancelled():
+            return UnavailableError(
+                f"worker restart {target} cancelled while waiting for the other launchers",
+                op="restart",
+                role="launcher",
+                address=self.endpoint,
+            )
+        if time.monotonic() > deadline:
+            late = [n for n, k in keys.items() if not self._store.check([k])]
+            return TimeoutError_(
+                f"worker restart {target}: the launchers on {', '.join(late)} did not "
+                f"stop their workers within {self.timeout_s:.0f} s; check that they "
+                f"run, or raise --rendezvous-timeout-s",
+                op="restart",
+                role="launcher",
+                address=self.endpoint,
+                seconds=self.timeout_s,
+                setting="--rendezvous-timeout-s",
+            )
+        return None
+
     def close(self) -> None:
         """Say this node finished; the host then waits until every node has (see module doc)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._store.set(self._key(f"done/{self.node}"), "1")
             if self.host_it:
                 self._wait_for_peers()
         except Exception as exc:
             log.warning("launcher control store: %s", exc)
+        finally:
+            self._store.close()  # the host's closes the server too
 
     def _wait_for_peers(self) -> None:
         now = time.monotonic()

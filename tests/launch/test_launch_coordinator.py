@@ -3,6 +3,7 @@ bounded waits when a node does not follow (an error naming it, never a hang)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -81,3 +82,38 @@ def test_a_cancelled_restart_stops_waiting_at_once(nodes):
     with pytest.raises(UnavailableError, match="cancelled"):
         a.restart("worker 0 on a exited with code 7", cancelled=lambda: True)
     assert time.monotonic() - start < 1.0
+
+
+def test_the_control_store_binds_the_endpoint_host_only():
+    endpoint = f"127.0.0.1:{free_port()}"
+    port = int(endpoint.rsplit(":", 1)[1])
+    a = StoreCoordinator(
+        endpoint, host_it=True, node="a", peers=("a",), job_id="j", worker_num=1, timeout_s=2.0
+    )
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.2", port), timeout=2)
+    finally:
+        a.close()
+    with pytest.raises(ConnectionRefusedError):  # close() stopped the server
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def test_a_secure_control_store_admits_the_job_key_only(tmp_path):
+    from sparseps.rpc.security import Security, write_job_keys
+
+    job, other = (Security(write_job_keys(tmp_path / name)) for name in ("job", "other"))
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = dict(peers=("a", "b"), job_id="job", worker_num=2, timeout_s=2.0)
+    a = StoreCoordinator(endpoint, host_it=True, node="a", security=job, **common)
+    b = StoreCoordinator(endpoint, host_it=False, node="b", security=job, **common)
+    try:
+        b.report_failure("worker 1 on b exited with code 3")
+        assert _poll(a.remote_failure) == "worker 1 on b exited with code 3"
+        start = time.monotonic()
+        with pytest.raises(UnavailableError, match="CURVE handshake failed"):
+            StoreCoordinator(endpoint, host_it=False, node="c", security=other, **common)
+        assert time.monotonic() - start < 1.5  # not the 2 s timeout: the handshake failed
+    finally:
+        b.close()
+        a.close()
