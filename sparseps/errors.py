@@ -11,6 +11,7 @@ caller can catch one base class. The subclasses say *what kind* of thing broke:
   seconds and the setting that changes the limit).
 - :class:`RemoteError`     the peer raised; carries the remote type, message and traceback.
 - :class:`CheckpointError` a model directory is incomplete, corrupt or does not match.
+- :class:`ResourceError`   memory (or another resource) ran out; the operation was undone.
 
 All exceptions pickle (they travel between processes), which is why the ones with
 extra fields rebuild themselves from keyword arguments in ``__reduce__``.
@@ -24,6 +25,7 @@ __all__ = [
     "InputError",
     "ProtocolError",
     "RemoteError",
+    "ResourceError",
     "SparsePSError",
     "TimeoutError_",
     "UnavailableError",
@@ -48,6 +50,10 @@ class ProtocolError(SparsePSError):
 
 class CheckpointError(SparsePSError):
     """A model directory is missing, incomplete, corrupt or does not match the model."""
+
+
+class ResourceError(SparsePSError, MemoryError):
+    """Memory ran out: names what needed it and how many bytes; nothing was changed."""
 
 
 class _PeerError(SparsePSError):

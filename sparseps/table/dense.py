@@ -2,6 +2,10 @@
 
 The vector and its optimizer state are stored as one row ``[values | state]`` so the
 same compiled kernels as the sparse rows apply (SGD, Adagrad, Adam).
+
+A step that would make any value or state non-finite is rejected (InputError, the table
+unchanged): the step runs on a spare copy of the row, which replaces the row only when it
+is all finite (two buffers, swapped; no allocation per push).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class DenseTable:
         self.state_dim = self.rule.state_dim(self.size)
         self._row = np.zeros((1, self.size + self.state_dim), np.float32)
         self._row[0, self.size :] = self.rule.initial_state(self.size)
+        self._spare = np.empty_like(self._row)  # the next step is computed here
         if init is not None:
             values = np.asarray(init)
             if values.shape != (self.size,) or not np.issubdtype(values.dtype, np.number):
@@ -68,13 +73,39 @@ class DenseTable:
         return self._row[0, : self.size].copy()
 
     def push(self, grad: np.ndarray) -> None:
-        """One optimizer step with the float32 ``[size]`` gradient."""
+        """One optimizer step with the float32 ``[size]`` gradient.
+
+        Raises:
+            InputError: a bad gradient, or a step that would make a value or its
+                optimizer state NaN/inf (the table is unchanged).
+        """
         grad = self._vector("push", grad)
-        self.rule.update(self._row, _ROW0, grad.reshape(1, self.size), self.size)
+        spare = self._spare
+        np.copyto(spare, self._row)
+        self.rule.update(spare, _ROW0, grad.reshape(1, self.size), self.size)
+        self._commit("push", spare)
 
     def add(self, delta: np.ndarray) -> None:
-        """Geo mode: ``values += delta``."""
-        self._row[0, : self.size] += self._vector("add", delta)
+        """Geo mode: ``values += delta`` (rejected, unchanged, if a value would be NaN/inf)."""
+        delta = self._vector("add", delta)
+        spare = self._spare
+        np.copyto(spare, self._row)
+        with np.errstate(over="ignore"):  # checked just below
+            spare[0, : self.size] += delta
+        self._commit("add", spare)
+
+    def _commit(self, op: str, spare: np.ndarray) -> None:
+        bad = ~np.isfinite(spare[0])
+        if bad.any():
+            where = np.flatnonzero(bad)
+            part = "value" if where[0] < self.size else "optimizer state"
+            index = where[0] if where[0] < self.size else where[0] - self.size
+            raise InputError(
+                f"{self.name}.{op}: the step would make {where.size} value(s) non-finite (first: "
+                f"{part} {int(index)}); rejected, the table is unchanged; lower the learning "
+                "rate or the gradient"
+            )
+        self._row, self._spare = spare, self._row
 
     def set(self, values: np.ndarray) -> None:
         """Overwrite the values (the optimizer state is kept)."""

@@ -136,16 +136,26 @@ class GrowableMatrix:
     def nbytes(self) -> int:
         return int(self.array.nbytes)
 
-    def bytes_to_hold(self, needed: int) -> int:
-        """Bytes :meth:`grow_to` would add to hold ``needed`` rows (0 if it holds them)."""
-        return (planned_rows(self.capacity, needed, self.row_bytes) - self.capacity) * self.row_bytes
+    def _planned(self, needed: int, exact: bool) -> int:
+        if needed <= self.capacity:
+            return self.capacity
+        return needed if exact else planned_rows(self.capacity, needed, self.row_bytes)
 
-    def grow_to(self, needed: int) -> None:
-        """Hold at least ``needed`` rows (contents kept); unchanged on ``MemoryError``."""
+    def bytes_to_hold(self, needed: int, *, exact: bool = False) -> int:
+        """Bytes :meth:`grow_to` would add to hold ``needed`` rows (0 if it holds them)."""
+        return (self._planned(needed, exact) - self.capacity) * self.row_bytes
+
+    def grow_to(self, needed: int, *, exact: bool = False) -> None:
+        """Hold at least ``needed`` rows (contents kept); unchanged on ``MemoryError``.
+
+        Args:
+            needed: rows the matrix must hold.
+            exact: grow to exactly ``needed`` (a known final size) instead of by a step.
+        """
         capacity = self.capacity
         if needed <= capacity:
             return
-        rows = planned_rows(capacity, needed, self.row_bytes)
+        rows = self._planned(needed, exact)
         if self._block is None:  # pragma: no cover - see __init__
             grown = np.empty((rows, self.width), self.dtype)
             grown[:capacity] = self.array

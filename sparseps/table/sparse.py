@@ -3,19 +3,22 @@
 Storage: a :class:`~sparseps.table.hashmap.KeyIndex` maps each live key to a dense row
 id; rows live in one float32 matrix laid out by :class:`~sparseps.table.layout.RowLayout`.
 Erased ids go to a free stack and are reused first, so the matrix only grows when the
-number of live rows does. It doubles while small and then grows by 25% (bounded memory
-overhead at tens of millions of rows, see docs/table.md). Keys that are not admitted yet
+number of live rows does. It doubles while small and then grows by 25%, in place
+(:mod:`~sparseps.table.growth`: never old + new at once). Keys that are not admitted yet
 live in a second, small index with only their counters (show, click, unseen).
 
-Push path (all compiled, one pass each): merge repeated keys -> find (or find-or-insert
-for admission "always") -> admission of missing keys -> statistics -> the rule's fused
-update over the touched rows.
+Push path (all compiled, one pass each; :mod:`~sparseps.table.push`): merge repeated
+keys -> find -> admission of missing keys on scratch counters -> gather the touched rows
+(new rows initialised) into scratch -> statistics -> the rule's fused update -> finiteness
+check -> allocate -> insert new keys and scatter the rows back.
 
 Semantics pinned here:
 
-- A push validates everything first and is all-or-nothing: a NaN/inf gradient anywhere
-  rejects the whole batch (InputError naming the count and the first key) and the table
-  is left unchanged.
+- A push validates everything first and is all-or-nothing: a NaN/inf gradient anywhere,
+  or an update that would make any value of a row (embedding, state, counters) NaN/inf,
+  rejects the whole batch (InputError naming the table, the count and the first key);
+  running out of memory raises ResourceError (table, rows, bytes). The table is then
+  unchanged.
 - On the push that admits a key, the row is created with its initial value, its counters
   start from the pending counters, and *that push's gradient is applied* (so the first
   admitted push is not wasted). Pushes before admission only add to the counters.
@@ -32,31 +35,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import Admission, TableConfig
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError, InputError, ResourceError
 from . import checks
 from .batch import add_rows, dedup_merge, gather, init_rows, touch_rows
-from .columns import (
-    OPTIONAL_PENDING_COLUMNS,
-    OPTIONAL_ROW_COLUMNS,
-    PENDING_COLUMNS,
-    ROW_COLUMNS,
-    check_columns,
-    gather_columns,
-    write_stats,
-)
+from .growth import GrowableMatrix
 from .hashmap import KeyIndex
 from .initializers import fill_initial
 from .layout import STAT_COLUMNS, RowLayout
-from .lifecycle import admit, decay_slots, shrink_select
+from .lifecycle import decay_slots, shrink_select
+from .push import check_staged, gather_rows, scatter_rows, stage_pending
+from .restore import PENDING_WHERE, TableFiles
 
 __all__ = ["SparseTable", "TableStats"]
 
 log = logging.getLogger(__name__)
 
 INITIAL_ROWS = 256
-DOUBLING_BYTES = 64 << 20  # below this a matrix doubles; above it grows by 25%
-# pending storage columns: no embedding, state or delta_score
-PENDING_WHERE = {"show": 0, "click": 1, "unseen": 2}
+_NO_ROWS = np.empty(0, np.int64)
 
 
 @dataclass(frozen=True)
@@ -80,23 +75,7 @@ class TableStats:
     dim: int
 
 
-def _grown(array: np.ndarray, needed: int) -> np.ndarray:
-    """``array`` with at least ``needed`` rows (contents kept), reallocating if short.
-
-    Growth copies into a new matrix rather than resizing in place: a reader that still
-    holds the old matrix (a pull racing a push when a caller forgets its lock) then reads
-    stale rows instead of freed memory. The price is old + new memory during the copy.
-    """
-    capacity = array.shape[0]
-    if needed <= capacity:
-        return array
-    step = capacity if array.nbytes < DOUBLING_BYTES else capacity // 4
-    new = np.empty((max(needed, capacity + step), array.shape[1]), array.dtype)
-    new[:capacity] = array
-    return new
-
-
-class SparseTable:
+class SparseTable(TableFiles):
     """One shard of a sparse table.
 
     Not thread-safe for writers: the owner serialises mutating calls (the server holds a
@@ -105,9 +84,11 @@ class SparseTable:
 
     Args:
         config: the table's :class:`~sparseps.config.TableConfig`.
+        allocator: the memory hook (:class:`~sparseps.table.growth.Allocator`; tests
+            pass one that fails to check out-of-memory behaviour).
     """
 
-    def __init__(self, config: TableConfig) -> None:
+    def __init__(self, config: TableConfig, *, allocator=None) -> None:
         if not isinstance(config, TableConfig):
             raise ConfigError(f"SparseTable: expected a TableConfig, got {type(config).__name__}")
         self.config = config
@@ -119,10 +100,21 @@ class SparseTable:
         self._policy = config.lifecycle
         self._always = config.lifecycle.admission is Admission.ALWAYS
         self._state0 = np.ascontiguousarray(config.rule.initial_state(config.dim), np.float32)
-        self._index = KeyIndex()
-        self._rows = np.empty((INITIAL_ROWS, self.layout.width), np.float32)
-        self._pending_index = KeyIndex()
-        self._pending = np.empty((16, len(PENDING_WHERE)), np.float32)
+        self._allocator = allocator
+        self._index = KeyIndex(allocator=allocator)
+        self._store = GrowableMatrix(INITIAL_ROWS, self.layout.width, np.float32, allocator)
+        self._pending_index = KeyIndex(allocator=allocator)
+        self._pending_store = GrowableMatrix(16, len(PENDING_WHERE), np.float32, allocator)
+        self._scratch = np.empty((0, self.layout.width), np.float32)  # see _staging
+
+    @property
+    def _rows(self) -> np.ndarray:
+        # re-read on every use: a growth replaces the array (see growth.py)
+        return self._store.array
+
+    @property
+    def _pending(self) -> np.ndarray:
+        return self._pending_store.array
 
     # -- size -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -149,10 +141,7 @@ class SparseTable:
 
     def reserve(self, rows: int) -> None:
         """Pre-size storage for ``rows`` live rows (e.g. before loading a checkpoint)."""
-        if rows > self._rows.shape[0]:
-            new = np.empty((rows, self.layout.width), np.float32)
-            new[: self._rows.shape[0]] = self._rows
-            self._rows = new
+        self._grow("reserve", rows - len(self._index), 0, exact=True)
 
     def keys(self) -> np.ndarray:
         """uint64 keys of the live rows (slot order)."""
@@ -216,53 +205,99 @@ class SparseTable:
         if n == 0:
             return
         uniq, merged, merged_shows, merged_clicks = dedup_merge(keys, values, shows, clicks)
-        rows = self._rows_for(uniq, merged_shows, merged_clicks)
-        if not self._always:
-            keep = np.flatnonzero(rows >= 0)
-            if keep.size < rows.size:  # gradients of keys still pending are dropped
-                rows, merged = rows[keep], np.ascontiguousarray(merged[keep])
-                merged_shows, merged_clicks = merged_shows[keep], merged_clicks[keep]
-        policy = self._policy
-        touch_rows(self._rows, rows, merged_shows, merged_clicks, self._stat0,
-                   policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
-        if delta:
-            add_rows(self._rows, rows, merged, self._dim)
-        else:
-            self.config.rule.update(self._rows, rows, merged, self._dim)
-
-    def _rows_for(self, keys, shows, clicks) -> np.ndarray:
-        """Row ids of unique ``keys``, creating admitted rows; -1 for keys still pending."""
-        if self._always:
-            ids, is_new = self._index.find_or_insert(keys)
-            if is_new.any():
-                zeros = np.zeros(int(is_new.sum()), np.float32)
-                self._create(ids[is_new], keys[is_new], zeros, zeros)
-            return ids
-        ids = self._index.find(keys)
+        # -- stage: nothing below changes the table until the commit ----------------------
+        ids = self._index.find(uniq)
+        old = np.flatnonzero(ids >= 0)
         missing = np.flatnonzero(ids < 0)
+        pending = None
         if missing.size == 0:
-            return ids
-        waiting = keys[missing]
-        pids, is_new = self._pending_index.find_or_insert(waiting)
-        self._pending = _grown(self._pending, self._pending_index.high_water)
-        admitted, prior_show, prior_click = admit(
-            self._pending, pids, is_new, waiting, shows[missing], clicks[missing], self._policy,
-            self.config.seed,
-        )  # fmt: skip
-        if admitted.any():
-            fresh = waiting[admitted]
-            self._pending_index.erase(fresh)
-            new_ids, _ = self._index.find_or_insert(fresh)
-            self._create(new_ids, fresh, prior_show[admitted], prior_click[admitted])
-            ids[missing[admitted]] = new_ids
-        return ids
+            new = _NO_ROWS
+        elif self._always:
+            new = missing
+            prior_show = prior_click = np.zeros(missing.size, np.float32)
+        else:  # admission on scratch counters; gradients of keys still pending are dropped
+            pending = stage_pending(
+                self._pending_index, self._pending, uniq[missing], merged_shows[missing],
+                merged_clicks[missing], self._policy, self.config.seed,
+            )  # fmt: skip
+            new = missing[pending.admitted]
+            prior_show = pending.prior_show[pending.admitted]
+            prior_click = pending.prior_click[pending.admitted]
+        where = np.concatenate([old, new]) if new.size else old
+        staged = self._staging(where.size)
+        gather_rows(self._rows, ids[old], staged[: old.size])
+        local = np.arange(where.size, dtype=np.int64)
+        if new.size:
+            fresh = local[old.size :]
+            config, policy = self.config, self._policy
+            fill_initial(staged, fresh, uniq[new], self._dim, config.initializer, config.seed)
+            init_rows(staged, fresh, self._state0, prior_show, prior_click, self._dim,
+                      self._stat0, policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
+        if where.size < uniq.size or new.size:  # some keys pending: select the rest
+            merged = np.ascontiguousarray(merged[where])
+            merged_shows, merged_clicks = merged_shows[where], merged_clicks[where]
+        touch_rows(staged, local, merged_shows, merged_clicks, self._stat0,
+                   self._policy.nonclick_coeff, self._policy.click_coeff)  # fmt: skip
+        if delta:
+            add_rows(staged, local, merged, self._dim)
+        else:
+            self.config.rule.update(staged, local, merged, self._dim)
+        # -- check, allocate, commit ------------------------------------------------------
+        check_staged(op, self.config.name, staged, uniq[where], "row")
+        if pending is not None:
+            check_staged(op, self.config.name, pending.counters, pending.keys, "pending key")
+        self._grow(op, new.size, 0 if pending is None else pending.inserts.size,
+                   pending_erases=0 if pending is None else pending.erases.size)  # fmt: skip
+        if new.size:
+            new_ids, _ = self._index.find_or_insert(uniq[new])
+            ids[new] = new_ids
+        scatter_rows(self._rows, ids[where], staged)
+        if pending is not None:
+            self._commit_pending(pending)
 
-    def _create(self, ids, keys, shows, clicks) -> None:
-        """Initialise new rows: initial embedding, initial state, counters from admission."""
-        self._rows = _grown(self._rows, self._index.high_water)
-        fill_initial(self._rows, ids, keys, self._dim, self.config.initializer, self.config.seed)
-        init_rows(self._rows, ids, self._state0, shows, clicks, self._dim, self._stat0,
-                  self._policy.nonclick_coeff, self._policy.click_coeff)  # fmt: skip
+    def _staging(self, rows: int) -> np.ndarray:
+        """A scratch ``[rows, width]`` matrix, reused across pushes: a fresh multi-MB
+        array per push costs page faults comparable to the update itself."""
+        if self._scratch.shape[0] < rows:
+            self._scratch = np.empty((max(rows, 2 * self._scratch.shape[0]), self.layout.width),
+                                     np.float32)  # fmt: skip
+        return self._scratch[:rows]
+
+    def _commit_pending(self, stage) -> None:
+        """Write a staged admission back (space was reserved: nothing here allocates)."""
+        updates, inserts = stage.updates, stage.inserts
+        scatter_rows(self._pending, stage.pids[updates], stage.counters[updates])
+        if inserts.size:
+            pids, _ = self._pending_index.find_or_insert(stage.keys[inserts])
+            scatter_rows(self._pending, pids, stage.counters[inserts])
+        erases = stage.erases
+        if erases.size:
+            self._pending_index.erase(stage.keys[erases])
+
+    def _grow(self, op: str, rows: int, pending: int, *, pending_erases: int = 0,
+              exact: bool = False) -> None:  # fmt: skip
+        """Make room for ``rows`` new rows and ``pending`` new pending keys, or raise
+        ResourceError with the table unchanged (an index may have been rehashed larger)."""
+        index, store = self._index, self._store
+        needed = index.high_water + max(0, rows - index.free_ids)
+        p_index, p_store = self._pending_index, self._pending_store
+        p_needed = p_index.high_water + max(0, pending - p_index.free_ids)
+        try:
+            index.reserve(max(rows, 0))
+            store.grow_to(needed, exact=exact)
+            p_index.reserve(pending, erasing=pending_erases)
+            p_store.grow_to(p_needed)
+        except MemoryError as exc:
+            wanted = (
+                index.bytes_to_reserve(max(rows, 0)) + store.bytes_to_hold(needed, exact=exact)
+                + p_index.bytes_to_reserve(pending) + p_store.bytes_to_hold(p_needed)
+            )  # fmt: skip
+            raise ResourceError(
+                f"{op} to table {self.config.name!r}: out of memory making room for {rows} new "
+                f"row(s) and {pending} new pending key(s): needed {wanted} more bytes on top of "
+                f"the table's {self.nbytes}; the push was rejected and the table is unchanged "
+                f"({exc})"
+            ) from exc
 
     # -- lifecycle --------------------------------------------------------------------
     def decay(self, rate: float | None = None) -> None:
@@ -305,69 +340,3 @@ class SparseTable:
     def reset_delta_score(self) -> None:
         """Zero every row's delta_score (after a delta save)."""
         self._rows[: self._index.high_water, self._where["delta_score"]] = 0.0
-
-    # -- export / import --------------------------------------------------------------
-    def export_rows(self) -> dict[str, np.ndarray]:
-        """Every live row as columns (order unspecified, consistent across columns).
-
-        Returns:
-            ``key`` uint64 [n], ``embedding`` float32 [n, dim], ``state`` float32
-            [n, state_dim], ``show``/``click``/``delta_score`` float32 [n],
-            ``unseen_days`` int32 [n] and ``touched`` uint8 [n] (1 = pushed since the last
-            decay; optional on import, default 0).
-        """
-        keys, ids = self._index.items()
-        columns = gather_columns(self._rows, keys, ids, self._where)
-        return {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
-
-    def export_pending(self) -> dict[str, np.ndarray]:
-        """Admission counters of keys not admitted yet: ``key``, ``show``, ``click``
-        (+ ``unseen_days`` int32 and ``touched`` uint8, optional on import)."""
-        keys, ids = self._pending_index.items()
-        columns = gather_columns(self._pending, keys, ids, PENDING_WHERE)
-        return {name: columns[name] for name in (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)}
-
-    def import_rows(self, columns: dict) -> None:
-        """Upsert rows from :meth:`export_rows` columns (bit-exact round trip).
-
-        A key that was pending becomes a row (its pending counters are dropped).
-
-        Raises:
-            InputError: a missing or unknown column, a wrong dtype/shape (e.g. an
-                embedding of another dim), lengths that differ, repeated keys or
-                non-finite values; nothing is imported then.
-        """
-        layout = self.layout
-        cols = check_columns("import_rows", columns, ROW_COLUMNS, OPTIONAL_ROW_COLUMNS,
-                              layout.dim, layout.state_dim)  # fmt: skip
-        keys = cols["key"]
-        if keys.size == 0:
-            return
-        ids, _ = self._index.find_or_insert(keys)
-        self._rows = _grown(self._rows, self._index.high_water)
-        self._rows[ids, : self._dim] = cols["embedding"]
-        self._rows[ids, self._dim : self._stat0] = cols["state"]
-        write_stats(self._rows, ids, cols, self._where)
-        self._pending_index.erase(keys)
-
-    def import_pending(self, columns: dict) -> None:
-        """Upsert pending counters from :meth:`export_pending` columns.
-
-        Keys that are already rows are skipped (a row supersedes its pending counters).
-
-        Raises:
-            InputError: as :meth:`import_rows`.
-        """
-        cols = check_columns(
-            "import_pending", columns, PENDING_COLUMNS, OPTIONAL_PENDING_COLUMNS, 0, 0
-        )
-        keep = np.flatnonzero(~self._index.contains(cols["key"]))
-        if keep.size < cols["key"].size:
-            log.info("table %s: import_pending skipped %d keys that are rows",
-                     self.config.name, cols["key"].size - keep.size)  # fmt: skip
-            cols = {name: values[keep] for name, values in cols.items()}
-        if cols["key"].size == 0:
-            return
-        ids, _ = self._pending_index.find_or_insert(np.ascontiguousarray(cols["key"]))
-        self._pending = _grown(self._pending, self._pending_index.high_water)
-        write_stats(self._pending, ids, cols, PENDING_WHERE)

@@ -1,0 +1,190 @@
+"""Export, import and restore of a sparse table's rows (the columns of ``columns.py``).
+
+Two ways in, on purpose:
+
+- **merge** (``import_rows`` / ``import_pending``): upsert columns into the live table.
+  Used to assemble a table from several parts (the shard files of a save made on another
+  number of servers) and by geo mode's local tables.
+- **restore** (``restore``, or ``empty_like`` + imports + ``adopt``): make the table
+  *exactly* the given columns. Rows, pending keys and counters created after the
+  checkpoint disappear. The new contents are built aside in a fresh table, and only when
+  every part has been read and validated are they swapped in, so a load that fails
+  half-way (a corrupt second shard file) leaves the table as it was. The price is memory
+  for the old and the new contents during the load.
+
+Every import is all-or-nothing: columns are validated and storage is reserved before the
+index or the rows change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..errors import InputError
+from .columns import (
+    OPTIONAL_PENDING_COLUMNS,
+    OPTIONAL_ROW_COLUMNS,
+    PENDING_COLUMNS,
+    ROW_COLUMNS,
+    check_columns,
+    gather_columns,
+    write_stats,
+)
+from .push import scatter_rows
+
+__all__ = ["PENDING_WHERE", "TableFiles"]
+
+log = logging.getLogger(__name__)
+
+# pending storage columns: no embedding, state or delta_score
+PENDING_WHERE = {"show": 0, "click": 1, "unseen": 2}
+
+
+class TableFiles:
+    """Export / import / restore, mixed into :class:`~sparseps.table.SparseTable`."""
+
+    # -- export -----------------------------------------------------------------------
+    def export_rows(self) -> dict[str, np.ndarray]:
+        """Every live row as columns (order unspecified, consistent across columns).
+
+        Returns:
+            ``key`` uint64 [n], ``embedding`` float32 [n, dim], ``state`` float32
+            [n, state_dim], ``show``/``click``/``delta_score`` float32 [n],
+            ``unseen_days`` int32 [n] and ``touched`` uint8 [n] (1 = pushed since the last
+            decay; optional on import, default 0).
+        """
+        keys, ids = self._index.items()
+        columns = gather_columns(self._rows, keys, ids, self._where)
+        return {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
+
+    def export_pending(self) -> dict[str, np.ndarray]:
+        """Admission counters of keys not admitted yet: ``key``, ``show``, ``click``
+        (+ ``unseen_days`` int32 and ``touched`` uint8, optional on import)."""
+        keys, ids = self._pending_index.items()
+        columns = gather_columns(self._pending, keys, ids, PENDING_WHERE)
+        return {name: columns[name] for name in (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)}
+
+    # -- merge ------------------------------------------------------------------------
+    def import_rows(self, columns: dict, *, strict: bool = False) -> None:
+        """Upsert rows from :meth:`export_rows` columns (bit-exact round trip).
+
+        A key that was pending becomes a row (its pending counters are dropped).
+
+        Args:
+            columns: the columns.
+            strict: refuse keys the table already holds as rows (a checkpoint holds each
+                key once; used while restoring).
+
+        Raises:
+            InputError: a missing or unknown column, a wrong dtype/shape (e.g. an
+                embedding of another dim), lengths that differ, repeated keys,
+                non-finite values, or (strict) a key already present; nothing is
+                imported then.
+            ResourceError: out of memory; nothing is imported.
+        """
+        layout = self.layout
+        cols = check_columns("import_rows", columns, ROW_COLUMNS, OPTIONAL_ROW_COLUMNS,
+                             layout.dim, layout.state_dim)  # fmt: skip
+        keys = cols["key"]
+        n = keys.size
+        if n == 0:
+            return
+        ids = self._index.find(keys)
+        if strict:
+            self._refuse_present("import_rows", keys, ids)
+        staged = np.empty((n, layout.width), np.float32)
+        staged[:, : self._dim] = cols["embedding"]
+        staged[:, self._dim : self._stat0] = cols["state"]
+        write_stats(staged, np.arange(n), cols, self._where)
+        new = np.flatnonzero(ids < 0)
+        self._grow("import_rows", new.size, 0, pending_erases=n)
+        if new.size:
+            ids[new] = self._index.find_or_insert(keys[new])[0]
+        scatter_rows(self._rows, ids, staged)
+        self._pending_index.erase(keys)
+
+    def import_pending(self, columns: dict, *, strict: bool = False) -> None:
+        """Upsert pending counters from :meth:`export_pending` columns.
+
+        Keys that are already rows are skipped (a row supersedes its pending counters).
+        ``strict`` refuses keys that are already pending.
+
+        Raises:
+            InputError: as :meth:`import_rows`.
+        """
+        cols = check_columns(
+            "import_pending", columns, PENDING_COLUMNS, OPTIONAL_PENDING_COLUMNS, 0, 0
+        )
+        keys = cols["key"]
+        if strict:
+            self._refuse_present("import_pending", keys, self._pending_index.find(keys))
+        keep = np.flatnonzero(~self._index.contains(keys))
+        if keep.size < keys.size:
+            log.info("table %s: import_pending skipped %d keys that are rows",
+                     self.config.name, keys.size - keep.size)  # fmt: skip
+            cols = {name: values[keep] for name, values in cols.items()}
+            keys = np.ascontiguousarray(cols["key"])
+        n = keys.size
+        if n == 0:
+            return
+        staged = np.empty((n, len(PENDING_WHERE)), np.float32)
+        write_stats(staged, np.arange(n), cols, PENDING_WHERE)
+        pids = self._pending_index.find(keys)
+        new = np.flatnonzero(pids < 0)
+        self._grow("import_pending", 0, new.size)
+        if new.size:
+            pids[new] = self._pending_index.find_or_insert(keys[new])[0]
+        scatter_rows(self._pending, pids, staged)
+
+    def _refuse_present(self, op: str, keys: np.ndarray, ids: np.ndarray) -> None:
+        present = ids >= 0
+        if present.any():
+            raise InputError(
+                f"{op} into table {self.config.name!r}: {int(present.sum())} key(s) are already "
+                f"in the table (first {int(keys[np.flatnonzero(present)[0]])}); a checkpoint "
+                "holds each key once, so its files overlap; nothing was imported"
+            )
+
+    # -- restore ----------------------------------------------------------------------
+    def empty_like(self):
+        """A new, empty table with this one's config and allocator (to restore into)."""
+        return type(self)(self.config, allocator=self._allocator)
+
+    def adopt(self, other) -> None:
+        """Take ``other``'s contents (rows, state, counters, pending keys) in one step.
+
+        ``other`` must come from :meth:`empty_like` (same layout); it is emptied. The
+        caller holds the table's write lock.
+        """
+        if other is self:
+            return
+        if other.layout != self.layout:
+            raise InputError(
+                f"adopt into table {self.config.name!r}: layouts differ ({other.layout} vs "
+                f"{self.layout})"
+            )
+        fresh = self.empty_like()
+        self._index, self._store = other._index, other._store
+        self._pending_index, self._pending_store = other._pending_index, other._pending_store
+        other._index, other._store = fresh._index, fresh._store
+        other._pending_index, other._pending_store = fresh._pending_index, fresh._pending_store
+
+    def restore(self, rows: Iterable[dict], pending: Iterable[dict] = ()) -> None:
+        """Make the table exactly the union of ``rows`` and ``pending`` column sets.
+
+        Every part is validated and imported into a fresh table first; the table changes
+        only if all of them succeed (then atomically, by :meth:`adopt`).
+
+        Raises:
+            InputError: a bad part, or parts that overlap; the table is unchanged.
+            ResourceError: out of memory; the table is unchanged.
+        """
+        fresh = self.empty_like()
+        for columns in rows:
+            fresh.import_rows(columns, strict=True)
+        for columns in pending:
+            fresh.import_pending(columns, strict=True)
+        self.adopt(fresh)
