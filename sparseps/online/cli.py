@@ -3,7 +3,9 @@
 Validates the config, then starts the job through the launcher (``job.server_num``
 servers and ``job.worker_num`` workers on this machine, each running
 :mod:`sparseps.online.job`). Re-running the same command after a crash resumes after the
-last checkpointed pass (see docs/online.md).
+last checkpointed pass (see docs/online.md). Only one job runs on a model directory at a
+time: this process holds its lock (:mod:`sparseps.online.lock`) for the whole job, and a
+second ``sparseps online`` on the same folder exits 1 at once, naming the holder.
 """
 
 from __future__ import annotations
@@ -45,16 +47,18 @@ def launch_argv(
 def run(args: argparse.Namespace) -> int:
     from ..launch import cli as launch_cli
     from .config import load_config
+    from .lock import ModelDirLock
     from .model_dir import ModelDir
 
     config = load_config(args.config)
     if args.check:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
-    config.model_dir.mkdir(parents=True, exist_ok=True)
-    parser = argparse.ArgumentParser(prog="sparseps launch")
-    launch_cli.add_arguments(parser)
-    code = launch_cli.run(parser.parse_args(launch_argv(config, args.config)))
+    # before anything in the folder is touched (the launcher writes MODEL_DIR/log)
+    with ModelDirLock(config.model_dir):
+        parser = argparse.ArgumentParser(prog="sparseps launch")
+        launch_cli.add_arguments(parser)
+        code = launch_cli.run(parser.parse_args(launch_argv(config, args.config)))
     status_path = ModelDir(config.model_dir).status_path
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
     if code != 0 and status.get("state") == "failed":

@@ -25,6 +25,10 @@ An optional ``on_phase`` hook is called at named points of this loop
 
 Restart: the newest complete checkpoint is loaded and the loop continues with the pass
 after it (the ledger's rule, see :mod:`sparseps.online.ledger`).
+
+Before any of it, worker 0 takes the model directory's lock
+(:mod:`sparseps.online.lock`; already held for it when ``sparseps online`` launched the
+job): a second job on the same folder stops here, before it deletes or writes anything.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from ..worker import collectives
 from .config import OnlineConfig
 from .layout import DataLayout, PassId
 from .ledger import Ledger
+from .lock import ModelDirLock
 from .model_dir import ModelDir
 from .phases import CountingDataset, PhaseEvent, PhaseHook
 from .schedule import plan_pass
@@ -112,6 +117,7 @@ class OnlineDriver:
         self.layout = DataLayout(config)
         self.dir = ModelDir(config.model_dir)
         self.ledger = Ledger.of(config.model_dir)
+        self.lock = ModelDirLock(config.model_dir, what=f"online worker {rank}")
         self.on_phase = on_phase
         self._last_checkpoint: str | None = None
         self._has_base = False
@@ -181,7 +187,19 @@ class OnlineDriver:
     # -- the loop ----------------------------------------------------------------------
 
     def run(self) -> list[dict]:
-        """Run every pass after the last checkpoint; returns this run's pass records."""
+        """Run every pass after the last checkpoint; returns this run's pass records.
+
+        Raises:
+            ModelDirBusyError: (worker 0) another job holds the model directory.
+        """
+        if self.rank == 0:  # worker 0 alone cleans, prunes and writes the ledger
+            self.lock.acquire(accept_parent=True)
+        try:
+            return self._run()
+        finally:
+            self.lock.release()
+
+    def _run(self) -> list[dict]:
         last_seq = self.resume()
         todo = [p for p in self.layout.passes() if p.seq > last_seq]
         records = []

@@ -1,0 +1,150 @@
+"""One job per model directory: a second job on a locked folder fails at once, naming the
+folder and the holder, and touches nothing; the lock dies with its holder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from _fakes import FakeDriver, FakeTrainer, fake_config
+from _onlinetools import clean_env, online_argv, run_online, write_config
+
+from sparseps.online import Ledger, write_stream
+from sparseps.online.lock import LOCK_NAME, ModelDirBusyError, ModelDirLock
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _hold(model_dir: Path, *, spawn: str = "") -> subprocess.Popen:
+    """A process that takes the lock, says ``locked`` and sleeps; with ``spawn``, it then runs
+    that code in a child of its own (which prints the child's verdict)."""
+    code = textwrap.dedent(f"""
+        import subprocess, sys, time
+        from sparseps.online.lock import ModelDirLock
+        lock = ModelDirLock({str(model_dir)!r}, what="test holder").acquire()
+        print("locked", flush=True)
+        if {spawn!r}:
+            sys.exit(subprocess.run([sys.executable, "-c", {spawn!r}]).returncode)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], env=clean_env(), text=True,
+                            stdout=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def _first_jobs_files(model_dir: Path) -> dict[Path, bytes]:
+    """What a running job has in its folder: an in-progress save and a ledger."""
+    saving = model_dir / "checkpoints" / "000003-20240101-003"
+    saving.mkdir(parents=True)
+    (saving / "part-0.arrow").write_bytes(b"half written")
+    (model_dir / "checkpoints" / ".staging-x").mkdir()
+    (model_dir / "ledger.jsonl").write_text('{"kind": "pass", "seq": 0}\n')
+    return {p: p.read_bytes() for p in model_dir.rglob("*") if p.is_file() and p.name != LOCK_NAME}
+
+
+def _unchanged(model_dir: Path, before: dict[Path, bytes]) -> None:
+    now = {p: p.read_bytes() for p in model_dir.rglob("*") if p.is_file() and p.name != LOCK_NAME}
+    assert now == before
+    assert (model_dir / "checkpoints" / ".staging-x").is_dir()
+
+
+def test_a_second_driver_fails_fast_and_touches_nothing_until_the_holder_dies(tmp_path):
+    config = fake_config(tmp_path, days=1, passes_per_day=2)
+    before = _first_jobs_files(config.model_dir)
+    holder = _hold(config.model_dir)
+    try:
+        trainer = FakeTrainer()
+        start = time.monotonic()
+        with pytest.raises(ModelDirBusyError) as err:
+            FakeDriver(config, trainer).run()
+        assert time.monotonic() - start < 2.0
+        text = str(err.value)
+        assert "\n" not in text and str(config.model_dir) in text
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in text and "test holder" in text
+        assert trainer.calls == []
+        _unchanged(config.model_dir, before)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+    # the kernel dropped the dead holder's lock: the next job runs, and now holds it
+    records = FakeDriver(config, FakeTrainer()).run()
+    assert [r["seq"] for r in records] == [0, 1]
+    assert json.loads((config.model_dir / LOCK_NAME).read_text())["pid"] == os.getpid()
+    # and released it when its run ended
+    with ModelDirLock(config.model_dir):
+        pass
+
+
+def test_only_the_holders_own_child_may_share_its_lock(tmp_path):
+    check = textwrap.dedent(f"""
+        import sys
+        from sparseps.online.lock import ModelDirBusyError, ModelDirLock
+        try:
+            ModelDirLock({str(tmp_path)!r}).acquire()
+            sys.exit(10)
+        except ModelDirBusyError:
+            pass
+        lock = ModelDirLock({str(tmp_path)!r}).acquire(accept_parent=True)
+        sys.exit(20 if lock.inherited else 30)
+    """)
+    holder = _hold(tmp_path, spawn=check)
+    assert holder.wait(timeout=60) == 20
+    # not our parent: refused even with accept_parent
+    holder = _hold(tmp_path)
+    try:
+        with pytest.raises(ModelDirBusyError, match=f"pid {holder.pid} "):
+            ModelDirLock(tmp_path).acquire(accept_parent=True)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+def test_a_second_sparseps_online_exits_at_once_while_the_first_runs(tmp_path):
+    data = tmp_path / "data"
+    # split 0005 has no done-marker yet: the first job waits for it, holding the folder
+    write_stream(data, start_day="20240101", days=1, splits_per_day=2, rows_per_split=300,
+                 seed=3, skip=(("20240101", 1),))  # fmt: skip
+    model = tmp_path / "model"
+    cfg = write_config(tmp_path / "job.yaml", data_root=data, model_dir=model, days=1,
+                       passes_per_day=2, data={"wait_timeout_s": 120})  # fmt: skip
+    first = subprocess.Popen(online_argv(cfg), env=clean_env(), cwd=tmp_path, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        ledger = Ledger.of(model)
+        while not ledger.passes() and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.2)  # pass 0 done: worker 0 holds the folder too
+        assert ledger.passes(), first.communicate(timeout=10)
+        holder = json.loads((model / LOCK_NAME).read_text())
+        assert holder["pid"] == first.pid
+        before = {p: p.read_bytes() for p in model.rglob("*") if p.is_file()}
+        start = time.monotonic()
+        second = run_online(cfg, timeout=60)
+        took = time.monotonic() - start
+        assert second.returncode == 1, second.stderr
+        assert took < 20, took  # no launch: it stops before starting any process
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1, second.stderr
+        assert lines[0].startswith("sparseps online: error: model directory ")
+        assert str(model) in lines[0] and f"pid {first.pid} on host" in lines[0]
+        # the first job's files (its logs, pids.json and ledger included) are as they were
+        now = {p: p.read_bytes() for p in model.rglob("*") if p.is_file()}
+        changed = {p for p in before if now.get(p) != before[p]}
+        assert changed <= {p for p in before if p.suffix == ".log"}  # the first job logs on
+        (data / "20240101" / "0005" / "_SUCCESS").touch()
+        out, err = first.communicate(timeout=150)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert first.returncode == 0, err[-3000:]
+    assert [r["seq"] for r in Ledger.of(model).passes()] == [0, 1]
