@@ -8,18 +8,32 @@ same rows, measured in the same run, interleaved with the rpc figures round by r
 ``ratio`` = rpc / in-process; for latencies a ratio above 1 means slower. The pushes
 keep changing the rows of both tables the same way, so both keep equal contents.
 
-Run: ``sparseps bench rpc [--quick] [--json]``.
+With ``--secure`` the same servers run a second time with CURVE transport (fresh job keys,
+servers started from the launcher's environment as in a ``--secure`` job), measured in the
+same rounds, and ``rpc_secure_*`` records give secure / plain (the plain rpc figure is
+their baseline): the cost of encryption on loopback.
+
+Run: ``sparseps bench rpc [--quick] [--secure] [--json]``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from sparseps import optim
+from sparseps import env, optim
 from sparseps.benchmarking import BenchRecord
 from sparseps.config import TableConfig
+from sparseps.errors import SparsePSError
+from sparseps.rpc.client import PSClient
+from sparseps.rpc.security import JobKeys, Security, write_job_keys
+from sparseps.rpc.transport import free_port
 from sparseps.table import SparseTable
 from sparseps.testing import local_cluster
 
@@ -112,7 +126,57 @@ def _best(results: list[dict]) -> dict:
     }
 
 
-def run(quick: bool) -> list[BenchRecord]:
+_SECURE_JOB = "bench-rpc-secure"
+
+
+@contextlib.contextmanager
+def _secure_client(servers: int, timeout: float = 60.0):
+    """``servers`` CURVE servers started as a ``--secure`` job starts them; yields a client."""
+    with tempfile.TemporaryDirectory(prefix="sparseps-bench-secure-") as folder:
+        key_dir = Path(folder) / "keys"
+        write_job_keys(key_dir)
+        security = Security(JobKeys.load(key_dir))
+        endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
+        code = "import sparseps as sps; sps.init(); sps.run_server()"
+        processes = []
+        for rank in range(servers):
+            role = env.RoleEnv(
+                env.Role.SERVER, rank, tuple(endpoints), 1, f"127.0.0.1:{free_port()}",
+                folder, _SECURE_JOB, key_dir=str(key_dir),
+            )  # fmt: skip
+            with open(Path(folder) / f"server.{rank}.log", "wb") as log:
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", code],
+                        env=env.child_environ(role.to_environ()),
+                        stdout=subprocess.DEVNULL,
+                        stderr=log,
+                    )  # fmt: skip
+                )
+        try:
+            with PSClient(endpoints, timeout=timeout, security=security, job_id=_SECURE_JOB) as c:
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        c.ping(timeout=1.0)
+                        break
+                    except SparsePSError:
+                        if time.monotonic() > deadline or any(
+                            p.poll() is not None for p in processes
+                        ):
+                            raise
+                yield c
+                c.stop_servers()
+        finally:
+            for process in processes:
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+def run(quick: bool, secure: bool = False) -> list[BenchRecord]:
     rows = 100_000 if quick else 1_000_000
     count = 20 if quick else 100
     rounds = 2 if quick else 3
@@ -123,17 +187,22 @@ def run(quick: bool) -> list[BenchRecord]:
     local = _Local(universe)
     records = []
     for servers in (1, 2):
-        with (
-            local_cluster(servers=servers, timeout=60) as cluster,
-            cluster.client(timeout=120) as client,
-        ):
-            client.create_table(_config())
-            _fill(lambda k, g: client.push("bench", k, g).wait(), universe)
-            # Rounds interleave baseline and rpc so both see the same machine load.
-            base, remote = [], []
+        with contextlib.ExitStack() as stack:
+            cluster = stack.enter_context(local_cluster(servers=servers, timeout=60))
+            client = stack.enter_context(cluster.client(timeout=120))
+            clients = [client]
+            if secure:
+                clients.append(stack.enter_context(_secure_client(servers)))
+            for c in clients:
+                c.create_table(_config())
+                _fill(lambda k, g, c=c: c.push("bench", k, g).wait(), universe)
+            # Rounds interleave baseline, rpc (and secure rpc) so all see the same load.
+            base, remote, curve = [], [], []
             for _ in range(rounds):
                 base.append(local.measure(pulls, pushes, grads))
                 remote.append(_measure_remote(client, pulls, pushes, grads))
+                if secure:
+                    curve.append(_measure_remote(clients[1], pulls, pushes, grads))
         base, remote = _best(base), _best(remote)
         params = {
             "servers": servers,
@@ -150,4 +219,18 @@ def run(quick: bool) -> list[BenchRecord]:
             BenchRecord("rpc_pull_p50_ms", float(remote["p50"]), "ms", float(base["p50"]), params),
             BenchRecord("rpc_pull_p99_ms", float(remote["p99"]), "ms", float(base["p99"]), params),
         ]
+        if secure:
+            curve = _best(curve)
+            params = {**params, "transport": "CURVE", "baseline": "plain rpc, same run"}
+            records += [
+                BenchRecord(
+                    f"rpc_secure_{name}", float(curve[key]), unit, float(remote[key]), params
+                )
+                for name, key, unit in (
+                    ("pull_rows_per_s", "pull", "rows/s"),
+                    ("push_rows_per_s", "push", "rows/s"),
+                    ("pull_p50_ms", "p50", "ms"),
+                    ("pull_p99_ms", "p99", "ms"),
+                )
+            ]
     return records

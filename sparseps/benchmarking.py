@@ -1,6 +1,7 @@
 """``sparseps bench NAME``: run ``bench/NAME.py`` and report ratios against a baseline.
 
-A benchmark module in ``bench/`` defines ``run(quick: bool) -> list[BenchRecord]``; every
+A benchmark module in ``bench/`` defines ``run(quick: bool) -> list[BenchRecord]`` (and
+``run(quick, secure=True)`` if it supports ``--secure``); every
 record carries the baseline measured in the same run, so the ratio means something on a
 shared, noisy machine. With ``--json`` the last stdout line is the JSON list of records
 (DESIGN §2.1).
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import sys
 from dataclasses import asdict, dataclass, field
@@ -73,10 +75,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="benchmark name: a file bench/NAME.py")
     parser.add_argument("--json", action="store_true", help="last stdout line is JSON records")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="also measure CURVE-secured transport against plain (benchmarks that use servers)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    records: list[BenchRecord] = load_benchmark(args.name).run(quick=args.quick)
+    module = load_benchmark(args.name)
+    if args.secure:
+        if "secure" not in inspect.signature(module.run).parameters:
+            raise ConfigError(f"bench {args.name}: --secure is not supported by this benchmark")
+        records: list[BenchRecord] = module.run(quick=args.quick, secure=True)
+    else:
+        records = module.run(quick=args.quick)
     for record in records:
         print(record.line(), flush=True)
     if args.json:
