@@ -49,10 +49,19 @@ class FileOps:
         return records, []
 
     def _op_load(self, request: Request):
+        """Make this server's shard of the table exactly the checkpoint (restore, not merge).
+
+        Every file (all of them: a save made on another number of servers spreads this
+        server's keys over several) is read, verified and imported into a fresh table
+        aside; only then does the fresh table replace the live contents, under the write
+        lock. Rows and pending keys created after the checkpoint are gone; a file that
+        fails (corrupt, wrong table, overlapping keys) leaves the table as it was.
+        """
         entry = self._sparse_entry(request)
         loaded = {"rows": 0, "pending": 0, "files": 0}
-        for spec in request.args["files"]:
-            path, checksum = _file_spec(spec)
+        specs = [_file_spec(spec) for spec in request.args["files"]]
+        fresh = entry.table.empty_like()
+        for path, checksum in specs:
             meta, columns = shards.read_shard(path, sha256=checksum)
             _check_compatible(path, meta, entry.table)
             if len(columns["key"]):
@@ -62,13 +71,17 @@ class FileOps:
                         name: np.ascontiguousarray(values[mine]) for name, values in columns.items()
                     }
             kind = meta.get("kind")
-            with entry.lock.write():
+            try:
                 if kind == "rows":
-                    entry.table.import_rows(columns)
+                    fresh.import_rows(columns, strict=True)
                 else:
-                    entry.table.import_pending(columns)
+                    fresh.import_pending(columns, strict=True)
+            except InputError as exc:
+                raise CheckpointError(f"shard file {path}: {exc}") from exc
             loaded[kind] += len(columns["key"])
             loaded["files"] += 1
+        with entry.lock.write():
+            entry.table.adopt(fresh)
         return loaded, []
 
     def _op_save_dense(self, request: Request):
