@@ -21,9 +21,11 @@ The wire format and the server are in :mod:`sparseps.launch.store_server`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import msgpack
@@ -105,6 +107,11 @@ class ZmqStore(dist.Store):
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._monitor, zmq.POLLIN)
+        # Dropping the last reference closes the store (and the hosted server), as it did
+        # for a TCPStore: callers that let go of a store free its port.
+        self._finalizer = weakref.finalize(
+            self, _release, self._sock, self._monitor, self._context, owner
+        )
         self._sock.connect(tcp_endpoint(ip, port))
         try:
             self._call("ping", timeout_s)
@@ -272,17 +279,11 @@ class ZmqStore(dist.Store):
     def close(self) -> None:
         """Close the socket (and the hosted server, if any); later calls raise (idempotent)."""
         with self._lock:
-            if self._context.closed:
-                return
-            self._broken = UnavailableError(
-                f"{self.what} {self.address}: closed", op="close", address=self.address
-            )
-            self._sock.disable_monitor()
-            self._monitor.close(linger=0)
-            self._sock.close(linger=0)
-            self._context.term()
-        if self._owner is not None:
-            self._owner.close()
+            if self._finalizer.alive:
+                self._broken = UnavailableError(
+                    f"{self.what} {self.address}: closed", op="close", address=self.address
+                )
+        self._finalizer()
 
     def __enter__(self) -> ZmqStore:
         return self
@@ -292,6 +293,17 @@ class ZmqStore(dist.Store):
 
     def __repr__(self) -> str:
         return f"ZmqStore({self.address!r}, secure={self._security is not None})"
+
+
+def _release(sock: zmq.Socket, monitor: zmq.Socket, context: zmq.Context, owner) -> None:
+    """Close a client's sockets and context, then the server it hosts (runs once)."""
+    with contextlib.suppress(zmq.ZMQError):
+        sock.disable_monitor()
+    monitor.close(linger=0)
+    sock.close(linger=0)
+    context.term()
+    if owner is not None:
+        owner.close()
 
 
 def _as_bytes(value) -> bytes:

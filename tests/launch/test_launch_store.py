@@ -20,6 +20,7 @@ from _launchtools import clean_env, free_port
 
 from sparseps.errors import ConfigError, RemoteError, TimeoutError_, UnavailableError
 from sparseps.launch.store import StoreServer, ZmqStore
+from sparseps.rpc import security
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -209,9 +210,21 @@ def test_gloo_init_and_all_reduce_over_the_store_in_two_processes(tmp_path):
     _two_workers(tmp_path)
 
 
-# -- CURVE ---------------------------------------------------------------------------
+def test_dropping_the_hosting_store_frees_the_port():
+    import gc
 
-security = pytest.importorskip("sparseps.rpc.security")
+    srv = StoreServer("127.0.0.1", 0)
+    store = ZmqStore(srv.address, timeout_s=2.0, setting="S", owner=srv)
+    store.set("k", "v")
+    del store  # role.stop() lets go of worker 0's store this way
+    gc.collect()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", srv.port), timeout=2)
+    with StoreServer("127.0.0.1", srv.port):  # the port can be bound again
+        pass
+
+
+# -- CURVE ---------------------------------------------------------------------------
 
 
 @pytest.fixture
