@@ -214,6 +214,7 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
             worker_num=len(spec.workers),
             timeout_s=args.rendezvous_timeout_s,
             worker_nodes=tuple(dict.fromkeys(spec.workers)),
+            security=security,
         )
     local_servers = spec.local_servers()
     supervisor = Supervisor(
