@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT.parent / "shared" / "data" / "criteo_sample.csv"
-if not SAMPLE.is_file():
-    SAMPLE = Path("/work/shared/data/criteo_sample.csv")
+SAMPLE = ROOT / "tests" / "fixtures" / "criteo_sample.csv"
 
 
 def sparseps(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -55,8 +53,7 @@ def test_inspect_verifies_both_model_directories(demo):
         assert "deep_emb" in done.stdout and "verified" in done.stdout
 
 
-@pytest.mark.skipif(not SAMPLE.is_file(), reason="the shared samples are not beside this checkout")
-def test_predict_runs_on_the_shared_criteo_sample(demo):
+def test_predict_runs_on_the_criteo_sample(demo):
     _, summary = demo
     done = sparseps("predict", summary["inference_model"], "--data", str(SAMPLE))
     assert done.returncode == 0, done.stderr

@@ -13,10 +13,8 @@ import xxhash
 from sparseps.data import AVAZU, CRITEO, CRITEO_SLOT, Batch, QueueDataset, Schema, slot_seed
 from sparseps.data.hashing import hash_string_array, xxh64_bytes
 
-# the shared samples live in shared/ beside the checkout (CI clones it the same way)
-DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data")
-if not os.path.isdir(DATA):
-    DATA = "/work/shared/data"
+# small published samples kept in the repository (tests/fixtures/README.md says where from)
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
 CRITEO_CSV = os.path.join(DATA, "criteo_sample.csv")
 SLOT_TXT = os.path.join(DATA, "criteo_slot_sample.txt")
 AVAZU_CSV = os.path.join(DATA, "avazu_sample.csv")
