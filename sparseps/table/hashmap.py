@@ -25,6 +25,7 @@ Memory: 13 bytes per slot (8 key + 4 id + 1 state); the load factor stays in
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 
 import numpy as np
@@ -334,10 +335,10 @@ class KeyIndex:
             self._used, self._size, self._seed,
         )  # fmt: skip
         if self.capacity > 1024 and self._size < self.capacity // 8:
-            try:
-                self._grow(0)  # most keys are gone: give the slot memory back
-            except MemoryError:  # the erase is done; shrinking is only an optimisation
-                pass
+            # most keys are gone: give the slot memory back (only an optimisation: the
+            # erase is done, so running out of memory here must not fail it)
+            with contextlib.suppress(MemoryError):
+                self._grow(0)
         return out
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:

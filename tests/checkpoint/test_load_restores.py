@@ -8,6 +8,8 @@ fails half-way (a corrupt second shard file) leaves the table bit-exactly as it 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -113,7 +115,7 @@ def test_servers_that_trained_on_then_load_equal_a_fresh_load(tmp_path):
         stats = _totals(a)
         corrupt = [dict(r) for r in sorted(saved, key=lambda r: r["name"])]
         bad = tmp_path / "corrupt.arrow"
-        bad.write_bytes(open(corrupt[-1]["path"], "rb").read()[:-100])
+        bad.write_bytes(Path(corrupt[-1]["path"]).read_bytes()[:-100])
         corrupt[-1] = {"path": str(bad)}
         with pytest.raises(RemoteError):
             a.load("emb", corrupt)

@@ -71,7 +71,9 @@ def _index_round(keys: np.ndarray) -> None:
 
 def test_keys_sharing_one_home_slot_cost_like_random_keys():
     # same high 32 bits of splitmix64 -> same home slot at every capacity (unseeded hash)
-    crafted = inverse_splitmix64((np.uint64(0xDEADBEEF) << np.uint64(32)) | np.arange(N, dtype=np.uint64))
+    crafted = inverse_splitmix64(
+        (np.uint64(0xDEADBEEF) << np.uint64(32)) | np.arange(N, dtype=np.uint64)
+    )
     rng = np.random.default_rng(1)
     random_keys = rng.integers(0, 2**64 - 1, N, dtype=np.uint64, endpoint=True)
     _index_round(random_keys[:100])  # compile outside the timing
@@ -81,7 +83,9 @@ def test_keys_sharing_one_home_slot_cost_like_random_keys():
 
 def test_dedup_of_keys_sharing_one_slot_costs_like_random_keys():
     # same low 32 bits of splitmix64 -> one slot of the (power of two) dedup set
-    crafted = inverse_splitmix64((np.arange(N, dtype=np.uint64) << np.uint64(32)) | np.uint64(0x1234))
+    crafted = inverse_splitmix64(
+        (np.arange(N, dtype=np.uint64) << np.uint64(32)) | np.uint64(0x1234)
+    )
     rng = np.random.default_rng(2)
     random_keys = rng.integers(0, 2**64 - 1, N, dtype=np.uint64, endpoint=True)
     values = np.ones((N, 4), np.float32)

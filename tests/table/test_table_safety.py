@@ -76,7 +76,7 @@ def test_overflowing_push_is_rejected_whole(rule, op, tmp_path):
     tame = np.array([9], np.uint64)
     table.push(tame, np.full((1, 4), 0.5, np.float32))
     rejected = None
-    for attempt in range(3):  # the state or the weights overflow within a few pushes
+    for _ in range(3):  # the state or the weights overflow within a few pushes
         before = _snapshot(table)
         grads = np.full((3, 4), BIG, np.float32)
         grads[2] = 0.25  # a harmless row in the same batch is rejected too
