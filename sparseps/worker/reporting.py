@@ -2,9 +2,10 @@
 
 - Every worker logs a progress line every ``print_period`` batches, over its own window
   of batches: ``time: [...], batch: [N], loss: [x], auc: [y], samples/s: [z]``.
-- Worker 0 logs one line per pass and phase (``pass: [3], phase: [train], auc: [...]``)
-  and, as configured by :class:`~sparseps.metrics.ReportConfig`, appends one JSON object
-  per pass and phase and writes TensorBoard scalars.
+- Worker 0 logs one line per pass and phase (``pass: [3], phase: [train], auc: [...]``;
+  an evaluation of the model of training pass 3 is ``pass: [3], phase: [test]``) and, as
+  configured by :class:`~sparseps.metrics.ReportConfig`, appends one JSON object per pass
+  and phase and writes TensorBoard scalars, under the same pass number.
 - With a :class:`~sparseps.metrics.DumpConfig`, every worker writes the chosen per-sample
   fields of each pass (``sample_id``, ``label``, ``pred`` and any slot name, whose ids
   are written as a list column) and worker 0 the chosen dense parameters; the formats
@@ -164,9 +165,15 @@ class PassReporter:
             self.fields.end_pass()
         self._report(pass_id, phase, metrics, **extra)
 
-    def end_infer(self, pass_id: int, metrics) -> None:
-        """Evaluation after training pass ``pass_id - 1`` (no dumps: those are per training pass)."""
-        self._report(pass_id, "test", metrics, dump=False)
+    def end_infer(self, passes_done: int, metrics) -> None:
+        """An evaluation after ``passes_done`` training passes (no dumps: those are per pass).
+
+        It is reported under the number of the training pass whose model it measured,
+        ``passes_done - 1``, so that ``pass: [0], phase: [train]`` is followed by
+        ``pass: [0], phase: [test]``; an evaluation before any training pass reports pass 0
+        (the model that pass starts from).
+        """
+        self._report(max(passes_done - 1, 0), "test", metrics, dump=False)
 
     def _report(self, pass_id: int, phase: str, metrics, *, dump: bool = True, **extra) -> None:
         if self.rank != 0:

@@ -15,7 +15,14 @@ import pytest
 import torch
 
 import sparseps as sps
-from sparseps.metrics import CTRMetrics, DumpConfig, ReportConfig, grouped_auc, read_dump
+from sparseps.metrics import (
+    CTRMetrics,
+    DumpConfig,
+    ReportConfig,
+    grouped_auc,
+    read_dump,
+    read_jsonl,
+)
 from sparseps.worker.reporting import PROGRESS_BUCKETS
 
 SLOTS = ("C1", "C2", "C3")
@@ -83,9 +90,26 @@ def test_pass_lines_list_the_metrics_after_pass_and_phase(local_worker, planted,
     assert lines[0].startswith(
         f"pass: [0], phase: [train], auc: [{train.metrics.auc:.6f}], bucket_error: ["
     )
-    assert lines[1].startswith(f"pass: [1], phase: [test], auc: [{test.auc:.6f}], ")
+    # the evaluation of pass 0's model is numbered 0, like the pass it measured
+    assert lines[1].startswith(f"pass: [0], phase: [test], auc: [{test.auc:.6f}], ")
     assert lines[0].endswith(f"ins_num: [{train.metrics.count}]") and train.metrics.count == 96
     assert not any(", ," in line for line in lines)
+
+
+def test_pass_lines_number_the_pass_they_report(local_worker, planted, tmp_path, caplog):
+    trainer = _trainer(ReportConfig(metrics_path=str(tmp_path / "metrics.jsonl")))
+    with caplog.at_level(logging.INFO, logger="sparseps.worker"):
+        trainer.evaluate(planted(5, 1, 32, SLOTS))  # before any training: the initial model
+        for p in range(2):
+            trainer.train_from_dataset(planted(6 + p, 2, 32, SLOTS), print_period=0)
+            trainer.evaluate(planted(9, 1, 32, SLOTS))
+    trainer.stop()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pass: [")]
+    heads = [re.match(r"pass: \[(\d+)\], phase: \[(\w+)\]", line).groups() for line in lines]
+    want = [("0", "test"), ("0", "train"), ("0", "test"), ("1", "train"), ("1", "test")]
+    assert heads == want, lines
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(str(r["pass"]), r["phase"]) for r in records] == want
 
 
 def test_uauc_of_a_grouping_slot_and_the_bucket_count(local_worker, planted, tmp_path):
@@ -139,7 +163,7 @@ def test_tensorboard_scalars_of_each_pass(local_worker, planted, tmp_path):
         assert value == pytest.approx(result.metrics.auc, abs=1e-6)  # stored as float32
     assert [e.value for e in events.Scalars("train/count")] == [96.0, 96.0]
     (point,) = events.Scalars("test/logloss")
-    assert point.step == 2 and point.value == pytest.approx(test.logloss, rel=1e-6)
+    assert point.step == 1 and point.value == pytest.approx(test.logloss, rel=1e-6)  # pass 1
 
 
 def test_report_config_is_validated():
