@@ -9,6 +9,7 @@ the full list is its ``file_no`` (used in sample ids).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from enum import StrEnum
@@ -144,6 +145,14 @@ def read_file(path: str, file_no: int, schema: Schema, fmt: Format, *,
         if pipe_command
         else _file_pieces(path)
     )
+    # closed on every way out (a parse error, a reader that stops early): a pipe_command's
+    # whole process group is stopped then, not when the garbage collector gets to it
+    with contextlib.closing(pieces):
+        yield from _parse_pieces(pieces, path, file_no, schema, fmt)
+
+
+def _parse_pieces(pieces: Iterator[bytes], path: str, file_no: int, schema: Schema,
+                  fmt: Format) -> Iterator[Parsed]:  # fmt: skip
     names, delimiter = schema.columns(), "\t"
     record, line = 0, 1
     for index, chunk in enumerate(_line_chunks(pieces)):
