@@ -240,16 +240,18 @@ class ZmqStore(dist.Store):
             elif event & self._failed_events:
                 if self._security is None:
                     hint = (
-                        "the store is a secure job's (--secure): this process needs the job's "
-                        "key folder (SPARSEPS_KEY_DIR)"
+                        "the store is a secure job's (--secure) and this process has no key "
+                        "(set SPARSEPS_KEY_DIR to the job's key folder), or it is not a "
+                        "sparseps store"
                     )
                 else:
+                    source = self._security.key_dir or "in memory"
                     hint = (
-                        f"this process's key ({self._security.key_dir or 'in memory'}) is not "
-                        "the job's key, or the store is not secure"
+                        f"CURVE refused this process's key ({source}): it is not the job's "
+                        "key, or the store is not secure"
                     )
                 self._broken = UnavailableError(
-                    f"{self.what} {self.address}: the CURVE handshake failed "
+                    f"{self.what} {self.address}: the handshake failed "
                     f"({zmq.Event(event).name}) during {op}; {hint}",
                     op=op,
                     address=self.address,

@@ -248,7 +248,7 @@ def test_a_wrong_or_missing_key_gets_a_clear_error_at_once(tmp_path, job_keys, c
     other = security.Security(security.write_job_keys(tmp_path / "other"))
     with StoreServer("127.0.0.1", 0, security=sec) as srv:
         start = time.monotonic()
-        with pytest.raises(UnavailableError, match="CURVE handshake failed") as info:
+        with pytest.raises(UnavailableError, match="handshake failed") as info:
             ZmqStore(
                 srv.address,
                 timeout_s=30.0,  # the error must not wait for the timeout
@@ -257,9 +257,7 @@ def test_a_wrong_or_missing_key_gets_a_clear_error_at_once(tmp_path, job_keys, c
             )
         assert time.monotonic() - start < 2.0
         assert info.value.address == srv.address
-        assert ("not the job's key" if client == "wrong key" else "SPARSEPS_KEY_DIR") in str(
-            info.value
-        )
+        assert ("CURVE refused" if client == "wrong key" else "SPARSEPS_KEY_DIR") in str(info.value)
         assert srv.stats().requests == 0  # nothing from the peer reached the store
         with ZmqStore(srv.address, timeout_s=2.0, setting="S", security=sec) as good:
             assert good.check([]) is True  # the store still serves the job
