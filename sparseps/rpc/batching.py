@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from ..server.routing import _C1, _C2, _SALT
+from ..table.hashmap import draw_seed, seeded_hash
 
 __all__ = ["group_by_server", "merge_by_group", "misrouted"]
 
@@ -34,7 +35,7 @@ def _owner(key, num_servers):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def _group(keys, num_servers):  # pragma: no cover - compiled
+def _group(keys, num_servers, seed):  # pragma: no cover - compiled
     n = keys.shape[0]
     bits = 4
     while (1 << bits) < 2 * n:
@@ -50,8 +51,10 @@ def _group(keys, num_servers):  # pragma: no cover - compiled
     u = 0
     for i in range(n):
         key = keys[i]
-        # Fibonacci hashing: the top bits of key * 2^64/phi index the set.
-        s = np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+        # A secret seed per call: crafted keys cannot collide on purpose (an unseeded
+        # multiplicative hash is invertible, and a batch of colliding keys would make
+        # this loop quadratic). The result does not depend on the seed.
+        s = np.int64(seeded_hash(key, seed) >> shift)
         while True:
             j = slot_index[s]
             if j < 0:
@@ -99,7 +102,7 @@ def group_by_server(
         ``grouped[offsets[s]:offsets[s + 1]]`` (first-occurrence order within a server),
         and ``inverse`` such that ``grouped[inverse] == keys``.
     """
-    return _group(keys, num_servers)
+    return _group(keys, num_servers, draw_seed())
 
 
 @njit(nogil=True, cache=True)
