@@ -30,6 +30,12 @@ save (``trainer.save_inference_model``) has ``"format": "sparseps-inference"``,
 ``kind`` (``base``/``delta``), ``sequence``, ``tables`` (``config``, ``rows``,
 ``tombstones`` as a count, ``files``), ``embeddings`` (head inputs, in order) and
 ``state`` (``passes``).
+
+Every file name a manifest holds (the keys of ``files``, a table's ``files``, its
+``tombstones.file``, ``dense.file``) is a path relative to the folder and must stay in
+it: :func:`read_manifest` (and so :func:`verify`) rejects an absolute name, a ``..``
+part, a NUL or other control character, and a name whose file is a symlink that resolves
+outside the folder — a manifest is input, and a load sends these paths to the servers.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from ..server.shards import sha256_of
 
 __all__ = [
     "MANIFEST",
+    "check_names",
     "file_record",
     "read_manifest",
     "sha256_of",
@@ -118,7 +125,66 @@ def read_manifest(directory: Path, *, fmt: str | None = None) -> dict:
         )
     if fmt is not None and manifest["format"] != fmt:
         raise CheckpointError(f"{directory}: is a {manifest['format']} directory, expected {fmt}")
+    check_names(directory, manifest)
     return manifest
+
+
+def check_names(directory: Path, manifest: dict) -> None:
+    """Every file name in ``manifest`` stays inside ``directory`` (see the module doc).
+
+    Raises:
+        CheckpointError: naming the manifest, the entry and what is wrong with it.
+    """
+    path = Path(directory) / MANIFEST
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(r, dict) for r in files.values()):
+        raise CheckpointError(f"{path}: 'files' must map file names to {{size, sha256}} records")
+    root = Path(directory).resolve()
+    for where, name in _file_names(manifest):
+        problem = _name_problem(name)
+        if problem is None:
+            target = (root / name).resolve()  # follows symlinks, also of missing files' parents
+            if not target.is_relative_to(root):
+                problem = f"resolves to {target}, outside the folder (a symlink?)"
+        if problem is not None:
+            raise CheckpointError(
+                f"{path}: {where} entry {name!r} {problem}; a manifest may only name files "
+                f"inside {directory}"
+            )
+
+
+def _file_names(manifest: dict) -> Iterable[tuple[str, object]]:
+    """``(where, name)`` of every file name the manifest holds."""
+    for name in manifest["files"]:
+        yield "files", name
+    tables = manifest.get("tables")
+    for table, entry in (tables.items() if isinstance(tables, dict) else ()):
+        if not isinstance(entry, dict):
+            continue
+        for name in entry.get("files") or ():
+            yield f"tables.{table}.files", name
+        tombstones = entry.get("tombstones")
+        if isinstance(tombstones, dict) and "file" in tombstones:
+            yield f"tables.{table}.tombstones.file", tombstones["file"]
+    dense = manifest.get("dense")
+    if isinstance(dense, dict) and "file" in dense:
+        yield "dense.file", dense["file"]
+
+
+def _name_problem(name: object) -> str | None:
+    """Why ``name`` is not a plain relative file name, or None."""
+    if not isinstance(name, str) or not name:
+        return "is not a non-empty string"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        return "holds a NUL or control character"
+    if name.startswith(("/", "\\")) or os.path.isabs(name):
+        return "is an absolute path"
+    parts = name.replace("\\", "/").split("/")
+    if ".." in parts:
+        return "has a '..' part"
+    if any(part in ("", ".") for part in parts):
+        return "has an empty or '.' part"
+    return None
 
 
 def verify(
@@ -127,10 +193,14 @@ def verify(
     """Check size and SHA-256 of every listed file (or of ``names``).
 
     Raises:
-        CheckpointError: naming the first file that is missing, truncated or altered.
+        CheckpointError: naming the first file that is missing, truncated or altered, or
+            a file name that points outside ``directory``.
     """
     directory = Path(directory)
-    manifest = manifest or read_manifest(directory)
+    if manifest:
+        check_names(directory, manifest)
+    else:
+        manifest = read_manifest(directory)
     files = manifest["files"]
     for name in names if names is not None else files:
         record = files.get(name)
