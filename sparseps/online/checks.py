@@ -7,6 +7,7 @@ list of settings they are.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 from ..errors import ConfigError
@@ -37,14 +38,21 @@ def check_int(where: str, value: Any, lo: int, hi: int | None = None) -> int:
 def check_float(
     where: str, value: Any, lo: float, hi: float | None = None, *, open_lo: bool = False
 ) -> float:
+    """A finite number in the range: ``inf`` and ``nan`` are refused for every setting
+    (YAML reads ``.inf``/``.nan``; an infinite timeout is a wait that never ends, and a
+    check like ``value > 0`` alone lets it through)."""
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if ok:
         value = float(value)
-        ok = (value > lo if open_lo else value >= lo) and (hi is None or value <= hi)
+        ok = (
+            math.isfinite(value)
+            and (value > lo if open_lo else value >= lo)
+            and (hi is None or value <= hi)
+        )
     if not ok:
         low = f"> {lo}" if open_lo else f">= {lo}"
         bound = f"{low} and <= {hi}" if hi is not None else low
-        raise ConfigError(f"{where}: expected a number {bound}, got {value!r}")
+        raise ConfigError(f"{where}: expected a finite number {bound}, got {value!r}")
     return value
 
 
