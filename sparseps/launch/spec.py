@@ -16,6 +16,7 @@ Example (two nodes, one server and one worker each)::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import os
@@ -305,18 +306,15 @@ def make_spec(
         else:
             layout = "|".join([",".join(server_eps), ",".join(worker_hosts), master])
             job_id = "sps-" + hashlib.sha1(layout.encode()).hexdigest()[:12]
-    return ClusterSpec(
+    spec = ClusterSpec(
         servers=server_eps,
         workers=worker_hosts,
         master=master,
         host=host,
         job_id=job_id,
         log_dir=os.path.abspath(log_dir),
-        key_dir=_key_dir(
-            secure,
-            key_dir,
-            log_dir,
-            list(dict.fromkeys([*worker_hosts, *(parse_endpoint(s)[0] for s in server_eps)])),
-            single_node,
-        ),
+    )
+    # After the layout validated: its errors come first, the key rule needs a valid layout.
+    return dataclasses.replace(
+        spec, key_dir=_key_dir(secure, key_dir, log_dir, list(spec.nodes), single_node)
     )

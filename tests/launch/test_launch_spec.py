@@ -36,8 +36,11 @@ def test_given_servers_are_used_and_counted():
 
 def test_two_nodes_each_get_their_share_and_the_same_job_id():
     layout = {"servers": "10.0.0.1:6000,10.0.0.2:6000", "workers": "10.0.0.1,10.0.0.2:9999"}
+    # Hosts beyond loopback: secure by default, so every launcher names the shared keys.
+    layout["key_dir"] = "/shared/job-keys"
     a = make_spec(host="10.0.0.1", **layout)
     b = make_spec(host="10.0.0.2", **layout)
+    assert a.secure and b.key_dir == "/shared/job-keys"
     assert a.multi_node and a.nodes == ("10.0.0.1", "10.0.0.2")
     assert (a.local_servers(), a.local_workers()) == ([0], [0])
     assert (b.local_servers(), b.local_workers()) == ([1], [1])
