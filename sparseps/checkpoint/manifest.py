@@ -158,7 +158,7 @@ def _file_names(manifest: dict) -> Iterable[tuple[str, object]]:
     for name in manifest["files"]:
         yield "files", name
     tables = manifest.get("tables")
-    for table, entry in (tables.items() if isinstance(tables, dict) else ()):
+    for table, entry in tables.items() if isinstance(tables, dict) else ():
         if not isinstance(entry, dict):
             continue
         for name in entry.get("files") or ():

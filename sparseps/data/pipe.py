@@ -76,7 +76,9 @@ def pipe_chunks(command: str, path: str, *, timeout: float) -> Iterator[bytes]:
                 start = time.monotonic()
                 ready, _, _ = select.select([fd], [], [], timeout)
                 if not ready:
-                    raise _timeout(command, path, timeout, time.monotonic() - start, "printed nothing")
+                    raise _timeout(
+                        command, path, timeout, time.monotonic() - start, "printed nothing"
+                    )
                 piece = os.read(fd, READ_BYTES)
                 if not piece:
                     break

@@ -15,7 +15,14 @@ from pathlib import Path
 from ..env import Role
 from ..errors import ConfigError
 
-__all__ = ["SERVER_EXIT_NOTE", "ChildSpec", "Failure", "Outcome", "SupervisorConfig", "check_seconds"]
+__all__ = [
+    "SERVER_EXIT_NOTE",
+    "ChildSpec",
+    "Failure",
+    "Outcome",
+    "SupervisorConfig",
+    "check_seconds",
+]
 
 # Why any server exit fails the job, also one with code 0 (a server given SIGTERM exits 0).
 SERVER_EXIT_NOTE = "before every worker finished (a server exit always stops the job)"

@@ -70,7 +70,11 @@ def test_sigterm_to_a_server_stops_the_job_and_names_it(tmp_path):
     launcher = _launch(tmp_path, "pull")
     try:
         for rank in (0, 1):
-            _wait(launcher, lambda r=rank: (tmp_path / f"pulling.{r}").exists(), f"worker {rank} to pull")
+            _wait(
+                launcher,
+                lambda r=rank: (tmp_path / f"pulling.{r}").exists(),
+                f"worker {rank} to pull",
+            )
         server = _server(log, 0)
         os.kill(server["pid"], signal.SIGTERM)  # the server handles it and exits 0
         killed = time.monotonic()

@@ -199,7 +199,9 @@ def test_config_is_validated(field, value):
 
 @pytest.mark.parametrize("code", [0, 3])
 def test_a_server_exit_with_any_code_fails_the_job_and_never_restarts_workers(tmp_path, code):
-    server = f"import sys, time; time.sleep(0.5); print('server leaving', flush=True); sys.exit({code})"
+    server = (
+        f"import sys, time; time.sleep(0.5); print('server leaving', flush=True); sys.exit({code})"
+    )
     start = time.monotonic()
     outcome = Supervisor(
         [child(tmp_path, Role.SERVER, 0, server), child(tmp_path, Role.WORKER, 0, SLEEPER)],

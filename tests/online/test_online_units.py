@@ -58,7 +58,10 @@ def test_defaults_and_relative_paths(tmp_path):
         ({"save__check_inference": 1}, "save.check_inference: expected true or false"),
         # YAML's .inf / .nan: a timeout that never ends is refused, as is any non-finite number
         ({"job__rpc_timeout_s": float("inf")}, "job.rpc_timeout_s: expected a finite number"),
-        ({"job__collective_timeout_s": float("inf")}, "job.collective_timeout_s: expected a finite"),
+        (
+            {"job__collective_timeout_s": float("inf")},
+            "job.collective_timeout_s: expected a finite",
+        ),
         ({"data__wait_timeout_s": float("inf")}, "data.wait_timeout_s: expected a finite number"),
         ({"data__poll_s": float("nan")}, "data.poll_s: expected a finite number"),
         ({"model__shrink_score": float("inf")}, "model.shrink_score: expected a finite number"),

@@ -40,7 +40,9 @@ KEYS = [1, 7, 42, 2**33 + 5, 2**63 + 11, 2**64 - 1]
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["fail", "sleep", "restart", "barrier", "late", "pull", "stop-server"])
+    parser.add_argument(
+        "mode", choices=["fail", "sleep", "restart", "barrier", "late", "pull", "stop-server"]
+    )
     parser.add_argument("--dir", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
