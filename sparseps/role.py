@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import env as _env
+from .config import check_float
 from .env import Role, RoleEnv
 from .errors import ConfigError, SparsePSError
 
@@ -265,8 +266,8 @@ def barrier_worker(timeout: float | None = None) -> None:
     env = session.env
     if env.role is not Role.WORKER:
         raise ConfigError("barrier_worker(): only workers take part in worker barriers")
-    if timeout is not None and timeout <= 0:
-        raise ConfigError(f"barrier_worker(timeout=): must be > 0, got {timeout}")
+    if timeout is not None:
+        check_float("barrier_worker", "timeout", timeout, gt=0)
     from .launch.rendezvous import store_barrier
 
     session.barriers += 1

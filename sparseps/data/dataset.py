@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from .. import env
+from ..config import check_float
 from ..errors import ConfigError
 from .schema import Batch, Schema
 from .sources import Format, expand_files, parse_format, read_file, shard
@@ -57,8 +58,7 @@ class DatasetOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
-        if not self.pipe_timeout > 0:
-            raise ConfigError(f"pipe_timeout: expected seconds > 0, got {self.pipe_timeout!r}")
+        check_float("dataset", "pipe_timeout", self.pipe_timeout, gt=0)
         if self.pipe_command is not None and not str(self.pipe_command).strip():
             raise ConfigError("pipe_command: empty command (use None for no command)")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import check_float
 from ..errors import ConfigError
 
 __all__ = ["MODES", "Strategy"]
@@ -67,9 +68,7 @@ class Strategy:
                 f"Strategy.geo_keep_windows: expected None or an integer >= 1, "
                 f"got {self.geo_keep_windows!r}"
             )
-        if self.rpc_timeout is not None and self.rpc_timeout <= 0:
-            raise ConfigError(f"Strategy.rpc_timeout: must be > 0, got {self.rpc_timeout}")
-        if self.collective_timeout <= 0:
-            raise ConfigError(
-                f"Strategy.collective_timeout: must be > 0, got {self.collective_timeout}"
-            )
+        # finite: an infinite timeout would turn a dead peer into a silent hang
+        if self.rpc_timeout is not None:
+            check_float("Strategy", "rpc_timeout", self.rpc_timeout, gt=0)
+        check_float("Strategy", "collective_timeout", self.collective_timeout, gt=0)

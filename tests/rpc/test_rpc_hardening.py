@@ -273,3 +273,16 @@ def test_crafted_keys_do_not_stall_the_clients_grouping():
         return best
 
     assert cost(crafted) < 5 * cost(random_keys) + 0.005
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 0, -1.0])
+def test_strategy_and_dataset_timeouts_must_be_finite(bad):
+    import sparseps as sps
+    from sparseps.data import CRITEO, QueueDataset
+
+    with pytest.raises(ConfigError, match="finite"):
+        sps.Strategy(rpc_timeout=bad)
+    with pytest.raises(ConfigError, match="finite"):
+        sps.Strategy(collective_timeout=bad)
+    with pytest.raises(ConfigError, match="finite"):
+        QueueDataset(["x"], CRITEO, batch_size=8, pipe_timeout=bad)
