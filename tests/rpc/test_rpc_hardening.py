@@ -276,7 +276,7 @@ def test_crafted_keys_do_not_stall_the_clients_grouping():
 
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 0, -1.0])
-def test_strategy_and_dataset_timeouts_must_be_finite(bad):
+def test_strategy_and_dataset_timeouts_must_be_finite(bad, tmp_path):
     import sparseps as sps
     from sparseps.data import CRITEO, QueueDataset
 
@@ -285,4 +285,4 @@ def test_strategy_and_dataset_timeouts_must_be_finite(bad):
     with pytest.raises(ConfigError, match="finite"):
         sps.Strategy(collective_timeout=bad)
     with pytest.raises(ConfigError, match="finite"):
-        QueueDataset(["x"], CRITEO, batch_size=8, pipe_timeout=bad)
+        QueueDataset([str(tmp_path)], CRITEO, batch_size=8, pipe_timeout=bad)
