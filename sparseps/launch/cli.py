@@ -12,9 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from ..env import MASTER, Role, child_environ
+from ..env import FILE_ROOTS, MASTER, Role, child_environ
 from ..errors import ConfigError, SparsePSError
 from .logsetup import LOG_FORMAT
+from .records import check_seconds
 
 __all__ = ["add_arguments", "run"]
 
@@ -44,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--key-dir", dest="key_dir", default=None,
         help="the job's key folder from `sparseps keys DIR` (implies --secure; required when a "
              "secure job spans hosts; default on one node: fresh keys in LOG_DIR/keys)")  # fmt: skip
+    add("--file-root", dest="file_roots", action="append", default=None, metavar="DIR",
+        help="a folder the servers' save/load may use (repeatable); paths outside every root "
+             "are refused (default: any path; docs/security.md)")  # fmt: skip
     add("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
         help="restart a failed worker up to N times (default 0)")  # fmt: skip
     add("--grace-s", dest="grace_s", type=float, default=5.0,
@@ -56,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
 
-def _children(spec, script: str, script_args: list[str]) -> list:
+def _children(spec, script: str, script_args: list[str], extra: dict[str, str]) -> list:
     from .supervisor import ChildSpec
 
     argv = (sys.executable, "-u", script, *script_args)
@@ -64,7 +68,9 @@ def _children(spec, script: str, script_args: list[str]) -> list:
     children = []
     for role, ranks in ((Role.SERVER, spec.local_servers()), (Role.WORKER, spec.local_workers())):
         for rank in ranks:
-            env = child_environ({**spec.role_env(role, rank).to_environ(), "PYTHONUNBUFFERED": "1"})
+            env = child_environ(
+                {**spec.role_env(role, rank).to_environ(), "PYTHONUNBUFFERED": "1", **extra}
+            )
             children.append(
                 ChildSpec(
                     role=role,
@@ -135,10 +141,19 @@ class _LauncherLog:
         self._file.close()
 
 
+def _file_roots_env(args: argparse.Namespace) -> dict[str, str]:
+    """``SPARSEPS_FILE_ROOTS`` for the children from ``--file-root`` (absolute paths)."""
+    if not args.file_roots:
+        return {}
+    return {FILE_ROOTS: os.pathsep.join(os.path.abspath(root) for root in args.file_roots)}
+
+
 def run(args: argparse.Namespace) -> int:
     """Start this node's share of the job and supervise it; the exit code says how it ended."""
     from .spec import make_spec
 
+    for flag in ("--rendezvous-timeout-s", "--grace-s", "--quiet-warn-s"):
+        check_seconds(flag, getattr(args, flag[2:-2].replace("-", "_") + "_s"))
     script = Path(args.script)
     if not script.is_file():
         raise ConfigError(f"launch: script {args.script!r} not found (cwd {os.getcwd()})")
@@ -218,7 +233,7 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
         )
     local_servers = spec.local_servers()
     supervisor = Supervisor(
-        children=_children(spec, str(script), list(args.script_args)),
+        children=_children(spec, str(script), list(args.script_args), _file_roots_env(args)),
         config=config,
         coordinator=coordinator,
         stop_servers=_server_stopper(
