@@ -13,6 +13,7 @@ import sys
 from ..env import file_roots_setting
 from ..errors import SparsePSError
 from ..rpc.protocol import Limits
+from ..rpc.security import security_from_env, security_from_key_dir
 from .main import DEFAULT_THREADS, serve
 
 
@@ -52,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a folder save/load may use (repeatable; default: SPARSEPS_FILE_ROOTS, else any)",
     )
+    parser.add_argument(
+        "--key-dir",
+        default=None,
+        help="the job's key folder (`sparseps keys DIR`): CURVE transport, only key holders "
+        "get in (default: SPARSEPS_SECURE/SPARSEPS_KEY_DIR, else plain)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -66,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             args.rank, endpoints, bind_host=args.bind_host, threads=args.threads,
             limits=limits, job_id=args.job_id,
             file_roots=args.file_root or file_roots_setting(),
+            security=security_from_key_dir(args.key_dir) if args.key_dir else security_from_env(),
         )  # fmt: skip
     except SparsePSError as exc:
         print(f"sparseps server {args.rank}: error: {exc}", file=sys.stderr)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, SparsePSError, UnavailableError
 from ..rpc.client import PSClient
+from ..rpc.security import security_from_key_dir
 from ..rpc.transport import free_port
 
 __all__ = ["LocalCluster", "local_cluster"]
@@ -53,17 +54,20 @@ class LocalCluster:
         log_dir: Path,
         timeout: float,
         job_id: str | None = None,
+        security=None,
     ) -> None:
         self.endpoints = tuple(endpoints)
         self.processes = processes
         self.log_dir = log_dir
         self.timeout = timeout
         self.job_id = job_id
+        self.security = security
         self._clients: list[PSClient] = []
 
     def client(self, *, timeout: float | None = None, **options) -> PSClient:
         """A new client to all servers (closed with the cluster unless closed before)."""
         options.setdefault("job_id", self.job_id)
+        options.setdefault("security", self.security)
         client = PSClient(self.endpoints, timeout=timeout or self.timeout, **options)
         self._clients.append(client)
         return client
@@ -90,7 +94,9 @@ class LocalCluster:
         if alive:
             ranks = [rank for rank, p in enumerate(self.processes) if p.poll() is None]
             try:
-                with PSClient(self.endpoints, timeout=2.0, job_id=self.job_id) as client:
+                with PSClient(
+                    self.endpoints, timeout=2.0, job_id=self.job_id, security=self.security
+                ) as client:
                     client.stop_servers(ranks=ranks)
             except SparsePSError as exc:  # best effort: signals follow
                 log.debug("stop op failed: %s", exc)
@@ -139,7 +145,9 @@ def _spawn(
 def _wait_ready(cluster: LocalCluster, timeout: float) -> None:
     """Every server answers ping before ``timeout``, or an error says which did not and why."""
     deadline = time.monotonic() + timeout
-    with PSClient(cluster.endpoints, timeout=timeout, job_id=cluster.job_id) as client:
+    with PSClient(
+        cluster.endpoints, timeout=timeout, job_id=cluster.job_id, security=cluster.security
+    ) as client:
         for rank in range(len(cluster.endpoints)):
             while True:
                 process = cluster.processes[rank]
@@ -172,6 +180,7 @@ def local_cluster(
     max_message_bytes: int | None = None,
     environ: dict | None = None,
     job_id: str | None = None,
+    key_dir: str | os.PathLike | None = None,
 ) -> Iterator[LocalCluster]:
     """Start ``servers`` server processes on free loopback ports.
 
@@ -183,6 +192,8 @@ def local_cluster(
         environ: extra environment variables for the server processes.
         job_id: the servers belong to this job and refuse other jobs' requests (the
             cluster's own clients send it); default: accept any.
+        key_dir: the job's key folder (``sparseps keys DIR``): the servers use CURVE and
+            the cluster's own clients the same keys; default: plain transport.
 
     Yields:
         a :class:`LocalCluster`.
@@ -198,14 +209,19 @@ def local_cluster(
         options += ["--max-message-bytes", str(max_message_bytes)]
     if job_id is not None:
         options += ["--job-id", job_id]
+    security = None
+    if key_dir is not None:
+        options += ["--key-dir", os.fspath(key_dir)]
+        security = security_from_key_dir(key_dir)
     with tempfile.TemporaryDirectory(prefix="sparseps-cluster-") as folder:
         log_dir = Path(folder)
         cluster = None
         for attempt in range(_START_ATTEMPTS):
             endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
             cluster = LocalCluster(
-                endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout, job_id
-            )
+                endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout,
+                job_id, security,
+            )  # fmt: skip
             try:
                 _wait_ready(cluster, timeout)
                 break

@@ -286,3 +286,20 @@ def test_strategy_and_dataset_timeouts_must_be_finite(bad, tmp_path):
         sps.Strategy(collective_timeout=bad)
     with pytest.raises(ConfigError, match="finite"):
         QueueDataset([str(tmp_path)], CRITEO, batch_size=8, pipe_timeout=bad)
+
+
+def test_local_cluster_with_a_key_dir_serves_only_key_holders(tmp_path):
+    from sparseps.errors import UnavailableError
+    from sparseps.rpc.security import Security, write_job_keys
+
+    keys = tmp_path / "keys"
+    write_job_keys(keys)
+    other = write_job_keys(tmp_path / "other")
+    with local_cluster(servers=1, key_dir=keys) as cluster, cluster.client() as client:
+        client.create_table(CONFIG)
+        assert client.pull("emb", KEYS).wait().shape == (len(KEYS), 4)
+        with PSClient(cluster.endpoints, timeout=10, security=Security(other)) as stranger:
+            start = time.monotonic()
+            with pytest.raises(UnavailableError, match="authentication failed"):
+                stranger.pull("emb", KEYS).wait()
+            assert time.monotonic() - start < 5
