@@ -10,6 +10,11 @@ touched. Per element (torch's L2 form of weight decay)::
 
 The step counter is stored as float32, exact up to 2**24 updates of one row; past that
 the bias corrections are 1 to float precision anyway.
+
+Numerics (:mod:`.numerics`): float64 inside (``v`` in the step includes ``g**2`` even
+when float32 would round it to 0); ``1 - beta**t >= 1 - beta > 0`` because ``t >= 1``
+(a negative stored counter counts as 0) and ``beta < 1``; ``eps >= 1.2e-38`` keeps the
+denominator > 0; stored values saturate at float32's max.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import numpy as np
 from numba import njit
 
 from ..config import check_float
-from .base import Rule, clip_args, normalise_clip, register
+from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
+from .numerics import KERNEL, fit32
 from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["Adam"]
@@ -33,10 +39,10 @@ class Adam(Rule):
     """Adam; state per row: ``m [dim]``, ``v [dim]``, ``step [1]`` (state_dim = 2*dim + 1).
 
     Args:
-        lr: learning rate (> 0).
+        lr: learning rate, in ``[1.2e-38, 3.4e38]``.
         beta1, beta2: moment decay rates in [0, 1).
-        eps: added to the denominator (> 0).
-        l2: weight decay added to the gradient as ``l2 * w`` (>= 0).
+        eps: added to the denominator, in ``[1.2e-38, 3.4e38]``.
+        l2: weight decay added to the gradient as ``l2 * w``, in ``[0, 3.4e38]``.
         clip: None or ``(min_bound, max_bound)`` applied to the weights after the step.
     """
 
@@ -50,11 +56,11 @@ class Adam(Rule):
 
     def __post_init__(self) -> None:
         owner = "Adam"
-        object.__setattr__(self, "lr", check_float(owner, "lr", self.lr, gt=0.0))
+        object.__setattr__(self, "lr", check_scale(owner, "lr", self.lr))
         object.__setattr__(self, "beta1", check_float(owner, "beta1", self.beta1, ge=0.0, lt=1.0))
         object.__setattr__(self, "beta2", check_float(owner, "beta2", self.beta2, ge=0.0, lt=1.0))
-        object.__setattr__(self, "eps", check_float(owner, "eps", self.eps, gt=0.0))
-        object.__setattr__(self, "l2", check_float(owner, "l2", self.l2, ge=0.0))
+        object.__setattr__(self, "eps", check_scale(owner, "eps", self.eps))
+        object.__setattr__(self, "l2", check_nonnegative(owner, "l2", self.l2))
         object.__setattr__(self, "clip", normalise_clip(owner, self.clip))
 
     def state_columns(self, dim: int) -> tuple[tuple[str, int], ...]:
@@ -68,7 +74,7 @@ class Adam(Rule):
         )  # fmt: skip
 
 
-@njit(nogil=True, cache=True)
+@njit(**KERNEL)
 def _adam(
     storage, rows, grads, dim, lr, beta1, beta2, eps, l2, low, high, clip
 ):  # pragma: no cover
@@ -78,18 +84,18 @@ def _adam(
         if i + PREFETCH_AHEAD < n:
             prefetch_row(storage, rows[i + PREFETCH_AHEAD], 0, 3 * dim + 1)
         r = rows[i]
-        t = storage[r, dim + step_col] + 1.0
-        storage[r, dim + step_col] = t
+        t = max(np.float64(storage[r, dim + step_col]), 0.0) + 1.0
+        storage[r, dim + step_col] = fit32(t)
         step_size = lr / (1.0 - beta1**t)
         correction2 = np.sqrt(1.0 - beta2**t)
         for j in range(dim):
-            w = storage[r, j]
+            w = np.float64(storage[r, j])
             g = grads[i, j] + l2 * w
-            m = beta1 * storage[r, dim + j] + (1.0 - beta1) * g
-            v = beta2 * storage[r, dim + dim + j] + (1.0 - beta2) * g * g
-            storage[r, dim + j] = m
-            storage[r, dim + dim + j] = v
-            w = w - step_size * m / (np.sqrt(np.float32(v)) / correction2 + eps)
+            m = beta1 * np.float64(storage[r, dim + j]) + (1.0 - beta1) * g
+            v = beta2 * max(np.float64(storage[r, dim + dim + j]), 0.0) + (1.0 - beta2) * g * g
+            storage[r, dim + j] = fit32(m)
+            storage[r, dim + dim + j] = fit32(v)
+            w = w - step_size * m / (np.sqrt(v) / correction2 + eps)
             if clip:
                 w = min(max(w, low), high)
-            storage[r, j] = w
+            storage[r, j] = fit32(w)

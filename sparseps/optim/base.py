@@ -9,7 +9,11 @@ statistics: it gets the matrix, the row indices and the merged gradients.
 
 The update kernels are compiled with numba and make one pass over the touched rows;
 they assume valid input (unique row indices, finite float32 gradients of the right
-shape) because the table validates at its public entry points.
+shape) because the table validates at its public entry points. They are *total* over
+that input: no exception, and finite weights and state whatever the gradients' size
+(float64 arithmetic, saturating float32 stores, guards: :mod:`.numerics`). Parameters
+are refused when the rule is made if they cannot work (:func:`check_scale`,
+:func:`check_nonnegative`, and per-rule combinations).
 """
 
 from __future__ import annotations
@@ -22,8 +26,17 @@ import numpy as np
 
 from ..config import check_float, check_keys
 from ..errors import ConfigError
+from .numerics import F32_MAX, F32_TINY
 
-__all__ = ["Rule", "clip_args", "register", "rule_from_dict", "RULES"]
+__all__ = [
+    "RULES",
+    "Rule",
+    "check_nonnegative",
+    "check_scale",
+    "clip_args",
+    "register",
+    "rule_from_dict",
+]
 
 RULES: dict[str, type[Rule]] = {}
 
@@ -122,3 +135,30 @@ def clip_args(clip: tuple[float, float] | None) -> tuple[float, float, bool]:
     if clip is None:
         return 0.0, 0.0, False
     return clip[0], clip[1], True
+
+
+def check_scale(owner: str, name: str, value: Any) -> float:
+    """A learning rate or similar scale: a float in ``[F32_TINY, F32_MAX]``.
+
+    Bounded by what float32 rows can use: above float32's max (~3.4e38) the first step
+    overflows the row, and below its smallest normal (~1.2e-38) ``1 / value`` does (FTRL
+    divides by ``alpha``); either way the rule could not work.
+    """
+    result = check_float(owner, name, value, gt=0.0)
+    if not F32_TINY <= result <= F32_MAX:
+        raise ConfigError(
+            f"{owner}.{name}: got {value!r}, expected a number in [1.2e-38, 3.4e38] (the "
+            "normal float32 range: rows are float32, so a step or its inverse would overflow)"
+        )
+    return result
+
+
+def check_nonnegative(owner: str, name: str, value: Any) -> float:
+    """An L1/L2 strength, a smoothing term or a starting accumulator: ``[0, F32_MAX]``."""
+    result = check_float(owner, name, value, ge=0.0)
+    if result > F32_MAX:
+        raise ConfigError(
+            f"{owner}.{name}: got {value!r}, expected a number in [0, 3.4e38] (float32's "
+            "range: rows are float32)"
+        )
+    return result

@@ -2,6 +2,10 @@
 
 Per row: ``g += l2 * w; acc += mean(g**2); w -= lr * g / (sqrt(acc) + eps)``. It keeps
 one float of state per row instead of ``dim``, which is why large CTR tables use it.
+
+Numerics (:mod:`.numerics`): float64 inside (the step uses the float64 ``acc``, so
+``|g_j| / sqrt(acc) <= sqrt(dim)`` even when float32 would round ``mean(g**2)`` to 0);
+the stored accumulator saturates at float32's max; a negative stored one counts as 0.
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
-from ..config import check_float
-from .base import Rule, clip_args, normalise_clip, register
+from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
+from .numerics import KERNEL, fit32
 from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["RowwiseAdagrad"]
@@ -25,9 +29,9 @@ class RowwiseAdagrad(Rule):
     """Adagrad with one accumulator per row: the mean of ``g**2`` over the row.
 
     Args:
-        lr: learning rate (> 0).
-        eps: added to ``sqrt(acc)`` in the denominator (> 0).
-        l2: weight decay added to the gradient as ``l2 * w`` (>= 0).
+        lr: learning rate, in ``[1.2e-38, 3.4e38]``.
+        eps: added to ``sqrt(acc)`` in the denominator, in ``[1.2e-38, 3.4e38]``.
+        l2: weight decay added to the gradient as ``l2 * w``, in ``[0, 3.4e38]``.
         clip: None or ``(min_bound, max_bound)`` applied to the weights after the step.
     """
 
@@ -39,9 +43,9 @@ class RowwiseAdagrad(Rule):
 
     def __post_init__(self) -> None:
         owner = "RowwiseAdagrad"
-        object.__setattr__(self, "lr", check_float(owner, "lr", self.lr, gt=0.0))
-        object.__setattr__(self, "eps", check_float(owner, "eps", self.eps, gt=0.0))
-        object.__setattr__(self, "l2", check_float(owner, "l2", self.l2, ge=0.0))
+        object.__setattr__(self, "lr", check_scale(owner, "lr", self.lr))
+        object.__setattr__(self, "eps", check_scale(owner, "eps", self.eps))
+        object.__setattr__(self, "l2", check_nonnegative(owner, "l2", self.l2))
         object.__setattr__(self, "clip", normalise_clip(owner, self.clip))
 
     def state_columns(self, dim: int) -> tuple[tuple[str, int], ...]:
@@ -52,7 +56,7 @@ class RowwiseAdagrad(Rule):
         _rowwise_adagrad(storage, rows, grads, dim, self.lr, self.eps, self.l2, low, high, clip)
 
 
-@njit(nogil=True, cache=True)
+@njit(**KERNEL)
 def _rowwise_adagrad(storage, rows, grads, dim, lr, eps, l2, low, high, clip):  # pragma: no cover
     n = rows.shape[0]
     for i in range(n):
@@ -61,14 +65,14 @@ def _rowwise_adagrad(storage, rows, grads, dim, lr, eps, l2, low, high, clip):  
         r = rows[i]
         square_sum = 0.0
         for j in range(dim):
-            g = grads[i, j] + l2 * storage[r, j]
+            g = grads[i, j] + l2 * np.float64(storage[r, j])
             square_sum += g * g
-        acc = storage[r, dim] + square_sum / dim
-        storage[r, dim] = acc
-        step = lr / (np.sqrt(np.float32(acc)) + eps)
+        acc = max(np.float64(storage[r, dim]), 0.0) + square_sum / dim
+        storage[r, dim] = fit32(acc)
+        step = lr / (np.sqrt(acc) + eps)
         for j in range(dim):
-            w = storage[r, j]
+            w = np.float64(storage[r, j])
             w = w - step * (grads[i, j] + l2 * w)
             if clip:
                 w = min(max(w, low), high)
-            storage[r, j] = w
+            storage[r, j] = fit32(w)

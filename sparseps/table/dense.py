@@ -3,9 +3,13 @@
 The vector and its optimizer state are stored as one row ``[values | state]`` so the
 same compiled kernels as the sparse rows apply (SGD, Adagrad, Adam).
 
-A step that would make any value or state non-finite is rejected (InputError, the table
-unchanged): the step runs on a spare copy of the row, which replaces the row only when it
-is all finite (two buffers, swapped; no allocation per push).
+The step runs on a spare copy of the row, which replaces the row only when it is all
+finite (two buffers, swapped; no allocation per push): an error anywhere before the swap
+(including one injected through :class:`~sparseps.table.push.PushHooks`) leaves the table
+unchanged. The rules are total over finite input (:mod:`sparseps.optim.numerics`), so a
+finite gradient always makes a finite step; the finiteness check is the last line of
+defence, and what geo mode's ``add`` meets when ``values + delta`` overflows float32
+(rejected, InputError).
 """
 
 from __future__ import annotations
@@ -30,10 +34,14 @@ class DenseTable:
         size: number of float32 parameters (>= 1).
         rule: SGD, Adagrad or Adam (default ``Adam()``).
         init: float32-convertible ``[size]`` starting values; None = zeros.
+        hooks: test hooks (:class:`~sparseps.table.push.PushHooks`); None in production.
     """
 
-    def __init__(self, name: str, size: int, rule=None, init: np.ndarray | None = None) -> None:
+    def __init__(
+        self, name: str, size: int, rule=None, init: np.ndarray | None = None, *, hooks=None
+    ) -> None:
         self.name = name
+        self._hooks = hooks
         self.size = check_int(f"DenseTable({name!r})", "size", size, ge=1, le=2**31 - 1)
         self.rule = Adam() if rule is None else rule
         if not isinstance(self.rule, DENSE_RULES):
@@ -76,13 +84,15 @@ class DenseTable:
         """One optimizer step with the float32 ``[size]`` gradient.
 
         Raises:
-            InputError: a bad gradient, or a step that would make a value or its
-                optimizer state NaN/inf (the table is unchanged).
+            InputError: a bad gradient (wrong dtype/shape, NaN/inf; the table is
+                unchanged). A finite gradient always gives a finite step.
         """
         grad = self._vector("push", grad)
         spare = self._spare
         np.copyto(spare, self._row)
         self.rule.update(spare, _ROW0, grad.reshape(1, self.size), self.size)
+        if self._hooks is not None:
+            self._hooks.mid_apply("push", self.name, 1, 1)
         self._commit("push", spare)
 
     def add(self, delta: np.ndarray) -> None:
@@ -92,6 +102,8 @@ class DenseTable:
         np.copyto(spare, self._row)
         with np.errstate(over="ignore"):  # checked just below
             spare[0, : self.size] += delta
+        if self._hooks is not None:
+            self._hooks.mid_apply("add", self.name, 1, 1)
         self._commit("add", spare)
 
     def _commit(self, op: str, spare: np.ndarray) -> None:

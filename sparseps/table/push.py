@@ -1,21 +1,27 @@
-"""The push as a transaction: compute the new rows aside, check them, allocate, commit.
+"""The push as a transaction: new rows aside, existing rows in place with a backup.
 
-A push used to update rows in place, inserting keys into the index before storage grew
-and applying the rule before anything was checked. Now it runs in three phases:
+A push runs in three phases and changes the table only if all of them succeed:
 
-1. **stage** (no table state changes): gather the touched rows into a scratch matrix
-   (new rows get their initial value and state there), decide admission on a scratch
-   copy of the pending counters, then apply statistics and the rule's fused update to
-   the scratch rows;
-2. **check**: every value of every staged row (embedding, optimizer state, counters)
-   must be finite, else the whole push is rejected (:func:`check_staged`);
-3. **allocate, then commit**: grow the indexes and matrices for exactly the new keys
-   (a ``MemoryError`` here leaves everything unchanged), then insert keys and scatter
-   the scratch rows back; nothing in the commit allocates, so it cannot fail half-way.
+1. **stage** (no table state changes): decide admission of missing keys on a scratch
+   copy of their pending counters; build the rows the push creates in a scratch matrix
+   (initial value and state, statistics, the rule's update) and check them;
+2. **apply in place, backed up**: copy the touched existing rows aside (one gather),
+   then apply statistics and the rule's fused update to them where they are, check
+   every value of every touched row (embedding, optimizer state, counters) for NaN/inf,
+   and reserve memory for the new keys. If *anything* in this phase raises (a
+   non-finite result -> InputError, out of memory -> ResourceError, or any other error,
+   e.g. one injected through :class:`PushHooks`) the backup is scattered back and the
+   table is byte-for-byte what it was;
+3. **commit** (allocates nothing, so it cannot fail half-way): insert the new keys,
+   scatter the staged new rows, write the pending counters back.
 
-Cost: one gather and one scatter of the touched rows (the rule runs on contiguous
-scratch rows instead of scattered ones) plus a compiled finiteness pass over them; no
-per-key Python.
+Rules are total over finite input (:mod:`sparseps.optim.numerics`), so a push of finite
+gradients does not fail in phase 2; the check and the restore are the last line of
+defence (geo mode's ``push_delta`` has no rule and can overflow: it is rejected that way).
+
+Cost against updating in place with no safety: one gather of the touched rows into a
+reused scratch matrix plus one compiled finiteness pass over them (both on rows the
+update brings into cache anyway); the restore costs a scatter only when a push fails.
 """
 
 from __future__ import annotations
@@ -29,7 +35,31 @@ from ..errors import InputError
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
 from .lifecycle import admit
 
-__all__ = ["PendingStage", "check_staged", "gather_rows", "scatter_rows", "stage_pending"]
+__all__ = [
+    "PendingStage",
+    "PushHooks",
+    "check_rows",
+    "check_staged",
+    "gather_rows",
+    "scatter_rows",
+    "stage_pending",
+]
+
+
+class PushHooks:
+    """Test hooks of a table's updates: an explicit object handed to the table (never a
+    patched global). Subclass and override; the defaults do nothing.
+
+    ``SparseTable(config, hooks=...)`` and ``DenseTable(..., hooks=...)`` call
+    :meth:`mid_apply` in the middle of applying an update to the table's own memory; an
+    exception raised there is a failure half-way through the apply, which the table must
+    survive unchanged.
+    """
+
+    def mid_apply(self, op: str, table: str, done: int, total: int) -> None:
+        """Called after the update of ``done`` of the push's ``total`` touched existing
+        rows was written in place (sparse), or after the step was computed and before it
+        is committed (dense, ``done == total == 1``)."""
 
 
 @njit(nogil=True, cache=True)
@@ -101,6 +131,32 @@ def check_staged(op: str, table: str, rows: np.ndarray, keys: np.ndarray, what: 
             f"(first key {int(keys[first])}): rejected, the table is unchanged; lower the "
             "learning rate or the gradients, or bound the weights with the rule's clip"
         )
+
+
+@njit(nogil=True, cache=True)
+def _rows_nonfinite(storage, ids):  # pragma: no cover - compiled
+    # the exponent-bit OR-reduction of _any_nonfinite, over the rows ``ids`` of a matrix
+    bits = storage.view(np.uint32)
+    width = bits.shape[1]
+    flags = np.uint32(0)
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        for j in range(width):
+            flags |= (bits[r, j] & np.uint32(0x7F800000)) + np.uint32(0x00800000)
+    return (flags & np.uint32(0x80000000)) != 0
+
+
+def check_rows(op: str, table: str, storage: np.ndarray, ids: np.ndarray, keys: np.ndarray,
+               what: str = "row") -> None:  # fmt: skip
+    """:func:`check_staged` for the rows ``ids`` of ``storage`` (checked where they are).
+
+    Raises:
+        InputError: naming the table, how many rows, and the first key.
+    """
+    if ids.shape[0] and _rows_nonfinite(storage, ids):
+        rows = np.empty((ids.shape[0], storage.shape[1]), storage.dtype)
+        gather_rows(storage, ids, rows)
+        check_staged(op, table, rows, keys, what)
 
 
 @dataclass

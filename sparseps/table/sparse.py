@@ -8,9 +8,10 @@ number of live rows does. It doubles while small and then grows by 25%, in place
 live in a second, small index with only their counters (show, click, unseen).
 
 Push path (all compiled, one pass each; :mod:`~sparseps.table.push`): merge repeated
-keys -> find -> admission of missing keys on scratch counters -> gather the touched rows
-(new rows initialised) into scratch -> statistics -> the rule's fused update -> finiteness
-check -> allocate -> insert new keys and scatter the rows back.
+keys -> find -> admission of missing keys on scratch counters -> new rows built and
+checked in scratch -> back up the touched existing rows -> statistics and the rule's
+fused update in place -> finiteness check -> allocate (restore the backup if any of
+these raise) -> insert new keys and scatter the new rows.
 
 Semantics pinned here:
 
@@ -18,7 +19,9 @@ Semantics pinned here:
   or an update that would make any value of a row (embedding, state, counters) NaN/inf,
   rejects the whole batch (InputError naming the table, the count and the first key);
   running out of memory raises ResourceError (table, rows, bytes). The table is then
-  unchanged.
+  unchanged; so it is after any other error raised in the middle of the apply (the
+  touched rows are restored from their backup). The rules never produce NaN/inf from
+  finite input (:mod:`sparseps.optim.numerics`), so a push of finite gradients succeeds.
 - On the push that admits a key, the row is created with its initial value, its counters
   start from the pending counters, and *that push's gradient is applied* (so the first
   admitted push is not wasted). Pushes before admission only add to the counters.
@@ -43,7 +46,7 @@ from .hashmap import KeyIndex
 from .initializers import fill_initial
 from .layout import STAT_COLUMNS, RowLayout
 from .lifecycle import decay_slots, shrink_select
-from .push import check_staged, gather_rows, scatter_rows, stage_pending
+from .push import PushHooks, check_rows, check_staged, gather_rows, scatter_rows, stage_pending
 from .restore import PENDING_WHERE, TableFiles
 
 __all__ = ["SparseTable", "TableStats"]
@@ -86,9 +89,13 @@ class SparseTable(TableFiles):
         config: the table's :class:`~sparseps.config.TableConfig`.
         allocator: the memory hook (:class:`~sparseps.table.growth.Allocator`; tests
             pass one that fails to check out-of-memory behaviour).
+        hooks: test hooks (:class:`~sparseps.table.push.PushHooks`) called in the middle
+            of a push's in-place apply; None in production.
     """
 
-    def __init__(self, config: TableConfig, *, allocator=None) -> None:
+    def __init__(
+        self, config: TableConfig, *, allocator=None, hooks: PushHooks | None = None
+    ) -> None:
         if not isinstance(config, TableConfig):
             raise ConfigError(f"SparseTable: expected a TableConfig, got {type(config).__name__}")
         self.config = config
@@ -105,7 +112,10 @@ class SparseTable(TableFiles):
         self._store = GrowableMatrix(INITIAL_ROWS, self.layout.width, np.float32, allocator)
         self._pending_index = KeyIndex(allocator=allocator)
         self._pending_store = GrowableMatrix(16, len(PENDING_WHERE), np.float32, allocator)
-        self._scratch = np.empty((0, self.layout.width), np.float32)  # see _staging
+        self._hooks = hooks
+        # reused scratch rows (see _scratch_rows): the push's backup and its new rows
+        self._backup = np.empty((0, self.layout.width), np.float32)
+        self._fresh = np.empty((0, self.layout.width), np.float32)
 
     @property
     def _rows(self) -> np.ndarray:
@@ -205,9 +215,13 @@ class SparseTable(TableFiles):
         if n == 0:
             return
         uniq, merged, merged_shows, merged_clicks = dedup_merge(keys, values, shows, clicks)
-        # -- stage: nothing below changes the table until the commit ----------------------
+        table = self.config.name
+        if uniq.size < n:  # sums of repeated keys' finite values can overflow float32
+            check_staged(op, table, merged, uniq, f"merged {name} row")
+            merged_counts = np.stack([merged_shows, merged_clicks], axis=1)
+            check_staged(op, table, merged_counts, uniq, "merged shows/clicks of a key")
+        # -- stage: nothing here changes the table -----------------------------------------
         ids = self._index.find(uniq)
-        old = np.flatnonzero(ids >= 0)
         missing = np.flatnonzero(ids < 0)
         pending = None
         if missing.size == 0:
@@ -220,48 +234,70 @@ class SparseTable(TableFiles):
                 self._pending_index, self._pending, uniq[missing], merged_shows[missing],
                 merged_clicks[missing], self._policy, self.config.seed,
             )  # fmt: skip
+            check_staged(op, table, pending.counters, pending.keys, "pending key")
             new = missing[pending.admitted]
             prior_show = pending.prior_show[pending.admitted]
             prior_click = pending.prior_click[pending.admitted]
-        where = np.concatenate([old, new]) if new.size else old
-        staged = self._staging(where.size)
-        gather_rows(self._rows, ids[old], staged[: old.size])
-        local = np.arange(where.size, dtype=np.int64)
-        if new.size:
-            fresh = local[old.size :]
+        fresh = None
+        if new.size:  # the rows this push creates, built and checked aside
+            fresh = self._scratch_rows("_fresh", new.size)
+            local = np.arange(new.size, dtype=np.int64)
             config, policy = self.config, self._policy
-            fill_initial(staged, fresh, uniq[new], self._dim, config.initializer, config.seed)
-            init_rows(staged, fresh, self._state0, prior_show, prior_click, self._dim,
+            fill_initial(fresh, local, uniq[new], self._dim, config.initializer, config.seed)
+            init_rows(fresh, local, self._state0, prior_show, prior_click, self._dim,
                       self._stat0, policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
-        if where.size < uniq.size or new.size:  # some keys pending: select the rest
-            merged = np.ascontiguousarray(merged[where])
-            merged_shows, merged_clicks = merged_shows[where], merged_clicks[where]
-        touch_rows(staged, local, merged_shows, merged_clicks, self._stat0,
-                   self._policy.nonclick_coeff, self._policy.click_coeff)  # fmt: skip
-        if delta:
-            add_rows(staged, local, merged, self._dim)
+            touch_rows(fresh, local, merged_shows[new], merged_clicks[new], self._stat0,
+                       policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
+            self._update(fresh, local, np.ascontiguousarray(merged[new]), delta)
+            check_staged(op, table, fresh, uniq[new], "row")
+        if missing.size:
+            old = np.flatnonzero(ids >= 0)
+            old_ids, old_keys = ids[old], uniq[old]
+            merged = np.ascontiguousarray(merged[old])
+            merged_shows, merged_clicks = merged_shows[old], merged_clicks[old]
         else:
-            self.config.rule.update(staged, local, merged, self._dim)
-        # -- check, allocate, commit ------------------------------------------------------
-        check_staged(op, self.config.name, staged, uniq[where], "row")
-        if pending is not None:
-            check_staged(op, self.config.name, pending.counters, pending.keys, "pending key")
-        self._grow(op, new.size, 0 if pending is None else pending.inserts.size,
-                   pending_erases=0 if pending is None else pending.erases.size)  # fmt: skip
-        if new.size:
+            old_ids, old_keys = ids, uniq
+        # -- apply to the existing rows in place, restoring them if anything fails ---------
+        rows = self._rows
+        backup = self._scratch_rows("_backup", old_ids.size)
+        gather_rows(rows, old_ids, backup)
+        try:
+            touch_rows(rows, old_ids, merged_shows, merged_clicks, self._stat0,
+                       self._policy.nonclick_coeff, self._policy.click_coeff)  # fmt: skip
+            self._update(rows, old_ids, merged, delta, op=op)
+            check_rows(op, table, rows, old_ids, old_keys)
+            self._grow(op, new.size, 0 if pending is None else pending.inserts.size,
+                       pending_erases=0 if pending is None else pending.erases.size)  # fmt: skip
+        except BaseException:
+            scatter_rows(self._rows, old_ids, backup)  # re-read: a growth may have moved it
+            raise
+        # -- commit: allocates nothing --------------------------------------------------
+        if fresh is not None:
             new_ids, _ = self._index.find_or_insert(uniq[new])
-            ids[new] = new_ids
-        scatter_rows(self._rows, ids[where], staged)
+            scatter_rows(self._rows, new_ids, fresh)
         if pending is not None:
             self._commit_pending(pending)
 
-    def _staging(self, rows: int) -> np.ndarray:
-        """A scratch ``[rows, width]`` matrix, reused across pushes: a fresh multi-MB
-        array per push costs page faults comparable to the update itself."""
-        if self._scratch.shape[0] < rows:
-            self._scratch = np.empty((max(rows, 2 * self._scratch.shape[0]), self.layout.width),
-                                     np.float32)  # fmt: skip
-        return self._scratch[:rows]
+    def _update(self, storage, rows, grads, delta: bool, *, op: str = "") -> None:
+        """The rule's update (or geo's add) of ``storage[rows]``; with test hooks, in two
+        halves with :meth:`PushHooks.mid_apply` between them."""
+        step = add_rows if delta else self.config.rule.update
+        if self._hooks is None or not op:
+            step(storage, rows, grads, self._dim)
+            return
+        half = rows.shape[0] // 2
+        step(storage, rows[:half], grads[:half], self._dim)
+        self._hooks.mid_apply(op, self.config.name, half, rows.shape[0])
+        step(storage, rows[half:], grads[half:], self._dim)
+
+    def _scratch_rows(self, which: str, rows: int) -> np.ndarray:
+        """A scratch ``[rows, width]`` matrix, reused across pushes (a fresh multi-MB
+        array per push costs page faults comparable to the update itself)."""
+        scratch = getattr(self, which)
+        if scratch.shape[0] < rows:
+            scratch = np.empty((max(rows, 2 * scratch.shape[0]), self.layout.width), np.float32)
+            setattr(self, which, scratch)
+        return scratch[:rows]
 
     def _commit_pending(self, stage) -> None:
         """Write a staged admission back (space was reserved: nothing here allocates)."""
