@@ -3,10 +3,13 @@
 Three layers, each usable alone (DESIGN §2.7):
 
 - pure functions (:mod:`.functions`): ``bucketize``, ``auc_from_histograms``,
-  ``exact_auc``, ``grouped_auc``, ``bucket_error_from_histograms``;
+  ``exact_auc``, ``grouped_auc``, ``bucket_error_from_histograms``, ``accuracy``,
+  ``mse``, ``rmse``, ``mae``;
 - the stateful bundle :class:`CTRMetrics` (``update`` / ``merge`` / ``compute`` /
   ``reset`` / ``state``), whose integer state makes global metrics exact;
-- the collectives (:mod:`.distributed`) that ``compute(global_=True)`` uses.
+- the collectives (:mod:`.distributed`) that ``compute(global_=True)`` uses;
+- user statistics (:class:`UserStats`: sum / max / min of any number or tensor, by name)
+  and :func:`all_reduce` (``sps.all_reduce``), over every worker (:mod:`.stats`).
 
 Plus per-pass reporting (:func:`format_metrics`, :class:`JsonlReporter`,
 :class:`TensorBoardReporter`, :class:`ReportConfig` for a trainer) and debugging dumps (:class:`FieldDumper`,
@@ -19,11 +22,15 @@ from .accumulator import DEFAULT_NUM_BUCKETS, CTRMetrics, MetricResult
 from .dump import DumpConfig, FieldDumper, dump_params, pass_dir, read_dump
 from .functions import (
     GroupedAUC,
+    accuracy,
     auc_from_histograms,
     bucket_error_from_histograms,
     bucketize,
     exact_auc,
     grouped_auc,
+    mae,
+    mse,
+    rmse,
 )
 from .report import (
     JsonlReporter,
@@ -33,6 +40,7 @@ from .report import (
     format_metrics,
     read_jsonl,
 )
+from .stats import UserStats, all_reduce
 
 __all__ = [
     "DEFAULT_NUM_BUCKETS",
@@ -45,6 +53,9 @@ __all__ = [
     "Phase",
     "ReportConfig",
     "TensorBoardReporter",
+    "UserStats",
+    "accuracy",
+    "all_reduce",
     "auc_from_histograms",
     "bucket_error_from_histograms",
     "bucketize",
@@ -52,7 +63,10 @@ __all__ = [
     "exact_auc",
     "format_metrics",
     "grouped_auc",
+    "mae",
+    "mse",
     "pass_dir",
     "read_dump",
     "read_jsonl",
+    "rmse",
 ]

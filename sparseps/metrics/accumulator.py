@@ -6,6 +6,7 @@
   from which AUC, bucket error, instance count and clicks follow;
 - four fixed-point sums (predictions, absolute errors, squared errors, logloss) held as
   int64 limb pairs (see :mod:`sparseps.metrics._kernels`);
+- the count of samples classified correctly at ``threshold`` (for accuracy);
 - when grouping ids are given, the grouped samples themselves (for UAUC / GAUC).
 
 Because all of it is integer, adding batches in any order, merging accumulators, or
@@ -32,6 +33,8 @@ from .functions import (
     bucket_error_from_histograms,
     check_inputs,
     check_num_buckets,
+    check_threshold,
+    count_correct,
     grouped_auc,
 )
 
@@ -50,6 +53,9 @@ class MetricResult:
         bucket_error: calibration error in adaptive buckets (Paddle's definition).
         logloss: mean binary cross-entropy, predictions clipped to [1e-7, 1 - 1e-7].
         mae: mean |pred - label|.  rmse: sqrt(mean (pred - label)**2).
+        mse: mean (pred - label)**2 (``rmse ** 2`` up to rounding; fleet.metrics.mse).
+        accuracy: share of samples with ``(pred >= threshold) == label`` (fleet.metrics.acc).
+        threshold: the accumulator's classification threshold (default 0.5).
         actual_ctr: clicks / count.  predicted_ctr: sum(pred) / count.
         copc: clicks / sum(pred) (actual over predicted clicks); 0.0 if sum(pred) == 0.
         count: number of samples (instances).  clicks: number of positive samples.
@@ -73,6 +79,9 @@ class MetricResult:
     uauc: float | None = None
     gauc: float | None = None
     groups: int = 0
+    mse: float = 0.0
+    accuracy: float = 0.0
+    threshold: float = 0.5
 
     def to_dict(self) -> dict[str, float | int | bool | None]:
         """Plain Python values, ready for JSON."""
@@ -93,11 +102,17 @@ class CTRMetrics:
         num_buckets: AUC histogram resolution (predictions are bucketed by
             ``floor(p * num_buckets)``). The bucketed AUC differs from the exact one only
             through pairs whose predictions fall in the same bucket.
+        threshold: a prediction ``>= threshold`` counts as positive for ``accuracy``.
     """
 
-    def __init__(self, num_buckets: int = DEFAULT_NUM_BUCKETS) -> None:
+    def __init__(self, num_buckets: int = DEFAULT_NUM_BUCKETS, *, threshold: float = 0.5) -> None:
         self._num_buckets = check_num_buckets(num_buckets)
+        self._threshold = check_threshold(threshold)
         self.reset()
+
+    @property
+    def threshold(self) -> float:
+        return self._threshold
 
     @property
     def num_buckets(self) -> int:
@@ -114,6 +129,7 @@ class CTRMetrics:
         self._neg = np.zeros(self._num_buckets, np.int64)
         self._limbs = np.zeros((_kernels.NUM_SUMS, 2), np.int64)
         self._count = 0
+        self._correct = 0
         self._grouped: bool | None = None  # unknown until the first non-empty update
         self._group_chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
@@ -137,6 +153,7 @@ class CTRMetrics:
         _kernels.accumulate(p, y, self._num_buckets, self._pos, self._neg, self._limbs)
         _kernels.normalize_limbs(self._limbs)
         self._count += p.size
+        self._correct += count_correct(p, y, self._threshold)
         if g is not None:
             self._group_chunks.append((g.copy(), p.copy(), y.copy()))
 
@@ -158,6 +175,10 @@ class CTRMetrics:
                 f"CTRMetrics.merge: num_buckets differ ({self.num_buckets} vs "
                 f"{other.num_buckets}); use the same bucket count everywhere"
             )
+        if other.threshold != self.threshold:
+            raise InputError(
+                f"CTRMetrics.merge: thresholds differ ({self.threshold} vs {other.threshold})"
+            )
         if other._count == 0:
             return self
         self._check_grouping(bool(other._grouped))
@@ -166,6 +187,7 @@ class CTRMetrics:
         self._limbs += other._limbs
         _kernels.normalize_limbs(self._limbs)
         self._count += other._count
+        self._correct += other._correct
         self._group_chunks.extend(other._group_chunks)
         return self
 
@@ -182,7 +204,8 @@ class CTRMetrics:
 
         Keys: ``pos``, ``neg`` (int64 [B] histograms), ``sums`` (int64 [4, 2] fixed-point
         limbs of pred, |err|, err**2, logloss), ``group_id`` (uint64 [m]),
-        ``group_pred`` (float64 [m]), ``group_label`` (uint8 [m]).
+        ``group_pred`` (float64 [m]), ``group_label`` (uint8 [m]), ``correct`` (int64 [1],
+        samples classified correctly at the threshold), ``threshold`` (float64 [1]).
         """
         ids, preds, labels = self._grouped_arrays()
         return {
@@ -192,6 +215,8 @@ class CTRMetrics:
             "group_id": ids.copy(),
             "group_pred": preds.copy(),
             "group_label": labels.copy(),
+            "correct": np.array([self._correct], np.int64),
+            "threshold": np.array([self._threshold], np.float64),
         }
 
     @classmethod
@@ -201,13 +226,16 @@ class CTRMetrics:
         if missing:
             raise InputError(f"CTRMetrics.from_state: missing keys {sorted(missing)}")
         pos = np.asarray(state["pos"], np.int64)
-        metrics = cls(num_buckets=pos.size)
+        threshold = float(np.asarray(state.get("threshold", [0.5])).reshape(-1)[0])
+        metrics = cls(num_buckets=pos.size, threshold=threshold)
         neg = np.asarray(state["neg"], np.int64)
         sums = np.asarray(state["sums"], np.int64)
         if neg.shape != pos.shape or sums.shape != (_kernels.NUM_SUMS, 2):
             raise InputError("CTRMetrics.from_state: pos/neg/sums have inconsistent shapes")
         metrics._pos[:], metrics._neg[:], metrics._limbs[:] = pos, neg, sums
         metrics._count = int(pos.sum() + neg.sum())
+        # states saved before accuracy existed lack "correct": accuracy then reads 0
+        metrics._correct = int(np.asarray(state.get("correct", [0])).reshape(-1)[0])
         ids = np.asarray(state["group_id"], np.uint64)
         if ids.size:
             if ids.size != metrics._count:
@@ -239,15 +267,17 @@ class CTRMetrics:
             InputError: (global) some workers gave grouping ids and others did not.
             TimeoutError_, UnavailableError: (global) a worker did not take part.
         """
-        pos, neg, limbs = self._pos, self._neg, self._limbs
+        pos, neg, limbs, correct = self._pos, self._neg, self._limbs, self._correct
         ids, preds, labels = self._grouped_arrays()
         if global_ and distributed.group_size(process_group) > 1:
             b = self._num_buckets
-            packed = np.concatenate([pos, neg, limbs.ravel(), [ids.size, self._count]])
+            packed = np.concatenate(
+                [pos, neg, limbs.ravel(), [ids.size, self._count, self._correct]]
+            )
             total = distributed.all_reduce_sum(packed, group=process_group, timeout=timeout)
             pos, neg = total[:b], total[b : 2 * b]
-            limbs = _kernels.normalize_limbs(total[2 * b : -2].reshape(limbs.shape))
-            grouped, count = int(total[-2]), int(total[-1])
+            limbs = _kernels.normalize_limbs(total[2 * b : -3].reshape(limbs.shape))
+            grouped, count, correct = int(total[-3]), int(total[-2]), int(total[-1])
             if grouped and grouped != count:
                 raise InputError(
                     f"CTRMetrics.compute: grouping ids were given for {grouped} of {count} "
@@ -261,10 +291,11 @@ class CTRMetrics:
                 ids = np.ascontiguousarray(rows[:, 0]).view(np.uint64)
                 preds = np.ascontiguousarray(rows[:, 1]).view(np.float64)
                 labels = rows[:, 2].astype(np.uint8)
-        return _result(pos, neg, limbs, (ids, preds, labels) if ids.size else None)
+        grouped_arrays = (ids, preds, labels) if ids.size else None
+        return _result(pos, neg, limbs, grouped_arrays, correct, self._threshold)
 
 
-def _result(pos, neg, limbs, grouped) -> MetricResult:
+def _result(pos, neg, limbs, grouped, correct: int, threshold: float) -> MetricResult:
     clicks = int(pos.sum())
     count = clicks + int(neg.sum())
     uauc = gauc = None
@@ -273,15 +304,19 @@ def _result(pos, neg, limbs, grouped) -> MetricResult:
         ids, preds, labels = grouped
         uauc, gauc, groups = grouped_auc(preds, labels, ids)
     if count == 0:
-        return MetricResult(0.5, False, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, uauc, gauc, groups)
+        return MetricResult(
+            0.5, False, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, uauc, gauc, groups,
+            threshold=threshold,
+        )  # fmt: skip
     pred_sum = _kernels.limbs_to_float(limbs, _kernels.SUM_PRED)
+    mse = _kernels.limbs_to_float(limbs, _kernels.SUM_SQRERR) / count
     return MetricResult(
         auc=auc_from_histograms(pos, neg),
         auc_defined=0 < clicks < count,
         bucket_error=bucket_error_from_histograms(pos, neg),
         logloss=_kernels.limbs_to_float(limbs, _kernels.SUM_LOGLOSS) / count,
         mae=_kernels.limbs_to_float(limbs, _kernels.SUM_ABSERR) / count,
-        rmse=math.sqrt(_kernels.limbs_to_float(limbs, _kernels.SUM_SQRERR) / count),
+        rmse=math.sqrt(mse),
         actual_ctr=clicks / count,
         predicted_ctr=pred_sum / count,
         copc=clicks / pred_sum if pred_sum > 0 else 0.0,
@@ -290,4 +325,7 @@ def _result(pos, neg, limbs, grouped) -> MetricResult:
         uauc=uauc,
         gauc=gauc,
         groups=groups,
+        mse=mse,
+        accuracy=correct / count,
+        threshold=threshold,
     )

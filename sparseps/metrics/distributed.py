@@ -20,7 +20,14 @@ import numpy as np
 
 from ..errors import TimeoutError_, UnavailableError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "all_gather_rows", "all_reduce_sum", "group_size"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "REDUCE_OPS",
+    "all_gather_rows",
+    "all_reduce_array",
+    "all_reduce_sum",
+    "group_size",
+]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,38 @@ def all_reduce_sum(array: np.ndarray, *, group: object = None, timeout: float) -
         return tensor.numpy()
     log.debug("all-reducing %d int64 metric values", tensor.numel())
     _wait(dist.all_reduce(tensor, group=group, async_op=True), "all_reduce", group, timeout)
+    return tensor.numpy()
+
+
+REDUCE_OPS = ("sum", "max", "min")
+
+
+def all_reduce_array(
+    array: np.ndarray, op: str, *, group: object = None, timeout: float
+) -> np.ndarray:
+    """Element-wise ``op`` (sum, max, min) of a float64 or int64 array over the workers.
+
+    Every worker must pass the same shape and dtype. Returns a new array. Float sums are
+    the gloo reduction's (the same bits on every worker, but not those of one process
+    adding the numbers in another order).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if op not in REDUCE_OPS:
+        raise ValueError(f"all_reduce: op must be one of {REDUCE_OPS}, got {op!r}")
+    if array.dtype not in (np.float64, np.int64):
+        raise TypeError(f"all_reduce_array takes float64 or int64, got {array.dtype}")
+    tensor = torch.from_numpy(np.array(array, copy=True))
+    if group_size(group) == 1:
+        return tensor.numpy()
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+    _wait(
+        dist.all_reduce(tensor, op=reduce_op, group=group, async_op=True),
+        f"all_reduce ({op})",
+        group,
+        timeout,
+    )
     return tensor.numpy()
 
 

@@ -26,12 +26,18 @@ from . import _kernels
 
 __all__ = [
     "GroupedAUC",
+    "accuracy",
     "auc_from_histograms",
     "bucket_error_from_histograms",
     "bucketize",
     "check_inputs",
+    "check_threshold",
+    "count_correct",
     "exact_auc",
     "grouped_auc",
+    "mae",
+    "mse",
+    "rmse",
 ]
 
 MAX_BUCKETS = 1 << 28  # 2 x 2 GiB of int64 histograms: far beyond any useful resolution
@@ -259,3 +265,54 @@ def bucket_error_from_histograms(
             float(relative_error_bound),
         )
     )
+
+
+def check_threshold(threshold: object) -> float:
+    """Validate a classification threshold (a finite number in ``[0, 1]``); raises ConfigError."""
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float | np.floating):
+        raise ConfigError(f"threshold must be a number in [0, 1], got {threshold!r}")
+    if not 0.0 <= float(threshold) <= 1.0:
+        raise ConfigError(f"threshold must be in [0, 1], got {threshold}")
+    return float(threshold)
+
+
+def count_correct(pred: np.ndarray, label: np.ndarray, threshold: float) -> int:
+    """Samples with ``(pred >= threshold) == label`` (arrays already checked)."""
+    return int(np.count_nonzero((pred >= threshold) == (label == 1)))
+
+
+def accuracy(pred: object, label: object, threshold: float = 0.5) -> float:
+    """Share of samples classified correctly: ``pred >= threshold`` is a positive.
+
+    0.0 when there are no samples. E.g. ``accuracy([0.2, 0.7, 0.5], [0, 0, 1]) == 2 / 3``.
+    """
+    p, y, _ = check_inputs(pred, label, where="accuracy")
+    return count_correct(p, y, check_threshold(threshold)) / p.size if p.size else 0.0
+
+
+def _errors(pred: object, label: object, where: str) -> np.ndarray:
+    """``pred - label`` in float64; any real labels (regression), not only 0/1."""
+    p = _column(pred, "pred", where).astype(np.float64, copy=False)
+    y = _column(label, "label", where, allow_bool=True).astype(np.float64, copy=False)
+    if y.shape != p.shape:
+        raise InputError(f"{where}: pred has {p.size} values but label has {y.size}")
+    if not (np.isfinite(p).all() and np.isfinite(y).all()):
+        raise InputError(f"{where}: predictions and labels must be finite")
+    return p - y
+
+
+def mse(pred: object, label: object) -> float:
+    """Mean squared error ``mean((pred - label) ** 2)``; 0.0 without samples."""
+    err = _errors(pred, label, "mse")
+    return float(np.mean(err * err)) if err.size else 0.0
+
+
+def rmse(pred: object, label: object) -> float:
+    """``sqrt(mse(pred, label))``."""
+    return float(np.sqrt(mse(pred, label)))
+
+
+def mae(pred: object, label: object) -> float:
+    """Mean absolute error ``mean(|pred - label|)``; 0.0 without samples."""
+    err = _errors(pred, label, "mae")
+    return float(np.mean(np.abs(err))) if err.size else 0.0

@@ -24,7 +24,8 @@ from sparseps.metrics import (
 
 RESULT = MetricResult(
     auc=0.7712, auc_defined=True, bucket_error=0.0125, logloss=0.45, mae=0.3, rmse=0.4,
-    actual_ctr=0.25, predicted_ctr=0.24, copc=1.0416666, count=1000, clicks=250,
+    actual_ctr=0.25, predicted_ctr=0.24, copc=1.0416666, count=1000, clicks=250, mse=0.16,
+    accuracy=0.8,
 )  # fmt: skip
 
 
@@ -32,7 +33,7 @@ def test_format_metrics_line():
     line = format_metrics(RESULT, "pass: [3]")
     assert line == (
         "pass: [3], auc: [0.771200], bucket_error: [0.012500], logloss: [0.450000], "
-        "mae: [0.300000], rmse: [0.400000], actual_ctr: [0.250000], "
+        "mae: [0.300000], mse: [0.160000], rmse: [0.400000], accuracy: [0.800000], actual_ctr: [0.250000], "
         "predicted_ctr: [0.240000], copc: [1.041667], ins_num: [1000]"
     )
     empty = CTRMetrics(num_buckets=4).compute()
