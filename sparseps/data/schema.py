@@ -7,6 +7,7 @@ that ``torch.from_numpy`` takes each without a copy::
     batch.dense            float32 [B, D]   C-contiguous
     batch.slots[name]      Slot(values uint64 [nnz], offsets int64 [B + 1])
     batch.ids              int64 [B]        where each sample came from (see below)
+    batch.extra_labels     float32 [B, K]   the schema's extra_labels, or None (K == 0)
 
 Sample ``i`` has the ids ``values[offsets[i]:offsets[i + 1]]`` in a slot; ``offsets[0]``
 is 0 and ``offsets[-1]`` is ``nnz``. A sample with no value in a slot has an empty range.
@@ -70,6 +71,9 @@ class Schema:
         dense_transform: see :class:`DenseTransform`.
         id_column: a column that names the sample (e.g. Avazu's ``id``); read and ignored
             by the parsers (ids are positional, see :mod:`sparseps.data.schema`).
+        extra_labels: more label columns of a multi-task model (e.g. ``("conversion",)``
+            beside ``label="click"``), found in ``Batch.extra_labels`` in this order. The
+            parsers fill it once they read these columns (the trainer's losses read it).
     """
 
     label: str
@@ -77,8 +81,10 @@ class Schema:
     slots: tuple[str, ...]
     dense_transform: DenseTransform = DenseTransform.LOG1P
     id_column: str | None = None
+    extra_labels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_labels", tuple(self.extra_labels))
         object.__setattr__(self, "dense", tuple(self.dense))
         object.__setattr__(self, "slots", tuple(self.slots))
         try:
@@ -88,7 +94,7 @@ class Schema:
                 f"Schema.dense_transform: {self.dense_transform!r} is not one of "
                 f"{[t.value for t in DenseTransform]}"
             ) from None
-        names = [self.label, *self.slots, *dict.fromkeys(self.dense)]
+        names = [self.label, *self.extra_labels, *self.slots, *dict.fromkeys(self.dense)]
         if self.id_column:
             names.append(self.id_column)
         for name in names:
@@ -105,6 +111,11 @@ class Schema:
     @property
     def num_dense(self) -> int:
         return len(self.dense)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Every label column: ``label`` then ``extra_labels``."""
+        return (self.label, *self.extra_labels)
 
     def columns(self) -> tuple[str, ...]:
         """Label, dense and slot names in file order (the Criteo TSV layout)."""
@@ -200,6 +211,7 @@ class Batch:
     dense: np.ndarray
     slots: Mapping[str, Slot]
     ids: np.ndarray = field(default=None)  # type: ignore[assignment]
+    extra_labels: np.ndarray | None = None  # float32 [B, K]: Schema.extra_labels
 
     def __post_init__(self) -> None:
         if self.ids is None:
@@ -215,6 +227,7 @@ class Batch:
             self.dense[start:stop],
             {name: s.slice(start, stop) for name, s in self.slots.items()},
             self.ids[start:stop],
+            None if self.extra_labels is None else self.extra_labels[start:stop],
         )
 
     def take(self, order: np.ndarray) -> Batch:
@@ -225,6 +238,7 @@ class Batch:
             np.ascontiguousarray(self.dense[order]),
             {name: s.take(order) for name, s in self.slots.items()},
             self.ids[order],
+            None if self.extra_labels is None else self.extra_labels[order],
         )
 
     @staticmethod
@@ -240,6 +254,9 @@ class Batch:
             np.concatenate([p.dense for p in parts]),
             {n: Slot.concat([p.slots[n] for p in parts]) for n in names},
             np.concatenate([p.ids for p in parts]),
+            None
+            if parts[0].extra_labels is None
+            else np.concatenate([p.extra_labels for p in parts]),
         )
 
     @staticmethod
