@@ -34,6 +34,7 @@ class Parsed:
     bad: int = 0
     examples: list[tuple[int, str]] = field(default_factory=list)
     lines: int = 0  # lines of text consumed (good, bad and blank), for the next chunk's numbers
+    bad_text: list[bytes] = field(default_factory=list)  # the first bad lines (format hints)
 
 
 def transform_dense(values: np.ndarray, transform: DenseTransform) -> np.ndarray:

@@ -21,8 +21,8 @@ from .. import env
 from ..config import check_float
 from ..errors import ConfigError
 from .schema import Batch, Schema
-from .sources import Format, expand_files, parse_format, read_file, shard
-from .stats import DatasetStats, PassCounter
+from .sources import Format, expand_files, guess_format, parse_format, read_file, shard
+from .stats import MAX_BAD_RATIO, DatasetStats, PassCounter
 
 __all__ = ["DatasetOptions", "rebatch"]
 
@@ -48,6 +48,7 @@ class DatasetOptions:
     strict: bool
     queue_size: int
     pipe_timeout: float
+    max_bad_ratio: float = MAX_BAD_RATIO
 
     def __post_init__(self) -> None:
         if not isinstance(self.schema, Schema):
@@ -59,12 +60,19 @@ class DatasetOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
         check_float("dataset", "pipe_timeout", self.pipe_timeout, gt=0)
+        ratio = self.max_bad_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1:
+            raise ConfigError(
+                f"max_bad_ratio: expected a number in [0, 1] (the share of bad lines a pass "
+                f"may skip), got {ratio!r}"
+            )
         if self.pipe_command is not None and not str(self.pipe_command).strip():
             raise ConfigError("pipe_command: empty command (use None for no command)")
 
     @staticmethod
     def build(files, schema, batch_size, threads, pipe_command, *, format, rank, world,
-              drop_last, strict, queue_size, pipe_timeout) -> DatasetOptions:  # fmt: skip
+              drop_last, strict, queue_size, pipe_timeout,
+              max_bad_ratio=MAX_BAD_RATIO) -> DatasetOptions:  # fmt: skip
         """Expand the inputs and resolve rank/world (from the environment when None)."""
         if (rank is None) != (world is None):
             raise ConfigError(
@@ -91,7 +99,7 @@ class DatasetOptions:
             threads=threads, pipe_command=pipe_command,
             format=parse_format(format, pipe_command), rank=rank, world=world,
             drop_last=bool(drop_last), strict=bool(strict), queue_size=queue_size,
-            pipe_timeout=float(pipe_timeout),
+            pipe_timeout=float(pipe_timeout), max_bad_ratio=max_bad_ratio,
         )  # fmt: skip
 
     def my_files(self) -> list[tuple[int, str]]:
@@ -112,11 +120,12 @@ class DatasetBase:
 
     def __init__(self, files, schema, batch_size, threads=1, pipe_command=None, *,
                  format=None, rank=None, world=None, drop_last=False, strict=False,
-                 queue_size=16, pipe_timeout=300.0) -> None:  # fmt: skip
+                 queue_size=16, pipe_timeout=300.0,
+                 max_bad_ratio=MAX_BAD_RATIO) -> None:  # fmt: skip
         self.options = DatasetOptions.build(
             files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
             world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
-            pipe_timeout=pipe_timeout,
+            pipe_timeout=pipe_timeout, max_bad_ratio=max_bad_ratio,
         )  # fmt: skip
         self._passes: list[PassCounter] = []
         if not self.options.my_files():
@@ -150,7 +159,12 @@ class DatasetBase:
     def _read_chunks(self) -> Iterator[Batch]:
         """One pass over this worker's files: parsed chunks from the reader threads."""
         opts = self.options
-        counter = PassCounter(strict=opts.strict, name=type(self).__name__)
+        text = opts.format is not Format.PARQUET
+        counter = PassCounter(
+            strict=opts.strict, name=type(self).__name__, max_bad_ratio=opts.max_bad_ratio,
+            format=opts.format.value,
+            guess=(lambda data: guess_format(data, opts.schema, opts.format)) if text else None,
+        )  # fmt: skip
         self._passes.append(counter)
         todo: queue.SimpleQueue = queue.SimpleQueue()
         for item in opts.my_files():

@@ -19,6 +19,7 @@ from ..errors import ConfigError, TimeoutError_
 from .dataset import DatasetBase, rebatch
 from .schema import Batch, Schema
 from .sources import Format
+from .stats import MAX_BAD_RATIO
 
 __all__ = ["InMemoryDataset"]
 
@@ -43,11 +44,12 @@ class InMemoryDataset(DatasetBase):
                  batch_size: int, threads: int = 1, pipe_command: str | None = None, *,
                  format: str | Format | None = None, rank: int | None = None,
                  world: int | None = None, drop_last: bool = False, strict: bool = False,
-                 queue_size: int = 16, pipe_timeout: float = 300.0) -> None:  # fmt: skip
+                 queue_size: int = 16, pipe_timeout: float = 300.0,
+                 max_bad_ratio: float = MAX_BAD_RATIO) -> None:  # fmt: skip
         super().__init__(
             files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
             world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
-            pipe_timeout=pipe_timeout,
+            pipe_timeout=pipe_timeout, max_bad_ratio=max_bad_ratio,
         )  # fmt: skip
         self._data: Batch | None = None
         self._preload: threading.Thread | None = None

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from .dataset import DatasetBase, rebatch
 from .schema import Batch, Schema
 from .sources import Format
+from .stats import MAX_BAD_RATIO
 
 __all__ = ["QueueDataset"]
 
@@ -30,8 +31,10 @@ class QueueDataset(DatasetBase):
         threads: reader threads (each parses whole files; with 1 the sample order is
             the file and line order).
         pipe_command: a shell command run per file (file on stdin); its stdout is parsed.
-        format: ``criteo_tsv``, ``csv`` (with header), ``slot_text`` or ``parquet``;
-            default ``criteo_tsv``, or ``slot_text`` when ``pipe_command`` is set.
+        format: ``criteo_tsv``, ``csv`` (with header), ``slot_text``, ``parquet``,
+            ``multislot`` or ``multislot_string`` (Paddle's data generators' output, see
+            :mod:`sparseps.data.multislot`); default ``criteo_tsv``, or ``slot_text`` when
+            ``pipe_command`` is set.
         rank, world: this worker's share; both None = from the environment
             (``SPARSEPS_RANK``/``SPARSEPS_WORKER_NUM``), or 0 of 1 in local mode.
         drop_last: drop the last, short batch of a pass.
@@ -40,21 +43,26 @@ class QueueDataset(DatasetBase):
         queue_size: parsed chunks (about 8 MB of text each) buffered between the
             readers and the consumer.
         pipe_timeout: seconds a pipe command may stay silent before it is killed.
+        max_bad_ratio: the share of a pass's lines (on this worker) that may be bad and
+            skipped, default 0.01; above it, or when every line is bad, the pass raises
+            :class:`~sparseps.errors.InputError` (see :mod:`sparseps.data.stats`).
 
     Raises:
         ConfigError: an argument is invalid (names it).
-        InputError: a file or folder does not exist.
+        InputError: a file or folder does not exist; (when iterating) a pass with too
+            many bad lines.
     """
 
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], schema: Schema,
                  batch_size: int, threads: int = 1, pipe_command: str | None = None, *,
                  format: str | Format | None = None, rank: int | None = None,
                  world: int | None = None, drop_last: bool = False, strict: bool = False,
-                 queue_size: int = 16, pipe_timeout: float = 300.0) -> None:  # fmt: skip
+                 queue_size: int = 16, pipe_timeout: float = 300.0,
+                 max_bad_ratio: float = MAX_BAD_RATIO) -> None:  # fmt: skip
         super().__init__(
             files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
             world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
-            pipe_timeout=pipe_timeout,
+            pipe_timeout=pipe_timeout, max_bad_ratio=max_bad_ratio,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[Batch]:

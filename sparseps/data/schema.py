@@ -71,6 +71,12 @@ class Schema:
         dense_transform: see :class:`DenseTransform`.
         id_column: a column that names the sample (e.g. Avazu's ``id``); read and ignored
             by the parsers (ids are positional, see :mod:`sparseps.data.schema`).
+        multislot_order: the order of the slots on a line of Paddle's multislot format
+            (the order of the generator's ``(name, values)`` pairs, i.e. of Paddle's
+            ``dataset.set_use_var``): the label name, each *distinct* dense name (one
+            multislot slot holding as many values as the name has columns) and each
+            sparse slot, every one exactly once; other names are slots to skip. None:
+            label, dense names, slots (see :mod:`sparseps.data.multislot`).
         extra_labels: more label columns of a multi-task model (e.g. ``("conversion",)``
             beside ``label="click"``), found in ``Batch.extra_labels`` in this order. The
             parsers fill it once they read these columns (the trainer's losses read it).
@@ -81,6 +87,7 @@ class Schema:
     slots: tuple[str, ...]
     dense_transform: DenseTransform = DenseTransform.LOG1P
     id_column: str | None = None
+    multislot_order: tuple[str, ...] | None = None
     extra_labels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -107,6 +114,30 @@ class Schema:
                 f"(repeated: {', '.join(duplicates)}); only a dense name may repeat, "
                 "for the slot text format"
             )
+        if self.multislot_order is not None:
+            self._check_multislot_order()
+
+    def _check_multislot_order(self) -> None:
+        order = tuple(self.multislot_order)
+        object.__setattr__(self, "multislot_order", order)
+        wanted = [self.label, *dict.fromkeys(self.dense), *self.slots]
+        bad = [n for n in order if not isinstance(n, str) or not n]
+        twice = sorted({n for n in order if order.count(n) > 1})
+        missing = [n for n in wanted if n not in order]
+        if bad or twice or missing:
+            raise ConfigError(
+                "Schema.multislot_order: must name the label, each dense name and each slot "
+                "exactly once (other names are skipped slots)"
+                + (f"; not names: {bad}" if bad else "")
+                + (f"; repeated: {', '.join(twice)}" if twice else "")
+                + (f"; missing: {', '.join(missing)}" if missing else "")
+            )
+
+    def multislot_slots(self) -> tuple[str, ...]:
+        """The slot names of a multislot line, in order (see ``multislot_order``)."""
+        if self.multislot_order is not None:
+            return self.multislot_order
+        return (self.label, *dict.fromkeys(self.dense), *self.slots)
 
     @property
     def num_dense(self) -> int:

@@ -18,12 +18,13 @@ from pathlib import Path
 from ..errors import ConfigError, InputError
 from .columns import Parsed
 from .delimited import header_names, parse_delimited
+from .multislot import parse_multislot
 from .parquet import read_parquet
 from .pipe import pipe_chunks
 from .schema import Schema
 from .slot_text import parse_slot_text
 
-__all__ = ["Format", "expand_files", "read_file", "shard"]
+__all__ = ["Format", "expand_files", "guess_format", "read_file", "shard"]
 
 CHUNK_BYTES = 8 << 20  # text is parsed in pieces of about this size (whole lines)
 
@@ -35,6 +36,8 @@ class Format(StrEnum):
     CSV = "csv"  # comma-separated with a header, columns by name
     SLOT_TEXT = "slot_text"  # PaddleRec ``key:value`` tokens
     PARQUET = "parquet"
+    MULTISLOT = "multislot"  # Paddle's MultiSlotDataGenerator output: count, then values
+    MULTISLOT_STRING = "multislot_string"  # MultiSlotStringDataGenerator: ids hashed
 
 
 def parse_format(value: str | Format, pipe_command: str | None) -> Format:
@@ -155,29 +158,49 @@ def _parse_pieces(pieces: Iterator[bytes], path: str, file_no: int, schema: Sche
                   fmt: Format) -> Iterator[Parsed]:  # fmt: skip
     names, delimiter = schema.columns(), "\t"
     record, line = 0, 1
+    want_text = True  # keep the text of a file's first bad lines (for the format hint)
     for index, chunk in enumerate(_line_chunks(pieces)):
-        if fmt is Format.SLOT_TEXT:
-            parsed = parse_slot_text(
-                chunk, schema, first_line=line, file_no=file_no, first_record=record
-            )
-        else:
-            if fmt is Format.CSV:
-                delimiter = ","
-                if index == 0:  # the header: first line of the first chunk
-                    cut = chunk.find(b"\n") + 1 or len(chunk)
-                    names = header_names(chunk[:cut], delimiter, schema, path)
-                    chunk, line = chunk[cut:], line + 1
-                    if not chunk:
-                        continue
-            parsed = parse_delimited(
-                chunk,
-                schema,
-                names,
-                delimiter,
-                first_line=line,
-                file_no=file_no,
-                first_record=record,
-            )
+        if fmt is Format.CSV:
+            delimiter = ","
+            if index == 0:  # the header: first line of the first chunk
+                cut = chunk.find(b"\n") + 1 or len(chunk)
+                names = header_names(chunk[:cut], delimiter, schema, path)
+                chunk, line = chunk[cut:], line + 1
+                if not chunk:
+                    continue
+        parsed = parse_text(chunk, schema, fmt, names=names, delimiter=delimiter,
+                            first_line=line, file_no=file_no, first_record=record)  # fmt: skip
+        if parsed.bad and parsed.examples and want_text:
+            want_text = False  # error path only: split this one chunk into lines
+            text = chunk.split(b"\n")
+            parsed.bad_text = [text[n - line] for n, _ in parsed.examples if n - line < len(text)]
         record += len(parsed.batch)
         line += parsed.lines
         yield parsed
+
+
+def parse_text(chunk: bytes, schema: Schema, fmt: Format, *, names: tuple[str, ...] | None = None,
+               delimiter: str = "\t", first_line: int = 1, file_no: int = 0,
+               first_record: int = 0) -> Parsed:  # fmt: skip
+    """Parse a chunk of whole lines of a text format (CSV: without its header)."""
+    where = {"first_line": first_line, "file_no": file_no, "first_record": first_record}
+    if fmt is Format.SLOT_TEXT:
+        return parse_slot_text(chunk, schema, **where)
+    if fmt in (Format.MULTISLOT, Format.MULTISLOT_STRING):
+        return parse_multislot(chunk, schema, hash_ids=fmt is Format.MULTISLOT_STRING, **where)
+    return parse_delimited(chunk, schema, names or schema.columns(), delimiter, **where)
+
+
+# the formats a bad pass's lines are tried in, in this order (CSV needs its header)
+_GUESSES = (Format.CRITEO_TSV, Format.SLOT_TEXT, Format.MULTISLOT, Format.MULTISLOT_STRING)
+
+
+def guess_format(text: bytes, schema: Schema, current: Format) -> str | None:
+    """Another text format in which every line of ``text`` parses cleanly, or None."""
+    for fmt in _GUESSES:
+        if fmt is current or (current is Format.CSV and fmt is Format.CRITEO_TSV):
+            continue
+        parsed = parse_text(text, schema, fmt)
+        if parsed.bad == 0 and len(parsed.batch) > 0:
+            return fmt.value
+    return None

@@ -1,4 +1,7 @@
-"""Malformed input: counted and skipped (first few logged as file:line: reason), or strict."""
+"""Malformed input: counted and skipped (first few logged as file:line: reason), or strict.
+
+These tests skip more bad lines than the default ``max_bad_ratio`` allows, so they pass
+``max_bad_ratio=1.0`` (SKIP); test_data_bad_pass.py covers the passes that fail."""
 
 import logging
 
@@ -9,6 +12,7 @@ from sparseps.data import CRITEO, InMemoryDataset, QueueDataset, Schema
 from sparseps.data import sources as sources_module
 from sparseps.errors import InputError, TimeoutError_
 
+SKIP = {"max_bad_ratio": 1.0}
 GOOD = "\t".join(["1", *["2"] * 13, *["abc"] * 26])
 
 
@@ -39,7 +43,7 @@ MIXED = tsv(
 def test_bad_lines_are_counted_skipped_and_the_first_logged(tmp_path, caplog):
     path = tmp_path / "mixed.tsv"
     path.write_text(MIXED)
-    ds = QueueDataset(str(path), CRITEO, batch_size=10)
+    ds = QueueDataset(str(path), CRITEO, batch_size=10, **SKIP)
     with caplog.at_level(logging.WARNING, logger="sparseps.data"):
         batches = list(ds)
     assert sum(len(b) for b in batches) == 2
@@ -62,7 +66,7 @@ def test_bad_lines_are_counted_skipped_and_the_first_logged(tmp_path, caplog):
 def test_only_the_first_five_are_described(tmp_path):
     path = tmp_path / "many.tsv"
     path.write_text(tsv(*["short"] * 12, GOOD))
-    ds = QueueDataset(str(path), CRITEO, batch_size=10)
+    ds = QueueDataset(str(path), CRITEO, batch_size=10, **SKIP)
     assert sum(len(b) for b in ds) == 1
     assert ds.stats().bad_lines == 12 and len(ds.stats().passes[0].bad_examples) == 5
 
@@ -85,7 +89,7 @@ def test_line_numbers_stay_right_across_chunks(tmp_path, monkeypatch):
         lines[n - 1] = with_fields(I2="oops")
     path = tmp_path / "chunks.tsv"
     path.write_text(tsv(*lines))
-    ds = QueueDataset(str(path), CRITEO, batch_size=7)
+    ds = QueueDataset(str(path), CRITEO, batch_size=7, **SKIP)
     assert sum(len(b) for b in ds) == 36
     got = [e.split(": ", 1)[0] for e in ds.stats().passes[0].bad_examples]
     assert got == [f"{path}:{n}" for n in (5, 17, 18, 33)]
@@ -112,7 +116,7 @@ SLOT_SCHEMA = Schema("click", ("d", "d"), ("1", "2"), dense_transform="raw")
 def test_slot_text_bad_lines(tmp_path, line, reason):
     path = tmp_path / "s.txt"
     path.write_text(f"click:0 d:1 d:2 1:1\n{line}\nclick:1 d:3 d:4 2:9\n")
-    ds = QueueDataset(str(path), SLOT_SCHEMA, batch_size=10, format="slot_text")
+    ds = QueueDataset(str(path), SLOT_SCHEMA, batch_size=10, format="slot_text", **SKIP)
     batch = next(iter(ds))
     np.testing.assert_array_equal(batch.label, [0, 1])
     assert batch.slots["1"].values.tolist() == [1] and batch.slots["2"].values.tolist() == [9]
