@@ -17,36 +17,59 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import optim, role
 from ..errors import ConfigError, TimeoutError_
-from ..metrics import MetricResult, ReportConfig
+from ..metrics import CTRMetrics, MetricResult, ReportConfig, UserStats
 from ..rpc.client import PSClient
 from . import collectives
 from .binding import TableBinder
 from .dense import DenseParams
+from .losses import LossOutput, as_loss
 from .modes import GeoMode, make_mode
 from .nn import SparseEmbedding
 from .pipeline import Prefetcher
 from .reporting import PassReporter, Progress
 from .strategy import Strategy
 
-__all__ = ["InferResult", "PassResult", "Trainer"]
+__all__ = ["InferResult", "PassResult", "Step", "Trainer"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Step:
+    """One batch as the ``on_batch`` callback sees it (after forward and backward).
+
+    Attributes:
+        batch: the :class:`sparseps.data.Batch`.
+        loss: the batch's mean loss.
+        predictions, labels: float32 ``[B, T]``, one column per task of the loss.
+    """
+
+    batch: object
+    loss: float
+    predictions: np.ndarray
+    labels: np.ndarray
+
+
+@dataclass(frozen=True)
 class PassResult:
-    """What one training pass did: global metrics and timings of this worker."""
+    """What one training pass did: global metrics and timings of this worker.
+
+    ``metrics`` are those of the loss's first task; ``tasks`` holds every task's by name
+    when the loss has several (multi-task models), else it is empty. ``stats``: the
+    global values of the statistics the ``on_batch`` callback added.
+    """
 
     metrics: MetricResult
     batches: int
     samples: int
     seconds: float
     timings: dict = field(default_factory=dict)
+    tasks: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
 
     @property
     def samples_per_s(self) -> float:
@@ -55,11 +78,17 @@ class PassResult:
 
 @dataclass(frozen=True)
 class InferResult:
-    """Predictions of this worker's share of a dataset, and the global metrics."""
+    """Predictions of this worker's share of a dataset, and the global metrics.
+
+    ``predictions``/``labels`` are ``[n]`` for a single-task loss and ``[n, T]`` for a
+    multi-task one; ``tasks`` as in :class:`PassResult`.
+    """
 
     predictions: np.ndarray
     labels: np.ndarray
     metrics: MetricResult
+    tasks: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
 
 
 class Trainer:
@@ -76,6 +105,10 @@ class Trainer:
             of a job share the machine's cores; None leaves torch's setting alone).
         report: per-pass metrics and outputs (JSON lines, TensorBoard, AUC buckets,
             UAUC/GAUC grouping, dumps); default: metrics logged by worker 0 only.
+        loss: what is minimised (see :mod:`sparseps.worker.losses`): None (binary
+            cross-entropy of ``model(batch)`` logits against ``batch.label``), a
+            ``Loss`` (e.g. multi-task), or a function ``fn(logits, batch)`` returning
+            per-sample losses.
 
     Raises:
         ConfigError: a bad dense optimizer, or one table declared by several modules with
@@ -91,8 +124,10 @@ class Trainer:
         client=None,
         num_threads: int | None = 1,
         report: ReportConfig | None = None,
+        loss=None,
     ):
         self.model = model
+        self.loss = as_loss(loss)
         self.dense_rule = dense_optimizer if dense_optimizer is not None else optim.Adam(lr=0.001)
         if not hasattr(self.dense_rule, "state_dim"):
             raise ConfigError(
@@ -189,8 +224,25 @@ class Trainer:
                 setting="Strategy.collective_timeout",
             ) from exc
 
-    def _forward(self, batch) -> torch.Tensor:
-        return self.model(batch).reshape(-1)
+    def _task_metrics(self) -> list[CTRMetrics]:
+        """One accumulator per task after the first (the reporter's covers the first)."""
+        return [self._reporter.metrics() for _ in self.loss.tasks[1:]]
+
+    def _update(self, metrics, extra: list, batch, out: LossOutput) -> None:
+        self._reporter.update(metrics, batch, out.predictions[:, 0], out.labels[:, 0])
+        for t, accumulator in enumerate(extra, 1):
+            accumulator.update(out.predictions[:, t], out.labels[:, t])
+
+    def _global_tasks(self, main: MetricResult, extra: list) -> dict:
+        if not extra:
+            return {}
+        tasks = {self.loss.tasks[0]: main}
+        for name, accumulator in zip(self.loss.tasks[1:], extra, strict=True):
+            tasks[name] = self._global(accumulator)
+        return tasks
+
+    def _global_stats(self, stats: UserStats) -> dict:
+        return stats.compute(global_=True, timeout=self.strategy.collective_timeout)
 
     def _iterate(self, dataset, *, pulls_ahead: bool) -> Prefetcher:
         prepare = self._prepare_with_pull if pulls_ahead else self._prepare
@@ -205,15 +257,19 @@ class Trainer:
 
     # -- public API ------------------------------------------------------------------------
 
-    def train_from_dataset(self, dataset, *, print_period: int = 100) -> PassResult:
+    def train_from_dataset(self, dataset, *, print_period: int = 100, on_batch=None) -> PassResult:
         """One pass over ``dataset`` (this worker's share of it); returns global metrics.
 
         Every ``print_period`` batches this worker logs a progress line (0: none).
+        ``on_batch(step, stats)``, when given, is called after each batch with a
+        :class:`Step` and the pass's :class:`~sparseps.metrics.UserStats`; the statistics
+        it adds are reduced over every worker into ``PassResult.stats``.
         """
         self._start()
         mode, reporter = self._mode, self._reporter
         self.model.train()
         metrics, progress = reporter.metrics(), Progress(print_period)
+        extra, stats = self._task_metrics(), UserStats()
         prefetcher = self._iterate(
             dataset, pulls_ahead=mode.prefetch_pulls and self.strategy.prefetch
         )
@@ -222,17 +278,20 @@ class Trainer:
         batches = samples = 0
         try:
             for item in mode.steps(prefetcher):
-                grads, dense_grad, loss, preds, labels = self._train_step(item)
+                grads, dense_grad, loss, out = self._train_step(item)
                 step_start = time.perf_counter()
                 mode.apply(grads, dense_grad)
                 self._timings["apply_s"] += time.perf_counter() - step_start
-                if preds is None:
+                if out is None:
                     continue
+                preds, labels = out.predictions[:, 0], out.labels[:, 0]
                 batches += 1
                 samples += preds.size
-                reporter.update(metrics, item[0], preds, labels)
+                self._update(metrics, extra, item[0], out)
                 reporter.batch(item[0], preds)
                 progress.add(loss, preds, labels)
+                if on_batch is not None:
+                    on_batch(Step(item[0], loss, out.predictions, out.labels), stats)
             mode.finish_pass()
         finally:
             prefetcher.close()
@@ -241,7 +300,11 @@ class Trainer:
         timings = {k: round(v, 4) for k, v in self._timings.items()}
         timings.update(self._mode.timings())
         self._timings.clear()
-        result = PassResult(self._global(metrics), batches, samples, seconds, timings)
+        main = self._global(metrics)
+        result = PassResult(
+            main, batches, samples, seconds, timings,
+            tasks=self._global_tasks(main, extra), stats=self._global_stats(stats),
+        )  # fmt: skip
         reporter.end(
             self.passes, "train", result.metrics, samples_per_s=round(result.samples_per_s, 1)
         )
@@ -253,7 +316,7 @@ class Trainer:
         dense_params.zero_grad()
         if item is None:  # sync mode: this worker has no data left but the others do
             grads = self._binder.empty_grads()
-            return grads, np.zeros(dense_params.size, np.float32), 0.0, None, None
+            return grads, np.zeros(dense_params.size, np.float32), 0.0, None
         batch, lookups, rows = item
         if rows is None:
             start = time.perf_counter()
@@ -262,48 +325,101 @@ class Trainer:
         start = time.perf_counter()
         self._mode.before_forward()
         leaves = self._binder.bind(batch, lookups, rows, grad=True)
-        logits = self._forward(batch)
-        labels = torch.from_numpy(np.asarray(batch.label, np.float32))
-        loss_total = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
-        (loss_total / self._mode.loss_scale(len(batch))).backward()
+        out = self.loss(self.model, batch)
+        (out.loss / self._mode.loss_scale(len(batch))).backward()
         self._timings["compute_s"] += time.perf_counter() - start
-        preds = torch.sigmoid(logits.detach()).numpy()
         return (
             self._binder.grads(lookups, leaves),
             dense_params.grads().copy(),
-            float(loss_total.detach()) / max(len(batch), 1),
-            preds,
-            labels.numpy(),
+            float(out.loss.detach()) / max(len(batch), 1),
+            out,
         )
 
-    def infer_from_dataset(self, dataset) -> InferResult:
-        """Predict this worker's share of ``dataset``; no pushes (tables stay unchanged)."""
+    def infer_from_dataset(self, dataset, *, on_batch=None) -> InferResult:
+        """Predict this worker's share of ``dataset``; no pushes (tables stay unchanged).
+
+        ``on_batch(step, stats)``: as for :meth:`train_from_dataset`.
+        """
         self._start()
         self._mode.refresh_dense()
         self.model.eval()
-        metrics = self._reporter.metrics()
+        metrics, extra, stats = self._reporter.metrics(), self._task_metrics(), UserStats()
         predictions, labels = [], []
         prefetcher = self._iterate(dataset, pulls_ahead=True)
         try:
             with torch.no_grad():
                 for batch, lookups, rows in prefetcher:
                     self._binder.bind(batch, lookups, rows, grad=False)
-                    preds = torch.sigmoid(self._forward(batch)).numpy().astype(np.float32)
-                    label = np.asarray(batch.label, np.float32)
-                    self._reporter.update(metrics, batch, preds, label)
-                    predictions.append(preds)
-                    labels.append(label)
+                    out = self.loss(self.model, batch)
+                    self._update(metrics, extra, batch, out)
+                    predictions.append(out.predictions)
+                    labels.append(out.labels)
+                    if on_batch is not None:
+                        loss = float(out.loss) / max(len(batch), 1)
+                        on_batch(Step(batch, loss, out.predictions, out.labels), stats)
         finally:
             prefetcher.close()
             self._binder.unbind()
         result = self._global(metrics)
+        tasks, user_stats = self._global_tasks(result, extra), self._global_stats(stats)
         self._reporter.end_infer(self.passes, result)
-        cat = lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.float32)  # noqa: E731
-        return InferResult(cat(predictions), cat(labels), result)
+        width = len(self.loss.tasks)
+        cat = lambda parts: (  # noqa: E731
+            np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
+        )
+        preds, label = cat(predictions), cat(labels)
+        if width == 1:
+            preds, label = preds[:, 0], label[:, 0]
+        return InferResult(preds, label, result, tasks=tasks, stats=user_stats)
 
     def evaluate(self, dataset) -> MetricResult:
         """Global metrics (AUC from merged buckets, logloss, ...) of the model on ``dataset``."""
         return self.infer_from_dataset(dataset).metrics
+
+    def predict_from_dataset(self, dataset, out_dir, *, key: str = "sample_id", outputs=(),
+                             unique_keys: bool = False, rows_per_part: int = 1 << 20):  # fmt: skip
+        """Distributed prediction: Parquet parts of every worker's share, plus a manifest.
+
+        Collective (every worker calls it). No push, no table growth: pulls never create
+        rows. See :mod:`sparseps.worker.predict` for the columns and the manifest.
+
+        Args:
+            dataset: this worker's share of the data (a dataset split by rank).
+            out_dir: the output folder (replaced if it exists).
+            key: the key column: a slot name (its first id per sample) or ``sample_id``.
+            outputs: names of model outputs to write (the model's ``named_outputs``).
+            unique_keys: write each key once over all workers (the first occurrence).
+            rows_per_part: a Parquet part is written once this many rows are buffered.
+
+        Returns:
+            :class:`~sparseps.worker.predict.PredictResult` (the same on every worker).
+        """
+        from .predict import predict_dataset
+
+        self._start()
+        return predict_dataset(
+            self, dataset, out_dir, key=key, outputs=tuple(outputs), unique_keys=unique_keys,
+            rows_per_part=rows_per_part,
+        )  # fmt: skip
+
+    def forward_batches(self, dataset):
+        """Yield ``batch`` with the model bound to its pulled rows, under ``no_grad``.
+
+        For tools that run the model forward themselves (prediction); nothing is pushed.
+        The caller must exhaust or close the generator.
+        """
+        self._start()
+        self._mode.refresh_dense()
+        self.model.eval()
+        prefetcher = self._iterate(dataset, pulls_ahead=True)
+        try:
+            with torch.no_grad():
+                for batch, lookups, rows in prefetcher:
+                    self._binder.bind(batch, lookups, rows, grad=False)
+                    yield batch
+        finally:
+            prefetcher.close()
+            self._binder.unbind()
 
     # -- lifecycle of features and model files (collective: every worker calls them) -----
 
