@@ -1,3 +1,4 @@
+# ruff: noqa: SIM108  (kept as the Paddle script has it: a port changes the import line only)
 """PaddleRec's Criteo reader for Paddle PS (``models/rank/*/queuedataset_reader.py``), ported.
 
 The only change from the Paddle script is the import line: sparseps.data has the same

@@ -127,7 +127,8 @@ def test_paddlerec_reader_as_pipe_command_gives_the_slot_text_batches():
     piped = list(QueueDataset(SLOT_TXT, schema, 1000, pipe_command=command, format="multislot"))
     direct = list(QueueDataset(SLOT_TXT, CRITEO_SLOT, 1000, format="slot_text"))
     (a,), (b,) = piped, direct
-    lines = sum(1 for line in open(SLOT_TXT) if line.strip())
+    with open(SLOT_TXT) as f:
+        lines = sum(1 for line in f if line.strip())
     assert len(a) == len(b) == lines
     np.testing.assert_array_equal(a.label, b.label)
     np.testing.assert_array_equal(a.dense, b.dense)

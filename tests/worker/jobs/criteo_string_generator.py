@@ -9,8 +9,8 @@ TSV read (the hex strings are hashed with the same slot seeds).
 # import paddle.distributed.fleet as fleet
 import sparseps.data as fleet
 
-DENSE = ["I%d" % i for i in range(1, 14)]
-SLOTS = ["C%d" % i for i in range(1, 27)]
+DENSE = [f"I{i}" for i in range(1, 14)]
+SLOTS = [f"C{i}" for i in range(1, 27)]
 
 
 class CriteoReader(fleet.MultiSlotStringDataGenerator):
@@ -20,8 +20,8 @@ class CriteoReader(fleet.MultiSlotStringDataGenerator):
             if len(fields) != 40:
                 return
             sample = [("label", [fields[0]])]
-            sample += [(name, [x or "0"]) for name, x in zip(DENSE, fields[1:14])]
-            sample += [(name, [x] if x else []) for name, x in zip(SLOTS, fields[14:])]
+            sample += [(name, [x or "0"]) for name, x in zip(DENSE, fields[1:14], strict=True)]
+            sample += [(name, [x] if x else []) for name, x in zip(SLOTS, fields[14:], strict=True)]
             yield sample
 
         return reader
