@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keys": ("sparseps.rpc.keys_cli", "write a job key pair for --secure transport"),
     "gen-data": ("sparseps.data.gen_cli", "synthetic Criteo-format data from a planted model"),
     "online": ("sparseps.online.cli", "streaming training in passes over time-partitioned data"),
+    "build-index": (
+        "sparseps.recall.build_cli",
+        "a faiss index from dumped item vectors (extra: sparseps[recall])",
+    ),
 }
 
 
