@@ -25,6 +25,31 @@ With none of them set a script runs in *local mode* (one background server, one
 worker). With some but not all set, :func:`from_environ` raises a :class:`ConfigError`
 naming the missing or malformed variable: a half-configured cluster never silently
 falls back to local mode.
+
+**Paddle's variables** (what Paddle's PS launcher and Kubernetes operator set), read only
+when *no* ``SPARSEPS_*`` role variable is set and ``TRAINING_ROLE`` or
+``PADDLE_PSERVERS_IP_PORT_LIST`` is (precedence: ``SPARSEPS_*`` > Paddle > local mode):
+
+=================================  ===================================================
+``TRAINING_ROLE``                  ``PSERVER`` -> server, ``TRAINER`` -> worker
+``PADDLE_PSERVERS_IP_PORT_LIST``   the servers, ``ip:port,...`` (= ``SPARSEPS_SERVERS``)
+``PADDLE_TRAINERS_NUM``            number of workers
+``PADDLE_TRAINER_ID``              a worker's rank (workers only)
+``POD_IP``, ``PADDLE_PORT``        a server's endpoint; its rank is the position of
+                                   ``POD_IP:PADDLE_PORT`` in the server list
+``PADDLE_MASTER``                  (optional) the rendezvous ``host:port``; else the
+                                   first entry of ``PADDLE_TRAINER_ENDPOINTS`` (worker
+                                   0's endpoint); else server 0's host with the port
+                                   one above the highest server port (right only when
+                                   worker 0 runs on server 0's host)
+``PADDLE_JOB_ID``                  (optional) the job id; else ``paddle-`` and a hash of
+                                   the server list and the worker count (the same in
+                                   every process of the job)
+``PADDLE_LOG_DIR``                 (optional) the log folder, default ``log``
+=================================  ===================================================
+
+A missing or malformed one raises a :class:`ConfigError` naming it. docs/launch.md has
+the same table.
 """
 
 from __future__ import annotations
@@ -173,7 +198,7 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RoleEnv | None:
     environ = os.environ if environ is None else environ
     present = [v for v in VARIABLES if environ.get(v)]
     if not present:
-        return None
+        return _from_paddle(environ)
     missing = [v for v in VARIABLES if not environ.get(v)]
     if missing:
         raise ConfigError(
@@ -196,6 +221,97 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RoleEnv | None:
         restart_count=_int(environ, RESTART_COUNT) if environ.get(RESTART_COUNT) else 0,
         key_dir=security_setting(environ) or "",
     )
+
+
+# Paddle's role variables (read only when no SPARSEPS_* role variable is set).
+PADDLE_ROLE = "TRAINING_ROLE"
+PADDLE_SERVERS = "PADDLE_PSERVERS_IP_PORT_LIST"
+PADDLE_WORKER_NUM = "PADDLE_TRAINERS_NUM"
+PADDLE_RANK = "PADDLE_TRAINER_ID"
+PADDLE_POD_IP = "POD_IP"
+PADDLE_PORT = "PADDLE_PORT"
+PADDLE_MASTER = "PADDLE_MASTER"
+PADDLE_TRAINER_ENDPOINTS = "PADDLE_TRAINER_ENDPOINTS"
+PADDLE_JOB_ID = "PADDLE_JOB_ID"
+PADDLE_LOG_DIR = "PADDLE_LOG_DIR"
+PADDLE_VARIABLES = (PADDLE_ROLE, PADDLE_SERVERS, PADDLE_WORKER_NUM, PADDLE_RANK, PADDLE_POD_IP,
+                    PADDLE_PORT, PADDLE_MASTER, PADDLE_TRAINER_ENDPOINTS, PADDLE_JOB_ID,
+                    PADDLE_LOG_DIR)  # fmt: skip
+_PADDLE_ROLES = {"PSERVER": Role.SERVER, "TRAINER": Role.WORKER}
+
+
+def _need(environ: Mapping[str, str], name: str, why: str) -> str:
+    value = environ.get(name, "").strip()
+    if not value:
+        raise ConfigError(
+            f"{name} is not set, but {PADDLE_ROLE}/{PADDLE_SERVERS} are: a Paddle-style "
+            f"cluster process needs it ({why}); or set the SPARSEPS_* variables instead"
+        )
+    return value
+
+
+def _from_paddle(environ: Mapping[str, str]) -> RoleEnv | None:
+    """The role from Paddle's variables (see the module docstring), or None if unset."""
+    if not (environ.get(PADDLE_ROLE, "").strip() or environ.get(PADDLE_SERVERS, "").strip()):
+        return None
+    import hashlib
+
+    role_text = _need(environ, PADDLE_ROLE, "PSERVER or TRAINER").upper()
+    role = _PADDLE_ROLES.get(role_text)
+    if role is None:
+        raise ConfigError(
+            f"{PADDLE_ROLE}: expected PSERVER or TRAINER, got {environ[PADDLE_ROLE]!r}"
+            + (" (heter trainers: use sparseps launch --heter-worker-num)" if "HETER" in role_text else "")
+        )  # fmt: skip
+    servers_text = _need(environ, PADDLE_SERVERS, "the servers, ip:port,...")
+    servers = tuple(s.strip() for s in servers_text.split(",") if s.strip())
+    ports = [parse_endpoint(ep, what=f"{PADDLE_SERVERS}[{i}]") for i, ep in enumerate(servers)]
+    _need(environ, PADDLE_WORKER_NUM, "the number of trainers")
+    worker_num = _int(environ, PADDLE_WORKER_NUM)
+    if worker_num < 1:
+        raise ConfigError(f"{PADDLE_WORKER_NUM}: must be >= 1, got {worker_num}")
+    if role is Role.WORKER:
+        _need(environ, PADDLE_RANK, "this trainer's rank")
+        rank = _int(environ, PADDLE_RANK)
+        if not 0 <= rank < worker_num:
+            raise ConfigError(
+                f"{PADDLE_RANK}: {rank} out of range 0..{worker_num - 1} ({PADDLE_WORKER_NUM})"
+            )
+    else:
+        host = _need(environ, PADDLE_POD_IP, "this server's address")
+        port = _need(environ, PADDLE_PORT, "this server's port")
+        endpoint = f"{host}:{port}"
+        parse_endpoint(endpoint, what=f"{PADDLE_POD_IP}:{PADDLE_PORT}")
+        if endpoint not in servers:
+            raise ConfigError(
+                f"{PADDLE_POD_IP}:{PADDLE_PORT} = {endpoint} is not in {PADDLE_SERVERS} "
+                f"({servers_text}): a server's rank is its position in that list"
+            )
+        rank = servers.index(endpoint)
+    master = environ.get(PADDLE_MASTER, "").strip()
+    what = PADDLE_MASTER
+    if not master and environ.get(PADDLE_TRAINER_ENDPOINTS, "").strip():
+        master = environ[PADDLE_TRAINER_ENDPOINTS].split(",")[0].strip()
+        what = f"{PADDLE_TRAINER_ENDPOINTS}[0]"
+    if not master:
+        port = max(p for _, p in ports) + 1
+        if port > 65535:
+            raise ConfigError(
+                f"{PADDLE_MASTER} is not set and the derived rendezvous port {port} (highest "
+                f"port of {PADDLE_SERVERS} + 1) is out of range; set {PADDLE_MASTER}"
+            )
+        master = f"{ports[0][0]}:{port}"
+        what = f"{PADDLE_MASTER} (derived from {PADDLE_SERVERS})"
+    parse_endpoint(master, what=what)
+    job_id = environ.get(PADDLE_JOB_ID, "").strip()
+    if not job_id:
+        digest = hashlib.sha256(f"{','.join(servers)}|{worker_num}".encode()).hexdigest()
+        job_id = f"paddle-{digest[:12]}"
+    return RoleEnv(
+        role=role, rank=rank, servers=servers, worker_num=worker_num, master=master,
+        log_dir=environ.get(PADDLE_LOG_DIR, "").strip() or "log", job_id=job_id,
+        key_dir=security_setting(environ) or "",
+    )  # fmt: skip
 
 
 def security_setting(environ: Mapping[str, str] | None = None) -> str | None:
@@ -251,9 +367,15 @@ def file_roots_setting(environ: Mapping[str, str] | None = None) -> tuple[str, .
 
 
 def job_id_setting(environ: Mapping[str, str] | None = None) -> str | None:
-    """This process's job id (``SPARSEPS_JOB_ID``), or None when it is not part of a job."""
+    """This process's job id (``SPARSEPS_JOB_ID``, else the one Paddle's variables give),
+    or None when it is not part of a job."""
     environ = os.environ if environ is None else environ
-    return environ.get(JOB_ID) or None
+    if environ.get(JOB_ID):
+        return environ[JOB_ID]
+    if any(environ.get(v) for v in VARIABLES):
+        return None
+    paddle = _from_paddle(environ)
+    return paddle.job_id if paddle is not None else None
 
 
 def child_environ(overrides: Mapping[str, str]) -> dict[str, str]:
