@@ -63,13 +63,14 @@ class Adagrad(Rule):
     def initial_state(self, dim: int) -> np.ndarray:
         return np.full(dim, self.initial_accumulator, np.float32)
 
-    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> None:
+    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> bool:
         low, high, clip = clip_args(self.clip)
-        _adagrad(storage, rows, grads, dim, self.lr, self.eps, self.l2, low, high, clip)
+        return _adagrad(storage, rows, grads, dim, self.lr, self.eps, self.l2, low, high, clip)
 
 
 @njit(**KERNEL)
 def _adagrad(storage, rows, grads, dim, lr, eps, l2, low, high, clip):  # pragma: no cover
+    nan = False
     n = rows.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
@@ -80,7 +81,11 @@ def _adagrad(storage, rows, grads, dim, lr, eps, l2, low, high, clip):  # pragma
             g = grads[i, j] + l2 * w
             acc = max(np.float64(storage[r, dim + j]), 0.0) + g * g
             storage[r, dim + j] = fit32(acc)
+            nan |= acc != acc
             w = w - lr * g / (np.sqrt(acc) + eps)
             if clip:
                 w = min(max(w, low), high)
-            storage[r, j] = fit32(w)
+            w = fit32(w)
+            nan |= w != w
+            storage[r, j] = w
+    return not nan

@@ -66,9 +66,9 @@ class Adam(Rule):
     def state_columns(self, dim: int) -> tuple[tuple[str, int], ...]:
         return (("m", dim), ("v", dim), ("step", 1))
 
-    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> None:
+    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> bool:
         low, high, clip = clip_args(self.clip)
-        _adam(
+        return _adam(
             storage, rows, grads, dim, self.lr, self.beta1, self.beta2, self.eps, self.l2,
             low, high, clip,
         )  # fmt: skip
@@ -79,6 +79,7 @@ def _adam(
     storage, rows, grads, dim, lr, beta1, beta2, eps, l2, low, high, clip
 ):  # pragma: no cover
     step_col = 2 * dim
+    nan = False
     n = rows.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
@@ -95,7 +96,11 @@ def _adam(
             v = beta2 * max(np.float64(storage[r, dim + dim + j]), 0.0) + (1.0 - beta2) * g * g
             storage[r, dim + j] = fit32(m)
             storage[r, dim + dim + j] = fit32(v)
+            nan |= (m != m) | (v != v)
             w = w - step_size * m / (np.sqrt(v) / correction2 + eps)
             if clip:
                 w = min(max(w, low), high)
-            storage[r, j] = fit32(w)
+            w = fit32(w)
+            nan |= w != w
+            storage[r, j] = w
+    return not nan

@@ -72,8 +72,15 @@ class Rule:
         return np.zeros(self.state_dim(dim), np.float32)
 
     # -- math -----------------------------------------------------------------------------
-    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> None:
+    def update(
+        self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int
+    ) -> bool | None:
         """Apply one step to ``storage[rows]`` in place.
+
+        Must be total over finite input: no exception, finite results (see
+        :mod:`.numerics`). Returns whether every value it wrote is finite (the built-in
+        kernels check that on the fly, in registers); ``None`` if the rule does not
+        check, in which case the table checks the written rows itself.
 
         Args:
             storage: float32 ``[R, width]``, C-contiguous; columns ``[0, dim)`` are the

@@ -73,9 +73,11 @@ class FTRL(Rule):
     def state_columns(self, dim: int) -> tuple[tuple[str, int], ...]:
         return (("z", dim), ("n", dim))
 
-    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> None:
+    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> bool:
         low, high, clip = clip_args(self.clip)
-        _ftrl(storage, rows, grads, dim, self.alpha, self.beta, self.l1, self.l2, low, high, clip)
+        return _ftrl(
+            storage, rows, grads, dim, self.alpha, self.beta, self.l1, self.l2, low, high, clip
+        )
 
 
 #: gradients smaller than this are flushed to 0 (their square is below float32's normal range)
@@ -84,6 +86,7 @@ FLUSH = 2.0**-63
 
 @njit(**KERNEL)
 def _ftrl(storage, rows, grads, dim, alpha, beta, l1, l2, low, high, clip):  # pragma: no cover
+    nan = False
     n = rows.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
@@ -100,6 +103,7 @@ def _ftrl(storage, rows, grads, dim, alpha, beta, l1, l2, low, high, clip):  # p
             z = fit32(np.float64(storage[r, dim + j]) + g - sigma * w)
             storage[r, dim + j] = z
             storage[r, 2 * dim + j] = n_new
+            nan |= (z != z) | (n_new != n_new)
             if abs(z) <= l1:
                 w = 0.0
             else:
@@ -108,4 +112,7 @@ def _ftrl(storage, rows, grads, dim, alpha, beta, l1, l2, low, high, clip):  # p
                 w = -(z - sign * l1) / denominator if denominator > 0.0 else 0.0
             if clip:
                 w = min(max(w, low), high)
-            storage[r, j] = fit32(w)
+            w = fit32(w)
+            nan |= w != w
+            storage[r, j] = w
+    return not nan

@@ -51,13 +51,16 @@ class RowwiseAdagrad(Rule):
     def state_columns(self, dim: int) -> tuple[tuple[str, int], ...]:
         return (("accumulator", 1),)
 
-    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> None:
+    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> bool:
         low, high, clip = clip_args(self.clip)
-        _rowwise_adagrad(storage, rows, grads, dim, self.lr, self.eps, self.l2, low, high, clip)
+        return _rowwise_adagrad(
+            storage, rows, grads, dim, self.lr, self.eps, self.l2, low, high, clip
+        )
 
 
 @njit(**KERNEL)
 def _rowwise_adagrad(storage, rows, grads, dim, lr, eps, l2, low, high, clip):  # pragma: no cover
+    nan = False
     n = rows.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
@@ -69,10 +72,14 @@ def _rowwise_adagrad(storage, rows, grads, dim, lr, eps, l2, low, high, clip):  
             square_sum += g * g
         acc = max(np.float64(storage[r, dim]), 0.0) + square_sum / dim
         storage[r, dim] = fit32(acc)
+        nan |= acc != acc
         step = lr / (np.sqrt(acc) + eps)
         for j in range(dim):
             w = np.float64(storage[r, j])
             w = w - step * (grads[i, j] + l2 * w)
             if clip:
                 w = min(max(w, low), high)
-            storage[r, j] = fit32(w)
+            w = fit32(w)
+            nan |= w != w
+            storage[r, j] = w
+    return not nan

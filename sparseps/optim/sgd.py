@@ -48,13 +48,14 @@ class SGD(Rule):
     def state_columns(self, dim: int) -> tuple[tuple[str, int], ...]:
         return ()
 
-    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> None:
+    def update(self, storage: np.ndarray, rows: np.ndarray, grads: np.ndarray, dim: int) -> bool:
         low, high, clip = clip_args(self.clip)
-        _sgd(storage, rows, grads, dim, self.lr, self.l2, low, high, clip)
+        return _sgd(storage, rows, grads, dim, self.lr, self.l2, low, high, clip)
 
 
 @njit(**KERNEL)
 def _sgd(storage, rows, grads, dim, lr, l2, low, high, clip):  # pragma: no cover - compiled
+    nan = False
     n = rows.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
@@ -65,4 +66,7 @@ def _sgd(storage, rows, grads, dim, lr, l2, low, high, clip):  # pragma: no cove
             w = w - lr * (grads[i, j] + l2 * w)
             if clip:
                 w = min(max(w, low), high)
-            storage[r, j] = fit32(w)
+            w = fit32(w)
+            nan |= w != w
+            storage[r, j] = w
+    return not nan

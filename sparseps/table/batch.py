@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..optim.numerics import F32_MAX, fit32
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
 from .hashmap import draw_seed, seeded_hash
 
@@ -116,27 +117,41 @@ def init_rows(
 
 @njit(nogil=True, cache=True)
 def touch_rows(storage, rows, shows, clicks, stat0, nonclick, click_coeff):  # pragma: no cover
-    """Add a push's shows/clicks, its score increment to delta_score, mark pushed (-1)."""
+    """Add a push's shows/clicks, its score increment to delta_score, mark pushed (-1).
+
+    The counters saturate at float32's max (a counter near its limit stays there instead
+    of becoming inf), so this never makes a row non-finite.
+    """
     n = rows.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
             prefetch_row(storage, rows[i + PREFETCH_AHEAD], stat0, 4)
         r = rows[i]
-        s = shows[i]
-        c = clicks[i]
-        storage[r, stat0] += s
-        storage[r, stat0 + 1] += c
-        storage[r, stat0 + 2] += (s - c) * nonclick + c * click_coeff
+        s = np.float64(shows[i])
+        c = np.float64(clicks[i])
+        storage[r, stat0] = fit32(storage[r, stat0] + s)
+        storage[r, stat0 + 1] = fit32(storage[r, stat0 + 1] + c)
+        storage[r, stat0 + 2] = fit32(
+            storage[r, stat0 + 2] + ((s - c) * nonclick + c * click_coeff)
+        )
         storage[r, stat0 + 3] = -1.0
 
 
 @njit(nogil=True, cache=True)
 def add_rows(storage, rows, deltas, dim):  # pragma: no cover - compiled
-    """Geo mode: ``embedding += delta`` for each row (no optimizer rule)."""
+    """Geo mode: ``embedding += delta`` for each row (no optimizer rule, no saturation).
+
+    Returns whether every written value is finite (a sum can overflow float32: the
+    table then rejects the push and restores the rows).
+    """
+    finite = True
     n = rows.shape[0]
     for i in range(n):
         if i + PREFETCH_AHEAD < n:
             prefetch_row(storage, rows[i + PREFETCH_AHEAD], 0, dim)
         r = rows[i]
         for j in range(dim):
-            storage[r, j] += deltas[i, j]
+            x = storage[r, j] + deltas[i, j]
+            finite &= abs(x) <= F32_MAX
+            storage[r, j] = x
+    return finite

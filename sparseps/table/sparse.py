@@ -264,8 +264,8 @@ class SparseTable(TableFiles):
         try:
             touch_rows(rows, old_ids, merged_shows, merged_clicks, self._stat0,
                        self._policy.nonclick_coeff, self._policy.click_coeff)  # fmt: skip
-            self._update(rows, old_ids, merged, delta, op=op)
-            check_rows(op, table, rows, old_ids, old_keys)
+            if not self._update(rows, old_ids, merged, delta, op=op):
+                check_rows(op, table, rows, old_ids, old_keys)  # names the rows; raises
             self._grow(op, new.size, 0 if pending is None else pending.inserts.size,
                        pending_erases=0 if pending is None else pending.erases.size)  # fmt: skip
         except BaseException:
@@ -278,17 +278,22 @@ class SparseTable(TableFiles):
         if pending is not None:
             self._commit_pending(pending)
 
-    def _update(self, storage, rows, grads, delta: bool, *, op: str = "") -> None:
+    def _update(self, storage, rows, grads, delta: bool, *, op: str = "") -> bool:
         """The rule's update (or geo's add) of ``storage[rows]``; with test hooks, in two
-        halves with :meth:`PushHooks.mid_apply` between them."""
+        halves with :meth:`PushHooks.mid_apply` between them.
+
+        Returns True only if the kernel vouched that every value it wrote is finite (the
+        built-in ones check in registers, which is cheaper than a pass over the rows);
+        otherwise the caller checks the rows.
+        """
         step = add_rows if delta else self.config.rule.update
         if self._hooks is None or not op:
-            step(storage, rows, grads, self._dim)
-            return
+            return step(storage, rows, grads, self._dim) is True
         half = rows.shape[0] // 2
-        step(storage, rows[:half], grads[:half], self._dim)
+        first = step(storage, rows[:half], grads[:half], self._dim)
         self._hooks.mid_apply(op, self.config.name, half, rows.shape[0])
-        step(storage, rows[half:], grads[half:], self._dim)
+        second = step(storage, rows[half:], grads[half:], self._dim)
+        return first is True and second is True
 
     def _scratch_rows(self, which: str, rows: int) -> np.ndarray:
         """A scratch ``[rows, width]`` matrix, reused across pushes (a fresh multi-MB
