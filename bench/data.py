@@ -8,6 +8,9 @@ Records (``sparseps bench data [--quick] [--json]``):
   batches). Timings are the best of a few runs (the machine is shared).
 - ``parse_rows_per_s`` with ``format=slot_text``: the same rows in the slot text format;
   baseline as above (the Criteo TSV read of the same rows).
+- ``parse_rows_per_s`` with ``format=multislot_string``: the same rows as Paddle's
+  ``MultiSlotStringDataGenerator`` prints them (count + value per slot, ids hashed);
+  baseline as above.
 - ``hash_values_per_s``: the compiled XXH64 over an arrow string column; baseline: one
   ``xxhash.xxh64_intdigest`` call per value (why the port exists).
 - ``gen_rows_per_s``: ``write_dataset`` (generate + write TSV); baseline: writing the same
@@ -84,6 +87,31 @@ def _to_slot_text(tsv: Path, out: Path) -> None:
     assert len(lines) == n
 
 
+def _to_multislot(tsv: Path, out: Path) -> int:
+    """The same rows as MultiSlotStringDataGenerator prints them (label, I1..I13, C1..C26)."""
+    table = pacsv.read_csv(
+        tsv,
+        read_options=pacsv.ReadOptions(column_names=list(CRITEO.columns())),
+        parse_options=pacsv.ParseOptions(delimiter="\t"),
+        convert_options=pacsv.ConvertOptions(
+            column_types=dict.fromkeys(CRITEO.columns(), pa.string()), strings_can_be_null=True
+        ),
+    )
+    lines = np.char.add("1 ", table["label"].to_numpy(zero_copy_only=False).astype(str))
+    for name in CRITEO.dense:
+        values = table[name].fill_null("0").to_numpy(zero_copy_only=False).astype(str)
+        lines = np.char.add(np.char.add(lines, " 1 "), values)
+    for name in CRITEO.slots:
+        column = table[name]
+        values = column.fill_null("").to_numpy(zero_copy_only=False).astype(str)
+        token = np.where(
+            column.is_valid().to_numpy(zero_copy_only=False), np.char.add(" 1 ", values), " 0"
+        )
+        lines = np.char.add(lines, token)
+    out.write_text("\n".join(lines.tolist()) + "\n")
+    return len(lines)
+
+
 def run(quick: bool, *, rows: int | None = None, repeats: int | None = None) -> list[BenchRecord]:
     """The records above; ``rows``/``repeats`` override the sizes (a smoke test uses a
     few thousand rows and one repeat: the record shapes, not the figures)."""
@@ -124,6 +152,20 @@ def run(quick: bool, *, rows: int | None = None, repeats: int | None = None) -> 
         records.append(
             BenchRecord("parse_rows_per_s", slot_rows / mine, "rows/s", slot_rows / base,
                         {"format": "slot_text", "threads": 1, "rows": slot_rows, "cores": cores,
+                         "baseline": "pyarrow.csv.read_csv of the same rows as Criteo TSV"})
+        )  # fmt: skip
+        multi_file = out / "multislot.txt"
+        _to_multislot(Path(files[0]), multi_file)
+        multi_rows = _pass([str(multi_file)], 1, format="multislot_string")
+        mine, base = _pair(
+            lambda: _pass([str(multi_file)], 1, format="multislot_string"),
+            lambda: _arrow_read(files[:1], 1),
+            repeats,
+        )
+        records.append(
+            BenchRecord("parse_rows_per_s", multi_rows / mine, "rows/s", multi_rows / base,
+                        {"format": "multislot_string", "threads": 1, "rows": multi_rows,
+                         "cores": cores,
                          "baseline": "pyarrow.csv.read_csv of the same rows as Criteo TSV"})
         )  # fmt: skip
     strings = table.column("C3").combine_chunks().cast(pa.string())
