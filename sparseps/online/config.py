@@ -9,6 +9,12 @@ default)::
     schedule: {start_day: "20240101", days: 3}
     model:    {emb_dim: 8, hidden: [64, 32], dense_lr: 0.001, deep_lr: 0.01}
     save:     {model_dir: /models/ctr, delta_every: 1, checkpoint_every: 4}
+    predict:  {enabled: true, key: item, outputs: [item_vec], unique_keys: true}
+
+Any job, not only the built-in wide&deep on Criteo: ``data.schema`` (a built-in name or
+the fields of a :class:`sparseps.data.Schema`), ``data.format`` and ``data.pipe_command``,
+``model.builder`` (``module:function`` building the model from the schema and
+``model.params``) and ``model.loss`` (``module:name`` of a loss).
 
 Unknown sections and keys are rejected (one ``ConfigError`` names every one of them and
 lists the accepted keys); every value is type- and range-checked and an error names
@@ -38,6 +44,7 @@ __all__ = [
     "JobConfig",
     "ModelConfig",
     "OnlineConfig",
+    "PredictConfig",
     "SaveConfig",
     "ScheduleConfig",
     "load_config",
@@ -45,6 +52,42 @@ __all__ = [
 
 MINUTES_PER_DAY = 24 * 60
 PATTERN_FIELDS = ("day", "hhmm", "year", "month", "dd", "hour", "minute")
+BUILTIN_SCHEMAS = ("criteo", "criteo_slot", "avazu")
+SCHEMA_KEYS = ("label", "dense", "slots", "dense_transform", "id_column", "extra_labels",
+               "multislot_order")  # fmt: skip
+
+
+def _formats() -> tuple[str, ...]:
+    from ..data.sources import Format
+
+    return tuple(f.value for f in Format)
+
+
+def check_ref(name: str, value: object) -> str:
+    """A ``module:attribute`` reference (imported by the job, not here)."""
+    text = check_str(name, value)
+    module, _, attribute = text.partition(":")
+    if (
+        not module
+        or not attribute
+        or not all(part.isidentifier() for part in (*module.split("."), *attribute.split(".")))
+    ):
+        raise ConfigError(f"{name}: expected 'package.module:function', got {value!r}")
+    return text
+
+
+def resolve_ref(name: str, ref: str):
+    """The object ``module:attribute`` names; ConfigError naming ``name`` if it cannot."""
+    import importlib
+
+    module, _, attribute = ref.partition(":")
+    try:
+        value = importlib.import_module(module)
+        for part in attribute.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{name}: cannot import {ref!r} ({type(exc).__name__}: {exc})") from None
+    return value
 
 
 @dataclass(frozen=True)
@@ -95,7 +138,14 @@ class DataConfig:
         done_marker: file name that says a split is complete.
         wait_timeout_s: how long to wait for a split's marker before stopping the job.
         poll_s: how often to look for a marker.
-        format: file format (``criteo_tsv``, ``csv``, ``slot_text``, ``parquet``).
+        format: file format (``criteo_tsv``, ``csv``, ``slot_text``, ``parquet``, and any
+            other of :class:`sparseps.data.sources.Format`).
+        pipe_command: a shell command each file is piped through (its stdout is read in
+            ``format``), as for :class:`sparseps.data.InMemoryDataset`.
+        schema: ``criteo``, ``criteo_slot``, ``avazu``, or a mapping of
+            :class:`sparseps.data.Schema` fields (label, dense, slots, dense_transform,
+            id_column, extra_labels, multislot_order). Default: ``criteo_slot`` for
+            ``slot_text``, else ``criteo``.
         batch_size, threads: see :class:`sparseps.data.InMemoryDataset`.
         shuffle_seed: base seed of the per-pass global shuffle (``None``: no shuffle).
         preload: load the next pass in the background while the current one trains
@@ -114,6 +164,8 @@ class DataConfig:
     threads: int = 1
     shuffle_seed: int | None = 0
     preload: bool = True
+    pipe_command: str | None = None
+    schema: str | dict | None = None
 
     def __post_init__(self) -> None:
         check_str("data.root", self.root)
@@ -142,12 +194,63 @@ class DataConfig:
             )
         check_float("data.wait_timeout_s", self.wait_timeout_s, 0.0)
         check_float("data.poll_s", self.poll_s, 0.0, open_lo=True)
-        check_choice("data.format", self.format, ("criteo_tsv", "csv", "slot_text", "parquet"))
+        check_choice("data.format", self.format, _formats())
+        if self.pipe_command is not None:
+            check_str("data.pipe_command", self.pipe_command)
+        object.__setattr__(self, "schema", self._check_schema())
         check_int("data.batch_size", self.batch_size, 1, 1 << 20)
         check_int("data.threads", self.threads, 1, 64)
         if self.shuffle_seed is not None:
             check_int("data.shuffle_seed", self.shuffle_seed, 0)
         check_bool("data.preload", self.preload)
+
+    def _check_schema(self):
+        value = self.schema
+        if value is None or isinstance(value, str):
+            if value is not None:
+                check_choice("data.schema", value, BUILTIN_SCHEMAS)
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(
+                f"data.schema: expected one of {BUILTIN_SCHEMAS} or a mapping of Schema "
+                f"fields, got {value!r}"
+            )
+        unknown = sorted(str(k) for k in value if k not in SCHEMA_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"data.schema: unknown keys {', '.join(unknown)} (accepted: "
+                f"{', '.join(SCHEMA_KEYS)})"
+            )
+        if "label" not in value or "slots" not in value:
+            raise ConfigError("data.schema: a mapping needs at least 'label' and 'slots'")
+        self.build_schema(dict(value))  # validates (ConfigError names the field)
+        return dict(value)
+
+    @staticmethod
+    def build_schema(value):
+        from ..data import schema as schemas
+
+        if value is None or isinstance(value, str):
+            return None if value is None else getattr(schemas, value.upper())
+        fields_ = dict(value)
+        for key in ("dense", "slots", "extra_labels", "multislot_order"):
+            if fields_.get(key) is not None:
+                fields_[key] = tuple(fields_[key])
+        try:
+            return schemas.Schema(**fields_)
+        except TypeError as exc:  # a field this version's Schema does not have
+            raise ConfigError(f"data.schema: {exc}") from None
+        except ConfigError as exc:
+            raise ConfigError(f"data.schema: {exc}") from None
+
+    def dataset_schema(self):
+        """The :class:`sparseps.data.Schema` of the stream."""
+        built = self.build_schema(self.schema)
+        if built is not None:
+            return built
+        from ..data import CRITEO, CRITEO_SLOT
+
+        return CRITEO_SLOT if self.format == "slot_text" else CRITEO
 
 
 @dataclass(frozen=True)
@@ -190,6 +293,13 @@ class ModelConfig:
         decay_rate: end-of-day show/click decay (in (0, 1]).
         shrink_score, shrink_unseen_days: end-of-day shrink thresholds.
         init_checkpoint: warm start from this checkpoint when the model dir has none.
+        builder: ``module:function`` called as ``function(schema, **params)`` on every
+            worker, returning the model (a ``torch.nn.Module`` with SparseEmbedding
+            modules); None: the built-in wide&deep, which uses the knobs above.
+        params: keyword arguments of ``builder`` (JSON-like values).
+        loss: ``module:name`` of a loss: a function ``fn(logits, batch)``, a
+            :class:`sparseps.worker.losses.Loss` instance, or a Loss class (built with no
+            arguments); None: binary cross-entropy.
     """
 
     emb_dim: int = 8
@@ -203,9 +313,23 @@ class ModelConfig:
     shrink_score: float = 0.0
     shrink_unseen_days: int = 30
     init_checkpoint: str | None = None
+    builder: str | None = None
+    params: dict | None = None
+    loss: str | None = None
 
     def __post_init__(self) -> None:
         check_int("model.emb_dim", self.emb_dim, 1, 1024)
+        if self.builder is not None:
+            check_ref("model.builder", self.builder)
+        if self.loss is not None:
+            check_ref("model.loss", self.loss)
+        if self.params is not None:
+            if not isinstance(self.params, dict) or not all(
+                isinstance(k, str) for k in self.params
+            ):
+                raise ConfigError(f"model.params: expected a mapping of names, got {self.params!r}")
+            if self.builder is None:
+                raise ConfigError("model.params: only used with model.builder, which is not set")
         if not isinstance(self.hidden, list | tuple) or not self.hidden:
             raise ConfigError(
                 f"model.hidden: expected a non-empty list of widths, got {self.hidden!r}"
@@ -259,12 +383,54 @@ class SaveConfig:
         check_bool("save.check_inference", self.check_inference)
 
 
+@dataclass(frozen=True)
+class PredictConfig:
+    """An optional per-pass distributed prediction step (see docs/online.md).
+
+    After a pass is trained (and its inference model saved), every worker predicts its
+    share of ``data`` (default: the pass's own splits) into
+    ``MODEL_DIR/predict/SEQ-DAY-PASS/`` with :meth:`sparseps.Trainer.predict_from_dataset`.
+
+    Args:
+        enabled: run the step.
+        every: on every this-many-th pass of a day (counted from the day's first), and
+            always on a day's last pass.
+        key, outputs, unique_keys: as for ``predict_from_dataset``.
+        data: files or folders to predict instead of the pass's data (e.g. an item
+            catalogue), read in ``data.format`` with ``data.schema``.
+        keep: prediction folders kept (older ones are deleted).
+    """
+
+    enabled: bool = False
+    every: int = 1
+    key: str = "sample_id"
+    outputs: tuple[str, ...] = ()
+    unique_keys: bool = False
+    data: str | None = None
+    keep: int = 2
+
+    def __post_init__(self) -> None:
+        check_bool("predict.enabled", self.enabled)
+        check_int("predict.every", self.every, 1)
+        check_str("predict.key", self.key)
+        if not isinstance(self.outputs, list | tuple):
+            raise ConfigError(f"predict.outputs: expected a list of names, got {self.outputs!r}")
+        object.__setattr__(
+            self, "outputs", tuple(check_str("predict.outputs[]", o) for o in self.outputs)
+        )
+        check_bool("predict.unique_keys", self.unique_keys)
+        if self.data is not None:
+            check_str("predict.data", self.data)
+        check_int("predict.keep", self.keep, 1)
+
+
 _SECTIONS = {
     "job": JobConfig,
     "data": DataConfig,
     "schedule": ScheduleConfig,
     "model": ModelConfig,
     "save": SaveConfig,
+    "predict": PredictConfig,
 }
 _REQUIRED = {"data": ("root",), "schedule": ("start_day",), "save": ("model_dir",)}
 
@@ -278,6 +444,7 @@ class OnlineConfig:
     schedule: ScheduleConfig
     model: ModelConfig
     save: SaveConfig
+    predict: PredictConfig = PredictConfig()
 
     def __post_init__(self) -> None:
         per_day = MINUTES_PER_DAY // (self.data.split_minutes * self.data.splits_per_pass)
@@ -323,7 +490,7 @@ class OnlineConfig:
                     raise ConfigError(f"{name}.{key}: required")
             section = dict(section)
             if base is not None:
-                for key in ("root", "model_dir", "log_dir", "init_checkpoint"):
+                for key in ("root", "model_dir", "log_dir", "init_checkpoint", "data"):
                     value = section.get(key)
                     if isinstance(value, str) and value and not os.path.isabs(value):
                         section[key] = str((base / value).resolve())

@@ -15,10 +15,15 @@ Per pass, in order:
 5. the saves :func:`sparseps.online.schedule.plan_pass` plans: at the end of a day
    decay + shrink and a base inference model, otherwise a delta every
    ``save.delta_every`` passes;
-6. a checkpoint every ``save.checkpoint_every`` passes and at the end of each day (its
+6. optionally (``predict.enabled``) distributed prediction over the pass's data (or
+   ``predict.data``) into ``MODEL_DIR/predict/SEQ-DAY-PASS/``; the record lists it under
+   ``saved.predict`` with its row count. The folder is named by the pass, so a pass redone
+   after a crash replaces its folder (never a second copy), and the step runs before the
+   checkpoint, so a pass the ledger counts as done always has its prediction;
+7. a checkpoint every ``save.checkpoint_every`` passes and at the end of each day (its
    manifest state holds the pass record); then old checkpoints and inference saves are
    pruned (``save.keep_checkpoints``, ``save.keep_bases``);
-7. worker 0 appends the pass record to the ledger and logs it (one line + one JSON line).
+8. worker 0 appends the pass record to the ledger and logs it (one line + one JSON line).
 
 An optional ``on_phase`` hook is called at named points of this loop
 (:mod:`sparseps.online.phases`); tests use it to crash a job at an exact point.
@@ -128,14 +133,14 @@ class OnlineDriver:
 
     # -- data --------------------------------------------------------------------------
 
-    def _dataset(self, folders):
-        from ..data import CRITEO, CRITEO_SLOT, InMemoryDataset
+    def _dataset(self, folders, *, queue: bool = False):
+        from ..data import InMemoryDataset, QueueDataset
 
         data = self.config.data
-        schema = CRITEO_SLOT if data.format == "slot_text" else CRITEO
-        return InMemoryDataset(
-            [str(f) for f in folders], schema, data.batch_size, data.threads,
-            format=data.format, rank=self.rank, world=self.world,
+        kind, threads = (QueueDataset, 1) if queue else (InMemoryDataset, data.threads)
+        return kind(
+            [str(f) for f in folders], data.dataset_schema(), data.batch_size, threads,
+            data.pipe_command, format=data.format, rank=self.rank, world=self.world,
         )  # fmt: skip
 
     def _load_timeout(self) -> float:
@@ -166,6 +171,7 @@ class OnlineDriver:
             if self.ledger.records():
                 self.ledger.resume(last_seq, self._last_checkpoint, restored)
             self.dir.rewind_inference(self.trainer.passes)
+            self.dir.rewind_predictions(last_seq)
         # worker 0 owns the folder's state; every worker must plan the same saves
         flag = np.array([self.dir.has_base() if self.rank == 0 else 0], np.int64)
         self._has_base = bool(collectives.all_reduce_sum(flag)[0])
@@ -267,6 +273,9 @@ class OnlineDriver:
             if save.check_inference:
                 record["inference_max_diff"] = self._check_inference(folders)
             self._phase("inference_saved", pass_id)
+        if self._predicts(pass_id, plan.end_of_day):
+            saved["predict"] = record["predict"] = self._predict(pass_id, folders)
+            self._phase("predicted", pass_id)
         record["passes"] = trainer.passes
         record["seconds"] = round(time.perf_counter() - start, 3)
         if plan.checkpoint:
@@ -302,17 +311,28 @@ class OnlineDriver:
             self._phase("ledger_written", pass_id)
         collectives.barrier()
 
+    def _predicts(self, pass_id: PassId, end_of_day: bool) -> bool:
+        predict = self.config.predict
+        return predict.enabled and (end_of_day or (pass_id.index + 1) % predict.every == 0)
+
+    def _predict(self, pass_id: PassId, folders) -> dict:
+        """The pass's prediction step (collective); returns its ledger entry."""
+        predict = self.config.predict
+        sources = [predict.data] if predict.data else folders
+        out = self.dir.predict_path(pass_id)
+        result = self.trainer.predict_from_dataset(
+            self._dataset(sources, queue=True), out, key=predict.key, outputs=predict.outputs,
+            unique_keys=predict.unique_keys,
+        )  # fmt: skip
+        if self.rank == 0:
+            self.dir.prune_predictions(predict.keep)
+        return {"dir": str(out), "rows": result.rows, "parts": result.parts}
+
     def _check_inference(self, folders) -> float:
         """Max |inference model - trainer| prediction on this pass's data (collective)."""
         from ..checkpoint.predictor import Predictor
-        from ..data import CRITEO, CRITEO_SLOT, QueueDataset
 
-        data = self.config.data
-        schema = CRITEO_SLOT if data.format == "slot_text" else CRITEO
-        dataset = QueueDataset(
-            [str(f) for f in folders], schema, data.batch_size, 1, format=data.format,
-            rank=self.rank, world=self.world,
-        )  # fmt: skip
+        dataset = self._dataset(folders, queue=True)
         mine = self.trainer.infer_from_dataset(dataset).predictions
         # every worker holds the same inference files; each checks its own share
         served = Predictor(self.dir.inference).predict(dataset)

@@ -20,20 +20,34 @@ from sparseps.errors import SparsePSError
 log = logging.getLogger("sparseps.online.job")
 
 
-def build_trainer(config):
-    """The wide&deep model and trainer the config describes."""
+def build_model(config):
+    """The model the config describes: ``model.builder(schema, **model.params)``, or the
+    built-in wide&deep over the stream's schema."""
     import torch
 
     import sparseps as sps
-    from sparseps.data import CRITEO
+    from sparseps.errors import ConfigError
     from sparseps.models import WideDeep
+    from sparseps.online.config import resolve_ref
 
     m = config.model
+    schema = config.data.dataset_schema()
     torch.manual_seed(m.seed)
+    if m.builder is not None:
+        builder = resolve_ref("model.builder", m.builder)
+        try:
+            model = builder(schema, **(m.params or {}))
+        except TypeError as exc:
+            raise ConfigError(f"model.builder {m.builder}: {exc} (check model.params)") from None
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(
+                f"model.builder {m.builder}: returned {type(model).__name__}, not a torch.nn.Module"
+            )
+        return model
     rules = {"adam": sps.optim.Adam, "adagrad": sps.optim.Adagrad, "sgd": sps.optim.SGD}
-    model = WideDeep(
-        CRITEO.slots,
-        len(CRITEO.dense),
+    return WideDeep(
+        schema.slots,
+        len(schema.dense),
         emb_dim=m.emb_dim,
         hidden=m.hidden,
         deep_rule=rules[m.deep_rule](lr=m.deep_lr),
@@ -44,12 +58,34 @@ def build_trainer(config):
             shrink_unseen_days=m.shrink_unseen_days,
         ),
     )
+
+
+def build_loss(config):
+    """The loss ``model.loss`` names (None: binary cross-entropy)."""
+    from sparseps.online.config import resolve_ref
+    from sparseps.worker.losses import Loss
+
+    if config.model.loss is None:
+        return None
+    loss = resolve_ref("model.loss", config.model.loss)
+    return loss() if isinstance(loss, type) and issubclass(loss, Loss) else loss
+
+
+def build_trainer(config):
+    """The model, loss and trainer the config describes."""
+    import sparseps as sps
+
+    m = config.model
+    model = build_model(config)
     strategy = sps.Strategy(
         mode=config.job.mode,
         rpc_timeout=config.job.rpc_timeout_s,
         collective_timeout=config.job.collective_timeout_s,
     )
-    return sps.Trainer(model, dense_optimizer=sps.optim.Adam(lr=m.dense_lr), strategy=strategy)
+    return sps.Trainer(
+        model, dense_optimizer=sps.optim.Adam(lr=m.dense_lr), strategy=strategy,
+        loss=build_loss(config),
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None, *, on_phase=None) -> int:

@@ -6,6 +6,7 @@ Layout::
     MODEL_DIR/status.json                  running / completed / failed (+ the error)
     MODEL_DIR/checkpoints/SSSSSS-YYYYMMDD-PPP/   one checkpoint per saved pass (MANIFEST last)
     MODEL_DIR/inference/base-NNNNN, delta-NNNNN  the serving chain (sparseps.Predictor)
+    MODEL_DIR/predict/SSSSSS-YYYYMMDD-PPP/       a pass's predictions (MANIFEST.json last)
     MODEL_DIR/log/                         per-role logs of the launcher
 
 Every checkpoint goes to a new folder, so a crash mid-save leaves the previous one intact;
@@ -38,6 +39,7 @@ class ModelDir:
         self.root = Path(root)
         self.checkpoints = self.root / "checkpoints"
         self.inference = self.root / "inference"
+        self.predictions = self.root / "predict"
         self.status_path = self.root / "status.json"
 
     def checkpoint_path(self, pass_id: PassId) -> Path:
@@ -64,6 +66,29 @@ class ModelDir:
     def latest_checkpoint(self) -> tuple[Path, dict] | None:
         found = self.complete_checkpoints()
         return found[-1] if found else None
+
+    def predict_path(self, pass_id: PassId) -> Path:
+        return self.predictions / f"{pass_id.seq:06d}-{pass_id.day}-{pass_id.index:03d}"
+
+    def rewind_predictions(self, last_seq: int) -> None:
+        """Delete prediction folders of passes after ``last_seq`` (they are redone) and
+        incomplete ones (no manifest: a crash during the step)."""
+        from ..worker.predict import MANIFEST
+
+        if not self.predictions.is_dir():
+            return
+        for folder in sorted(self.predictions.iterdir()):
+            seq = int(folder.name.split("-")[0]) if folder.name[:6].isdigit() else None
+            if seq is None or seq > last_seq or not (folder / MANIFEST).is_file():
+                log.info("removing prediction folder %s (pass redone or incomplete)", folder)
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def prune_predictions(self, keep: int) -> None:
+        """Keep the newest ``keep`` prediction folders."""
+        if not self.predictions.is_dir():
+            return
+        for folder in sorted(self.predictions.iterdir())[:-keep]:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def clean_incomplete(self) -> None:
         """Delete what interrupted checkpoint saves left: folders without a manifest and

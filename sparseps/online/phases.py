@@ -14,6 +14,7 @@ Phases of one trained pass, in order:
   worker's share; it runs in the reader thread, a few batches ahead of the optimizer;
 - ``trained``: the pass is trained (and, at the end of a day, decayed and shrunk);
 - ``inference_saved``: the pass's inference model is saved (only if it saves one);
+- ``predicted``: the pass's prediction step wrote its folder (only with ``predict``);
 - ``checkpoint`` / ``checkpointed``: just before / after its checkpoint (only if it
   saves one);
 - ``ledger_written``: worker 0 appended the pass record (before the closing barrier).
@@ -36,6 +37,7 @@ PHASES = (
     "train_batch",
     "trained",
     "inference_saved",
+    "predicted",
     "checkpoint",
     "checkpointed",
     "ledger_written",

@@ -39,7 +39,7 @@ def write_config(path: Path, *, data_root: Path, model_dir: Path, days: int, pas
         "save": {"model_dir": str(model_dir), "delta_every": 1, "checkpoint_every": 1},
     }
     for name, values in sections.items():
-        config[name].update(values)
+        config.setdefault(name, {}).update(values)
     path.write_text(yaml.safe_dump(config))
     return path
 
