@@ -149,3 +149,41 @@ def test_issue_mixed_ftrl_push_on_a_real_server():
     assert np.isfinite(rows).all()
     assert rows.tobytes() == local.pull(keys).tobytes()
     assert rows[0, 0] == rows[1, 0] < 0 and rows[2, 0] == rows[3, 0] == 0.0
+
+
+class _NanRule(optim.SGD):
+    """A rule that does not vouch for its results (returns None) and writes a NaN."""
+
+    def update(self, storage, rows, grads, dim):
+        storage[rows[-1], 0] = np.nan
+
+
+def test_rule_that_does_not_check_is_checked_by_the_table():
+    table = _table(_NanRule(lr=0.1))
+    keys = np.arange(1, 6, dtype=np.uint64)
+    ones = np.ones((keys.size, DIM), np.float32)
+    table.import_rows({
+        "key": keys, "embedding": ones, "state": np.zeros((keys.size, 0), np.float32),
+        "show": np.ones(5, np.float32), "click": np.zeros(5, np.float32),
+        "delta_score": np.zeros(5, np.float32), "unseen_days": np.zeros(5, np.int32),
+    })  # fmt: skip
+    before = checksum(table)
+    with pytest.raises(Exception, match="non-finite"):
+        table.push(keys, ones)
+    assert checksum(table) == before
+
+
+def test_counters_near_their_limit_saturate():
+    table = _table(optim.Adagrad())
+    keys = np.array([1, 2], np.uint64)
+    big = np.float32(3e38)
+    table.import_rows({
+        "key": keys, "embedding": np.zeros((2, DIM), np.float32),
+        "state": np.zeros((2, DIM), np.float32), "show": np.full(2, big),
+        "click": np.full(2, big), "delta_score": np.full(2, big),
+        "unseen_days": np.zeros(2, np.int32),
+    })  # fmt: skip
+    table.push(keys, np.ones((2, DIM), np.float32), shows=np.full(2, big), clicks=np.full(2, big))
+    rows = table.export_rows()
+    for name in ("show", "click", "delta_score"):
+        assert (rows[name] == np.finfo(np.float32).max).all(), name
