@@ -61,7 +61,8 @@ class WideDeep(SparseModel):
         super().__init__()
         slots = tuple(slots)
         # wide FTRL with beta=0: gradients are of the batch-mean loss, so n stays tiny and
-        # the paper's beta=1 would all but freeze the per-feature learning rate
+        # the paper's beta=1 would all but freeze the per-feature learning rate. Safe with
+        # any gradient: FTRL flushes |g| < 2**-63 and guards its zero denominator (issue 28)
         wide_rule = wide_rule or optim.FTRL(alpha=0.1, beta=0.0, l1=0.0, l2=0.0)
         self.embeddings = nn.ModuleList(
             [
