@@ -51,7 +51,8 @@ class Reader(fleet.MultiSlotDataGenerator):
                     # PaddleRec indexes dense_slots_shape by the slot's position among all
                     # slots, out of range for this layout; by its place among dense slots:
                     output[self.slot2index[i]][1].extend(
-                        [self.padding] * self.dense_slots_shape[self.slot2index[i] - len(self.sparse_slots)]
+                        [self.padding]
+                        * self.dense_slots_shape[self.slot2index[i] - len(self.sparse_slots)]
                     )
                 else:
                     output[self.slot2index[i]][1].extend([self.padding])

@@ -45,8 +45,8 @@ from .batching import group_by_server, merge_by_group
 from .channel import Channel
 from .checks import check_counts, check_keys, check_merged, check_rows, check_vector
 from .handle import Handle, completed
-from .security import Security, security_from_env
 from .protocol import JOB_ID, Limits
+from .security import Security, security_from_env
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "DEFAULT_TIMEOUT", "Handle", "PSClient"]
 
