@@ -11,6 +11,8 @@ import argparse
 import json
 import time
 
+from .synthetic import LOGIT_SD, RARE_POWER, TARGET_CTR, ZIPF_MEAN
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, required=True, help="train rows")
@@ -24,19 +26,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drift", type=float, default=0.0, help="weight rotation per day, radians (default 0)"
     )
+    knobs = parser.add_argument_group("data knobs (defaults: the 22%-CTR data of earlier versions)")
+    knobs.add_argument(
+        "--click-rate", type=float, default=TARGET_CTR,
+        help=f"mean planted click probability, 0.001..0.6 (default {TARGET_CTR})",
+    )  # fmt: skip
+    knobs.add_argument(
+        "--signal", type=float, default=LOGIT_SD,
+        help=f"std of the planted logit, 0.2..4; higher: higher Bayes AUC (default {LOGIT_SD})",
+    )  # fmt: skip
+    knobs.add_argument(
+        "--zipf", type=float, default=ZIPF_MEAN,
+        help=f"mean Zipf exponent of id frequencies, 0.6..3 (default {ZIPF_MEAN})",
+    )  # fmt: skip
+    knobs.add_argument(
+        "--rare-power", type=float, default=RARE_POWER,
+        help="weight damping by frequency rank, 0..2; 0: rare ids carry as much signal as "
+        f"frequent ones (default {RARE_POWER})",
+    )  # fmt: skip
+    knobs.add_argument(
+        "--label-noise", type=float, default=0.0,
+        help="share of labels drawn at the click rate whatever the features, 0..0.9 (default 0)",
+    )  # fmt: skip
+    knobs.add_argument(
+        "--missing", type=float, default=1.0,
+        help="factor on every feature's missing rate, 0..2 (default 1)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print meta.json as the last line")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
-    from .synthetic import write_dataset
+    from .synthetic import DataKnobs, write_dataset
 
     if args.rows < 0:
         raise ConfigError(f"--rows: expected >= 0, got {args.rows}")
+    knobs = DataKnobs(
+        click_rate=args.click_rate, signal=args.signal, zipf=args.zipf,
+        rare_power=args.rare_power, label_noise=args.label_noise, missing=args.missing,
+    )  # fmt: skip
     start = time.perf_counter()
     meta = write_dataset(
         args.out, args.rows, args.seed, files=args.files, test_rows=args.test_rows,
-        day=args.day, drift=args.drift,
+        day=args.day, drift=args.drift, knobs=knobs,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     print(

@@ -17,6 +17,14 @@ The *planted model* depends only on ``seed`` (and, for drifting data, on ``day``
   The label is Bernoulli(p). Everything ``p`` depends on is in the written row, so ``p``
   is the Bayes-optimal prediction and its AUC the best any model can reach.
 
+Knobs (:class:`DataKnobs`; the defaults give exactly the rows above): the click rate the
+bias is solved for, the spread of the planted logit (signal strength), the mean Zipf
+exponent of the id frequencies, how fast a value's weight decays with its frequency rank
+(``rare_power``: 0 puts as much signal in rare ids as in frequent ones), label noise (a
+share of labels drawn at the base click rate whatever the features:
+``p = (1 - noise) * sigmoid(...) + noise * click_rate``, still the Bayes-optimal
+prediction and with the same mean) and a factor on every missing rate.
+
 Drift: with ``drift > 0`` the weights of day ``d`` are ``cos(t) w_a + sin(t) w_b`` with
 ``t = drift * d`` and two independent weight fields, so the model changes smoothly from
 day to day while each day looks alike.
@@ -36,10 +44,13 @@ from ..errors import ConfigError
 
 __all__ = [
     "CARDINALITIES",
+    "DataKnobs",
     "Generated",
     "PlantedModel",
     "generate",
     "planted_model",
+    "probability",
+    "rare_signal_share",
     "to_table",
     "write_dataset",
 ]
@@ -58,6 +69,8 @@ LOGIT_SD = 1.6  # spread of the planted logit: Bayes AUC about 0.83 at a 22% CTR
 # sits in values a model sees often enough to learn in one pass over ~1M rows.
 RARE_SCALE = 100.0
 RARE_POWER = 0.75
+ZIPF_MEAN = 1.275  # mean of the per-slot exponents, drawn uniform in [1.05, 1.5]
+RARE_RANK = 1000  # values past this frequency rank of their slot count as rare ids
 _SPLITS = {"train": 1, "test": 2, "calibration": 3}
 _M1, _M2, _GOLD = (
     np.uint64(0xBF58476D1CE4E5B9),
@@ -88,6 +101,52 @@ def _laplace(h: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class DataKnobs:
+    """What shapes a generated data set besides its seed (defaults: today's rows, 22% CTR).
+
+    Args:
+        click_rate: the mean planted probability the bias is solved for, in [0.001, 0.6].
+        signal: standard deviation of the planted logit (before the bias), in [0.2, 4];
+            larger means a higher Bayes AUC.
+        zipf: mean Zipf exponent of the id frequencies over slots (each slot keeps its
+            offset from 1.275, the default's mean), in [0.6, 3]; larger means more head.
+        rare_power: a value's weight is damped by ``(1 + rank / 100) ** -rare_power``, in
+            [0, 2]; 0 leaves as much signal in rare ids as in frequent ones.
+        label_noise: share of labels drawn at ``click_rate`` whatever the features, [0, 0.9].
+        missing: factor on every slot's and dense feature's missing rate, in [0, 2]
+            (rates capped at 0.95).
+    """
+
+    click_rate: float = TARGET_CTR
+    signal: float = LOGIT_SD
+    zipf: float = ZIPF_MEAN
+    rare_power: float = RARE_POWER
+    label_noise: float = 0.0
+    missing: float = 1.0
+
+    _RANGES = {
+        "click_rate": (0.001, 0.6),
+        "signal": (0.2, 4.0),
+        "zipf": (0.6, 3.0),
+        "rare_power": (0.0, 2.0),
+        "label_noise": (0.0, 0.9),
+        "missing": (0.0, 2.0),
+    }
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in self._RANGES.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float | np.floating):
+                raise ConfigError(f"{name}: expected a number in [{low}, {high}], got {value!r}")
+            if not low <= value <= high:
+                raise ConfigError(f"{name}: expected a number in [{low}, {high}], got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self._RANGES}
+
+
+@dataclass(frozen=True)
 class PlantedModel:
     """The ground truth behind a generated data set (see the module docstring)."""
 
@@ -103,6 +162,7 @@ class PlantedModel:
     dense_centre: np.ndarray
     bias: float
     drift: float = 0.0
+    knobs: DataKnobs = DataKnobs()
 
 
 def _weights(model: PlantedModel, field: int, values: np.ndarray, day: int) -> np.ndarray:
@@ -115,12 +175,14 @@ def _weights(model: PlantedModel, field: int, values: np.ndarray, day: int) -> n
     return np.cos(angle) * first + np.sin(angle) * second
 
 
-def planted_model(seed: int, *, drift: float = 0.0) -> PlantedModel:
-    """The planted model of ``seed`` (the bias is solved for a CTR of about 22%)."""
+def planted_model(seed: int, *, drift: float = 0.0, knobs: DataKnobs | None = None) -> PlantedModel:
+    """The planted model of ``seed`` (the bias is solved for ``knobs.click_rate``, 22% by
+    default)."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise ConfigError(f"seed: expected an integer >= 0, got {seed!r}")
     if not drift >= 0:
         raise ConfigError(f"drift: expected >= 0 (radians per day), got {drift!r}")
+    knobs = knobs or DataKnobs()
     rng = np.random.default_rng([int(seed), 0])
     slots = len(CARDINALITIES)
     missing = np.where(
@@ -139,21 +201,34 @@ def planted_model(seed: int, *, drift: float = 0.0) -> PlantedModel:
         dense_centre=rng.uniform(0.5, 3.0, NUM_DENSE),
         bias=0.0,
         drift=float(drift),
+        knobs=knobs,
     )
+    # every knob at its default leaves the arrays untouched (the rows stay bit-identical)
+    if knobs.zipf != ZIPF_MEAN:
+        model = PlantedModel(
+            **{**model.__dict__, "exponent": model.exponent - ZIPF_MEAN + knobs.zipf}
+        )
+    if knobs.missing != 1.0:
+        model = PlantedModel(**{
+            **model.__dict__, "missing": np.minimum(model.missing * knobs.missing, 0.95),
+            "dense_missing": np.minimum(model.dense_missing * knobs.missing, 0.95),
+        })  # fmt: skip
     calibration = _rows(model, 50_000, "calibration", 0, 0)
     # rescale every weight so the logit's spread (and so the Bayes AUC) is about the same
     # for every seed, then solve the bias for the CTR
-    factor = LOGIT_SD / np.std(_logits(model, calibration, day=0))
+    factor = knobs.signal / np.std(_logits(model, calibration, day=0))
     model = PlantedModel(**{
         **model.__dict__, "scale": model.scale * factor,
         "cross_scale": model.cross_scale * factor, "dense_beta": model.dense_beta * factor,
     })  # fmt: skip
     logits = _logits(model, calibration, day=0)
     low, high = -20.0, 20.0
-    for _ in range(60):  # bisection: mean sigmoid(bias + logit) = TARGET_CTR
+    for _ in range(60):  # bisection: mean sigmoid(bias + logit) = click rate
         mid = (low + high) / 2
         low, high = (
-            (mid, high) if np.mean(1 / (1 + np.exp(-(mid + logits)))) < TARGET_CTR else (low, mid)
+            (mid, high)
+            if np.mean(1 / (1 + np.exp(-(mid + logits)))) < knobs.click_rate
+            else (low, mid)
         )
     return PlantedModel(**{**model.__dict__, "bias": (low + high) / 2})
 
@@ -188,8 +263,13 @@ def _rows(model: PlantedModel, n: int, split: str, part: int, chunk: int) -> _Ro
     a = model.exponent
     u = rng.random((n, vocab.size))
     # inverse CDF of a density ~ (x + 1) ** -a on [0, V)
+    near_one = np.abs(a - 1.0) < 1e-6
+    if near_one.any():  # the limit a -> 1: density ~ 1 / (x + 1), CDF log(x + 1) / log(V + 1)
+        a = np.where(near_one, 2.0, a)
     tail = 1.0 - (vocab + 1.0) ** (1.0 - a)
     x = (1.0 - u * tail) ** (1.0 / (1.0 - a)) - 1.0
+    if near_one.any():
+        x = np.where(near_one, (vocab + 1.0) ** u - 1.0, x)
     values = np.minimum(x.astype(np.int64), np.array(CARDINALITIES) - 1)
     present = rng.random((n, vocab.size)) >= model.missing
     z = rng.standard_normal((n, NUM_DENSE))
@@ -202,14 +282,13 @@ def _logits(model: PlantedModel, rows: _Rows, *, day: int) -> np.ndarray:
     values = rows.values.astype(np.uint64)
     logit = np.zeros(values.shape[0])
     for s in range(values.shape[1]):
-        w = _weights(model, s, values[:, s], day) * _damping(rows.values[:, s])
-        logit += model.scale[s] * np.where(rows.present[:, s], w, 0.0)
+        logit += _slot_term(model, rows, s, day)
     for c, (a, b) in enumerate(CROSSES):
         pair = values[:, a] * np.uint64(1 << 24) ^ values[:, b]
         w = (
             _weights(model, 1000 + c, pair, day)
-            * _damping(rows.values[:, a])
-            * _damping(rows.values[:, b])
+            * _damping(model, rows.values[:, a])
+            * _damping(model, rows.values[:, b])
         )
         both = rows.present[:, a] & rows.present[:, b]
         logit += model.cross_scale[c] * np.where(both, w, 0.0)
@@ -218,8 +297,34 @@ def _logits(model: PlantedModel, rows: _Rows, *, day: int) -> np.ndarray:
     return logit
 
 
-def _damping(ranks: np.ndarray) -> np.ndarray:
-    return (1.0 + ranks / RARE_SCALE) ** -RARE_POWER
+def _slot_term(model: PlantedModel, rows: _Rows, s: int, day: int) -> np.ndarray:
+    """Slot ``s``'s share of the logit of each row (0 where the slot is missing)."""
+    values = rows.values[:, s]
+    w = _weights(model, s, values.astype(np.uint64), day) * _damping(model, values)
+    return model.scale[s] * np.where(rows.present[:, s], w, 0.0)
+
+
+def _damping(model: PlantedModel, ranks: np.ndarray) -> np.ndarray:
+    return (1.0 + ranks / RARE_SCALE) ** -model.knobs.rare_power
+
+
+def probability(model: PlantedModel, logit: np.ndarray) -> np.ndarray:
+    """The planted click probability of rows whose logit (bias included) is ``logit``."""
+    prob = 1.0 / (1.0 + np.exp(-logit))
+    noise = model.knobs.label_noise
+    return prob if noise == 0.0 else (1.0 - noise) * prob + noise * model.knobs.click_rate
+
+
+def rare_signal_share(model: PlantedModel, rows: int = 50_000) -> float:
+    """Share of the slots' logit variance (sum of squared per-slot terms) carried by values
+    past frequency rank ``RARE_RANK`` of their slot, on ``rows`` calibration rows."""
+    sample = _rows(model, rows, "calibration", 1, 0)
+    total = rare = 0.0
+    for s in range(len(CARDINALITIES)):
+        term = _slot_term(model, sample, s, 0) ** 2
+        total += float(term.sum())
+        rare += float(term[sample.values[:, s] >= RARE_RANK].sum())
+    return rare / total if total else 0.0
 
 
 def _codes(model: PlantedModel, values: np.ndarray) -> np.ndarray:
@@ -255,8 +360,7 @@ def generate(rows: int, seed: int, *, split: str = "train", part: int = 0, chunk
         raise ConfigError(f"rows: expected an integer >= 0, got {rows!r}")
     model = model or planted_model(seed, drift=drift)
     sample = _rows(model, int(rows), split, part, chunk)
-    logit = model.bias + _logits(model, sample, day=day)
-    prob = 1.0 / (1.0 + np.exp(-logit))
+    prob = probability(model, model.bias + _logits(model, sample, day=day))
     label = (sample.rng.random(int(rows)) < prob).astype(np.int8)
     return Generated(
         label,
@@ -300,7 +404,7 @@ CHUNK_ROWS = 250_000  # rows generated and written at a time (bounds memory)
 
 
 def write_dataset(out, rows: int, seed: int, *, files: int = 1, test_rows: int | None = None,
-                  day: int = 0, drift: float = 0.0) -> dict:  # fmt: skip
+                  day: int = 0, drift: float = 0.0, knobs: DataKnobs | None = None) -> dict:  # fmt: skip
     """Write ``out/train/part-*.tsv`` (``files`` files), ``out/test/part-00000.tsv`` and
     ``out/meta.json``.
 
@@ -311,11 +415,15 @@ def write_dataset(out, rows: int, seed: int, *, files: int = 1, test_rows: int |
         files: number of train files.
         test_rows: test rows (default ``max(rows // 10, 1000)``).
         day, drift: see :func:`generate`.
+        knobs: click rate, signal, Zipf exponent, rare ids' share, label noise and missing
+            rates (:class:`DataKnobs`; default: today's data).
 
     Returns:
         the metadata written to ``meta.json``: rows, test_rows, files, seed, day, drift,
-        ctr_train, ctr_test, bayes_auc_train, bayes_auc_test (the planted model's exact AUC
-        on the rows written), paths and the format.
+        knobs, ctr_train, ctr_test, bayes_auc_train, bayes_auc_test (the planted model's
+        exact AUC on the rows written), rare_signal_share (:func:`rare_signal_share`),
+        bayes_logloss_test (the planted model's logloss on the test rows), paths and the
+        format.
     """
     import json
     import os
@@ -331,10 +439,11 @@ def write_dataset(out, rows: int, seed: int, *, files: int = 1, test_rows: int |
     if not isinstance(test_rows, int) or test_rows < 0:
         raise ConfigError(f"test_rows: expected an integer >= 0, got {test_rows!r}")
     out = Path(out)
-    model = planted_model(seed, drift=drift)
+    model = planted_model(seed, drift=drift, knobs=knobs)
     options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
     result: dict = {"format": "criteo_tsv", "rows": int(rows), "test_rows": int(test_rows),
-                    "files": files, "seed": int(seed), "day": int(day), "drift": float(drift)}  # fmt: skip
+                    "files": files, "seed": int(seed), "day": int(day), "drift": float(drift),
+                    "knobs": model.knobs.as_dict(), "rare_signal_share": rare_signal_share(model)}  # fmt: skip
     for split, total, count in (("train", rows, files), ("test", test_rows, 1)):
         folder = out / split
         folder.mkdir(parents=True, exist_ok=True)
@@ -361,6 +470,10 @@ def write_dataset(out, rows: int, seed: int, *, files: int = 1, test_rows: int |
         prob = np.concatenate(probs) if probs else np.empty(0)
         result[f"ctr_{split}"] = float(label.mean()) if label.size else float("nan")
         result[f"bayes_auc_{split}"] = exact_auc(label, prob) if label.size else float("nan")
+        if split == "test":
+            clipped = np.clip(prob, 1e-12, 1 - 1e-12)
+            loss = -np.mean(label * np.log(clipped) + (1 - label) * np.log1p(-clipped))
+            result["bayes_logloss_test"] = float(loss) if label.size else float("nan")
         result[f"{split}_files"] = paths
     (out / "meta.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

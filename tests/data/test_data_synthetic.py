@@ -16,6 +16,7 @@ from sparseps.data.synthetic import (
     CARDINALITIES,
     CROSSES,
     NUM_DENSE,
+    DataKnobs,
     _codes,
     _key,
     _logits,
@@ -23,6 +24,8 @@ from sparseps.data.synthetic import (
     _rows,
     generate,
     planted_model,
+    probability,
+    rare_signal_share,
 )
 
 
@@ -195,3 +198,113 @@ def test_exact_auc_against_all_pairs():
             continue
         pairs = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
         assert exact_auc(labels, scores) == pytest.approx(pairs.mean(), abs=1e-12)
+
+
+# --- the data knobs (issue 29) -----------------------------------------------------------
+
+DEFAULT_MD5 = {  # `gen-data --rows 30000 --files 3 --seed 5`, as written before the knobs
+    "test/part-00000.tsv": "bb2dbdb26160e952fbdbe3f2e4684d75",
+    "train/part-00000.tsv": "151c68ab0ba829e4476061c43e37c61c",
+    "train/part-00001.tsv": "35b4c34b7da2d703dc0e0fb6dd8c1637",
+    "train/part-00002.tsv": "3a7a7c8f419315d3711de71cd3264388",
+}
+
+
+def test_default_knobs_write_the_same_bytes_as_before(tmp_path):
+    import hashlib
+
+    args = ("--seed", "5", "--click-rate", "0.22", "--signal", "1.6", "--zipf", "1.275")
+    assert gen(tmp_path, *args, "--rare-power", "0.75", "--label-noise", "0", "--missing", "1") == 0
+    tree = read_tree(tmp_path)
+    assert {k: hashlib.md5(v).hexdigest() for k, v in tree.items()} == DEFAULT_MD5
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["knobs"] == DataKnobs().as_dict()
+
+
+def _knob_set(tmp_path, name: str, *args: str) -> tuple[dict, object]:
+    out = tmp_path / name
+    argv = ["gen-data", "--rows", "40000", "--test-rows", "10000", "--out", str(out), "--seed", "3"]
+    assert main([*argv, *args]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    model = planted_model(3, knobs=DataKnobs(**meta["knobs"]))
+    return meta, model
+
+
+def _check_recomputed(meta: dict, model) -> None:
+    """The planted probability recomputed from the written rows alone gives the stored
+    Bayes AUC, and the realised click rate is the asked one within sampling error."""
+    target = meta["knobs"]["click_rate"]
+    for split, n in (("train", meta["rows"]), ("test", meta["test_rows"])):
+        labels, rows = _read_written(meta[f"{split}_files"])
+        inputs = replace(rows, values=_uncode(model, rows.values))
+        prob = probability(model, model.bias + _logits(model, inputs, day=0))
+        assert exact_auc(labels, prob) == pytest.approx(meta[f"bayes_auc_{split}"], abs=1e-12)
+        assert labels.mean() == pytest.approx(meta[f"ctr_{split}"])
+        # sampling error of the labels (5 sd) plus 5% for the bias solved on 50k rows
+        tolerance = 5 * np.sqrt(target * (1 - target) / n) + 0.05 * target
+        assert abs(meta[f"ctr_{split}"] - target) < tolerance, (split, meta[f"ctr_{split}"])
+        assert abs(prob.mean() - target) < 0.05 * target + 3 * prob.std() / np.sqrt(n)
+
+
+@pytest.mark.parametrize("rate", [0.005, 0.01, 0.04, 0.1, 0.25])
+def test_click_rate_knob(tmp_path, rate):
+    meta, model = _knob_set(tmp_path, "ctr", "--click-rate", str(rate))
+    _check_recomputed(meta, model)
+    assert 0.75 < meta["bayes_auc_test"] < 0.95
+
+
+def test_signal_knob_moves_the_bayes_auc(tmp_path):
+    weak, model = _knob_set(tmp_path, "weak", "--signal", "0.8", "--click-rate", "0.05")
+    _check_recomputed(weak, model)
+    strong, model = _knob_set(tmp_path, "strong", "--signal", "2.4", "--click-rate", "0.05")
+    _check_recomputed(strong, model)
+    assert weak["bayes_auc_test"] + 0.1 < strong["bayes_auc_test"]
+
+
+def test_zipf_knob_concentrates_the_ids(tmp_path):
+    flat, model = _knob_set(tmp_path, "flat", "--zipf", "1.0")  # the log-law limit
+    _check_recomputed(flat, model)
+    steep, model_steep = _knob_set(tmp_path, "steep", "--zipf", "2.0")
+    _check_recomputed(steep, model_steep)
+    _, rows_flat = _read_written(flat["train_files"])
+    _, rows_steep = _read_written(steep["train_files"])
+    big = int(np.argmax(CARDINALITIES))
+    distinct = [len(np.unique(r.values[r.present[:, big], big])) for r in (rows_flat, rows_steep)]
+    assert distinct[0] > 5 * distinct[1]
+
+
+def test_rare_power_knob_moves_signal_into_rare_ids(tmp_path):
+    damped, _ = _knob_set(tmp_path, "damped", "--click-rate", "0.02")
+    rare, model = _knob_set(tmp_path, "rare", "--rare-power", "0", "--click-rate", "0.02")
+    _check_recomputed(rare, model)
+    assert rare["rare_signal_share"] > 20 * damped["rare_signal_share"]
+    assert rare["rare_signal_share"] == pytest.approx(rare_signal_share(model))
+
+
+def test_label_noise_knob_keeps_the_click_rate_and_lowers_the_bayes_auc(tmp_path):
+    clean, _ = _knob_set(tmp_path, "clean", "--click-rate", "0.02")
+    noisy, model = _knob_set(tmp_path, "noisy", "--click-rate", "0.02", "--label-noise", "0.3")
+    _check_recomputed(noisy, model)
+    assert noisy["bayes_auc_test"] < clean["bayes_auc_test"] - 0.03
+
+
+def test_missing_knob_scales_the_missing_rates(tmp_path):
+    none, model = _knob_set(tmp_path, "none", "--missing", "0")
+    _check_recomputed(none, model)
+    more, _ = _knob_set(tmp_path, "more", "--missing", "2")
+    default, _ = _knob_set(tmp_path, "default")
+    rates = []
+    for meta in (none, default, more):
+        _, rows = _read_written(meta["train_files"])
+        rates.append((1 - rows.present.mean(), 1 - rows.dense_present.mean()))
+    assert rates[0] == (0.0, 0.0)
+    assert rates[2][0] > 1.8 * rates[1][0] and rates[2][1] > 1.8 * rates[1][1]
+
+
+def test_knobs_out_of_range_are_refused():
+    from sparseps.errors import ConfigError
+
+    for bad in ({"click_rate": 0.0}, {"signal": 9.0}, {"zipf": 0.1}, {"label_noise": 1.0},
+                {"missing": -1.0}, {"rare_power": float("nan")}, {"click_rate": "0.1"}):  # fmt: skip
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            DataKnobs(**bad)
