@@ -5,7 +5,9 @@ Criteo TSV, one sample per line, 40 tab-separated fields (schema
 
     0<TAB><TAB>3<TAB>260<TAB>...<TAB>05db9164<TAB>08d6d899<TAB>...<TAB><TAB>
 
-- field 1 is the label; fields 2..14 are ``I1..I13`` and 15..40 are ``C1..C26``;
+- field 1 is the label; fields 2..14 are ``I1..I13`` and 15..40 are ``C1..C26``; a
+  schema with ``extra_labels`` has them right after the label (``click``, ``conversion``,
+  then the dense and slot columns: :meth:`~sparseps.data.schema.Schema.columns`);
 - an empty dense field is missing (feature 0); dense values go through the schema's
   :class:`~sparseps.data.schema.DenseTransform` (``log(1 + max(x, 0))`` for Criteo);
 - an empty categorical field gives the sample no id in that slot; any other value
@@ -15,8 +17,8 @@ CSV with a header (``label,I1,...,C26`` as in DeepCTR's ``criteo_sample.txt``, o
 Avazu's ``id,click,hour,...``) takes the schema's columns by name from the header and
 ignores the others; it is otherwise read the same way.
 
-A line with the wrong number of fields, a missing label, or a label or dense value that
-is not a finite number is a bad line. Blank lines (and lines of empty fields) are skipped
+A line with the wrong number of fields, a missing label (or extra label), or a label or
+dense value that is not a finite number is a bad line. Blank lines (and lines of empty fields) are skipped
 and not counted.
 
 Two parsers apply these rules: unquoted text (all of Criteo TSV) goes through one
@@ -35,7 +37,7 @@ import pyarrow.csv as pacsv
 from ..errors import InputError
 from .columns import Parsed, float_column, string_slot, transform_dense
 from .fast_delimited import parse_unquoted
-from .schema import Batch, Schema, sample_id
+from .schema import Batch, Schema, extra_label_array, sample_id
 
 __all__ = ["header_names", "parse_delimited", "parse_with_arrow"]
 
@@ -49,7 +51,7 @@ def header_names(line: bytes, delimiter: str, schema: Schema, path: str) -> tupl
     names = tuple(
         n.strip().strip('"') for n in line.decode("utf-8").rstrip("\r\n").split(delimiter)
     )
-    wanted = [schema.label, *dict.fromkeys(schema.dense), *schema.slots]
+    wanted = [*schema.labels, *dict.fromkeys(schema.dense), *schema.slots]
     missing = [n for n in wanted if n not in names]
     if missing:
         raise InputError(
@@ -98,7 +100,7 @@ def parse_with_arrow(data: bytes, schema: Schema, names: tuple[str, ...], delimi
         )
         return "skip"
 
-    wanted = list(dict.fromkeys([schema.label, *schema.dense, *schema.slots]))
+    wanted = list(dict.fromkeys([*schema.labels, *schema.dense, *schema.slots]))
     table = pacsv.read_csv(
         pa.BufferReader(data),
         read_options=pacsv.ReadOptions(
@@ -129,6 +131,13 @@ def parse_with_arrow(data: bytes, schema: Schema, names: tuple[str, ...], delimi
         ("no label", ~has_label & ~blank, None),
         ("label is not a finite number", bad_label, schema.label),
     ]
+    extra = np.zeros((len(table), len(schema.extra_labels)), np.float64)
+    for k, name in enumerate(schema.extra_labels):
+        extra[:, k], present, bad_values = float_column(columns[name])
+        missing = ~present & ~blank
+        bad |= missing | bad_values
+        reasons.append((f"no label {name}", missing, None))
+        reasons.append((f"label {name} is not a finite number", bad_values, name))
     for j, name in enumerate(schema.dense):
         values, _, bad_values = float_column(columns[name])
         dense[:, j] = values
@@ -143,6 +152,7 @@ def parse_with_arrow(data: bytes, schema: Schema, names: tuple[str, ...], delimi
         transform_dense(dense if all_kept else dense[keep], schema.dense_transform),
         {n: string_slot(columns[n], n, None if all_kept else keep) for n in schema.slots},
         sample_id(file_no, np.arange(first_record, first_record + rows)),
+        extra_label_array(schema, extra if all_kept else extra[keep]),
     )
     examples = _examples(bad, reasons, columns, short, first_line, max_examples)
     # with ignore_empty_lines=False every line is a table row or an invalid row

@@ -15,17 +15,17 @@ from numba import njit
 from .columns import Parsed, transform_dense
 from .hashing import slot_seed, xxh64_range
 from .numbers import POW10, parse_float
-from .schema import Batch, Schema, Slot, sample_id
+from .schema import Batch, Schema, Slot, extra_label_array, sample_id
 
 __all__ = ["parse_unquoted"]
 
-_IGNORE, _LABEL, _DENSE, _SLOT = 0, 1, 2, 3
-_OK, _BLANK, _FIELDS, _NO_LABEL, _BAD_LABEL, _BAD_DENSE = 0, -1, 1, 2, 3, 4
+_IGNORE, _LABEL, _DENSE, _SLOT, _EXTRA = 0, 1, 2, 3, 4
+_OK, _BLANK, _FIELDS, _NO_LABEL, _BAD_LABEL, _BAD_DENSE, _NO_EXTRA = 0, -1, 1, 2, 3, 4, 5
 
 
 @njit(nogil=True, cache=True)
 def _parse(data, delimiter, col_kind, col_index, seeds, pow10,
-           status, err_a, err_b, label, dense, ids, present):  # fmt: skip
+           status, err_a, err_b, label, dense, ids, present, extra):  # fmt: skip
     """Parse every line in one pass over the bytes; returns the number of lines."""
     n = data.size
     ncols = col_kind.size
@@ -69,6 +69,17 @@ def _parse(data, delimiter, col_kind, col_index, seeds, pow10,
                             label[line] = x
                         elif code == _OK:
                             code, err_a[line], err_b[line] = _BAD_LABEL, s, f
+                elif kind == _EXTRA:  # an extra label column: the label's rules
+                    if f == s:
+                        if code == _OK:
+                            code, err_a[line] = _NO_EXTRA, col
+                    else:
+                        has_value = True
+                        ok, x = parse_float(data, s, f, pow10)
+                        if ok:
+                            extra[line, col_index[col]] = x
+                        elif code == _OK:
+                            code, err_a[line], err_b[line] = _BAD_LABEL, s, f
             col += 1
             if last:
                 break
@@ -77,7 +88,7 @@ def _parse(data, delimiter, col_kind, col_index, seeds, pow10,
             code = _BLANK  # an empty line
         elif col != ncols:
             code, err_a[line] = _FIELDS, col
-        elif code == _NO_LABEL and not has_value:
+        elif (code in (_NO_LABEL, _NO_EXTRA)) and not has_value:
             code = _BLANK  # a line of empty fields is blank, as in the pyarrow path
         status[line] = code
         line += 1
@@ -91,12 +102,15 @@ class _Columns:
     def __init__(self, schema: Schema, names: tuple[str, ...]) -> None:
         dense = {name: j for j, name in enumerate(schema.dense)}
         slots = {name: s for s, name in enumerate(schema.slots)}
+        extra = {name: k for k, name in enumerate(schema.extra_labels)}
         self.kind = np.zeros(len(names), np.int8)
         self.index = np.zeros(len(names), np.int64)
         self.names = names
         for c, name in enumerate(names):
             if name == schema.label:
                 self.kind[c] = _LABEL
+            elif name in extra:
+                self.kind[c], self.index[c] = _EXTRA, extra[name]
             elif name in dense:
                 self.kind[c], self.index[c] = _DENSE, dense[name]
             elif name in slots:
@@ -125,9 +139,10 @@ def parse_unquoted(data: bytes, schema: Schema, names: tuple[str, ...], delimite
     dense = np.zeros((cap, schema.num_dense), np.float64)
     ids = np.empty((len(schema.slots), cap), np.uint64)
     present = np.zeros((len(schema.slots), cap), np.bool_)
+    extra = np.zeros((cap, len(schema.extra_labels)), np.float64)
     lines = _parse(
         buf, ord(delimiter), columns.kind, columns.index, columns.seeds, POW10,
-        status, err_a, err_b, label, dense, ids, present,
+        status, err_a, err_b, label, dense, ids, present, extra,
     )  # fmt: skip
     status = status[:lines]
     ok = status == _OK
@@ -145,6 +160,7 @@ def parse_unquoted(data: bytes, schema: Schema, names: tuple[str, ...], delimite
         transform_dense(dense[:lines] if everything else dense[:lines][ok], schema.dense_transform),
         slots,
         sample_id(file_no, np.arange(first_record, first_record + rows)),
+        extra_label_array(schema, extra[:lines] if everything else extra[:lines][ok]),
     )
     bad = np.flatnonzero(status > 0)
     examples = []
@@ -155,8 +171,12 @@ def parse_unquoted(data: bytes, schema: Schema, names: tuple[str, ...], delimite
             reason = f"expected {len(names)} fields, got {int(err_a[line])}"
         elif code == _NO_LABEL:
             reason = "no label"
+        elif code == _NO_EXTRA:
+            reason = f"no label {names[int(err_a[line])]}"
         elif code == _BAD_LABEL:
-            reason = f"label is not a finite number ({text!r})"
+            column = names[_column_of(data, int(err_a[line]), delimiter)]
+            named = "" if column == schema.label else f" {column}"
+            reason = f"label{named} is not a finite number ({text!r})"
         else:
             column = _column_of(data, int(err_a[line]), delimiter)
             reason = f"{names[column]} is not a finite number ({text!r})"

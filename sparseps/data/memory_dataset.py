@@ -1,8 +1,8 @@
 """InMemoryDataset: load this worker's share once, shuffle it, iterate it many times.
 
 Storage is columnar: one :class:`~sparseps.data.schema.Batch` holding every sample
-(labels, the dense matrix, per-slot values + offsets, ids), never one Python object
-per sample. Iterating yields slices of it (views, no copies).
+(labels, extra labels, the dense matrix, per-slot values + offsets, ids), never one
+Python object per sample; every shuffle moves each sample's columns together. Iterating yields slices of it (views, no copies).
 """
 
 from __future__ import annotations

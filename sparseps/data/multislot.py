@@ -13,8 +13,10 @@ How the slots map onto a :class:`~sparseps.data.schema.Schema`:
 
 - the order is ``schema.multislot_order`` (Paddle's ``set_use_var`` order, which is the
   order the generator yields its ``(name, values)`` pairs); by default the label, then
-  each distinct dense name, then the sparse slots;
-- the label's slot holds exactly 1 value (a finite number);
+  the extra labels, then each distinct dense name, then the sparse slots;
+- the label's slot holds exactly 1 value (a finite number), and so does the slot of each
+  of the schema's ``extra_labels`` (ESMM's ``click`` and ``conversion``), read into
+  ``Batch.extra_labels``;
 - a dense name's slot holds exactly as many values as the schema has columns of that
   name (``dense_feature`` 13 times in :data:`~sparseps.data.CRITEO_SLOT` = one slot of 13
   values; Criteo's ``I1..I13`` = 13 slots of 1 value); they go through the schema's
@@ -45,17 +47,17 @@ from numba import njit
 from .columns import Parsed, transform_dense
 from .hashing import slot_seed, xxh64_range
 from .numbers import POW10, parse_float, parse_uint64
-from .schema import Batch, Schema, Slot, sample_id
+from .schema import Batch, Schema, Slot, extra_label_array, sample_id
 from .slot_text import _group_by_slot
 
 __all__ = ["parse_multislot"]
 
-_SKIP, _LABEL, _DENSE, _SLOT = 0, 1, 2, 3
+_SKIP, _LABEL, _DENSE, _SLOT, _EXTRA = 0, 1, 2, 3, 4
 _OK, _BLANK = 0, -1
 _BAD_COUNT, _BAD_LABEL, _BAD_DENSE, _BAD_ID, _SHORT, _WRONG_COUNT, _EXTRA = 1, 2, 3, 4, 5, 6, 7
 _REASONS = {
     _BAD_COUNT: "count {token!r} of slot {name!r} is not a non-negative integer",
-    _BAD_LABEL: "label {token!r} is not a finite number",
+    _BAD_LABEL: "label {token!r} of {name!r} is not a finite number",
     _BAD_DENSE: "value {token!r} of {name!r} is not a finite number",
     _BAD_ID: "id {token!r} of slot {name!r} is not an unsigned 64-bit integer",
     _SHORT: "the line ends inside slot {name!r} (slot {number} of {slots})",
@@ -77,7 +79,8 @@ def _token(data, i, end):
 
 @njit(nogil=True, cache=True)
 def _parse(data, kinds, index, expected, dense_start, dense_cols, seeds, hash_ids, pow10,
-           status, err_s, err_e, err_g, err_n, label, dense, tok_line, tok_slot, tok_val):  # fmt: skip
+           status, err_s, err_e, err_g, err_n, label, dense, tok_line, tok_slot, tok_val,
+           extra):  # fmt: skip
     """Parse every line of ``data``; returns (lines, ids) written to the outputs."""
     n = data.size
     groups = kinds.size
@@ -139,12 +142,15 @@ def _parse(data, kinds, index, expected, dense_start, dense_cols, seeds, hash_id
                         code, err_s[line], err_e[line], err_g[line] = _BAD_DENSE, s, e, g
                         break
                     dense[line, dense_cols[dense_start[k] + v]] = x
-                elif kind == _LABEL:
+                elif kind in (_LABEL, _EXTRA):
                     ok, x = parse_float(data, s, e, pow10)
                     if not ok:
                         code, err_s[line], err_e[line], err_g[line] = _BAD_LABEL, s, e, g
                         break
-                    label[line] = x
+                    if kind == _LABEL:
+                        label[line] = x
+                    else:
+                        extra[line, k] = x
             g += 1
         if code == _OK:
             s, e = _token(data, i, end)
@@ -165,6 +171,7 @@ class _Layout:
         groups = list(dict.fromkeys(schema.dense))
         cols = [[c for c, n in enumerate(schema.dense) if n == name] for name in groups]
         slots = {name: s for s, name in enumerate(schema.slots)}
+        extra = {name: k for k, name in enumerate(schema.extra_labels)}
         self.names = schema.multislot_slots()
         n = len(self.names)
         self.kinds = np.zeros(n, np.int8)
@@ -173,6 +180,8 @@ class _Layout:
         for g, name in enumerate(self.names):
             if name == schema.label:
                 self.kinds[g], self.expected[g] = _LABEL, 1
+            elif name in extra:
+                self.kinds[g], self.index[g], self.expected[g] = _EXTRA, extra[name], 1
             elif name in groups:
                 d = groups.index(name)
                 self.kinds[g], self.index[g], self.expected[g] = _DENSE, d, len(cols[d])
@@ -219,10 +228,11 @@ def parse_multislot(data: bytes, schema: Schema, *, first_line: int, file_no: in
     tok_line = np.empty(max_tokens, np.int64)
     tok_slot = np.empty(max_tokens, np.int64)
     tok_val = np.empty(max_tokens, np.uint64)
+    extra = np.zeros((max_lines, len(schema.extra_labels)), np.float64)
     lines, ntok = _parse(
         buf, layout.kinds, layout.index, layout.expected, layout.dense_start, layout.dense_cols,
         layout.seeds, hash_ids, POW10, status, err_s, err_e, err_g, err_n, label, dense,
-        tok_line, tok_slot, tok_val,
+        tok_line, tok_slot, tok_val, extra,
     )  # fmt: skip
     status = status[:lines]
     ok = status == _OK
@@ -247,6 +257,7 @@ def parse_multislot(data: bytes, schema: Schema, *, first_line: int, file_no: in
         transform_dense(dense[:lines] if everything else dense[:lines][ok], schema.dense_transform),
         slots,
         sample_id(file_no, np.arange(first_record, first_record + rows)),
+        extra_label_array(schema, extra[:lines] if everything else extra[:lines][ok]),
     )
     bad = np.flatnonzero(status > 0)
     examples = []

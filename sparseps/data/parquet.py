@@ -6,7 +6,8 @@ Worked example (schema ``Schema(label="label", dense=("price",), slots=("user", 
     1                      3.5                    "u_42"           [7, 9]
     0                      null                   null             []
 
-- ``label``: any numeric column; a null label is a bad row.
+- ``label``: any numeric column; a null label is a bad row. The schema's
+  ``extra_labels`` are columns read the same way, into ``Batch.extra_labels``.
 - dense columns: numeric (or numeric text); null is missing (0), then the schema's
   dense transform.
 - a slot column is one of: ``list<uint64>``/``list<int64>`` (the ids as they are; int64
@@ -28,7 +29,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from .columns import Parsed, float_column, slot_from_ids, string_slot, transform_dense
-from .schema import Batch, Schema, Slot, sample_id
+from .schema import Batch, Schema, Slot, extra_label_array, sample_id
 
 __all__ = ["read_parquet"]
 
@@ -89,7 +90,7 @@ def read_parquet(
         handle = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{path}: not a readable Parquet file ({exc})") from exc
-    wanted = list(dict.fromkeys([schema.label, *schema.dense, *schema.slots]))
+    wanted = list(dict.fromkeys([*schema.labels, *schema.dense, *schema.slots]))
     missing = [n for n in wanted if n not in handle.schema_arrow.names]
     if missing:
         raise InputError(
@@ -101,6 +102,11 @@ def read_parquet(
     for chunk in handle.iter_batches(batch_size=ROWS_PER_CHUNK, columns=wanted):
         label, has_label, bad = float_column(chunk.column(schema.label))
         bad = bad | ~has_label
+        extra = np.zeros((chunk.num_rows, len(schema.extra_labels)), np.float64)
+        for k, name in enumerate(schema.extra_labels):
+            extra[:, k], present, bad_values = float_column(chunk.column(name))
+            has_label &= present
+            bad |= bad_values | ~present
         dense = np.zeros((chunk.num_rows, schema.num_dense), np.float64)
         for j, name in enumerate(schema.dense):
             values, _, bad_values = float_column(chunk.column(name))
@@ -113,6 +119,7 @@ def read_parquet(
             transform_dense(dense[keep], schema.dense_transform),
             {n: _slot(chunk.column(n), n, keep, path) for n in schema.slots},
             sample_id(file_no, np.arange(record, record + rows)),
+            extra_label_array(schema, extra[keep]),
         )
         examples = [
             (

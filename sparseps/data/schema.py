@@ -41,6 +41,14 @@ __all__ = [
 ID_FILE_SHIFT = 40  # record numbers up to 2**40 per file, file numbers up to 2**23
 
 
+def extra_label_array(schema: Schema, values: np.ndarray) -> np.ndarray | None:
+    """``Batch.extra_labels`` from parsed values ``[B, K]``: float32 C-contiguous, or None
+    when the schema has no extra labels (the parsers' one rule for the field)."""
+    if not schema.extra_labels:
+        return None
+    return np.ascontiguousarray(values, dtype=np.float32)
+
+
 def sample_id(file_no: int, record_no: np.ndarray) -> np.ndarray:
     """The int64 sample ids of records of one file (see the module docstring)."""
     return (np.int64(file_no) << np.int64(ID_FILE_SHIFT)) | np.asarray(record_no, np.int64)
@@ -75,11 +83,15 @@ class Schema:
             (the order of the generator's ``(name, values)`` pairs, i.e. of Paddle's
             ``dataset.set_use_var``): the label name, each *distinct* dense name (one
             multislot slot holding as many values as the name has columns) and each
-            sparse slot, every one exactly once; other names are slots to skip. None:
-            label, dense names, slots (see :mod:`sparseps.data.multislot`).
+            sparse slot and each extra label, every one exactly once; other names are
+            slots to skip. None: label, extra labels, dense names, slots (see
+            :mod:`sparseps.data.multislot`).
         extra_labels: more label columns of a multi-task model (e.g. ``("conversion",)``
-            beside ``label="click"``), found in ``Batch.extra_labels`` in this order. The
-            parsers fill it once they read these columns (the trainer's losses read it).
+            beside ``label="click"``), found in ``Batch.extra_labels`` in this order. Every
+            format reads them with the label's rules (required, a finite number): headerless
+            TSV right after the label (see :meth:`columns`), CSV and Parquet by name, slot
+            text as ``name:value`` keys, multislot as slots of one value (in
+            ``multislot_order``, by default right after the label).
     """
 
     label: str
@@ -120,14 +132,14 @@ class Schema:
     def _check_multislot_order(self) -> None:
         order = tuple(self.multislot_order)
         object.__setattr__(self, "multislot_order", order)
-        wanted = [self.label, *dict.fromkeys(self.dense), *self.slots]
+        wanted = [*self.labels, *dict.fromkeys(self.dense), *self.slots]
         bad = [n for n in order if not isinstance(n, str) or not n]
         twice = sorted({n for n in order if order.count(n) > 1})
         missing = [n for n in wanted if n not in order]
         if bad or twice or missing:
             raise ConfigError(
-                "Schema.multislot_order: must name the label, each dense name and each slot "
-                "exactly once (other names are skipped slots)"
+                "Schema.multislot_order: must name the label, each extra label, each dense "
+                "name and each slot exactly once (other names are skipped slots)"
                 + (f"; not names: {bad}" if bad else "")
                 + (f"; repeated: {', '.join(twice)}" if twice else "")
                 + (f"; missing: {', '.join(missing)}" if missing else "")
@@ -137,7 +149,7 @@ class Schema:
         """The slot names of a multislot line, in order (see ``multislot_order``)."""
         if self.multislot_order is not None:
             return self.multislot_order
-        return (self.label, *dict.fromkeys(self.dense), *self.slots)
+        return (*self.labels, *dict.fromkeys(self.dense), *self.slots)
 
     @property
     def num_dense(self) -> int:
@@ -149,8 +161,9 @@ class Schema:
         return (self.label, *self.extra_labels)
 
     def columns(self) -> tuple[str, ...]:
-        """Label, dense and slot names in file order (the Criteo TSV layout)."""
-        return (self.label, *self.dense, *self.slots)
+        """Label, extra labels, dense and slot names in file order (the headerless TSV
+        layout: Criteo's, with any extra label columns right after the label)."""
+        return (*self.labels, *self.dense, *self.slots)
 
 
 CRITEO = Schema(
@@ -297,6 +310,7 @@ class Batch:
             np.empty((0, schema.num_dense), np.float32),
             {n: Slot(np.empty(0, np.uint64), np.zeros(1, np.int64)) for n in schema.slots},
             np.empty(0, np.int64),
+            extra_label_array(schema, np.empty((0, len(schema.extra_labels)))),
         )
 
     def validate(self, schema: Schema | None = None) -> None:
@@ -325,6 +339,18 @@ class Batch:
                 )
             if tuple(self.slots) != schema.slots:
                 raise InputError(f"Batch.slots: {tuple(self.slots)} != schema slots {schema.slots}")
+            k = len(schema.extra_labels)
+            if (self.extra_labels is None) != (k == 0):
+                raise InputError(
+                    f"Batch.extra_labels: the schema has {k} extra labels "
+                    f"{schema.extra_labels}, the batch "
+                    + ("none" if self.extra_labels is None else "has them")
+                )
+        extra = self.extra_labels
+        if extra is not None and (extra.dtype != np.float32 or extra.ndim != 2 or len(extra) != n):
+            raise InputError(
+                f"Batch.extra_labels: expected float32 [{n}, K], got {extra.dtype} {extra.shape}"
+            )
         for name, slot in self.slots.items():
             off = slot.offsets
             if slot.values.dtype != np.uint64 or off.dtype != np.int64 or off.shape != (n + 1,):

@@ -1,7 +1,7 @@
 """Exchange samples among workers over ``torch.distributed`` (gloo) for global_shuffle.
 
 Each worker packs the samples bound for each peer into one byte buffer (columnar:
-labels, dense, ids, per-slot offsets and values), all workers learn every buffer size
+labels, dense, ids, extra labels, per-slot offsets and values), all workers learn every buffer size
 with one ``all_gather``, then buffers travel point to point (``isend``/``irecv``, all in
 flight at once, so no ordering can deadlock). Every wait has a timeout.
 """
@@ -30,12 +30,20 @@ def _pad8(raw: bytes | memoryview) -> list:
 
 
 def pack(batch: Batch) -> np.ndarray:
-    """The samples of ``batch`` as one uint8 buffer (sections 8-byte aligned)."""
+    """The samples of ``batch`` as one uint8 buffer (sections 8-byte aligned).
+
+    Header (int64): samples, dense columns, extra label columns (-1: ``extra_labels`` is
+    None), slots, then each slot's number of ids.
+    """
     n, d = batch.dense.shape
     names = list(batch.slots)
-    header = np.array([n, d, len(names), *(batch.slots[s].values.size for s in names)], np.int64)
+    extra = batch.extra_labels
+    k = -1 if extra is None else extra.shape[1]
+    sizes = (batch.slots[s].values.size for s in names)
+    header = np.array([n, d, k, len(names), *sizes], np.int64)
     parts = [header.tobytes()]
-    for array in (batch.label, batch.dense, batch.ids):
+    arrays = (batch.label, batch.dense, batch.ids) + (() if extra is None else (extra,))
+    for array in arrays:
         parts += _pad8(np.ascontiguousarray(array).tobytes())
     for name in names:
         parts.append(np.ascontiguousarray(batch.slots[name].offsets).tobytes())
@@ -46,9 +54,9 @@ def pack(batch: Batch) -> np.ndarray:
 def unpack(buffer: np.ndarray, names: list[str]) -> Batch:
     """Inverse of :func:`pack` (slot names in the packing order)."""
     raw = buffer.tobytes()
-    n, d, s = np.frombuffer(raw, np.int64, 3)
-    nnz = np.frombuffer(raw, np.int64, int(s), 24)
-    pos = 24 + 8 * int(s)
+    n, d, k, s = (int(v) for v in np.frombuffer(raw, np.int64, 4))
+    nnz = np.frombuffer(raw, np.int64, s, 32)
+    pos = 32 + 8 * s
 
     def take(dtype, count):
         nonlocal pos
@@ -56,14 +64,15 @@ def unpack(buffer: np.ndarray, names: list[str]) -> Batch:
         pos += -(-out.nbytes // 8) * 8
         return out
 
-    label = take(np.float32, int(n))
-    dense = take(np.float32, int(n * d)).reshape(int(n), int(d))
-    ids = take(np.int64, int(n))
+    label = take(np.float32, n)
+    dense = take(np.float32, n * d).reshape(n, d)
+    ids = take(np.int64, n)
+    extra = None if k < 0 else take(np.float32, n * k).reshape(n, k)
     slots = {}
     for name, count in zip(names, nnz, strict=True):
-        offsets = take(np.int64, int(n) + 1)
+        offsets = take(np.int64, n + 1)
         slots[name] = Slot(take(np.uint64, int(count)), offsets)
-    return Batch(label, dense, slots, ids)
+    return Batch(label, dense, slots, ids, extra)
 
 
 def exchange(batch: Batch, destination: np.ndarray, *, timeout: float) -> Batch:

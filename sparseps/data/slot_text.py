@@ -4,7 +4,9 @@ Worked example (schema :data:`~sparseps.data.schema.CRITEO_SLOT`, 3 dense shown)
 
     click:1 dense_feature:0.0 dense_feature:0.93 dense_feature:0.02 1:715353 2:761523 2:5
 
-- ``click:1`` is the label (any finite number; required).
+- ``click:1`` is the label (any finite number; required). Each of the schema's
+  ``extra_labels`` is a key read the same way (``click:1 conversion:0 ...``: required,
+  once per line) into ``Batch.extra_labels``.
 - the k-th ``dense_feature:x`` of the line fills the k-th dense column named
   ``dense_feature``; a line must carry every dense column of the schema.
 - ``2:761523`` adds the id 761523 to slot ``2``: ids are unsigned decimal integers, used
@@ -29,11 +31,11 @@ from numba import njit
 from .columns import Parsed, transform_dense
 from .hashing import xxh64_bytes, xxh64_range
 from .numbers import POW10, parse_float, parse_uint64
-from .schema import Batch, Schema, Slot, sample_id
+from .schema import Batch, Schema, Slot, extra_label_array, sample_id
 
 __all__ = ["parse_slot_text"]
 
-_KIND_LABEL, _KIND_DENSE, _KIND_SLOT = 0, 1, 2
+_KIND_LABEL, _KIND_DENSE, _KIND_SLOT, _KIND_EXTRA = 0, 1, 2, 3
 _OK, _BLANK = 0, -1
 _REASONS = {
     1: "token {token!r} has no ':'",
@@ -43,15 +45,18 @@ _REASONS = {
     5: "no label ({label!r}) on the line",
     6: "wrong number of {name!r} values (the schema has {expected})",
     7: "label {token!r} appears twice",
+    8: "no label ({name!r}) on the line",
 }
 
 
 @njit(nogil=True, cache=True)
 def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_count,
-           dense_cols, pow10, status, err_start, err_end, label, dense, tok_line, tok_slot, tok_val):  # fmt: skip
+           dense_cols, pow10, status, err_start, err_end, label, dense, tok_line, tok_slot,
+           tok_val, extra):  # fmt: skip
     """Parse every line of ``data``; returns (lines, tokens) written to the outputs."""
     n = data.size
     counts = np.zeros(dense_start.size, np.int64)
+    seen = np.zeros(extra.shape[1], np.bool_)  # extra labels found on the line
     line = 0
     ntok = 0
     pos = 0
@@ -64,6 +69,7 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
         if end > pos and data[end - 1] == 13:  # '\r\n'
             end -= 1
         counts[:] = 0
+        seen[:] = False
         has_label = False
         code = _OK
         first_tok = ntok
@@ -122,6 +128,17 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
                     break
                 dense[line, dense_cols[dense_start[g] + counts[g]]] = x
                 counts[g] += 1
+            elif kind == _KIND_EXTRA:
+                ok, x = parse_float(data, colon + 1, i, pow10)
+                j = key_index[k]
+                if not ok:
+                    code, err_start[line], err_end[line] = 2, s, i
+                    break
+                if seen[j]:
+                    code, err_start[line], err_end[line] = 7, s, i
+                    break
+                seen[j] = True
+                extra[line, j] = x
             else:
                 ok, x = parse_float(data, colon + 1, i, pow10)
                 if not ok:
@@ -138,6 +155,11 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
             elif not has_label:
                 code = 5
             else:
+                for j in range(seen.size):
+                    if not seen[j]:
+                        code, err_start[line] = 8, j
+                        break
+            if code == _OK:
                 for g in range(dense_start.size):
                     if counts[g] != dense_count[g]:
                         code, err_start[line], err_end[line] = 6, g, g
@@ -167,6 +189,7 @@ class _Keys:
         entries = [(schema.label, _KIND_LABEL, 0)]
         entries += [(name, _KIND_DENSE, g) for g, name in enumerate(groups)]
         entries += [(name, _KIND_SLOT, s) for s, name in enumerate(schema.slots)]
+        entries += [(name, _KIND_EXTRA, j) for j, name in enumerate(schema.extra_labels)]
         hashes = np.array([xxh64_bytes(n.encode()) for n, _, _ in entries], np.uint64)
         order = np.argsort(hashes)
         self.hash = hashes[order]
@@ -218,10 +241,11 @@ def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: in
     tok_line = np.empty(max_tokens, np.int64)
     tok_slot = np.empty(max_tokens, np.int64)
     tok_val = np.empty(max_tokens, np.uint64)
+    extra = np.zeros((max_lines, len(schema.extra_labels)), np.float64)
     lines, ntok = _parse(
         buf, keys.hash, keys.small, keys.kind, keys.index, keys.dense_start, keys.dense_count,
         keys.dense_cols, POW10, status, err_start, err_end, label, dense, tok_line, tok_slot,
-        tok_val,
+        tok_val, extra,
     )  # fmt: skip
     status = status[:lines]
     ok = status == _OK
@@ -246,12 +270,15 @@ def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: in
         transform_dense(dense[:lines][ok], schema.dense_transform),
         slots,
         sample_id(file_no, np.arange(first_record, first_record + rows)),
+        extra_label_array(schema, extra[:lines][ok]),
     )
     bad = np.flatnonzero(status > 0)
     examples = []
     for line in bad[:max_examples]:
         code = int(status[line])
         group = keys.groups[int(err_start[line])] if code == 6 and keys.groups else ""
+        if code == 8:
+            group = schema.extra_labels[int(err_start[line])]
         token = data[err_start[line] : err_end[line]].decode("utf-8", "replace")
         reason = _REASONS[code].format(
             token=token, label=schema.label, name=group,

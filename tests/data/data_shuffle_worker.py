@@ -1,6 +1,9 @@
 """One worker of the global_shuffle test: join a gloo group on loopback, load, shuffle, dump ids.
 
-Usage: python data_shuffle_worker.py RANK WORLD PORT FOLDER OUT.npy
+Usage: python data_shuffle_worker.py RANK WORLD PORT FOLDER OUT.npy [extra]
+
+With ``extra`` the files carry one extra label column ``conv`` after the label (schema
+``EXTRA``), and OUT also holds each sample's ``Batch.extra_labels``.
 """
 
 import datetime
@@ -9,7 +12,9 @@ import sys
 import numpy as np
 import torch.distributed as dist
 
-from sparseps.data import CRITEO, InMemoryDataset
+from sparseps.data import CRITEO, InMemoryDataset, Schema
+
+EXTRA = Schema("label", CRITEO.dense, CRITEO.slots, extra_labels=("conv",))
 
 
 def main() -> int:
@@ -24,7 +29,9 @@ def main() -> int:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=30),
     )  # fmt: skip
-    ds = InMemoryDataset(folder, CRITEO, batch_size=16, rank=rank, world=world)
+    extra = sys.argv[6:] == ["extra"]
+    schema = EXTRA if extra else CRITEO
+    ds = InMemoryDataset(folder, schema, batch_size=16, rank=rank, world=world)
     ds.load_into_memory()
     before = len(ds)
     ds.global_shuffle(seed=11, timeout=30)
@@ -33,7 +40,8 @@ def main() -> int:
     # each sample keeps its content: the label column was written as the id's parity
     labels = np.concatenate([b.label for b in batches])
     c1 = np.concatenate([b.slots["C1"].values for b in batches])
-    np.savez(out, ids=ids, labels=labels, c1=c1, before=before)
+    more = {"extra": np.concatenate([b.extra_labels for b in batches])} if extra else {}
+    np.savez(out, ids=ids, labels=labels, c1=c1, before=before, **more)
     dist.destroy_process_group()
     return 0
 

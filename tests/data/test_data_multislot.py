@@ -157,7 +157,7 @@ SMALL = Schema("click", ("d",) * 2, ("1", "2"), dense_transform="raw")
     ("line", "reason"),
     [
         ("x 1 2 1 2 1 5 0", "count 'x' of slot 'click' is not a non-negative integer"),
-        ("1 y 2 1 2 1 5 0", "label 'y' is not a finite number"),
+        ("1 y 2 1 2 1 5 0", "label 'y' of 'click' is not a finite number"),
         ("1 1 2 1 nan 1 5 0", "value 'nan' of 'd' is not a finite number"),
         ("1 1 2 1 2 1 -5 0", "id '-5' of slot '1' is not an unsigned 64-bit integer"),
         ("1 1 2 1 2 1 5", "the line ends inside slot '2' (slot 4 of 4)"),
