@@ -1,6 +1,7 @@
 """ESMM-style multi-task training: CTR and CTCVR (click, then conversion) over shared embeddings.
 
-    python examples/esmm/train.py [--rows 20000] [--passes 2] [--json]
+    python examples/esmm/train.py --train data/train --test data/test [--format criteo_tsv]
+        [--passes 2] [--json]
 
 Entire-space multi-task model (Ma et al., 2018, as in PaddleRec's ESMM): a CTR tower and a
 CVR tower read the same sparse embeddings; ``pCTCVR = pCTR * pCVR`` is trained on every
@@ -8,9 +9,17 @@ impression against ``click AND conversion``, so the CVR tower never needs the bi
 clicked-only sample. The labels are two columns (``Schema(label="click",
 extra_labels=("conversion",))``); the loss reports one AUC per task (``ctr``, ``ctcvr``).
 
-The data are planted (each id has a click weight and a conversion weight) and made here as
-columnar batches; run alone it is a local job (1 background server, 1 worker), and under
-``sparseps launch`` every worker trains its share.
+The data are files (or folders of files) in any format of :mod:`sparseps.data`; a line of
+the default, tab-separated ``criteo_tsv`` layout holds the labels first, then the slots
+(ids as strings, hashed per slot)::
+
+    1<TAB>0<TAB>u_17<TAB>i_93<TAB>c_4        click, conversion, user, item, ctx
+
+(``multislot`` lines, as a Paddle ESMM reader prints them, hold the slots in the same
+order: ``1 1 1 0 1 17 1 93 1 4``). Every worker reads its share of the files, which are
+loaded into memory once and shuffled every pass; run alone it is a local job (1
+background server, 1 worker), and under ``sparseps launch`` every worker trains its share.
+``tests/worker/test_esmm_example.py`` writes planted data and runs it.
 """
 
 from __future__ import annotations
@@ -24,37 +33,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import sparseps as sps
-from sparseps.data.schema import Batch, Schema, Slot
+from sparseps.data import Format, InMemoryDataset, QueueDataset, Schema
 from sparseps.worker.losses import Loss, LossOutput, label_column
 
 SCHEMA = Schema(
     label="click", extra_labels=("conversion",), dense=(), slots=("user", "item", "ctx")
 )
-
-
-def planted_batches(rows: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
-    """Batches of impressions: click ~ sigmoid(sum of click weights), conversion given a
-    click ~ sigmoid(sum of conversion weights); ids of a slot are disjoint from others'."""
-    weights = np.random.default_rng(100)  # the planted model: the same for every seed
-    vocab = 200
-    w_click = weights.normal(0.0, 1.0, (3, vocab))
-    w_conv = weights.normal(0.0, 1.5, (3, vocab))
-    rng = np.random.default_rng(seed)
-    out = []
-    for start in range(rank * batch_size, rows, world * batch_size):
-        n = min(batch_size, rows - start)
-        ids = rng.integers(0, vocab, (3, n))
-        click_logit = w_click[np.arange(3)[:, None], ids].sum(0) - 1.0
-        conv_logit = w_conv[np.arange(3)[:, None], ids].sum(0)
-        click = (rng.random(n) < 1 / (1 + np.exp(-click_logit))).astype(np.float32)
-        conv = click * (rng.random(n) < 1 / (1 + np.exp(-conv_logit)))
-        offsets = np.arange(n + 1, dtype=np.int64)
-        slots = {name: Slot((ids[s] + (s + 1) * 1_000_000).astype(np.uint64), offsets)
-                 for s, name in enumerate(SCHEMA.slots)}  # fmt: skip
-        extra = conv.astype(np.float32).reshape(-1, 1)
-        out.append(Batch(click, np.zeros((n, 0), np.float32), slots,
-                         np.arange(start, start + n, dtype=np.int64), extra))  # fmt: skip
-    return out
 
 
 class ESMM(nn.Module):
@@ -92,7 +76,9 @@ class ESMMLoss(Loss):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--train", required=True, nargs="+", help="training files or folders")
+    parser.add_argument("--test", required=True, nargs="+", help="test files or folders")
+    parser.add_argument("--format", default="criteo_tsv", choices=[f.value for f in Format])
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--json", action="store_true")
@@ -104,15 +90,16 @@ def main() -> None:
     if sps.is_server():
         sps.run_server()
         return
-    train = planted_batches(args.rows, args.batch_size, seed=1, rank=env.rank, world=env.worker_num)
-    test = planted_batches(
-        args.rows // 4, args.batch_size, seed=2, rank=env.rank, world=env.worker_num
-    )
-    for _ in range(args.passes):
+    train = InMemoryDataset(args.train, SCHEMA, args.batch_size, format=args.format)
+    train.load_into_memory()
+    for seed in range(args.passes):
+        train.local_shuffle(seed=seed)
         trainer.train_from_dataset(train, print_period=0)
+    test = QueueDataset(args.test, SCHEMA, args.batch_size, format=args.format)
     result = trainer.infer_from_dataset(test)
     summary = {f"test_auc_{name}": round(m.auc, 6) for name, m in result.tasks.items()}
     summary.update({f"test_count_{name}": m.count for name, m in result.tasks.items()})
+    summary.update({f"test_positives_{name}": m.clicks for name, m in result.tasks.items()})
     trainer.stop()
     sps.stop()
     if env.rank == 0:
