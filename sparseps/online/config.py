@@ -28,6 +28,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..data.stats import MAX_BAD_RATIO
 from ..errors import ConfigError
 from .checks import (
     check_bool,
@@ -138,8 +139,8 @@ class DataConfig:
         done_marker: file name that says a split is complete.
         wait_timeout_s: how long to wait for a split's marker before stopping the job.
         poll_s: how often to look for a marker.
-        format: file format (``criteo_tsv``, ``csv``, ``slot_text``, ``parquet``, and any
-            other of :class:`sparseps.data.sources.Format`).
+        format: file format, any of :class:`sparseps.data.Format`: ``criteo_tsv``,
+            ``csv``, ``slot_text``, ``parquet``, ``multislot``, ``multislot_string``.
         pipe_command: a shell command each file is piped through (its stdout is read in
             ``format``), as for :class:`sparseps.data.InMemoryDataset`.
         schema: ``criteo``, ``criteo_slot``, ``avazu``, or a mapping of
@@ -147,6 +148,10 @@ class DataConfig:
             id_column, extra_labels, multislot_order). Default: ``criteo_slot`` for
             ``slot_text``, else ``criteo``.
         batch_size, threads: see :class:`sparseps.data.InMemoryDataset`.
+        max_bad_ratio: the share of a pass's lines that may be bad (skipped) before the
+            pass fails with ``InputError`` (default :data:`sparseps.data.MAX_BAD_RATIO`,
+            1 in 100; 0: any bad line fails it). The job stops; the pass is not in the
+            ledger and the model files are as the previous pass left them.
         shuffle_seed: base seed of the per-pass global shuffle (``None``: no shuffle).
         preload: load the next pass in the background while the current one trains
             (``false``: load each pass when its turn comes, holding one pass in memory).
@@ -162,6 +167,7 @@ class DataConfig:
     format: str = "criteo_tsv"
     batch_size: int = 512
     threads: int = 1
+    max_bad_ratio: float = MAX_BAD_RATIO
     shuffle_seed: int | None = 0
     preload: bool = True
     pipe_command: str | None = None
@@ -200,6 +206,7 @@ class DataConfig:
         object.__setattr__(self, "schema", self._check_schema())
         check_int("data.batch_size", self.batch_size, 1, 1 << 20)
         check_int("data.threads", self.threads, 1, 64)
+        check_float("data.max_bad_ratio", self.max_bad_ratio, 0.0, 1.0)
         if self.shuffle_seed is not None:
             check_int("data.shuffle_seed", self.shuffle_seed, 0)
         check_bool("data.preload", self.preload)
@@ -242,6 +249,15 @@ class DataConfig:
             raise ConfigError(f"data.schema: {exc}") from None
         except ConfigError as exc:
             raise ConfigError(f"data.schema: {exc}") from None
+
+    def dataset_options(self) -> dict:
+        """The keyword arguments every dataset of the job is built with (besides files,
+        schema, batch size and threads): format, pipe_command, max_bad_ratio."""
+        return {
+            "pipe_command": self.pipe_command,
+            "format": self.format,
+            "max_bad_ratio": self.max_bad_ratio,
+        }
 
     def dataset_schema(self):
         """The :class:`sparseps.data.Schema` of the stream."""

@@ -140,7 +140,7 @@ class OnlineDriver:
         kind, threads = (QueueDataset, 1) if queue else (InMemoryDataset, data.threads)
         return kind(
             [str(f) for f in folders], data.dataset_schema(), data.batch_size, threads,
-            data.pipe_command, format=data.format, rank=self.rank, world=self.world,
+            rank=self.rank, world=self.world, **data.dataset_options(),
         )  # fmt: skip
 
     def _load_timeout(self) -> float:
