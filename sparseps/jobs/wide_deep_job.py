@@ -18,7 +18,9 @@ import numpy as np
 
 import sparseps as sps
 from sparseps.data import CRITEO, QueueDataset
+from sparseps.jobs.rule_spec import parse_rule
 from sparseps.models import WideDeep
+from sparseps.models._blocks import set_output_bias
 from sparseps.worker import collectives
 
 
@@ -34,6 +36,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", default="400,400,400")
     p.add_argument("--lr", type=float, default=0.001, help="dense Adam learning rate")
     p.add_argument("--sparse-lr", type=float, default=0.01, help="deep table Adam learning rate")
+    p.add_argument("--dense-rule", default="", help="dense rule spec (default: adam:lr=LR)")
+    p.add_argument(
+        "--deep-rule", default="", help="deep table rule spec, e.g. adam:lr=0.01 (default: "
+        "Adam(--sparse-lr))",
+    )  # fmt: skip
+    p.add_argument("--wide-rule", default="", help="wide table rule spec (default: WideDeep's)")
+    p.add_argument(
+        "--bias-init", default="zero", choices=["prior", "zero"],
+        help="output bias: logit of the click rate of the first --prior-rows train rows "
+        "(all workers together) or PyTorch's default (zero)",
+    )  # fmt: skip
+    p.add_argument(
+        "--prior-rows", type=int, default=20000, help="rows read per worker for the prior"
+    )
+    p.add_argument("--admit-count", type=int, default=1, help="shows before a key gets a row")
     p.add_argument("--threads", type=int, default=1, help="reader threads per worker")
     p.add_argument("--no-prefetch", action="store_true", help="turn off pull/compute overlap")
     p.add_argument("--print-period", type=int, default=200)
@@ -55,16 +72,29 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)  # workers and servers share the cores
     torch.manual_seed(0)
+    lifecycle = None
+    if args.admit_count > 1:
+        lifecycle = sps.Lifecycle(admission="count", admit_count=args.admit_count)
     model = WideDeep(
         CRITEO.slots,
         len(CRITEO.dense),
         emb_dim=args.emb_dim,
         hidden=[int(h) for h in args.hidden.split(",") if h],
-        deep_rule=sps.optim.Adam(lr=args.sparse_lr),
+        deep_rule=parse_rule(args.deep_rule)
+        if args.deep_rule
+        else sps.optim.Adam(lr=args.sparse_lr),
+        wide_rule=parse_rule(args.wide_rule) if args.wide_rule else None,
+        lifecycle=lifecycle,
     )
+    prior = None
+    if args.bias_init == "prior":
+        prior = _click_rate(args.train, args.prior_rows)
+        set_output_bias(model, prior)
     trainer = sps.Trainer(
         model,
-        dense_optimizer=sps.optim.Adam(lr=args.lr),
+        dense_optimizer=parse_rule(args.dense_rule)
+        if args.dense_rule
+        else sps.optim.Adam(lr=args.lr),
         strategy=sps.Strategy(mode=args.mode, prefetch=not args.no_prefetch),
     )
     train = QueueDataset([args.train], CRITEO, batch_size=args.batch_size, threads=args.threads)
@@ -84,6 +114,10 @@ def main(argv=None) -> int:
         "samples_per_s": round(float(total) / train_s, 1),
         "test_auc": metrics.auc,
         "test_logloss": metrics.logloss,
+        "test_copc": metrics.copc,
+        "test_actual_ctr": metrics.actual_ctr,
+        "test_predicted_ctr": metrics.predicted_ctr,
+        "prior_click_rate": prior,
         "test_rows": metrics.count,
         "train_auc": result.metrics.auc,
         "mode": args.mode,
@@ -104,6 +138,15 @@ def main(argv=None) -> int:
     trainer.stop()
     sps.stop()
     return 0
+
+
+def _click_rate(train: str, rows: int) -> float:
+    """Clicks / rows over the first ``rows`` train rows of every worker's share (all
+    workers agree, so they start from the same dense parameters)."""
+    first = next(iter(QueueDataset([train], CRITEO, batch_size=max(rows, 1))), None)
+    local = (0.0, 0.0) if first is None else (float(first.label.sum()), float(len(first)))
+    clicks, count = collectives.all_reduce_sum(np.array(local, np.float64))
+    return float(clicks / count) if count else 0.5
 
 
 def _table_rows(stats, tables) -> dict:

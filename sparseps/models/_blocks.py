@@ -10,7 +10,7 @@ from .. import optim
 from ..config import Initializer, Lifecycle
 from ..worker.nn import SparseEmbedding
 
-__all__ = ["mlp", "slot_embedding"]
+__all__ = ["mlp", "set_output_bias", "slot_embedding"]
 
 
 def mlp(in_features: int, hidden: Sequence[int], out_features: int = 1) -> nn.Sequential:
@@ -43,3 +43,36 @@ def slot_embedding(
         initializer=Initializer.zeros() if zeros else Initializer.uniform(-0.05, 0.05),
         lifecycle=lifecycle,
     )
+
+
+def set_output_bias(model: nn.Module, click_rate: float) -> float:
+    """Start the model's predictions at ``click_rate``: the bias of the head's last
+    ``Linear`` (the one that makes the logit) becomes ``logit(click_rate)`` (the rate
+    clipped to [1e-4, 1 - 1e-4]); returns that logit.
+
+    With the default bias near 0 every first prediction is about 0.5, and at a 1% click
+    rate Adam (about ``lr`` per step) needs thousands of steps to move the bias to -4.6;
+    until then the sparse tables absorb the offset, which costs AUC and calibration.
+    """
+    import math
+
+    import torch
+
+    rate = min(max(float(click_rate), 1e-4), 1 - 1e-4)
+    logit = math.log(rate / (1 - rate))
+    last = [m for m in model.head.modules() if isinstance(m, nn.Linear)]
+    if not last:
+        raise ValueError("set_output_bias: the model's head has no Linear layer")
+    output = _output_layer(model.head) or last[-1]
+    with torch.no_grad():
+        output.bias.fill_(logit)
+    return logit
+
+
+def _output_layer(head: nn.Module) -> nn.Linear | None:
+    """The last Linear of the head's main MLP (``deep``, ``mlp`` or ``dnn``), if any."""
+    for name in ("deep", "mlp", "dnn"):
+        block = getattr(head, name, None)
+        if isinstance(block, nn.Sequential) and isinstance(block[-1], nn.Linear):
+            return block[-1]
+    return None

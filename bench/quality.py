@@ -1,0 +1,316 @@
+"""Model quality over a grid of data families: the demo job against one PyTorch process.
+
+Each *family* is a set of ``gen-data`` knobs (:class:`sparseps.data.synthetic.DataKnobs`):
+click rates from 0.5% to 25%, plus weak signal, flat id frequencies, signal in rare ids,
+label noise and more missing values. For each family (one seed) and on the same files:
+
+- **sparseps**: the demo job (``sparseps/jobs/wide_deep_job.py``), 1 server + 2 workers,
+  async, one pass, with its defaults;
+- **legacy** (full grid): the same job with the defaults before issue 29 (``LEGACY_ARGS``),
+  for the throughput and quality the new defaults must not lose;
+- **torch**: the same shape in one process (dim-8 deep and dim-1 wide
+  ``nn.EmbeddingBag`` tables of 2**22 hashed rows, ``SparseAdam`` 0.01, the same head,
+  dense Adam 0.001, batch 512, default output bias), same reader;
+- **paddle**: the peer (``../shared/peers/paddle/run.sh``: Paddle 2.6.2 PS, 1 server +
+  2 trainers, async, Adam 0.01) when its environment exists; otherwise the bench says so
+  and records nothing for it.
+
+Records per family ``F``: ``test_auc[F]``, ``test_logloss[F]``, ``copc[F]`` and
+``samples_per_s[F]`` (value: sparseps, baseline: torch), ``bayes_auc[F]`` (the planted
+model's test AUC), ``legacy_test_auc[F]`` / ``legacy_samples_per_s[F]`` (value: sparseps,
+baseline: legacy) and ``paddle_test_auc[F]`` (value: sparseps, baseline: Paddle).
+
+Seeds: families are drawn with ``TUNE_SEEDS`` while choosing defaults and reported with
+``REPORT_SEEDS`` (never used for choosing). ``python bench/quality.py --help`` runs
+chosen families, seeds and job options (what the tuning used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sparseps.benchmarking import BenchRecord
+
+# name -> DataKnobs fields (everything else at gen-data's defaults)
+FAMILIES: dict[str, dict] = {
+    "ctr0.5%": {"click_rate": 0.005},
+    "ctr1%": {"click_rate": 0.01},
+    "ctr2%": {"click_rate": 0.02},
+    "ctr4%": {"click_rate": 0.04},
+    "ctr10%": {"click_rate": 0.10},
+    "ctr25%": {"click_rate": 0.25},
+    "ctr1%-weak": {"click_rate": 0.01, "signal": 1.0},
+    "ctr2%-rare": {"click_rate": 0.02, "rare_power": 0.0, "zipf": 1.1},
+    "ctr4%-noisy": {"click_rate": 0.04, "label_noise": 0.3, "missing": 1.5},
+    "ctr10%-strong": {"click_rate": 0.10, "signal": 2.4, "zipf": 1.5},
+}
+QUICK_FAMILIES = ("ctr1%", "ctr25%")
+TUNE_SEEDS = (101, 102)
+REPORT_SEEDS = (201,)
+ROWS, TEST_ROWS = 500_000, 200_000
+QUICK_ROWS, QUICK_TEST_ROWS, QUICK_HASH_ROWS = 10_000, 4_000, 1 << 18
+BATCH = 512
+HASH_ROWS = 1 << 22
+# the demo job's defaults before issue 29, spelled out
+LEGACY_ARGS = (
+    "--lr 0.001 --deep-rule adam:lr=0.01 --wide-rule ftrl:alpha=0.1,beta=0,l1=0,l2=0 "
+    "--bias-init zero --batch-size 512"
+)
+PADDLE_VERSION = "2.6.2"
+
+
+def data(family: str, seed: int, rows: int, test_rows: int) -> tuple[Path, dict]:
+    """The family's files (made once, reused while meta.json matches)."""
+    from sparseps.data.synthetic import DataKnobs, write_dataset
+
+    knobs = DataKnobs(**FAMILIES[family])
+    folder = Path(tempfile.gettempdir()) / "sparseps-bench-quality" / f"{family}-s{seed}-r{rows}"
+    path = folder / "meta.json"
+    if path.is_file():
+        meta = json.loads(path.read_text())
+        if meta.get("knobs") == knobs.as_dict() and meta.get("test_rows") == test_rows:
+            return folder, meta
+    meta = write_dataset(folder, rows, seed, files=2, test_rows=test_rows, knobs=knobs)
+    return folder, meta
+
+
+def run_sparseps(folder: Path, job_args: str = "") -> dict:
+    """The demo job on the family's files: 1 server + 2 workers (its result JSON)."""
+    job = Path(__file__).resolve().parents[1] / "sparseps" / "jobs" / "wide_deep_job.py"
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [
+            sys.executable, "-m", "sparseps.cli", "launch", "--server-num", "1",
+            "--worker-num", "2", "--log-dir", str(Path(tmp) / "log"), str(job),
+            "--train", str(folder / "train"), "--test", str(folder / "test"),
+            "--result", str(result), *shlex.split(job_args),
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
+        done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if done.returncode != 0 or not result.is_file():
+            tail = done.stderr.decode(errors="replace")[-2000:]
+            raise RuntimeError(f"the demo job failed on {folder} ({job_args!r}):\n{tail}")
+        return json.loads(result.read_text())
+
+
+def run_torch(folder: Path, hash_rows: int = HASH_ROWS) -> dict:
+    """The same model shape in one PyTorch process (see the module docstring)."""
+    import torch
+    import torch.nn.functional as F
+
+    from sparseps.data import CRITEO, QueueDataset
+    from sparseps.metrics import CTRMetrics
+    from sparseps.models.wide_deep import WideDeepHead
+
+    torch.manual_seed(0)
+    slots = len(CRITEO.slots)
+    head = WideDeepHead(slots, len(CRITEO.dense), 8, (400, 400, 400))
+    deep = torch.nn.EmbeddingBag(hash_rows, 8, mode="sum", sparse=True)
+    wide = torch.nn.EmbeddingBag(hash_rows, 1, mode="sum", sparse=True)
+    torch.nn.init.uniform_(deep.weight, -0.05, 0.05)
+    torch.nn.init.zeros_(wide.weight)
+    optimizers = (
+        torch.optim.Adam(head.parameters(), lr=0.001),
+        torch.optim.SparseAdam([deep.weight], lr=0.01),
+        torch.optim.SparseAdam([wide.weight], lr=0.01),
+    )
+
+    def forward(batch):
+        index = np.concatenate([batch.slots[s].values for s in CRITEO.slots]) % np.uint64(hash_rows)
+        starts, base = [], 0
+        for s in CRITEO.slots:
+            offsets = batch.slots[s].offsets
+            starts.append(offsets[:-1] + base)
+            base += int(offsets[-1])
+        idx = torch.from_numpy(index.astype(np.int64))
+        off = torch.from_numpy(np.concatenate(starts))
+        n = len(batch)
+        d = deep(idx, off).view(slots, n, 8).transpose(0, 1)
+        w = wide(idx, off).view(slots, n, 1).transpose(0, 1)
+        return head(torch.from_numpy(batch.dense), d, w).reshape(-1)
+
+    def reader(split: str, size: int):
+        return QueueDataset([str(folder / split)], CRITEO, batch_size=size, rank=0, world=1)
+
+    start, samples = time.perf_counter(), 0
+    for batch in reader("train", BATCH):
+        loss = F.binary_cross_entropy_with_logits(forward(batch), torch.from_numpy(batch.label))
+        for opt in optimizers:
+            opt.zero_grad()
+        loss.backward()
+        for opt in optimizers:
+            opt.step()
+        samples += len(batch)
+    seconds = time.perf_counter() - start
+    metrics = CTRMetrics()
+    with torch.no_grad():
+        for batch in reader("test", 4096):
+            metrics.update(torch.sigmoid(forward(batch)).numpy(), batch.label)
+    m = metrics.compute()
+    return {
+        "samples_per_s": samples / seconds,
+        "test_auc": m.auc,
+        "test_logloss": m.logloss,
+        "test_copc": m.copc,
+    }
+
+
+def paddle_peer() -> Path | None:
+    """``run.sh`` of the Paddle peer when its environment is ready here, else None."""
+    script = Path(__file__).resolve().parents[2] / "shared" / "peers" / "paddle" / "run.sh"
+    venv = Path(os.environ.get("PADDLE_VENV", f"/tmp/paddle-{PADDLE_VERSION}-venv"))
+    python = venv / "bin" / "python"
+    if not script.is_file() or not python.is_file():
+        return None
+    check = f"import paddle, sys; sys.exit(paddle.__version__ != {PADDLE_VERSION!r})"
+    ok = subprocess.run([str(python), "-c", check], capture_output=True).returncode == 0
+    return script if ok else None
+
+
+def run_paddle(script: Path, folder: Path) -> dict:
+    env = {**os.environ, "TRAIN_DIR": str(folder / "train"),
+           "TEST_FILE": str(folder / "test" / "part-00000.tsv")}  # fmt: skip
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    fields = dict(
+        item.split("=", 1) for item in done.stdout.strip().splitlines()[-1].split() if "=" in item
+    )
+    return {
+        "test_auc": float(fields.get("auc", "nan")),
+        "test_logloss": float(fields.get("test_logloss", "nan")),
+        "samples_per_s": float(fields.get("samples_per_s", "nan")),
+    }
+
+
+def _family_records(family, seed, meta, ours, torch_, legacy, paddle) -> list[BenchRecord]:
+    params = {"family": family, "seed": seed, "rows": meta["rows"],
+              "test_rows": meta["test_rows"], **FAMILIES[family]}  # fmt: skip
+    name = f"[{family}]"
+    out = [
+        BenchRecord("test_auc" + name, ours["test_auc"], "auc", torch_["test_auc"], params),
+        BenchRecord(
+            "test_logloss" + name, ours["test_logloss"], "logloss", torch_["test_logloss"], params
+        ),  # fmt: skip
+        BenchRecord("copc" + name, ours["test_copc"], "ratio", torch_["test_copc"], params),
+        BenchRecord(
+            "samples_per_s" + name,
+            ours["samples_per_s"],
+            "samples/s",
+            torch_["samples_per_s"],
+            params,
+        ),  # fmt: skip
+        BenchRecord(
+            "bayes_auc" + name,
+            meta["bayes_auc_test"],
+            "auc",
+            None,
+            {**params, "bayes_logloss": meta["bayes_logloss_test"], "ctr_test": meta["ctr_test"]},
+        ),  # fmt: skip
+    ]
+    if legacy is not None:
+        out += [
+            BenchRecord(
+                "legacy_test_auc" + name,
+                ours["test_auc"],
+                "auc",
+                legacy["test_auc"],
+                {
+                    **params,
+                    "legacy_logloss": legacy["test_logloss"],
+                    "legacy_copc": legacy["test_copc"],
+                },
+            ),  # fmt: skip
+            BenchRecord(
+                "legacy_samples_per_s" + name,
+                ours["samples_per_s"],
+                "samples/s",
+                legacy["samples_per_s"],
+                params,
+            ),  # fmt: skip
+        ]
+    if paddle is not None:
+        out.append(BenchRecord("paddle_test_auc" + name, ours["test_auc"], "auc",
+                               paddle["test_auc"], {**params, **{f"paddle_{k}": v
+                               for k, v in paddle.items()}}))  # fmt: skip
+    return out
+
+
+def grid(families, seeds, *, rows: int, test_rows: int, job_args: str = "",
+         torch_baseline: bool = True, legacy: bool = False, paddle: bool = True,
+         hash_rows: int = HASH_ROWS, log=print) -> list[BenchRecord]:  # fmt: skip
+    """Every family x seed, sequentially (the machine is shared)."""
+    script = paddle_peer() if paddle else None
+    if paddle and script is None:
+        log(f"bench quality: the Paddle peer is not available here (no Paddle "
+            f"{PADDLE_VERSION} environment at $PADDLE_VENV or /tmp/paddle-{PADDLE_VERSION}-venv; "
+            f"run ../shared/peers/paddle/run.sh once to make it): no Paddle figures this run")  # fmt: skip
+    records = []
+    for family in families:
+        for seed in seeds:
+            folder, meta = data(family, seed, rows, test_rows)
+            ours = run_sparseps(folder, job_args)
+            nan = {"test_auc": math.nan, "test_logloss": math.nan, "test_copc": math.nan,
+                   "samples_per_s": math.nan}  # fmt: skip
+            base = run_torch(folder, hash_rows) if torch_baseline else nan
+            old = run_sparseps(folder, LEGACY_ARGS) if legacy else None
+            peer = run_paddle(script, folder) if script is not None else None
+            got = _family_records(family, seed, meta, ours, base, old, peer)
+            records += got
+            log(
+                f"{family} seed {seed}: bayes {meta['bayes_auc_test']:.4f} | sparseps auc "
+                f"{ours['test_auc']:.4f} ll {ours['test_logloss']:.4f} copc "
+                f"{ours['test_copc']:.3f} {ours['samples_per_s']:.0f}/s | torch auc "
+                f"{base['test_auc']:.4f} ll {base['test_logloss']:.4f} copc {base['test_copc']:.3f}"
+                + ("" if old is None else f" | legacy auc {old['test_auc']:.4f} ll "
+                   f"{old['test_logloss']:.4f} copc {old['test_copc']:.3f} "
+                   f"{old['samples_per_s']:.0f}/s")
+                + ("" if peer is None else f" | paddle auc {peer['test_auc']:.4f}"),
+                flush=True,
+            )  # fmt: skip
+    return records
+
+
+def run(quick: bool = False) -> list[BenchRecord]:
+    if quick:
+        return grid(QUICK_FAMILIES, REPORT_SEEDS, rows=QUICK_ROWS, test_rows=QUICK_TEST_ROWS,
+                    hash_rows=QUICK_HASH_ROWS, log=lambda *a, **k: print(*a, file=sys.stderr, **k))  # fmt: skip
+    return grid(tuple(FAMILIES), REPORT_SEEDS, rows=ROWS, test_rows=TEST_ROWS, legacy=True,
+                log=lambda *a, **k: print(*a, file=sys.stderr, **k))  # fmt: skip
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="quality grid with chosen families and job options")
+    p.add_argument("--families", default=",".join(FAMILIES), help="comma-separated names")
+    p.add_argument("--seeds", default="tune", help="'tune', 'report' or comma-separated ints")
+    p.add_argument("--rows", type=int, default=ROWS)
+    p.add_argument("--test-rows", type=int, default=TEST_ROWS)
+    p.add_argument("--job-args", default="", help="extra options of the demo job")
+    p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--legacy", action="store_true", help="also run the pre-issue-29 defaults")
+    p.add_argument("--out", default="", help="append the records as JSON lines here")
+    args = p.parse_args(argv)
+    seeds = {"tune": TUNE_SEEDS, "report": REPORT_SEEDS}.get(args.seeds) or tuple(
+        int(s) for s in args.seeds.split(",")
+    )
+    records = grid(args.families.split(","), seeds, rows=args.rows, test_rows=args.test_rows,
+                   job_args=args.job_args, torch_baseline=not args.no_torch,
+                   legacy=args.legacy)  # fmt: skip
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in records:
+                f.write(json.dumps({**r.to_json(), "job_args": args.job_args}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
