@@ -16,20 +16,19 @@ Worked example::
                 initializer=Initializer.uniform(-0.01, 0.01),
                 lifecycle=Lifecycle(admission="count", admit_count=3))
 
-This module is a base module: it imports ``sparseps.optim`` only inside functions, so
-``optim`` can reuse the validators below without an import cycle.
+The field validators live in :mod:`sparseps.core.validate` (shared with the optimizer
+rules); ``check_float`` and ``check_int`` are re-exported here for existing callers.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from .core.validate import check_float, check_int, check_known_fields
 from .errors import ConfigError
 
 __all__ = [
@@ -40,81 +39,11 @@ __all__ = [
     "TableConfig",
     "check_float",
     "check_int",
-    "check_keys",
 ]
 
 MAX_DIM = 65536
 # fullmatch, never match: "$" also matches before a trailing newline ("emb\n")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
-
-
-# -- validators shared by config objects and optimizer rules -------------------------------
-
-
-def check_float(
-    owner: str,
-    name: str,
-    value: Any,
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-) -> float:
-    """Return ``value`` as a finite float, or raise ConfigError naming ``owner.name``.
-
-    Args:
-        owner: the object being validated, e.g. ``"Adagrad"``.
-        name: the field name.
-        value: the value given.
-        ge, gt, le, lt: optional bounds (inclusive / exclusive).
-
-    Raises:
-        ConfigError: not a real number, not finite, or out of bounds.
-    """
-    # bool is an int subclass; True as a learning rate is always a mistake.
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigError(
-            f"{owner}.{name}: expected a number, got {value!r} ({type(value).__name__})"
-        )
-    result = float(value)
-    bounds = []
-    if ge is not None:
-        bounds.append((result >= ge, f">= {ge}"))
-    if gt is not None:
-        bounds.append((result > gt, f"> {gt}"))
-    if le is not None:
-        bounds.append((result <= le, f"<= {le}"))
-    if lt is not None:
-        bounds.append((result < lt, f"< {lt}"))
-    wanted = " and ".join(text for _, text in bounds) or "finite"
-    if not math.isfinite(result) or not all(ok for ok, _ in bounds):
-        raise ConfigError(f"{owner}.{name}: got {value!r}, expected a finite number {wanted}")
-    return result
-
-
-def check_int(
-    owner: str, name: str, value: Any, *, ge: int | None = None, le: int | None = None
-) -> int:
-    """Return ``value`` as an int within ``[ge, le]`` or raise ConfigError naming the field."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(
-            f"{owner}.{name}: expected an integer, got {value!r} ({type(value).__name__})"
-        )
-    if (ge is not None and value < ge) or (le is not None and value > le):
-        low = "-inf" if ge is None else ge
-        high = "inf" if le is None else le
-        raise ConfigError(f"{owner}.{name}: got {value}, expected an integer in [{low}, {high}]")
-    return int(value)
-
-
-def check_keys(owner: str, given: Mapping, allowed: set[str] | tuple[str, ...]) -> None:
-    """Reject a dict that is not a mapping or carries keys the object does not know."""
-    if not isinstance(given, Mapping):
-        raise ConfigError(f"{owner}: expected a dict, got {type(given).__name__}")
-    unknown = sorted(set(given) - set(allowed))
-    if unknown:
-        raise ConfigError(f"{owner}: unknown key(s) {unknown}; accepted keys are {sorted(allowed)}")
 
 
 def _set(obj: object, name: str, value: object) -> None:
@@ -207,7 +136,7 @@ class Initializer:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Initializer:
-        check_keys("Initializer", d, {f.name for f in fields(cls)})
+        check_known_fields("Initializer", d, {f.name for f in fields(cls)})
         if "kind" not in d:
             raise ConfigError("Initializer: missing key 'kind' (zeros, constant, uniform, normal)")
         return cls(**d)
@@ -289,7 +218,7 @@ class Lifecycle:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Lifecycle:
-        check_keys("Lifecycle", d, {f.name for f in fields(cls)})
+        check_known_fields("Lifecycle", d, {f.name for f in fields(cls)})
         return cls(**d)
 
 
@@ -367,7 +296,7 @@ class TableConfig:
         """Build and validate a config from ``to_dict`` output; unknown keys are errors."""
         from .optim import rule_from_dict
 
-        check_keys("TableConfig", d, {f.name for f in fields(cls)})
+        check_known_fields("TableConfig", d, {f.name for f in fields(cls)})
         for required in ("name", "dim"):
             if required not in d:
                 raise ConfigError(f"TableConfig: missing key {required!r}")

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import env as _env
-from .config import check_float
+from .core.validate import check_float
 from .env import Role, RoleEnv
 from .errors import ConfigError, SparsePSError
 

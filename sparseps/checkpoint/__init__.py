@@ -1,5 +1,5 @@
 """Model files: checkpoints (to resume), inference models (to serve), their manifests."""
 
-from .manifest import MANIFEST, read_manifest, verify
+from ..files.manifest import MANIFEST, read_manifest, verify
 
 __all__ = ["MANIFEST", "read_manifest", "verify"]

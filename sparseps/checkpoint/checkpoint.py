@@ -6,7 +6,7 @@ Save (every worker calls it; it is collective):
    applied between the start and the end of the save (a consistent cut);
 2. worker 0 creates a staging folder beside the target (:mod:`.staging`), asks every
    server to write its shard of every table there (Arrow IPC, see
-   :mod:`sparseps.server.shards`), writes each table's pending tombstones, the dense
+   :mod:`sparseps.files.shards`), writes each table's pending tombstones, the dense
    parameters and their optimizer state (``dense.npz``), and ``MANIFEST.json`` last,
    atomically, listing every file with size and checksum; then swaps the staging folder
    in at the target, so a crash at any point leaves the previous checkpoint loadable;
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError
-from ..server import shards
+from ..files import manifest as mf
+from ..files import shards
 from ..table.layout import RowLayout
-from . import manifest as mf
 
 __all__ = [
     "check_replaceable",

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core import collectives
 from ..errors import CheckpointError
-from ..worker import collectives
+from ..files import manifest as mf
 from . import checkpoint as ck
 from . import inference, staging
-from . import manifest as mf
 
 __all__ = ["load_checkpoint", "save_checkpoint", "save_inference_model"]
 

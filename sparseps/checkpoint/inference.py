@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from . import manifest as mf
+from ..files import manifest as mf
 from . import staging
 from .checkpoint import write_tombstones
 

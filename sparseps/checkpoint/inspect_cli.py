@@ -46,8 +46,8 @@ def _describe(folder: Path, manifest: dict) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import CheckpointError
+    from ..files import manifest as mf
     from . import inference, staging
-    from . import manifest as mf
 
     root = Path(args.directory)
     if not root.is_dir():

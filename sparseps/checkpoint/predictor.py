@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from ..config import TableConfig
-from ..server import shards
+from ..core.lookup import build_lookup
+from ..files import manifest as mf
+from ..files import shards
 from ..table.initializers import initial_values
-from ..worker.lookup import build_lookup
 from . import inference
-from . import manifest as mf
 
 __all__ = ["EmbeddingTable", "Predictor"]
 

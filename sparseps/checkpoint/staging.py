@@ -30,8 +30,8 @@ import uuid
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..server.file_guard import being_written
-from . import manifest as mf
+from ..files import manifest as mf
+from ..files.writer_lock import being_written
 
 __all__ = ["commit", "leftovers", "missing_report", "new_staging", "recover", "remove_stale"]
 

@@ -12,13 +12,11 @@ Every call waits at most ``timeout`` seconds and turns a stuck or broken peer in
 
 from __future__ import annotations
 
-import datetime
 import logging
-import time
 
 import numpy as np
 
-from ..errors import TimeoutError_, UnavailableError
+from ..core.deadline import wait_collective
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -48,29 +46,14 @@ def group_size(group: object = None) -> int:
 def _wait(work, op: str, group: object, timeout: float) -> None:
     import torch.distributed as dist
 
-    start = time.monotonic()
-    try:
-        work.wait(timeout=datetime.timedelta(seconds=timeout))
-    except RuntimeError as exc:  # gloo reports both timeouts and dead peers this way
-        waited = time.monotonic() - start
-        rank = dist.get_rank(group)
-        if waited >= 0.9 * timeout or "timed out" in str(exc).lower():
-            raise TimeoutError_(
-                f"metrics {op}: no answer from all workers within {timeout:.0f} s "
-                f"(this worker's rank {rank}); a worker is stuck or far behind - raise the "
-                f"timeout= argument of compute() if passes are uneven",
-                op=f"metrics {op}",
-                role="worker",
-                rank=rank,
-                seconds=waited,
-                setting="timeout argument of CTRMetrics.compute()",
-            ) from exc
-        raise UnavailableError(
-            f"metrics {op}: a worker left the process group ({exc}); see that worker's log",
-            op=f"metrics {op}",
-            role="worker",
-            rank=rank,
-        ) from exc
+    wait_collective(
+        work,
+        op=f"metrics {op}",
+        timeout=timeout,
+        rank=dist.get_rank(group),
+        setting="timeout argument of CTRMetrics.compute()",
+        hint="raise the timeout= argument of compute() if passes are uneven",
+    )
 
 
 def all_reduce_sum(array: np.ndarray, *, group: object = None, timeout: float) -> np.ndarray:

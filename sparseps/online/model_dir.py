@@ -23,8 +23,8 @@ import shutil
 import time
 from pathlib import Path
 
-from ..checkpoint import manifest as mf
 from ..errors import CheckpointError
+from ..files import manifest as mf
 from .layout import PassId
 
 __all__ = ["ModelDir"]

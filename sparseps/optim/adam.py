@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 from numba import njit
 
-from ..config import check_float
+from ..core.validate import check_float
 from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
 from .numerics import KERNEL, fit32
 from .prefetch import PREFETCH_AHEAD, prefetch_row

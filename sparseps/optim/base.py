@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..config import check_float, check_keys
+from ..core.validate import check_float, check_known_fields
 from ..errors import ConfigError
 from .numerics import F32_MAX, F32_TINY
 
@@ -103,7 +103,7 @@ class Rule:
     @classmethod
     def from_dict(cls, d: Mapping) -> Rule:
         allowed = {f.name for f in fields(cls)} | {"name"}  # type: ignore[arg-type]
-        check_keys(cls.__name__, d, allowed)
+        check_known_fields(cls.__name__, d, allowed)
         kwargs = {k: v for k, v in d.items() if k != "name"}
         return cls(**kwargs)
 

@@ -5,7 +5,7 @@ key array (duplicates allowed) and return a :class:`Handle` at once; ``handle.wa
 gives the result. The client deduplicates keys (pull) or merges duplicates (push: summed
 gradients, shows and clicks, in input order like ``SparseTable.push``) and groups them
 by owning server in one compiled pass (:mod:`sparseps.rpc.batching`, same formula as
-:func:`sparseps.server.routing.server_of`), sends one request per server in parallel and
+:func:`sparseps.core.routing.server_of`), sends one request per server in parallel and
 gathers the rows back in the caller's order.
 
 Control calls (``create_table``, ``stats``, ``save``, ...) block until every server
@@ -39,11 +39,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import env
+from ..core.routing import dense_server_of, group_by_server
+from ..core.validate import check_key_array
 from ..errors import ConfigError
-from ..server.routing import dense_server_of
-from .batching import group_by_server, merge_by_group
+from .batching import merge_by_group
 from .channel import Channel
-from .checks import check_counts, check_keys, check_merged, check_rows, check_vector
+from .client_checks import check_counts, check_merged, check_rows, check_vector
 from .handle import Handle, completed
 from .protocol import JOB_ID, Limits
 from .security import Security, security_from_env
@@ -212,7 +213,7 @@ class PSClient:
 
     def pull(self, table: str, keys: np.ndarray) -> Handle:
         """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``."""
-        keys = check_keys(keys, f"pull {table!r}")
+        keys = check_key_array(f"pull {table!r}", keys, contiguous=False)
         grouped, offsets, inverse = group_by_server(keys, self.num_servers)
         calls = self._send_grouped("pull", table, grouped, offsets, ())
 
@@ -228,7 +229,7 @@ class PSClient:
 
     def _push(self, op: str, table: str, keys, values, name: str, shows, clicks) -> Handle:
         what = f"{op} {table!r}"
-        keys = check_keys(keys, what)
+        keys = check_key_array(what, keys, contiguous=False)
         values = check_rows(values, name, what, len(keys))
         shows = check_counts(shows, "shows", what, len(keys))
         clicks = check_counts(clicks, "clicks", what, len(keys))

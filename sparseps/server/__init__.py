@@ -6,7 +6,7 @@ launcher's environment with :func:`run_from_env`, or in-process with :func:`serv
 
 from __future__ import annotations
 
+from ..core.routing import dense_server_of, server_of
 from .main import DEFAULT_THREADS, run_from_env, serve
-from .routing import dense_server_of, server_of
 
 __all__ = ["DEFAULT_THREADS", "dense_server_of", "run_from_env", "serve", "server_of"]

@@ -1,4 +1,4 @@
-"""Which paths a server's file ops may touch, and a lock that marks a folder being written.
+"""Which paths a server's file ops may touch, and the writer lock around its writes.
 
 **Roots.** ``save``/``load`` and the dense and inference file ops take paths from the
 request. A server started with file roots (``--file-root DIR``, repeatable, or
@@ -7,26 +7,22 @@ request. A server started with file roots (``--file-root DIR``, repeatable, or
 folder the server process can reach. Without roots every path is accepted (one-host jobs;
 see docs/security.md).
 
-**Writer lock.** While a server writes into a folder it holds an exclusive ``flock`` on
-``.writing-<rank>-<pid>.lock`` there; the file is removed when the write ends. A save that
-is retried after a timeout cleans up the staging folders of earlier attempts
-(:func:`sparseps.checkpoint.staging.remove_stale`) and skips the ones still locked, so it
-never deletes a folder under a server that is still writing it. The OS drops the lock if
-the server dies, and the folder becomes removable.
+**Writer lock.** Writes hold :func:`sparseps.files.writer_lock.writer_lock` on the folder
+(see there); the checkpoint code reads it with ``being_written``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import InputError
+from ..files.writer_lock import writer_lock
 from ..rpc.protocol import Request
 
-__all__ = ["FileGuard", "being_written", "writer_lock"]
+__all__ = ["FileGuard"]
 
 # op -> (argument holding a path or a list of paths, whether the op writes there)
 FILE_ARGS = {
@@ -36,7 +32,6 @@ FILE_ARGS = {
     "load": ("files", False),
     "load_dense": ("path", False),
 }
-LOCK_PREFIX = ".writing-"
 
 
 class FileGuard:
@@ -94,38 +89,3 @@ class FileGuard:
             return
         with writer_lock(Path(request.args[spec[0]]), f"{self.rank}-{os.getpid()}"):
             yield
-
-
-@contextlib.contextmanager
-def writer_lock(folder: Path, tag: str) -> Iterator[None]:
-    """Create ``folder`` if needed and hold ``folder/.writing-<tag>.lock`` while writing."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{LOCK_PREFIX}{tag}.lock"
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        os.close(fd)  # closing releases the lock
-
-
-def being_written(folder: Path) -> bool:
-    """Whether some process holds a writer lock in ``folder`` right now."""
-    try:
-        candidates = [p for p in folder.iterdir() if p.name.startswith(LOCK_PREFIX)]
-    except OSError:
-        return False
-    for path in candidates:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue  # removed meanwhile: that writer is done
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-    return False

@@ -11,10 +11,10 @@ import os
 
 import numpy as np
 
+from ..core.routing import server_of
 from ..errors import CheckpointError, InputError
+from ..files import shards
 from ..rpc.protocol import Request
-from . import shards
-from .routing import server_of
 
 __all__ = ["FileOps"]
 
@@ -86,7 +86,7 @@ class FileOps:
 
     def _op_save_dense(self, request: Request):
         """Write the dense table (values + optimizer state) as ``dense.npz`` (checkpoints)."""
-        from ..checkpoint.dense_file import save_dense_file
+        from ..files.dense import save_dense_file
 
         entry = self._dense_entry(request)
         with entry.lock.read():
@@ -104,7 +104,7 @@ class FileOps:
         return record, []
 
     def _op_load_dense(self, request: Request):
-        from ..checkpoint.dense_file import load_dense_file
+        from ..files.dense import load_dense_file
 
         entry = self._dense_entry(request)
         path, checksum = request.args["path"], request.args.get("sha256")

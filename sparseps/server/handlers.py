@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.routing import misrouted
 from ..errors import ConfigError, InputError, ProtocolError
-from ..rpc.batching import misrouted
 from ..rpc.ops import UPDATE_OPS
 from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
 from .applied import AppliedUpdates
@@ -201,7 +201,7 @@ class ServerState(FileOps):
             )
         return entry
 
-    def _check_keys(self, request: Request, keys: np.ndarray) -> None:
+    def _check_routed(self, request: Request, keys: np.ndarray) -> None:
         """Keys must route here; a client with a different server list would corrupt shards."""
         wrong, first = misrouted(keys, self.num_servers, self.rank)
         if wrong:
@@ -288,7 +288,7 @@ class ServerState(FileOps):
     def _op_pull(self, request: Request):
         entry = self._sparse_entry(request)
         keys = request.bufs["keys"]
-        self._check_keys(request, keys)
+        self._check_routed(request, keys)
         self._check_reply_size(request, len(keys), entry.table.config.dim, "keys")
         with entry.lock.read():
             rows = entry.table.pull(keys)
@@ -297,7 +297,7 @@ class ServerState(FileOps):
     def _push(self, request: Request, method: str, values: str):
         entry = self._sparse_entry(request)
         bufs = request.bufs
-        self._check_keys(request, bufs["keys"])
+        self._check_routed(request, bufs["keys"])
         with entry.lock.write():
             getattr(entry.table, method)(
                 bufs["keys"], bufs[values], shows=bufs.get("shows"), clicks=bufs.get("clicks")

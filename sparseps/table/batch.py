@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ..core.hashing import draw_seed, seeded_hash
 from ..optim.numerics import F32_MAX, fit32
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
-from .hashmap import draw_seed, seeded_hash
 
 __all__ = ["add_rows", "dedup_merge", "gather", "init_rows", "touch_rows"]
 

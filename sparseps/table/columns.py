@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InputError
-from . import checks
+from . import input_checks as checks
 
 __all__ = [
     "OPTIONAL_PENDING_COLUMNS",
@@ -90,7 +90,7 @@ def check_columns(op, columns, required, optional, dim, state_dim) -> dict[str, 
             f"{op}: columns must be {list(required)} (optional {list(optional)}); "
             f"missing {missing}, unknown {unknown}"
         )
-    keys = checks.check_keys(op, columns["key"], "columns['key']")
+    keys = checks.check_key_array(op, columns["key"], name="columns['key']")
     n = keys.shape[0]
     result = {"key": keys}
     for name in columns:

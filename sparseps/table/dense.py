@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import check_int
+from ..core.validate import check_int
 from ..errors import ConfigError, InputError
 from ..optim import DENSE_RULES, Adam
-from . import checks
+from . import input_checks as checks
 
 __all__ = ["DenseTable"]
 

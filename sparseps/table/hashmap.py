@@ -2,7 +2,8 @@
 
 Every uint64 is a valid key, including 0 and 2**64-1, because slot occupancy lives in a
 separate ``uint8`` state array (empty / full / tombstone) instead of a reserved key
-value. Slots are probed linearly from ``fastrange(splitmix64(key ^ seed))``; using the
+value. Slots are probed linearly from ``fastrange(splitmix64(key ^ seed))`` (the mixer and the
+seeded hash live in :mod:`sparseps.core.hashing`); using the
 mixer's high bits with a multiply-shift range reduction lets the capacity be any size, so
 the map can grow by 1.5x instead of doubling (memory matters at tens of millions of keys).
 
@@ -26,43 +27,20 @@ Memory: 13 bytes per slot (8 key + 4 id + 1 state); the load factor stays in
 from __future__ import annotations
 
 import contextlib
-import secrets
 
 import numpy as np
 from numba import njit
 
+from ..core.hashing import draw_seed, seeded_hash
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch
 
-__all__ = ["KeyIndex", "draw_seed", "mix64", "seeded_hash"]
+__all__ = ["KeyIndex"]
 
 EMPTY, FULL, TOMBSTONE = 0, 1, 2
 MAX_LOAD = 0.75  # of used slots (live + tombstones) before a rehash
 TARGET_LOAD = 0.5  # live load right after a rehash
 MIN_CAPACITY = 8
 MAX_IDS = 2**31 - 1
-
-
-@njit(nogil=True, cache=True, inline="always")
-def mix64(x):  # pragma: no cover - compiled
-    """splitmix64 finalizer: a bijective 64-bit mixer with full avalanche."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def draw_seed() -> np.uint64:
-    """A fresh 64-bit secret for :func:`seeded_hash` (from the OS's CSPRNG)."""
-    return np.uint64(secrets.randbits(64))
-
-
-@njit(nogil=True, cache=True, inline="always")
-def seeded_hash(key, seed):  # pragma: no cover - compiled
-    """The hash of in-memory hash tables: splitmix64 of ``key ^ seed`` (seed secret).
-
-    Only for structures whose layout nobody relies on (indexes, dedup sets); anything that
-    must be reproducible (initial values, admission, routing) uses unseeded mixers.
-    """
-    return mix64(key ^ seed)
 
 
 @njit(nogil=True, cache=True, inline="always")

@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from ..config import Initializer, InitKind
-from .hashmap import mix64
+from ..core.hashing import GOLDEN, mix64
 
 __all__ = ["fill_initial", "initial_values", "KIND_CODES"]
 
@@ -44,7 +44,7 @@ def _params(init: Initializer) -> tuple[int, float, float]:
 @njit(nogil=True, cache=True)
 def _fill(target, target_rows, keys, dim, kind, a, b, seed):  # pragma: no cover - compiled
     seed_word = mix64(np.uint64(seed) ^ np.uint64(_INIT_SALT))
-    golden = np.uint64(0x9E3779B97F4A7C15)
+    golden = GOLDEN
     for i in range(keys.shape[0]):
         r = target_rows[i]
         if kind == 0:

@@ -26,7 +26,8 @@ import numpy as np
 from numba import njit
 
 from ..config import Admission, Lifecycle
-from .hashmap import FULL, mix64
+from ..core.hashing import GOLDEN, mix64
+from .hashmap import FULL
 
 __all__ = ["admit", "decay_slots", "seed_word", "shrink_select", "score"]
 
@@ -52,7 +53,7 @@ def score(show: np.ndarray, click: np.ndarray, policy: Lifecycle) -> np.ndarray:
 @njit(nogil=True, cache=True)
 def _admit(pending, pids, is_new, keys, shows, clicks, mode, count, probability, threshold,
            nonclick, click_coeff, salt, admitted, prior_show, prior_click):  # fmt: skip  # pragma: no cover
-    golden = np.uint64(0x9E3779B97F4A7C15)
+    golden = GOLDEN
     seed_mixed = mix64(salt)
     for i in range(pids.shape[0]):
         p = pids[i]

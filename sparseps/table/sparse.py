@@ -39,7 +39,7 @@ import numpy as np
 
 from ..config import Admission, TableConfig
 from ..errors import ConfigError, InputError, ResourceError
-from . import checks
+from . import input_checks as checks
 from .batch import add_rows, dedup_merge, gather, init_rows, touch_rows
 from .growth import GrowableMatrix
 from .hashmap import KeyIndex
@@ -159,7 +159,7 @@ class SparseTable(TableFiles):
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """bool ``[n]``: whether each key is a live row."""
-        return self._index.contains(checks.check_keys("contains", keys))
+        return self._index.contains(checks.check_key_array("contains", keys))
 
     # -- pull / push ------------------------------------------------------------------
     def pull(self, keys: np.ndarray) -> np.ndarray:
@@ -172,7 +172,7 @@ class SparseTable(TableFiles):
         Raises:
             InputError: ``keys`` is not a C-contiguous 1-D uint64 array.
         """
-        keys = checks.check_keys("pull", keys)
+        keys = checks.check_key_array("pull", keys)
         ids = self._index.find(keys)
         out, missing = gather(self._rows, ids, self._dim)
         if missing and self._always:
@@ -206,7 +206,7 @@ class SparseTable(TableFiles):
         self._apply("push_delta", keys, deltas, "deltas", shows, clicks, delta=True)
 
     def _apply(self, op, keys, values, name, shows, clicks, *, delta: bool) -> None:
-        keys = checks.check_keys(op, keys)
+        keys = checks.check_key_array(op, keys)
         n = keys.shape[0]
         values = checks.check_matrix(op, name, values, n, self._dim)
         shows = checks.check_counts(op, "shows", shows, n, 1.0)

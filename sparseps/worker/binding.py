@@ -5,7 +5,7 @@ same or different slots (e.g. a user-id table read by a "user" slot and a "frien
 slot). Per batch and table the trainer then needs *one* dedup over the union of those
 modules' slots, one pull, one ``[U, dim]`` leaf tensor that every module of the table is
 bound to (each through its own slice of the dedup, see
-:meth:`~sparseps.worker.lookup.SlotLookup.select`), and one push of that tensor's
+:meth:`~sparseps.core.lookup.SlotLookup.select`), and one push of that tensor's
 gradient: autograd adds the modules' contributions per key, so the push carries the
 merged gradient.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..core.lookup import SlotLookup, build_lookup
 from ..errors import ConfigError
-from .lookup import SlotLookup, build_lookup
 from .nn import SparseEmbedding
 
 __all__ = ["TableBinder"]

@@ -1,110 +1,15 @@
-"""Worker-to-worker collectives over ``torch.distributed`` (gloo), sized for sparse data.
+"""Moved to :mod:`sparseps.core.collectives` (the checkpoint code below the worker uses it).
 
-Servers are not in this group. With no process group initialised (or a group of one)
-every function degenerates to the local value, so single-worker code needs no branches.
-
-Every function takes ``timeout`` (seconds): the trainer passes
-``Strategy.collective_timeout``, so a worker that died or hangs turns into a
-:class:`~sparseps.errors.TimeoutError_` naming that setting instead of a silent hang.
-``None`` leaves the process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``).
+This alias stays only while ``sparseps/jobs`` and ``sparseps/online/driver.py``, which
+other changes are editing now, still import the old path; import the new one.
 """
 
-from __future__ import annotations
-
-import datetime
-import time
-
-import numpy as np
-import torch
-import torch.distributed as dist
-
-from ..errors import TimeoutError_, UnavailableError
+from ..core.collectives import (  # noqa: F401
+    all_gather_arrays,
+    all_reduce_sum,
+    barrier,
+    broadcast_array,
+    world_size,
+)
 
 __all__ = ["all_gather_arrays", "all_reduce_sum", "barrier", "broadcast_array", "world_size"]
-
-SETTING = "Strategy.collective_timeout"
-
-
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _run(op: str, timeout: float | None, call) -> None:
-    """``call(async_op)`` then wait, at most ``timeout`` seconds when given."""
-    if timeout is None:
-        call(False)
-        return
-    start = time.monotonic()
-    work = call(True)
-    try:
-        work.wait(timeout=datetime.timedelta(seconds=timeout))
-    except RuntimeError as exc:  # gloo reports both timeouts and dead peers this way
-        waited = time.monotonic() - start
-        rank = dist.get_rank()
-        if waited >= 0.9 * timeout or "timed out" in str(exc).lower():
-            raise TimeoutError_(
-                f"worker {op}: not every worker joined within {timeout:.0f} s (this is "
-                f"worker {rank}); a worker is stuck or far behind - see the other workers' "
-                f"logs, or raise {SETTING}",
-                op=op,
-                role="worker",
-                rank=rank,
-                seconds=waited,
-                setting=SETTING,
-            ) from exc
-        raise UnavailableError(
-            f"worker {op}: a worker left the process group ({exc}); see that worker's log",
-            op=op,
-            role="worker",
-            rank=rank,
-        ) from exc
-
-
-def all_reduce_sum(array: np.ndarray, *, timeout: float | None = None) -> np.ndarray:
-    """Element-wise sum over workers (float64/float32/int64 arrays)."""
-    if world_size() == 1:
-        return array
-    tensor = torch.from_numpy(np.ascontiguousarray(array))
-    _run(
-        "all_reduce",
-        timeout,
-        lambda a: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=a),
-    )
-    return tensor.numpy()
-
-
-def broadcast_array(array: np.ndarray, src: int = 0, *, timeout: float | None = None) -> np.ndarray:
-    """Every worker gets ``src``'s copy of ``array`` (same shape and dtype everywhere)."""
-    if world_size() == 1:
-        return array
-    tensor = torch.from_numpy(np.ascontiguousarray(array).copy())
-    _run("broadcast", timeout, lambda a: dist.broadcast(tensor, src=src, async_op=a))
-    return tensor.numpy()
-
-
-def all_gather_arrays(array: np.ndarray, *, timeout: float | None = None) -> list[np.ndarray]:
-    """Gather a first-axis-variable array from every worker (rank order).
-
-    Arrays of the same dtype and trailing shape; sizes may differ (padded on the wire).
-    uint64 travels as int64 (torch has no uint64 collectives) and is viewed back.
-    """
-    if world_size() == 1:
-        return [array]
-    dtype = array.dtype
-    wire = array.view(np.int64) if dtype == np.uint64 else array
-    sizes = torch.zeros(world_size(), dtype=torch.int64)
-    mine = torch.tensor([wire.shape[0]], dtype=torch.int64)
-    _run("all_gather", timeout, lambda a: dist.all_gather_into_tensor(sizes, mine, async_op=a))
-    longest = int(sizes.max())
-    padded = np.zeros((longest, *wire.shape[1:]), dtype=wire.dtype)
-    padded[: wire.shape[0]] = wire
-    out = [torch.empty_like(torch.from_numpy(padded)) for _ in range(world_size())]
-    source = torch.from_numpy(padded)
-    _run("all_gather", timeout, lambda a: dist.all_gather(out, source, async_op=a))
-    parts = [o.numpy()[: int(n)] for o, n in zip(out, sizes, strict=True)]
-    return [p.view(np.uint64) if dtype == np.uint64 else p for p in parts]
-
-
-def barrier(*, timeout: float | None = None) -> None:
-    if world_size() > 1:
-        _run("barrier", timeout, lambda a: dist.barrier(async_op=a))

@@ -21,11 +21,11 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from ..checkpoint.dense_file import load_dense_file, save_dense_file
 from ..config import Lifecycle, TableConfig
-from ..server.routing import server_of
+from ..core import collectives
+from ..core.routing import server_of
+from ..files.dense import load_dense_file, save_dense_file
 from ..table import DenseTable, SparseTable
-from . import collectives
 from .dense import DenseParams
 from .pipeline import PushQueue
 from .strategy import Strategy

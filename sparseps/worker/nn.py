@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import Initializer, Lifecycle, TableConfig
+from ..core.lookup import SlotLookup
 from ..errors import ConfigError, InputError
-from .lookup import SlotLookup
 
 __all__ = ["POOLINGS", "SparseEmbedding", "SparseModel", "dense_tensor"]
 

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core import collectives
 from ..errors import CheckpointError, ConfigError
-from . import collectives
 from .reporting import group_ids
 
 __all__ = ["MANIFEST", "PredictResult", "predict_dataset", "read_manifest", "read_predictions"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import check_float
+from ..core.validate import check_float
 from ..errors import ConfigError
 
 __all__ = ["MODES", "Strategy"]

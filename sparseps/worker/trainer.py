@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from .. import optim, role
+from ..core import collectives
 from ..errors import ConfigError, TimeoutError_
 from ..metrics import CTRMetrics, MetricResult, ReportConfig, UserStats
 from ..rpc.client import PSClient
-from . import collectives
 from .binding import TableBinder
 from .dense import DenseParams
 from .losses import LossOutput, as_loss

@@ -16,7 +16,7 @@ import pytest
 from sparseps import optim
 from sparseps.config import Lifecycle, TableConfig
 from sparseps.errors import InputError, RemoteError
-from sparseps.server.shards import read_shard
+from sparseps.files.shards import read_shard
 from sparseps.table import SparseTable
 from sparseps.testing import local_cluster
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparseps.checkpoint import manifest as mf
 from sparseps.errors import CheckpointError
+from sparseps.files import manifest as mf
 
 
 def _folder(tmp_path: Path) -> tuple[Path, Path]:

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow.feather as feather
 import pytest
 
-from sparseps.checkpoint import manifest as mf
 from sparseps.data.synthetic import write_dataset
+from sparseps.files import manifest as mf
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "worker" / "jobs" / "train_job.py"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from test_trainer_model_files import run_job  # the test folder is on sys.path
 
-from sparseps.server.shards import read_shard
+from sparseps.files.shards import read_shard
 
 pytestmark = pytest.mark.timeout(300)
 

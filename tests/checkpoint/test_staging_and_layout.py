@@ -8,9 +8,9 @@ import pytest
 
 import sparseps as sps
 from sparseps.checkpoint import checkpoint as ck
-from sparseps.checkpoint import manifest as mf
 from sparseps.checkpoint import staging
 from sparseps.errors import CheckpointError
+from sparseps.files import manifest as mf
 
 
 def _save(folder, value: str) -> None:

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from sparseps.checkpoint import checkpoint as ck
-from sparseps.checkpoint import manifest as mf
 from sparseps.checkpoint.predictor import Predictor
 from sparseps.data.synthetic import write_dataset
+from sparseps.files import manifest as mf
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "checkpoint" / "jobs" / "model_job.py"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sparseps.checkpoint import manifest as mf
+from sparseps.files import manifest as mf
 from sparseps.online.config import OnlineConfig
 from sparseps.online.driver import OnlineDriver
 

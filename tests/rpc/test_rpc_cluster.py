@@ -15,8 +15,8 @@ import pytest
 
 from sparseps import optim
 from sparseps.config import Initializer, Lifecycle, TableConfig
+from sparseps.core.routing import server_of
 from sparseps.errors import InputError, RemoteError
-from sparseps.server.routing import server_of
 from sparseps.table import SparseTable
 from sparseps.testing import local_cluster
 

@@ -11,9 +11,9 @@ import pytest
 
 from sparseps import optim
 from sparseps.config import TableConfig
+from sparseps.core.routing import server_of
 from sparseps.errors import ConfigError, RemoteError, TimeoutError_, UnavailableError
 from sparseps.rpc.client import PSClient
-from sparseps.server.routing import server_of
 from sparseps.testing import local_cluster
 
 pytestmark = pytest.mark.timeout(90)

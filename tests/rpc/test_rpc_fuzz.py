@@ -18,10 +18,10 @@ import pytest
 
 from sparseps import optim
 from sparseps.config import TableConfig
+from sparseps.core.routing import dense_server_of, server_of
 from sparseps.errors import RemoteError
 from sparseps.rpc.client import PSClient
 from sparseps.rpc.protocol import Limits, encode_request
-from sparseps.server.routing import dense_server_of, server_of
 from sparseps.table import SparseTable
 from sparseps.testing import local_cluster
 from sparseps.testing.faults import RawPeer, malformed_messages

@@ -235,7 +235,7 @@ def test_file_ops_only_touch_paths_under_the_servers_file_roots(tmp_path):
 
 def test_a_retried_save_does_not_delete_a_folder_a_server_is_still_writing(tmp_path):
     from sparseps.checkpoint import staging
-    from sparseps.server.file_guard import being_written, writer_lock
+    from sparseps.files.writer_lock import being_written, writer_lock
 
     target = tmp_path / "ck"
     busy = staging.new_staging(target)
@@ -253,7 +253,7 @@ def test_crafted_keys_do_not_stall_the_clients_grouping():
     """Keys built to collide under the old unseeded multiplicative hash of the client's
     dedup set (top bits of key * 0x9E37...): with a per-call secret seed they cost about
     what random keys cost, measured as a ratio in the same run."""
-    from sparseps.rpc.batching import group_by_server
+    from sparseps.core.routing import group_by_server
 
     n = 40_000
     inverse_phi = pow(0x9E3779B97F4A7C15, -1, 1 << 64)

@@ -14,9 +14,9 @@ import pytest
 
 from sparseps import optim
 from sparseps.config import TableConfig
+from sparseps.core.routing import server_of
 from sparseps.errors import InputError
-from sparseps.rpc.checks import check_counts, check_merged, check_rows
-from sparseps.server.routing import server_of
+from sparseps.rpc.client_checks import check_counts, check_merged, check_rows
 from sparseps.testing import local_cluster
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,7 +9,7 @@ import pytest
 from sparseps import optim
 from sparseps.config import Lifecycle, TableConfig
 from sparseps.errors import RemoteError
-from sparseps.server.shards import read_shard
+from sparseps.files.shards import read_shard
 from sparseps.testing import local_cluster
 
 pytestmark = pytest.mark.timeout(120)

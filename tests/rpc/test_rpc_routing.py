@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sparseps.core.routing import dense_server_of, routing_hash, server_of, split_by_server
 from sparseps.errors import InputError
-from sparseps.server.routing import dense_server_of, mix64, server_of, split_by_server
 
 
 def _reference_mix(key: int) -> int:
@@ -20,7 +20,7 @@ def _reference_mix(key: int) -> int:
 
 def test_matches_the_documented_formula():
     keys = np.array([0, 1, 2, 12345, 2**63, 2**64 - 1], dtype=np.uint64)
-    for key, mixed in zip(keys.tolist(), mix64(keys).tolist(), strict=True):
+    for key, mixed in zip(keys.tolist(), routing_hash(keys).tolist(), strict=True):
         assert mixed == _reference_mix(key)
     for servers in (1, 2, 3, 7):
         expected = [((_reference_mix(k) >> 32) * servers) >> 32 for k in keys.tolist()]
@@ -44,7 +44,7 @@ def test_low_bits_within_a_server_stay_uniform():
     # The table's hash map uses low bits of its own hash: routing must not bias them.
     keys = np.arange(200_000, dtype=np.uint64)
     mine = keys[server_of(keys, 2) == 0]
-    low = np.bincount((mix64(mine) & np.uint64(15)).astype(np.int64), minlength=16)
+    low = np.bincount((routing_hash(mine) & np.uint64(15)).astype(np.int64), minlength=16)
     assert low.min() / low.max() > 0.9
 
 
@@ -74,7 +74,8 @@ def test_rejects_wrong_input():
 
 @pytest.mark.parametrize("servers", [1, 2, 3, 7])
 def test_client_grouping_agrees_with_server_of(servers):
-    from sparseps.rpc.batching import group_by_server, merge_by_group
+    from sparseps.core.routing import group_by_server
+    from sparseps.rpc.batching import merge_by_group
 
     rng = np.random.default_rng(servers)
     keys = rng.integers(0, 3000, 5000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)

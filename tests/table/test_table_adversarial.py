@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
+from sparseps.core.hashing import mix64
 from sparseps.table import KeyIndex
 from sparseps.table.batch import dedup_merge
-from sparseps.table.hashmap import mix64
 
 M64 = (1 << 64) - 1
 C1, C2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB

@@ -19,7 +19,7 @@ import pytest
 from sparseps import optim
 from sparseps.config import Initializer, Lifecycle, TableConfig
 from sparseps.errors import InputError, ResourceError, SparsePSError
-from sparseps.server import shards
+from sparseps.files import shards
 from sparseps.table import DenseTable, SparseTable
 from sparseps.table.growth import Allocator
 

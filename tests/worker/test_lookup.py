@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from sparseps.core.lookup import build_lookup
 from sparseps.errors import InputError
-from sparseps.worker.lookup import build_lookup
 
 
 def _slot(values, offsets):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from sparseps.core.lookup import build_lookup
 from sparseps.errors import InputError
 from sparseps.models import DNN, DeepFM, WideDeep
-from sparseps.worker.lookup import build_lookup
 
 SLOTS = ("a", "b", "c")
 

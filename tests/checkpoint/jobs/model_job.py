@@ -64,9 +64,9 @@ if sps.is_server():
     sys.exit(0)
 
 from sparseps.checkpoint import inference  # noqa: E402
-from sparseps.checkpoint import manifest as mf  # noqa: E402
 from sparseps.checkpoint.predictor import Predictor  # noqa: E402
 from sparseps.errors import CheckpointError  # noqa: E402
+from sparseps.files import manifest as mf  # noqa: E402
 
 train = QueueDataset([args.train], CRITEO, batch_size=16, threads=1)
 test = QueueDataset([args.test], CRITEO, batch_size=64, threads=1)

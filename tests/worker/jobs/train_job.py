@@ -130,8 +130,8 @@ def snapshot(folder):
 if args.infer_check:
     import pathlib
 
-    from sparseps.server.shards import read_shard
-    from sparseps.worker import collectives
+    from sparseps.core import collectives
+    from sparseps.files.shards import read_shard
     from sparseps.worker.modes import DENSE_TABLE
 
     rank = sps.worker_index()

@@ -10,31 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.validate import check_key_array, describe_array
 from ..errors import InputError
 
-__all__ = ["check_counts", "check_finite", "check_keys", "check_matrix"]
-
-
-def _describe(array: object) -> str:
-    if not isinstance(array, np.ndarray):
-        return f"a {type(array).__name__}"
-    layout = "C-contiguous" if array.flags.c_contiguous else "non-contiguous"
-    return f"dtype {array.dtype}, shape {array.shape}, {layout}"
+__all__ = ["check_counts", "check_finite", "check_key_array", "check_matrix", "check_vector"]
 
 
 def _fail(op: str, name: str, expected: str, array: object, fix: str = "") -> None:
     hint = f"; {fix}" if fix else ""
-    raise InputError(f"{op}: {name} must be {expected}, found {_describe(array)}{hint}")
-
-
-def check_keys(op: str, keys: object, name: str = "keys") -> np.ndarray:
-    """A C-contiguous 1-D uint64 array, else InputError."""
-    expected = "a C-contiguous 1-D numpy uint64 array"
-    if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
-        _fail(op, name, expected, keys, "convert with np.ascontiguousarray(keys, dtype=np.uint64)")
-    if not keys.flags.c_contiguous:
-        _fail(op, name, expected, keys, "pass np.ascontiguousarray(keys)")
-    return keys
+    raise InputError(f"{op}: {name} must be {expected}, found {describe_array(array)}{hint}")
 
 
 def check_matrix(op: str, name: str, values: object, rows: int, dim: int) -> np.ndarray:

@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..server.shards import sha256_of
+from .shards import sha256_of
 
 __all__ = [
     "MANIFEST",

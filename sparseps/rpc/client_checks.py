@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["check_counts", "check_keys", "check_merged", "check_rows", "check_vector"]
+__all__ = ["check_counts", "check_merged", "check_rows", "check_vector"]
 
 _REJECTED = "the whole push is rejected and nothing was sent to any server"
 
@@ -22,15 +22,6 @@ def _found(values) -> str:
     if isinstance(values, np.ndarray):
         return f"{values.dtype} array of shape {values.shape}"
     return type(values).__name__
-
-
-def check_keys(keys, what: str) -> np.ndarray:
-    if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
-        raise InputError(
-            f"{what}: keys must be a 1-D uint64 numpy array, got {_found(keys)} "
-            "(use keys.astype(np.uint64))"
-        )
-    return keys
 
 
 def check_rows(values, name: str, what: str, n: int) -> np.ndarray:

@@ -1,0 +1,91 @@
+"""Worker-to-worker collectives over ``torch.distributed`` (gloo), sized for sparse data.
+
+Servers are not in this group. With no process group initialised (or a group of one)
+every function degenerates to the local value, so single-worker code needs no branches.
+
+Every function takes ``timeout`` (seconds): the trainer passes
+``Strategy.collective_timeout``, so a worker that died or hangs turns into a
+:class:`~sparseps.errors.TimeoutError_` naming that setting instead of a silent hang.
+``None`` leaves the process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .deadline import wait_collective
+
+__all__ = ["all_gather_arrays", "all_reduce_sum", "barrier", "broadcast_array", "world_size"]
+
+SETTING = "Strategy.collective_timeout"
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _run(op: str, timeout: float | None, call) -> None:
+    """``call(async_op)`` then wait, at most ``timeout`` seconds when given."""
+    if timeout is None:
+        call(False)
+        return
+    wait_collective(
+        call(True),
+        op=f"worker {op}",
+        timeout=timeout,
+        rank=dist.get_rank(),
+        setting=SETTING,
+        hint=f"see the other workers' logs, or raise {SETTING}",
+    )
+
+
+def all_reduce_sum(array: np.ndarray, *, timeout: float | None = None) -> np.ndarray:
+    """Element-wise sum over workers (float64/float32/int64 arrays)."""
+    if world_size() == 1:
+        return array
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    _run(
+        "all_reduce",
+        timeout,
+        lambda a: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=a),
+    )
+    return tensor.numpy()
+
+
+def broadcast_array(array: np.ndarray, src: int = 0, *, timeout: float | None = None) -> np.ndarray:
+    """Every worker gets ``src``'s copy of ``array`` (same shape and dtype everywhere)."""
+    if world_size() == 1:
+        return array
+    tensor = torch.from_numpy(np.ascontiguousarray(array).copy())
+    _run("broadcast", timeout, lambda a: dist.broadcast(tensor, src=src, async_op=a))
+    return tensor.numpy()
+
+
+def all_gather_arrays(array: np.ndarray, *, timeout: float | None = None) -> list[np.ndarray]:
+    """Gather a first-axis-variable array from every worker (rank order).
+
+    Arrays of the same dtype and trailing shape; sizes may differ (padded on the wire).
+    uint64 travels as int64 (torch has no uint64 collectives) and is viewed back.
+    """
+    if world_size() == 1:
+        return [array]
+    dtype = array.dtype
+    wire = array.view(np.int64) if dtype == np.uint64 else array
+    sizes = torch.zeros(world_size(), dtype=torch.int64)
+    mine = torch.tensor([wire.shape[0]], dtype=torch.int64)
+    _run("all_gather", timeout, lambda a: dist.all_gather_into_tensor(sizes, mine, async_op=a))
+    longest = int(sizes.max())
+    padded = np.zeros((longest, *wire.shape[1:]), dtype=wire.dtype)
+    padded[: wire.shape[0]] = wire
+    out = [torch.empty_like(torch.from_numpy(padded)) for _ in range(world_size())]
+    source = torch.from_numpy(padded)
+    _run("all_gather", timeout, lambda a: dist.all_gather(out, source, async_op=a))
+    parts = [o.numpy()[: int(n)] for o, n in zip(out, sizes, strict=True)]
+    return [p.view(np.uint64) if dtype == np.uint64 else p for p in parts]
+
+
+def barrier(*, timeout: float | None = None) -> None:
+    if world_size() > 1:
+        _run("barrier", timeout, lambda a: dist.barrier(async_op=a))
