@@ -217,6 +217,22 @@ def sync_auc(planted_data, tmp_path_factory):
     ]
 
 
+# How far async and geo may land from sync's test AUC on this job. Sync mode is
+# deterministic (0.7678 on every run: the servers apply the sum of both workers' gradients
+# once per step). Async and geo are not: which worker's update reaches the server first,
+# and which rows a pull sees, depend on thread and process timing, so their AUC is a draw.
+# Measured on the 2-core machine the suite runs on (one launch per run, nothing else
+# changed), test AUC over runs:
+#   geo   (7 runs: 6 here and the failing run of issue 26; its other runs fell inside):
+#         0.7573 .. 0.7716, mean 0.768, sd 0.0052 -> sync - 0.0105 .. sync + 0.0038
+#   async (6 runs): 0.7678 .. 0.7704, mean 0.769, sd 0.0010 -> sync + 0.0000 .. sync + 0.0026
+# Both means sit on sync's AUC (what the test is about); the bound is about 4.5 sd of each
+# mode's spread, so a correct run fails with odds below 1 in 100,000, while a mode that
+# stopped exchanging updates (each worker on half the data, stale rows) loses more.
+# The old 0.01 for geo was 2 sd: it failed one clean run in about twenty.
+CONVERGE_TOLERANCE = {"async": 0.01, "geo": 0.025}
+
+
 @pytest.mark.parametrize("mode", ["async", "geo"])
 def test_async_and_geo_converge_like_sync(planted_data, sync_auc, mode, tmp_path):
     folder, meta = planted_data
@@ -233,7 +249,7 @@ def test_async_and_geo_converge_like_sync(planted_data, sync_auc, mode, tmp_path
     )["summary"]["test_auc"]
     print(f"{mode}: test AUC {auc:.4f}, sync {sync_auc:.4f}, planted {meta['bayes_auc_test']:.4f}")
     assert sync_auc > 0.65, sync_auc
-    assert abs(auc - sync_auc) < 0.01
+    assert abs(auc - sync_auc) < CONVERGE_TOLERANCE[mode], (mode, auc, sync_auc)
 
 
 def test_sync_mode_names_collective_timeout_when_a_worker_never_joins(tmp_path):
