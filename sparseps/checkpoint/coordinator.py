@@ -1,8 +1,9 @@
 """Collective save/load of checkpoints and inference models, driven by the trainer.
 
 Every worker calls these (they contain barriers); worker 0 talks to the servers and
-writes the manifest. The functions take the trainer's parts explicitly (client, tables,
-dense parameters) so the file logic stays apart from training.
+writes the manifest. They work through the trainer's public parts: its
+:class:`~sparseps.worker.state.TrainingState` (``trainer.state``: client, mode, dense
+parameters, tombstones, passes), ``tables``, ``dense_rule``, ``strategy`` and ``model``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ after_table_saved = None
 
 def save_checkpoint(trainer, directory: str | Path, *, state: dict | None = None) -> dict | None:
     """Save every table, the dense model and ``state``; returns the manifest (worker 0)."""
-    trainer._start()
-    trainer._mode.quiesce()
+    trainer.state.quiesce()
     return _on_worker_zero(
         trainer, "save_checkpoint", _write_checkpoint, trainer, Path(directory), state or {}
     )
@@ -55,7 +55,7 @@ def _write_files(trainer, folder: Path, state: dict) -> dict:
     files: dict[str, dict] = {}
     tables: dict[str, dict] = {}
     for name, config in trainer.tables.items():
-        records = trainer._client.save(name, str(folder))
+        records = trainer.state.client.save(name, str(folder))
         for record in records:
             files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
         if after_table_saved is not None:
@@ -66,19 +66,19 @@ def _write_files(trainer, folder: Path, state: dict) -> dict:
             "rows": sum(r["rows"] for r in records if r["kind"] == "rows"),
             "pending": sum(r["rows"] for r in records if r["kind"] == "pending"),
             "files": sorted(r["name"] for r in records),
-            "servers": trainer.server_num,
+            "servers": trainer.state.server_num,
         }
         # Deletions not yet in an inference save live only in worker 0's memory: keep
         # them, or a delta saved after a restart would not tombstone those keys.
-        tombstones = trainer.tombstones(name)
+        tombstones = trainer.state.tombstones(name)
         if tombstones.size:
             record = ck.write_tombstones(folder, name, tombstones)
             files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
             tables[name]["tombstones"] = {"file": record["name"], "keys": record["rows"]}
-    name = trainer._mode.save_dense(folder)
+    name = trainer.state.save_dense(folder)
     files[name] = mf.file_record(folder / name)
-    dense = {"size": trainer._mode.dense.size, "rule": trainer.dense_rule.to_dict(), "file": name}
-    full_state = {"passes": trainer.passes, "mode": trainer.strategy.mode, **state}
+    dense = {"size": trainer.state.dense_size, "rule": trainer.dense_rule.to_dict(), "file": name}
+    full_state = {"passes": trainer.state.passes, "mode": trainer.strategy.mode, **state}
     return mf.write_manifest(
         folder, "sparseps-checkpoint", files, tables=tables, dense=dense, state=full_state
     )
@@ -86,22 +86,21 @@ def _write_files(trainer, folder: Path, state: dict) -> dict:
 
 def load_checkpoint(trainer, directory: str | Path) -> dict:
     """Load a checkpoint saved by any number of servers; returns its ``state`` section."""
-    trainer._start()
     directory = Path(directory).resolve()
-    trainer._mode.quiesce()
+    trainer.state.quiesce()
     if not directory.exists():
         raise CheckpointError(staging.missing_report(directory))
     manifest = mf.read_manifest(directory, fmt="sparseps-checkpoint")
     ck.check_tables(directory, manifest["tables"], trainer.tables)
     dense_size = manifest["dense"]["size"]
-    if dense_size != trainer._mode.dense.size:
+    if dense_size != trainer.state.dense_size:
         raise CheckpointError(
             f"{directory}: dense model has {dense_size} parameters in the checkpoint, "
-            f"the model being loaded has {trainer._mode.dense.size}"
+            f"the model being loaded has {trainer.state.dense_size}"
         )
     _on_worker_zero(trainer, "load_checkpoint", _load_on_servers, trainer, directory, manifest)
-    trainer._mode.load_dense_local(directory / manifest["dense"]["file"])
-    trainer.passes = int(manifest["state"].get("passes", 0))
+    trainer.state.load_dense_local(directory / manifest["dense"]["file"])
+    trainer.state.passes = int(manifest["state"].get("passes", 0))
     return manifest["state"]
 
 
@@ -114,19 +113,18 @@ def _load_on_servers(trainer, directory: Path, manifest: dict) -> None:
             {"path": str(directory / f), "sha256": manifest["files"][f]["sha256"]}
             for f in entry["files"]
         ]
-        trainer._client.load(name, specs)
+        trainer.state.client.load(name, specs)
         if "tombstones" in entry:
-            tombstones[name] = [ck.read_tombstones(directory / entry["tombstones"]["file"])]
-    trainer._mode.load_dense(directory / manifest["dense"]["file"])
+            tombstones[name] = ck.read_tombstones(directory / entry["tombstones"]["file"])
+    trainer.state.load_dense(directory / manifest["dense"]["file"])
     # the checkpoint's pending deletions replace whatever this process had
-    trainer._tombstones.clear()
-    trainer._tombstones.update(tombstones)
+    trainer.state.replace_tombstones(tombstones)
 
 
 def _on_worker_zero(trainer, what: str, function, *args):
     """Run ``function`` on worker 0; every worker returns together, or raises together."""
     result, error = None, None
-    if trainer.rank == 0:
+    if trainer.state.rank == 0:
         try:
             result = function(*args)
         except Exception as exc:  # noqa: BLE001 - re-raised below, on every worker
@@ -148,12 +146,11 @@ def save_inference_model(trainer, directory: str | Path, *, mode: str = "base") 
     """
     if mode not in ("base", "delta"):
         raise CheckpointError(f"save_inference_model: mode must be 'base' or 'delta', got {mode!r}")
-    trainer._start()
-    trainer._mode.quiesce()
+    trainer.state.quiesce()
     folder = _on_worker_zero(
         trainer, "save_inference_model", _save_inference, trainer, Path(directory), mode
     )
-    trainer._tombstones.clear()
+    trainer.state.clear_tombstones()
     return folder
 
 
@@ -166,5 +163,5 @@ def _save_inference(trainer, directory: Path, mode: str) -> Path:
     # export and this reset: every worker is held in _on_worker_zero's all-reduce (the
     # consistent cut of quiesce).
     for name in trainer.tables:
-        trainer._client.commit_inference(name)
+        trainer.state.client.commit_inference(name)
     return folder

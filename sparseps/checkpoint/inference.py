@@ -131,10 +131,10 @@ def _write_save(trainer, folder: Path, mode: str, sequence: int) -> None:
     files: dict[str, dict] = {}
     tables: dict[str, dict] = {}
     for name, config in trainer.tables.items():
-        records = trainer._client.save_inference(name, str(folder), mode)
+        records = trainer.state.client.save_inference(name, str(folder), mode)
         if after_table_saved is not None:
             after_table_saved(name)
-        tombstones = trainer.tombstones(name) if mode == "delta" else np.empty(0, np.uint64)
+        tombstones = trainer.state.tombstones(name) if mode == "delta" else np.empty(0, np.uint64)
         if tombstones.size:
             records = [*records, write_tombstones(folder, name, tombstones)]
         for record in records:
@@ -165,5 +165,5 @@ def _write_save(trainer, folder: Path, mode: str, sequence: int) -> None:
         sequence=sequence,
         tables=tables,
         embeddings=embeddings,
-        state={"passes": trainer.passes},
+        state={"passes": trainer.state.passes},
     )

@@ -1,10 +1,13 @@
 """The three training modes: where rows come from and where gradients go.
 
-A mode object owns the per-step communication of a :class:`~sparseps.worker.trainer.Trainer`:
+A mode object owns the per-step communication of a :class:`~sparseps.worker.trainer.Trainer`.
+:class:`TrainingMode` declares the interface; a mode is registered under a name with
+:func:`register_mode` (``Strategy(mode=name)`` accepts registered names) and is built
+complete by its constructor (the dense parameters made consistent across workers, every
+table of the model known). The trainer never asks which mode it has.
 
-- ``setup()``: create/obtain the dense parameters consistently across workers;
-- ``prefetch_pulls``: whether ``pull`` may run ahead in the prefetch thread;
-- ``pull(table, keys)``: the current rows of ``keys`` for a forward pass;
+- ``prefetch_pulls``: whether ``pull_rows`` may run ahead in the prefetch thread;
+- ``pull_rows({table: keys})``: the current rows of every table for a training step;
 - ``steps(source)``: the step loop (sync mode keeps workers in lock-step);
 - ``loss_scale(batch_size)``: the denominator of the summed per-sample loss;
 - ``apply(grads, dense_grad)``: send one step's gradients;
@@ -17,6 +20,7 @@ A mode object owns the per-step communication of a :class:`~sparseps.worker.trai
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -28,33 +32,51 @@ from ..files.dense import load_dense_file, save_dense_file
 from ..table import DenseTable, SparseTable
 from .dense import DenseParams
 from .pipeline import PushQueue
-from .strategy import Strategy
 
-__all__ = ["AsyncMode", "GeoMode", "SyncMode", "make_mode"]
+__all__ = [
+    "AsyncMode",
+    "GeoMode",
+    "SyncMode",
+    "TrainingMode",
+    "make_mode",
+    "mode_names",
+    "register_mode",
+]
 
 log = logging.getLogger(__name__)
 
 DENSE_TABLE = "__dense__"
 
 
-class _Mode:
+class TrainingMode(ABC):
+    """The interface every training mode implements (see the module docstring).
+
+    Args:
+        client: the worker's ``PSClient``.
+        dense: the model's dense parameters.
+        dense_rule: the dense optimizer rule.
+        strategy: the ``Strategy`` (knobs such as ``k_steps``, timeouts).
+        rank: this worker's rank.
+        tables: every ``TableConfig`` the model reads.
+    """
+
     prefetch_pulls = False
 
-    def __init__(self, client, dense: DenseParams, dense_rule, strategy: Strategy, rank: int):
+    def __init__(self, client, dense: DenseParams, dense_rule, strategy, rank: int, tables: list):
         self.client = client
         self.dense = dense
         self.dense_rule = dense_rule
         self.strategy = strategy
         self.rank = rank
+        self.tables = list(tables)
         self.step = 0
 
-    def setup(self) -> None:
-        raise NotImplementedError
+    def pull_rows(self, keys: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rows of every table for a training step, ``{table: [U, dim]}`` (sent together)."""
+        pending = {t: self.client.pull(t, k) for t, k in keys.items()}
+        return {t: h.wait() for t, h in pending.items()}
 
-    def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
-        return self.client.pull(table, keys).wait()
-
-    def before_forward(self) -> None:
+    def before_forward(self) -> None:  # noqa: B027 - optional hook, default: nothing
         """Called before each training forward pass (async: install fresh dense values)."""
 
     def steps(self, source: Iterable) -> Iterator:
@@ -63,14 +85,15 @@ class _Mode:
     def loss_scale(self, batch_size: int) -> float:
         return float(max(batch_size, 1))
 
+    @abstractmethod
     def apply(self, grads: list, dense_grad: np.ndarray) -> None:
-        raise NotImplementedError
+        """Send one step's gradients (``grads``: ``(table, keys, grad, shows, clicks)``)."""
 
-    def finish_pass(self) -> None:
-        pass
+    def finish_pass(self) -> None:  # noqa: B027 - optional hook, default: nothing
+        """Flush at the end of a pass, so the servers hold every update of it."""
 
-    def refresh_dense(self) -> None:
-        pass
+    def refresh_dense(self) -> None:  # noqa: B027 - optional hook, default: nothing
+        """Make the local dense parameters current (before evaluating)."""
 
     @property
     def collective_timeout(self) -> float:
@@ -92,8 +115,8 @@ class _Mode:
         """Every worker, after ``load_dense``: make the local copy current."""
         self.refresh_dense()
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - optional hook, default: nothing
+        """Release what the mode holds (threads, queues)."""
 
     def timings(self) -> dict:
         """Seconds spent in background sends this pass (reset on read)."""
@@ -111,12 +134,14 @@ class _Mode:
         self.dense.set(self.client.pull_dense(DENSE_TABLE).wait())
 
 
-class AsyncMode(_Mode):
+class AsyncMode(TrainingMode):
     """Pushes applied as they arrive; dense parameters in a server dense table."""
 
     prefetch_pulls = True
 
-    def setup(self) -> None:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._push_seen = 0.0
         if self.strategy.rpc_timeout is not None:
             timeout, setting = self.strategy.rpc_timeout, "Strategy.rpc_timeout"
         else:  # the client's own limit (its timeout= argument or SPARSEPS_RPC_TIMEOUT)
@@ -175,11 +200,11 @@ class AsyncMode(_Mode):
 
     def timings(self) -> dict:
         seconds = self.queue.stats().push_seconds
-        spent, self._push_seen = seconds - getattr(self, "_push_seen", 0.0), seconds
+        spent, self._push_seen = seconds - self._push_seen, seconds
         return {"push_s": round(spent, 4)}
 
 
-class SyncMode(_Mode):
+class SyncMode(TrainingMode):
     """Lock-step: the servers apply the sum of all workers' gradients once per step.
 
     Every worker contributes to each step (an empty contribution once its data ran out),
@@ -188,7 +213,8 @@ class SyncMode(_Mode):
     rule on every worker (so dense parameters stay identical without a broadcast).
     """
 
-    def setup(self) -> None:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         values = collectives.broadcast_array(self.dense.values(), timeout=self.collective_timeout)
         self.dense.set(values)
         self.local_dense = (
@@ -262,7 +288,7 @@ class SyncMode(_Mode):
         self.step += 1
 
 
-class GeoMode(_Mode):
+class GeoMode(TrainingMode):
     """Local training for ``k_steps`` steps, then parameter deltas go to the servers.
 
     Each worker keeps, per table, a local table of the rows it has used (trained with the
@@ -277,7 +303,8 @@ class GeoMode(_Mode):
     shrink drops those older than the limit).
     """
 
-    def setup(self) -> None:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self._create_dense_on_servers()
         self.local_dense = None
         if self.dense.size:
@@ -288,8 +315,10 @@ class GeoMode(_Mode):
         self.local: dict[str, SparseTable] = {}
         self.base: dict[str, SparseTable] = {}
         self.touched: dict[str, list] = {}
+        for config in self.tables:
+            self._register(config)
 
-    def register(self, config: TableConfig) -> None:
+    def _register(self, config: TableConfig) -> None:
         keep = self.strategy.geo_keep_windows
         # admission happens on the servers; locally every used key is a row. decay_rate 1:
         # the local decay only ages rows (show/click are not used locally).
@@ -310,7 +339,11 @@ class GeoMode(_Mode):
         self.base[config.name] = SparseTable(local)
         self.touched[config.name] = []
 
-    def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
+    def pull_rows(self, keys: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Training pulls read the worker's local copy (missing rows fetched first)."""
+        return {t: self._pull_local(t, k) for t, k in keys.items()}
+
+    def _pull_local(self, table: str, keys: np.ndarray) -> np.ndarray:
         local = self.local[table]
         missing = keys[~local.contains(keys)]
         if missing.size:
@@ -394,6 +427,22 @@ def _rows_columns(table: SparseTable, keys: np.ndarray, embedding: np.ndarray) -
     }
 
 
-def make_mode(strategy: Strategy, client, dense: DenseParams, dense_rule, rank: int) -> _Mode:
-    cls = {"async": AsyncMode, "sync": SyncMode, "geo": GeoMode}[strategy.mode]
-    return cls(client, dense, dense_rule, strategy, rank)
+_MODES: dict[str, type[TrainingMode]] = {"async": AsyncMode, "sync": SyncMode, "geo": GeoMode}
+
+
+def register_mode(name: str, cls: type[TrainingMode]) -> None:
+    """Make ``Strategy(mode=name)`` train with ``cls`` (a :class:`TrainingMode` subclass)."""
+    if not (isinstance(cls, type) and issubclass(cls, TrainingMode)):
+        raise TypeError(f"register_mode: {cls!r} is not a TrainingMode subclass")
+    _MODES[name] = cls
+
+
+def mode_names() -> tuple[str, ...]:
+    """Names ``Strategy.mode`` accepts."""
+    return tuple(_MODES)
+
+
+def make_mode(
+    strategy, client, dense: DenseParams, dense_rule, rank: int, *, tables: list
+) -> TrainingMode:
+    return _MODES[strategy.mode](client, dense, dense_rule, strategy, rank, tables)

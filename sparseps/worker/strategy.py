@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from ..core.validate import check_float
 from ..errors import ConfigError
+from .modes import mode_names
 
 __all__ = ["MODES", "Strategy"]
 
-MODES = ("sync", "async", "geo")
+MODES = ("sync", "async", "geo")  # the built-in modes; more with modes.register_mode
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,8 @@ class Strategy:
     collective_timeout: float = 600.0
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ConfigError(f"Strategy.mode: expected one of {MODES}, got {self.mode!r}")
+        if self.mode not in mode_names():
+            raise ConfigError(f"Strategy.mode: expected one of {mode_names()}, got {self.mode!r}")
         for name in ("k_steps", "dense_pull_interval", "push_queue_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

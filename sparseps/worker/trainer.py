@@ -19,18 +19,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import optim, role
+from .. import optim
 from ..core import collectives
 from ..errors import ConfigError, TimeoutError_
 from ..metrics import CTRMetrics, MetricResult, ReportConfig, UserStats
 from ..rpc.client import PSClient
 from .binding import TableBinder
-from .dense import DenseParams
 from .losses import LossOutput, as_loss
-from .modes import GeoMode, make_mode
 from .nn import SparseEmbedding
 from .pipeline import Prefetcher
 from .reporting import PassReporter, Progress
+from .state import TrainingState
 from .strategy import Strategy
 
 __all__ = ["InferResult", "PassResult", "Step", "Trainer"]
@@ -141,16 +140,18 @@ class Trainer:
         self.strategy = strategy or Strategy()
         self.embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
         self._binder = TableBinder(self.embeddings)
-        self._client = client
         self.num_threads = num_threads
         self.report_config = report or ReportConfig()
         self._reporter: PassReporter | None = None
-        self._mode = None
-        self._tombstones: dict[str, list[np.ndarray]] = {}
         self._timings: Counter = Counter()
-        self.passes = 0
-        self.rank = 0
-        self.server_num = 0
+        self.state = TrainingState(
+            model,
+            self._binder.tables,
+            self.strategy,
+            self.dense_rule,
+            client=client,
+            num_threads=num_threads,
+        )
 
     @property
     def tables(self) -> dict:
@@ -160,42 +161,43 @@ class Trainer:
     @property
     def client(self) -> PSClient:
         self._start()
-        return self._client
+        return self.state.client
+
+    @property
+    def passes(self) -> int:
+        """Training passes completed (saved in checkpoints)."""
+        return self.state.passes
+
+    @passes.setter
+    def passes(self, value: int) -> None:
+        self.state.passes = value
+
+    @property
+    def rank(self) -> int:
+        return self.state.rank
+
+    @property
+    def server_num(self) -> int:
+        return self.state.server_num
+
+    @property
+    def _mode(self):
+        return self.state.mode
+
+    @property
+    def _client(self):
+        return self.state.client
 
     def _start(self) -> None:
-        if self._mode is not None:
-            return
-        env = role.role_env() or role.init()
-        if not role.is_worker():
-            raise ConfigError("Trainer runs on workers; a server process calls sps.run_server()")
-        if self._client is None:
-            self._client = PSClient(role.server_endpoints(), timeout=self.strategy.rpc_timeout)
-        for config in self.tables.values():
-            self._client.create_table(config)
-        if self.num_threads:
-            torch.set_num_threads(self.num_threads)
-        self.rank, self.server_num = env.rank, len(role.server_endpoints())
+        self.state.start()
         if self._reporter is None:
-            self._reporter = PassReporter(self.model, rank=env.rank, config=self.report_config)
-        self._mode = make_mode(
-            self.strategy, self._client, DenseParams(self.model), self.dense_rule, env.rank
-        )
-        self._mode.setup()
-        if isinstance(self._mode, GeoMode):
-            for config in self.tables.values():
-                self._mode.register(config)
+            self._reporter = PassReporter(self.model, rank=self.rank, config=self.report_config)
 
     # -- per batch -------------------------------------------------------------------------
 
-    def _pull_all(self, lookups: dict, *, local: bool = False) -> dict:
-        """Rows of every table for the batch: ``{table: [U, dim]}`` (pulls sent together).
-
-        ``local``: geo mode's training pulls read the worker's local copy first.
-        """
-        if local:
-            return {t: self._mode.pull(t, lk.keys) for t, lk in lookups.items()}
-        pending = {t: self._client.pull(t, lk.keys) for t, lk in lookups.items()}
-        return {t: h.wait() for t, h in pending.items()}
+    def _pull_all(self, lookups: dict) -> dict:
+        """Rows of every table for the batch, ``{table: [U, dim]}``, as the mode reads them."""
+        return self._mode.pull_rows({t: lk.keys for t, lk in lookups.items()})
 
     def _prepare_with_pull(self, batch):
         lookups = self._binder.lookups(batch)
@@ -320,7 +322,7 @@ class Trainer:
         batch, lookups, rows = item
         if rows is None:
             start = time.perf_counter()
-            rows = self._pull_all(lookups, local=isinstance(self._mode, GeoMode))
+            rows = self._pull_all(lookups)
             self._timings["pull_s"] += time.perf_counter() - start
         start = time.perf_counter()
         self._mode.before_forward()
@@ -440,15 +442,14 @@ class Trainer:
         if self.rank == 0:
             for name in self.tables:
                 keys = self._client.shrink(name)
-                self._tombstones.setdefault(name, []).append(keys)
+                self.state.add_tombstones(name, keys)
                 deleted[name] = int(keys.size)
         collectives.barrier(timeout=self.strategy.collective_timeout)
         return deleted
 
     def tombstones(self, table: str) -> np.ndarray:
         """Keys deleted by shrink since the last inference save (worker 0)."""
-        parts = self._tombstones.get(table, [])
-        return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+        return self.state.tombstones(table)
 
     def save_checkpoint(self, directory, *, state: dict | None = None):
         """Save everything needed to resume (collective); see :mod:`sparseps.checkpoint`."""
@@ -470,15 +471,10 @@ class Trainer:
 
     def stop(self) -> None:
         """Flush pending pushes and release the connection (servers keep running)."""
-        if self._mode is not None:
-            self._mode.close()
-            self._mode = None
+        self.state.close()
         if self._reporter is not None:
             self._reporter.close()
             self._reporter = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
     def __enter__(self) -> Trainer:
         return self
