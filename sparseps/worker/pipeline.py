@@ -154,9 +154,6 @@ class PushQueue:
     ) -> None:
         self._put(("sparse", table, delta, keys, grads, shows, clicks))
 
-    def put_dense(self, name: str, grad, *, delta: bool = False) -> None:
-        self._put(("dense", name, delta, grad))
-
     def _put(self, item) -> None:
         self._raise_if_failed()
         try:
