@@ -21,6 +21,7 @@ from sparseps.data import CRITEO, QueueDataset
 from sparseps.jobs.rule_spec import parse_rule
 from sparseps.models import WideDeep
 from sparseps.models._blocks import set_output_bias
+from sparseps.models.calibration import ProgressiveCalibrator
 from sparseps.worker import collectives
 
 
@@ -43,13 +44,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--wide-rule", default="", help="wide table rule spec (default: WideDeep's)")
     p.add_argument(
-        "--bias-init", default="zero", choices=["prior", "zero"],
+        "--bias-init", default="prior", choices=["prior", "zero"],
         help="output bias: logit of the click rate of the first --prior-rows train rows "
         "(all workers together) or PyTorch's default (zero)",
     )  # fmt: skip
     p.add_argument(
         "--prior-rows", type=int, default=20000, help="rows read per worker for the prior"
     )
+    p.add_argument(
+        "--calibrate-rows", type=int, default=50000,
+        help="after the last pass, shift the logit so predicted clicks = clicks over each "
+        "worker's last N training predictions (progressive validation); 0: off",
+    )  # fmt: skip
     p.add_argument("--admit-count", type=int, default=1, help="shows before a key gets a row")
     p.add_argument("--threads", type=int, default=1, help="reader threads per worker")
     p.add_argument("--no-prefetch", action="store_true", help="turn off pull/compute overlap")
@@ -100,9 +106,16 @@ def main(argv=None) -> int:
     train = QueueDataset([args.train], CRITEO, batch_size=args.batch_size, threads=args.threads)
     start = time.perf_counter()
     samples = 0
+    calibrator = ProgressiveCalibrator(args.calibrate_rows) if args.calibrate_rows > 0 else None
     for _ in range(args.epochs):
-        result = trainer.train_from_dataset(train, print_period=args.print_period)
+        result = trainer.train_from_dataset(
+            train, print_period=args.print_period, on_batch=calibrator
+        )
         samples += result.samples
+    shift = 0.0
+    if calibrator is not None:  # every worker computes the same shift (one all-reduce)
+        shift = calibrator.shift(collectives.all_reduce_sum)
+        model.head.logit_shift.fill_(shift)
     train_s = time.perf_counter() - start
     total = collectives.all_reduce_sum(np.array([samples], np.int64))[0]
     test = QueueDataset([args.test], CRITEO, batch_size=4096, threads=args.threads)
@@ -118,6 +131,7 @@ def main(argv=None) -> int:
         "test_actual_ctr": metrics.actual_ctr,
         "test_predicted_ctr": metrics.predicted_ctr,
         "prior_click_rate": prior,
+        "logit_shift": shift,
         "test_rows": metrics.count,
         "train_auc": result.metrics.auc,
         "mode": args.mode,

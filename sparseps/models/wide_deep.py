@@ -27,10 +27,14 @@ class WideDeepHead(nn.Module):
         super().__init__()
         self.deep = mlp(num_slots * emb_dim + num_dense, hidden)
         self.wide_dense = nn.Linear(num_dense, 1)
+        # a constant added to every logit, set after training by a calibration step (see
+        # sparseps.models.calibration); a buffer, not a parameter: it is not trained and
+        # not in the dense table, but it is exported with the head
+        self.register_buffer("logit_shift", torch.zeros(1))
 
     def forward(self, dense: torch.Tensor, deep: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
         x = torch.cat([deep.flatten(1), dense], dim=1)
-        return self.deep(x) + self.wide_dense(dense) + wide.sum(dim=1)
+        return self.deep(x) + self.wide_dense(dense) + wide.sum(dim=1) + self.logit_shift
 
 
 class WideDeep(SparseModel):
@@ -62,8 +66,11 @@ class WideDeep(SparseModel):
         slots = tuple(slots)
         # wide FTRL with beta=0: gradients are of the batch-mean loss, so n stays tiny and
         # the paper's beta=1 would all but freeze the per-feature learning rate. Safe with
-        # any gradient: FTRL flushes |g| < 2**-63 and guards its zero denominator (issue 28)
-        wide_rule = wide_rule or optim.FTRL(alpha=0.1, beta=0.0, l1=0.0, l2=0.0)
+        # any gradient: FTRL flushes |g| < 2**-63 and guards its zero denominator (issue 28).
+        # alpha=0.02, not 0.1: the first step moves a weight by about alpha whatever the
+        # gradient, and at click rates <= 4% 0.1 costs 0.01-0.02 test AUC (issue 29,
+        # docs/training.md "Defaults")
+        wide_rule = wide_rule or optim.FTRL(alpha=0.02, beta=0.0, l1=0.0, l2=0.0)
         self.embeddings = nn.ModuleList(
             [
                 slot_embedding(deep_table, emb_dim, slots, deep_rule, lifecycle=lifecycle),

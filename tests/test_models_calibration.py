@@ -1,0 +1,62 @@
+"""Calibration of the mean prediction (issue 29): the progressive calibrator's shift."""
+
+import numpy as np
+import pytest
+import torch
+
+from sparseps.models import WideDeep
+from sparseps.models._blocks import set_output_bias
+from sparseps.models.calibration import ProgressiveCalibrator, predicted_clicks, solve_shift
+from sparseps.worker.trainer import Step
+
+
+def _steps(preds, labels, size=512):
+    for start in range(0, preds.size, size):
+        p = preds[start : start + size, None].astype(np.float32)
+        y = labels[start : start + size, None].astype(np.float32)
+        yield Step(None, 0.0, p, y)
+
+
+def test_shift_makes_predicted_clicks_equal_clicks():
+    rng = np.random.default_rng(0)
+    true_logit = rng.normal(-4.0, 1.5, 200_000)
+    labels = (rng.random(true_logit.size) < 1 / (1 + np.exp(-true_logit))).astype(np.float32)
+    preds = 1 / (1 + np.exp(-(true_logit + 0.4)))  # over-predicts: COPC about 0.7
+    calibrator = ProgressiveCalibrator(rows=50_000)
+    for step in _steps(preds, labels):
+        calibrator(step)
+    kept = calibrator.local()
+    assert 50_000 <= kept[1] < 50_000 + 512  # only the last rows are kept
+    shift = calibrator.shift()
+    assert shift == pytest.approx(-0.4, abs=0.06)
+    tail_p, tail_y = preds[-int(kept[1]) :], labels[-int(kept[1]) :]
+    shifted = 1 / (1 + np.exp(-(np.log(tail_p / (1 - tail_p)) + shift)))
+    assert shifted.sum() == pytest.approx(tail_y.sum(), rel=1e-3)
+    # two workers' halves give the global shift through the all-reduce
+    halves = [ProgressiveCalibrator(rows=25_000) for _ in range(2)]
+    for i, step in enumerate(_steps(preds[-50_000:], labels[-50_000:])):
+        halves[i % 2](step)
+    total = halves[0].local() + halves[1].local()
+    assert solve_shift(total[2:], total[0]) == pytest.approx(shift, abs=0.02)
+
+
+def test_shift_is_zero_without_clicks_and_clamped_to_the_grid():
+    assert ProgressiveCalibrator(100).shift() == 0.0
+    grid_sums = predicted_clicks(np.full(10, 0.5))
+    assert solve_shift(grid_sums, 0.0) == 0.0
+    assert solve_shift(grid_sums, 10.0) == 3.0  # all clicks: the largest shift on the grid
+
+
+def test_wide_deep_head_adds_the_shift_and_the_prior_bias():
+    torch.manual_seed(0)
+    model = WideDeep(["C1", "C2"], 3, emb_dim=4, hidden=(8,))
+    dense, deep, wide = torch.zeros(5, 3), torch.zeros(5, 2, 4), torch.zeros(5, 2, 1)
+    before = model.head(dense, deep, wide)
+    model.head.logit_shift.fill_(0.25)
+    assert torch.allclose(model.head(dense, deep, wide), before + 0.25)
+    logit = set_output_bias(model, 0.01)
+    assert logit == pytest.approx(np.log(0.01 / 0.99))
+    assert model.head.deep[-1].bias.item() == pytest.approx(logit)
+    assert "logit_shift" not in dict(model.head.named_parameters())
+    scripted = torch.jit.script(model.head)  # exported with the shift
+    assert torch.allclose(scripted(dense, deep, wide), model.head(dense, deep, wide))
