@@ -18,25 +18,29 @@ from ..errors import CheckpointError
 from ..files import manifest as mf
 from . import checkpoint as ck
 from . import inference, staging
+from .hooks import NO_HOOKS, SaveHooks
 
 __all__ = ["load_checkpoint", "save_checkpoint", "save_inference_model"]
 
 log = logging.getLogger(__name__)
 
-# Fault injection for tests (sparseps.testing): called after each table's shards are written
-# and before the manifest, so a test can kill a server in the middle of a save.
-after_table_saved = None
 
+def save_checkpoint(
+    trainer, directory: str | Path, *, state: dict | None = None, hooks: SaveHooks = NO_HOOKS
+) -> dict | None:
+    """Save every table, the dense model and ``state``; returns the manifest (worker 0).
 
-def save_checkpoint(trainer, directory: str | Path, *, state: dict | None = None) -> dict | None:
-    """Save every table, the dense model and ``state``; returns the manifest (worker 0)."""
+    ``hooks`` (fault injection for tests, :mod:`.hooks`) is called at the save's named
+    points on worker 0.
+    """
     trainer.state.quiesce()
     return _on_worker_zero(
-        trainer, "save_checkpoint", _write_checkpoint, trainer, Path(directory), state or {}
-    )
+        trainer, "save_checkpoint", _write_checkpoint, trainer, Path(directory), state or {},
+        hooks,
+    )  # fmt: skip
 
 
-def _write_checkpoint(trainer, directory: Path, state: dict) -> dict:
+def _write_checkpoint(trainer, directory: Path, state: dict, hooks: SaveHooks) -> dict:
     target = directory.resolve()
     staging.recover(target)
     ck.check_replaceable(target)
@@ -44,13 +48,13 @@ def _write_checkpoint(trainer, directory: Path, state: dict) -> dict:
     # A failed save leaves its staging folder (never loaded, reported by load and inspect
     # as an interrupted save); the next save to the same target removes it.
     folder = staging.new_staging(target)
-    manifest = _write_files(trainer, folder, state)
-    staging.commit(folder, target)
+    manifest = _write_files(trainer, folder, state, hooks)
+    staging.commit(folder, target, hooks=hooks)
     log.info("checkpoint saved to %s (%d files)", target, len(manifest["files"]))
     return manifest
 
 
-def _write_files(trainer, folder: Path, state: dict) -> dict:
+def _write_files(trainer, folder: Path, state: dict, hooks: SaveHooks) -> dict:
     """Write every file of a checkpoint into ``folder``, the manifest last."""
     files: dict[str, dict] = {}
     tables: dict[str, dict] = {}
@@ -58,8 +62,7 @@ def _write_files(trainer, folder: Path, state: dict) -> dict:
         records = trainer.state.client.save(name, str(folder))
         for record in records:
             files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
-        if after_table_saved is not None:
-            after_table_saved(name)
+        hooks.after_table_saved(name)
         tables[name] = {
             "config": config.to_dict(),
             "layout": ck.layout_of(config),
@@ -137,25 +140,28 @@ def _on_worker_zero(trainer, what: str, function, *args):
     return result
 
 
-def save_inference_model(trainer, directory: str | Path, *, mode: str = "base") -> Path | None:
+def save_inference_model(
+    trainer, directory: str | Path, *, mode: str = "base", hooks: SaveHooks = NO_HOOKS
+) -> Path | None:
     """Save embeddings (filtered by the lifecycle) and the exported dense head.
 
     ``base`` writes ``DIR/base-NNNNN`` with rows whose score >= the table's base score;
     ``delta`` writes ``DIR/delta-NNNNN`` with rows changed since the previous inference
     save, plus tombstones of keys shrink deleted since then. Returns the new folder.
+    ``hooks``: fault injection for tests (:mod:`.hooks`), called on worker 0.
     """
     if mode not in ("base", "delta"):
         raise CheckpointError(f"save_inference_model: mode must be 'base' or 'delta', got {mode!r}")
     trainer.state.quiesce()
     folder = _on_worker_zero(
-        trainer, "save_inference_model", _save_inference, trainer, Path(directory), mode
+        trainer, "save_inference_model", _save_inference, trainer, Path(directory), mode, hooks
     )
     trainer.state.clear_tombstones()
     return folder
 
 
-def _save_inference(trainer, directory: Path, mode: str) -> Path:
-    folder = inference.write_inference(trainer, directory, mode)
+def _save_inference(trainer, directory: Path, mode: str, hooks: SaveHooks) -> Path:
+    folder = inference.write_inference(trainer, directory, mode, hooks=hooks)
     # The save is on disk: its changed rows are now the chain's (its tombstones are
     # cleared by the caller). Only now may the servers restart their "changed since the
     # last save" marker; a crash before this line repeats the rows in the next delta

@@ -31,6 +31,7 @@ from ..errors import CheckpointError
 from ..files import manifest as mf
 from . import staging
 from .checkpoint import write_tombstones
+from .hooks import NO_HOOKS, SaveHooks
 
 __all__ = ["HEAD_FILE", "chain", "saves", "write_inference"]
 
@@ -95,18 +96,14 @@ def _script_head(model) -> torch.jit.ScriptModule:
         head.train(was_training)
 
 
-# Fault injection for tests: called after the servers wrote a table's rows into the
-# staging folder, before the manifest, so a test can interrupt an inference save.
-after_table_saved = None
-
-
-def write_inference(trainer, directory: Path, mode: str) -> Path:
+def write_inference(trainer, directory: Path, mode: str, *, hooks: SaveHooks = NO_HOOKS) -> Path:
     """Worker 0's part of ``save_inference_model``: servers write rows, we write the rest.
 
     Everything goes into a hidden staging folder that is renamed to ``{mode}-NNNNN`` once
     its manifest is written, so a crash leaves no incomplete save in the chain. The
     servers' changed-rows marker is *not* reset here (see ``coordinator``): a save that
-    never lands must leave its rows for the next delta.
+    never lands must leave its rows for the next delta. ``hooks``: fault injection for
+    tests (:mod:`.hooks`).
     """
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
@@ -121,19 +118,18 @@ def write_inference(trainer, directory: Path, mode: str) -> Path:
         staging.remove_stale(directory / f"{other}-{sequence:05d}")
     # a failed save leaves its hidden staging folder, out of the chain; the next save removes it
     folder = staging.new_staging(target)
-    _write_save(trainer, folder, mode, sequence)
-    staging.commit(folder, target)
+    _write_save(trainer, folder, mode, sequence, hooks)
+    staging.commit(folder, target, hooks=hooks)
     log.info("inference model (%s) saved to %s", mode, target)
     return target
 
 
-def _write_save(trainer, folder: Path, mode: str, sequence: int) -> None:
+def _write_save(trainer, folder: Path, mode: str, sequence: int, hooks: SaveHooks) -> None:
     files: dict[str, dict] = {}
     tables: dict[str, dict] = {}
     for name, config in trainer.tables.items():
         records = trainer.state.client.save_inference(name, str(folder), mode)
-        if after_table_saved is not None:
-            after_table_saved(name)
+        hooks.after_table_saved(name)
         tombstones = trainer.state.tombstones(name) if mode == "delta" else np.empty(0, np.uint64)
         if tombstones.size:
             records = [*records, write_tombstones(folder, name, tombstones)]

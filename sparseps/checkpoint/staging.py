@@ -32,6 +32,7 @@ from pathlib import Path
 from ..errors import CheckpointError
 from ..files import manifest as mf
 from ..files.writer_lock import being_written
+from .hooks import NO_HOOKS, SaveHooks
 
 __all__ = ["commit", "leftovers", "missing_report", "new_staging", "recover", "remove_stale"]
 
@@ -121,17 +122,17 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, f"renameat2(RENAME_EXCHANGE) {a} <-> {b}: {os.strerror(code)}")
 
 
-# Fault injection for tests: called between the two renames of the non-atomic fallback.
-between_renames = None
-
-
-def commit(staging: Path, target: Path, *, exchange: bool = True) -> None:
+def commit(
+    staging: Path, target: Path, *, exchange: bool = True, hooks: SaveHooks = NO_HOOKS
+) -> None:
     """Put the complete ``staging`` folder (its manifest written) at ``target``.
 
     Args:
         staging: a folder from :func:`new_staging` holding a complete save.
         target: the path readers load.
         exchange: try the atomic exchange first (tests turn it off to cover the fallback).
+        hooks: fault injection for tests (``hooks.between_renames(target)`` is called
+            between the fallback's two renames).
     """
     if not (staging / mf.MANIFEST).is_file():
         raise CheckpointError(f"{staging}: has no {mf.MANIFEST}; refusing to put it at {target}")
@@ -146,8 +147,7 @@ def commit(staging: Path, target: Path, *, exchange: bool = True) -> None:
     token = staging.name[len(_hidden(target, _SAVING)) :]
     aside = target.parent / f"{_hidden(target, _REPLACED)}{token}"
     os.rename(target, aside)
-    if between_renames is not None:
-        between_renames(target)
+    hooks.between_renames(target)
     os.rename(staging, target)
     _fsync_dir(target.parent)
     shutil.rmtree(aside, ignore_errors=True)

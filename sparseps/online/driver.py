@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoint.hooks import SaveHooks
 from ..errors import CheckpointError, ConfigError, TimeoutError_
 from ..worker import collectives
 from .config import OnlineConfig
@@ -110,11 +111,13 @@ class OnlineDriver:
         rank, world: this worker and the number of workers.
         on_phase: called with a :class:`~sparseps.online.phases.PhaseEvent` at each
             phase of the loop (see :mod:`sparseps.online.phases`); ``None``: no calls.
+        save_hooks: a :class:`~sparseps.checkpoint.hooks.SaveHooks` handed to every
+            checkpoint and inference save (fault injection for tests); ``None``: none.
     """
 
     def __init__(
         self, config: OnlineConfig, trainer, *, rank: int, world: int,
-        on_phase: PhaseHook | None = None,
+        on_phase: PhaseHook | None = None, save_hooks: SaveHooks | None = None,
     ) -> None:  # fmt: skip
         self.config = config
         self.trainer = trainer
@@ -124,6 +127,7 @@ class OnlineDriver:
         self.ledger = Ledger.of(config.model_dir)
         self.lock = ModelDirLock(config.model_dir, what=f"online worker {rank}")
         self.on_phase = on_phase
+        self.save_hooks = save_hooks
         self._last_checkpoint: str | None = None
         self._has_base = False
 
@@ -266,7 +270,9 @@ class OnlineDriver:
             record["shrunk"] = trainer.shrink()
         self._phase("trained", pass_id)
         if plan.inference:
-            folder = trainer.save_inference_model(self.dir.inference, mode=plan.inference)
+            folder = trainer.save_inference_model(
+                self.dir.inference, mode=plan.inference, hooks=self.save_hooks
+            )
             self._has_base = True
             if self.rank == 0:
                 saved[plan.inference] = str(folder)
@@ -282,7 +288,9 @@ class OnlineDriver:
             path = self.dir.checkpoint_path(pass_id)
             saved["checkpoint"] = record["checkpoint"] = str(path)
             self._phase("checkpoint", pass_id)
-            trainer.save_checkpoint(path, state={"online": _jsonable(record)})
+            trainer.save_checkpoint(
+                path, state={"online": _jsonable(record)}, hooks=self.save_hooks
+            )
             self._last_checkpoint = str(path)
             if self.rank == 0:
                 self.dir.prune(save.keep_checkpoints)

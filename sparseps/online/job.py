@@ -5,8 +5,9 @@ workers build the model from the config and run :class:`~sparseps.online.driver.
 Worker 0 writes ``MODEL_DIR/status.json`` (``failed`` with the error when the job stops
 on an error, e.g. a split whose done-marker never appeared).
 
-A script of its own can run the same job with a phase hook (the driver's ``on_phase``,
-e.g. a :class:`sparseps.testing.crash.CrashPoint`): ``job.main([config], on_phase=hook)``,
+A script of its own can run the same job with a phase hook and save hooks (the driver's
+``on_phase`` and ``save_hooks``, e.g. a :class:`sparseps.testing.crash.CrashPoint`, which
+is both): ``job.main([config], on_phase=hook, save_hooks=hook)``,
 launched with :func:`sparseps.online.cli.launch_argv` ``(..., script=that_script)``.
 """
 
@@ -88,8 +89,12 @@ def build_trainer(config):
     )  # fmt: skip
 
 
-def main(argv: list[str] | None = None, *, on_phase=None) -> int:
-    """Run this process's role of the job of ``argv == [CONFIG.yaml]``; the exit code."""
+def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> int:
+    """Run this process's role of the job of ``argv == [CONFIG.yaml]``; the exit code.
+
+    ``on_phase`` and ``save_hooks`` go to the :class:`~sparseps.online.driver.OnlineDriver`
+    (tests use them to crash the job at an exact point).
+    """
     import sparseps as sps
     from sparseps.online.config import load_config
     from sparseps.online.driver import OnlineDriver
@@ -110,7 +115,10 @@ def main(argv: list[str] | None = None, *, on_phase=None) -> int:
     rank = sps.worker_index()
     trainer = build_trainer(config)
     try:
-        OnlineDriver(config, trainer, rank=rank, world=sps.worker_num(), on_phase=on_phase).run()
+        OnlineDriver(
+            config, trainer, rank=rank, world=sps.worker_num(), on_phase=on_phase,
+            save_hooks=save_hooks,
+        ).run()  # fmt: skip
     except SparsePSError as exc:
         log.error("online job stopped: %s", exc)
         if rank == 0:

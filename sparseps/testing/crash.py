@@ -9,14 +9,18 @@ stops the rest of the job. A test runs the job through a small script::
     # crash_job.py CONFIG.yaml PHASE SEQ [BATCHES]
     from sparseps.online import job
     from sparseps.testing.crash import CrashPoint
-    sys.exit(job.main([sys.argv[1]], on_phase=CrashPoint(sys.argv[2], int(sys.argv[3]))))
+    crash = CrashPoint(sys.argv[2], int(sys.argv[3]))
+    sys.exit(job.main([sys.argv[1]], on_phase=crash, save_hooks=crash))
 
 and launches it with ``sparseps.online.cli.launch_argv(config, path, script=...)`` (the
 hook travels as code, not through the environment).
 
 Phases are those of :mod:`sparseps.online.phases`, plus ``mid_checkpoint``: during the
 pass's checkpoint save, after the servers wrote the first table's shards and before the
-manifest (through :data:`sparseps.checkpoint.coordinator.after_table_saved`, worker 0).
+manifest. A ``CrashPoint`` is a :class:`~sparseps.checkpoint.hooks.SaveHooks` for that:
+handed to the driver as ``save_hooks`` (as above), the ``checkpoint`` phase of pass
+``seq`` arms it and its ``after_table_saved`` then exits (worker 0). Nothing is patched
+in any module.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import logging
 import os
 import sys
 
+from ..checkpoint.hooks import SaveHooks
 from ..errors import ConfigError
 from ..online.phases import PHASES, PhaseEvent
 
@@ -36,8 +41,11 @@ CRASH_EXIT_CODE = 86  # distinctive, so a test can tell the crash point from oth
 CRASH_PHASES = (*PHASES, "mid_checkpoint")
 
 
-class CrashPoint:
+class CrashPoint(SaveHooks):
     """Exit this process at ``phase`` of pass ``seq`` on worker ``rank``.
+
+    For ``mid_checkpoint`` the same object must also be handed to the driver as its
+    ``save_hooks`` (the phase event arms it, the save hook exits).
 
     Args:
         phase: one of :data:`CRASH_PHASES`.
@@ -65,13 +73,14 @@ class CrashPoint:
             )
         self.phase, self.seq, self.batches, self.rank = phase, seq, batches, rank
         self.exit_code = exit_code
+        self._armed: str | None = None  # mid_checkpoint: where, once the checkpoint started
 
     def __call__(self, event: PhaseEvent) -> None:
         if event.rank != self.rank or event.pass_id.seq != self.seq:
             return
         if self.phase == "mid_checkpoint":
             if event.phase == "checkpoint":
-                self._arm_checkpoint(event)
+                self._armed = f"checkpoint of pass {event.pass_id}"
             return
         if event.phase != self.phase:
             return
@@ -79,16 +88,10 @@ class CrashPoint:
             return
         self.crash(f"{event.phase} of pass {event.pass_id} (batch {event.batches})")
 
-    def _arm_checkpoint(self, event: PhaseEvent) -> None:
-        from ..checkpoint import coordinator
-
-        if not hasattr(coordinator, "after_table_saved"):
-            raise ConfigError(
-                "CrashPoint('mid_checkpoint'): sparseps.checkpoint.coordinator has no "
-                "after_table_saved hook any more; update sparseps/testing/crash.py"
-            )
-        where = f"checkpoint of pass {event.pass_id}"
-        coordinator.after_table_saved = lambda table: self.crash(f"{where}, after table {table}")
+    def after_table_saved(self, table: str) -> None:
+        """The save hook: exit here once the ``checkpoint`` phase of pass ``seq`` armed it."""
+        if self._armed is not None:
+            self.crash(f"{self._armed}, after table {table}")
 
     def crash(self, where: str) -> None:
         """Log where, flush the log, and exit without any cleanup."""

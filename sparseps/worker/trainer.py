@@ -451,11 +451,16 @@ class Trainer:
         """Keys deleted by shrink since the last inference save (worker 0)."""
         return self.state.tombstones(table)
 
-    def save_checkpoint(self, directory, *, state: dict | None = None):
-        """Save everything needed to resume (collective); see :mod:`sparseps.checkpoint`."""
-        from ..checkpoint import coordinator
+    def save_checkpoint(self, directory, *, state: dict | None = None, hooks=None):
+        """Save everything needed to resume (collective); see :mod:`sparseps.checkpoint`.
 
-        return coordinator.save_checkpoint(self, directory, state=state)
+        ``hooks``: a :class:`~sparseps.checkpoint.hooks.SaveHooks` (fault injection for
+        tests); None for none.
+        """
+        from ..checkpoint import coordinator
+        from ..checkpoint.hooks import NO_HOOKS
+
+        return coordinator.save_checkpoint(self, directory, state=state, hooks=hooks or NO_HOOKS)
 
     def load_checkpoint(self, directory) -> dict:
         """Load a checkpoint (any number of servers); returns the saved ``state``."""
@@ -463,11 +468,16 @@ class Trainer:
 
         return coordinator.load_checkpoint(self, directory)
 
-    def save_inference_model(self, directory, *, mode: str = "base"):
-        """Save filtered embeddings + the TorchScript head (``mode`` base or delta)."""
-        from ..checkpoint import coordinator
+    def save_inference_model(self, directory, *, mode: str = "base", hooks=None):
+        """Save filtered embeddings + the TorchScript head (``mode`` base or delta).
 
-        return coordinator.save_inference_model(self, directory, mode=mode)
+        ``hooks``: a :class:`~sparseps.checkpoint.hooks.SaveHooks` (fault injection for
+        tests); None for none.
+        """
+        from ..checkpoint import coordinator
+        from ..checkpoint.hooks import NO_HOOKS
+
+        return coordinator.save_inference_model(self, directory, mode=mode, hooks=hooks or NO_HOOKS)
 
     def stop(self) -> None:
         """Flush pending pushes and release the connection (servers keep running)."""

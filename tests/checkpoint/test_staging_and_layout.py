@@ -9,6 +9,7 @@ import pytest
 import sparseps as sps
 from sparseps.checkpoint import checkpoint as ck
 from sparseps.checkpoint import staging
+from sparseps.checkpoint.hooks import SaveHooks
 from sparseps.errors import CheckpointError
 from sparseps.files import manifest as mf
 
@@ -52,7 +53,7 @@ def test_commit_refuses_a_folder_without_manifest(tmp_path):
     assert not target.exists()
 
 
-def test_crash_between_the_fallback_renames_is_reported_and_recovered(tmp_path, monkeypatch):
+def test_crash_between_the_fallback_renames_is_reported_and_recovered(tmp_path):
     target = tmp_path / "ckpt"
     old = staging.new_staging(target)
     _save(old, "old")
@@ -60,12 +61,12 @@ def test_crash_between_the_fallback_renames_is_reported_and_recovered(tmp_path, 
     new = staging.new_staging(target)
     _save(new, "new")
 
-    def crash(path):
-        raise KeyboardInterrupt("crash between the renames")
+    class Crash(SaveHooks):
+        def between_renames(self, target):
+            raise KeyboardInterrupt("crash between the renames")
 
-    monkeypatch.setattr(staging, "between_renames", crash)
     with pytest.raises(KeyboardInterrupt):
-        staging.commit(new, target, exchange=False)
+        staging.commit(new, target, exchange=False, hooks=Crash())
     assert not target.exists()
     report = staging.missing_report(target)
     assert str(target) in report and ".ckpt.replaced-" in report and "rename" in report

@@ -15,4 +15,4 @@ from sparseps.testing.crash import CrashPoint
 if __name__ == "__main__":
     config, phase, seq, *rest = sys.argv[1:]
     crash = CrashPoint(phase, int(seq), batches=int(rest[0]) if rest else 1)
-    sys.exit(job.main([config], on_phase=crash))
+    sys.exit(job.main([config], on_phase=crash, save_hooks=crash))

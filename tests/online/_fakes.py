@@ -84,7 +84,7 @@ class FakeTrainer:
         self.calls.append(("shrink",))
         return {"t": 0}
 
-    def save_inference_model(self, directory, *, mode: str = "base") -> Path:
+    def save_inference_model(self, directory, *, mode: str = "base", hooks=None) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         numbers = [int(f.name.split("-")[1]) for f in directory.glob("*-0*")]
@@ -97,7 +97,7 @@ class FakeTrainer:
         self.calls.append((mode, folder.name))
         return folder
 
-    def save_checkpoint(self, directory, *, state=None) -> None:
+    def save_checkpoint(self, directory, *, state=None, hooks=None) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         full = {"passes": self.passes, **(state or {})}

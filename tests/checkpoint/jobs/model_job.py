@@ -63,7 +63,7 @@ if sps.is_server():
     sps.run_server()
     sys.exit(0)
 
-from sparseps.checkpoint import inference  # noqa: E402
+from sparseps.checkpoint.hooks import SaveHooks  # noqa: E402
 from sparseps.checkpoint.predictor import Predictor  # noqa: E402
 from sparseps.errors import CheckpointError  # noqa: E402
 from sparseps.files import manifest as mf  # noqa: E402
@@ -97,16 +97,14 @@ def inference_save(directory: str, mode: str) -> None:
 
 
 def interrupted_delta(directory: str) -> None:
-    def crash(table):
-        raise RuntimeError(f"injected crash after the servers saved {table}")
+    class Crash(SaveHooks):
+        def after_table_saved(self, table):
+            raise RuntimeError(f"injected crash after the servers saved {table}")
 
-    inference.after_table_saved = crash
     try:
-        trainer.save_inference_model(directory, mode="delta")
+        trainer.save_inference_model(directory, mode="delta", hooks=Crash())
     except RuntimeError as exc:
         summary["interrupted"].append(str(exc))
-    finally:
-        inference.after_table_saved = None
 
 
 for step in args.steps.split(","):

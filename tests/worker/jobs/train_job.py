@@ -80,14 +80,14 @@ if args.save_stalled:
     import pathlib
     import time
 
-    from sparseps.checkpoint import coordinator
+    from sparseps.checkpoint.hooks import SaveHooks
 
-    def stall(table):
-        pathlib.Path(args.marker).touch()
-        time.sleep(120)  # the test kills a server now; the save must not complete
+    class Stall(SaveHooks):
+        def after_table_saved(self, table):
+            pathlib.Path(args.marker).touch()
+            time.sleep(120)  # the test kills a server now; the save must not complete
 
-    coordinator.after_table_saved = stall
-    trainer.save_checkpoint(args.save_stalled)
+    trainer.save_checkpoint(args.save_stalled, hooks=Stall())
 if args.predict_check:
     from sparseps.checkpoint.predictor import Predictor
 
