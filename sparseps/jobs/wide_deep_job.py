@@ -112,11 +112,11 @@ def main(argv=None) -> int:
             train, print_period=args.print_period, on_batch=calibrator
         )
         samples += result.samples
+    train_s = time.perf_counter() - start
     shift = 0.0
     if calibrator is not None:  # every worker computes the same shift (one all-reduce)
         shift = calibrator.shift(collectives.all_reduce_sum)
         model.head.logit_shift.fill_(shift)
-    train_s = time.perf_counter() - start
     total = collectives.all_reduce_sum(np.array([samples], np.int64))[0]
     test = QueueDataset([args.test], CRITEO, batch_size=4096, threads=args.threads)
     metrics = trainer.evaluate(test)
