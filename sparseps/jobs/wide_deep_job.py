@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 
 import sparseps as sps
+from sparseps.core import collectives
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.jobs.rule_spec import parse_rule
 from sparseps.models import WideDeep
 from sparseps.models._blocks import set_output_bias
 from sparseps.models.calibration import ProgressiveCalibrator
-from sparseps.worker import collectives
 
 
 def parse_args(argv=None) -> argparse.Namespace:
