@@ -12,6 +12,7 @@ from . import errors
 from .errors import (
     CheckpointError,
     ConfigError,
+    DeadlineError,
     InputError,
     ProtocolError,
     RemoteError,
@@ -54,6 +55,7 @@ _LAZY = {
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "DeadlineError",
     "Initializer",
     "InputError",
     "Lifecycle",

@@ -27,10 +27,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "sparseps.checkpoint.predict_cli",
         "predictions from an inference model, without servers",
     ),
-    "launch": ("sparseps.launch.cli", "start servers and workers, like fleetrun"),
+    "launch": ("sparseps.launch.launch_cli", "start servers and workers, like fleetrun"),
     "keys": ("sparseps.rpc.keys_cli", "write a job key pair for --secure transport"),
     "gen-data": ("sparseps.data.gen_cli", "synthetic Criteo-format data from a planted model"),
-    "online": ("sparseps.online.cli", "streaming training in passes over time-partitioned data"),
+    "online": (
+        "sparseps.online.online_cli",
+        "streaming training in passes over time-partitioned data",
+    ),
     "build-index": (
         "sparseps.recall.build_cli",
         "a faiss index from dumped item vectors (extra: sparseps[recall])",

@@ -7,8 +7,9 @@ caller can catch one base class. The subclasses say *what kind* of thing broke:
 - :class:`InputError`      data handed to an API (array dtype/shape, data file line) is wrong.
 - :class:`ProtocolError`   a network frame does not follow the wire protocol.
 - :class:`UnavailableError` a peer process is gone or refused the connection.
-- :class:`TimeoutError_`   a blocking call waited longer than its limit (names op, peer,
-  seconds and the setting that changes the limit).
+- :class:`DeadlineError`   a blocking call waited longer than its limit (names op, peer,
+  seconds and the setting that changes the limit). ``TimeoutError_`` is its old name,
+  kept as a deprecated alias (the same class) for code that catches it.
 - :class:`RemoteError`     the peer raised; carries the remote type, message and traceback.
 - :class:`CheckpointError` a model directory is incomplete, corrupt or does not match.
 - :class:`ResourceError`   memory (or another resource) ran out; the operation was undone.
@@ -26,6 +27,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "ResourceError",
+    "DeadlineError",
     "SparsePSError",
     "TimeoutError_",
     "UnavailableError",
@@ -82,7 +84,7 @@ class UnavailableError(_PeerError):
     _fields = ("op", "role", "rank", "address")
 
 
-class TimeoutError_(_PeerError, TimeoutError):
+class DeadlineError(_PeerError, TimeoutError):
     """A blocking call exceeded its time limit.
 
     Attributes:
@@ -93,6 +95,10 @@ class TimeoutError_(_PeerError, TimeoutError):
     """
 
     _fields = ("op", "role", "rank", "address", "seconds", "setting")
+
+
+# Deprecated: the old name of DeadlineError (the same class), kept because users catch it.
+TimeoutError_ = DeadlineError
 
 
 class RemoteError(_PeerError):

@@ -88,7 +88,7 @@ def init(*, environ: Mapping[str, str] | None = None) -> RoleEnv:
     Raises:
         ConfigError: some SPARSEPS_* variables are set but one is missing or malformed
             (names it); there is no fallback from a half-configured cluster to local mode.
-        TimeoutError_: a worker could not meet the others within
+        DeadlineError: a worker could not meet the others within
             ``SPARSEPS_RENDEZVOUS_TIMEOUT_S`` (names the missing ranks).
         UnavailableError: local mode's server did not start.
     """
@@ -259,7 +259,7 @@ def barrier_worker(timeout: float | None = None) -> None:
         timeout: seconds; default ``SPARSEPS_BARRIER_TIMEOUT_S`` (1800).
 
     Raises:
-        TimeoutError_: with ``op="barrier"`` and ``rank`` = the missing worker ranks.
+        DeadlineError: with ``op="barrier"`` and ``rank`` = the missing worker ranks.
         ConfigError: called on a server.
     """
     session = _current()

@@ -7,7 +7,7 @@ import sparseps
 
 EXPECTED = {
     "CheckpointError", "ConfigError", "InputError", "ProtocolError", "RemoteError",
-    "SparsePSError", "TimeoutError_", "UnavailableError", "__version__", "errors",
+    "SparsePSError", "DeadlineError", "TimeoutError_", "UnavailableError", "__version__", "errors",
     "Initializer", "Lifecycle", "TableConfig", "PSClient", "Strategy", "Trainer", "Predictor",
     "init", "is_server", "is_worker", "worker_index", "worker_num", "server_num",
     "server_endpoints", "run_server", "barrier_worker", "stop", "all_reduce",
@@ -75,9 +75,15 @@ def test_import_is_light():
 def test_errors_pickle_with_their_fields():
     import pickle
 
-    err = sparseps.TimeoutError_("pull timed out", op="pull", role="server", rank=1,
+    err = sparseps.DeadlineError("pull timed out", op="pull", role="server", rank=1,
                                  address="127.0.0.1:1", seconds=2.0, setting="timeout")  # fmt: skip
     back = pickle.loads(pickle.dumps(err))
     assert (back.op, back.rank, back.seconds, str(back)) == ("pull", 1, 2.0, "pull timed out")
     assert isinstance(back, TimeoutError)
     assert importlib.import_module("sparseps.errors").SparsePSError in type(back).__mro__
+
+
+def test_timeout_error_is_a_deprecated_alias_of_deadline_error():
+    # users catch the old name: it must stay the very same class
+    assert sparseps.TimeoutError_ is sparseps.DeadlineError
+    assert sparseps.errors.TimeoutError_ is sparseps.errors.DeadlineError

@@ -101,7 +101,7 @@ def write_inference(trainer, directory: Path, mode: str, *, hooks: SaveHooks = N
 
     Everything goes into a hidden staging folder that is renamed to ``{mode}-NNNNN`` once
     its manifest is written, so a crash leaves no incomplete save in the chain. The
-    servers' changed-rows marker is *not* reset here (see ``coordinator``): a save that
+    servers' changed-rows marker is *not* reset here (see ``trainer_files``): a save that
     never lands must leave its rows for the next delta. ``hooks``: fault injection for
     tests (:mod:`.hooks`).
     """

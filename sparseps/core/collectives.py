@@ -5,7 +5,7 @@ every function degenerates to the local value, so single-worker code needs no br
 
 Every function takes ``timeout`` (seconds): the trainer passes
 ``Strategy.collective_timeout``, so a worker that died or hangs turns into a
-:class:`~sparseps.errors.TimeoutError_` naming that setting instead of a silent hang.
+:class:`~sparseps.errors.DeadlineError` naming that setting instead of a silent hang.
 ``None`` leaves the process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``).
 """
 

@@ -3,7 +3,7 @@
 torch.distributed (gloo) reports a timeout and a dead peer alike, as ``RuntimeError``.
 The rule, written once for the trainer's collectives and the metrics' all-reduce: a wait
 that lasted at least 90% of its limit, or whose message says it timed out, is a
-:class:`~sparseps.errors.TimeoutError_` naming the operation, this worker, the seconds
+:class:`~sparseps.errors.DeadlineError` naming the operation, this worker, the seconds
 waited and the setting that changes the limit; anything else means a peer left the group
 (:class:`~sparseps.errors.UnavailableError`).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import time
 
-from ..errors import TimeoutError_, UnavailableError
+from ..errors import DeadlineError, UnavailableError
 
 __all__ = ["wait_collective"]
 
@@ -30,7 +30,7 @@ def wait_collective(work, *, op: str, timeout: float, rank: int, setting: str, h
         hint: what to do, the end of the timeout message.
 
     Raises:
-        TimeoutError_: not every worker joined in time.
+        DeadlineError: not every worker joined in time.
         UnavailableError: a worker left the process group.
     """
     start = time.monotonic()
@@ -39,7 +39,7 @@ def wait_collective(work, *, op: str, timeout: float, rank: int, setting: str, h
     except RuntimeError as exc:
         waited = time.monotonic() - start
         if waited >= 0.9 * timeout or "timed out" in str(exc).lower():
-            raise TimeoutError_(
+            raise DeadlineError(
                 f"{op}: not every worker joined within {timeout:.0f} s (this is worker "
                 f"{rank}); a worker is stuck or far behind - {hint}",
                 op=op,

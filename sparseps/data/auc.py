@@ -1,43 +1,19 @@
-"""Exact ROC AUC (rank-based, ties averaged): the reference for generated data.
+"""Deprecated: the exact AUC lives in :func:`sparseps.metrics.functions.exact_auc`.
 
-Kept here, small and dependency-free, so the data package needs nothing from the
-metrics package; the bucketed, distributed AUC of training is tested against this kind
-of exact computation.
+That is the one rule (``exact_auc(pred, label)``, 0.5 when one class is missing). This
+labels-first alias stays only while ``sparseps/data/synthetic.py``, which another change
+is editing now, still calls ``exact_auc(label, prob)`` from here; call the metrics one.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
+from ..metrics.functions import exact_auc as _exact_auc
 
 __all__ = ["exact_auc"]
 
 
 def exact_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Probability that a random positive scores above a random negative (ties count 1/2).
-
-    Args:
-        labels: 0/1 (or bool) ``[n]``; anything > 0.5 is positive.
-        scores: ``[n]`` scores.
-
-    Returns:
-        the AUC, or NaN when all labels are equal.
-
-    Raises:
-        InputError: the shapes differ.
-    """
-    labels = np.asarray(labels).reshape(-1) > 0.5
-    scores = np.asarray(scores, dtype=np.float64).reshape(-1)
-    if labels.shape != scores.shape:
-        raise InputError(f"exact_auc: labels {labels.shape} and scores {scores.shape} differ")
-    positives = int(labels.sum())
-    negatives = labels.size - positives
-    if positives == 0 or negatives == 0:
-        return float("nan")
-    # average rank of each distinct score (1-based), then the Mann-Whitney U statistic
-    unique, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    upper = np.cumsum(counts)
-    average_rank = upper - (counts - 1) / 2.0
-    rank_sum = float(average_rank[inverse][labels].sum())
-    return (rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives)
+    """Deprecated alias: ``sparseps.metrics.functions.exact_auc(scores, labels)``."""
+    return _exact_auc(scores, labels)

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, TimeoutError_
+from ..errors import ConfigError, DeadlineError
 from .dataset import DatasetBase, rebatch
 from .schema import Batch, Schema
 from .sources import Format
@@ -82,7 +82,7 @@ class InMemoryDataset(DatasetBase):
         """Wait for :meth:`preload_into_memory` to finish.
 
         Raises:
-            TimeoutError_: still loading after ``timeout`` seconds.
+            DeadlineError: still loading after ``timeout`` seconds.
             the loader's error: if loading failed (e.g. InputError for a bad line with strict).
         """
         if self._preload is None:
@@ -90,7 +90,7 @@ class InMemoryDataset(DatasetBase):
         start = time.monotonic()
         self._preload.join(timeout)
         if self._preload.is_alive():
-            raise TimeoutError_(
+            raise DeadlineError(
                 f"preload_into_memory still running after {timeout:.0f} s "
                 f"({len(self.files)} files); raise wait_preload_done(timeout=...)",
                 op="preload_into_memory", seconds=time.monotonic() - start, setting="timeout",
@@ -122,7 +122,7 @@ class InMemoryDataset(DatasetBase):
 
         Raises:
             ConfigError: the process group's size is not the dataset's ``world``.
-            TimeoutError_: a peer did not exchange within ``timeout`` seconds.
+            DeadlineError: a peer did not exchange within ``timeout`` seconds.
         """
         from .shuffle import exchange, group_size
 

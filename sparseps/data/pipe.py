@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 
-from ..errors import ConfigError, InputError, TimeoutError_
+from ..errors import ConfigError, DeadlineError, InputError
 
 __all__ = ["check_pipe_timeout", "pipe_chunks"]
 
@@ -60,7 +60,7 @@ def pipe_chunks(command: str, path: str, *, timeout: float) -> Iterator[bytes]:
     Raises:
         ConfigError: ``timeout`` is not a finite number > 0.
         InputError: the command exited non-zero (after its whole output was yielded).
-        TimeoutError_: no output for ``timeout`` seconds, or the command kept running
+        DeadlineError: no output for ``timeout`` seconds, or the command kept running
             ``timeout`` seconds after closing its output.
     """
     timeout = check_pipe_timeout(timeout)
@@ -103,8 +103,8 @@ def pipe_chunks(command: str, path: str, *, timeout: float) -> Iterator[bytes]:
             _stop_group(proc, graceful=not done)
 
 
-def _timeout(command: str, path: str, timeout: float, waited: float, what: str) -> TimeoutError_:
-    return TimeoutError_(
+def _timeout(command: str, path: str, timeout: float, waited: float, what: str) -> DeadlineError:
+    return DeadlineError(
         f"pipe_command {command!r} {what} for {timeout:g} s on {path}; "
         "raise pipe_timeout= if the command is slow",
         op="pipe_command", role="pipe", address=path, seconds=waited, setting="pipe_timeout",

@@ -12,7 +12,7 @@ import datetime
 
 import numpy as np
 
-from ..errors import TimeoutError_, UnavailableError
+from ..errors import DeadlineError, UnavailableError
 from .schema import Batch, Slot
 
 __all__ = ["exchange", "group_size", "pack", "unpack"]
@@ -81,7 +81,7 @@ def exchange(batch: Batch, destination: np.ndarray, *, timeout: float) -> Batch:
     Received samples are in peer-rank order (the caller shuffles them).
 
     Raises:
-        TimeoutError_: a peer did not complete the exchange within ``timeout`` seconds.
+        DeadlineError: a peer did not complete the exchange within ``timeout`` seconds.
         UnavailableError: the process group failed (a peer died).
     """
     import torch
@@ -115,7 +115,7 @@ def exchange(batch: Batch, destination: np.ndarray, *, timeout: float) -> Batch:
     except RuntimeError as exc:
         text = str(exc)
         if "imeout" in text or "imed out" in text:
-            raise TimeoutError_(
+            raise DeadlineError(
                 f"global_shuffle: exchange with the other workers did not finish in {timeout:.0f} s "
                 f"({text.splitlines()[0] if text else 'timeout'}); raise global_shuffle(timeout=...)",
                 op="global_shuffle", role="worker", rank=rank, seconds=timeout, setting="timeout",

@@ -10,7 +10,7 @@ import logging
 import sys
 
 from ..errors import SparsePSError
-from .cli import add_arguments, run
+from .launch_cli import add_arguments, run
 
 
 def main(argv: list[str] | None = None) -> int:

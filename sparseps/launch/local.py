@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from ..env import SERVER_START_TIMEOUT, child_environ
-from ..errors import SparsePSError, TimeoutError_, UnavailableError
+from ..errors import DeadlineError, SparsePSError, UnavailableError
 from .procutil import die_with_parent_hook, stop_groups, tail
 from .spec import free_ports
 
@@ -57,7 +57,7 @@ class LocalServer:
         Raises:
             UnavailableError: the server process exited during start-up (its log tail
                 is in the message).
-            TimeoutError_: it did not answer within ``start_timeout_s``.
+            DeadlineError: it did not answer within ``start_timeout_s``.
         """
         if self._proc is not None:
             return self.endpoint
@@ -115,7 +115,7 @@ class LocalServer:
                 )
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError_(
+                raise DeadlineError(
                     f"local mode: the background server at {self.endpoint} did not answer "
                     f"within {self.start_timeout_s:.0f} s (log {self.log_path}); raise "
                     f"{SERVER_START_TIMEOUT}",

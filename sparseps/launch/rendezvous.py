@@ -7,7 +7,7 @@ through a :class:`~sparseps.launch.store.ZmqStore`. On top of the store:
 
 - :func:`store_barrier` — every rank sets ``NAME/<rank>``, then polls until all keys
   exist. Unlike ``dist.barrier()`` it can say *which* ranks are missing: it logs them
-  every ``warn_s`` and raises :class:`~sparseps.errors.TimeoutError_` naming them.
+  every ``warn_s`` and raises :class:`~sparseps.errors.DeadlineError` naming them.
 - :func:`init_gloo` — the gloo process group the workers' collectives use (metrics
   all-reduce, dense all-reduce in sync mode), initialised on the same store after a
   rendezvous barrier, so a missing worker is named instead of a bare torch timeout.
@@ -20,9 +20,9 @@ import time
 from datetime import timedelta
 
 from ..env import MASTER, RoleEnv, parse_endpoint
-from ..errors import TimeoutError_, UnavailableError
+from ..errors import DeadlineError, UnavailableError
 from ..rpc.security import JobKeys, Security
-from .store import StoreServer, ZmqStore
+from .store import ZmqStore, open_store
 
 __all__ = ["connect_store", "init_gloo", "store_barrier"]
 
@@ -38,38 +38,28 @@ def connect_store(env: RoleEnv, *, timeout_s: float, setting: str, security=None
     Raises:
         UnavailableError: worker 0 cannot listen on the master port; a CURVE handshake
             failed (this process lacks the job key).
-        TimeoutError_: worker 0's store did not answer within ``timeout_s``.
+        DeadlineError: worker 0's store did not answer within ``timeout_s``.
         ConfigError: the job's key folder is unreadable or malformed.
     """
     host, port = parse_endpoint(env.master, what=MASTER)
     if security is None and env.key_dir:
         security = Security(JobKeys.load(env.key_dir))
-    server = None
-    if env.rank == 0:
-        try:
-            server = StoreServer(host, port, security=security)
-        except UnavailableError as exc:
-            raise UnavailableError(
-                f"rendezvous: worker 0 cannot listen on {env.master} ({exc}); is the port "
-                f"free on this host? ({MASTER})",
-                op="rendezvous",
-                role="worker",
-                rank=0,
-                address=env.master,
-            ) from None
-    try:
-        return ZmqStore(
-            env.master,
-            timeout_s=timeout_s,
-            setting=setting,
-            what="rendezvous store",
-            security=security,
-            owner=server,
-        )
-    except TimeoutError_ as exc:
-        if server is not None:
-            server.close()
-        raise TimeoutError_(
+    return open_store(
+        env.master,
+        serve=(host, port) if env.rank == 0 else None,
+        timeout_s=timeout_s,
+        setting=setting,
+        what="rendezvous store",
+        security=security,
+        cannot_listen=lambda exc: UnavailableError(
+            f"rendezvous: worker 0 cannot listen on {env.master} ({exc}); is the port "
+            f"free on this host? ({MASTER})",
+            op="rendezvous",
+            role="worker",
+            rank=0,
+            address=env.master,
+        ),
+        no_answer=lambda exc: DeadlineError(
             f"rendezvous: worker 0's store at {env.master} did not answer within "
             f"{timeout_s:.0f} s ({exc}); check worker 0's log, or raise {setting}",
             op="rendezvous",
@@ -78,11 +68,8 @@ def connect_store(env: RoleEnv, *, timeout_s: float, setting: str, security=None
             address=env.master,
             seconds=timeout_s,
             setting=setting,
-        ) from None
-    except BaseException:
-        if server is not None:
-            server.close()
-        raise
+        ),
+    )
 
 
 def store_barrier(
@@ -109,7 +96,7 @@ def store_barrier(
         op, setting: named in the timeout error (what waited, what changes the limit).
 
     Raises:
-        TimeoutError_: some ranks did not arrive; ``rank`` holds their list.
+        DeadlineError: some ranks did not arrive; ``rank`` holds their list.
         UnavailableError: the store went away (worker 0 exited).
     """
     keys = [f"{name}/{r}" for r in range(world)]
@@ -146,7 +133,7 @@ def store_barrier(
             rank=0,
             address=address,
         ) from None
-    raise TimeoutError_(
+    raise DeadlineError(
         f"{op}: worker rank(s) {missing} did not arrive within {waited:.1f} s "
         f"(rendezvous {address}); check their logs, or raise {setting}",
         op=op,

@@ -11,7 +11,7 @@ before, but it cannot be authenticated and listens on every interface.
   without the key cannot send it anything.
 - :class:`ZmqStore` — a ``torch.distributed.Store`` subclass (gloo accepts Python stores),
   one DEALER socket. Every call is bounded by the store's timeout and raises
-  :class:`~sparseps.errors.TimeoutError_` naming the op, the address, the seconds and the
+  :class:`~sparseps.errors.DeadlineError` naming the op, the address, the seconds and the
   setting that changes them. A lost server or a failed CURVE handshake (wrong or missing
   key) is reported at once as :class:`~sparseps.errors.UnavailableError`, from the socket
   monitor's events, never waited out.
@@ -26,13 +26,14 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 
 import msgpack
 import torch.distributed as dist
 import zmq
 
-from ..errors import RemoteError, TimeoutError_, UnavailableError
+from ..errors import DeadlineError, RemoteError, UnavailableError
 from .store_server import (
     MAX_TIMEOUT_MS,
     StoreServer,
@@ -42,7 +43,7 @@ from .store_server import (
     tcp_endpoint,
 )
 
-__all__ = ["StoreServer", "StoreStats", "ZmqStore"]
+__all__ = ["StoreServer", "StoreStats", "ZmqStore", "open_store"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class ZmqStore(dist.Store):
         owner: a :class:`StoreServer` this client hosts; closed by :meth:`close`.
 
     Raises:
-        TimeoutError_: no server answered at ``address`` within ``timeout_s``.
+        DeadlineError: no server answered at ``address`` within ``timeout_s``.
         UnavailableError: the CURVE handshake failed (wrong or missing job key), or the
             connection was lost.
 
@@ -212,7 +213,7 @@ class ZmqStore(dist.Store):
         kind, error = reply.get("kind"), str(reply.get("error", ""))
         if kind == "timeout":
             keys = fields.get("keys", [fields.get("key")])
-            raise TimeoutError_(
+            raise DeadlineError(
                 f"{self.what} {self.address}: {op} for key(s) {keys} timed out after "
                 f"{seconds - _WAIT_GRACE_S:.1f} s ({error}); check the processes that set "
                 f"them, or raise {self.setting}",
@@ -266,8 +267,8 @@ class ZmqStore(dist.Store):
         if self._broken is not None:
             raise self._broken
 
-    def _timeout(self, op: str, seconds: float, why: str) -> TimeoutError_:
-        return TimeoutError_(
+    def _timeout(self, op: str, seconds: float, why: str) -> DeadlineError:
+        return DeadlineError(
             f"{self.what} {self.address}: {op} got {why} within {seconds:.1f} s; check the "
             f"process hosting the store, or raise {self.setting}",
             op=op,
@@ -295,6 +296,51 @@ class ZmqStore(dist.Store):
 
     def __repr__(self) -> str:
         return f"ZmqStore({self.address!r}, secure={self._security is not None})"
+
+
+def open_store(
+    endpoint: str,
+    *,
+    serve: tuple[str, int] | None,
+    timeout_s: float,
+    setting: str,
+    what: str,
+    security=None,
+    cannot_listen: Callable[[UnavailableError], Exception],
+    no_answer: Callable[[DeadlineError], Exception],
+) -> ZmqStore:
+    """Join the store at ``endpoint``, first hosting it when ``serve`` is ``(host, port)``.
+
+    The one rule for "host a store, join it, and close what we hosted if the join fails"
+    (worker rendezvous and the launchers' control store use it).
+
+    Args:
+        endpoint: ``host:port`` of the store.
+        serve: ``(host, port)`` to listen on (the joined store then owns the server), or
+            None to join another process's store.
+        timeout_s, setting, what, security: as for :class:`ZmqStore`.
+        cannot_listen: builds the error raised when the server cannot listen.
+        no_answer: builds the error raised when the store did not answer in time.
+    """
+    server = None
+    if serve is not None:
+        try:
+            server = StoreServer(*serve, security=security)
+        except UnavailableError as exc:
+            raise cannot_listen(exc) from None
+    try:
+        return ZmqStore(
+            endpoint, timeout_s=timeout_s, setting=setting, what=what, security=security,
+            owner=server,
+        )  # fmt: skip
+    except DeadlineError as exc:
+        if server is not None:
+            server.close()
+        raise no_answer(exc) from None
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
 
 
 def _release(sock: zmq.Socket, monitor: zmq.Socket, context: zmq.Context, owner) -> None:

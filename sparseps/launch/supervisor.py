@@ -25,7 +25,7 @@ stopped and all of them start again as generation ``k`` with a fresh rendezvous 
 ``restart_env`` callback: a new master port on one node), while the servers keep
 running: their tables survive, and a script that loads its last checkpoint resumes.
 Across nodes the coordinator makes every launcher stop its workers before any starts
-generation ``k`` (see ``coordinator.py``). ``max_restarts`` bounds the group restarts
+generation ``k`` (see ``node_sync.py``). ``max_restarts`` bounds the group restarts
 of the whole job.
 
 ``LOG_DIR/pids.json`` lists every process started (restarts included) so that tools and
@@ -48,7 +48,7 @@ from pathlib import Path
 
 from ..env import MASTER, RESTART_COUNT, Role
 from ..errors import SparsePSError
-from .coordinator import Coordinator, LocalCoordinator
+from .node_sync import Coordinator, LocalCoordinator
 from .procutil import die_with_parent_hook, stop_groups, tail
 from .records import SERVER_EXIT_NOTE, ChildSpec, Failure, Outcome, SupervisorConfig
 

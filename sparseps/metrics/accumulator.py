@@ -265,7 +265,7 @@ class CTRMetrics:
 
         Raises:
             InputError: (global) some workers gave grouping ids and others did not.
-            TimeoutError_, UnavailableError: (global) a worker did not take part.
+            DeadlineError, UnavailableError: (global) a worker did not take part.
         """
         pos, neg, limbs, correct = self._pos, self._neg, self._limbs, self._correct
         ids, preds, labels = self._grouped_arrays()

@@ -6,7 +6,7 @@ exact and independent of the reduction order, which is what makes a global metri
 bit for bit, to the metric of one process holding all the data.
 
 Every call waits at most ``timeout`` seconds and turns a stuck or broken peer into a
-:class:`~sparseps.errors.TimeoutError_` or :class:`~sparseps.errors.UnavailableError`.
+:class:`~sparseps.errors.DeadlineError` or :class:`~sparseps.errors.UnavailableError`.
 ``torch`` is imported on first use, so importing the metrics package stays light.
 """
 

@@ -171,7 +171,20 @@ def exact_auc(pred: object, label: object) -> float:
     """Exact AUC by the rank-sum (Mann-Whitney) formula, ties given average ranks.
 
     ``AUC = (R_pos - P (P + 1) / 2) / (P N)`` where ``R_pos`` is the sum of the positives'
-    ranks. O(n log n), vectorized. Returns 0.5 when one class is missing.
+    ranks. O(n log n), vectorized. The one exact AUC of sparseps: the synthetic data's
+    Bayes AUC, the online stream's and the tests all call this one.
+
+    Args:
+        pred: ``[n]`` probabilities in ``[0, 1]`` (only their order counts).
+        label: ``[n]`` 0/1 labels.
+
+    Returns:
+        the AUC; **0.5** when one class is missing or there are no samples (AUC is not
+        defined there; see the module docstring: never NaN, like the bucketed AUC).
+
+    Raises:
+        InputError: the shapes differ, a prediction is outside ``[0, 1]`` or a label is
+            not 0/1 (:func:`check_inputs`).
     """
     p, y, _ = check_inputs(pred, label, where="exact_auc")
     n = p.size

@@ -83,7 +83,7 @@ def all_reduce(value, op: str = "sum", *, timeout: float = distributed.DEFAULT_T
 
     Raises:
         InputError: an unknown op or a non-numeric value.
-        TimeoutError_, UnavailableError: a worker did not take part.
+        DeadlineError, UnavailableError: a worker did not take part.
     """
     op = _check_op(op, "all_reduce")
     array, kind = _as_array(value, "all_reduce")

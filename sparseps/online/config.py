@@ -30,7 +30,7 @@ from typing import Any
 
 from ..data.stats import MAX_BAD_RATIO
 from ..errors import ConfigError
-from .checks import (
+from .config_values import (
     check_bool,
     check_choice,
     check_float,

@@ -47,8 +47,8 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint.hooks import SaveHooks
-from ..errors import CheckpointError, ConfigError, TimeoutError_
-from ..worker import collectives
+from ..core import collectives
+from ..errors import CheckpointError, ConfigError, DeadlineError
 from .config import OnlineConfig
 from .layout import DataLayout, PassId
 from .ledger import Ledger
@@ -93,7 +93,7 @@ class _Loader:
         """``(folders, dataset)`` once loaded; raises the loader's error."""
         self._thread.join(timeout)
         if self._thread.is_alive():
-            raise TimeoutError_(
+            raise DeadlineError(
                 f"pass {self.pass_id}: loading its data took more than {timeout:.0f} s",
                 op="load_pass", seconds=timeout, setting="data.wait_timeout_s / job.collective_timeout_s",
             )  # fmt: skip

@@ -8,7 +8,7 @@ on an error, e.g. a split whose done-marker never appeared).
 A script of its own can run the same job with a phase hook and save hooks (the driver's
 ``on_phase`` and ``save_hooks``, e.g. a :class:`sparseps.testing.crash.CrashPoint`, which
 is both): ``job.main([config], on_phase=hook, save_hooks=hook)``,
-launched with :func:`sparseps.online.cli.launch_argv` ``(..., script=that_script)``.
+launched with :func:`sparseps.online.online_cli.launch_argv` ``(..., script=that_script)``.
 """
 
 from __future__ import annotations

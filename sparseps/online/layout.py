@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import TimeoutError_
+from ..errors import DeadlineError
 from .config import OnlineConfig
 
 __all__ = ["DataLayout", "PassId"]
@@ -78,7 +78,7 @@ class DataLayout:
         """Wait until every split of the pass has its done-marker; returns the folders.
 
         Raises:
-            TimeoutError_: a marker is still missing after ``timeout`` seconds (default
+            DeadlineError: a marker is still missing after ``timeout`` seconds (default
                 ``data.wait_timeout_s``); names the split, the marker and the setting.
         """
         timeout = self.data.wait_timeout_s if timeout is None else timeout
@@ -90,7 +90,7 @@ class DataLayout:
             while not marker.is_file():
                 waited = time.monotonic() - start
                 if waited >= timeout:
-                    raise TimeoutError_(
+                    raise DeadlineError(
                         f"pass {pass_id}: split {folder} is not complete: its done-marker "
                         f"{self.data.done_marker!r} did not appear within {timeout:.0f} s "
                         "(raise data.wait_timeout_s to wait longer, or check the producer)",

@@ -40,7 +40,7 @@ def write_stream(
     """
     import pyarrow.csv as pacsv
 
-    from ..data.auc import exact_auc
+    from ..metrics.functions import exact_auc
 
     if rows_per_split < 1 or days < 1 or splits_per_day < 1 or files_per_split < 1:
         raise ConfigError(
@@ -78,5 +78,5 @@ def write_stream(
                 (folder / done_marker).touch()  # last: the split is complete
             out["splits"] += 1
             out["rows"] += rows_per_split
-        out["bayes_auc"][day] = exact_auc(np.concatenate(labels), np.concatenate(probs))
+        out["bayes_auc"][day] = exact_auc(np.concatenate(probs), np.concatenate(labels))
     return out

@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from ..errors import ProtocolError, RemoteError, TimeoutError_, UnavailableError
+from ..errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from . import transport
 from .ops import UPDATE_OPS
 from .protocol import Limits, Reply, decode_reply, encode_request, peek_request_id
@@ -153,7 +153,7 @@ class Channel:
                 address=self.endpoints[rank],
             )
         if not self._slots.acquire(timeout=self.timeout):
-            raise TimeoutError_(
+            raise DeadlineError(
                 f"{op}: {self._max_in_flight} requests still in flight after {self.timeout:.3g} s; the servers "
                 "are not answering fast enough (raise PSClient(max_in_flight=...) or wait on handles)",
                 op=op, role="server", rank=rank, address=self.endpoints[rank], seconds=self.timeout,
@@ -211,7 +211,7 @@ class Channel:
                 continue
             if not call.event.is_set():
                 address = self.endpoints[call.rank]
-                raise TimeoutError_(
+                raise DeadlineError(
                     f"{call.op}{'' if call.table is None else f' {call.table!r}'}: server {call.rank} at "
                     f"{address} did not answer within {timeout:.3g} s (connection: {self._state[call.rank]}); "
                     f"the server may be dead, hung or overloaded. Change the limit with {self.timeout_setting}",

@@ -13,7 +13,7 @@ answered.
 
 Timeouts: every wait is bounded. The default is 60 s, or ``SPARSEPS_RPC_TIMEOUT`` when
 set, or the ``timeout`` argument. A server that does not answer in time raises
-:class:`~sparseps.errors.TimeoutError_` naming the op, the server's rank and address, the
+:class:`~sparseps.errors.DeadlineError` naming the op, the server's rank and address, the
 seconds waited and the setting to change.
 
 Thread safety: a client may be shared by threads (e.g. a training loop plus a background
@@ -44,7 +44,12 @@ from ..core.validate import check_key_array
 from ..errors import ConfigError
 from .batching import merge_by_group
 from .channel import Channel
-from .client_checks import check_counts, check_merged, check_rows, check_vector
+from .client_checks import (
+    check_counts_or_none,
+    check_finite_rows,
+    check_finite_vector,
+    check_merged,
+)
 from .handle import Handle, completed
 from .protocol import JOB_ID, Limits
 from .security import Security, security_from_env
@@ -230,9 +235,9 @@ class PSClient:
     def _push(self, op: str, table: str, keys, values, name: str, shows, clicks) -> Handle:
         what = f"{op} {table!r}"
         keys = check_key_array(what, keys, contiguous=False)
-        values = check_rows(values, name, what, len(keys))
-        shows = check_counts(shows, "shows", what, len(keys))
-        clicks = check_counts(clicks, "clicks", what, len(keys))
+        values = check_finite_rows(values, name, what, len(keys))
+        shows = check_counts_or_none(shows, "shows", what, len(keys))
+        clicks = check_counts_or_none(clicks, "clicks", what, len(keys))
         if not len(keys):
             return completed(None)
         grouped, offsets, inverse = group_by_server(keys, self.num_servers)
@@ -320,7 +325,7 @@ class PSClient:
 
     def create_dense(self, name: str, size: int, rule, init: np.ndarray | None = None) -> None:
         """Create a dense table of ``size`` floats on its server (idempotent when equal)."""
-        bufs = [] if init is None else [check_vector(init, f"create_dense {name!r} init")]
+        bufs = [] if init is None else [check_finite_vector(init, f"create_dense {name!r} init")]
         call = self._channel.submit(
             self._dense_rank(name),
             "create_dense",
@@ -336,7 +341,7 @@ class PSClient:
         return Handle(self._channel, [call], lambda replies: replies[0].bufs[0].copy())
 
     def _dense_op(self, op: str, name: str, values: np.ndarray) -> Handle:
-        values = check_vector(values, f"{op} {name!r}")
+        values = check_finite_vector(values, f"{op} {name!r}")
         call = self._channel.submit(self._dense_rank(name), op, name, [values])
         return Handle(self._channel, [call], lambda _: None)
 

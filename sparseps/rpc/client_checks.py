@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["check_counts", "check_merged", "check_rows", "check_vector"]
+__all__ = ["check_counts_or_none", "check_finite_rows", "check_finite_vector", "check_merged"]
 
 _REJECTED = "the whole push is rejected and nothing was sent to any server"
 
@@ -24,7 +24,7 @@ def _found(values) -> str:
     return type(values).__name__
 
 
-def check_rows(values, name: str, what: str, n: int) -> np.ndarray:
+def check_finite_rows(values, name: str, what: str, n: int) -> np.ndarray:
     """float32 ``[n, dim]`` with no NaN/inf (the error names the first bad row/column)."""
     if (
         not isinstance(values, np.ndarray)
@@ -47,8 +47,9 @@ def check_rows(values, name: str, what: str, n: int) -> np.ndarray:
     return values
 
 
-def check_counts(values, name: str, what: str, n: int) -> np.ndarray | None:
-    """Shows or clicks: None, or a finite, non-negative float32 ``[n]``.
+def check_counts_or_none(values, name: str, what: str, n: int) -> np.ndarray | None:
+    """Shows or clicks: None (stays None: the servers fill their defaults), or a finite,
+    non-negative float32 ``[n]``.
 
     The servers refuse the same values, but only for their own keys; checking here keeps
     a bad count from being applied by some servers and not others.
@@ -92,7 +93,12 @@ def check_merged(
         )
 
 
-def check_vector(values, what: str) -> np.ndarray:
+def check_finite_vector(values, what: str) -> np.ndarray:
+    """A 1-D float32 array of any length with no NaN/inf, made contiguous (dense values).
+
+    Unlike the table's ``check_contiguous_vector`` (exact length and layout, values not
+    looked at), this checks the values: a bad one is refused before anything is sent.
+    """
     if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.ndim != 1:
         raise InputError(f"{what}: expected a 1-D float32 array, got {_found(values)}")
     bad = ~np.isfinite(values)

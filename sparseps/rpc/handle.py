@@ -36,7 +36,7 @@ class Handle:
             timeout: seconds; default the client's timeout.
 
         Raises:
-            TimeoutError_: a server did not answer in time.
+            DeadlineError: a server did not answer in time.
             RemoteError: a server raised (carries its type, message and traceback).
             ProtocolError: a server rejected the request as malformed.
         """

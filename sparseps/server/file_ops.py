@@ -86,7 +86,7 @@ class FileOps:
 
     def _op_save_dense(self, request: Request):
         """Write the dense table (values + optimizer state) as ``dense.npz`` (checkpoints)."""
-        from ..files.dense import save_dense_file
+        from ..files.dense_file import save_dense_file
 
         entry = self._dense_entry(request)
         with entry.lock.read():
@@ -104,7 +104,7 @@ class FileOps:
         return record, []
 
     def _op_load_dense(self, request: Request):
-        from ..files.dense import load_dense_file
+        from ..files.dense_file import load_dense_file
 
         entry = self._dense_entry(request)
         path, checksum = request.args["path"], request.args.get("sha256")

@@ -101,7 +101,9 @@ def check_columns(op, columns, required, optional, dim, state_dim) -> dict[str, 
             width = dim if name == "embedding" else state_dim
             result[name] = checks.check_matrix(op, label, columns[name], n, width)
         else:
-            result[name] = checks.check_vector(op, label, columns[name], n, COLUMN_TYPES[name])
+            result[name] = checks.check_contiguous_vector(
+                op, label, columns[name], n, COLUMN_TYPES[name]
+            )
         if result[name].dtype == np.float32 and not np.isfinite(result[name]).all():
             raise InputError(f"{op}: {label} contains NaN/inf; nothing was imported")
     if "unseen_days" in result and (result["unseen_days"] < 0).any():

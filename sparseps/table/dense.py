@@ -64,7 +64,9 @@ class DenseTable:
             self._row[0, : self.size] = values
 
     def _vector(self, op: str, values) -> np.ndarray:
-        vector = checks.check_vector(f"{self.name}.{op}", "values", values, self.size, np.float32)
+        vector = checks.check_contiguous_vector(
+            f"{self.name}.{op}", "values", values, self.size, np.float32
+        )
         self._check_finite(op, vector)
         return vector
 
@@ -135,7 +137,7 @@ class DenseTable:
                 f"{self.name}.import_: expected keys ['state', 'values'], found {found}"
             )
         values = self._vector("import_", d["values"])
-        state = checks.check_vector(
+        state = checks.check_contiguous_vector(
             f"{self.name}.import_", "state", d["state"], self.state_dim, np.float32
         )
         self._row[0, : self.size] = values

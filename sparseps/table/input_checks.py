@@ -13,7 +13,13 @@ import numpy as np
 from ..core.validate import check_key_array, describe_array
 from ..errors import InputError
 
-__all__ = ["check_counts", "check_finite", "check_key_array", "check_matrix", "check_vector"]
+__all__ = [
+    "check_contiguous_vector",
+    "check_finite",
+    "check_key_array",
+    "check_matrix",
+    "counts_or_default",
+]
 
 
 def _fail(op: str, name: str, expected: str, array: object, fix: str = "") -> None:
@@ -33,7 +39,7 @@ def check_matrix(op: str, name: str, values: object, rows: int, dim: int) -> np.
     return values
 
 
-def check_vector(op: str, name: str, values: object, n: int, dtype) -> np.ndarray:
+def check_contiguous_vector(op: str, name: str, values: object, n: int, dtype) -> np.ndarray:
     """A C-contiguous 1-D ``dtype`` array of length ``n``, else InputError."""
     expected = f"a C-contiguous 1-D {np.dtype(dtype)} array of length {n}"
     if not isinstance(values, np.ndarray) or values.dtype != dtype or values.shape != (n,):
@@ -43,11 +49,15 @@ def check_vector(op: str, name: str, values: object, n: int, dtype) -> np.ndarra
     return values
 
 
-def check_counts(op: str, name: str, values: object, n: int, default: float) -> np.ndarray:
-    """Shows or clicks: None -> ``default`` per key; else finite, >= 0 float32 ``[n]``."""
+def counts_or_default(op: str, name: str, values: object, n: int, default: float) -> np.ndarray:
+    """Shows or clicks: None -> ``default`` per key; else finite, >= 0 float32 ``[n]``.
+
+    The table's side of the client's ``check_counts_or_none``: here None becomes the
+    default counts the push applies.
+    """
     if values is None:
         return np.full(n, default, np.float32)
-    check_vector(op, name, values, n, np.float32)
+    check_contiguous_vector(op, name, values, n, np.float32)
     bad = ~(np.isfinite(values) & (values >= 0))
     if bad.any():
         raise InputError(

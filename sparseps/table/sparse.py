@@ -209,8 +209,8 @@ class SparseTable(TableFiles):
         keys = checks.check_key_array(op, keys)
         n = keys.shape[0]
         values = checks.check_matrix(op, name, values, n, self._dim)
-        shows = checks.check_counts(op, "shows", shows, n, 1.0)
-        clicks = checks.check_counts(op, "clicks", clicks, n, 0.0)
+        shows = checks.counts_or_default(op, "shows", shows, n, 1.0)
+        clicks = checks.counts_or_default(op, "clicks", clicks, n, 0.0)
         checks.check_finite(op, name, values, keys)
         if n == 0:
             return

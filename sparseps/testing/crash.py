@@ -12,7 +12,7 @@ stops the rest of the job. A test runs the job through a small script::
     crash = CrashPoint(sys.argv[2], int(sys.argv[3]))
     sys.exit(job.main([sys.argv[1]], on_phase=crash, save_hooks=crash))
 
-and launches it with ``sparseps.online.cli.launch_argv(config, path, script=...)`` (the
+and launches it with ``sparseps.online.online_cli.launch_argv(config, path, script=...)`` (the
 hook travels as code, not through the environment).
 
 Phases are those of :mod:`sparseps.online.phases`, plus ``mid_checkpoint``: during the

@@ -1,7 +1,7 @@
 """Moved to :mod:`sparseps.core.collectives` (the checkpoint code below the worker uses it).
 
-This alias stays only while ``sparseps/jobs`` and ``sparseps/online/driver.py``, which
-other changes are editing now, still import the old path; import the new one.
+This alias stays only while ``sparseps/jobs/wide_deep_job.py``, which another change is
+editing now, still imports the old path; import the new one. Remove it once jobs/ moves.
 """
 
 from ..core.collectives import (  # noqa: F401

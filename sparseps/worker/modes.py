@@ -28,9 +28,9 @@ import numpy as np
 from ..config import Lifecycle, TableConfig
 from ..core import collectives
 from ..core.routing import server_of
-from ..files.dense import load_dense_file, save_dense_file
+from ..files.dense_file import load_dense_file, save_dense_file
 from ..table import DenseTable, SparseTable
-from .dense import DenseParams
+from .dense_params import DenseParams
 from .pipeline import PushQueue
 
 __all__ = [

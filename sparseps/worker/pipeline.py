@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import TimeoutError_
+from ..errors import DeadlineError
 
 __all__ = ["PushQueue", "PushStats", "Prefetcher"]
 
@@ -89,7 +89,7 @@ class Prefetcher:
             try:
                 item = self._queue.get(timeout=self._timeout)
             except queue.Empty:
-                raise TimeoutError_(
+                raise DeadlineError(
                     f"prefetch: no batch ready after {self._timeout:.0f} s (a data reader or a "
                     f"server pull is stuck); raise {self._setting} to wait longer",
                     op="prefetch",
@@ -152,14 +152,14 @@ class PushQueue:
     def put_sparse(
         self, table: str, keys, grads, shows=None, clicks=None, *, delta: bool = False
     ) -> None:
-        self._put(("sparse", table, delta, keys, grads, shows, clicks))
+        self._put((table, delta, keys, grads, shows, clicks))
 
     def _put(self, item) -> None:
         self._raise_if_failed()
         try:
             self._queue.put(item, timeout=self._timeout)
         except queue.Full:
-            raise TimeoutError_(
+            raise DeadlineError(
                 f"push queue: full for {self._timeout:.0f} s (servers are not taking pushes; "
                 f"see the server logs, or raise {self._setting})",
                 op="push",
@@ -204,15 +204,10 @@ class PushQueue:
         start = time.perf_counter()
         groups: dict[tuple, list] = {}
         for item in items:
-            groups.setdefault(item[:3], []).append(item[3:])
+            groups.setdefault(item[:2], []).append(item[2:])
         handles = []
-        for (kind, name, delta), parts in groups.items():
+        for (name, delta), parts in groups.items():
             self._merged += len(parts) - 1
-            if kind == "dense":
-                grad = parts[0][0] if len(parts) == 1 else np.sum([p[0] for p in parts], axis=0)
-                send = self._client.push_dense_delta if delta else self._client.push_dense
-                handles.append(send(name, grad))
-                continue
             keys = np.concatenate([p[0] for p in parts])
             grads = np.concatenate([p[1] for p in parts])
             shows = _concat_optional([p[2] for p in parts], [len(p[0]) for p in parts], 1.0)
@@ -228,7 +223,7 @@ class PushQueue:
         """Block until every queued push has been applied by the servers.
 
         Raises:
-            TimeoutError_: the queue made no progress for ``timeout`` seconds (a long
+            DeadlineError: the queue made no progress for ``timeout`` seconds (a long
                 queue of slow pushes is fine as long as they keep completing).
             the background failure of an earlier push, if one failed.
         """
@@ -240,7 +235,7 @@ class PushQueue:
             if self._queue.unfinished_tasks < left:
                 left, deadline = self._queue.unfinished_tasks, now + self._timeout
             elif now > deadline:
-                raise TimeoutError_(
+                raise DeadlineError(
                     f"push queue: flush made no progress for {self._timeout:.0f} s "
                     f"({left} pushes pending; see the server logs, or raise {self._setting})",
                     op="flush",

@@ -4,7 +4,7 @@ The :class:`~sparseps.worker.trainer.Trainer` makes one ``TrainingState`` in its
 constructor, with every field in place; :meth:`TrainingState.start` connects it (role,
 client, tables, the training mode) on first use, because a trainer is also constructed
 in server processes of the same script, where it must not connect. The checkpoint code
-(:mod:`sparseps.checkpoint.coordinator`) works through these methods and fields, never
+(:mod:`sparseps.checkpoint.trainer_files`) works through these methods and fields, never
 through the trainer's private attributes.
 
 Fields:
@@ -23,7 +23,7 @@ import torch
 from .. import role
 from ..errors import ConfigError
 from ..rpc.client import PSClient
-from .dense import DenseParams
+from .dense_params import DenseParams
 from .modes import TrainingMode, make_mode
 from .strategy import Strategy
 

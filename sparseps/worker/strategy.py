@@ -39,7 +39,7 @@ class Strategy:
             and a flush may go without progress.
         collective_timeout: seconds a worker waits in a worker-to-worker collective (the
             gloo all-reduce/all-gather/barrier of sync mode, of a pass end and of a save)
-            and for the next batch from its data reader, before raising ``TimeoutError_``.
+            and for the next batch from its data reader, before raising ``DeadlineError``.
             The process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``, 1800 s)
             still applies when it is lower.
     """

@@ -21,7 +21,7 @@ from torch import nn
 
 from .. import optim
 from ..core import collectives
-from ..errors import ConfigError, TimeoutError_
+from ..errors import ConfigError, DeadlineError
 from ..metrics import CTRMetrics, MetricResult, ReportConfig, UserStats
 from ..rpc.client import PSClient
 from .binding import TableBinder
@@ -214,8 +214,8 @@ class Trainer:
         timeout = self.strategy.collective_timeout
         try:
             return metrics.compute(global_=True, timeout=timeout)
-        except TimeoutError_ as exc:
-            raise TimeoutError_(
+        except DeadlineError as exc:
+            raise DeadlineError(
                 f"pass metrics: not every worker finished its pass within {timeout:.0f} s of "
                 "this one; a worker is stuck or has far more data - see the other workers' "
                 "logs, or raise Strategy.collective_timeout",
@@ -457,16 +457,16 @@ class Trainer:
         ``hooks``: a :class:`~sparseps.checkpoint.hooks.SaveHooks` (fault injection for
         tests); None for none.
         """
-        from ..checkpoint import coordinator
+        from ..checkpoint import trainer_files
         from ..checkpoint.hooks import NO_HOOKS
 
-        return coordinator.save_checkpoint(self, directory, state=state, hooks=hooks or NO_HOOKS)
+        return trainer_files.save_checkpoint(self, directory, state=state, hooks=hooks or NO_HOOKS)
 
     def load_checkpoint(self, directory) -> dict:
         """Load a checkpoint (any number of servers); returns the saved ``state``."""
-        from ..checkpoint import coordinator
+        from ..checkpoint import trainer_files
 
-        return coordinator.load_checkpoint(self, directory)
+        return trainer_files.load_checkpoint(self, directory)
 
     def save_inference_model(self, directory, *, mode: str = "base", hooks=None):
         """Save filtered embeddings + the TorchScript head (``mode`` base or delta).
@@ -474,10 +474,12 @@ class Trainer:
         ``hooks``: a :class:`~sparseps.checkpoint.hooks.SaveHooks` (fault injection for
         tests); None for none.
         """
-        from ..checkpoint import coordinator
+        from ..checkpoint import trainer_files
         from ..checkpoint.hooks import NO_HOOKS
 
-        return coordinator.save_inference_model(self, directory, mode=mode, hooks=hooks or NO_HOOKS)
+        return trainer_files.save_inference_model(
+            self, directory, mode=mode, hooks=hooks or NO_HOOKS
+        )
 
     def stop(self) -> None:
         """Flush pending pushes and release the connection (servers keep running)."""

@@ -10,7 +10,7 @@ import pytest
 
 from sparseps.data import CRITEO, InMemoryDataset, QueueDataset, Schema
 from sparseps.data import sources as sources_module
-from sparseps.errors import InputError, TimeoutError_
+from sparseps.errors import DeadlineError, InputError
 
 SKIP = {"max_bad_ratio": 1.0}
 GOOD = "\t".join(["1", *["2"] * 13, *["abc"] * 26])
@@ -185,6 +185,6 @@ def test_silent_pipe_command_times_out(tmp_path):
     path = tmp_path / "raw.txt"
     path.write_text("x\n")
     ds = QueueDataset(str(path), SLOT_SCHEMA, 4, pipe_command="sleep 5", pipe_timeout=0.5)
-    with pytest.raises(TimeoutError_, match="printed nothing") as info:
+    with pytest.raises(DeadlineError, match="printed nothing") as info:
         list(ds)
     assert info.value.setting == "pipe_timeout"

@@ -15,7 +15,7 @@ from sparseps.cli import main
 from sparseps.data import CRITEO, Batch, InMemoryDataset, QueueDataset, Schema, shard
 from sparseps.data import sources as sources_module
 from sparseps.data.schema import ID_FILE_SHIFT
-from sparseps.errors import ConfigError, TimeoutError_
+from sparseps.errors import ConfigError, DeadlineError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -219,7 +219,7 @@ def test_wait_preload_done_times_out(tmp_path, monkeypatch):
     real = ds.load_into_memory
     monkeypatch.setattr(ds, "load_into_memory", lambda: (time.sleep(1.0), real()))
     ds.preload_into_memory()
-    with pytest.raises(TimeoutError_, match="preload_into_memory"):
+    with pytest.raises(DeadlineError, match="preload_into_memory"):
         ds.wait_preload_done(timeout=0.05)
     ds.wait_preload_done(timeout=30)
     assert len(ds) == 10

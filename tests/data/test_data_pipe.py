@@ -12,7 +12,7 @@ import pytest
 from sparseps.data.pipe import KILL_GRACE_S, pipe_chunks
 from sparseps.data.schema import CRITEO
 from sparseps.data.sources import CHUNK_BYTES, Format, read_file
-from sparseps.errors import ConfigError, InputError, TimeoutError_
+from sparseps.errors import ConfigError, DeadlineError, InputError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,7 +59,7 @@ def test_a_timeout_kills_every_process_of_the_pipeline(tmp_path, data):
     # the middle member ignores SIGTERM: only the SIGKILL that follows stops it
     command = f"cat | {_member(a)} | {_member(b, ignore_term=True)} | {_member(c)}"
     start = time.monotonic()
-    with pytest.raises(TimeoutError_) as err:
+    with pytest.raises(DeadlineError) as err:
         list(pipe_chunks(command, str(data), timeout=1.5))
     assert err.value.setting == "pipe_timeout" and err.value.op == "pipe_command"
     assert time.monotonic() - start < 1.5 + KILL_GRACE_S + 5
@@ -86,7 +86,7 @@ def test_a_parse_error_stops_the_pipeline_of_that_file(tmp_path, data):
     )
     rows = read_file(str(data), 0, CRITEO, Format.CSV, pipe_command=command, pipe_timeout=30)
     started = time.monotonic()
-    with pytest.raises((InputError, TimeoutError_)) as err:
+    with pytest.raises((InputError, DeadlineError)) as err:
         next(rows)
     pids = _pids(a)
     assert isinstance(err.value, InputError), err.value  # not the 30 s timeout

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from sparseps import role
-from sparseps.errors import ConfigError, TimeoutError_
+from sparseps.errors import ConfigError, DeadlineError
 
 SERVER_ENV = {
     "SPARSEPS_ROLE": "server",
@@ -69,7 +69,7 @@ def test_store_barrier_names_missing_ranks_and_warns(caplog):
 
     store = dist.HashStore()
     store.set("b/2", "1")  # rank 2 arrived; rank 1 never does
-    with caplog.at_level(logging.WARNING), pytest.raises(TimeoutError_) as info:
+    with caplog.at_level(logging.WARNING), pytest.raises(DeadlineError) as info:
         store_barrier(
             store,
             "b",

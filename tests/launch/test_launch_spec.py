@@ -78,7 +78,7 @@ def test_spec_validates_when_built_directly():
 def test_command_line_accepts_fleetrun_spellings_and_passes_script_arguments():
     import argparse
 
-    from sparseps.launch.cli import add_arguments
+    from sparseps.launch.launch_cli import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -93,7 +93,7 @@ def test_command_line_accepts_fleetrun_spellings_and_passes_script_arguments():
 def test_missing_script_is_a_config_error(tmp_path):
     import argparse
 
-    from sparseps.launch.cli import add_arguments, run
+    from sparseps.launch.launch_cli import add_arguments, run
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

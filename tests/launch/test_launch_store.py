@@ -18,7 +18,7 @@ import pytest
 import zmq
 from _launchtools import clean_env, free_port
 
-from sparseps.errors import ConfigError, RemoteError, TimeoutError_, UnavailableError
+from sparseps.errors import ConfigError, DeadlineError, RemoteError, UnavailableError
 from sparseps.launch.store import StoreServer, ZmqStore
 from sparseps.rpc import security
 
@@ -72,7 +72,7 @@ def test_wait_and_get_block_until_another_client_sets(server, store):
 def test_wait_timeout_names_the_key_address_and_setting(server, store):
     store.set("here", "1")
     start = time.monotonic()
-    with pytest.raises(TimeoutError_) as info:
+    with pytest.raises(DeadlineError) as info:
         store.wait(["here", "never"], timedelta(seconds=0.3))
     assert 0.3 <= time.monotonic() - start < 1.5
     exc = info.value
@@ -80,7 +80,7 @@ def test_wait_timeout_names_the_key_address_and_setting(server, store):
     assert (exc.op, exc.address, exc.setting) == ("wait", server.address, "S")
     assert exc.seconds == pytest.approx(0.3)
     store.set_timeout(timedelta(seconds=0.2))  # get uses the store's timeout
-    with pytest.raises(TimeoutError_, match=r"get for key\(s\) \['never'\]"):
+    with pytest.raises(DeadlineError, match=r"get for key\(s\) \['never'\]"):
         store.get("never")
     assert server.stats().waiters == 0  # expired waits are dropped by the server too
     assert store.get("here") == b"1"  # the store works after a timeout
@@ -149,7 +149,7 @@ def test_a_busy_port_and_a_silent_address_are_named():
     assert f"cannot listen on 127.0.0.1:{srv.port}" in str(info.value)
     address = f"127.0.0.1:{free_port()}"
     start = time.monotonic()
-    with pytest.raises(TimeoutError_) as info:
+    with pytest.raises(DeadlineError) as info:
         ZmqStore(address, timeout_s=0.5, setting="S", what="test store")
     assert 0.5 <= time.monotonic() - start < 2.0
     assert (info.value.op, info.value.address, info.value.setting) == ("ping", address, "S")

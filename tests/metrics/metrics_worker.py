@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch.distributed as dist
 
-from sparseps.errors import TimeoutError_, UnavailableError
+from sparseps.errors import DeadlineError, UnavailableError
 from sparseps.metrics import CTRMetrics
 
 N = 30_000
@@ -73,7 +73,7 @@ def main(rank: int, world: int, port: int, out: str) -> None:
         try:
             plain.compute(global_=True, timeout=TIMEOUT_PROBE_S)
             result["probe"] = "no error"
-        except (TimeoutError_, UnavailableError) as exc:
+        except (DeadlineError, UnavailableError) as exc:
             result["probe"] = type(exc).__name__
             result["probe_setting"] = getattr(exc, "setting", None)
         result["probe_s"] = time.monotonic() - start

@@ -58,8 +58,8 @@ def run_online(config: Path, timeout: float = 150) -> subprocess.CompletedProces
 def run_crashing(config: Path, phase: str, seq: int, batches: int = 1,
                  timeout: float = 150) -> subprocess.CompletedProcess:  # fmt: skip
     """Launch the job of ``config`` with worker 0 exiting at ``phase`` of pass ``seq``."""
-    from sparseps.online.cli import launch_argv
     from sparseps.online.config import load_config
+    from sparseps.online.online_cli import launch_argv
 
     loaded = load_config(config)
     loaded.model_dir.mkdir(parents=True, exist_ok=True)

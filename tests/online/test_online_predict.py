@@ -50,8 +50,8 @@ def _config(root: Path) -> Path:
 
 
 def _crash(config: Path, phase: str, seq: int) -> subprocess.CompletedProcess:
-    from sparseps.online.cli import launch_argv
     from sparseps.online.config import load_config
+    from sparseps.online.online_cli import launch_argv
 
     loaded = load_config(config)
     loaded.model_dir.mkdir(parents=True, exist_ok=True)

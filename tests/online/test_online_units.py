@@ -7,7 +7,7 @@ import time
 import pytest
 import yaml
 
-from sparseps.errors import ConfigError, TimeoutError_
+from sparseps.errors import ConfigError, DeadlineError
 from sparseps.online import DataLayout, Ledger, load_config
 from sparseps.online.config import OnlineConfig
 
@@ -118,7 +118,7 @@ def test_wait_ready_times_out_naming_the_split(tmp_path):
     folder = layout.splits(first)[0]
     folder.mkdir(parents=True)
     start = time.monotonic()
-    with pytest.raises(TimeoutError_, match="data.wait_timeout_s") as info:
+    with pytest.raises(DeadlineError, match="data.wait_timeout_s") as info:
         layout.wait_ready(first, timeout=0.3)
     assert 0.25 < time.monotonic() - start < 3 and str(folder) in str(info.value)
     (folder / "_SUCCESS").touch()

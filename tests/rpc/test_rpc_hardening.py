@@ -17,7 +17,7 @@ import pytest
 from sparseps import optim
 from sparseps.config import TableConfig
 from sparseps.env import float_setting
-from sparseps.errors import ConfigError, ProtocolError, TimeoutError_
+from sparseps.errors import ConfigError, DeadlineError, ProtocolError
 from sparseps.rpc.client import PSClient
 from sparseps.rpc.protocol import Limits, decode_request, encode_request
 from sparseps.server.handlers import ServerState
@@ -200,7 +200,7 @@ def test_a_data_plane_timeout_still_names_its_setting():
         client.create_table(CONFIG)
         os.kill(cluster.pid(0), signal.SIGSTOP)
         try:
-            with pytest.raises(TimeoutError_) as info:
+            with pytest.raises(DeadlineError) as info:
                 client.pull("emb", KEYS).wait()
         finally:
             os.kill(cluster.pid(0), signal.SIGCONT)

@@ -16,7 +16,7 @@ from sparseps import optim
 from sparseps.config import TableConfig
 from sparseps.core.routing import server_of
 from sparseps.errors import InputError
-from sparseps.rpc.client_checks import check_counts, check_merged, check_rows
+from sparseps.rpc.client_checks import check_counts_or_none, check_finite_rows, check_merged
 from sparseps.testing import local_cluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -118,14 +118,14 @@ def test_count_and_row_checks_name_argument_position_and_value():
     with pytest.raises(
         InputError, match=r"push 'e': clicks .* 2 bad value\(s\), first -3\.0 at clicks\[3\]"
     ):
-        check_counts(counts, "clicks", "push 'e'", 5)
+        check_counts_or_none(counts, "clicks", "push 'e'", 5)
     with pytest.raises(InputError, match=r"shape \[4\]"):
-        check_counts(counts, "clicks", "push 'e'", 4)
-    assert check_counts(None, "shows", "push 'e'", 5) is None
+        check_counts_or_none(counts, "clicks", "push 'e'", 4)
+    assert check_counts_or_none(None, "shows", "push 'e'", 5) is None
     rows = np.zeros((3, 2), np.float32)
     rows[2, 1] = np.inf
     with pytest.raises(InputError, match=r"1 NaN/inf value\(s\), first inf at grads\[2, 1\]"):
-        check_rows(rows, "grads", "push 'e'", 3)
+        check_finite_rows(rows, "grads", "push 'e'", 3)
 
 
 def test_merged_overflow_names_the_key():

@@ -9,7 +9,7 @@ from torch import nn
 import sparseps as sps
 from sparseps.config import TableConfig
 from sparseps.table import SparseTable
-from sparseps.worker.dense import DenseParams
+from sparseps.worker.dense_params import DenseParams
 from sparseps.worker.modes import AsyncMode, GeoMode
 
 
@@ -69,8 +69,9 @@ def test_async_dense_values_refresh_every_interval_steps(interval):
     module = nn.Linear(1, 1, bias=False)
     nn.init.constant_(module.weight, 1.0)
     strategy = sps.Strategy(mode="async", dense_pull_interval=interval)
-    mode = AsyncMode(servers, DenseParams(module), sps.optim.SGD(lr=0.5), strategy, rank=0)
-    mode.setup()
+    mode = AsyncMode(
+        servers, DenseParams(module), sps.optim.SGD(lr=0.5), strategy, rank=0, tables=[]
+    )  # the constructor makes the state complete (creates and pulls the dense table)
     seen = []
     for _ in range(7):
         mode.before_forward()
@@ -79,7 +80,7 @@ def test_async_dense_values_refresh_every_interval_steps(interval):
     # before step s the worker sees the pushes up to the last multiple of the interval
     assert seen == [1.0 - 0.5 * (s // interval * interval) for s in range(7)]
     pulls = [c for c in servers.calls if c[0] == "pull_dense"]
-    assert len(pulls) == 1 + 7 // interval  # setup + one per interval
+    assert len(pulls) == 1 + 7 // interval  # the constructor + one per interval
     mode.finish_pass()  # a pass ends with the fresh values, whatever the interval
     assert float(mode.dense.values()[0]) == 1.0 - 0.5 * 7
     mode.close()
@@ -90,15 +91,16 @@ def _geo(keep):
     config = TableConfig(name="t", dim=2, rule=sps.optim.SGD(lr=0.1))
     servers.create_table(config)
     strategy = sps.Strategy(mode="geo", k_steps=1, geo_keep_windows=keep)
-    mode = GeoMode(servers, DenseParams(nn.Module()), sps.optim.SGD(lr=0.1), strategy, rank=0)
-    mode.setup()
-    mode.register(config)
+    mode = GeoMode(
+        servers, DenseParams(nn.Module()), sps.optim.SGD(lr=0.1), strategy, rank=0,
+        tables=[config],
+    )  # fmt: skip
     return servers, mode
 
 
 def _step(mode, keys):
     keys = np.asarray(keys, np.uint64)
-    mode.pull("t", keys)
+    mode.pull_rows({"t": keys})
     grads = np.ones((keys.size, 2), np.float32)
     ones = np.ones(keys.size, np.float32)
     mode.apply([("t", keys, grads, ones, ones * 0)], np.zeros(0, np.float32))  # k_steps=1
@@ -116,7 +118,7 @@ def test_geo_local_copy_drops_rows_unused_for_keep_windows(keep):
     assert len(mode.base["t"]) == len(mode.local["t"])  # base follows the local copy
     # a dropped row comes back from the servers, with every update it got there
     before = sum(n for op, n in servers.calls if op == "pull")
-    rows = mode.pull("t", np.array([1], np.uint64))
+    rows = mode.pull_rows({"t": np.array([1], np.uint64)})["t"]
     fetched = sum(n for op, n in servers.calls if op == "pull") - before
     assert fetched == (0 if keep is None else 1)
     np.testing.assert_array_equal(rows, servers.tables["t"].pull(np.array([1], np.uint64)))

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from sparseps.errors import RemoteError, TimeoutError_
+from sparseps.errors import DeadlineError, RemoteError
 from sparseps.worker.pipeline import Prefetcher, PushQueue
 
 
@@ -107,7 +107,7 @@ def test_put_blocks_on_a_full_queue_then_times_out_naming_the_setting():
     row = np.ones((1, 2), np.float32)
     q.put_sparse("t", np.array([1], np.uint64), row)  # fills the queue
     start = time.monotonic()
-    with pytest.raises(TimeoutError_, match="raise Strategy.rpc_timeout") as info:
+    with pytest.raises(DeadlineError, match="raise Strategy.rpc_timeout") as info:
         q.put_sparse("t", np.array([2], np.uint64), row)
     assert time.monotonic() - start >= 0.29
     assert info.value.setting == "Strategy.rpc_timeout" and info.value.op == "push"
@@ -137,7 +137,7 @@ def test_flush_waits_until_every_push_is_applied():
 def test_flush_times_out_when_the_queue_makes_no_progress():
     client = FakeClient()
     q = _held_queue(client, timeout=0.3, setting="Strategy.rpc_timeout")
-    with pytest.raises(TimeoutError_, match="flush made no progress for 0 s") as info:
+    with pytest.raises(DeadlineError, match="flush made no progress for 0 s") as info:
         q.flush()
     assert info.value.setting == "Strategy.rpc_timeout" and info.value.op == "flush"
     client.gate.set()
@@ -202,7 +202,7 @@ def test_prefetcher_times_out_naming_the_setting():
     it = iter(p)
     assert next(it) == 1
     start = time.monotonic()
-    with pytest.raises(TimeoutError_, match="raise Strategy.collective_timeout") as info:
+    with pytest.raises(DeadlineError, match="raise Strategy.collective_timeout") as info:
         next(it)
     assert 0.19 <= time.monotonic() - start < 1.5
     assert info.value.setting == "Strategy.collective_timeout"

@@ -81,7 +81,7 @@ def main() -> int:
             try:
                 sps.barrier_worker(timeout=2.0)
                 record = {"raised": False}
-            except sps.TimeoutError_ as exc:
+            except sps.DeadlineError as exc:
                 record = {
                     "raised": True,
                     "op": exc.op,

@@ -35,7 +35,7 @@ start = time.monotonic()
 try:
     trainer.train_from_dataset([batch], print_period=0)
     result = {"error": None}
-except sps.TimeoutError_ as exc:
+except sps.DeadlineError as exc:
     result = {"error": type(exc).__name__, "setting": exc.setting, "seconds": exc.seconds,
               "message": str(exc)}  # fmt: skip
 result["waited"] = time.monotonic() - start

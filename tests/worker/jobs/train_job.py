@@ -14,7 +14,7 @@ import torch
 import sparseps as sps
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.models import WideDeep
-from sparseps.worker.dense import DenseParams
+from sparseps.worker.dense_params import DenseParams
 
 p = argparse.ArgumentParser()
 p.add_argument("--train", required=True)

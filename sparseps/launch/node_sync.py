@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..env import parse_endpoint
-from ..errors import TimeoutError_, UnavailableError
+from ..errors import DeadlineError, UnavailableError
 
 __all__ = ["Coordinator", "LocalCoordinator", "StoreCoordinator"]
 
@@ -70,7 +70,7 @@ class Coordinator(Protocol):
                 launcher received SIGTERM).
 
         Raises:
-            TimeoutError_: a node with workers did not stop them in time.
+            DeadlineError: a node with workers did not stop them in time.
             UnavailableError: another launcher failed meanwhile, the store is gone, or
                 the wait was cancelled.
         """
@@ -130,7 +130,7 @@ class StoreCoordinator:
     Raises:
         UnavailableError: the hosting launcher cannot listen on the endpoint; the CURVE
             handshake with the store failed (this launcher lacks the job key).
-        TimeoutError_: no store answered at the endpoint within ``timeout_s``.
+        DeadlineError: no store answered at the endpoint within ``timeout_s``.
     """
 
     def __init__(
@@ -146,7 +146,7 @@ class StoreCoordinator:
         worker_nodes: tuple[str, ...] | None = None,
         security=None,
     ) -> None:
-        from .store import StoreServer, ZmqStore  # imports torch: only multi-node launches
+        from .store import open_store  # imports torch: only multi-node launches
 
         self.endpoint = endpoint
         self.host_it = host_it
@@ -163,31 +163,21 @@ class StoreCoordinator:
         self._restart: str | None = None
         self._closed = False
         host, port = parse_endpoint(endpoint, what="control endpoint")
-        server = None
-        if host_it:
-            try:
-                server = StoreServer(host, port, security=security)
-            except UnavailableError as exc:
-                raise UnavailableError(
-                    f"launcher control store: cannot listen on {endpoint} ({exc}); the port "
-                    f"is --master's port + 1, choose another --master port",
-                    op="launch",
-                    role="launcher",
-                    address=endpoint,
-                ) from None
-        try:
-            self._store = ZmqStore(
-                endpoint,
-                timeout_s=timeout_s,
-                setting="--rendezvous-timeout-s",
-                what="launcher control store",
-                security=security,
-                owner=server,
-            )
-        except TimeoutError_ as exc:
-            if server is not None:
-                server.close()
-            raise TimeoutError_(
+        self._store = open_store(
+            endpoint,
+            serve=(host, port) if host_it else None,
+            timeout_s=timeout_s,
+            setting="--rendezvous-timeout-s",
+            what="launcher control store",
+            security=security,
+            cannot_listen=lambda exc: UnavailableError(
+                f"launcher control store: cannot listen on {endpoint} ({exc}); the port "
+                f"is --master's port + 1, choose another --master port",
+                op="launch",
+                role="launcher",
+                address=endpoint,
+            ),
+            no_answer=lambda exc: DeadlineError(
                 f"launcher control store: no launcher answered at {endpoint} within "
                 f"{timeout_s:.0f} s ({exc}); start the launcher on the master host "
                 f"({host}) too, or raise --rendezvous-timeout-s",
@@ -196,11 +186,8 @@ class StoreCoordinator:
                 address=endpoint,
                 seconds=timeout_s,
                 setting="--rendezvous-timeout-s",
-            ) from None
-        except BaseException:
-            if server is not None:
-                server.close()
-            raise
+            ),
+        )
 
     def _key(self, name: str) -> str:
         return self._prefix + name
@@ -306,7 +293,7 @@ class StoreCoordinator:
             )
         if time.monotonic() > deadline:
             late = [n for n, k in keys.items() if not self._store.check([k])]
-            return TimeoutError_(
+            return DeadlineError(
                 f"worker restart {target}: the launchers on {', '.join(late)} did not "
                 f"stop their workers within {self.timeout_s:.0f} s; check that they "
                 f"run, or raise --rendezvous-timeout-s",

@@ -10,8 +10,8 @@ import time
 import pytest
 from _launchtools import free_port
 
-from sparseps.errors import TimeoutError_, UnavailableError
-from sparseps.launch.coordinator import StoreCoordinator
+from sparseps.errors import DeadlineError, UnavailableError
+from sparseps.launch.node_sync import StoreCoordinator
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,7 +58,7 @@ def test_a_restart_asked_by_one_node_is_followed_by_the_other(nodes):
 def test_a_node_that_never_stops_its_workers_times_the_restart_out(nodes):
     a, _ = nodes
     start = time.monotonic()
-    with pytest.raises(TimeoutError_, match=r"launchers on b did not stop") as info:
+    with pytest.raises(DeadlineError, match=r"launchers on b did not stop") as info:
         a.restart("worker 0 on a exited with code 7")
     assert 2.0 <= time.monotonic() - start < 5.0
     assert (info.value.op, info.value.setting) == ("restart", "--rendezvous-timeout-s")

@@ -212,7 +212,7 @@ def _job_security(spec, *, made_here: bool):
 
 
 def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
-    from .coordinator import StoreCoordinator
+    from .node_sync import StoreCoordinator
     from .supervisor import Supervisor, SupervisorConfig
 
     config = SupervisorConfig(
@@ -245,7 +245,7 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
         job_id=spec.job_id,
         node=spec.host,
         # Across nodes the master port is the user's (firewalls); every launcher stops its
-        # workers before any restarts, so worker 0 binds it again (coordinator.py).
+        # workers before any restarts, so worker 0 binds it again (node_sync.py).
         restart_env=None if spec.multi_node else _fresh_master(spec.host),
     )
     return supervisor.run()

@@ -45,7 +45,7 @@ def launch_argv(
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..launch import cli as launch_cli
+    from ..launch import launch_cli
     from .config import load_config
     from .lock import ModelDirLock
     from .model_dir import ModelDir
