@@ -69,7 +69,7 @@ class _PeerError(SparsePSError):
         for name in self._fields:
             setattr(self, name, fields.get(name))
 
-    def __reduce__(self):  # pragma: no cover - exercised by pickle tests
+    def __reduce__(self) -> tuple:  # pragma: no cover - exercised by pickle tests
         fields = {name: getattr(self, name) for name in self._fields}
         return (_rebuild, (type(self), self.message, fields))
 
@@ -82,6 +82,10 @@ class UnavailableError(_PeerError):
     """A peer is unreachable or died (names op, role, rank and address)."""
 
     _fields = ("op", "role", "rank", "address")
+    op: str | None
+    role: str | None
+    rank: int | None
+    address: str | None
 
 
 class DeadlineError(_PeerError, TimeoutError):
@@ -95,6 +99,12 @@ class DeadlineError(_PeerError, TimeoutError):
     """
 
     _fields = ("op", "role", "rank", "address", "seconds", "setting")
+    op: str | None
+    role: str | None
+    rank: int | None
+    address: str | None
+    seconds: float | None
+    setting: str | None
 
 
 # Deprecated: the old name of DeadlineError (the same class), kept because users catch it.
@@ -111,3 +121,9 @@ class RemoteError(_PeerError):
     """
 
     _fields = ("remote_type", "remote_traceback", "role", "rank", "address", "op")
+    remote_type: str | None
+    remote_traceback: str | None
+    role: str | None
+    rank: int | None
+    address: str | None
+    op: str | None
