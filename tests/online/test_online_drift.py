@@ -92,5 +92,9 @@ def test_online_beats_frozen_on_drift_and_inference_matches(tmp_path):
     print(f"\nbayes auc per day {info['bayes_auc']}\nprogressive auc days 2-3: online "
           f"{np.round(online_auc, 4).tolist()} (mean {np.mean(online_auc):.4f}), frozen after "
           f"day 1 {np.round(frozen_auc, 4).tolist()} (mean {np.mean(frozen_auc):.4f})")  # fmt: skip
+    # Deterministic: the job runs in sync mode (the servers apply the sum of both workers'
+    # gradients once per step; seeded data and model), and 4 runs gave
+    # the same AUCs to the last digit (online mean 0.6996, frozen 0.5736; last pass 0.7331
+    # vs 0.5554). No timing enters these two checks, so their margins need no spread.
     assert np.mean(online_auc) > np.mean(frozen_auc) + 0.01
     assert online_auc[-1] > frozen_auc[-1]

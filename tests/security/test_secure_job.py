@@ -108,10 +108,17 @@ def test_secure_two_host_job_matches_plain_and_refuses_a_wrong_key(tmp_path):
         tmp_path / "secure", data, ("--secure", "--key-dir", str(keys)), _wrong_key_client(other)
     )
 
+    print(f"\ntest AUC: plain {plain_auc:.4f}, secure {secure_auc:.4f}")
     assert plain_auc > 0.7 and secure_auc > 0.7
-    # Async training with two workers is not bit-reproducible; the transport must not
-    # change what is learnt beyond that noise.
-    assert abs(secure_auc - plain_auc) < 0.02, (plain_auc, secure_auc)
+    # Async training with two workers is not bit-reproducible (nor is sync mode across two
+    # launchers: two sync runs gave 0.7740/0.7727 and 0.7782/0.7775); the transport must
+    # not change what is learnt beyond that noise. Measured over 8 runs of this test on the
+    # 2-core machine: AUC 0.7634 .. 0.7810 (sd 0.0044 over all 16 jobs), secure - plain
+    # -0.0063 .. +0.0067 (sd 0.0042). The bound is 4 sd of the difference of two
+    # independent jobs (sqrt(2) x 0.0044 = 0.0062 -> 0.025), 6 sd of the measured
+    # differences; the 0.02 before was under 3.5 sd of that. The 0.7 floor is 14 sd under
+    # the lowest run.
+    assert abs(secure_auc - plain_auc) < 0.025, (plain_auc, secure_auc)
     assert probe.returncode == 1, probe.stderr
     assert "UnavailableError" in probe.stderr and "authentication failed" in probe.stderr
     assert "this client's key is not the job's key" in probe.stderr

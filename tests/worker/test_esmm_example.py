@@ -75,6 +75,9 @@ def test_esmm_example_reads_both_labels_from_files(tmp_path):
     assert summary["test_count_ctr"] == summary["test_count_ctcvr"] == 3000
     assert summary["test_positives_ctr"] == clicks  # the label column
     assert summary["test_positives_ctcvr"] == conversions  # click * conversion (extra label)
+    # Deterministic: one process, sync mode, seeded data and model (the multislot run below
+    # equals this one to 1e-6); runs gave ctr 0.8147 and ctcvr 0.7968 every time, so the
+    # 0.7 floor is a regression guard, not a tolerance for noise.
     assert summary["test_auc_ctr"] > 0.7, summary
     assert summary["test_auc_ctcvr"] > 0.7, summary
 

@@ -35,6 +35,11 @@ def test_quick_start_generates_its_data_and_learns_under_the_launcher(tmp_path):
     assert meta["rows"] == 20000 and meta["bayes_auc_test"] > 0.8
     summary = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
     assert summary["rows"] == meta["test_rows"] == 2000  # global: both workers' shares
+    # Async mode with two workers: not bit-reproducible. 8 runs on the 2-core machine gave
+    # 0.7692 .. 0.7811 (mean 0.7751, sd 0.0036): the 0.7 floor is about 20 sd under the
+    # mean. It only says "learned"; it stays loose on purpose while the model defaults are
+    # being tuned (docs/training.md), a tight bound would pin today's defaults.
+    print(f"\ntest AUC {summary['test_auc']:.4f}")
     assert summary["test_auc"] > 0.7, summary
     assert f"test auc: {summary['test_auc']:.4f}" in done.stdout
 

@@ -152,7 +152,12 @@ def test_builtin_models_learn_planted_data(local_worker, planted, model_name):
     bayes = exact_auc(*_bayes(test, slots))
     print(f"{model_name}: logloss {losses}, test AUC {test_auc:.4f} (planted {bayes:.4f})")
     assert losses[1] < losses[0] - 0.01
-    assert test_auc > 0.5 + 0.6 * (bayes - 0.5), (test_auc, bayes)
+    # Async mode, one worker: the push thread and the prefetched pulls race, so the AUC is
+    # a draw, but a narrow one. 8 runs on the 2-core machine (planted 0.9258): DNN 0.9164 ..
+    # 0.9169, DeepFM 0.9152 .. 0.9157 (sd 0.0002 each). The bound, 90% of the planted
+    # model's lift over 0.5 (0.8832), is 0.032 under the lowest run (over 100 sd) and
+    # still fails a model that stopped learning half of what is there (0.6 before: 0.755).
+    assert test_auc > 0.5 + 0.9 * (bayes - 0.5), (test_auc, bayes)
 
 
 def _bayes(batches, slots):

@@ -223,13 +223,15 @@ def sync_auc(planted_data, tmp_path_factory):
 # and which rows a pull sees, depend on thread and process timing, so their AUC is a draw.
 # Measured on the 2-core machine the suite runs on (one launch per run, nothing else
 # changed), test AUC over runs:
-#   geo   (7 runs: 6 here and the failing run of issue 26; its other runs fell inside):
-#         0.7573 .. 0.7716, mean 0.768, sd 0.0052 -> sync - 0.0105 .. sync + 0.0038
-#   async (6 runs): 0.7678 .. 0.7704, mean 0.769, sd 0.0010 -> sync + 0.0000 .. sync + 0.0026
-# Both means sit on sync's AUC (what the test is about); the bound is about 4.5 sd of each
-# mode's spread, so a correct run fails with odds below 1 in 100,000, while a mode that
-# stopped exchanging updates (each worker on half the data, stale rows) loses more.
-# The old 0.01 for geo was 2 sd: it failed one clean run in about twenty.
+#   geo   (15 runs, the failing run of issue 26 among them):
+#         0.7573 .. 0.7719, sd 0.0037 -> sync - 0.0105 .. sync + 0.0041
+#   async (15 runs): 0.7678 .. 0.7704 (sd about 0.001) -> sync + 0.0000 .. sync + 0.0026
+# Both means sit on sync's AUC (what the test is about). The bounds: geo 0.025 is about
+# 6.5 sd of the 15-run spread and more than twice the farthest run seen (0.0105 below
+# sync); async 0.01 is several times its whole range. A correct run fails with odds far
+# below 1 in 100,000, while a mode that stopped exchanging updates (each worker on half
+# the data, stale rows) loses more. The old 0.01 for geo was under 3 sd: it failed one
+# clean run in about twenty.
 CONVERGE_TOLERANCE = {"async": 0.01, "geo": 0.025}
 
 
@@ -264,7 +266,7 @@ def test_sync_mode_names_collective_timeout_when_a_worker_never_joins(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     got = json.loads(out.read_text())
-    assert got["error"] == "TimeoutError_" and got["setting"] == "Strategy.collective_timeout"
+    assert got["error"] == "DeadlineError" and got["setting"] == "Strategy.collective_timeout"
     assert "raise Strategy.collective_timeout" in got["message"]
     # the strategy's limit, not the process group's 1800 s: load can add a little
     assert 1.9 <= got["waited"] < 6.0, got
