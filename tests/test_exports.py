@@ -87,3 +87,52 @@ def test_timeout_error_is_a_deprecated_alias_of_deadline_error():
     # users catch the old name: it must stay the very same class
     assert sparseps.TimeoutError_ is sparseps.DeadlineError
     assert sparseps.errors.TimeoutError_ is sparseps.errors.DeadlineError
+
+
+# sparseps.models is being edited by another change; its 8 unannotated parameters
+# (the rules of DNN/DeepFM/WideDeep/TwoTower, TwoTower's batch arguments) are left to it.
+UNANNOTATED_ELSEWHERE = {"sparseps.models"}
+SUBPACKAGES = ("checkpoint", "core", "data", "files", "launch", "metrics", "nn", "online",
+               "optim", "rpc", "server", "table", "testing", "worker")  # fmt: skip
+
+
+def _public_callables():
+    import inspect
+
+    def members(owner, obj):
+        if inspect.isfunction(obj):
+            yield f"{owner}.{obj.__name__}", obj
+        elif inspect.isclass(obj) and not issubclass(obj, BaseException):
+            for name, member in vars(obj).items():
+                if name == "__init__" or not name.startswith("_"):
+                    member = getattr(obj, name)
+                    if inspect.isfunction(member) or inspect.ismethod(member):
+                        yield f"{owner}.{obj.__name__}.{name}", member
+
+    packages = [("sparseps", sparseps.__all__)]
+    for sub in SUBPACKAGES:
+        module = importlib.import_module(f"sparseps.{sub}")
+        packages.append((f"sparseps.{sub}", getattr(module, "__all__", ())))
+    for package, names in packages:
+        module = importlib.import_module(package)
+        for name in names:
+            obj = getattr(module, name)
+            if not isinstance(obj, types.ModuleType):
+                yield from members(package, obj)
+
+
+def test_the_public_surface_is_annotated():
+    import inspect
+
+    missing = {}
+    for where, function in _public_callables():
+        if any(getattr(function, "__module__", "").startswith(m) for m in UNANNOTATED_ELSEWHERE):
+            continue
+        signature = inspect.signature(function)
+        bare = [p.name for p in signature.parameters.values()
+                if p.name not in ("self", "cls") and p.annotation is inspect.Parameter.empty]  # fmt: skip
+        if function.__name__ != "__init__" and signature.return_annotation is signature.empty:
+            bare.append("return")
+        if bare:
+            missing[where] = bare
+    assert not missing, missing

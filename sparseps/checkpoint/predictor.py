@@ -11,8 +11,10 @@ table admits every key, zeros otherwise — so predictions match the trainer's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +26,9 @@ from ..files import manifest as mf
 from ..files import shards
 from ..table.initializers import initial_values
 from . import inference
+
+if TYPE_CHECKING:
+    from ..data.schema import Batch
 
 __all__ = ["EmbeddingTable", "Predictor"]
 
@@ -100,7 +105,7 @@ class Predictor:
                 else:
                     table.upsert(columns["key"], columns["embedding"].reshape(-1, config.dim))
 
-    def predict_batch(self, batch) -> np.ndarray:
+    def predict_batch(self, batch: Batch) -> np.ndarray:
         """Probabilities ``[B]`` for one :class:`sparseps.data.Batch`."""
         pooled = []
         lookups = {}
@@ -116,7 +121,7 @@ class Predictor:
             logits = self.head(dense, *pooled).reshape(-1)
         return torch.sigmoid(logits).numpy().astype(np.float32)
 
-    def predict(self, dataset) -> np.ndarray:
+    def predict(self, dataset: Iterable[Batch]) -> np.ndarray:
         """Probabilities for every sample of an iterable of batches (a dataset)."""
         parts = [self.predict_batch(batch) for batch in dataset]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)

@@ -70,15 +70,19 @@ class DatasetOptions:
             raise ConfigError("pipe_command: empty command (use None for no command)")
 
     @staticmethod
-    def build(files, schema, batch_size, threads, pipe_command, *, format, rank, world,
-              drop_last, strict, queue_size, pipe_timeout,
-              max_bad_ratio=MAX_BAD_RATIO) -> DatasetOptions:  # fmt: skip
+    def build(
+        files: str | os.PathLike | Sequence[str | os.PathLike], schema: Schema,
+        batch_size: int, threads: int, pipe_command: str | None, *,
+        format: str | Format, rank: int | None, world: int | None, drop_last: bool,
+        strict: bool, queue_size: int, pipe_timeout: float,
+        max_bad_ratio: float = MAX_BAD_RATIO,
+    ) -> DatasetOptions:  # fmt: skip
         """Expand the inputs and resolve rank/world (from the environment when None)."""
         if (rank is None) != (world is None):
             raise ConfigError(
                 f"give both rank and world or neither (got rank={rank}, world={world})"
             )
-        if rank is None:
+        if rank is None or world is None:  # both or neither (checked above)
             role = env.from_environ()
             if role is None:
                 rank, world = 0, 1

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import numbers
 import sys
+from collections.abc import Callable, Iterator
+from typing import Any
 
 __all__ = ["DataGenerator", "MultiSlotDataGenerator", "MultiSlotStringDataGenerator"]
 
@@ -53,14 +55,14 @@ class DataGenerator:
         """How many samples :meth:`generate_batch` receives at a time."""
         self.batch_size_ = batch_size
 
-    def generate_sample(self, line):
+    def generate_sample(self, line: str) -> Callable[[], Iterator[Any]]:
         """Override: return a function returning an iterator of samples for ``line``."""
         raise NotImplementedError(
             "Please rewrite this function to return a list or tuple: "
             "[(name, [feasign, ...]), ...] or ((name, [feasign, ...]), ...)"
         )
 
-    def generate_batch(self, samples):
+    def generate_batch(self, samples: list) -> Callable[[], Iterator[Any]]:
         """Override to rework a batch of samples; by default yields them unchanged."""
 
         def local_iter():

@@ -25,6 +25,7 @@ added counts as the op's identity: 0, -inf, +inf).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from . import distributed
 from .distributed import REDUCE_OPS
 
 __all__ = ["UserStats", "all_reduce"]
+
+# what all_reduce and UserStats.add take: a number, a numpy array or a torch tensor
+Reducible = Any
 
 _IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
 _COMBINE = {"sum": np.add, "max": np.maximum, "min": np.minimum}
@@ -69,7 +73,9 @@ def _restore(array: np.ndarray, kind: str):
     return array
 
 
-def all_reduce(value, op: str = "sum", *, timeout: float = distributed.DEFAULT_TIMEOUT_S):
+def all_reduce(
+    value: Reducible, op: str = "sum", *, timeout: float = distributed.DEFAULT_TIMEOUT_S
+) -> Reducible:
     """``op`` (sum, max, min) of ``value`` over every worker; every worker must call it.
 
     Args:
@@ -99,7 +105,7 @@ class UserStats:
         self._ops: dict[str, str] = {}
         self._kinds: dict[str, str] = {}
 
-    def add(self, name: str, value, op: str = "sum") -> None:
+    def add(self, name: str, value: Reducible, op: str = "sum") -> None:
         """Combine ``value`` into statistic ``name`` with ``op`` (declared by its first add).
 
         Raises:

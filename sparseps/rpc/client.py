@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -53,6 +54,10 @@ from .client_checks import (
 from .handle import Handle, completed
 from .protocol import JOB_ID, Limits
 from .security import Security, security_from_env
+
+if TYPE_CHECKING:
+    from ..config import TableConfig
+    from ..optim.base import Rule
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "DEFAULT_TIMEOUT", "Handle", "PSClient"]
 
@@ -207,7 +212,7 @@ class PSClient:
 
     # -- sparse tables -----------------------------------------------------------------
 
-    def create_table(self, config) -> None:
+    def create_table(self, config: TableConfig) -> None:
         """Create a sparse table on every server (idempotent for an equal config).
 
         Raises:
@@ -248,7 +253,12 @@ class PSClient:
         return Handle(self._channel, [c for _, c in calls], lambda _: None)
 
     def push(
-        self, table: str, keys: np.ndarray, grads: np.ndarray, shows=None, clicks=None
+        self,
+        table: str,
+        keys: np.ndarray,
+        grads: np.ndarray,
+        shows: np.ndarray | None = None,
+        clicks: np.ndarray | None = None,
     ) -> Handle:
         """Apply gradients with the table's rule; ``wait()`` -> None.
 
@@ -261,7 +271,12 @@ class PSClient:
         return self._push("push", table, keys, grads, "grads", shows, clicks)
 
     def push_delta(
-        self, table: str, keys: np.ndarray, deltas: np.ndarray, shows=None, clicks=None
+        self,
+        table: str,
+        keys: np.ndarray,
+        deltas: np.ndarray,
+        shows: np.ndarray | None = None,
+        clicks: np.ndarray | None = None,
     ) -> Handle:
         """Geo mode: add ``deltas`` to the rows (no optimizer rule); else like :meth:`push`."""
         return self._push("push_delta", table, keys, deltas, "deltas", shows, clicks)
@@ -323,7 +338,9 @@ class PSClient:
     def _dense_rank(self, name: str) -> int:
         return dense_server_of(name, self.num_servers)
 
-    def create_dense(self, name: str, size: int, rule, init: np.ndarray | None = None) -> None:
+    def create_dense(
+        self, name: str, size: int, rule: Rule, init: np.ndarray | None = None
+    ) -> None:
         """Create a dense table of ``size`` floats on its server (idempotent when equal)."""
         bufs = [] if init is None else [check_finite_vector(init, f"create_dense {name!r} init")]
         call = self._channel.submit(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from .channel import Call, Channel
 
@@ -29,7 +30,7 @@ class Handle:
         """True when every server answered (``wait`` will not block)."""
         return self._done or all(call.event.is_set() for call in list(self._calls))
 
-    def wait(self, timeout: float | None = None):
+    def wait(self, timeout: float | None = None) -> Any:
         """The result (rows for a pull, None for a push).
 
         Args:

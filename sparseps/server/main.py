@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import zmq
 
@@ -181,7 +182,7 @@ def _ensure_logging() -> None:
         log.setLevel(logging.INFO)
 
 
-def run_from_env(role_env: RoleEnv, **options) -> None:
+def run_from_env(role_env: RoleEnv, **options: Any) -> None:
     """Serve as described by the launcher's environment (DESIGN §2.2).
 
     Args:

@@ -14,12 +14,18 @@ defence, and what geo mode's ``add`` meets when ``values + delta`` overflows flo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..core.validate import check_int
 from ..errors import ConfigError, InputError
 from ..optim import DENSE_RULES, Adam
 from . import input_checks as checks
+
+if TYPE_CHECKING:
+    from ..optim.base import Rule
+    from .push import PushHooks
 
 __all__ = ["DenseTable"]
 
@@ -38,7 +44,13 @@ class DenseTable:
     """
 
     def __init__(
-        self, name: str, size: int, rule=None, init: np.ndarray | None = None, *, hooks=None
+        self,
+        name: str,
+        size: int,
+        rule: Rule | None = None,
+        init: np.ndarray | None = None,
+        *,
+        hooks: PushHooks | None = None,
     ) -> None:
         self.name = name
         self._hooks = hooks

@@ -27,12 +27,16 @@ Memory: 13 bytes per slot (8 key + 4 id + 1 state); the load factor stays in
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numba import njit
 
 from ..core.hashing import draw_seed, seeded_hash
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch
+
+if TYPE_CHECKING:
+    from .growth import Allocator
 
 __all__ = ["KeyIndex"]
 
@@ -210,7 +214,9 @@ class KeyIndex:
         allocator: the memory hook (:class:`~sparseps.table.growth.Allocator`).
     """
 
-    def __init__(self, capacity: int = 64, *, seed: int | None = None, allocator=None) -> None:
+    def __init__(
+        self, capacity: int = 64, *, seed: int | None = None, allocator: Allocator | None = None
+    ) -> None:
         from .growth import DEFAULT_ALLOCATOR
 
         self._allocator = DEFAULT_ALLOCATOR if allocator is None else allocator

@@ -18,6 +18,10 @@ the last decay" (exported as ``unseen_days = 0``, ``touched = 1``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..optim.base import Rule
 
 __all__ = ["RowLayout", "STAT_COLUMNS"]
 
@@ -40,7 +44,7 @@ class RowLayout:
     state_columns: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def for_rule(cls, dim: int, rule) -> RowLayout:
+    def for_rule(cls, dim: int, rule: Rule) -> RowLayout:
         columns = tuple(rule.state_columns(dim))
         return cls(dim=dim, state_dim=sum(w for _, w in columns), state_columns=columns)
 

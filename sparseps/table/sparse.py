@@ -41,7 +41,7 @@ from ..config import Admission, TableConfig
 from ..errors import ConfigError, InputError, ResourceError
 from . import input_checks as checks
 from .batch import add_rows, dedup_merge, gather, init_rows, touch_rows
-from .growth import GrowableMatrix
+from .growth import Allocator, GrowableMatrix
 from .hashmap import KeyIndex
 from .initializers import fill_initial
 from .layout import STAT_COLUMNS, RowLayout
@@ -94,7 +94,11 @@ class SparseTable(TableFiles):
     """
 
     def __init__(
-        self, config: TableConfig, *, allocator=None, hooks: PushHooks | None = None
+        self,
+        config: TableConfig,
+        *,
+        allocator: Allocator | None = None,
+        hooks: PushHooks | None = None,
     ) -> None:
         if not isinstance(config, TableConfig):
             raise ConfigError(f"SparseTable: expected a TableConfig, got {type(config).__name__}")
@@ -182,7 +186,13 @@ class SparseTable(TableFiles):
             )
         return out
 
-    def push(self, keys: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> None:
+    def push(
+        self,
+        keys: np.ndarray,
+        grads: np.ndarray,
+        shows: np.ndarray | None = None,
+        clicks: np.ndarray | None = None,
+    ) -> None:
         """Apply one optimizer step to the rows of ``keys``.
 
         Args:
@@ -198,7 +208,13 @@ class SparseTable(TableFiles):
         """
         self._apply("push", keys, grads, "grads", shows, clicks, delta=False)
 
-    def push_delta(self, keys: np.ndarray, deltas: np.ndarray, shows=None, clicks=None) -> None:
+    def push_delta(
+        self,
+        keys: np.ndarray,
+        deltas: np.ndarray,
+        shows: np.ndarray | None = None,
+        clicks: np.ndarray | None = None,
+    ) -> None:
         """Geo mode: ``embedding += delta`` per key (merged), no optimizer rule or clip.
 
         Same arguments, validation, admission and statistics as :meth:`push`.

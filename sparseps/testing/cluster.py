@@ -24,10 +24,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..errors import ConfigError, SparsePSError, UnavailableError
 from ..rpc.client import PSClient
-from ..rpc.security import security_from_key_dir
+from ..rpc.security import Security, security_from_key_dir
 from ..rpc.transport import free_port
 
 __all__ = ["LocalCluster", "local_cluster"]
@@ -54,7 +55,7 @@ class LocalCluster:
         log_dir: Path,
         timeout: float,
         job_id: str | None = None,
-        security=None,
+        security: Security | None = None,
     ) -> None:
         self.endpoints = tuple(endpoints)
         self.processes = processes
@@ -64,7 +65,7 @@ class LocalCluster:
         self.security = security
         self._clients: list[PSClient] = []
 
-    def client(self, *, timeout: float | None = None, **options) -> PSClient:
+    def client(self, *, timeout: float | None = None, **options: Any) -> PSClient:
         """A new client to all servers (closed with the cluster unless closed before)."""
         options.setdefault("job_id", self.job_id)
         options.setdefault("security", self.security)

@@ -14,6 +14,7 @@ taking ``(dense, *pooled)``; the head alone is what an inference model exports.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,6 +24,10 @@ from torch import nn
 from ..config import Initializer, Lifecycle, TableConfig
 from ..core.lookup import SlotLookup
 from ..errors import ConfigError, InputError
+
+if TYPE_CHECKING:
+    from ..data.schema import Batch
+    from ..optim.base import Rule
 
 __all__ = ["POOLINGS", "SparseEmbedding", "SparseModel", "dense_tensor"]
 
@@ -54,7 +59,7 @@ class SparseEmbedding(nn.Module):
         *,
         slots: Sequence[str] | None = None,
         pooling: str | None = "sum",
-        rule=None,
+        rule: Rule | None = None,
         initializer: Initializer | None = None,
         lifecycle: Lifecycle | None = None,
         seed: int = 0,
@@ -85,7 +90,7 @@ class SparseEmbedding(nn.Module):
     def dim(self) -> int:
         return self.config.dim
 
-    def slot_names(self, batch) -> tuple[str, ...]:
+    def slot_names(self, batch: Batch) -> tuple[str, ...]:
         return self.slots if self.slots is not None else tuple(batch.slots)
 
     def bind(self, lookup: SlotLookup, rows: np.ndarray | torch.Tensor, *, grad: bool) -> None:
@@ -112,7 +117,9 @@ class SparseEmbedding(nn.Module):
     def lookup(self) -> SlotLookup | None:
         return self._lookup
 
-    def forward(self, batch=None):
+    def forward(
+        self, batch: Batch | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         lookup, rows = self._lookup, self._rows
         if lookup is None or rows is None:
             raise InputError(
@@ -130,7 +137,7 @@ class SparseEmbedding(nn.Module):
         return f"table={self.table!r}, dim={self.dim}, pooling={self.pooling!r}"
 
 
-def dense_tensor(batch) -> torch.Tensor:
+def dense_tensor(batch: Batch) -> torch.Tensor:
     """The batch's dense features as a float32 tensor sharing memory with the batch."""
     return torch.from_numpy(np.ascontiguousarray(batch.dense, dtype=np.float32))
 
@@ -146,6 +153,6 @@ class SparseModel(nn.Module):
     embeddings: nn.ModuleList
     head: nn.Module
 
-    def forward(self, batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> torch.Tensor:
         pooled = [emb(batch) for emb in self.embeddings]
         return self.head(dense_tensor(batch), *pooled).reshape(-1)

@@ -13,7 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,12 +28,17 @@ from ..errors import ConfigError, DeadlineError
 from ..metrics import CTRMetrics, MetricResult, ReportConfig, UserStats
 from ..rpc.client import PSClient
 from .binding import TableBinder
-from .losses import LossOutput, as_loss
+from .losses import Loss, LossOutput, as_loss
 from .nn import SparseEmbedding
 from .pipeline import Prefetcher
 from .reporting import PassReporter, Progress
 from .state import TrainingState
 from .strategy import Strategy
+
+if TYPE_CHECKING:
+    from ..checkpoint.hooks import SaveHooks
+    from ..data.schema import Batch
+    from .predict import PredictResult
 
 __all__ = ["InferResult", "PassResult", "Step", "Trainer"]
 
@@ -51,6 +59,10 @@ class Step:
     loss: float
     predictions: np.ndarray
     labels: np.ndarray
+
+
+# ``on_batch(step, stats)``: called after each batch of a pass (see train_from_dataset).
+OnBatch = Callable[[Step, UserStats], None]
 
 
 @dataclass(frozen=True)
@@ -117,14 +129,14 @@ class Trainer:
     def __init__(
         self,
         model: nn.Module,
-        dense_optimizer=None,
+        dense_optimizer: optim.Rule | None = None,
         strategy: Strategy | None = None,
         *,
-        client=None,
+        client: PSClient | None = None,
         num_threads: int | None = 1,
         report: ReportConfig | None = None,
-        loss=None,
-    ):
+        loss: Loss | Callable[[torch.Tensor, Batch], torch.Tensor] | None = None,
+    ) -> None:
         self.model = model
         self.loss = as_loss(loss)
         self.dense_rule = dense_optimizer if dense_optimizer is not None else optim.Adam(lr=0.001)
@@ -259,7 +271,9 @@ class Trainer:
 
     # -- public API ------------------------------------------------------------------------
 
-    def train_from_dataset(self, dataset, *, print_period: int = 100, on_batch=None) -> PassResult:
+    def train_from_dataset(
+        self, dataset: Iterable[Batch], *, print_period: int = 100, on_batch: OnBatch | None = None
+    ) -> PassResult:
         """One pass over ``dataset`` (this worker's share of it); returns global metrics.
 
         Every ``print_period`` batches this worker logs a progress line (0: none).
@@ -337,7 +351,9 @@ class Trainer:
             out,
         )
 
-    def infer_from_dataset(self, dataset, *, on_batch=None) -> InferResult:
+    def infer_from_dataset(
+        self, dataset: Iterable[Batch], *, on_batch: OnBatch | None = None
+    ) -> InferResult:
         """Predict this worker's share of ``dataset``; no pushes (tables stay unchanged).
 
         ``on_batch(step, stats)``: as for :meth:`train_from_dataset`.
@@ -374,12 +390,14 @@ class Trainer:
             preds, label = preds[:, 0], label[:, 0]
         return InferResult(preds, label, result, tasks=tasks, stats=user_stats)
 
-    def evaluate(self, dataset) -> MetricResult:
+    def evaluate(self, dataset: Iterable[Batch]) -> MetricResult:
         """Global metrics (AUC from merged buckets, logloss, ...) of the model on ``dataset``."""
         return self.infer_from_dataset(dataset).metrics
 
-    def predict_from_dataset(self, dataset, out_dir, *, key: str = "sample_id", outputs=(),
-                             unique_keys: bool = False, rows_per_part: int = 1 << 20):  # fmt: skip
+    def predict_from_dataset(
+        self, dataset: Iterable[Batch], out_dir: str | Path, *, key: str = "sample_id",
+        outputs: Sequence[str] = (), unique_keys: bool = False, rows_per_part: int = 1 << 20,
+    ) -> PredictResult:  # fmt: skip
         """Distributed prediction: Parquet parts of every worker's share, plus a manifest.
 
         Collective (every worker calls it). No push, no table growth: pulls never create
@@ -404,7 +422,7 @@ class Trainer:
             rows_per_part=rows_per_part,
         )  # fmt: skip
 
-    def forward_batches(self, dataset):
+    def forward_batches(self, dataset: Iterable[Batch]) -> Iterator[Batch]:
         """Yield ``batch`` with the model bound to its pulled rows, under ``no_grad``.
 
         For tools that run the model forward themselves (prediction); nothing is pushed.
@@ -451,7 +469,9 @@ class Trainer:
         """Keys deleted by shrink since the last inference save (worker 0)."""
         return self.state.tombstones(table)
 
-    def save_checkpoint(self, directory, *, state: dict | None = None, hooks=None):
+    def save_checkpoint(
+        self, directory: str | Path, *, state: dict | None = None, hooks: SaveHooks | None = None
+    ) -> dict | None:
         """Save everything needed to resume (collective); see :mod:`sparseps.checkpoint`.
 
         ``hooks``: a :class:`~sparseps.checkpoint.hooks.SaveHooks` (fault injection for
@@ -462,13 +482,15 @@ class Trainer:
 
         return trainer_files.save_checkpoint(self, directory, state=state, hooks=hooks or NO_HOOKS)
 
-    def load_checkpoint(self, directory) -> dict:
+    def load_checkpoint(self, directory: str | Path) -> dict:
         """Load a checkpoint (any number of servers); returns the saved ``state``."""
         from ..checkpoint import trainer_files
 
         return trainer_files.load_checkpoint(self, directory)
 
-    def save_inference_model(self, directory, *, mode: str = "base", hooks=None):
+    def save_inference_model(
+        self, directory: str | Path, *, mode: str = "base", hooks: SaveHooks | None = None
+    ) -> Path | None:
         """Save filtered embeddings + the TorchScript head (``mode`` base or delta).
 
         ``hooks``: a :class:`~sparseps.checkpoint.hooks.SaveHooks` (fault injection for
