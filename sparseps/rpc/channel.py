@@ -11,6 +11,7 @@ debug line, so a late reply never confuses a later request.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import secrets
@@ -123,6 +124,11 @@ class Channel:
         # rank -> why its server refused our handshake (None: not refused); set and
         # cleared by the I/O thread from monitor events, read by it in _forward.
         self._refused: list[str | None] = [None] * len(self.endpoints)
+        # rank -> requests zmq could not take yet (no usable connection: still connecting,
+        # or torn down by a failed handshake whose monitor event has not arrived yet).
+        # The I/O thread sends them when it can, fails them when the server refuses us,
+        # and drops those whose callers gave up (their wait is bounded by the timeout).
+        self._backlog: list[collections.deque] = [collections.deque() for _ in self.endpoints]
         self._dealers = []
         self._monitors = []
         for endpoint in self.endpoints:
@@ -283,6 +289,7 @@ class Channel:
                         self._deliver(rank_of[sock], sock.recv_multipart(copy=False))
                     else:
                         self._on_event(monitor_of[sock], recv_monitor_message(sock))
+                self._flush_backlogs()
         except zmq.ContextTerminated:  # pragma: no cover - close() joins first
             pass
         except Exception:  # pragma: no cover - a bug here must not hang callers silently
@@ -345,20 +352,38 @@ class Channel:
             if call is not None:
                 self._fail_refused(call)
             return
+        backlog = self._backlog[rank]
+        if backlog:  # keep the order of requests to one server
+            backlog.append(frames[1:])
+            return
         try:
             transport.send_frames(self._dealers[rank], frames[1:], flags=zmq.NOBLOCK)
         except zmq.Again:
-            call_id = peek_request_id(frames[1:2])
-            with self._lock:
-                call = self._pending.pop(call_id, None)
-            if call is not None:
-                self._slots.release()
-                call.failure = UnavailableError(
-                    f"{call.op}: send queue to server {rank} at {self.endpoints[rank]} is full "
-                    f"(connection: {self._state[rank]})",
-                    op=call.op, role="server", rank=rank, address=self.endpoints[rank],
-                )  # fmt: skip
-                call.event.set()
+            backlog.append(frames[1:])
+
+    def _flush_backlogs(self) -> None:
+        """Send what zmq could not take before; fail it if the server refused us."""
+        for rank, backlog in enumerate(self._backlog):
+            while backlog:
+                frames = backlog[0]
+                call_id = peek_request_id(frames[:1])
+                with self._lock:
+                    waiting = call_id in self._pending
+                if not waiting:  # its caller timed out and forgot it
+                    backlog.popleft()
+                    continue
+                if self._refused[rank] is not None:
+                    backlog.popleft()
+                    with self._lock:
+                        call = self._pending.pop(call_id, None)
+                    if call is not None:
+                        self._fail_refused(call)
+                    continue
+                try:
+                    transport.send_frames(self._dealers[rank], frames, flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                backlog.popleft()
 
     def _deliver(self, rank: int, frames: list) -> None:
         try:
