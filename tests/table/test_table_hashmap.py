@@ -17,7 +17,12 @@ def _arr(keys):
     return np.array(keys, dtype=np.uint64)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,  # a fixed seed: the suite cannot fail by chance
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(ops_st)
 def test_key_index_matches_dict(ops):
     index = KeyIndex(capacity=8)  # tiny: every sequence of any length forces rehashes
