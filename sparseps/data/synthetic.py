@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..core.hashing import GOLDEN, mix64_array
 from ..errors import ConfigError
 
 __all__ = [
@@ -72,19 +73,12 @@ RARE_POWER = 0.75
 ZIPF_MEAN = 1.275  # mean of the per-slot exponents, drawn uniform in [1.05, 1.5]
 RARE_RANK = 1000  # values past this frequency rank of their slot count as rare ids
 _SPLITS = {"train": 1, "test": 2, "calibration": 3}
-_M1, _M2, _GOLD = (
-    np.uint64(0xBF58476D1CE4E5B9),
-    np.uint64(0x94D049BB133111EB),
-    np.uint64(0x9E3779B97F4A7C15),
-)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a bijective, well-mixed hash of uint64 (wraps on purpose)."""
-    z = x + _GOLD
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
+    """One splitmix64 step of every value: the Weyl increment (wraps on purpose), then the
+    finaliser of :mod:`sparseps.core.hashing` (the project's one copy of it)."""
+    return mix64_array(x + GOLDEN)
 
 
 def _key(*parts: int) -> np.uint64:
@@ -431,7 +425,7 @@ def write_dataset(out, rows: int, seed: int, *, files: int = 1, test_rows: int |
 
     import pyarrow.csv as pacsv
 
-    from .auc import exact_auc
+    from ..metrics.functions import exact_auc
 
     if isinstance(files, bool) or not isinstance(files, int) or files < 1:
         raise ConfigError(f"files: expected an integer >= 1, got {files!r}")
@@ -469,7 +463,7 @@ def write_dataset(out, rows: int, seed: int, *, files: int = 1, test_rows: int |
         label = np.concatenate(labels) if labels else np.empty(0, np.int8)
         prob = np.concatenate(probs) if probs else np.empty(0)
         result[f"ctr_{split}"] = float(label.mean()) if label.size else float("nan")
-        result[f"bayes_auc_{split}"] = exact_auc(label, prob) if label.size else float("nan")
+        result[f"bayes_auc_{split}"] = exact_auc(prob, label) if label.size else float("nan")
         if split == "test":
             clipped = np.clip(prob, 1e-12, 1 - 1e-12)
             loss = -np.mean(label * np.log(clipped) + (1 - label) * np.log1p(-clipped))

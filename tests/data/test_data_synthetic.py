@@ -11,7 +11,6 @@ import pytest
 
 from sparseps.cli import main
 from sparseps.data import CRITEO, Batch, QueueDataset
-from sparseps.data.auc import exact_auc
 from sparseps.data.synthetic import (
     CARDINALITIES,
     CROSSES,
@@ -27,6 +26,7 @@ from sparseps.data.synthetic import (
     probability,
     rare_signal_share,
 )
+from sparseps.metrics.functions import exact_auc
 
 
 def gen(out, *extra: str) -> int:
@@ -116,7 +116,7 @@ def test_written_rows_match_the_generator_and_its_planted_auc(tmp_path, capsys):
         prob = 1 / (1 + np.exp(-(model.bias + _logits(model, inputs, day=0))))
         np.testing.assert_allclose(prob, np.concatenate([e.prob for e in expected]), rtol=1e-12)
         # ... gives exactly the AUC gen-data printed and stored
-        auc = exact_auc(labels, prob)
+        auc = exact_auc(prob, labels)
         assert auc == pytest.approx(meta[f"bayes_auc_{split}"], abs=1e-12)
         assert f"{auc:.4f} on {split}" in printed
     lines = (tmp_path / "test" / "part-00000.tsv").read_text().splitlines()
@@ -194,10 +194,10 @@ def test_exact_auc_against_all_pairs():
         scores = rng.integers(0, levels, n) / levels  # probabilities, with ties
         pos, neg = scores[labels == 1], scores[labels == 0]
         if not len(pos) or not len(neg):
-            assert exact_auc(labels, scores) == 0.5  # the one rule: undefined -> 0.5
+            assert exact_auc(scores, labels) == 0.5  # the one rule: undefined -> 0.5
             continue
         pairs = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
-        assert exact_auc(labels, scores) == pytest.approx(pairs.mean(), abs=1e-12)
+        assert exact_auc(scores, labels) == pytest.approx(pairs.mean(), abs=1e-12)
 
 
 # --- the data knobs (issue 29) -----------------------------------------------------------
@@ -238,7 +238,7 @@ def _check_recomputed(meta: dict, model) -> None:
         labels, rows = _read_written(meta[f"{split}_files"])
         inputs = replace(rows, values=_uncode(model, rows.values))
         prob = probability(model, model.bias + _logits(model, inputs, day=0))
-        assert exact_auc(labels, prob) == pytest.approx(meta[f"bayes_auc_{split}"], abs=1e-12)
+        assert exact_auc(prob, labels) == pytest.approx(meta[f"bayes_auc_{split}"], abs=1e-12)
         assert labels.mean() == pytest.approx(meta[f"ctr_{split}"])
         # sampling error of the labels (5 sd) plus 5% for the bias solved on 50k rows
         tolerance = 5 * np.sqrt(target * (1 - target) / n) + 0.05 * target
