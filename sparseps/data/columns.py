@@ -13,9 +13,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .hashing import hash_string_array
-from .schema import Batch, DenseTransform, Slot
+from .schema import Batch, DenseTransform, Schema, Slot, extra_label_array, sample_id
 
-__all__ = ["NUMBER_PATTERN", "Parsed", "float_column", "slot_from_ids", "transform_dense"]
+__all__ = [
+    "NUMBER_PATTERN",
+    "Parsed",
+    "float_column",
+    "good_rows_batch",
+    "slot_from_ids",
+    "transform_dense",
+]
 
 # What counts as a number in a text column: a strict subset of what arrow's cast accepts,
 # so that after masking the non-matching values the cast cannot fail.
@@ -35,6 +42,36 @@ class Parsed:
     examples: list[tuple[int, str]] = field(default_factory=list)
     lines: int = 0  # lines of text consumed (good, bad and blank), for the next chunk's numbers
     bad_text: list[bytes] = field(default_factory=list)  # the first bad lines (format hints)
+
+
+def good_rows_batch(
+    schema: Schema,
+    parsed: tuple[np.ndarray, np.ndarray, np.ndarray],
+    lines: int,
+    ok: np.ndarray,
+    slots: dict[str, Slot],
+    file_no: int,
+    first_record: int,
+) -> Batch:
+    """The batch of a compiled parser's good lines.
+
+    Args:
+        parsed: the parser's ``(label, dense, extra)`` outputs, one row per line read.
+        lines: lines read (rows of ``parsed`` that hold data).
+        ok: bool ``[lines]``, the good lines (``slots`` already holds only theirs).
+        first_record: record number of the first good row (names the samples).
+    """
+    label, dense, extra = (column[:lines] for column in parsed)
+    if not ok.all():  # the common case needs no copy
+        label, dense, extra = label[ok], dense[ok], extra[ok]
+    rows = label.shape[0]
+    return Batch(
+        label.astype(np.float32),
+        transform_dense(dense, schema.dense_transform),
+        slots,
+        sample_id(file_no, np.arange(first_record, first_record + rows)),
+        extra_label_array(schema, extra),
+    )
 
 
 def transform_dense(values: np.ndarray, transform: DenseTransform) -> np.ndarray:

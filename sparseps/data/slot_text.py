@@ -28,10 +28,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .columns import Parsed, transform_dense
+from .columns import Parsed, good_rows_batch
 from .hashing import xxh64_bytes, xxh64_range
 from .numbers import POW10, parse_float, parse_uint64
-from .schema import Batch, Schema, Slot, extra_label_array, sample_id
+from .schema import Schema, Slot
 
 __all__ = ["parse_slot_text"]
 
@@ -265,13 +265,7 @@ def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: in
         offsets = np.zeros(rows + 1, np.int64)
         np.cumsum(counts[s], out=offsets[1:])
         slots[name] = Slot(values[slot_start[s] : slot_start[s + 1]], offsets)
-    batch = Batch(
-        label[:lines][ok].astype(np.float32),
-        transform_dense(dense[:lines][ok], schema.dense_transform),
-        slots,
-        sample_id(file_no, np.arange(first_record, first_record + rows)),
-        extra_label_array(schema, extra[:lines][ok]),
-    )
+    batch = good_rows_batch(schema, (label, dense, extra), lines, ok, slots, file_no, first_record)
     bad = np.flatnonzero(status > 0)
     examples = []
     for line in bad[:max_examples]:
