@@ -28,7 +28,7 @@ def slot_embedding(
     table: str,
     dim: int,
     slots: Sequence[str],
-    rule=None,
+    rule: optim.Rule | None = None,
     *,
     zeros: bool = False,
     lifecycle: Lifecycle | None = None,

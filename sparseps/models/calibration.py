@@ -15,8 +15,13 @@ with ``sum sigmoid(logit + d) = clicks``.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..worker.trainer import Step
 
 __all__ = ["ProgressiveCalibrator", "solve_shift"]
 
@@ -58,7 +63,7 @@ class ProgressiveCalibrator:
         self._batches: deque = deque()
         self._kept = 0
 
-    def __call__(self, step, stats=None) -> None:
+    def __call__(self, step: Step, stats: object = None) -> None:
         preds = np.asarray(step.predictions)[:, 0].astype(np.float32)
         labels = np.asarray(step.labels)[:, 0].astype(np.float32)
         self._batches.append((preds, labels))
@@ -74,7 +79,7 @@ class ProgressiveCalibrator:
         labels = np.concatenate([b[1] for b in self._batches])
         return np.concatenate([[labels.sum(), labels.size], predicted_clicks(preds)])
 
-    def shift(self, all_reduce_sum=None) -> float:
+    def shift(self, all_reduce_sum: Callable[[np.ndarray], np.ndarray] | None = None) -> float:
         """The logit shift making predicted clicks equal actual clicks over every worker's
         kept rows (``all_reduce_sum``: a function summing an array over workers; None:
         this worker only)."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..optim import Rule
 from ..worker.nn import SparseModel
 from ._blocks import mlp, slot_embedding
 
@@ -19,7 +20,7 @@ class DeepFMHead(nn.Module):
     The FM term is ``0.5 * sum_k((sum_i v_ik)^2 - sum_i v_ik^2)`` over the slot embeddings.
     """
 
-    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]):
+    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]) -> None:
         super().__init__()
         self.dnn = mlp(num_slots * emb_dim + num_dense, hidden)
         self.dense_linear = nn.Linear(num_dense, 1)
@@ -42,8 +43,8 @@ class DeepFM(SparseModel):
         *,
         emb_dim: int = 8,
         hidden: Sequence[int] = (400, 400, 400),
-        rule=None,
-        first_rule=None,
+        rule: Rule | None = None,
+        first_rule: Rule | None = None,
         table: str = "fm_emb",
         first_table: str = "fm_first",
     ) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..optim import Rule
 from ..worker.nn import SparseModel
 from ._blocks import mlp, slot_embedding
 
@@ -16,7 +17,7 @@ __all__ = ["DNN", "DNNHead"]
 class DNNHead(nn.Module):
     """``(dense [B, D], emb [B, S, d]) -> logits [B, 1]``."""
 
-    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]):
+    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]) -> None:
         super().__init__()
         self.mlp = mlp(num_slots * emb_dim + num_dense, hidden)
 
@@ -34,7 +35,7 @@ class DNN(SparseModel):
         *,
         emb_dim: int = 8,
         hidden: Sequence[int] = (400, 400, 400),
-        rule=None,
+        rule: Rule | None = None,
         table: str = "emb",
     ) -> None:
         super().__init__()

@@ -29,19 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.schema import Batch
+from ..optim import Rule
 from ..worker.losses import Loss, LossOutput
 from ..worker.nn import SparseEmbedding
+from ._blocks import mlp
 
 __all__ = ["InBatchSoftmax", "TwoTower"]
-
-
-def _mlp(width_in: int, hidden: Sequence[int], width_out: int) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for width in hidden:
-        layers += [nn.Linear(width_in, width), nn.ReLU()]
-        width_in = width
-    layers.append(nn.Linear(width_in, width_out))
-    return nn.Sequential(*layers)
 
 
 class TwoTower(nn.Module):
@@ -59,7 +53,7 @@ class TwoTower(nn.Module):
 
     def __init__(self, user_slots: Sequence[str], item_slots: Sequence[str], *, emb_dim: int = 16,
                  hidden: Sequence[int] = (64,), out_dim: int = 16, temperature: float = 0.05,
-                 rule=None, seed: int = 0) -> None:  # fmt: skip
+                 rule: Rule | None = None, seed: int = 0) -> None:  # fmt: skip
         super().__init__()
         if set(user_slots) & set(item_slots):
             from ..errors import ConfigError
@@ -79,20 +73,20 @@ class TwoTower(nn.Module):
         self.item_emb = SparseEmbedding(
             "tt_item", emb_dim, slots=self.item_slots, rule=rule, seed=seed
         )
-        self.user_tower = _mlp(emb_dim * len(self.user_slots), hidden, out_dim)
-        self.item_tower = _mlp(emb_dim * len(self.item_slots), hidden, out_dim)
+        self.user_tower = mlp(emb_dim * len(self.user_slots), hidden, out_dim)
+        self.item_tower = mlp(emb_dim * len(self.item_slots), hidden, out_dim)
 
-    def user_vectors(self, batch) -> torch.Tensor:
+    def user_vectors(self, batch: Batch) -> torch.Tensor:
         return F.normalize(self.user_tower(self.user_emb(batch).flatten(1)), dim=1)
 
-    def item_vectors(self, batch) -> torch.Tensor:
+    def item_vectors(self, batch: Batch) -> torch.Tensor:
         return F.normalize(self.item_tower(self.item_emb(batch).flatten(1)), dim=1)
 
-    def named_outputs(self, batch) -> dict[str, torch.Tensor]:
+    def named_outputs(self, batch: Batch) -> dict[str, torch.Tensor]:
         u, v = self.user_vectors(batch), self.item_vectors(batch)
         return {"user_vec": u, "item_vec": v, "logit": (u * v).sum(1) / self.temperature}
 
-    def forward(self, batch) -> torch.Tensor:
+    def forward(self, batch: Batch) -> torch.Tensor:
         return self.named_outputs(batch)["logit"]
 
 
@@ -113,7 +107,7 @@ class InBatchSoftmax(Loss):
         self.item_key = item_key
         self.log_q = log_q
 
-    def __call__(self, model, batch) -> LossOutput:
+    def __call__(self, model: TwoTower, batch: Batch) -> LossOutput:
         out = model.named_outputs(batch)
         u, v = out["user_vec"], out["item_vec"]
         scores = u @ v.T / model.temperature

@@ -14,6 +14,7 @@ from torch import nn
 
 from .. import optim
 from ..config import Lifecycle
+from ..optim import Rule
 from ..worker.nn import SparseModel
 from ._blocks import mlp, slot_embedding
 
@@ -23,7 +24,7 @@ __all__ = ["WideDeep", "WideDeepHead"]
 class WideDeepHead(nn.Module):
     """The dense part: ``(dense [B, D], deep [B, S, d], wide [B, S, 1]) -> logits [B, 1]``."""
 
-    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]):
+    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]) -> None:
         super().__init__()
         self.deep = mlp(num_slots * emb_dim + num_dense, hidden)
         self.wide_dense = nn.Linear(num_dense, 1)
@@ -56,8 +57,8 @@ class WideDeep(SparseModel):
         *,
         emb_dim: int = 8,
         hidden: Sequence[int] = (400, 400, 400),
-        deep_rule=None,
-        wide_rule=None,
+        deep_rule: Rule | None = None,
+        wide_rule: Rule | None = None,
         deep_table: str = "deep_emb",
         wide_table: str = "wide_emb",
         lifecycle: Lifecycle | None = None,
