@@ -53,8 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--calibrate-rows", type=int, default=50000,
-        help="after the last pass, shift the logit so predicted clicks = clicks over each "
-        "worker's last N training predictions (progressive validation); 0: off",
+        help="after the last pass, shift the logit so that the final model's predicted "
+        "clicks equal the clicks of each worker's last N training rows; 0: off",
     )  # fmt: skip
     p.add_argument("--admit-count", type=int, default=1, help="shows before a key gets a row")
     p.add_argument("--threads", type=int, default=1, help="reader threads per worker")
@@ -114,8 +114,8 @@ def main(argv=None) -> int:
         samples += result.samples
     train_s = time.perf_counter() - start
     shift = 0.0
-    if calibrator is not None:  # every worker computes the same shift (one all-reduce)
-        shift = calibrator.shift(collectives.all_reduce_sum)
+    if calibrator is not None:  # every worker computes the same shift (collective)
+        shift = calibrator.refit(trainer)
         model.head.logit_shift.fill_(shift)
     total = collectives.all_reduce_sum(np.array([samples], np.int64))[0]
     test = QueueDataset([args.test], CRITEO, batch_size=4096, threads=args.threads)
