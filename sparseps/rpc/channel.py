@@ -227,8 +227,9 @@ class Channel:
         if call.failure is not None:
             raise call.failure
         reply = call.reply
+        assert reply is not None, "a call is set with a reply or a failure"
         if not reply.ok:
-            raise self._remote_error(call, reply.error)
+            raise self._remote_error(call, reply.error or {})
         return reply
 
     def forget(self, call: Call) -> None:
@@ -347,8 +348,9 @@ class Channel:
         rank = int.from_bytes(frames[0].bytes, "little")
         if self._refused[rank] is not None:
             # Fail at once rather than queue behind a handshake that keeps failing.
+            call_id = peek_request_id(frames[1:2])
             with self._lock:
-                call = self._pending.pop(peek_request_id(frames[1:2]), None)
+                call = None if call_id is None else self._pending.pop(call_id, None)
             if call is not None:
                 self._fail_refused(call)
             return
@@ -369,7 +371,7 @@ class Channel:
                 call_id = peek_request_id(frames[:1])
                 with self._lock:
                     waiting = call_id in self._pending
-                if not waiting:  # its caller timed out and forgot it
+                if call_id is None or not waiting:  # its caller timed out and forgot it
                     backlog.popleft()
                     continue
                 if self._refused[rank] is not None:
@@ -391,7 +393,7 @@ class Channel:
         except ProtocolError as exc:
             call_id = peek_request_id(frames)
             with self._lock:
-                call = self._pending.pop(call_id, None)
+                call = None if call_id is None else self._pending.pop(call_id, None)
             if call is None:
                 log.warning("dropped a malformed reply from server %d: %s", rank, exc)
                 return
@@ -402,7 +404,7 @@ class Channel:
             call.event.set()
             return
         with self._lock:
-            call = self._pending.pop(reply.id, None)
+            call = None if reply.id is None else self._pending.pop(reply.id, None)
         if call is None:
             log.debug(
                 "dropped a late reply from server %d (request %s gave up waiting)", rank, reply.id

@@ -23,7 +23,7 @@ class Handle:
         self._finish = finish
         self._lock = threading.Lock()
         self._done = False
-        self._value = None
+        self._value: object = None
         self._error: BaseException | None = None
 
     def done(self) -> bool:
@@ -57,17 +57,19 @@ class Handle:
         calls = self._calls
         if not calls:
             return self._finish([]), None
-        limit = self._channel.timeout if timeout is None else float(timeout)
+        channel = self._channel
+        assert channel is not None, "only a handle without calls has no channel"
+        limit = channel.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
         try:
-            replies = [self._channel.wait(call, deadline, limit) for call in calls]
+            replies = [channel.wait(call, deadline, limit) for call in calls]
             return self._finish(replies), None
         except Exception as exc:
             for call in calls:
-                self._channel.forget(call)
+                channel.forget(call)
             return None, exc
 
 
-def completed(value) -> Handle:
+def completed(value: object) -> Handle:
     """A handle that is already resolved to ``value``."""
     return Handle(None, [], lambda _: value)

@@ -33,6 +33,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
+from typing import TypeGuard
 
 import msgpack
 import numpy as np
@@ -138,7 +139,7 @@ class Request:
 class Reply:
     """A decoded reply: ``ok`` with ``result``/``bufs``, or ``error`` (type/message/traceback)."""
 
-    id: int
+    id: int | None  # None: the server could not read the request's id
     ok: bool
     result: object = None
     bufs: tuple[np.ndarray, ...] = ()
@@ -186,7 +187,7 @@ def encode_request(
     Raises:
         ProtocolError: a buffer has a dtype outside the allowlist or is not contiguous.
     """
-    header = {
+    header: dict[str, object] = {
         "v": PROTOCOL_VERSION,
         "op": op,
         "id": request_id,
@@ -210,6 +211,7 @@ def encode_reply(
     error: Mapping | None = None,
 ) -> list:
     """Frames of one reply (``error`` set means ``ok`` is False and carries no buffers)."""
+    header: dict[str, object]
     if error is not None:
         header = {
             "v": PROTOCOL_VERSION,
@@ -252,7 +254,7 @@ def _unpack_header(frame, limits: Limits) -> dict:
     return header
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -357,9 +359,9 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
         )
     header = _unpack_header(frames[0], limits)
     op = header.get("op")
-    schema = OPS.get(op) if isinstance(op, str) else None
-    if schema is None:
+    if not (isinstance(op, str) and op in OPS):
         raise ProtocolError(f"unknown op {op!r:.60} (known: {', '.join(sorted(OPS))})")
+    schema = OPS[op]
     request_id = header.get("id")
     if not (_is_int(request_id) and 0 <= request_id < (1 << 63)):
         raise ProtocolError(

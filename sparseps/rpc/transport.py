@@ -123,6 +123,6 @@ def send_frames(sock: zmq.Socket, frames: Sequence, *, flags: int = 0) -> None:
         if isinstance(frame, np.ndarray):
             # Small buffers are cheaper to copy than to track (zmq's own threshold idea).
             copy = frame.nbytes < 16_384
-            sock.send(memoryview(frame).cast("B") if frame.nbytes else b"", flags | more, copy=copy)
+            sock.send(frame.data.cast("B") if frame.nbytes else b"", flags | more, copy=copy)
         else:
             sock.send(frame, flags | more, copy=not isinstance(frame, zmq.Frame))
