@@ -29,6 +29,8 @@ of defence): the push is rejected whole and the table restored.
 
 from __future__ import annotations
 
+from typing import Literal, TypedDict
+
 import numpy as np
 from numba import njit
 
@@ -39,8 +41,17 @@ F32_MAX = float(np.finfo(np.float32).max)
 #: the smallest normal float32 (1.1754944e-38)
 F32_TINY = float(np.finfo(np.float32).tiny)
 
+
+class _KernelOptions(TypedDict):
+    """The keyword arguments of ``numba.njit`` that :data:`KERNEL` sets (typed for mypy)."""
+
+    nogil: bool
+    cache: bool
+    error_model: Literal["python", "numpy"]
+
+
 #: numba options of every rule kernel
-KERNEL = {"nogil": True, "cache": True, "error_model": "numpy"}
+KERNEL: _KernelOptions = {"nogil": True, "cache": True, "error_model": "numpy"}
 
 
 @njit(nogil=True, cache=True, inline="always")
