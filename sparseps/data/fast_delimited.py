@@ -172,8 +172,8 @@ def parse_unquoted(data: bytes, schema: Schema, names: tuple[str, ...], delimite
             named = "" if column == schema.label else f" {column}"
             reason = f"label{named} is not a finite number ({text!r})"
         else:
-            column = _column_of(data, int(err_a[line]), delimiter)
-            reason = f"{names[column]} is not a finite number ({text!r})"
+            index = _column_of(data, int(err_a[line]), delimiter)
+            reason = f"{names[index]} is not a finite number ({text!r})"
         examples.append((first_line + int(line), reason))
     return Parsed(batch, int(bad.size), examples, lines=int(lines))
 

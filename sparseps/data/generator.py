@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import numbers
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TextIO
 
 __all__ = ["DataGenerator", "MultiSlotDataGenerator", "MultiSlotStringDataGenerator"]
 
@@ -55,7 +55,7 @@ class DataGenerator:
         """How many samples :meth:`generate_batch` receives at a time."""
         self.batch_size_ = batch_size
 
-    def generate_sample(self, line: str) -> Callable[[], Iterator[Any]]:
+    def generate_sample(self, line: str | None) -> Callable[[], Iterator[Any]]:
         """Override: return a function returning an iterator of samples for ``line``."""
         raise NotImplementedError(
             "Please rewrite this function to return a list or tuple: "
@@ -65,19 +65,19 @@ class DataGenerator:
     def generate_batch(self, samples: list) -> Callable[[], Iterator[Any]]:
         """Override to rework a batch of samples; by default yields them unchanged."""
 
-        def local_iter():
+        def local_iter() -> Iterator[Any]:
             yield from samples
 
         return local_iter
 
-    def _gen_str(self, line) -> str:
+    def _gen_str(self, line: Any) -> str:
         raise NotImplementedError("use MultiSlotDataGenerator or MultiSlotStringDataGenerator")
 
     def _emit(self, samples: list, out: list[str]) -> None:
         for sample in self.generate_batch(samples)():
             out.append(self._gen_str(sample))
 
-    def _run(self, lines, stdout) -> None:
+    def _run(self, lines: Iterable[str | None], stdout: TextIO) -> None:
         batch: list = []
         out: list[str] = []
         for line in lines:
@@ -105,7 +105,7 @@ class DataGenerator:
         self._run([None], sys.stdout)
 
 
-def _check_sample(line) -> None:
+def _check_sample(line: object) -> None:
     if not isinstance(line, list | tuple):
         raise ValueError(
             "the output of process() must be in list or tuple type"
@@ -117,7 +117,7 @@ class MultiSlotStringDataGenerator(DataGenerator):
     """Samples of strings: ``[(name, ["a", "b"]), ...]`` -> ``2 a b ...`` (no checks,
     as in Paddle); read with ``format="multislot_string"`` (ids hashed per slot)."""
 
-    def _gen_str(self, line) -> str:
+    def _gen_str(self, line: Any) -> str:
         _check_sample(line)
         return " ".join(f"{len(elements)} {' '.join(elements)}" if elements else "0"
                         for _, elements in line) + "\n"  # fmt: skip
@@ -131,12 +131,13 @@ class MultiSlotDataGenerator(DataGenerator):
     value is an int or a float (a slot with a float is a float slot).
     """
 
-    def _gen_str(self, line) -> str:
+    def _gen_str(self, line: Any) -> str:
         _check_sample(line)
-        first = self._proto_info is None
-        if first:
-            self._proto_info = []
-        elif len(line) != len(self._proto_info):
+        proto = self._proto_info
+        first = proto is None
+        if proto is None:
+            proto = self._proto_info = []
+        elif len(line) != len(proto):
             raise ValueError("the complete field set of two given line are inconsistent.")
         parts = []
         for index, item in enumerate(line):
@@ -150,23 +151,23 @@ class MultiSlotDataGenerator(DataGenerator):
                     "the elements of each field can not be empty, you need padding it in process()."
                 )
             if first:
-                self._proto_info.append((name, "uint64"))
-            elif name != self._proto_info[index][0]:
+                proto.append((name, "uint64"))
+            elif name != proto[index][0]:
                 raise ValueError(
                     "the field name of two given line are not match: "
-                    f"require<{self._proto_info[index][0]}>, get<{name}>."
+                    f"require<{proto[index][0]}>, get<{name}>."
                 )
             parts.append(str(len(elements)))
             parts.append(" ".join(map(self._text, elements)))
-            if self._proto_info[index][1] != "float" and any(
+            if proto[index][1] != "float" and any(
                 isinstance(e, float | numbers.Real) and not isinstance(e, numbers.Integral)
                 for e in elements
             ):
-                self._proto_info[index] = (name, "float")
+                proto[index] = (name, "float")
         return " ".join(parts) + "\n"
 
     @staticmethod
-    def _text(elem) -> str:
+    def _text(elem: object) -> str:
         if isinstance(elem, bool):
             return "1" if elem else "0"
         if isinstance(elem, int | float):

@@ -155,6 +155,7 @@ def hash_string_array(array: pa.Array, slot: str) -> tuple[np.ndarray, np.ndarra
     """
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
+    offset_dtype: type[np.int32] | type[np.int64]
     if pa.types.is_string(array.type) or pa.types.is_binary(array.type):
         offset_dtype = np.int32
     elif pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type):

@@ -27,7 +27,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 
 from ..errors import ConfigError, DeadlineError, InputError
 
@@ -54,7 +54,7 @@ def check_pipe_timeout(timeout: float) -> float:
     return float(timeout)
 
 
-def pipe_chunks(command: str, path: str, *, timeout: float) -> Iterator[bytes]:
+def pipe_chunks(command: str, path: str, *, timeout: float) -> Generator[bytes, None, None]:
     """Run ``command`` with ``path`` on stdin; yield its stdout in pieces.
 
     Raises:
@@ -69,9 +69,11 @@ def pipe_chunks(command: str, path: str, *, timeout: float) -> Iterator[bytes]:
             ["/bin/sh", "-c", command], stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
             start_new_session=True,  # its own process group: the whole pipeline
         )  # fmt: skip
+        stdout = proc.stdout
+        assert stdout is not None  # stdout=PIPE
         done = False
         try:
-            fd = proc.stdout.fileno()
+            fd = stdout.fileno()
             while True:
                 start = time.monotonic()
                 ready, _, _ = select.select([fd], [], [], timeout)
@@ -99,7 +101,7 @@ def pipe_chunks(command: str, path: str, *, timeout: float) -> Iterator[bytes]:
                     + (f"; stderr: {tail}" if tail else "")
                 )
         finally:
-            proc.stdout.close()
+            stdout.close()
             _stop_group(proc, graceful=not done)
 
 

@@ -127,10 +127,10 @@ class Schema:
                 "for the slot text format"
             )
         if self.multislot_order is not None:
-            self._check_multislot_order()
+            self._check_multislot_order(self.multislot_order)
 
-    def _check_multislot_order(self) -> None:
-        order = tuple(self.multislot_order)
+    def _check_multislot_order(self, requested: Sequence[str]) -> None:
+        order = tuple(requested)
         object.__setattr__(self, "multislot_order", order)
         wanted = [*self.labels, *dict.fromkeys(self.dense), *self.slots]
         bad = [n for n in order if not isinstance(n, str) or not n]
@@ -254,7 +254,8 @@ class Batch:
     label: np.ndarray
     dense: np.ndarray
     slots: Mapping[str, Slot]
-    ids: np.ndarray = field(default=None)  # type: ignore[assignment]
+    # None (the default) means 0..B-1, filled in by __post_init__: readers always see an array
+    ids: np.ndarray = field(default=None)  # type: ignore[arg-type]
     extra_labels: np.ndarray | None = None  # float32 [B, K]: Schema.extra_labels
 
     def __post_init__(self) -> None:

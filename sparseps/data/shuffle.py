@@ -9,11 +9,15 @@ flight at once, so no ordering can deadlock). Every wait has a timeout.
 from __future__ import annotations
 
 import datetime
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import DeadlineError, UnavailableError
 from .schema import Batch, Slot
+
+if TYPE_CHECKING:
+    from torch.distributed import Work
 
 __all__ = ["exchange", "group_size", "pack", "unpack"]
 
@@ -23,6 +27,12 @@ def group_size() -> int:
     import torch.distributed as dist
 
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _started(work: Work | None) -> Work:
+    """The pending work of an async op (torch returns None only to a rank outside the group)."""
+    assert work is not None
+    return work
 
 
 def _pad8(raw: bytes | memoryview) -> list:
@@ -98,18 +108,18 @@ def exchange(batch: Batch, destination: np.ndarray, *, timeout: float) -> Batch:
     everyone = torch.zeros(world * world, dtype=torch.int64)
     wait = datetime.timedelta(seconds=timeout)
     try:
-        work = dist.all_gather_into_tensor(everyone, sizes, async_op=True)
-        work.wait(wait)
+        _started(dist.all_gather_into_tensor(everyone, sizes, async_op=True)).wait(wait)
         incoming = everyone.view(world, world)[:, rank].tolist()
-        works, buffers = [], {}
+        works: list[Work] = []
+        buffers = {}
         for peer in range(world):
             if peer == rank:
                 continue
             if payloads[peer].size:
-                works.append(dist.isend(torch.from_numpy(payloads[peer]), dst=peer))
+                works.append(_started(dist.isend(torch.from_numpy(payloads[peer]), dst=peer)))
             if incoming[peer]:
                 buffers[peer] = torch.empty(incoming[peer], dtype=torch.uint8)
-                works.append(dist.irecv(buffers[peer], src=peer))
+                works.append(_started(dist.irecv(buffers[peer], src=peer)))
         for w in works:
             w.wait(wait)
     except RuntimeError as exc:

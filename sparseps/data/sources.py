@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 
@@ -115,7 +115,7 @@ def _line_chunks(pieces: Iterator[bytes]) -> Iterator[bytes]:
         yield data
 
 
-def _file_pieces(path: str) -> Iterator[bytes]:
+def _file_pieces(path: str) -> Generator[bytes, None, None]:
     with open(path, "rb") as f:
         while piece := f.read(CHUNK_BYTES):
             yield piece
