@@ -247,6 +247,10 @@ class TableConfig:
         lifecycle: admission / decay / shrink policy.
         seed: table seed in ``[0, 2**64)``; same seed and key give the same initial row on
             any number of servers.
+        memory_rows: None (default: every row in memory) or the number of rows each
+            server keeps in memory; the others live in a row file under the server's disk
+            dir (``--disk-dir`` / ``SPARSEPS_DISK_DIR``), with identical results
+            (docs/table.md, "Tables larger than memory").
     """
 
     name: str
@@ -255,6 +259,7 @@ class TableConfig:
     initializer: Initializer = field(default_factory=_default_initializer)
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     seed: int = 0
+    memory_rows: int | None = None
 
     def __post_init__(self) -> None:
         from .optim import Rule
@@ -279,10 +284,17 @@ class TableConfig:
                 f"{owner}.lifecycle: got {self.lifecycle!r}, expected a sparseps.config.Lifecycle"
             )
         _set(self, "seed", check_int(owner, "seed", self.seed, ge=0, le=2**64 - 1))
+        if self.memory_rows is not None:
+            rows = check_int(owner, "memory_rows", self.memory_rows, ge=1, le=2**31 - 1)
+            _set(self, "memory_rows", rows)
 
     def to_dict(self) -> dict:
-        """Plain values only (str/int/float/bool/None/list/dict), safe for msgpack and JSON."""
-        return {
+        """Plain values only (str/int/float/bool/None/list/dict), safe for msgpack and JSON.
+
+        ``memory_rows`` appears only when set, so the configs (and the checkpoint files
+        that record them) of in-memory tables are what they were before it existed.
+        """
+        d = {
             "name": self.name,
             "dim": self.dim,
             "rule": self.rule.to_dict(),
@@ -290,6 +302,9 @@ class TableConfig:
             "lifecycle": self.lifecycle.to_dict(),
             "seed": self.seed,
         }
+        if self.memory_rows is not None:
+            d["memory_rows"] = self.memory_rows
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> TableConfig:

@@ -21,6 +21,9 @@ transport (docs/security.md); ``SPARSEPS_KEY_DIR`` is then the folder holding th
 pair (written by ``sparseps keys DIR``). Only the folder's path travels in the
 environment, never a key. Both are honoured in local mode too, for clients of a secure job.
 
+``SPARSEPS_DISK_DIR`` (optional, an absolute path) is a server's folder for the rows of
+tables with ``memory_rows`` beyond that budget (docs/table.md; ``--disk-dir`` overrides it).
+
 With none of them set a script runs in *local mode* (one background server, one
 worker). With some but not all set, :func:`from_environ` raises a :class:`ConfigError`
 naming the missing or malformed variable: a half-configured cluster never silently
@@ -94,6 +97,7 @@ KEY_DIR = "SPARSEPS_KEY_DIR"
 RPC_TIMEOUT = "SPARSEPS_RPC_TIMEOUT"
 FILE_TIMEOUT = "SPARSEPS_FILE_TIMEOUT"  # save/load ops, apart from the data plane's timeout
 FILE_ROOTS = "SPARSEPS_FILE_ROOTS"  # os.pathsep-separated folders a server's file ops may use
+DISK_DIR = "SPARSEPS_DISK_DIR"  # a server's folder for the rows of tables beyond memory_rows
 BARRIER_WARN = "SPARSEPS_BARRIER_WARN_S"
 BARRIER_TIMEOUT = "SPARSEPS_BARRIER_TIMEOUT_S"
 RENDEZVOUS_TIMEOUT = "SPARSEPS_RENDEZVOUS_TIMEOUT_S"
@@ -364,6 +368,19 @@ def file_roots_setting(environ: Mapping[str, str] | None = None) -> tuple[str, .
         if not os.path.isabs(root):
             raise ConfigError(f"{FILE_ROOTS}: {root!r} is not an absolute path")
     return roots or None
+
+
+def disk_dir_setting(environ: Mapping[str, str] | None = None) -> str | None:
+    """The servers' disk dir (``SPARSEPS_DISK_DIR``) for tables with ``memory_rows``, or None.
+
+    Raises:
+        ConfigError: it is not an absolute path.
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(DISK_DIR, "").strip()
+    if text and not os.path.isabs(text):
+        raise ConfigError(f"{DISK_DIR}: {text!r} is not an absolute path")
+    return text or None
 
 
 def job_id_setting(environ: Mapping[str, str] | None = None) -> str | None:

@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from ..env import file_roots_setting
+from ..env import disk_dir_setting, file_roots_setting
 from ..errors import SparsePSError
 from ..rpc.protocol import Limits
 from ..rpc.security import security_from_env, security_from_key_dir
@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the job's key folder (`sparseps keys DIR`): CURVE transport, only key holders "
         "get in (default: SPARSEPS_SECURE/SPARSEPS_KEY_DIR, else plain)",
     )
+    parser.add_argument(
+        "--disk-dir",
+        default=None,
+        help="folder for the rows of tables beyond their memory_rows (default: "
+        "SPARSEPS_DISK_DIR; without one such tables are refused)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             args.rank, endpoints, bind_host=args.bind_host, threads=args.threads,
             limits=limits, job_id=args.job_id,
             file_roots=args.file_root or file_roots_setting(),
+            disk_dir=args.disk_dir or disk_dir_setting(),
             security=security_from_key_dir(args.key_dir) if args.key_dir else security_from_env(),
         )  # fmt: skip
     except SparsePSError as exc:

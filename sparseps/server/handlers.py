@@ -33,6 +33,7 @@ from ..errors import ConfigError, InputError, ProtocolError
 from ..rpc.ops import UPDATE_OPS
 from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
 from .applied import AppliedUpdates
+from .disk_dir import DiskDir
 from .file_guard import FILE_ARGS, FileGuard
 from .file_ops import FileOps
 from .log_budget import LogBudget
@@ -112,6 +113,8 @@ class ServerState(FileOps):
             job id, are refused. None (servers started by hand or by tests) accepts any.
         file_roots: folders the file ops may use (see :mod:`sparseps.server.file_guard`);
             None accepts any absolute path.
+        disk_dir: the folder for the rows of tables with ``memory_rows`` beyond that
+            budget (:mod:`sparseps.server.disk_dir`); None: such tables are refused.
     """
 
     def __init__(
@@ -121,12 +124,14 @@ class ServerState(FileOps):
         endpoint: str,
         job_id: str | None = None,
         file_roots: Sequence[str] | None = None,
+        disk_dir: str | None = None,
     ) -> None:
         self.rank = rank
         self.num_servers = num_servers
         self.endpoint = endpoint
         self.job_id = job_id
         self.file_guard = FileGuard(file_roots, rank)
+        self.disk_dir = None if disk_dir is None else DiskDir(disk_dir, rank)
         self._applied = AppliedUpdates()
         self.log_budget = LogBudget(logging.getLogger("sparseps.server.loop"))
         self.stop_requested = threading.Event()
@@ -138,6 +143,14 @@ class ServerState(FileOps):
         self._ops: dict[str, Callable[[Request], tuple[object, list]]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
         }
+
+    def close(self) -> None:
+        """Delete the tiered tables' disk files and release the disk dir (at stop, once no
+        handler runs: the tables must not be used afterwards)."""
+        for entry in list(self._sparse.values()):
+            entry.table.close()
+        if self.disk_dir is not None:
+            self.disk_dir.close()
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -282,7 +295,12 @@ class ServerState(FileOps):
                     + "; ".join(diff)
                     + f" (existing: {existing.to_dict()}; requested: {config.to_dict()})"
                 )
-            self._sparse[config.name] = _Entry(SparseTable(config))
+            folder = None if self.disk_dir is None else self.disk_dir.path
+            try:
+                table = SparseTable(config, disk_dir=folder)
+            except ConfigError as exc:
+                raise ConfigError(f"server {self.rank}: {exc}") from None
+            self._sparse[config.name] = _Entry(table)
         return {"created": True}, []
 
     def _op_pull(self, request: Request):

@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from ..env import Role, RoleEnv, file_roots_setting, parse_endpoint
+from ..env import Role, RoleEnv, disk_dir_setting, file_roots_setting, parse_endpoint
 from ..errors import ConfigError, UnavailableError
 from ..rpc import transport
 from ..rpc.protocol import Limits
@@ -60,6 +60,7 @@ def serve(
     security: Security | None = None,
     job_id: str | None = None,
     file_roots: Sequence[str] | None = None,
+    disk_dir: str | None = None,
 ) -> None:
     """Serve shard ``rank`` of ``len(endpoints)`` of every table until stopped.
 
@@ -80,6 +81,9 @@ def serve(
             (None accepts any; the launcher always sets it).
         file_roots: folders save/load may use (:mod:`sparseps.server.file_guard`); None
             accepts any absolute path.
+        disk_dir: the folder for tables' rows beyond their ``memory_rows`` (the server
+            takes ``disk_dir/server-RANK``; :mod:`sparseps.server.disk_dir`); None refuses
+            tables with ``memory_rows``.
 
     Raises:
         ConfigError: bad rank, endpoints or threads.
@@ -88,7 +92,7 @@ def serve(
     _check_args(rank, endpoints, threads)
     limits = limits or Limits()
     endpoint = endpoints[rank]
-    state = ServerState(rank, len(endpoints), endpoint, job_id, file_roots)
+    state = ServerState(rank, len(endpoints), endpoint, job_id, file_roots, disk_dir)
     context = transport.new_context()
     # libzmq asks the ZAP handler about every peer; it must run before the socket binds.
     auth = security.authenticator(context) if security is not None else None
@@ -99,6 +103,7 @@ def serve(
     try:
         front.bind(address)
     except zmq.ZMQError as exc:
+        state.close()
         front.close()
         back.close()
         if auth is not None:
@@ -156,6 +161,7 @@ def serve(
             log.warning("server %d: handler threads still busy at stop: %s", rank, ", ".join(busy))
         else:
             context.term()
+            state.close()  # no handler runs any more: the disk files can go
         log.info("server %d stopped", rank)
 
 
@@ -203,4 +209,5 @@ def run_from_env(role_env: RoleEnv, **options: Any) -> None:
     if "security" not in options:
         options["security"] = security_from_key_dir(role_env.key_dir)
     options.setdefault("file_roots", file_roots_setting())
+    options.setdefault("disk_dir", disk_dir_setting())
     serve(role_env.rank, list(role_env.servers), job_id=role_env.job_id, **options)

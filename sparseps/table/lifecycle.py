@@ -29,7 +29,7 @@ from ..config import Admission, Lifecycle
 from ..core.hashing import GOLDEN, mix64
 from .hashmap import FULL
 
-__all__ = ["admit", "decay_slots", "seed_word", "shrink_select", "score"]
+__all__ = ["admit", "decay_slots", "seed_word", "shrink_select", "shrink_select_rows", "score"]
 
 ADMISSION_CODES = {
     Admission.ALWAYS: 0,
@@ -143,7 +143,18 @@ def _shrink_select(sstate, skeys, svals, storage, show_col, unseen_col, nonclick
 def shrink_select(index, storage, show_col: int, unseen_col: int, policy: Lifecycle) -> np.ndarray:
     """Sorted uint64 keys of ``index`` whose rows the policy deletes."""
     skeys, svals, sstate = index.slots()
-    out = np.empty(len(index), np.uint64)
+    return _select(sstate, skeys, svals, len(index), storage, show_col, unseen_col, policy)
+
+
+def shrink_select_rows(keys, ids, storage, show_col: int, unseen_col: int, policy: Lifecycle):
+    """:func:`shrink_select` over the rows ``ids`` (of ``keys``) in the given order (the disk
+    tier passes them in id order: a sequential read of its file)."""
+    full = np.full(keys.shape[0], FULL, np.uint8)
+    return _select(full, keys, ids, keys.shape[0], storage, show_col, unseen_col, policy)
+
+
+def _select(sstate, skeys, svals, size, storage, show_col, unseen_col, policy) -> np.ndarray:
+    out = np.empty(size, np.uint64)
     n = _shrink_select(
         sstate, skeys, svals, storage, show_col, unseen_col, policy.nonclick_coeff,
         policy.click_coeff, policy.shrink_score, float(policy.shrink_unseen_days), out,

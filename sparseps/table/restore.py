@@ -56,8 +56,13 @@ class TableFiles:
             ``unseen_days`` int32 [n] and ``touched`` uint8 [n] (1 = pushed since the last
             decay; optional on import, default 0).
         """
-        keys, ids = self._index.items()
-        columns = gather_columns(self._rows, keys, ids, self._where)
+        if self._tier is None:
+            keys, ids = self._index.items()
+            columns = gather_columns(self._rows, keys, ids, self._where)
+        else:  # every row from the disk (flushed), in id order: one sequential read
+            keys, ids, disk = self._tier.scan(self._index)
+            columns = gather_columns(disk, keys, ids, self._where)
+            self._tier.drop_pages()
         return {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
 
     def export_pending(self) -> dict[str, np.ndarray]:
@@ -103,7 +108,10 @@ class TableFiles:
         self._grow("import_rows", new.size, 0, pending_erases=n)
         if new.size:
             ids[new] = self._index.find_or_insert(keys[new])[0]
-        scatter_rows(self._rows, ids, staged)
+        if self._tier is None:
+            scatter_rows(self._rows, ids, staged)
+        else:  # straight into the tiers: new rows to disk, cached ones in their slots
+            self._tier.write(ids, staged)
         self._pending_index.erase(keys)
 
     def import_pending(self, columns: dict, *, strict: bool = False) -> None:
@@ -151,7 +159,7 @@ class TableFiles:
     # -- restore ----------------------------------------------------------------------
     def empty_like(self):
         """A new, empty table with this one's config and allocator (to restore into)."""
-        return type(self)(self.config, allocator=self._allocator)
+        return type(self)(self.config, allocator=self._allocator, disk_dir=self._disk_dir)
 
     def adopt(self, other) -> None:
         """Take ``other``'s contents (rows, state, counters, pending keys) in one step.
@@ -167,10 +175,15 @@ class TableFiles:
                 f"{self.layout})"
             )
         fresh = self.empty_like()
+        old_tier = self._tier
         self._index, self._store = other._index, other._store
         self._pending_index, self._pending_store = other._pending_index, other._pending_store
+        self._tier = other._tier
         other._index, other._store = fresh._index, fresh._store
         other._pending_index, other._pending_store = fresh._pending_index, fresh._pending_store
+        other._tier = fresh._tier
+        if old_tier is not None:  # the replaced contents' disk file goes now, not at GC
+            old_tier.close()
 
     def restore(self, rows: Iterable[dict], pending: Iterable[dict] = ()) -> None:
         """Make the table exactly the union of ``rows`` and ``pending`` column sets.

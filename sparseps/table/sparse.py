@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import numbers
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,9 +44,11 @@ from .growth import Allocator, GrowableMatrix
 from .hashmap import KeyIndex
 from .initializers import fill_initial
 from .layout import STAT_COLUMNS, RowLayout
-from .lifecycle import decay_slots, shrink_select
+from .lifecycle import decay_slots, shrink_select, shrink_select_rows
 from .push import PushHooks, check_rows, check_staged, gather_rows, scatter_rows, stage_pending
 from .restore import PENDING_WHERE, TableFiles
+from .stats import TableStats
+from .tier import RowTier
 
 __all__ = ["SparseTable", "TableStats"]
 
@@ -55,27 +56,6 @@ log = logging.getLogger(__name__)
 
 INITIAL_ROWS = 256
 _NO_ROWS = np.empty(0, np.int64)
-
-
-@dataclass(frozen=True)
-class TableStats:
-    """A snapshot of a table's size.
-
-    Attributes:
-        name: table name.
-        rows: live (admitted) rows.
-        pending: keys seen but not admitted yet.
-        capacity: rows the storage matrix can hold before it grows.
-        bytes_used: bytes held by storage, hash indexes and pending counters.
-        dim: embedding width.
-    """
-
-    name: str
-    rows: int
-    pending: int
-    capacity: int
-    bytes_used: int
-    dim: int
 
 
 class SparseTable(TableFiles):
@@ -91,6 +71,11 @@ class SparseTable(TableFiles):
             pass one that fails to check out-of-memory behaviour).
         hooks: test hooks (:class:`~sparseps.table.push.PushHooks`) called in the middle
             of a push's in-place apply; None in production.
+        disk_dir: the folder of the disk tier's row file; required when
+            ``config.memory_rows`` is set (:mod:`~sparseps.table.tier`), else unused.
+
+    Raises:
+        ConfigError: ``config.memory_rows`` is set and ``disk_dir`` is not (or does not exist).
     """
 
     def __init__(
@@ -99,6 +84,7 @@ class SparseTable(TableFiles):
         *,
         allocator: Allocator | None = None,
         hooks: PushHooks | None = None,
+        disk_dir: str | None = None,
     ) -> None:
         if not isinstance(config, TableConfig):
             raise ConfigError(f"SparseTable: expected a TableConfig, got {type(config).__name__}")
@@ -112,8 +98,21 @@ class SparseTable(TableFiles):
         self._always = config.lifecycle.admission is Admission.ALWAYS
         self._state0 = np.ascontiguousarray(config.rule.initial_state(config.dim), np.float32)
         self._allocator = allocator
+        self._disk_dir = disk_dir
+        self._tier: RowTier | None = None
+        if config.memory_rows is not None:
+            if disk_dir is None:
+                raise ConfigError(
+                    f"table {config.name!r} has memory_rows={config.memory_rows} but no disk "
+                    "dir to keep the other rows in: start the servers with --disk-dir DIR (or "
+                    "SPARSEPS_DISK_DIR), or leave memory_rows unset to keep every row in memory"
+                )
+            self._tier = RowTier(config.name, self.layout.width, config.memory_rows, disk_dir,
+                                 allocator)  # fmt: skip
         self._index = KeyIndex(allocator=allocator)
-        self._store = GrowableMatrix(INITIAL_ROWS, self.layout.width, np.float32, allocator)
+        # a tiered table keeps its rows in the tier; this matrix stays empty
+        initial = INITIAL_ROWS if self._tier is None else 0
+        self._store = GrowableMatrix(initial, self.layout.width, np.float32, allocator)
         self._pending_index = KeyIndex(allocator=allocator)
         self._pending_store = GrowableMatrix(16, len(PENDING_WHERE), np.float32, allocator)
         self._hooks = hooks
@@ -136,22 +135,42 @@ class SparseTable(TableFiles):
 
     @property
     def nbytes(self) -> int:
+        """Bytes of memory (a tiered table's disk file is not counted)."""
+        tier = 0 if self._tier is None else self._tier.nbytes
         return (
             self._rows.nbytes
+            + tier
             + self._index.nbytes
             + self._pending.nbytes
             + self._pending_index.nbytes
         )
 
     def stats(self) -> TableStats:
+        rows, tier = len(self._index), self._tier
+        in_memory = rows if tier is None else tier.cached_rows
         return TableStats(
             name=self.config.name,
-            rows=len(self._index),
+            rows=rows,
             pending=len(self._pending_index),
-            capacity=int(self._rows.shape[0]),
+            capacity=int(self._rows.shape[0] if tier is None else tier.capacity),
             bytes_used=int(self.nbytes),
             dim=self._dim,
+            memory_rows=in_memory,
+            disk_rows=rows - in_memory,
+            disk_bytes=0 if tier is None else tier.file.nbytes,
+            disk_reads=0 if tier is None else int(tier.counts[0]),
+            disk_writes=0 if tier is None else int(tier.counts[2]),
         )
+
+    @property
+    def disk_path(self) -> str | None:
+        """The disk tier's row file (row id ``r`` = file row ``r``), None if in memory."""
+        return None if self._tier is None else self._tier.file.path
+
+    def close(self) -> None:
+        """Delete a tiered table's disk file (the table must not be used afterwards)."""
+        if self._tier is not None:
+            self._tier.close()
 
     def reserve(self, rows: int) -> None:
         """Pre-size storage for ``rows`` live rows (e.g. before loading a checkpoint)."""
@@ -178,7 +197,13 @@ class SparseTable(TableFiles):
         """
         keys = checks.check_key_array("pull", keys)
         ids = self._index.find(keys)
-        out, missing = gather(self._rows, ids, self._dim)
+        tier = self._tier
+        if tier is None:
+            out, missing = gather(self._rows, ids, self._dim)
+        else:
+            with tier.lock:  # a pull promotes rows: pulls of one table take turns here
+                slots = tier.gather_slots(ids, "pull")  # first: it may grow (move) the cache
+                out, missing = gather(tier.cache, slots, self._dim)
         if missing and self._always:
             where = np.flatnonzero(ids < 0)
             fill_initial(
@@ -237,6 +262,9 @@ class SparseTable(TableFiles):
             merged_counts = np.stack([merged_shows, merged_clicks], axis=1)
             check_staged(op, table, merged_counts, uniq, "merged shows/clicks of a key")
         # -- stage: nothing here changes the table -----------------------------------------
+        tier = self._tier
+        if tier is not None:  # room in memory for every row this push touches
+            tier.begin(uniq.size, op)
         ids = self._index.find(uniq)
         missing = np.flatnonzero(ids < 0)
         pending = None
@@ -274,7 +302,10 @@ class SparseTable(TableFiles):
         else:
             old_ids, old_keys = ids, uniq
         # -- apply to the existing rows in place, restoring them if anything fails ---------
-        rows = self._rows
+        # (tiered: to their cached copies, promoted here; the same kernels on slots)
+        if tier is not None:
+            old_ids = tier.slots(old_ids, op, dirty=True)
+        rows = self._rows if tier is None else tier.cache
         backup = self._scratch_rows("_backup", old_ids.size)
         gather_rows(rows, old_ids, backup)
         try:
@@ -285,12 +316,17 @@ class SparseTable(TableFiles):
             self._grow(op, new.size, 0 if pending is None else pending.inserts.size,
                        pending_erases=0 if pending is None else pending.erases.size)  # fmt: skip
         except BaseException:
-            scatter_rows(self._rows, old_ids, backup)  # re-read: a growth may have moved it
+            # re-read: a growth may have moved the matrix (the cache does not grow here)
+            scatter_rows(self._rows if tier is None else tier.cache, old_ids, backup)
             raise
         # -- commit: allocates nothing --------------------------------------------------
         if fresh is not None:
             new_ids, _ = self._index.find_or_insert(uniq[new])
-            scatter_rows(self._rows, new_ids, fresh)
+            if tier is None:
+                scatter_rows(self._rows, new_ids, fresh)
+            else:  # begin() made room: placing them evicts only rows this push did not touch
+                slots = tier.slots(new_ids, op, load=False, dirty=True)
+                scatter_rows(tier.cache, slots, fresh)
         if pending is not None:
             self._commit_pending(pending)
 
@@ -335,15 +371,21 @@ class SparseTable(TableFiles):
               exact: bool = False) -> None:  # fmt: skip
         """Make room for ``rows`` new rows and ``pending`` new pending keys, or raise
         ResourceError with the table unchanged (an index may have been rehashed larger)."""
-        index, store = self._index, self._store
+        index = self._index
+        store = self._store if self._tier is None else self._tier
         needed = index.high_water + max(0, rows - index.free_ids)
         p_index, p_store = self._pending_index, self._pending_store
         p_needed = p_index.high_water + max(0, pending - p_index.free_ids)
         try:
             index.reserve(max(rows, 0))
-            store.grow_to(needed, exact=exact)
+            if self._tier is None:
+                self._store.grow_to(needed, exact=exact)
+            else:  # disk full raises ResourceError naming the file, before any change
+                self._tier.grow_to(needed, op, exact=exact)
             p_index.reserve(pending, erasing=pending_erases)
             p_store.grow_to(p_needed)
+        except ResourceError:
+            raise
         except MemoryError as exc:
             wanted = (
                 index.bytes_to_reserve(max(rows, 0)) + store.bytes_to_hold(needed, exact=exact)
@@ -368,8 +410,11 @@ class SparseTable(TableFiles):
             rate = self._policy.decay_rate
         if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 < rate <= 1.0:
             raise InputError(f"decay: rate must be a number in (0, 1], found {rate!r}")
-        skeys, svals, sstate = self._index.slots()
-        decay_slots(sstate, svals, self._rows, self._stat0, self._where["unseen"], float(rate))
+        if self._tier is None:
+            skeys, svals, sstate = self._index.slots()
+            decay_slots(sstate, svals, self._rows, self._stat0, self._where["unseen"], float(rate))
+        else:
+            self._tier.decay(self._index, self._stat0, self._where["unseen"], float(rate))
         skeys, svals, sstate = self._pending_index.slots()
         decay_slots(sstate, svals, self._pending, 0, 2, float(rate))
 
@@ -382,10 +427,15 @@ class SparseTable(TableFiles):
         Returns:
             The deleted rows' keys, sorted uint64 (pending keys are not listed).
         """
-        dead = shrink_select(
-            self._index, self._rows, self._stat0, self._where["unseen"], self._policy
-        )
-        self._index.erase(dead)
+        unseen = self._where["unseen"]
+        if self._tier is None:
+            dead = shrink_select(self._index, self._rows, self._stat0, unseen, self._policy)
+            self._index.erase(dead)
+        else:  # the deleted rows leave the disk too: zeroed, their space reused
+            keys, ids, disk = self._tier.scan(self._index)
+            dead = shrink_select_rows(keys, ids, disk, self._stat0, unseen, self._policy)
+            self._tier.forget(self._index.erase(dead))
+            self._tier.drop_pages()
         forgotten = shrink_select(self._pending_index, self._pending, 0, 2, self._policy)
         self._pending_index.erase(forgotten)
         log.info(
@@ -396,4 +446,7 @@ class SparseTable(TableFiles):
 
     def reset_delta_score(self) -> None:
         """Zero every row's delta_score (after a delta save)."""
-        self._rows[: self._index.high_water, self._where["delta_score"]] = 0.0
+        if self._tier is None:
+            self._rows[: self._index.high_water, self._where["delta_score"]] = 0.0
+        else:
+            self._tier.set_column(self._index.high_water, self._where["delta_score"], 0.0)

@@ -1,0 +1,251 @@
+"""The disk tier against the in-memory table: the same ops give bit-identical results.
+
+Oracle: one random sequence of pushes (every rule, every admission policy, geo deltas),
+pulls, decays, shrinks, delta-score resets and restores runs on an in-memory table and on
+a tiered one whose memory budget is a few rows, so nearly every op promotes and evicts.
+Every pull, every shrink's deleted keys, the stats' row counts and the checkpoint files
+written from both tables (rows sorted by key) must be identical. Fixed seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import resource
+import signal
+import zlib
+
+import numpy as np
+import pytest
+
+from sparseps import optim
+from sparseps.config import Initializer, Lifecycle, TableConfig
+from sparseps.errors import ConfigError, ResourceError
+from sparseps.files import shards
+from sparseps.table import SparseTable
+
+DIM = 3
+RULES = [
+    optim.SGD(lr=0.1),
+    optim.Adagrad(lr=0.1),
+    optim.RowwiseAdagrad(lr=0.1),
+    optim.Adam(lr=0.01),
+    optim.FTRL(l1=0.01),
+]
+POLICIES = [
+    Lifecycle(shrink_score=0.3, shrink_unseen_days=2),
+    Lifecycle(admission="count", admit_count=2, shrink_score=0.05),
+    Lifecycle(admission="probability", admit_probability=0.4, shrink_unseen_days=1),
+    Lifecycle(admission="score", admit_score=0.25, shrink_score=0.1),
+]
+
+
+def _pair(tmp_path, rule, policy, memory_rows=6, seed=7):
+    config = TableConfig(name="t", dim=DIM, rule=rule, initializer=Initializer.normal(0, 0.1),
+                         lifecycle=policy, seed=seed)  # fmt: skip
+    tiered = dataclasses.replace(config, memory_rows=memory_rows)
+    return SparseTable(config), SparseTable(tiered, disk_dir=str(tmp_path))
+
+
+def _checkpoint_digests(table: SparseTable, folder) -> dict[str, str]:
+    """sha256 of the table's rows and pending shard files, rows sorted by key (both tables
+    are written with the in-memory table's config, so only the rows can differ)."""
+    meta = {"table": "t", "config": dataclasses.replace(table.config, memory_rows=None).to_dict()}
+    digests = {}
+    for kind, columns in (("rows", table.export_rows()), ("pending", table.export_pending())):
+        order = np.argsort(columns["key"], kind="stable")
+        columns = {name: np.ascontiguousarray(values[order]) for name, values in columns.items()}
+        record = shards.write_shard(folder, f"{kind}.arrow", columns, {**meta, "kind": kind})
+        digests[kind] = record["sha256"]
+        digests[f"{kind}_count"] = record["rows"]
+    return digests
+
+
+def _random_ops(rng, memory: SparseTable, tiered: SparseTable, steps: int, universe: int,
+                batch: int) -> None:  # fmt: skip
+    """Run the same random ops on both tables, asserting equal results op by op."""
+    for step in range(steps):
+        what = rng.random()
+        n = int(rng.integers(1, batch + 1))
+        keys = rng.integers(0, universe, n).astype(np.uint64)
+        if what < 0.5:
+            grads = rng.normal(0, 1, (n, DIM)).astype(np.float32)
+            shows = rng.integers(0, 3, n).astype(np.float32)
+            clicks = np.minimum(shows, rng.integers(0, 2, n)).astype(np.float32)
+            method = "push_delta" if rng.random() < 0.15 else "push"
+            getattr(memory, method)(keys, grads, shows, clicks)
+            getattr(tiered, method)(keys, grads, shows, clicks)
+        elif what < 0.85:
+            np.testing.assert_array_equal(tiered.pull(keys), memory.pull(keys), f"step {step}")
+        elif what < 0.91:
+            rate = float(rng.uniform(0.5, 1.0))
+            memory.decay(rate)
+            tiered.decay(rate)
+        elif what < 0.94:
+            np.testing.assert_array_equal(tiered.shrink(), memory.shrink(), f"step {step}")
+        else:
+            memory.reset_delta_score()
+            tiered.reset_delta_score()
+        a, b = memory.stats(), tiered.stats()
+        assert (a.rows, a.pending) == (b.rows, b.pending), f"step {step}"
+    assert np.array_equal(np.sort(memory.keys()), np.sort(tiered.keys()))
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.admission.value)
+def test_tiered_table_matches_the_in_memory_one(tmp_path, rule, policy):
+    (tmp_path / "disk").mkdir()
+    memory, tiered = _pair(tmp_path / "disk", rule, policy)
+    rng = np.random.default_rng(zlib.crc32(f"{rule.name}/{policy.admission.value}".encode()))
+    _random_ops(rng, memory, tiered, steps=500, universe=300, batch=6)
+    stats = tiered.stats()
+    assert stats.rows >= 20, "the sequence must leave rows to compare"
+    assert stats.disk_rows > stats.memory_rows, "most rows must be on disk with a tiny budget"
+    assert _checkpoint_digests(tiered, tmp_path / "b") == _checkpoint_digests(
+        memory, tmp_path / "a"
+    )
+
+    # a restore goes straight into the tiers, and both tables go on alike afterwards
+    rows, pending = memory.export_rows(), memory.export_pending()
+    memory.restore([rows], [pending])
+    tiered.restore([rows], [pending])
+    _random_ops(rng, memory, tiered, steps=100, universe=300, batch=6)
+    assert _checkpoint_digests(tiered, tmp_path / "d") == _checkpoint_digests(
+        memory, tmp_path / "c"
+    )
+
+
+@pytest.fixture
+def disk(tmp_path):
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    return folder
+
+
+def test_ops_larger_than_the_budget_grow_the_cache_and_stay_exact(disk):
+    memory, tiered = _pair(disk, optim.Adagrad(lr=0.1), POLICIES[1], memory_rows=3)
+    rng = np.random.default_rng(3)
+    _random_ops(rng, memory, tiered, steps=150, universe=2000, batch=400)
+    assert tiered.stats().disk_rows > 0
+    everything = np.sort(memory.keys())  # more rows than the cache holds: it grows mid-pull
+    np.testing.assert_array_equal(tiered.pull(everything), memory.pull(everything))
+    rows_a, rows_b = memory.export_rows(), tiered.export_rows()
+    order_a, order_b = np.argsort(rows_a["key"]), np.argsort(rows_b["key"])
+    for name in rows_a:
+        np.testing.assert_array_equal(rows_a[name][order_a], rows_b[name][order_b], name)
+
+
+def _file_rows(table: SparseTable) -> np.ndarray:
+    """The disk tier's file as it is on disk, read without the table."""
+    return np.fromfile(table.disk_path, np.float32).reshape(-1, table.layout.width)
+
+
+def test_rows_beyond_the_budget_live_in_the_file_with_state_and_counters(disk):
+    config = TableConfig(name="t", dim=DIM, rule=optim.Adagrad(lr=0.1), memory_rows=8)
+    table = SparseTable(config, disk_dir=str(disk))
+    keys = np.arange(500, dtype=np.uint64)
+    for at in range(0, 500, 8):
+        chunk = keys[at : at + 8]
+        ones = np.ones(chunk.size, np.float32)
+        table.push(chunk, np.full((chunk.size, DIM), 0.5, np.float32), clicks=ones)
+    stats = table.stats()
+    assert (stats.rows, stats.memory_rows, stats.disk_rows) == (500, 8, 492)
+    assert stats.disk_bytes >= 500 * table.layout.width * 4
+    assert stats.bytes_used < 500 * table.layout.width * 4  # the rows are not in memory
+    exported = table.export_rows()  # flushes: now every row's latest value is in the file
+    on_disk = {row.tobytes() for row in _file_rows(table)}
+    for i in range(500):
+        row = np.concatenate([exported["embedding"][i], exported["state"][i],
+                              [exported["show"][i], exported["click"][i],
+                               exported["delta_score"][i], -1.0]]).astype(np.float32)  # fmt: skip
+        assert row.tobytes() in on_disk, i
+
+
+def test_shrink_deletes_rows_from_the_disk_too(disk):
+    policy = Lifecycle(shrink_score=1e9)  # every row goes
+    config = TableConfig(name="t", dim=DIM, rule=optim.SGD(lr=0.1),
+                         initializer=Initializer.constant(7.0), lifecycle=policy, memory_rows=4)  # fmt: skip
+    table = SparseTable(config, disk_dir=str(disk))
+    keys = np.arange(100, dtype=np.uint64)
+    for at in range(0, 100, 4):
+        table.push(keys[at : at + 4], np.zeros((4, DIM), np.float32))
+    table.export_rows()
+    assert (_file_rows(table)[:, 0] == 7.0).sum() == 100
+    assert table.shrink().size == 100 and len(table) == 0
+    assert not _file_rows(table).any(), "deleted rows must not stay on disk"
+    assert not table.contains(keys).any()
+    table.push(keys[:4], np.zeros((4, DIM), np.float32))  # the space is reused
+    assert len(table) == 4
+
+
+def test_the_disk_file_is_deleted_on_close_and_on_restore(disk):
+    config = TableConfig(name="t", dim=DIM, memory_rows=2)
+    table = SparseTable(config, disk_dir=str(disk))
+    table.push(np.arange(10, dtype=np.uint64), np.ones((10, DIM), np.float32))
+    first = table.disk_path
+    rows = table.export_rows()
+    table.restore([rows])
+    assert table.disk_path != first and not (disk / first.split("/")[-1]).exists()
+    np.testing.assert_array_equal(table.export_rows()["embedding"], rows["embedding"])
+    table.close()
+    gc.collect()  # the scratch tables of restore() delete their files when collected
+    assert list(disk.iterdir()) == []
+
+
+def test_memory_rows_needs_a_disk_dir(tmp_path):
+    config = TableConfig(name="emb", dim=DIM, memory_rows=10)
+    with pytest.raises(ConfigError, match=r"'emb'.*memory_rows=10.*--disk-dir"):
+        SparseTable(config)
+    with pytest.raises(ConfigError, match="does not exist"):
+        SparseTable(config, disk_dir=str(tmp_path / "missing"))
+    assert TableConfig.from_dict(config.to_dict()) == config
+    assert "memory_rows" not in TableConfig(name="emb", dim=DIM).to_dict()
+    for bad in (0, -1, 1.5, True, 2**31):
+        with pytest.raises(ConfigError, match="memory_rows"):
+            TableConfig(name="emb", dim=DIM, memory_rows=bad)
+
+
+@pytest.fixture
+def file_size_limit():
+    """Set RLIMIT_FSIZE (a real EFBIG from the kernel, like a full disk) for the test."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+
+    def limit(nbytes: int | None) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft if nbytes is None else nbytes, hard))
+
+    yield limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, previous)
+
+
+def test_a_full_disk_rejects_the_push_naming_table_file_and_op(disk, file_size_limit):
+    config = TableConfig(name="emb", dim=DIM, rule=optim.Adagrad(lr=0.1), memory_rows=16,
+                         lifecycle=Lifecycle(admission="count", admit_count=2))  # fmt: skip
+    table = SparseTable(config, disk_dir=str(disk))
+    old = np.arange(200, dtype=np.uint64)
+    table.push(np.concatenate([old, old]), np.ones((400, DIM), np.float32))
+    before_rows, before_pending = table.export_rows(), table.export_pending()
+    before_pull = table.pull(old)
+    new = np.arange(1000, 60_000, dtype=np.uint64)
+    keys = np.concatenate([old, new, new])  # existing rows change, 59000 rows are created
+    grads = np.full((keys.size, DIM), 0.25, np.float32)
+    file_size_limit(1 << 20)  # the file needs ~2.4 MB for the new rows
+    with pytest.raises(ResourceError) as caught:
+        table.push(keys, grads)
+    message = str(caught.value)
+    assert "push" in message and "'emb'" in message and table.disk_path in message
+    assert "File too large" in message and "nothing was changed" in message
+    np.testing.assert_array_equal(table.pull(old), before_pull)
+    after_rows, after_pending = _sorted(table.export_rows()), _sorted(table.export_pending())
+    for before, after in ((before_rows, after_rows), (before_pending, after_pending)):
+        for name, values in _sorted(before).items():
+            np.testing.assert_array_equal(after[name], values, name)
+    file_size_limit(None)
+    table.push(keys, grads)  # with room again the same push goes through
+    assert len(table) == 200 + new.size
+
+
+def _sorted(columns):
+    order = np.argsort(columns["key"], kind="stable")
+    return {name: values[order] for name, values in columns.items()}
