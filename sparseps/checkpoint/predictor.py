@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import TableConfig
-from ..core.lookup import build_lookup
+from ..core.lookup import SlotLookup, build_lookup
 from ..files import manifest as mf
 from ..files import shards
 from ..table.initializers import initial_values
@@ -108,7 +108,7 @@ class Predictor:
     def predict_batch(self, batch: Batch) -> np.ndarray:
         """Probabilities ``[B]`` for one :class:`sparseps.data.Batch`."""
         pooled = []
-        lookups = {}
+        lookups: dict[tuple[str, ...], SlotLookup] = {}
         for spec in self.embeddings:
             slots = tuple(spec["slots"]) if spec["slots"] is not None else tuple(batch.slots)
             lookup = lookups.get(slots) or lookups.setdefault(slots, build_lookup(batch, slots))

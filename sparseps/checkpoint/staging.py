@@ -155,7 +155,8 @@ def commit(
 
 def missing_report(target: Path) -> str:
     """Why there is no folder at ``target``, and what to do, from the leftovers beside it."""
-    complete, partial = [], []
+    complete: list[str] = []
+    partial: list[str] = []
     for folder in leftovers(target, _REPLACED) + leftovers(target, _SAVING):
         (complete if (folder / mf.MANIFEST).is_file() else partial).append(folder.name)
     if not complete and not partial:

@@ -57,7 +57,7 @@ def owner_of(key, num_servers):  # pragma: no cover - compiled
 
 def routing_hash(keys: np.ndarray) -> np.ndarray:
     """The salted splitmix64 finaliser of each key (uint64 in, uint64 out)."""
-    return mix64_array(keys, ROUTING_SALT)
+    return mix64_array(keys, int(ROUTING_SALT))
 
 
 def _check(keys: np.ndarray, num_servers: int) -> None:

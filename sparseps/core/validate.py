@@ -70,11 +70,12 @@ def check_int(
         raise ConfigError(
             f"{owner}.{name}: expected an integer, got {value!r} ({type(value).__name__})"
         )
-    if (ge is not None and value < ge) or (le is not None and value > le):
+    number = int(value)
+    if (ge is not None and number < ge) or (le is not None and number > le):
         low = "-inf" if ge is None else ge
         high = "inf" if le is None else le
         raise ConfigError(f"{owner}.{name}: got {value}, expected an integer in [{low}, {high}]")
-    return int(value)
+    return number
 
 
 def check_known_fields(owner: str, given: Mapping, allowed: set[str] | tuple[str, ...]) -> None:
@@ -109,11 +110,10 @@ def check_key_array(
         InputError: naming the call, the argument, what was expected and what was found.
     """
     expected = ("a C-contiguous " if contiguous else "a ") + "1-D uint64 numpy array"
-    fix = ""
     if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
         fix = "convert with np.ascontiguousarray(keys, dtype=np.uint64)"
     elif contiguous and not keys.flags.c_contiguous:
         fix = "pass np.ascontiguousarray(keys)"
-    if fix:
-        raise InputError(f"{op}: {name} must be {expected}, found {describe_array(keys)}; {fix}")
-    return keys
+    else:
+        return keys
+    raise InputError(f"{op}: {name} must be {expected}, found {describe_array(keys)}; {fix}")

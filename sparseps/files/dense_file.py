@@ -23,7 +23,8 @@ def save_dense_file(directory: Path, arrays: dict[str, np.ndarray]) -> str:
         raise ValueError("save_dense_file: arrays must hold 'values'")
     tmp = Path(directory) / f".{DENSE_FILE}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
-        np.savez(f, **{name: np.asarray(array) for name, array in arrays.items()})
+        # mypy matches the unpacked dict against savez's `allow_pickle: bool` keyword
+        np.savez(f, **{name: np.asarray(array) for name, array in arrays.items()})  # type: ignore[arg-type]
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, Path(directory) / DENSE_FILE)

@@ -84,7 +84,7 @@ def write_json_atomic(path: Path, payload: dict) -> None:
         os.close(dir_fd)
 
 
-def write_manifest(directory: Path, fmt: str, files: dict[str, dict], **sections) -> dict:
+def write_manifest(directory: Path, fmt: str, files: dict[str, dict], **sections: object) -> dict:
     """Write the manifest last. ``files`` maps a name relative to ``directory`` to its record."""
     if fmt not in FORMATS:
         raise CheckpointError(f"unknown model directory format {fmt!r} (expected one of {FORMATS})")
@@ -142,7 +142,7 @@ def check_names(directory: Path, manifest: dict) -> None:
     root = Path(directory).resolve()
     for where, name in _file_names(manifest):
         problem = _name_problem(name)
-        if problem is None:
+        if problem is None and isinstance(name, str):  # always a str when there is no problem
             target = (root / name).resolve()  # follows symlinks, also of missing files' parents
             if not target.is_relative_to(root):
                 problem = f"resolves to {target}, outside the folder (a symlink?)"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from .functions import (
     count_correct,
     grouped_auc,
 )
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 __all__ = ["DEFAULT_NUM_BUCKETS", "CTRMetrics", "MetricResult"]
 
@@ -195,8 +199,8 @@ class CTRMetrics:
         if not self._group_chunks:
             return np.zeros(0, np.uint64), np.zeros(0, np.float64), np.zeros(0, np.uint8)
         if len(self._group_chunks) > 1:  # consolidate once, later calls reuse the result
-            columns = zip(*self._group_chunks, strict=True)
-            self._group_chunks = [tuple(np.concatenate(c) for c in columns)]
+            ids, preds, labels = (np.concatenate(c) for c in zip(*self._group_chunks, strict=True))
+            self._group_chunks = [(ids, preds, labels)]
         return self._group_chunks[0]
 
     def state(self) -> dict[str, np.ndarray]:
@@ -251,7 +255,7 @@ class CTRMetrics:
         self,
         global_: bool = False,
         *,
-        process_group: object = None,
+        process_group: ProcessGroup | None = None,
         timeout: float = distributed.DEFAULT_TIMEOUT_S,
     ) -> MetricResult:
         """Metrics of the samples added so far; the accumulator is left unchanged.
@@ -295,7 +299,14 @@ class CTRMetrics:
         return _result(pos, neg, limbs, grouped_arrays, correct, self._threshold)
 
 
-def _result(pos, neg, limbs, grouped, correct: int, threshold: float) -> MetricResult:
+def _result(
+    pos: np.ndarray,
+    neg: np.ndarray,
+    limbs: np.ndarray,
+    grouped: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    correct: int,
+    threshold: float,
+) -> MetricResult:
     clicks = int(pos.sum())
     count = clicks + int(neg.sum())
     uauc = gauc = None

@@ -13,10 +13,14 @@ Every call waits at most ``timeout`` seconds and turns a stuck or broken peer in
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.deadline import wait_collective
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup, Work
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -34,7 +38,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 1800.0
 
 
-def group_size(group: object = None) -> int:
+def group_size(group: ProcessGroup | None = None) -> int:
     """Number of workers in ``group`` (the default group when None); 1 when not initialised."""
     import torch.distributed as dist
 
@@ -43,7 +47,7 @@ def group_size(group: object = None) -> int:
     return dist.get_world_size(group)
 
 
-def _wait(work, op: str, group: object, timeout: float) -> None:
+def _wait(work: Work | None, op: str, group: ProcessGroup | None, timeout: float) -> None:
     import torch.distributed as dist
 
     wait_collective(
@@ -56,7 +60,9 @@ def _wait(work, op: str, group: object, timeout: float) -> None:
     )
 
 
-def all_reduce_sum(array: np.ndarray, *, group: object = None, timeout: float) -> np.ndarray:
+def all_reduce_sum(
+    array: np.ndarray, *, group: ProcessGroup | None = None, timeout: float
+) -> np.ndarray:
     """Element-wise sum of an int64 array over the workers of ``group``; returns a new array."""
     import torch
     import torch.distributed as dist
@@ -75,7 +81,7 @@ REDUCE_OPS = ("sum", "max", "min")
 
 
 def all_reduce_array(
-    array: np.ndarray, op: str, *, group: object = None, timeout: float
+    array: np.ndarray, op: str, *, group: ProcessGroup | None = None, timeout: float
 ) -> np.ndarray:
     """Element-wise ``op`` (sum, max, min) of a float64 or int64 array over the workers.
 
@@ -103,7 +109,9 @@ def all_reduce_array(
     return tensor.numpy()
 
 
-def all_gather_rows(rows: np.ndarray, *, group: object = None, timeout: float) -> np.ndarray:
+def all_gather_rows(
+    rows: np.ndarray, *, group: ProcessGroup | None = None, timeout: float
+) -> np.ndarray:
     """Concatenate an int64 ``[m_r, k]`` array from every worker, in rank order.
 
     ``m_r`` may differ between workers (zero included); rows are padded to the longest

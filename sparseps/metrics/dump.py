@@ -205,13 +205,13 @@ class FieldDumper:
         self._buffered += batch.num_rows
         self._rows += batch.num_rows
         if self._buffered >= self.rows_per_group:
-            self._flush()
+            self._flush(self._pass)
 
-    def _flush(self) -> None:
+    def _flush(self, pass_id: int) -> None:
         if not self._buffer:
             return
         if self._writer is None:
-            self._tmp = _atomic_target(self.path(self._pass))
+            self._tmp = _atomic_target(self.path(pass_id))
             self._writer = pq.ParquetWriter(self._tmp, self._schema)
         self._writer.write_table(pa.Table.from_batches(self._buffer), row_group_size=self._buffered)
         self._buffer, self._buffered = [], 0
@@ -224,7 +224,7 @@ class FieldDumper:
         if self._pass is None:
             raise InputError("FieldDumper.end_pass: no pass is open")
         target = self.path(self._pass)
-        self._flush()
+        self._flush(self._pass)
         if self._writer is None:  # no rows this pass
             schema = self._schema or pa.schema([(f, pa.null()) for f in self.fields])
             self._tmp = _atomic_target(target)
@@ -232,7 +232,9 @@ class FieldDumper:
         else:
             self._writer.close()
             self._writer = None
-        os.replace(self._tmp, target)
+        tmp = self._tmp
+        assert tmp is not None, "the pass file is opened with the writer or just above"
+        os.replace(tmp, target)
         log.info("dumped %d rows of fields %s to %s", self._rows, list(self.fields), target)
         self._pass = None
         return target
@@ -283,7 +285,8 @@ def dump_params(
     target = pass_dir(directory, pass_id) / file
     tmp = _atomic_target(target)
     with open(tmp, "wb") as f:  # a file object keeps np.savez from appending ".npz"
-        np.savez(f, **arrays)
+        # mypy matches the unpacked dict against savez's `allow_pickle: bool` keyword
+        np.savez(f, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, target)
     log.info("dumped parameters %s to %s", sorted(arrays), target)
     return target

@@ -215,6 +215,8 @@ def grouped_auc(pred: object, label: object, group: object) -> GroupedAUC:
     n = p.size
     if n == 0:
         return GroupedAUC(0.5, 0.5, 0)
+    if g is None:
+        raise InputError("grouped_auc: group ids are required (one per prediction), got None")
     order = np.lexsort((p, g))
     g, p, y = g[order], p[order], y[order]
     new_group = np.concatenate(([True], g[1:] != g[:-1]))

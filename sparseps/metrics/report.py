@@ -59,7 +59,7 @@ class Phase(StrEnum):
     TEST = "test"
 
 
-def _phase(value: object) -> Phase:
+def _phase(value: str) -> Phase:
     try:
         return Phase(value)
     except ValueError:
@@ -116,7 +116,11 @@ class JsonlReporter:
             ConfigError: bad ``pass_id`` or ``phase``, or an ``extra`` key that would
                 overwrite a metric.
         """
-        record = {"pass": _check_pass(pass_id), "phase": _phase(phase).value, "time": time.time()}
+        record: dict[str, object] = {
+            "pass": _check_pass(pass_id),
+            "phase": _phase(phase).value,
+            "time": time.time(),
+        }
         record.update(result.to_dict())
         clash = set(extra) & set(record)
         if clash:
