@@ -18,7 +18,10 @@ label noise and more missing values. For each family (one seed) and on the same 
 Records per family ``F``: ``test_auc[F]``, ``test_logloss[F]``, ``copc[F]`` and
 ``samples_per_s[F]`` (value: sparseps, baseline: torch), ``bayes_auc[F]`` (the planted
 model's test AUC), ``legacy_test_auc[F]`` / ``legacy_samples_per_s[F]`` (value: sparseps,
-baseline: legacy) and ``paddle_test_auc[F]`` (value: sparseps, baseline: Paddle).
+baseline: legacy), ``paddle_test_auc[F]``, ``paddle_test_logloss[F]`` and
+``paddle_samples_per_s[F]`` (value: sparseps, baseline: Paddle; the full grid only, not
+``--quick``) and, on ``MODE_FAMILIES``, ``sync_test_auc[F]`` / ``geo_test_auc[F]``
+(value: that mode, baseline: async).
 
 Seeds: families are drawn with ``TUNE_SEEDS`` while choosing defaults and reported with
 ``REPORT_SEEDS`` (never used for choosing). ``python bench/quality.py --help`` runs
@@ -56,9 +59,11 @@ FAMILIES: dict[str, dict] = {
     "ctr10%-strong": {"click_rate": 0.10, "signal": 2.4, "zipf": 1.5},
 }
 QUICK_FAMILIES = ("ctr1%", "ctr25%")
+# families the sync and geo modes are measured on too (the full grid)
+MODE_FAMILIES = ("ctr1%", "ctr4%", "ctr25%")
 TUNE_SEEDS = (101, 102)
 REPORT_SEEDS = (201,)
-ROWS, TEST_ROWS = 300_000, 100_000
+ROWS, TEST_ROWS = 300_000, 300_000  # 1,500 test clicks at 0.5%: COPC to about +-3%
 QUICK_ROWS, QUICK_TEST_ROWS, QUICK_HASH_ROWS = 10_000, 4_000, 1 << 18
 BATCH = 512
 HASH_ROWS = 1 << 22
@@ -192,7 +197,7 @@ def run_paddle(script: Path, folder: Path) -> dict:
     }
 
 
-def _family_records(family, seed, meta, ours, torch_, legacy, paddle) -> list[BenchRecord]:
+def _family_records(family, seed, meta, ours, torch_, legacy, paddle, modes) -> list[BenchRecord]:
     params = {"family": family, "seed": seed, "rows": meta["rows"],
               "test_rows": meta["test_rows"], **FAMILIES[family]}  # fmt: skip
     name = f"[{family}]"
@@ -239,18 +244,33 @@ def _family_records(family, seed, meta, ours, torch_, legacy, paddle) -> list[Be
             ),  # fmt: skip
         ]
     if paddle is not None:
-        out.append(BenchRecord("paddle_test_auc" + name, ours["test_auc"], "auc",
-                               paddle["test_auc"], {**params, **{f"paddle_{k}": v
-                               for k, v in paddle.items()}}))  # fmt: skip
+        extra = {**params, **{f"paddle_{k}": v for k, v in paddle.items()}}
+        out += [
+            BenchRecord("paddle_test_auc" + name, ours["test_auc"], "auc", paddle["test_auc"],
+                        extra),
+            BenchRecord("paddle_test_logloss" + name, ours["test_logloss"], "logloss",
+                        paddle["test_logloss"], extra),
+            BenchRecord("paddle_samples_per_s" + name, ours["samples_per_s"], "samples/s",
+                        paddle["samples_per_s"], extra),
+        ]  # fmt: skip
+    for mode, got in modes.items():
+        out.append(BenchRecord(f"{mode}_test_auc" + name, got["test_auc"], "auc",
+                               ours["test_auc"], {**params, "mode": mode,
+                               "test_logloss": got["test_logloss"], "copc": got["test_copc"],
+                               "samples_per_s": got["samples_per_s"]}))  # fmt: skip
     return out
 
 
 def grid(families, seeds, *, rows: int, test_rows: int, job_args: str = "",
          torch_baseline: bool = True, legacy: bool = False, paddle: bool = True,
+         modes: tuple[str, ...] = (), mode_families: tuple[str, ...] = (),
          hash_rows: int = HASH_ROWS, log=print) -> list[BenchRecord]:  # fmt: skip
-    """Every family x seed, sequentially (the machine is shared)."""
+    """Every family x seed, sequentially (the machine is shared). ``modes``: other
+    training modes of the demo job (sync, geo) run on ``mode_families`` too."""
     script = paddle_peer() if paddle else None
-    if paddle and script is None:
+    if not paddle:
+        log("bench quality: the Paddle peer is not run (--quick, or asked not to)")
+    elif script is None:
         log(f"bench quality: the Paddle peer is not available here (no Paddle "
             f"{PADDLE_VERSION} environment at $PADDLE_VENV or /tmp/paddle-{PADDLE_VERSION}-venv; "
             f"run ../shared/peers/paddle/run.sh once to make it): no Paddle figures this run")  # fmt: skip
@@ -264,7 +284,9 @@ def grid(families, seeds, *, rows: int, test_rows: int, job_args: str = "",
             base = run_torch(folder, hash_rows) if torch_baseline else nan
             old = run_sparseps(folder, LEGACY_ARGS) if legacy else None
             peer = run_paddle(script, folder) if script is not None else None
-            got = _family_records(family, seed, meta, ours, base, old, peer)
+            other = {mode: run_sparseps(folder, f"{job_args} --mode {mode}") for mode in modes
+                     if family in mode_families}  # fmt: skip
+            got = _family_records(family, seed, meta, ours, base, old, peer, other)
             records += got
             log(
                 f"{family} seed {seed}: bayes {meta['bayes_auc_test']:.4f} | sparseps auc "
@@ -274,7 +296,10 @@ def grid(families, seeds, *, rows: int, test_rows: int, job_args: str = "",
                 + ("" if old is None else f" | legacy auc {old['test_auc']:.4f} ll "
                    f"{old['test_logloss']:.4f} copc {old['test_copc']:.3f} "
                    f"{old['samples_per_s']:.0f}/s")
-                + ("" if peer is None else f" | paddle auc {peer['test_auc']:.4f}"),
+                + ("" if peer is None else f" | paddle auc {peer['test_auc']:.4f} ll "
+                   f"{peer['test_logloss']:.4f} {peer['samples_per_s']:.0f}/s")
+                + "".join(f" | {m} auc {o['test_auc']:.4f} copc {o['test_copc']:.3f}"
+                          for m, o in other.items()),
                 flush=True,
             )  # fmt: skip
     return records
@@ -283,8 +308,10 @@ def grid(families, seeds, *, rows: int, test_rows: int, job_args: str = "",
 def run(quick: bool = False) -> list[BenchRecord]:
     if quick:
         return grid(QUICK_FAMILIES, REPORT_SEEDS, rows=QUICK_ROWS, test_rows=QUICK_TEST_ROWS,
-                    hash_rows=QUICK_HASH_ROWS, log=lambda *a, **k: print(*a, file=sys.stderr, **k))  # fmt: skip
+                    hash_rows=QUICK_HASH_ROWS, paddle=False,
+                    log=lambda *a, **k: print(*a, file=sys.stderr, **k))  # fmt: skip
     return grid(tuple(FAMILIES), REPORT_SEEDS, rows=ROWS, test_rows=TEST_ROWS, legacy=True,
+                modes=("sync", "geo"), mode_families=MODE_FAMILIES,
                 log=lambda *a, **k: print(*a, file=sys.stderr, **k))  # fmt: skip
 
 
@@ -297,6 +324,8 @@ def main(argv=None) -> int:
     p.add_argument("--job-args", default="", help="extra options of the demo job")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--legacy", action="store_true", help="also run the pre-issue-29 defaults")
+    p.add_argument("--modes", default="", help="comma-separated other modes (sync,geo) to run")
+    p.add_argument("--no-paddle", action="store_true", help="do not run the Paddle peer")
     p.add_argument("--out", default="", help="append the records as JSON lines here")
     args = p.parse_args(argv)
     seeds = {"tune": TUNE_SEEDS, "report": REPORT_SEEDS}.get(args.seeds) or tuple(
@@ -304,7 +333,9 @@ def main(argv=None) -> int:
     )
     records = grid(args.families.split(","), seeds, rows=args.rows, test_rows=args.test_rows,
                    job_args=args.job_args, torch_baseline=not args.no_torch,
-                   legacy=args.legacy)  # fmt: skip
+                   legacy=args.legacy, paddle=not args.no_paddle,
+                   modes=tuple(m for m in args.modes.split(",") if m),
+                   mode_families=tuple(args.families.split(",")))  # fmt: skip
     if args.out:
         with open(args.out, "a") as f:
             for r in records:

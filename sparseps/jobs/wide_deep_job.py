@@ -35,8 +35,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--emb-dim", type=int, default=8)
     p.add_argument("--hidden", default="400,400,400")
-    p.add_argument("--lr", type=float, default=0.001, help="dense Adam learning rate")
-    p.add_argument("--sparse-lr", type=float, default=0.01, help="deep table Adam learning rate")
+    p.add_argument("--lr", type=float, default=0.0003, help="dense Adam learning rate")
+    p.add_argument(
+        "--sparse-lr", type=float, default=0.01, help="deep table Adam learning rate (eps 1e-4)"
+    )
     p.add_argument("--dense-rule", default="", help="dense rule spec (default: adam:lr=LR)")
     p.add_argument(
         "--deep-rule", default="", help="deep table rule spec, e.g. adam:lr=0.01 (default: "
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
         hidden=[int(h) for h in args.hidden.split(",") if h],
         deep_rule=parse_rule(args.deep_rule)
         if args.deep_rule
-        else sps.optim.Adam(lr=args.sparse_lr),
+        else sps.optim.Adam(lr=args.sparse_lr, eps=1e-4),
         wide_rule=parse_rule(args.wide_rule) if args.wide_rule else None,
         lifecycle=lifecycle,
     )
