@@ -73,7 +73,7 @@ class DatasetOptions:
     def build(
         files: str | os.PathLike | Sequence[str | os.PathLike], schema: Schema,
         batch_size: int, threads: int, pipe_command: str | None, *,
-        format: str | Format, rank: int | None, world: int | None, drop_last: bool,
+        format: str | Format | None, rank: int | None, world: int | None, drop_last: bool,
         strict: bool, queue_size: int, pipe_timeout: float,
         max_bad_ratio: float = MAX_BAD_RATIO,
     ) -> DatasetOptions:  # fmt: skip
@@ -120,12 +120,15 @@ class _Failed:
 
 
 class DatasetBase:
-    """Options, stats and the reader threads (the public classes add iteration)."""
+    """Options, stats and the reader threads (the public classes add iteration; their
+    constructor is this one, documented on :class:`~sparseps.data.QueueDataset`)."""
 
-    def __init__(self, files, schema, batch_size, threads=1, pipe_command=None, *,
-                 format=None, rank=None, world=None, drop_last=False, strict=False,
-                 queue_size=16, pipe_timeout=300.0,
-                 max_bad_ratio=MAX_BAD_RATIO) -> None:  # fmt: skip
+    def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], schema: Schema,
+                 batch_size: int, threads: int = 1, pipe_command: str | None = None, *,
+                 format: str | Format | None = None, rank: int | None = None,
+                 world: int | None = None, drop_last: bool = False, strict: bool = False,
+                 queue_size: int = 16, pipe_timeout: float = 300.0,
+                 max_bad_ratio: float = MAX_BAD_RATIO) -> None:  # fmt: skip
         self.options = DatasetOptions.build(
             files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
             world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,

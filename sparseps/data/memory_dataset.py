@@ -8,18 +8,15 @@ Python object per sample; every shuffle moves each sample's columns together. It
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 
 from ..errors import ConfigError, DeadlineError
 from .dataset import DatasetBase, rebatch
-from .schema import Batch, Schema
-from .sources import Format
-from .stats import MAX_BAD_RATIO
+from .schema import Batch
 
 __all__ = ["InMemoryDataset"]
 
@@ -40,20 +37,10 @@ class InMemoryDataset(DatasetBase):
         ds.release_memory()
     """
 
-    def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], schema: Schema,
-                 batch_size: int, threads: int = 1, pipe_command: str | None = None, *,
-                 format: str | Format | None = None, rank: int | None = None,
-                 world: int | None = None, drop_last: bool = False, strict: bool = False,
-                 queue_size: int = 16, pipe_timeout: float = 300.0,
-                 max_bad_ratio: float = MAX_BAD_RATIO) -> None:  # fmt: skip
-        super().__init__(
-            files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
-            world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
-            pipe_timeout=pipe_timeout, max_bad_ratio=max_bad_ratio,
-        )  # fmt: skip
-        self._data: Batch | None = None
-        self._preload: threading.Thread | None = None
-        self._preload_error: BaseException | None = None
+    # filled in by load_into_memory / preload_into_memory (None until then)
+    _data: Batch | None = None
+    _preload: threading.Thread | None = None
+    _preload_error: BaseException | None = None
 
     def load_into_memory(self) -> None:
         """Read this worker's files into memory (replaces what was loaded)."""

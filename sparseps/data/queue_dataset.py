@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from .dataset import DatasetBase, rebatch
-from .schema import Batch, Schema
-from .sources import Format
-from .stats import MAX_BAD_RATIO
+from .schema import Batch
 
 __all__ = ["QueueDataset"]
 
@@ -52,18 +49,6 @@ class QueueDataset(DatasetBase):
         InputError: a file or folder does not exist; (when iterating) a pass with too
             many bad lines.
     """
-
-    def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], schema: Schema,
-                 batch_size: int, threads: int = 1, pipe_command: str | None = None, *,
-                 format: str | Format | None = None, rank: int | None = None,
-                 world: int | None = None, drop_last: bool = False, strict: bool = False,
-                 queue_size: int = 16, pipe_timeout: float = 300.0,
-                 max_bad_ratio: float = MAX_BAD_RATIO) -> None:  # fmt: skip
-        super().__init__(
-            files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
-            world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
-            pipe_timeout=pipe_timeout, max_bad_ratio=max_bad_ratio,
-        )  # fmt: skip
 
     def __iter__(self) -> Iterator[Batch]:
         return rebatch(self._read_chunks(), self.options.batch_size, self.options.drop_last)

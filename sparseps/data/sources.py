@@ -40,7 +40,7 @@ class Format(StrEnum):
     MULTISLOT_STRING = "multislot_string"  # MultiSlotStringDataGenerator: ids hashed
 
 
-def parse_format(value: str | Format, pipe_command: str | None) -> Format:
+def parse_format(value: str | Format | None, pipe_command: str | None) -> Format:
     """The format to parse (the command's stdout when ``pipe_command`` is set)."""
     if value is None:
         return Format.SLOT_TEXT if pipe_command else Format.CRITEO_TSV
