@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import json
 import sys
+import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -59,13 +60,15 @@ def available() -> list[str]:
     return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
 
 
-def load_benchmark(name: str):
+def load_benchmark(name: str) -> types.ModuleType:
     path = bench_dir() / f"{name}.py"
     if not path.is_file():
         raise ConfigError(
             f"no benchmark named {name!r} in {bench_dir()} (available: {', '.join(available())})"
         )
     spec = importlib.util.spec_from_file_location(f"sparseps_bench_{name}", path)
+    if spec is None or spec.loader is None:  # a .py file always has a spec and a loader
+        raise ConfigError(f"cannot import benchmark {name!r} from {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

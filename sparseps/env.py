@@ -298,13 +298,13 @@ def _from_paddle(environ: Mapping[str, str]) -> RoleEnv | None:
         master = environ[PADDLE_TRAINER_ENDPOINTS].split(",")[0].strip()
         what = f"{PADDLE_TRAINER_ENDPOINTS}[0]"
     if not master:
-        port = max(p for _, p in ports) + 1
-        if port > 65535:
+        master_port = max(p for _, p in ports) + 1
+        if master_port > 65535:
             raise ConfigError(
-                f"{PADDLE_MASTER} is not set and the derived rendezvous port {port} (highest "
-                f"port of {PADDLE_SERVERS} + 1) is out of range; set {PADDLE_MASTER}"
+                f"{PADDLE_MASTER} is not set and the derived rendezvous port {master_port} "
+                f"(highest port of {PADDLE_SERVERS} + 1) is out of range; set {PADDLE_MASTER}"
             )
-        master = f"{ports[0][0]}:{port}"
+        master = f"{ports[0][0]}:{master_port}"
         what = f"{PADDLE_MASTER} (derived from {PADDLE_SERVERS})"
     parse_endpoint(master, what=what)
     job_id = environ.get(PADDLE_JOB_ID, "").strip()

@@ -28,11 +28,17 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import env as _env
 from .core.validate import check_float
 from .env import Role, RoleEnv
 from .errors import ConfigError, SparsePSError
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+    from .launch.local import LocalServer
 
 __all__ = [
     "barrier_worker",
@@ -61,8 +67,8 @@ _SERVER_START_TIMEOUT_S = 60.0
 @dataclass
 class _Session:
     env: RoleEnv
-    store: object | None = None  # torch.distributed Store (workers only)
-    local_server: object | None = None  # launch.local.LocalServer in local mode
+    store: Store | None = None  # workers only
+    local_server: LocalServer | None = None  # in local mode
     barriers: int = 0
     owns_group: bool = False
 
@@ -310,7 +316,7 @@ def _teardown(session: _Session, *, wait_for_peers: bool) -> None:
     env = session.env
     try:
         if wait_for_peers and env.role is Role.WORKER and env.worker_num > 1 and session.store:
-            _exit_barrier(session)
+            _exit_barrier(session, session.store)
         if session.owns_group:
             import torch.distributed as dist
 
@@ -322,16 +328,16 @@ def _teardown(session: _Session, *, wait_for_peers: bool) -> None:
             session.local_server.close()
 
 
-def _exit_barrier(session: _Session) -> None:
+def _exit_barrier(session: _Session, store: Store) -> None:
     from .launch.rendezvous import store_barrier
 
     env = session.env
     try:
         if env.rank != 0:
-            session.store.set(f"sparseps/exit/{env.rank}", "1")
+            store.set(f"sparseps/exit/{env.rank}", "1")
             return
         store_barrier(
-            session.store,
+            store,
             "sparseps/exit",
             rank=0,
             world=env.worker_num,

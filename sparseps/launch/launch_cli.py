@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from ..env import FILE_ROOTS, MASTER, Role, child_environ
 from ..errors import ConfigError, SparsePSError
@@ -127,13 +128,16 @@ class _LauncherLog:
         self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
         logging.getLogger("sparseps").addHandler(self._handler)
 
-    def say(self, text: str, stream=None) -> None:
+    def say(self, text: str, stream: TextIO | None = None) -> None:
         """Print ``text`` to ``stream`` (None: the file only) and append it to the file."""
         if stream is not None:
             print(text, file=stream, flush=True)
-        with self._handler.lock:  # not interleaved with a record being written
+        self._handler.acquire()  # not interleaved with a record being written
+        try:
             self._file.write(text + "\n")
             self._file.flush()
+        finally:
+            self._handler.release()
 
     def close(self) -> None:
         logging.getLogger("sparseps").removeHandler(self._handler)

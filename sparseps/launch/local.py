@@ -41,7 +41,7 @@ class LocalServer:
         self.host = host
         self.endpoint = ""
         self.log_dir = Path()
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -73,7 +73,7 @@ class LocalServer:
             self.endpoint,
         ]
         with open(self.log_path, "wb") as logfile:
-            self._proc = subprocess.Popen(
+            proc = self._proc = subprocess.Popen(
                 argv,
                 env=child_environ({"PYTHONUNBUFFERED": "1"}),
                 stdin=subprocess.DEVNULL,
@@ -83,26 +83,26 @@ class LocalServer:
                 preexec_fn=die_with_parent_hook(),
             )
         try:
-            self._wait_ready()
+            self._wait_ready(proc)
         except BaseException:
             self.close(keep_log=True)
             raise
         log.info(
             "local mode: no SPARSEPS_* variable is set, so this script is worker 0 of 1 with "
             "one background server (pid %d, %s, log %s)",
-            self._proc.pid,
+            proc.pid,
             self.endpoint,
             self.log_path,
         )
         return self.endpoint
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
         from ..rpc.client import PSClient
 
         deadline = time.monotonic() + self.start_timeout_s
         host, port = self.endpoint.rsplit(":", 1)
         while True:
-            code = self._proc.poll()
+            code = proc.poll()
             if code is not None:
                 lines = "\n".join(tail(self.log_path, 20))
                 raise UnavailableError(
@@ -165,5 +165,5 @@ class LocalServer:
         self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -159,7 +159,8 @@ class ZmqStore(dist.Store):
     # -- the request loop --------------------------------------------------------------
 
     def _timeout_s(self) -> float:
-        return self.timeout.total_seconds()
+        # torch's stub of Store lacks `timeout` (a property of the C++ class, set_timeout's pair)
+        return self.timeout.total_seconds()  # type: ignore[attr-defined]
 
     def _blocking(self, op: str, seconds: float, **fields):
         # The server holds the request until the keys exist or its deadline passes; we
@@ -188,7 +189,7 @@ class ZmqStore(dist.Store):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._timeout(op, seconds, "no answer")
-                ready = dict(self._poller.poll(remaining * 1000))
+                ready = dict(self._poller.poll(int(remaining * 1000)))  # ms, as pyzmq rounds
                 if self._monitor in ready:
                     self._watch(op)
                 if self._sock in ready:

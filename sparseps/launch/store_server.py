@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import msgpack
 import zmq
@@ -57,7 +58,7 @@ def _is_key(v) -> bool:
     return isinstance(v, str) and len(v) <= MAX_KEY_CHARS
 
 
-def _is_int(v, lo: int, hi: int) -> bool:
+def _is_int(v: object, lo: int, hi: int) -> TypeGuard[int]:
     return type(v) is int and lo <= v < hi
 
 
@@ -78,7 +79,7 @@ class _BadRequest(Exception):
         self.kind = kind
 
 
-def _decode(frames: list[bytes]) -> tuple[int | None, dict]:
+def _decode(frames: list[bytes]) -> tuple[int, dict]:
     """Validate one request; returns ``(id, request)`` or raises :class:`_BadRequest`.
 
     The id comes back even when a later check fails, so the error reply reaches its call.
@@ -110,7 +111,7 @@ def resolve_host(host: str) -> str:
     """One IP address for ``host``, IPv4 first (zmq connects IPv4 unless told otherwise)."""
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
-            return socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)[0][4][0]
+            return str(socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)[0][4][0])
         except (socket.gaierror, IndexError, UnicodeError):
             continue
     raise ConfigError(f"store address: cannot resolve host {host!r}")
@@ -297,11 +298,11 @@ class StoreServer:
             return total
         if op == "compare_set":
             key, expected, desired = msg["key"], msg["expected"], msg["desired"]
-            current = data.get(key)
-            if (current is None and expected == b"") or current == expected:
+            held = data.get(key)
+            if (held is None and expected == b"") or held == expected:
                 self._put(key, desired)
                 return desired
-            return expected if current is None else current
+            return expected if held is None else held
         if op == "check":
             return all(k in data for k in msg["keys"])
         if op == "delete_key":
@@ -333,7 +334,9 @@ class StoreServer:
             self._wake_waiters()
 
     def _wake_waiters(self) -> None:
-        data, ready, still = self._data, [], []
+        data = self._data
+        ready: list[_Waiter] = []
+        still: list[_Waiter] = []
         for w in self._waiters:
             (ready if all(k in data for k in w.keys) else still).append(w)
         self._waiters = still

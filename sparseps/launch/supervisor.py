@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Child:
     spec: ChildSpec
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     attempt: int
     pump: threading.Thread
     last_output: float
@@ -108,6 +108,7 @@ class Supervisor:
         workers = sum(1 for c in self.children if c.role is Role.WORKER)
         if self.coordinator is None:
             self.coordinator = LocalCoordinator(workers)
+        self._coordinator: Coordinator = self.coordinator
         if self.pids_path is None and self.children:
             self.pids_path = self.children[0].log_path.parent / "pids.json"
 
@@ -145,7 +146,9 @@ class Supervisor:
 
     def _pump(self, child: _Child) -> None:
         """Copy the child's output to its log (and the console for worker 0)."""
-        fd = child.proc.stdout.fileno()
+        stdout = child.proc.stdout
+        assert stdout is not None  # started with stdout=PIPE
+        fd = stdout.fileno()
         console = sys.stdout.buffer if child.spec.echo else None
         with open(child.spec.log_path, "ab") as logfile:
             while True:
@@ -164,7 +167,7 @@ class Supervisor:
                         console.flush()
                     except (OSError, ValueError):
                         console = None  # console closed; the log still has everything
-        child.proc.stdout.close()
+        stdout.close()
 
     def _write_pids(self) -> None:
         if self.pids_path is None:
@@ -187,7 +190,7 @@ class Supervisor:
             stop_groups([c.proc for c in self._running], self.config.grace_s)
             for child in self._running:
                 child.pump.join(timeout=2.0)
-            self.coordinator.close()
+            self._coordinator.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -209,7 +212,7 @@ class Supervisor:
         reported = False
         while True:
             if self._signal is not None:
-                return self._interrupted()
+                return self._interrupted(self._signal)
             if (server := self._exited_server()) is not None:
                 return self._fail(server)
             restart: tuple[_Child | None, str] | None = None
@@ -230,12 +233,12 @@ class Supervisor:
                     break
                 else:
                     return self._fail(child)
-            remote = self.coordinator.remote_failure()
+            remote = self._coordinator.remote_failure()
             if remote:
                 log.error("stopping: %s", remote)
                 text = f"another launcher of this job reported: {remote}"
                 return Outcome(1, "failed", Failure("launcher", -1, 0, 1, "", remote=text))
-            if restart is None and (reason := self.coordinator.remote_restart()):
+            if restart is None and (reason := self._coordinator.remote_restart()):
                 restart = (None, reason)
             if restart is not None:
                 failed = self._restart_workers(*restart)
@@ -244,21 +247,21 @@ class Supervisor:
                 workers_left, reported = {c.rank for c in workers}, False
                 continue
             if not workers_left and not reported:
-                self.coordinator.report_workers_done(len(workers))
+                self._coordinator.report_workers_done(len(workers))
                 reported = True
-            if reported and self.coordinator.all_workers_done():
+            if reported and self._coordinator.all_workers_done():
                 self._stop_servers()
                 return Outcome(0, "completed")
             self._warn_quiet()
             time.sleep(self.config.poll_s)
 
-    def _interrupted(self) -> Outcome:
-        name = signal.Signals(self._signal).name
+    def _interrupted(self, signum: int) -> Outcome:
+        name = signal.Signals(signum).name
         log.warning("received %s: stopping every process of this job", name)
-        self.coordinator.report_failure(
+        self._coordinator.report_failure(
             f"the launcher on {self.node or 'another node'} received {name}"
         )
-        return Outcome(128 + self._signal, "interrupted")
+        return Outcome(128 + signum, "interrupted")
 
     def _exited_server(self, *, settle: bool = False) -> _Child | None:
         """The first of this node's servers that has exited (None while all run).
@@ -280,7 +283,7 @@ class Supervisor:
         return None
 
     def _restarts_left(self) -> bool:
-        return self.coordinator.generation < self.config.max_restarts
+        return self._coordinator.generation < self.config.max_restarts
 
     def _restart_workers(self, failed: _Child | None, remote: str) -> Outcome | None:
         """Stop every worker of this node and start the group again as the next generation.
@@ -292,7 +295,7 @@ class Supervisor:
         Returns:
             None when the new generation runs, else the outcome of the failed restart.
         """
-        k, limit = self.coordinator.generation + 1, self.config.max_restarts
+        k, limit = self._coordinator.generation + 1, self.config.max_restarts
         where = f" on {self.node}" if self.node else ""
         if failed is not None:
             reason = (
@@ -312,15 +315,15 @@ class Supervisor:
             c.exit_code = c.proc.returncode
         self._running = [c for c in self._running if c.spec.role is not Role.WORKER]
         try:
-            self.coordinator.restart(
+            self._coordinator.restart(
                 reason if failed is not None else None,
                 cancelled=lambda: self._signal is not None,
             )
         except SparsePSError as exc:
             if self._signal is not None:
-                return self._interrupted()
+                return self._interrupted(self._signal)
             log.error("%s", exc)
-            self.coordinator.report_failure(f"{self.node or 'a launcher'}: {exc}")
+            self._coordinator.report_failure(f"{self.node or 'a launcher'}: {exc}")
             return Outcome(1, "failed", Failure("launcher", -1, 0, 1, "", remote=str(exc)))
         if (server := self._exited_server()) is not None:
             return self._fail(server)  # never start a generation against a dead server
@@ -337,20 +340,21 @@ class Supervisor:
         return None
 
     def _fail(self, child: _Child) -> Outcome:
-        spec = child.spec
+        spec, exit_code = child.spec, child.exit_code
+        assert exit_code is not None, "a child fails once it has exited"
         child.pump.join(timeout=2.0)  # the last lines are in the log before the tail is read
         server = spec.role is Role.SERVER
         failure = Failure(
             role=spec.role.value,
             rank=spec.rank,
             pid=child.proc.pid,
-            exit_code=child.exit_code,
+            exit_code=exit_code,
             log_path=str(spec.log_path),
             tail=tuple(tail(spec.log_path, self.config.tail_lines)),
             note=SERVER_EXIT_NOTE if server else "",
         )
         used = (
-            f" (no restarts left: {self.coordinator.generation} of {self.config.max_restarts} used)"
+            f" (no restarts left: {self._coordinator.generation} of {self.config.max_restarts} used)"
             if spec.role is Role.WORKER and self.config.max_restarts
             else ""
         )
@@ -362,11 +366,11 @@ class Supervisor:
             f" {SERVER_EXIT_NOTE}" if server else "",
             used,
         )
-        self.coordinator.report_failure(
+        self._coordinator.report_failure(
             f"{spec.name} on {self.node or 'another node'} {failure.how()}"
             f"{f' {SERVER_EXIT_NOTE}' if server else ''}; see {spec.log_path} there"
         )
-        return Outcome(_exit_status(child.exit_code) or 1, "failed", failure)
+        return Outcome(_exit_status(exit_code) or 1, "failed", failure)
 
     def _stop_servers(self) -> None:
         servers = [c for c in self._running if c.spec.role is Role.SERVER and c.proc.poll() is None]

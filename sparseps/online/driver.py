@@ -42,7 +42,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -57,6 +59,9 @@ from .model_dir import ModelDir
 from .phases import CountingDataset, PhaseEvent, PhaseHook
 from .schedule import plan_pass
 
+if TYPE_CHECKING:
+    from ..data import InMemoryDataset
+
 __all__ = ["OnlineDriver"]
 
 log = logging.getLogger(__name__)
@@ -67,10 +72,15 @@ INFERENCE_TOLERANCE = 1e-6
 class _Loader:
     """Waits for a pass's done-markers, then loads this worker's share, in a thread."""
 
-    def __init__(self, layout: DataLayout, pass_id: PassId, make_dataset) -> None:
+    def __init__(
+        self,
+        layout: DataLayout,
+        pass_id: PassId,
+        make_dataset: Callable[[list[Path]], InMemoryDataset],
+    ) -> None:
         self.pass_id = pass_id
         self.seconds = 0.0  # wait for the markers + load, set when the thread ends
-        self._result = None
+        self._result: tuple[list[Path], InMemoryDataset] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, args=(layout, make_dataset), name=f"online-load-{pass_id.seq}",
@@ -78,7 +88,9 @@ class _Loader:
         )  # fmt: skip
         self._thread.start()
 
-    def _run(self, layout: DataLayout, make_dataset) -> None:
+    def _run(
+        self, layout: DataLayout, make_dataset: Callable[[list[Path]], InMemoryDataset]
+    ) -> None:
         start = time.perf_counter()
         try:
             folders = layout.wait_ready(self.pass_id)
@@ -89,7 +101,7 @@ class _Loader:
             self._error = exc
         self.seconds = time.perf_counter() - start
 
-    def get(self, timeout: float):
+    def get(self, timeout: float) -> tuple[list[Path], InMemoryDataset]:
         """``(folders, dataset)`` once loaded; raises the loader's error."""
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -99,6 +111,7 @@ class _Loader:
             )  # fmt: skip
         if self._error is not None:
             raise self._error
+        assert self._result is not None, "the thread ended without an error, so it loaded"
         return self._result
 
 

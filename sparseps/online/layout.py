@@ -51,7 +51,7 @@ class DataLayout:
     def passes(self) -> list[PassId]:
         """Every pass of the schedule, in order."""
         start = dt.datetime.strptime(self.config.schedule.start_day, "%Y%m%d").date()
-        out = []
+        out: list[PassId] = []
         for d in range(self.config.schedule.days):
             day = (start + dt.timedelta(days=d)).strftime("%Y%m%d")
             out.extend(PassId(d * self.per_day + p, day, p) for p in range(self.per_day))

@@ -53,7 +53,8 @@ def write_stream(
     model = planted_model(seed, drift=drift)
     start = dt.datetime.strptime(start_day, "%Y%m%d").date()
     options = pacsv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none")
-    out = {"splits": 0, "rows": 0, "bayes_auc": {}}
+    splits = rows = 0
+    bayes_auc: dict[str, float] = {}
     for d in range(days):
         day = (start + dt.timedelta(days=d)).strftime("%Y%m%d")
         labels, probs = [], []
@@ -76,7 +77,7 @@ def write_stream(
                 probs.append(data.prob)
             if (day, split) not in skip:
                 (folder / done_marker).touch()  # last: the split is complete
-            out["splits"] += 1
-            out["rows"] += rows_per_split
-        out["bayes_auc"][day] = exact_auc(np.concatenate(probs), np.concatenate(labels))
-    return out
+            splits += 1
+            rows += rows_per_split
+        bayes_auc[day] = exact_auc(np.concatenate(probs), np.concatenate(labels))
+    return {"splits": splits, "rows": rows, "bayes_auc": bayes_auc}
