@@ -22,7 +22,7 @@ def test_shift_makes_predicted_clicks_equal_clicks():
     true_logit = rng.normal(-4.0, 1.5, 200_000)
     labels = (rng.random(true_logit.size) < 1 / (1 + np.exp(-true_logit))).astype(np.float32)
     preds = 1 / (1 + np.exp(-(true_logit + 0.4)))  # over-predicts: COPC about 0.7
-    calibrator = ProgressiveCalibrator(rows=50_000)
+    calibrator = ProgressiveCalibrator(rows=50_000, spread=False)
     for step in _steps(preds, labels):
         calibrator(step)
     kept = calibrator.local()
@@ -33,7 +33,7 @@ def test_shift_makes_predicted_clicks_equal_clicks():
     shifted = 1 / (1 + np.exp(-(np.log(tail_p / (1 - tail_p)) + shift)))
     assert shifted.sum() == pytest.approx(tail_y.sum(), rel=1e-3)
     # two workers' halves give the global shift through the all-reduce
-    halves = [ProgressiveCalibrator(rows=25_000) for _ in range(2)]
+    halves = [ProgressiveCalibrator(rows=25_000, spread=False) for _ in range(2)]
     for i, step in enumerate(_steps(preds[-50_000:], labels[-50_000:])):
         halves[i % 2](step)
     total = halves[0].local() + halves[1].local()
@@ -60,3 +60,20 @@ def test_wide_deep_head_adds_the_shift_and_the_prior_bias():
     assert "logit_shift" not in dict(model.head.named_parameters())
     scripted = torch.jit.script(model.head)  # exported with the shift
     assert torch.allclose(scripted(dense, deep, wide), model.head(dense, deep, wide))
+
+
+def test_spread_keeps_whole_batches_drawn_over_the_pass():
+    """The default keeps ``rows`` rows as whole batches sampled over the whole pass (a
+    reservoir: early batches as likely as late ones), the same ones for the same seed."""
+
+    def kept_batches(seed):
+        calibrator = ProgressiveCalibrator(rows=20 * 512, seed=seed)
+        for i in range(400):  # batch i's predictions all equal i, to tell them apart
+            calibrator(Step(None, 0.0, np.full((512, 1), i, np.float32), np.zeros((512, 1))))
+        assert calibrator.local()[1] == 20 * 512
+        return sorted({int(p[0]) for p, _, _ in calibrator._batches})
+
+    kept = kept_batches(0)
+    assert len(kept) == 20 and kept == kept_batches(0) and kept != kept_batches(1)
+    assert min(kept) < 100 and max(kept) >= 300  # from the start to the end of the pass
+    assert sum(i < 200 for i in kept) in range(5, 16)  # about half from each half

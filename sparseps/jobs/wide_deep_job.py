@@ -54,9 +54,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--prior-rows", type=int, default=20000, help="rows read per worker for the prior"
     )
     p.add_argument(
-        "--calibrate-rows", type=int, default=50000,
+        "--calibrate-rows", type=int, default=150000,
         help="after the last pass, shift the logit so that the final model's predicted "
-        "clicks equal the clicks of each worker's last N training rows; 0: off",
+        "clicks equal the clicks of N training rows per worker (whole batches drawn over "
+        "the pass); 0: off",
     )  # fmt: skip
     p.add_argument("--admit-count", type=int, default=1, help="shows before a key gets a row")
     p.add_argument("--threads", type=int, default=1, help="reader threads per worker")

@@ -21,7 +21,7 @@ def test_refit_measures_the_final_model_on_the_kept_rows(local_worker, planted):
     set_output_bias(model, 0.3)
     trainer = sps.Trainer(model, strategy=sps.Strategy(mode="sync"))
     batches = planted(3, 12, 256, slots)
-    calibrator = ProgressiveCalibrator(rows=1024)
+    calibrator = ProgressiveCalibrator(rows=1024, spread=False)
     trainer.train_from_dataset(batches, print_period=0, on_batch=calibrator)
     progressive = calibrator.shift()
     shift = calibrator.refit(trainer)
