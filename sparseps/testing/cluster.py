@@ -236,6 +236,7 @@ def local_cluster(
                     or not isinstance(exc, UnavailableError)
                 ):
                     raise
+        assert cluster is not None  # the loop ends with a ready cluster or raises
         try:
             yield cluster
         finally:

@@ -19,7 +19,9 @@ from ..rpc.protocol import PROTOCOL_VERSION
 __all__ = ["KINDS", "RawPeer", "malformed_messages"]
 
 
-def _header(op="pull", table="t", bufs=None, args=None, **extra) -> dict:
+def _header(
+    op: str = "pull", table: object = "t", bufs: object = None, args: object = None, **extra: object
+) -> dict:
     header = {
         "v": PROTOCOL_VERSION,
         "op": op,
@@ -32,7 +34,7 @@ def _header(op="pull", table="t", bufs=None, args=None, **extra) -> dict:
     return header
 
 
-def _pack(header) -> bytes:
+def _pack(header: object) -> bytes:
     return msgpack.packb(header)
 
 
@@ -40,22 +42,22 @@ def _keys(rng: np.random.Generator, n: int) -> bytes:
     return rng.integers(0, 2**63, n, dtype=np.uint64).tobytes()
 
 
-def _random_bytes(rng):
+def _random_bytes(rng: np.random.Generator) -> list[bytes]:
     return [rng.bytes(int(rng.integers(0, 200))) for _ in range(int(rng.integers(1, 4)))]
 
 
-def _truncated_buffer(rng):
+def _truncated_buffer(rng: np.random.Generator) -> list[bytes]:
     n = int(rng.integers(1, 64))
     return [_pack(_header(bufs=[["uint64", [n]]])), _keys(rng, n)[: -int(rng.integers(1, 8))]]
 
 
-def _wrong_shape(rng):
+def _wrong_shape(rng: np.random.Generator) -> list[bytes]:
     n = int(rng.integers(2, 64))
     # A 2-D key buffer: right byte count, wrong rank for the op.
     return [_pack(_header(bufs=[["uint64", [n, 1]]])), _keys(rng, n)]
 
 
-def _wrong_dtype(rng):
+def _wrong_dtype(rng: np.random.Generator) -> list[bytes]:
     n = int(rng.integers(1, 64))
     dtype = str(rng.choice(["float64", "int8", "object", "<u8", "complex64", "int64", "float32"]))
     itemsize = {
@@ -70,35 +72,35 @@ def _wrong_dtype(rng):
     return [_pack(_header(bufs=[[dtype, [n]]])), rng.bytes(n * itemsize)]
 
 
-def _unknown_op(rng):
+def _unknown_op(rng: np.random.Generator) -> list[bytes]:
     return [
         _pack(_header(op=str(rng.choice(["pul", "drop_table", "", "exec", "__init__", "PULL"]))))
     ]
 
 
-def _huge_size(rng):
+def _huge_size(rng: np.random.Generator) -> list[bytes]:
     dims = [int(rng.integers(1 << 20, 1 << 40)), int(rng.integers(1 << 20, 1 << 40))]
     return [_pack(_header(op="push", bufs=[["uint64", dims[:1]], ["float32", dims]])), b"", b""]
 
 
-def _wrong_version(rng):
+def _wrong_version(rng: np.random.Generator) -> list[bytes]:
     version = [0, 2, 99, -1, "1", None, 1.0][int(rng.integers(0, 7))]
     return [_pack({**_header(), "v": version}), _keys(rng, 0)]
 
 
-def _wrong_frame_count(rng):
+def _wrong_frame_count(rng: np.random.Generator) -> list[bytes]:
     n = int(rng.integers(1, 16))
     frames = [_pack(_header(bufs=[["uint64", [n]]]))]
     extra = int(rng.integers(0, 4))
     return frames + [_keys(rng, n)] * (0 if extra == 1 else extra)
 
 
-def _non_map_header(rng):
+def _non_map_header(rng: np.random.Generator) -> list[bytes]:
     value = [[1, 2, 3], "pull", 42, None, True, b"\x00\x01", 3.5][int(rng.integers(0, 7))]
     return [_pack(value)]
 
 
-def _bad_field_types(rng):
+def _bad_field_types(rng: np.random.Generator) -> list[bytes]:
     choice = int(rng.integers(0, 6))
     if choice == 0:
         return [_pack(_header(op="ping", table=None, id="seven"))]
@@ -113,23 +115,23 @@ def _bad_field_types(rng):
     return [_pack(_header(op="ping", table=None, bufs="uint64"))]
 
 
-def _unknown_arg(rng):
+def _unknown_arg(rng: np.random.Generator) -> list[bytes]:
     return [_pack(_header(op="shrink", args={"force": True}))]
 
 
-def _mismatched_rows(rng):
+def _mismatched_rows(rng: np.random.Generator) -> list[bytes]:
     n = int(rng.integers(2, 32))
     dim = 4
     header = _header(op="push", bufs=[["uint64", [n]], ["float32", [n - 1, dim]]])
     return [_pack(header), _keys(rng, n), rng.bytes((n - 1) * dim * 4)]
 
 
-def _int_map_key(rng):
+def _int_map_key(rng: np.random.Generator) -> list[bytes]:
     # msgpack maps with non-string keys; the decoder refuses them (strict_map_key).
     return [msgpack.packb({1: 2, "v": PROTOCOL_VERSION})]
 
 
-def _too_many_buffers(rng):
+def _too_many_buffers(rng: np.random.Generator) -> list[bytes]:
     count = 40
     return [_pack(_header(op="ping", table=None, bufs=[["uint8", [1]]] * count)), *([b"x"] * count)]
 
@@ -175,7 +177,7 @@ class RawPeer:
 
     def replies(self, expected: int, timeout: float) -> list[dict]:
         """Headers of up to ``expected`` replies received before ``timeout`` seconds pass."""
-        out = []
+        out: list[dict] = []
         deadline = time.monotonic() + timeout
         while len(out) < expected:
             remaining = deadline - time.monotonic()
@@ -192,5 +194,5 @@ class RawPeer:
     def __enter__(self) -> RawPeer:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

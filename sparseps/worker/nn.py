@@ -14,7 +14,7 @@ taking ``(dense, *pooled)``; the head alone is what an inference model exports.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -69,7 +69,7 @@ class SparseEmbedding(nn.Module):
             raise ConfigError(
                 f"SparseEmbedding.pooling: expected one of {POOLINGS}, got {pooling!r}"
             )
-        kwargs = {"name": table, "dim": dim, "seed": seed}
+        kwargs: dict[str, Any] = {"name": table, "dim": dim, "seed": seed}
         if rule is not None:
             kwargs["rule"] = rule
         if initializer is not None:

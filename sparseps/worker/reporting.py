@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,11 +25,17 @@ from ..metrics import (
     CTRMetrics,
     FieldDumper,
     JsonlReporter,
+    MetricResult,
     ReportConfig,
     TensorBoardReporter,
     dump_params,
     format_metrics,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..data import Batch
 
 __all__ = ["PROGRESS_BUCKETS", "PassReporter", "Progress", "group_ids"]
 
@@ -41,7 +48,7 @@ _BUILTIN_FIELDS = ("sample_id", "label", "pred")
 PROGRESS_BUCKETS = 2**12
 
 
-def group_ids(batch, slot: str) -> np.ndarray:
+def group_ids(batch: Batch, slot: str) -> np.ndarray:
     """The first id of ``slot`` per sample (uint64 ``[B]``); 0 where the sample has none."""
     found = batch.slots.get(slot)
     if found is None:
@@ -99,7 +106,7 @@ class PassReporter:
         config: what to compute and write.
     """
 
-    def __init__(self, model, *, rank: int, config: ReportConfig) -> None:
+    def __init__(self, model: torch.nn.Module, *, rank: int, config: ReportConfig) -> None:
         self.rank = rank
         self.config = config
         self.jsonl = (
@@ -110,10 +117,10 @@ class PassReporter:
             if config.tensorboard_dir and rank == 0
             else None
         )
-        self.dump = config.dump
+        self.dump = dump = config.dump
         self.fields = (
-            FieldDumper(self.dump.directory, self.dump.fields, worker_rank=rank)
-            if self.dump is not None and self.dump.dump_fields
+            FieldDumper(dump.directory, dump.fields, worker_rank=rank)
+            if dump is not None and dump.directory is not None and dump.dump_fields
             else None
         )
         self.params = (
@@ -131,7 +138,9 @@ class PassReporter:
         """A fresh accumulator for a pass, at the configured resolution."""
         return CTRMetrics(num_buckets=self.config.num_buckets)
 
-    def update(self, metrics: CTRMetrics, batch, preds: np.ndarray, labels: np.ndarray) -> None:
+    def update(
+        self, metrics: CTRMetrics, batch: Batch, preds: np.ndarray, labels: np.ndarray
+    ) -> None:
         """Add a batch to a pass's metrics, with its grouping ids when configured."""
         slot = self.config.group_slot
         metrics.update(preds, labels, None if slot is None else group_ids(batch, slot))
@@ -140,11 +149,11 @@ class PassReporter:
         if self.fields is not None:
             self.fields.begin_pass(pass_id)
 
-    def batch(self, batch, preds: np.ndarray) -> None:
+    def batch(self, batch: Batch, preds: np.ndarray) -> None:
         if self.fields is None:
             return
-        columns = {}
-        for name in self.dump.fields:
+        columns: dict[str, object] = {}
+        for name in self.fields.fields:
             if name == "sample_id":
                 columns[name] = np.asarray(batch.ids, np.int64)
             elif name == "label":
@@ -160,12 +169,12 @@ class PassReporter:
                 )
         self.fields.add(**columns)
 
-    def end(self, pass_id: int, phase: str, metrics, **extra) -> None:
+    def end(self, pass_id: int, phase: str, metrics: MetricResult, **extra: Any) -> None:
         if self.fields is not None:
             self.fields.end_pass()
         self._report(pass_id, phase, metrics, **extra)
 
-    def end_infer(self, passes_done: int, metrics) -> None:
+    def end_infer(self, passes_done: int, metrics: MetricResult) -> None:
         """An evaluation after ``passes_done`` training passes (no dumps: those are per pass).
 
         It is reported under the number of the training pass whose model it measured,
@@ -175,7 +184,9 @@ class PassReporter:
         """
         self._report(max(passes_done - 1, 0), "test", metrics, dump=False)
 
-    def _report(self, pass_id: int, phase: str, metrics, *, dump: bool = True, **extra) -> None:
+    def _report(
+        self, pass_id: int, phase: str, metrics: MetricResult, *, dump: bool = True, **extra: object
+    ) -> None:
         if self.rank != 0:
             return
         log.info("%s", format_metrics(metrics, prefix=f"pass: [{pass_id}], phase: [{phase}]"))
@@ -184,8 +195,10 @@ class PassReporter:
         if self.tensorboard is not None:
             self.tensorboard.report(metrics, pass_id=pass_id, phase=phase)
         if self.params and dump:
-            named = {n: self.params[n].detach().numpy().copy() for n in self.dump.params}
-            dump_params(self.dump.directory, pass_id, named)
+            config = self.dump
+            assert config is not None and config.directory is not None  # params are kept then
+            named = {n: self.params[n].detach().numpy().copy() for n in config.params}
+            dump_params(config.directory, pass_id, named)
 
     def close(self) -> None:
         if self.tensorboard is not None:

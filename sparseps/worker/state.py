@@ -92,28 +92,33 @@ class TrainingState:
         )
         return True
 
+    def _started_mode(self) -> TrainingMode:
+        """The training mode; only called once started (the mode is set by ``start``)."""
+        assert self.mode is not None, "TrainingState is not started"
+        return self.mode
+
     def quiesce(self) -> None:
         """Start if needed; every update sent so far is applied and every worker is here."""
         self.start()
-        self.mode.quiesce()
+        self._started_mode().quiesce()
 
     # -- dense parameters ---------------------------------------------------------------
 
     @property
     def dense_size(self) -> int:
-        return self.mode.dense.size
+        return self._started_mode().dense.size
 
     def save_dense(self, folder) -> str:
         """Worker 0: write the dense parameters + optimizer state; returns the file name."""
-        return self.mode.save_dense(folder)
+        return self._started_mode().save_dense(folder)
 
     def load_dense(self, path) -> None:
         """Worker 0: restore the dense parameters + optimizer state where they live."""
-        self.mode.load_dense(path)
+        self._started_mode().load_dense(path)
 
     def load_dense_local(self, path) -> None:
         """Every worker, after ``load_dense``: make the local copy current."""
-        self.mode.load_dense_local(path)
+        self._started_mode().load_dense_local(path)
 
     # -- tombstones: keys deleted by shrink since the last inference save (worker 0) ----
 

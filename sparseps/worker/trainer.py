@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,7 +155,7 @@ class Trainer:
         self.num_threads = num_threads
         self.report_config = report or ReportConfig()
         self._reporter: PassReporter | None = None
-        self._timings: Counter = Counter()
+        self._timings: defaultdict[str, float] = defaultdict(float)
         self.state = TrainingState(
             model,
             self._binder.tables,
@@ -173,7 +173,9 @@ class Trainer:
     @property
     def client(self) -> PSClient:
         self._start()
-        return self.state.client
+        client = self.state.client
+        assert client is not None, "a started state has a client"
+        return client
 
     @property
     def passes(self) -> int:
@@ -204,6 +206,12 @@ class Trainer:
         self.state.start()
         if self._reporter is None:
             self._reporter = PassReporter(self.model, rank=self.rank, config=self.report_config)
+
+    @property
+    def _started_reporter(self) -> PassReporter:
+        """The reporter, made by ``_start`` (every method that reports starts first)."""
+        assert self._reporter is not None, "Trainer._start() first"
+        return self._reporter
 
     # -- per batch -------------------------------------------------------------------------
 
@@ -240,10 +248,10 @@ class Trainer:
 
     def _task_metrics(self) -> list[CTRMetrics]:
         """One accumulator per task after the first (the reporter's covers the first)."""
-        return [self._reporter.metrics() for _ in self.loss.tasks[1:]]
+        return [self._started_reporter.metrics() for _ in self.loss.tasks[1:]]
 
     def _update(self, metrics, extra: list, batch, out: LossOutput) -> None:
-        self._reporter.update(metrics, batch, out.predictions[:, 0], out.labels[:, 0])
+        self._started_reporter.update(metrics, batch, out.predictions[:, 0], out.labels[:, 0])
         for t, accumulator in enumerate(extra, 1):
             accumulator.update(out.predictions[:, t], out.labels[:, t])
 
@@ -282,7 +290,7 @@ class Trainer:
         it adds are reduced over every worker into ``PassResult.stats``.
         """
         self._start()
-        mode, reporter = self._mode, self._reporter
+        mode, reporter = self._mode, self._started_reporter
         self.model.train()
         metrics, progress = reporter.metrics(), Progress(print_period)
         extra, stats = self._task_metrics(), UserStats()
@@ -361,7 +369,8 @@ class Trainer:
         self._start()
         self._mode.refresh_dense()
         self.model.eval()
-        metrics, extra, stats = self._reporter.metrics(), self._task_metrics(), UserStats()
+        metrics = self._started_reporter.metrics()
+        extra, stats = self._task_metrics(), UserStats()
         predictions, labels = [], []
         prefetcher = self._iterate(dataset, pulls_ahead=True)
         try:
@@ -380,7 +389,7 @@ class Trainer:
             self._binder.unbind()
         result = self._global(metrics)
         tasks, user_stats = self._global_tasks(result, extra), self._global_stats(stats)
-        self._reporter.end_infer(self.passes, result)
+        self._started_reporter.end_infer(self.passes, result)
         width = len(self.loss.tasks)
         cat = lambda parts: (  # noqa: E731
             np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
@@ -513,5 +522,5 @@ class Trainer:
     def __enter__(self) -> Trainer:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
