@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     shift = 0.0
     if calibrator is not None:  # every worker computes the same shift (collective)
         shift = calibrator.refit(trainer)
-        model.head.logit_shift.fill_(shift)
+        model.head.get_buffer("logit_shift").fill_(shift)
     total = collectives.all_reduce_sum(np.array([samples], np.int64))[0]
     test = QueueDataset([args.test], CRITEO, batch_size=4096, threads=args.threads)
     metrics = trainer.evaluate(test)

@@ -60,10 +60,13 @@ def set_output_bias(model: nn.Module, click_rate: float) -> float:
 
     rate = min(max(float(click_rate), 1e-4), 1 - 1e-4)
     logit = math.log(rate / (1 - rate))
-    last = [m for m in model.head.modules() if isinstance(m, nn.Linear)]
+    head = model.head
+    if not isinstance(head, nn.Module):
+        raise ValueError("set_output_bias: the model has no head module")
+    last = [m for m in head.modules() if isinstance(m, nn.Linear)]
     if not last:
         raise ValueError("set_output_bias: the model's head has no Linear layer")
-    output = _output_layer(model.head) or last[-1]
+    output = _output_layer(head) or last[-1]
     with torch.no_grad():
         output.bias.fill_(logit)
     return logit
