@@ -7,6 +7,7 @@ line stay quick and nothing starts at import time.
 """
 
 import importlib as _importlib
+from typing import Any as _Any
 
 from . import errors
 from .errors import (
@@ -93,7 +94,7 @@ __all__ = [
 assert set(__all__) >= set(_LAZY), "every lazy name is public"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> _Any:
     try:
         module_name, attribute = _LAZY[name]
     except KeyError:

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .config import OnlineConfig, load_config
 from .layout import DataLayout, PassId
 from .ledger import Ledger
@@ -28,7 +30,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # the driver needs torch; load it only when asked for
     if name == "OnlineDriver":
         from .driver import OnlineDriver

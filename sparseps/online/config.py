@@ -24,12 +24,16 @@ lists the accepted keys); every value is type- and range-checked and an error na
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..data.stats import MAX_BAD_RATIO
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..data.schema import Schema
 from .config_values import (
     check_bool,
     check_choice,
@@ -234,7 +238,7 @@ class DataConfig:
         return dict(value)
 
     @staticmethod
-    def build_schema(value):
+    def build_schema(value: str | Mapping[str, Any] | None) -> Schema | None:
         from ..data import schema as schemas
 
         if value is None or isinstance(value, str):
@@ -259,7 +263,7 @@ class DataConfig:
             "max_bad_ratio": self.max_bad_ratio,
         }
 
-    def dataset_schema(self):
+    def dataset_schema(self) -> Schema:
         """The :class:`sparseps.data.Schema` of the stream."""
         built = self.build_schema(self.schema)
         if built is not None:

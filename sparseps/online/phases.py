@@ -24,10 +24,14 @@ An evaluate-only pass has ``pass_start``, ``evaluated`` and ``ledger_written``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .layout import PassId
+
+if TYPE_CHECKING:
+    from ..data.schema import Batch
 
 __all__ = ["PHASES", "CountingDataset", "PhaseEvent", "PhaseHook"]
 
@@ -63,7 +67,9 @@ class CountingDataset:
     Only used when a hook is set, so a job without one iterates the dataset directly.
     """
 
-    def __init__(self, dataset, hook: PhaseHook, pass_id: PassId, rank: int) -> None:
+    def __init__(
+        self, dataset: Collection[Batch], hook: PhaseHook, pass_id: PassId, rank: int
+    ) -> None:
         self._dataset = dataset
         self._hook = hook
         self._pass_id = pass_id

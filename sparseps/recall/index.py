@@ -91,7 +91,11 @@ def _item_vectors(pred_dir, column: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_index(
-    pred_dir, out_dir, *, column: str = "item_vec", spec: IndexSpec | None = None
+    pred_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    column: str = "item_vec",
+    spec: IndexSpec | None = None,
 ) -> Path:
     """Build an index of every vector in ``pred_dir`` (a complete prediction folder).
 
@@ -135,7 +139,7 @@ def build_index(
 class RecallIndex:
     """A built index: ``search(user_vectors, k) -> (item keys [q, k], scores [q, k])``."""
 
-    def __init__(self, index_dir) -> None:
+    def __init__(self, index_dir: str | os.PathLike) -> None:
         faiss = _faiss()
         self.dir = Path(index_dir)
         meta_path = self.dir / INDEX_META

@@ -174,7 +174,7 @@ class PSClient:
     def __enter__(self) -> PSClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
