@@ -59,9 +59,9 @@ class TableFiles:
         if self._tier is None:
             keys, ids = self._index.items()
             columns = gather_columns(self._rows, keys, ids, self._where)
-        else:  # every row from the disk (flushed), in id order: one sequential read
-            keys, ids, disk = self._tier.scan(self._index)
-            columns = gather_columns(disk, keys, ids, self._where)
+        else:  # every row from the disk (flushed), in file order: one sequential read
+            keys, where, disk = self._tier.scan(self._index, "export_rows")
+            columns = gather_columns(disk, keys, where, self._where)
             self._tier.drop_pages()
         return {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
 
@@ -111,7 +111,7 @@ class TableFiles:
         if self._tier is None:
             scatter_rows(self._rows, ids, staged)
         else:  # straight into the tiers: new rows to disk, cached ones in their slots
-            self._tier.write(ids, staged)
+            self._tier.write(ids, staged, "import_rows")
         self._pending_index.erase(keys)
 
     def import_pending(self, columns: dict, *, strict: bool = False) -> None:

@@ -1,7 +1,6 @@
 """``RowFile``: a float32 row matrix in a memory-mapped file (the disk tier of a table).
 
-Row ``i`` of the file is the row of key index id ``i`` (:class:`~sparseps.table.hashmap.KeyIndex`
-ids are dense in ``[0, high_water)``), so the file needs no index of its own and a
+The tier (:mod:`sparseps.table.tier`) decides which file row holds which table row; a
 compiled kernel reads or writes a row with one copy. Measured on this box (issue 14):
 8192 random rows read through a memory map in ~1.3 ms, against ~15.6 ms through LMDB
 and ~37 ms through rocksdict (their per-key calls, serialisation and locking dominate).
@@ -40,7 +39,6 @@ from .growth import planned_rows
 
 __all__ = ["RowFile"]
 
-INITIAL_ROWS = 1024
 _serial = itertools.count()
 
 
@@ -56,12 +54,13 @@ class RowFile:
         folder: an existing, writable folder (the server's disk dir).
         table: the table name (file names and error messages).
         width: float32 values per row.
+        rows: the initial capacity (rows).
 
     Raises:
         ConfigError: the folder does not exist or the file cannot be created in it.
     """
 
-    def __init__(self, folder: str, table: str, width: int) -> None:
+    def __init__(self, folder: str, table: str, width: int, rows: int) -> None:
         self.table = table
         self.width = int(width)
         self.row_bytes = 4 * self.width
@@ -80,7 +79,12 @@ class RowFile:
         self._finalizer = weakref.finalize(self, _close_fd_and_unlink, self._fd, self.path)
         self._map: mmap.mmap | None = None
         self.array = np.empty((0, self.width), np.float32)
-        self.grow_to(INITIAL_ROWS, op="create", exact=True)
+        self.grow_to(rows, op="create", exact=True)
+
+    @property
+    def fd(self) -> int:
+        """The open file (for ``pread``/``pwrite``)."""
+        return self._fd
 
     @property
     def capacity(self) -> int:
@@ -128,7 +132,9 @@ class RowFile:
         except OSError:  # pragma: no cover - the growth error is the one to report
             pass
 
-    def error(self, op: str, what: str, exc: OSError) -> ResourceError:
+    def error(
+        self, op: str, what: str, exc: OSError, *, tail: str = "nothing was changed"
+    ) -> ResourceError:
         """The error of a failed disk operation, naming the table, the file and the op."""
         reason = exc.strerror or str(exc)
         hint = (
@@ -138,7 +144,7 @@ class RowFile:
         )
         return ResourceError(
             f"{op} on table {self.table!r}: disk tier file {self.path}: {what} failed: "
-            f"{reason} (errno {exc.errno}); nothing was changed{hint}"
+            f"{reason} (errno {exc.errno}); {tail}{hint}"
         )
 
     def drop_pages(self) -> None:

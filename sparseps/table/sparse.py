@@ -48,7 +48,7 @@ from .lifecycle import decay_slots, shrink_select, shrink_select_rows
 from .push import PushHooks, check_rows, check_staged, gather_rows, scatter_rows, stage_pending
 from .restore import PENDING_WHERE, TableFiles
 from .stats import TableStats
-from .tier import RowTier
+from .tier import tier_for
 
 __all__ = ["SparseTable", "TableStats"]
 
@@ -99,16 +99,7 @@ class SparseTable(TableFiles):
         self._state0 = np.ascontiguousarray(config.rule.initial_state(config.dim), np.float32)
         self._allocator = allocator
         self._disk_dir = disk_dir
-        self._tier: RowTier | None = None
-        if config.memory_rows is not None:
-            if disk_dir is None:
-                raise ConfigError(
-                    f"table {config.name!r} has memory_rows={config.memory_rows} but no disk "
-                    "dir to keep the other rows in: start the servers with --disk-dir DIR (or "
-                    "SPARSEPS_DISK_DIR), or leave memory_rows unset to keep every row in memory"
-                )
-            self._tier = RowTier(config.name, self.layout.width, config.memory_rows, disk_dir,
-                                 allocator)  # fmt: skip
+        self._tier = tier_for(config, self.layout.width, disk_dir, allocator)
         self._index = KeyIndex(allocator=allocator)
         # a tiered table keeps its rows in the tier; this matrix stays empty
         initial = INITIAL_ROWS if self._tier is None else 0
@@ -157,7 +148,7 @@ class SparseTable(TableFiles):
             dim=self._dim,
             memory_rows=in_memory,
             disk_rows=rows - in_memory,
-            disk_bytes=0 if tier is None else tier.file.nbytes,
+            disk_bytes=0 if tier is None else tier.file_bytes,
             disk_reads=0 if tier is None else int(tier.counts[0]),
             disk_writes=0 if tier is None else int(tier.counts[2]),
         )
@@ -165,7 +156,7 @@ class SparseTable(TableFiles):
     @property
     def disk_path(self) -> str | None:
         """The disk tier's row file (row id ``r`` = file row ``r``), None if in memory."""
-        return None if self._tier is None else self._tier.file.path
+        return None if self._tier is None else self._tier.path
 
     def close(self) -> None:
         """Delete a tiered table's disk file (the table must not be used afterwards)."""
@@ -380,7 +371,7 @@ class SparseTable(TableFiles):
             index.reserve(max(rows, 0))
             if self._tier is None:
                 self._store.grow_to(needed, exact=exact)
-            else:  # disk full raises ResourceError naming the file, before any change
+            else:  # the per-id maps (disk space was reserved by the op's begin)
                 self._tier.grow_to(needed, op, exact=exact)
             p_index.reserve(pending, erasing=pending_erases)
             p_store.grow_to(p_needed)
@@ -414,7 +405,7 @@ class SparseTable(TableFiles):
             skeys, svals, sstate = self._index.slots()
             decay_slots(sstate, svals, self._rows, self._stat0, self._where["unseen"], float(rate))
         else:
-            self._tier.decay(self._index, self._stat0, self._where["unseen"], float(rate))
+            self._tier.decay(self._stat0, self._where["unseen"], float(rate))
         skeys, svals, sstate = self._pending_index.slots()
         decay_slots(sstate, svals, self._pending, 0, 2, float(rate))
 
@@ -432,8 +423,8 @@ class SparseTable(TableFiles):
             dead = shrink_select(self._index, self._rows, self._stat0, unseen, self._policy)
             self._index.erase(dead)
         else:  # the deleted rows leave the disk too: zeroed, their space reused
-            keys, ids, disk = self._tier.scan(self._index)
-            dead = shrink_select_rows(keys, ids, disk, self._stat0, unseen, self._policy)
+            keys, where, disk = self._tier.scan(self._index, "shrink")
+            dead = shrink_select_rows(keys, where, disk, self._stat0, unseen, self._policy)
             self._tier.forget(self._index.erase(dead))
             self._tier.drop_pages()
         forgotten = shrink_select(self._pending_index, self._pending, 0, 2, self._policy)
@@ -449,4 +440,4 @@ class SparseTable(TableFiles):
         if self._tier is None:
             self._rows[: self._index.high_water, self._where["delta_score"]] = 0.0
         else:
-            self._tier.set_column(self._index.high_water, self._where["delta_score"], 0.0)
+            self._tier.set_column(self._where["delta_score"], 0.0)

@@ -1,24 +1,28 @@
 """``RowTier``: a table's rows on disk with the hot ones in memory (issue 14).
 
-Every live row has a home on disk: row id ``r`` of the table's
-:class:`~sparseps.table.hashmap.KeyIndex` is row ``r`` of a :class:`~sparseps.table.rowfile.RowFile`.
-A cache of ``memory_rows`` slots holds copies of the rows in use (write-back: a changed
-row reaches the disk when it is evicted or flushed). The index, the pending keys and the
-tier's maps stay in memory.
+Every live row is in memory, on disk, or both. A cache of ``memory_rows`` slots holds the
+rows in use; :class:`~sparseps.table.tier_disk.DiskRows` holds a copy of every row that was
+ever evicted or loaded (write-back: a changed row reaches the disk when it is evicted or
+flushed). The table's key index, its pending keys and the tier's maps (``slot_of`` 4
+bytes and ``disk_of`` 8 bytes per row id, ``owner`` 4 bytes per file row) stay in memory.
 
 An op hands the tier the row ids it is about to touch; :meth:`RowTier.slots` promotes the
 ones on disk (one compiled pass: CLOCK victims are evicted in the same pass, dirty ones
-written back) and returns their slots, and the op then runs the *same* compiled kernels
-as an in-memory table, on the cache matrix with slots for ids. So a tiered table computes
-bit-identical results by construction: only where a row is stored differs.
+appended to disk) and returns their slots, and the op then runs the *same* compiled
+kernels as an in-memory table, on the cache matrix with slots for ids. So a tiered table
+computes bit-identical results by construction: only where a row is stored differs.
 
 Budget: the cache holds ``memory_rows`` rows, or the distinct rows of the largest single
 op if that is more (an op pins every row it touches until it ends, so that the slots it
-was given stay valid); the memory cost per row on disk is the index's and ``slot_of``'s
-(about 30 bytes), never the row.
+was given stay valid).
 
-Whole-table passes (decay, shrink, export) run over the disk rows in id order (a
-sequential read of the file) after :meth:`RowTier.flush`, and over the cached copies.
+Room first: :meth:`RowTier.begin` reserves cache slots, file rows and write buffers for
+every row an op may touch or write *before* the op changes anything, so a full disk fails
+the op with the table unchanged (ResourceError naming the table, the file and the op).
+
+Whole-table passes (decay, shrink, export, delta-score reset) write every buffer out and
+then read or write the disk copies through the file's map in file order (a sequential
+pass), and the cached copies; the map's pages are dropped from the process after.
 
 Concurrency: pulls may run concurrently (the server holds a table's read lock for them)
 and a pull moves rows between tiers, so every method that moves rows takes
@@ -28,22 +32,24 @@ and a pull moves rows between tiers, so every method that moves rows takes
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
-from ..errors import ResourceError
+from ..config import TableConfig
+from ..errors import ConfigError, ResourceError
 from . import tier_kernels as kernels
-from .growth import Allocator, GrowableMatrix
+from .growth import Allocator, GrowableMatrix, planned_rows
 from .hashmap import FULL
 from .lifecycle import decay_slots
-from .rowfile import RowFile
+from .tier_disk import DiskRows, grow_map, id_map
 
-__all__ = ["RowTier"]
+__all__ = ["RowTier", "tier_for"]
 
-# RSS: drop the file's pages from the process once the rows promoted since the last drop
-# could span this fraction of the cache's bytes (see RowFile.drop_pages)
-_DROP_FRACTION = 0.25
-_PAGE = 4096
+# typed loosely: mypy's view of numba's Dispatcher miscounts a call with a star argument
+_ensure: Any = kernels.ensure
+_MAX_SEGMENT_ROWS = 1024
+_FLUSH_CHUNK_SEGMENTS = 64  # a flush or load writes out after this many segments
 
 
 class RowTier:
@@ -64,39 +70,38 @@ class RowTier:
         self.width = width
         self.memory_rows = int(memory_rows)
         self.lock = threading.RLock()
-        self.file = RowFile(folder, table, width)
-        self._allocator = allocator
+        # segments scale with the budget: a tiny table (tests) compacts tiny segments
+        segment = int(min(_MAX_SEGMENT_ROWS, max(8, self.memory_rows // 4)))
+        self.disk = DiskRows(folder, table, width, segment, allocator)
         self._cache = GrowableMatrix(self.memory_rows, width, np.float32, allocator)
         self._id_of = np.full(self.memory_rows, -1, np.int64)
         self._ref = np.zeros(self.memory_rows, np.uint8)
         self._dirty = np.zeros(self.memory_rows, np.uint8)
         self._pin = np.full(self.memory_rows, -1, np.int64)
-        self._slot_of = GrowableMatrix(self.file.capacity, 1, np.int32, allocator)
-        self._slot_of.array[:] = -1
+        self._slot_of = id_map(1024, np.int32, allocator)  # per row id
         self._hand = 0
         self._epoch = 0
-        # promoted, evicted, written back (lifetime totals, for stats and the bench)
+        # promoted, evicted, written (lifetime totals: stats, bench)
         self.counts = np.zeros(3, np.int64)
-        self._since_drop = 0
 
     # -- sizes ------------------------------------------------------------------------
-    @property
-    def _slot_map(self) -> np.ndarray:
-        return self._slot_of.array.reshape(-1)
-
     @property
     def cache(self) -> np.ndarray:
         """The cache matrix (re-read after anything that may grow it)."""
         return self._cache.array
 
     @property
-    def disk(self) -> np.ndarray:
-        return self.file.array
+    def path(self) -> str:
+        return self.disk.file.path
 
     @property
     def capacity(self) -> int:
-        """Rows the disk tier holds before it grows."""
-        return self.file.capacity
+        """Rows the disk file holds before it grows."""
+        return self.disk.file.capacity
+
+    @property
+    def file_bytes(self) -> int:
+        return self.disk.file.nbytes
 
     @property
     def cached_rows(self) -> int:
@@ -104,57 +109,63 @@ class RowTier:
 
     @property
     def nbytes(self) -> int:
-        """Memory of the tier: cache, slot maps (the disk file is not memory)."""
+        """Memory of the tier: cache, maps and write buffers (the file is not memory)."""
         maps = self._id_of.nbytes + self._ref.nbytes + self._dirty.nbytes + self._pin.nbytes
-        return self._cache.nbytes + self._slot_of.nbytes + maps
+        return self._cache.nbytes + maps + self._slot_of.nbytes + self.disk.nbytes
+
+    @property
+    def _slot_map(self) -> np.ndarray:
+        return self._slot_of.array.reshape(-1)
 
     # -- per-op ------------------------------------------------------------------------
     def begin(self, touched: int, op: str) -> None:
-        """Start an op that will touch up to ``touched`` distinct rows (it pins them all).
+        """Start an op that will touch up to ``touched`` distinct rows (it pins them all,
+        and each may be written to disk): room in the cache and on disk for all of them.
 
         Raises:
-            ResourceError: the cache cannot grow to hold them; nothing changed.
+            ResourceError: out of memory or disk space, or a write failed; nothing changed.
         """
         self._epoch += 1
         if touched > self._cache.capacity:
             self._grow_cache(touched, op)
+        self.disk.reserve(touched, op)
 
     def slots(self, ids: np.ndarray, op: str, *, load: bool = True, dirty: bool = False):
         """int64 slots of the row ids ``ids`` (-1 where ``ids < 0``), promoting rows from disk.
+
+        The op must have called :meth:`begin` with at least the distinct ids it touches.
 
         Args:
             ids: int64 row ids, -1 for "no row" (repeats allowed).
             op: the op (errors).
             load: read promoted rows from disk (False for new rows the caller writes).
             dirty: the caller will change the rows (they are written back on eviction).
+
+        Raises:
+            ResourceError: reading a row from disk failed (the rows are all where they
+                were: nothing of the op happened yet).
         """
         n = ids.shape[0]
         out = np.empty(n, np.int64)
-        start = 0
+        start, disk = 0, self.disk
         while True:
-            start, self._hand = kernels.ensure(
-                ids, start, out, self._slot_map, self._id_of, self._ref,
-                self._dirty, self._pin, self._epoch, self._hand, self.cache, self.disk,
-                load, dirty, self.counts,
+            start, self._hand, status = _ensure(
+                ids, start, out, self._slot_map, self._id_of, self._ref, self._dirty,
+                self._pin, self._epoch, self._hand, self.cache, disk.fd, disk.row_bytes,
+                *disk.state(), load, dirty, self.counts,
             )  # fmt: skip
-            if start == n:
-                break
-            # every slot is pinned by this op: it touches more rows than the cache holds
+            if status == 0:
+                return out
+            if status == 2:
+                raise disk.read_error(op, int(disk.disk_of[ids[start]]))
+            # every slot is pinned by this op: it touches more rows than it said
             self._grow_cache(self._cache.capacity + (n - start), op)
-        self._after_promotions()
-        return out
+            disk.reserve(n - start, op)
 
     def gather_slots(self, ids: np.ndarray, op: str) -> np.ndarray:
-        """:meth:`slots` for a reader: a new op of its own, under :attr:`lock`."""
-        self.begin(0, op)
+        """:meth:`slots` for a reader: an op of its own (the caller holds :attr:`lock`)."""
+        self.begin(ids.shape[0], op)
         return self.slots(ids, op)
-
-    def _after_promotions(self) -> None:
-        promoted = int(self.counts[0])
-        budget_pages = _DROP_FRACTION * self._cache.nbytes / _PAGE
-        if promoted - self._since_drop > max(budget_pages, 1024):
-            self.file.drop_pages()
-            self._since_drop = promoted
 
     def _grow_cache(self, rows: int, op: str) -> None:
         old = self._cache.capacity
@@ -172,79 +183,118 @@ class RowTier:
             ) from exc
         self._hand = old  # the new, free slots come first
 
-    # -- disk growth --------------------------------------------------------------------
-    def bytes_to_hold(self, needed: int, *, exact: bool = False) -> int:
-        return self._slot_of.bytes_to_hold(needed, exact=exact)
-
     def grow_to(self, needed: int, op: str, *, exact: bool = False) -> None:
-        """Disk rows (and ``slot_of``) for row ids ``< needed``.
+        """Room in the per-id maps for row ids ``< needed`` (memory only).
 
         Raises:
-            ResourceError: disk full / I/O error (names table, file, op) or out of memory;
-                nothing changed (a longer file is harmless).
+            MemoryError: the maps cannot grow; nothing changed that matters.
         """
-        self.file.grow_to(needed, op=op, exact=exact)
-        old = self._slot_of.capacity
-        self._slot_of.grow_to(self.file.capacity, exact=True)
-        self._slot_of.array[old:] = -1
+        if needed > self._slot_of.capacity:
+            rows = needed if exact else planned_rows(self._slot_of.capacity, needed, 12)
+            grow_map(self._slot_of, rows)
+            self.disk.grow_ids(rows)
+
+    def bytes_to_hold(self, needed: int, *, exact: bool = False) -> int:
+        return 12 * max(0, needed - self._slot_of.capacity)
 
     # -- writes and whole-table passes ---------------------------------------------------
-    def write(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        """Rows of ``ids`` (all < capacity) become ``rows``, where they live (loads)."""
-        kernels.write_rows(ids, rows, self._slot_map, self._dirty, self.cache,
-                           self.disk)  # fmt: skip
-
-    def flush(self) -> int:
-        """Write every changed cached row to disk: afterwards the disk holds every row."""
+    def write(self, ids: np.ndarray, rows: np.ndarray, op: str) -> None:
+        """Rows of ``ids`` become ``rows``, where they live (loads: straight to disk, a
+        few segments at a time)."""
+        chunk = _FLUSH_CHUNK_SEGMENTS * self.disk.seg
         with self.lock:
-            written = int(kernels.flush(self.cache, self._id_of, self._dirty, self.disk))
-            self.counts[2] += written
-            return written
+            for at in range(0, ids.shape[0], chunk):
+                part = slice(at, at + chunk)
+                self.disk.reserve(ids[part].shape[0], op)
+                kernels.write_rows(ids[part], rows[part], self._slot_map, self._dirty,
+                                   self.cache, *self.disk.state())  # fmt: skip
+            self.counts[2] += ids.shape[0]
+
+    def flush(self, op: str) -> None:
+        """Write every changed cached row to disk, then every buffer to the file:
+        afterwards the file holds every row's latest value."""
+        chunk = _FLUSH_CHUNK_SEGMENTS * self.disk.seg
+        with self.lock:
+            start, left = 0, int(np.count_nonzero(self._dirty))
+            while start < self._id_of.shape[0]:
+                self.disk.reserve(min(chunk, left), op)
+                start, written = kernels.flush(start, chunk, self.cache, self._id_of,
+                                               self._dirty, *self.disk.state())  # fmt: skip
+                self.counts[2] += written
+                left -= written
+            self.disk.sync(op)
 
     def cached(self) -> tuple[np.ndarray, np.ndarray]:
         """``(slots, ids)`` of the occupied cache slots."""
         slots = np.flatnonzero(self._id_of >= 0)
         return slots, self._id_of[slots]
 
-    def forget(self, ids: np.ndarray) -> None:
-        """Rows ``ids`` were deleted: free their slots and zero their disk rows."""
-        with self.lock:
-            kernels.forget(ids, self._slot_map, self._id_of, self._ref, self._dirty,
-                           self.disk)  # fmt: skip
-
-    def scan(self, index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(keys, ids, storage)``: every live row of ``index`` in id order and the matrix
-        that holds them all (the disk, after a flush), for whole-table reads."""
+    def scan(self, index, op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(keys, file rows, storage)``: every live row of ``index`` with where its disk
+        copy is, in file order, and the matrix holding them (the file's map, flushed;
+        call :meth:`drop_pages` after reading)."""
         keys, ids = index.items()
-        order = np.argsort(ids, kind="stable")
-        self.flush()
-        return keys[order], ids[order], self.disk
+        self.flush(op)
+        where = self.disk.disk_of[ids]
+        order = np.argsort(where, kind="stable")
+        return keys[order], where[order], self.disk.array
 
-    def decay(self, index, show_col: int, unseen_col: int, rate: float) -> None:
-        """The table's decay on both copies of every row: the disk rows (in id order) and
-        the cached ones; a clean row's copies stay equal, a dirty one's disk copy is
-        overwritten when it is written back."""
+    def decay(self, show_col: int, unseen_col: int, rate: float) -> None:
+        """The table's decay on both copies of every row: the disk copies (file order)
+        and the cached ones; a clean row's copies stay equal, a dirty one's disk copy is
+        superseded when it is written back."""
         with self.lock:
-            ids = np.sort(index.items()[1])
-            decay_slots(np.full(ids.size, FULL, np.uint8), ids, self.disk, show_col,
+            self.disk.sync("decay")
+            live = np.flatnonzero(self.disk.owner >= 0)
+            decay_slots(np.full(live.size, FULL, np.uint8), live, self.disk.array, show_col,
                         unseen_col, rate)  # fmt: skip
             slots, _ = self.cached()
             decay_slots(np.full(slots.size, FULL, np.uint8), slots, self.cache, show_col,
                         unseen_col, rate)  # fmt: skip
             self.drop_pages()
 
-    def set_column(self, high_water: int, column: int, value: float) -> None:
+    def set_column(self, column: int, value: float) -> None:
         """Column ``column`` of every row (both copies) becomes ``value``."""
         with self.lock:
-            self.disk[:high_water, column] = value
+            self.disk.sync("reset_delta_score")
+            self.disk.array[:, column] = value
             slots, _ = self.cached()
             self.cache[slots, column] = value
             self.drop_pages()
 
+    def forget(self, ids: np.ndarray) -> None:
+        """Rows ``ids`` were deleted: free their slots and zero their disk copies, and
+        the superseded copies of every row (so no deleted value stays on disk)."""
+        with self.lock:
+            disk = self.disk
+            disk.sync("shrink")
+            kernels.forget(ids, self._slot_map, self._id_of, self._ref, self._dirty,
+                           disk.array, disk.disk_of, disk.owner, disk.seg_live, disk.seg)  # fmt: skip
+            kernels.zero_garbage(disk.array, disk.owner)
+            self.drop_pages()
+
     def drop_pages(self) -> None:
-        self.file.drop_pages()
-        self._since_drop = int(self.counts[0])
+        self.disk.drop_pages()
 
     def close(self) -> None:
         """Delete the disk file; the tier must not be used afterwards."""
-        self.file.close()
+        self.disk.close()
+
+
+def tier_for(
+    config: TableConfig, width: int, disk_dir: str | None, allocator: Allocator | None
+) -> RowTier | None:
+    """The tier of a table with ``config.memory_rows``, None for an in-memory table.
+
+    Raises:
+        ConfigError: ``memory_rows`` is set but there is no disk dir (or it does not exist).
+    """
+    if config.memory_rows is None:
+        return None
+    if disk_dir is None:
+        raise ConfigError(
+            f"table {config.name!r} has memory_rows={config.memory_rows} but no disk "
+            "dir to keep the other rows in: start the servers with --disk-dir DIR (or "
+            "SPARSEPS_DISK_DIR), or leave memory_rows unset to keep every row in memory"
+        )
+    return RowTier(config.name, width, config.memory_rows, disk_dir, allocator)

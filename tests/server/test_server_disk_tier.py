@@ -12,6 +12,7 @@ import pytest
 from sparseps import optim
 from sparseps.config import Lifecycle, TableConfig
 from sparseps.errors import ConfigError, RemoteError
+from sparseps.files import shards
 from sparseps.server.disk_dir import DiskDir
 from sparseps.table import SparseTable
 from sparseps.testing import local_cluster
@@ -46,17 +47,32 @@ def test_tiered_table_on_servers_equals_an_in_memory_table(tmp_path):
         assert not (stale / "emb.123.0.rows").exists() and (stale / "notes.txt").exists()
         client = cluster.client()
         client.create_table(_config(memory_rows=16))
+        client.create_table(dataclasses.replace(_config(), name="ref"))  # in memory
         for step in range(30):
             keys = rng.integers(0, 2000, 200).astype(np.uint64)
             grads = rng.normal(0, 1, (200, DIM)).astype(np.float32)
             client.push("emb", keys, grads).wait()
+            client.push("ref", keys, grads).wait()
             oracle.push(keys, grads)
             probe = rng.integers(0, 2100, 300).astype(np.uint64)
             np.testing.assert_array_equal(client.pull("emb", probe).wait(), oracle.pull(probe))
             if step % 10 == 9:
                 client.decay("emb", 0.8)
+                client.decay("ref", 0.8)
                 oracle.decay(0.8)
                 np.testing.assert_array_equal(client.shrink("emb"), oracle.shrink())
+                client.shrink("ref")
+            if step % 10 == 4:  # inference saves: base, then delta + commit (delta reset)
+                for mode in ("base", "delta"):
+                    got = client.save_inference("emb", tmp_path / f"i{step}" / "emb", mode)
+                    want = client.save_inference("ref", tmp_path / f"i{step}" / "ref", mode)
+                    for a, b in zip(got, want, strict=True):
+                        _, cols_a = shards.read_shard(a["path"])
+                        _, cols_b = shards.read_shard(b["path"])
+                        for name in ("key", "embedding"):
+                            np.testing.assert_array_equal(cols_a[name], cols_b[name])
+                client.commit_inference("emb")
+                client.commit_inference("ref")
         servers = client.stats()["servers"]
         tables = [server["tables"]["emb"] for server in servers]
         assert sum(t["rows"] for t in tables) == len(oracle)

@@ -1,0 +1,226 @@
+"""Tables larger than memory: a tiered table against the same table all in memory.
+
+Records (``sparseps bench tier [--quick] [--json]``), dim 16 with Adagrad, a table of
+``ROWS`` live keys (quick: 200k; else 2M) whose memory budget is a tenth of them
+(``memory_rows = ROWS / 10``; the other rows live in the disk tier's row file):
+
+- ``tier_pull_rows_per_s`` / ``tier_push_rows_per_s``: ``SparseTable.pull`` / ``push`` of
+  batches of 8192 keys drawn Zipf(1.1) (``keys[mix(rank) % ROWS]``, as in bench/table.py:
+  hot keys scattered over the key space). Baseline: the same ops on the same batches on
+  the same table kept in memory (no ``memory_rows``), timed alternately in this run.
+  Target ratio >= 0.5.
+- ``tier_pull_rows_per_s_uniform`` / ``tier_push_rows_per_s_uniform``: the worst case,
+  keys uniform over the table (about 90% of the rows touched are on disk).
+- ``tier_step_rows_per_s`` (and ``_uniform``): one training step's table work per batch,
+  ``pull`` then ``push`` of the same keys, against the same on the in-memory table.
+- ``tier_peak_rss_bytes``: the peak RSS (VmHWM) of a separate process that holds only the
+  tiered table, fills it and runs the Zipf pulls and pushes. Baseline: the bound it
+  should stay under, ``base + index + 1.25 * budget``, where ``base`` is the process's
+  RSS before the table exists (interpreter, numpy, numba, the benchmark's key arrays),
+  ``index`` the memory the table needs besides its cache (key index, tier maps and write
+  buffers: ``bytes_used - budget``, about 40 bytes per row) and ``budget`` the cache's
+  bytes (``memory_rows * row bytes``). Ratio <= 1 meets the target. For scale: the
+  table's rows alone would take ``params.all_rows_bytes``.
+
+Every round uses fresh batches (a stream that never repeats, so the cache cannot learn
+the benchmark's batches); the cache is warmed first by batches from the same
+distribution. ``params.hit_rate`` is the fraction of touched rows found in memory.
+Timings are the best of the rounds (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from sparseps import optim
+from sparseps.benchmarking import BenchRecord
+from sparseps.config import Initializer, TableConfig
+from sparseps.table import SparseTable
+
+BATCH = 8192
+ZIPF_A = 1.1
+DIM = 16
+BUDGET_FRACTION = 10
+RSS_SLACK = 1.25
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _config(memory_rows: int | None) -> TableConfig:
+    return TableConfig(name="tier", dim=DIM, rule=optim.Adagrad(lr=0.05, eps=1e-10),
+                       initializer=Initializer.uniform(-0.01, 0.01), memory_rows=memory_rows)  # fmt: skip
+
+
+def _keys(rows: int) -> np.ndarray:
+    return _splitmix(np.arange(rows, dtype=np.uint64))
+
+
+def _fill(table: SparseTable, keys: np.ndarray) -> float:
+    zeros = np.zeros((BATCH, DIM), np.float32)
+    start = time.perf_counter()
+    for at in range(0, keys.size, BATCH):
+        chunk = keys[at : at + BATCH]
+        table.push(chunk, zeros[: chunk.size])
+    return time.perf_counter() - start
+
+
+def _batches(rng, keys: np.ndarray, count: int, zipf: bool) -> list[np.ndarray]:
+    n = np.uint64(keys.size)
+    out = []
+    for _ in range(count):
+        if zipf:
+            ranks = rng.zipf(ZIPF_A, BATCH).astype(np.uint64)
+            out.append(np.ascontiguousarray(keys[_splitmix(ranks) % n]))
+        else:
+            out.append(np.ascontiguousarray(keys[rng.integers(0, keys.size, BATCH)]))
+    return out
+
+
+def _timed(fn, batches, grads) -> float:
+    start = time.perf_counter()
+    if grads is None:
+        for b in batches:
+            fn(b)
+    else:
+        for b, g in zip(batches, grads, strict=True):
+            fn(b, g)
+    return time.perf_counter() - start
+
+
+def _compare(tiered, memory, rng, keys, zipf: bool, rounds: int, per_round: int):
+    """Best seconds per op kind (pull, push) for each table, and the tier's hit rate."""
+    grads = [rng.normal(0, 0.01, (BATCH, DIM)).astype(np.float32) for _ in range(per_round)]
+    for b, g in zip(_batches(rng, keys, per_round, zipf), grads, strict=True):  # warm the cache
+        tiered.pull(b)
+        tiered.push(b, g)
+    best = {k: float("inf") for k in ("pull_t", "pull_m", "push_t", "push_m", "step_t", "step_m")}
+    promoted0 = tiered.stats().disk_reads
+    pulled = 0
+    for _ in range(rounds):
+        batches = _batches(rng, keys, per_round, zipf)
+        pulled += sum(np.unique(b).size for b in batches)
+        best["pull_t"] = min(best["pull_t"], _timed(tiered.pull, batches, None))
+        best["pull_m"] = min(best["pull_m"], _timed(memory.pull, batches, None))
+        best["push_t"] = min(best["push_t"], _timed(tiered.push, batches, grads))
+        best["push_m"] = min(best["push_m"], _timed(memory.push, batches, grads))
+        pulled += sum(np.unique(b).size for b in batches)  # the steps below pull them again
+        steps = _batches(rng, keys, per_round, zipf)
+        best["step_t"] = min(best["step_t"], _timed(lambda b, g: _step(tiered, b, g), steps, grads))
+        best["step_m"] = min(best["step_m"], _timed(lambda b, g: _step(memory, b, g), steps, grads))
+    # promotions per distinct row pulled (a push after its pull finds its rows in memory)
+    hit_rate = 1.0 - (tiered.stats().disk_reads - promoted0) / pulled
+    return best, hit_rate
+
+
+def _step(table: SparseTable, batch: np.ndarray, grads: np.ndarray) -> None:
+    """One training step's table work: pull the batch's rows, push their gradients."""
+    table.pull(batch)
+    table.push(batch, grads)
+
+
+def _rss_child(rows: int, memory_rows: int, per_round: int) -> dict:
+    """In a fresh process: base RSS, then the tiered table under the Zipf stream."""
+    keys = _keys(rows)
+    rng = np.random.default_rng(11)
+    grads = rng.normal(0, 0.01, (BATCH, DIM)).astype(np.float32)
+    _batches(rng, keys, 1, zipf=True)
+    base = _status("VmRSS")
+    with tempfile.TemporaryDirectory(prefix="sparseps-bench-tier-") as folder:
+        table = SparseTable(_config(memory_rows), disk_dir=folder)
+        _fill(table, keys)
+        for _ in range(4):
+            for b in _batches(rng, keys, per_round, zipf=True):
+                table.pull(b)
+                table.push(b, grads)
+        stats = table.stats()
+        result = {
+            "base": base, "peak": _status("VmHWM"), "anon": _status("RssAnon"),
+            "file": _status("RssFile"), "table_memory": stats.bytes_used,
+            "budget": memory_rows * table.layout.width * 4,
+            "index": stats.bytes_used - memory_rows * table.layout.width * 4, "disk_bytes": stats.disk_bytes,
+        }  # fmt: skip
+        table.close()
+    return result
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def run(quick: bool) -> list[BenchRecord]:
+    rows = 200_000 if quick else 2_000_000
+    memory_rows = rows // BUDGET_FRACTION
+    rounds, per_round = (3, 8) if quick else (5, 16)
+    keys = _keys(rows)
+    records = []
+    with tempfile.TemporaryDirectory(prefix="sparseps-bench-tier-") as folder:
+        tiered = SparseTable(_config(memory_rows), disk_dir=folder)
+        memory = SparseTable(_config(None))
+        fill_t, fill_m = _fill(tiered, keys), _fill(memory, keys)
+        params = {"dim": DIM, "rule": "adagrad", "rows": rows, "memory_rows": memory_rows,
+                  "batch": BATCH, "fill_ratio": round(fill_m / fill_t, 3)}  # fmt: skip
+        rng = np.random.default_rng(5)
+        for zipf, suffix in ((True, ""), (False, "_uniform")):
+            best, hit = _compare(tiered, memory, rng, keys, zipf, rounds, per_round)
+            total = per_round * BATCH
+            p = {**params, "keys": f"zipf({ZIPF_A})" if zipf else "uniform",
+                 "hit_rate": round(hit, 3)}  # fmt: skip
+            records.append(BenchRecord(f"tier_pull_rows_per_s{suffix}", total / best["pull_t"],
+                                       "rows/s", total / best["pull_m"], p))  # fmt: skip
+            records.append(BenchRecord(f"tier_push_rows_per_s{suffix}", total / best["push_t"],
+                                       "rows/s", total / best["push_m"], p))  # fmt: skip
+            records.append(BenchRecord(f"tier_step_rows_per_s{suffix}", total / best["step_t"],
+                                       "rows/s", total / best["step_m"], p))  # fmt: skip
+        all_rows_bytes = rows * tiered.layout.width * 4
+        tiered.close()
+    del tiered, memory
+    gc.collect()
+    child = subprocess.run(
+        [sys.executable, __file__, "--rss-child", str(rows), str(memory_rows), str(per_round)],
+        capture_output=True, text=True, check=True, timeout=1800,
+    )  # fmt: skip
+    rss = json.loads(child.stdout.strip().splitlines()[-1])
+    bound = rss["base"] + rss["index"] + RSS_SLACK * rss["budget"]
+    records.append(
+        BenchRecord(
+            "tier_peak_rss_bytes",
+            float(rss["peak"]),
+            "bytes",
+            float(bound),
+            {
+                **params,
+                "base_rss": rss["base"],
+                "index_bytes": rss["index"],
+                "budget_bytes": rss["budget"],
+                "end_rss_anon": rss["anon"],
+                "end_rss_file": rss["file"],
+                "disk_bytes": rss["disk_bytes"],
+                "all_rows_bytes": all_rows_bytes,
+            },
+        )  # fmt: skip
+    )
+    return records
+
+
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--rss-child":
+    print(json.dumps(_rss_child(*(int(a) for a in sys.argv[2:]))))
+    sys.stdout.flush()
+    os._exit(0)
