@@ -220,6 +220,71 @@ def run(quick: bool) -> list[BenchRecord]:
     return records
 
 
+def scale_run(rows: int, memory_rows: int, steps: int, folder: str) -> dict:
+    """Fill and train a tiered table through one real server process and sample the
+    server's RSS every second (``python bench/tier.py --scale ROWS MEMORY_ROWS STEPS DIR``).
+
+    The table (dim 16, Adagrad) gets ``rows`` keys in pushes of 65536, then ``steps``
+    training steps (pull + push of a Zipf(1.1) batch of 8192 keys).
+    """
+    import threading
+
+    from sparseps.testing import local_cluster
+
+    samples: list[tuple[float, int]] = []
+    done = threading.Event()
+    with local_cluster(servers=1, environ={"SPARSEPS_DISK_DIR": folder}, timeout=120) as cluster:
+        pid = cluster.pid(0)
+        start = time.perf_counter()
+
+        def sample() -> None:
+            while not done.wait(1.0):
+                with open(f"/proc/{pid}/status") as status:
+                    for line in status:
+                        if line.startswith("VmRSS:"):
+                            samples.append(
+                                (time.perf_counter() - start, int(line.split()[1]) << 10)
+                            )
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        client = cluster.client(timeout=600)
+        client.create_table(_config(memory_rows if memory_rows > 0 else None))  # 0: in memory
+        keys = _keys(rows)
+        zeros = np.zeros((1 << 16, DIM), np.float32)
+        for at in range(0, rows, 1 << 16):
+            chunk = keys[at : at + (1 << 16)]
+            client.push("tier", chunk, zeros[: chunk.size]).wait()
+        fill_s = time.perf_counter() - start
+        rng = np.random.default_rng(3)
+        grads = rng.normal(0, 0.01, (BATCH, DIM)).astype(np.float32)
+        train_start = time.perf_counter()
+        for batch in _batches(rng, keys, steps, zipf=True):
+            client.pull("tier", batch).wait()
+            client.push("tier", batch, grads).wait()
+        train_s = time.perf_counter() - train_start
+        table = client.stats()["servers"][0]["tables"]["tier"]
+        with open(f"/proc/{pid}/status") as status:
+            peak = next(int(line.split()[1]) << 10 for line in status if line.startswith("VmHWM"))
+        done.set()
+        client.close()
+        result = {
+            "rows": rows, "memory_rows": memory_rows, "fill_s": round(fill_s, 1),
+            "fill_rows_per_s": round(rows / fill_s), "steps": steps,
+            "step_rows_per_s": round(steps * BATCH / train_s), "server_peak_rss": peak,
+            "table": table,
+            "rss_over_time": [(round(t), r) for t, r in samples[:: max(1, len(samples) // 40)]],
+        }  # fmt: skip
+        # printed before the server stops: deleting a file of many GB takes it seconds,
+        # longer than local_cluster's stop grace
+        print(json.dumps(result), flush=True)
+    return result
+
+
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--scale":
+    scale_run(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+    os._exit(0)
+
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--rss-child":
     print(json.dumps(_rss_child(*(int(a) for a in sys.argv[2:]))))
     sys.stdout.flush()

@@ -1,13 +1,16 @@
-"""``RowFile``: a float32 row matrix in a memory-mapped file (the disk tier of a table).
+"""``RowFile``: the file of a table's disk tier: a growable float32 row matrix on disk.
 
-The tier (:mod:`sparseps.table.tier`) decides which file row holds which table row; a
-compiled kernel reads or writes a row with one copy. Measured on this box (issue 14):
-8192 random rows read through a memory map in ~1.3 ms, against ~15.6 ms through LMDB
-and ~37 ms through rocksdict (their per-key calls, serialisation and locking dominate).
+The tier (:mod:`sparseps.table.tier_disk`) decides which file row holds which table row.
+The hot path reads rows with ``pread`` and writes whole segments with ``pwrite`` on
+:attr:`RowFile.fd` (nothing mapped, so nothing counted in RSS); whole-table passes use
+the memory map :attr:`RowFile.array` and drop its pages after. Measured on this box
+(issue 14): 8192 random rows read through a memory map in ~1.3 ms, against ~15.6 ms
+through LMDB and ~37 ms through rocksdict (their per-key calls, serialisation and locking
+dominate); ``pread`` of 3000 random cached rows ~2.6 ms, without mapping anything.
 
 Why the file cannot fail half-way: a write into a memory map has no error return; on a
 full disk the kernel answers a page fault in a sparse hole with SIGBUS, which kills the
-process. So every byte of the file is *allocated* when the file grows
+process (and a ``pwrite`` into a hole can fail with ENOSPC mid-op). So every byte of the file is *allocated* when the file grows
 (``posix_fallocate``, which fails with ENOSPC/EFBIG cleanly), before any row is written
 there; writes into allocated blocks need no new space. A failed growth raises
 :class:`~sparseps.errors.ResourceError` naming the table, the file and the op, with the

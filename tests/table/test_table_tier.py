@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import resource
 import signal
+import threading
 import zlib
 
 import numpy as np
@@ -270,3 +271,31 @@ def test_disk_space_of_superseded_copies_is_reused(disk):
     everything = np.sort(memory.keys())
     np.testing.assert_array_equal(tiered.pull(everything), memory.pull(everything))
     assert _checkpoint_digests(tiered, disk / "b") == _checkpoint_digests(memory, disk / "a")
+
+
+def test_concurrent_pulls_move_rows_safely(disk):
+    """Pulls of one table run concurrently on a server (read lock) and each promotes and
+    evicts rows: they take turns in the tier, and every result is exact."""
+    memory, tiered = _pair(disk, optim.Adagrad(lr=0.1), POLICIES[0], memory_rows=64)
+    keys = np.arange(3000, dtype=np.uint64)
+    grads = np.random.default_rng(2).normal(0, 1, (3000, DIM)).astype(np.float32)
+    for at in range(0, 3000, 30):  # requests smaller than the budget: the cache stays 64
+        memory.push(keys[at : at + 30], grads[at : at + 30])
+        tiered.push(keys[at : at + 30], grads[at : at + 30])
+    expected = np.concatenate([memory.pull(keys[at : at + 30]) for at in range(0, 3000, 30)])
+    failures = []
+
+    def puller(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(60):
+            pick = rng.integers(0, 3000, 16)
+            if not np.array_equal(tiered.pull(keys[pick]), expected[pick]):
+                failures.append(seed)
+
+    threads = [threading.Thread(target=puller, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert tiered.stats().disk_reads > 1000
