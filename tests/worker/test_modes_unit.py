@@ -122,3 +122,27 @@ def test_geo_local_copy_drops_rows_unused_for_keep_windows(keep):
     fetched = sum(n for op, n in servers.calls if op == "pull") - before
     assert fetched == (0 if keep is None else 1)
     np.testing.assert_array_equal(rows, servers.tables["t"].pull(np.array([1], np.uint64)))
+
+
+def test_geo_dense_deltas_are_averaged_over_workers(monkeypatch):
+    """Two geo workers that take the same local dense step from the same start leave the
+    servers where one of them would: each pushes its delta over the number of workers.
+    Summed, N workers made the step N times (the test AUC of the demo at 4% clicks fell
+    to 0.55-0.75)."""
+    from sparseps.core import collectives
+
+    servers = FakeServers()
+    strategy = sps.Strategy(mode="geo", k_steps=1)
+    workers = []
+    for rank in range(2):
+        module = nn.Linear(1, 1, bias=False)
+        nn.init.constant_(module.weight, 1.0)
+        workers.append(GeoMode(servers, DenseParams(module), sps.optim.SGD(lr=0.5), strategy,
+                               rank=rank, tables=[]))  # fmt: skip
+    monkeypatch.setattr(collectives, "world_size", lambda: 2)  # after the constructors
+    for mode in workers:  # both step from 1.0 by -0.5 * 1.0 before either sync is seen
+        mode.local_dense.push(np.ones(1, np.float32))
+    for mode in workers:
+        mode._sync()
+    assert servers.dense.tolist() == [0.5]  # summed, it would be 0.0
+    assert [float(m.dense.values()[0]) for m in workers] == [0.75, 0.5]  # the last refresh
