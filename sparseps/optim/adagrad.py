@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit
 
 from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
-from .numerics import KERNEL, fit32
+from .numerics import KERNEL, fit32, settle_weight
 from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["Adagrad"]
@@ -83,9 +83,7 @@ def _adagrad(storage, rows, grads, dim, lr, eps, l2, low, high, clip):  # pragma
             storage[r, dim + j] = fit32(acc)
             nan |= acc != acc
             w = w - lr * g / (np.sqrt(acc) + eps)
-            if clip:
-                w = min(max(w, low), high)
-            w = fit32(w)
+            w = settle_weight(w, clip, low, high)
             nan |= w != w
             storage[r, j] = w
     return not nan

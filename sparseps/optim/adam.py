@@ -27,7 +27,7 @@ from numba import njit
 
 from ..core.validate import check_float
 from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
-from .numerics import KERNEL, fit32
+from .numerics import KERNEL, fit32, settle_weight
 from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["Adam"]
@@ -98,9 +98,7 @@ def _adam(
             storage[r, dim + dim + j] = fit32(v)
             nan |= (m != m) | (v != v)
             w = w - step_size * m / (np.sqrt(v) / correction2 + eps)
-            if clip:
-                w = min(max(w, low), high)
-            w = fit32(w)
+            w = settle_weight(w, clip, low, high)
             nan |= w != w
             storage[r, j] = w
     return not nan

@@ -34,7 +34,7 @@ import numpy as np
 from numba import njit
 
 from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
-from .numerics import KERNEL, fit32
+from .numerics import KERNEL, fit32, settle_weight
 from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["FTRL"]
@@ -110,9 +110,7 @@ def _ftrl(storage, rows, grads, dim, alpha, beta, l1, l2, low, high, clip):  # p
                 sign = 1.0 if z > 0 else -1.0
                 denominator = (beta + np.sqrt(n_new)) / alpha + l2
                 w = -(z - sign * l1) / denominator if denominator > 0.0 else 0.0
-            if clip:
-                w = min(max(w, low), high)
-            w = fit32(w)
+            w = settle_weight(w, clip, low, high)
             nan |= w != w
             storage[r, j] = w
     return not nan

@@ -62,3 +62,12 @@ def fit32(x):  # pragma: no cover - compiled
     if x < -F32_MAX:
         return -F32_MAX
     return x
+
+
+@njit(nogil=True, cache=True, inline="always")
+def settle_weight(w, clip, low, high):  # pragma: no cover - compiled
+    """The value a rule stores for a new weight ``w``: clipped to ``[low, high]`` when
+    ``clip``, then to the finite float32 range (the one saturating store of every rule)."""
+    if clip:
+        w = min(max(w, low), high)
+    return fit32(w)

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
-from .numerics import KERNEL, fit32
+from .numerics import KERNEL, fit32, settle_weight
 from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["RowwiseAdagrad"]
@@ -77,9 +77,7 @@ def _rowwise_adagrad(storage, rows, grads, dim, lr, eps, l2, low, high, clip):  
         for j in range(dim):
             w = np.float64(storage[r, j])
             w = w - step * (grads[i, j] + l2 * w)
-            if clip:
-                w = min(max(w, low), high)
-            w = fit32(w)
+            w = settle_weight(w, clip, low, high)
             nan |= w != w
             storage[r, j] = w
     return not nan

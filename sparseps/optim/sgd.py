@@ -10,7 +10,7 @@ from numba import njit
 
 from ..errors import ConfigError
 from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
-from .numerics import KERNEL, fit32
+from .numerics import KERNEL, settle_weight
 from .prefetch import PREFETCH_AHEAD, prefetch_row
 
 __all__ = ["SGD"]
@@ -64,9 +64,7 @@ def _sgd(storage, rows, grads, dim, lr, l2, low, high, clip):  # pragma: no cove
         for j in range(dim):
             w = np.float64(storage[r, j])
             w = w - lr * (grads[i, j] + l2 * w)
-            if clip:
-                w = min(max(w, low), high)
-            w = fit32(w)
+            w = settle_weight(w, clip, low, high)
             nan |= w != w
             storage[r, j] = w
     return not nan
