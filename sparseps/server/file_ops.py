@@ -23,29 +23,48 @@ class FileOps:
     """The file ops of a server; needs ``rank``, ``num_servers``, ``_sparse_entry`` and
     ``_dense_entry`` from the class it is mixed into."""
 
+    # a tiered table is saved in parts of about this many bytes of rows (its rows may not
+    # fit in memory at once); an instance attribute in tests
+    save_part_bytes = 256 << 20
+
     def _op_save(self, request: Request):
+        """Write this server's shard of the table: a rows file and a pending file.
+
+        A table with ``memory_rows`` writes its rows in parts (``...-of-SSSSS.arrow``,
+        then ``...-of-SSSSS.part-00001.arrow``, ...) of about :attr:`save_part_bytes`,
+        streamed from its disk tier under the read lock; a load takes any number of files.
+        """
         entry = self._sparse_entry(request)
-        with entry.lock.read():
-            rows = entry.table.export_rows()
-            pending = entry.table.export_pending()
-        config = entry.table.config.to_dict()
+        table = entry.table
+        config = table.config.to_dict()
         meta = {
             "table": request.table,
             "config": config,
             "rank": self.rank,
             "num_servers": self.num_servers,
         }
+        directory = request.args["directory"]
         records = []
-        for kind, columns in (("rows", rows), ("pending", pending)):
+
+        def write(kind: str, columns: dict, part: int = 0) -> None:
             name = shards.file_name(request.table, kind, self.rank, self.num_servers)
-            records.append(
-                {
-                    **shards.write_shard(
-                        request.args["directory"], name, columns, {**meta, "kind": kind}
-                    ),
-                    "rank": self.rank,
-                }
-            )
+            if part:
+                name = f"{name.removesuffix('.arrow')}.part-{part:05d}.arrow"
+            record = shards.write_shard(directory, name, columns, {**meta, "kind": kind})
+            records.append({**record, "rank": self.rank})
+
+        part_rows = max(1, self.save_part_bytes // (4 * table.layout.width))
+        with entry.lock.read():
+            pending = table.export_pending()
+            if table.disk_path is None:
+                rows = table.export_rows()
+            else:  # streamed: one part in memory at a time, all under the lock
+                rows = None
+                for part, columns in enumerate(table.export_row_parts(part_rows)):
+                    write("rows", columns, part)
+        if rows is not None:  # in memory: the files are written outside the lock
+            write("rows", rows)
+        write("pending", pending)
         return records, []
 
     def _op_load(self, request: Request):

@@ -19,7 +19,7 @@ index or the rows change.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -64,6 +64,28 @@ class TableFiles:
             columns = gather_columns(disk, keys, where, self._where)
             self._tier.drop_pages()
         return {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
+
+    def export_row_parts(self, rows_per_part: int) -> Iterator[dict[str, np.ndarray]]:
+        """:meth:`export_rows` in parts of at most ``rows_per_part`` rows, so that a table
+        larger than memory is saved without its rows in memory at once.
+
+        An in-memory table yields one part (its rows are in memory anyway). A tiered one
+        yields its disk copies in file order and holds the tier's lock until the last part
+        is taken: pulls of the table wait meanwhile, and the parts are one consistent
+        snapshot (the caller also keeps pushes out, as for :meth:`export_rows`).
+        """
+        if self._tier is None:
+            yield self.export_rows()
+            return
+        step = max(1, int(rows_per_part))
+        names = (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)
+        with self._tier.lock:
+            keys, where, disk = self._tier.scan(self._index, "export_rows")
+            for at in range(0, max(keys.size, 1), step):
+                part = slice(at, at + step)
+                columns = gather_columns(disk, keys[part], where[part], self._where)
+                self._tier.drop_pages()
+                yield {name: columns[name] for name in names}
 
     def export_pending(self) -> dict[str, np.ndarray]:
         """Admission counters of keys not admitted yet: ``key``, ``show``, ``click``

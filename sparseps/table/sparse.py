@@ -7,6 +7,10 @@ number of live rows does. It doubles while small and then grows by 25%, in place
 (:mod:`~sparseps.table.growth`: never old + new at once). Keys that are not admitted yet
 live in a second, small index with only their counters (show, click, unseen).
 
+With ``config.memory_rows`` the rows live in a :class:`~sparseps.table.tier.RowTier`
+instead: a cache of the hot rows over a row file; every op promotes the rows it touches
+and runs the same kernels on the cache (slots for row ids), so results are identical.
+
 Push path (all compiled, one pass each; :mod:`~sparseps.table.push`): merge repeated
 keys -> find -> admission of missing keys on scratch counters -> new rows built and
 checked in scratch -> back up the touched existing rows -> statistics and the rule's

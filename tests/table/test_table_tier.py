@@ -299,3 +299,14 @@ def test_concurrent_pulls_move_rows_safely(disk):
         thread.join()
     assert failures == []
     assert tiered.stats().disk_reads > 1000
+
+
+def test_export_in_parts_is_the_export(disk):
+    memory, tiered = _pair(disk, optim.Adam(lr=0.01), POLICIES[1], memory_rows=8)
+    _random_ops(np.random.default_rng(4), memory, tiered, steps=300, universe=300, batch=8)
+    parts = list(tiered.export_row_parts(7))
+    assert len(parts) == -(-len(tiered) // 7) and len(list(memory.export_row_parts(7))) == 1
+    joined = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    whole = _sorted(memory.export_rows())
+    for name, values in _sorted(joined).items():
+        np.testing.assert_array_equal(values, whole[name], name)
