@@ -310,3 +310,41 @@ def test_export_in_parts_is_the_export(disk):
     whole = _sorted(memory.export_rows())
     for name, values in _sorted(joined).items():
         np.testing.assert_array_equal(values, whole[name], name)
+
+
+def test_failed_disk_writes_lose_nothing(disk, file_size_limit):
+    """Writes past RLIMIT_FSIZE fail for real (EFBIG) even inside the file: segment
+    writes of evicted rows fail, the ops that meet them are refused whole, the rows wait
+    in memory, and once the disk takes writes again everything is exact."""
+    dim = 32
+    config = TableConfig(name="emb", dim=dim, rule=optim.Adagrad(lr=0.1), seed=1)
+    memory = SparseTable(config)
+    tiered = SparseTable(dataclasses.replace(config, memory_rows=64), disk_dir=str(disk))
+    keys = np.arange(20_000, dtype=np.uint64)
+    rng = np.random.default_rng(8)
+    for at in range(0, keys.size, 50):
+        grads = rng.normal(0, 1, (50, dim)).astype(np.float32)
+        memory.push(keys[at : at + 50], grads)
+        tiered.push(keys[at : at + 50], grads)
+    assert tiered.stats().disk_bytes > 4 << 20
+    file_size_limit(1 << 20)  # rows past the first MB of the file cannot be written
+    refused = []
+    for _ in range(300):
+        batch = np.ascontiguousarray(keys[rng.integers(0, keys.size, 40)])
+        grads = rng.normal(0, 1, (40, dim)).astype(np.float32)
+        try:
+            pulled = tiered.pull(batch)
+            tiered.push(batch, grads)
+        except ResourceError as exc:
+            refused.append(str(exc))
+            continue
+        np.testing.assert_array_equal(pulled, memory.pull(batch))
+        memory.push(batch, grads)
+    assert refused, "the limit must have refused some writes"
+    assert all(tiered.disk_path in m and "'emb'" in m and "File too large" in m for m in refused)
+    assert any("writing segment" in m and "rows stay in memory" in m for m in refused)
+    file_size_limit(None)
+    np.testing.assert_array_equal(tiered.pull(keys), memory.pull(keys))
+    a, b = _sorted(memory.export_rows()), _sorted(tiered.export_rows())
+    for name in a:
+        np.testing.assert_array_equal(b[name], a[name], name)
