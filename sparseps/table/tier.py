@@ -164,7 +164,10 @@ class RowTier:
 
     def gather_slots(self, ids: np.ndarray, op: str) -> np.ndarray:
         """:meth:`slots` for a reader: an op of its own (the caller holds :attr:`lock`)."""
-        self.begin(ids.shape[0], op)
+        touched = ids.shape[0]
+        if touched > self._cache.capacity:  # repeats and absent keys need no slot
+            touched = int(np.unique(ids[ids >= 0]).size)
+        self.begin(touched, op)
         return self.slots(ids, op)
 
     def _grow_cache(self, rows: int, op: str) -> None:
