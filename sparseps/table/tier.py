@@ -12,9 +12,9 @@ appended to disk) and returns their slots, and the op then runs the *same* compi
 kernels as an in-memory table, on the cache matrix with slots for ids. So a tiered table
 computes bit-identical results by construction: only where a row is stored differs.
 
-Budget: the cache holds ``memory_rows`` rows, or the distinct rows of the largest single
-op if that is more (an op pins every row it touches until it ends, so that the slots it
-was given stay valid).
+Budget: the cache holds ``memory_rows`` rows. An op that touches more distinct rows grows
+it for its duration (it pins every row it touches until it ends, so that the slots it
+was given stay valid); the next op within the budget shrinks it back.
 
 Room first: :meth:`RowTier.begin` reserves cache slots, file rows and write buffers for
 every row an op may touch or write *before* the op changes anything, so a full disk fails
@@ -128,6 +128,8 @@ class RowTier:
         self._epoch += 1
         if touched > self._cache.capacity:
             self._grow_cache(touched, op)
+        elif self._cache.capacity > self.memory_rows >= touched:
+            self._shrink_cache(op)  # a larger op grew it: back to the budget
         self.disk.reserve(touched, op)
 
     def slots(self, ids: np.ndarray, op: str, *, load: bool = True, dirty: bool = False):
@@ -185,6 +187,27 @@ class RowTier:
                 f"to {rows} rows ({exc}); nothing was changed"
             ) from exc
         self._hand = old  # the new, free slots come first
+
+    def _shrink_cache(self, op: str) -> None:
+        """Evict the rows of the slots past the budget (changed ones written to disk)
+        and give their memory back; nothing is pinned between ops."""
+        keep = self.memory_rows
+        try:
+            smaller = GrowableMatrix(keep, self.width, np.float32, self._cache.allocator)
+        except MemoryError:
+            return  # only an optimisation: keep the larger cache
+        self.disk.reserve(int(np.count_nonzero(self._dirty[keep:])), op)
+        _, written = kernels.flush(keep, self._id_of.shape[0], self.cache, self._id_of,
+                                   self._dirty, *self.disk.state())  # fmt: skip
+        self.counts[2] += written
+        gone = self._id_of[keep:]
+        self._slot_map[gone[gone >= 0]] = -1
+        self.counts[1] += int(np.count_nonzero(gone >= 0))
+        smaller.array[:] = self.cache[:keep]
+        self._cache = smaller
+        self._id_of, self._ref = self._id_of[:keep].copy(), self._ref[:keep].copy()
+        self._dirty, self._pin = self._dirty[:keep].copy(), self._pin[:keep].copy()
+        self._hand = 0
 
     def grow_to(self, needed: int, op: str, *, exact: bool = False) -> None:
         """Room in the per-id maps for row ids ``< needed`` (memory only).

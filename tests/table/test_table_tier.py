@@ -348,3 +348,24 @@ def test_failed_disk_writes_lose_nothing(disk, file_size_limit):
     a, b = _sorted(memory.export_rows()), _sorted(tiered.export_rows())
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], name)
+
+
+def test_an_op_larger_than_the_budget_grows_the_cache_only_for_itself(disk):
+    memory, tiered = _pair(disk, optim.Adagrad(lr=0.1), POLICIES[0], memory_rows=8)
+    keys = np.arange(500, dtype=np.uint64)
+    grads = np.random.default_rng(6).normal(0, 1, (500, DIM)).astype(np.float32)
+    memory.push(keys, grads)
+    tiered.push(keys, grads)  # 500 rows in one op: the cache holds them all for it
+    grown = tiered.stats()
+    assert grown.memory_rows == 500
+    small = keys[:4]
+    np.testing.assert_array_equal(tiered.pull(small), memory.pull(small))
+    shrunk = tiered.stats()
+    assert shrunk.memory_rows <= 8, "the next op within the budget shrinks it back"
+    cache_bytes = (500 - 8) * tiered.layout.width * 4
+    assert grown.bytes_used - shrunk.bytes_used > 0.9 * cache_bytes
+    np.testing.assert_array_equal(tiered.pull(keys), memory.pull(keys))
+    np.testing.assert_array_equal(tiered.pull(small), memory.pull(small))
+    a, b = _sorted(memory.export_rows()), _sorted(tiered.export_rows())
+    for name in a:
+        np.testing.assert_array_equal(b[name], a[name], name)
