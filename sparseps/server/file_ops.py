@@ -152,20 +152,24 @@ class FileOps:
         if mode not in ("base", "delta"):
             raise InputError(f"save_inference: mode must be 'base' or 'delta', got {mode!r}")
         entry = self._sparse_entry(request)
-        config = entry.table.config
-        with entry.lock.read():
-            rows = entry.table.export_rows()
-        if mode == "base":
-            keep = (
-                score(rows["show"], rows["click"], config.lifecycle) >= config.lifecycle.base_score
-            )
-        else:
-            keep = rows["delta_score"] > 0
-        keys = rows["key"][keep]
+        table = entry.table
+        config = table.config
+        kept_keys, kept_embeddings = [], []
+        part_rows = max(1, self.save_part_bytes // (4 * table.layout.width))
+        with entry.lock.read():  # in parts: a tiered table's rows never all in memory
+            for rows in table.export_row_parts(part_rows):
+                if mode == "base":
+                    lifecycle = config.lifecycle
+                    keep = score(rows["show"], rows["click"], lifecycle) >= lifecycle.base_score
+                else:
+                    keep = rows["delta_score"] > 0
+                kept_keys.append(rows["key"][keep])
+                kept_embeddings.append(rows["embedding"][keep])
+        keys = np.concatenate(kept_keys)
         order = np.argsort(keys, kind="stable")
         columns = {
             "key": np.ascontiguousarray(keys[order]),
-            "embedding": np.ascontiguousarray(rows["embedding"][keep][order]),
+            "embedding": np.ascontiguousarray(np.concatenate(kept_embeddings)[order]),
         }
         name = f"{request.table}.{mode}-{self.rank:05d}-of-{self.num_servers:05d}.arrow"
         meta = {

@@ -152,6 +152,16 @@ def test_a_tiered_table_is_saved_in_parts_and_loads_back(tmp_path):
                 state._sparse["emb"].table.push(keys, np.ones((1000, DIM), np.float32))
             loaded, _ = state.handle(_request("load", target, files=records))
             assert loaded["rows"] == 1000
+        for mode in ("base", "delta"):  # inference saves read the parts too
+            got, _ = state.handle(_request("save_inference", "emb", mode=mode,
+                                           directory=str(tmp_path / "i" / "emb")))  # fmt: skip
+            want, _ = state.handle(_request("save_inference", "ref", mode=mode,
+                                            directory=str(tmp_path / "i" / "ref")))  # fmt: skip
+            _, a = shards.read_shard(got["path"])
+            _, b = shards.read_shard(want["path"])
+            assert a["key"].size == 1000
+            for name in ("key", "embedding"):
+                np.testing.assert_array_equal(a[name], b[name])
         expected = state._sparse["ref"].table.export_rows()
         got = state._sparse["emb"].table.export_rows()
         order_a, order_b = np.argsort(expected["key"]), np.argsort(got["key"])
