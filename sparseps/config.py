@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from .core.validate import check_float, check_int, check_known_fields
 from .errors import ConfigError
@@ -51,7 +51,10 @@ def _set(obj: object, name: str, value: object) -> None:
     object.__setattr__(obj, name, value)
 
 
-def _enum(owner: str, name: str, enum: type[StrEnum], value: Any) -> StrEnum:
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def _enum(owner: str, name: str, enum: type[_E], value: Any) -> _E:
     try:
         return enum(value)
     except ValueError:

@@ -124,6 +124,7 @@ class GrowableMatrix:
         nbytes = rows * self.row_bytes
         if nbytes == 0:
             return np.empty((rows, self.width), self.dtype)
+        assert self._block is not None  # rows > 0 always have a block
         buffer = (ctypes.c_byte * nbytes).from_address(self._block.address)
         buffer.block = self._block  # an array keeps its block alive (never a dangling free)
         return np.frombuffer(buffer, self.dtype).reshape(rows, self.width)

@@ -333,7 +333,7 @@ class KeyIndex:
         return keys, ids
 
     def clear(self) -> None:
-        self.__init__(MIN_CAPACITY, allocator=self._allocator)
+        KeyIndex.__init__(self, MIN_CAPACITY, allocator=self._allocator)
 
     # -- growth -----------------------------------------------------------------------
     def _alloc_slots(self, capacity: int):
@@ -366,7 +366,8 @@ class KeyIndex:
     def _grow(self, incoming: int) -> None:
         """Rehash into a table sized for ``size + incoming`` live keys at TARGET_LOAD."""
         slots = self._alloc_slots(self._planned_capacity(incoming))
-        _rehash(self._keys, self._vals, self._state, *slots, self._seed)
+        # mypy's view of numba's Dispatcher miscounts a call with a star argument
+        _rehash(self._keys, self._vals, self._state, *slots, self._seed)  # type: ignore[call-arg]
         self._install(*slots)
         self._used = self._size
 

@@ -8,6 +8,8 @@ an int64 key array is a bug in the caller (and a silent copy would hide a slow p
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import numpy as np
 
 from ..core.validate import check_key_array, describe_array
@@ -22,7 +24,7 @@ __all__ = [
 ]
 
 
-def _fail(op: str, name: str, expected: str, array: object, fix: str = "") -> None:
+def _fail(op: str, name: str, expected: str, array: object, fix: str = "") -> NoReturn:
     hint = f"; {fix}" if fix else ""
     raise InputError(f"{op}: {name} must be {expected}, found {describe_array(array)}{hint}")
 
@@ -57,7 +59,7 @@ def counts_or_default(op: str, name: str, values: object, n: int, default: float
     """
     if values is None:
         return np.full(n, default, np.float32)
-    check_contiguous_vector(op, name, values, n, np.float32)
+    values = check_contiguous_vector(op, name, values, n, np.float32)
     bad = ~(np.isfinite(values) & (values >= 0))
     if bad.any():
         raise InputError(
