@@ -306,6 +306,7 @@ class GeoMode(TrainingMode):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._create_dense_on_servers()
+        self.workers = max(collectives.world_size(), 1)  # dense deltas are averaged over them
         self.local_dense = None
         if self.dense.size:
             self.base_dense = self.dense.values()
@@ -409,8 +410,7 @@ class GeoMode(TrainingMode):
     def _dense_delta(self) -> np.ndarray:
         """This worker's share of the window's dense change: its delta over the workers."""
         assert self.local_dense is not None
-        workers = max(collectives.world_size(), 1)
-        return (self.local_dense.pull() - self.base_dense) / np.float32(workers)
+        return (self.local_dense.pull() - self.base_dense) / np.float32(self.workers)
 
     def quiesce(self) -> None:
         self._sync()
