@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -34,6 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-num", type=int, default=1)
     parser.add_argument("--worker-num", type=int, default=2)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="synthetic data seed")
+    parser.add_argument(
+        "--memory-rows", type=int, default=0,
+        help="rows of each table a server keeps in memory, the rest on disk (docs/table.md); "
+        "0: every row in memory",
+    )  # fmt: skip
+    parser.add_argument(
+        "--disk-dir", help="the servers' folder for rows beyond --memory-rows (default OUT/disk)"
+    )
 
 
 def _data(args, out: Path) -> tuple[str, str, float | None]:
@@ -67,8 +76,16 @@ def run(args: argparse.Namespace) -> int:
         "--train", train, "--test", test, "--result", str(result_path), "--mode", args.mode,
         "--checkpoint", str(out / "checkpoint"), "--inference-model", str(out / "inference_model"),
     ]  # fmt: skip
+    env = dict(os.environ)
+    if args.memory_rows < 0:
+        raise SparsePSError(f"sparseps demo: --memory-rows must be >= 0, got {args.memory_rows}")
+    if args.memory_rows > 0:  # servers read their disk dir from the environment
+        command += ["--memory-rows", str(args.memory_rows)]
+        env["SPARSEPS_DISK_DIR"] = str(Path(args.disk_dir or out / "disk").resolve())
+    elif args.disk_dir:
+        raise SparsePSError("sparseps demo: --disk-dir needs --memory-rows N (N > 0)")
     start = time.perf_counter()
-    code = subprocess.call(command)
+    code = subprocess.call(command, env=env)
     if code != 0 or not result_path.is_file():
         raise SparsePSError(
             f"the demo job failed (exit code {code}); see the logs in {out / 'log'}"

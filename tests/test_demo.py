@@ -75,3 +75,29 @@ def test_flipping_one_byte_of_a_shard_fails_inspect_naming_the_file(demo, tmp_pa
         done = sparseps("inspect", str(copy))
         assert done.returncode != 0
         assert shard.name in done.stdout + done.stderr
+
+
+def test_demo_with_a_memory_budget_keeps_most_rows_on_disk(demo, tmp_path):
+    """``--memory-rows N --disk-dir DIR``: the same data and job with every table limited
+    to N rows per server in memory; the rest sit in the servers' disk dir. The JSON says
+    where the rows are; the model is the demo's within async noise (the tier itself is
+    bit-exact: tests/table/test_table_tier.py)."""
+    out, summary = demo
+    disk = tmp_path / "disk"
+    done = sparseps("demo", "--out", str(out), "--rows", "40000", "--memory-rows", "2000",
+                    "--disk-dir", str(disk), "--json")  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    tiered = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = sum(tiered["table_rows"].values())
+    assert tiered["table_rows"] == summary["table_rows"]  # admission does not see the tier
+    assert tiered["memory_rows"] + tiered["disk_rows"] == rows
+    assert tiered["disk_rows"] > rows / 2 and summary["disk_rows"] == 0
+    assert summary["memory_rows"] == sum(summary["table_rows"].values())
+    assert tiered["server_peak_rss_bytes"] > 0 and summary["server_peak_rss_bytes"] > 0
+    assert abs(tiered["test_auc"] - summary["test_auc"]) < 0.01
+    assert not list(disk.rglob("*.rows"))  # each server deleted its row files on stop
+
+
+def test_demo_refuses_a_disk_dir_without_a_memory_budget(tmp_path):
+    done = sparseps("demo", "--out", str(tmp_path), "--rows", "100", "--disk-dir", str(tmp_path))
+    assert done.returncode != 0 and "--disk-dir needs --memory-rows" in done.stdout + done.stderr

@@ -60,6 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "the pass); 0: off",
     )  # fmt: skip
     p.add_argument("--admit-count", type=int, default=1, help="shows before a key gets a row")
+    p.add_argument(
+        "--memory-rows", type=int, default=0,
+        help="rows of each table a server keeps in memory, the rest in its disk dir "
+        "(SPARSEPS_DISK_DIR / --disk-dir of sparseps demo); 0: every row in memory",
+    )  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="reader threads per worker")
     p.add_argument("--no-prefetch", action="store_true", help="turn off pull/compute overlap")
     p.add_argument("--print-period", type=int, default=200)
@@ -94,6 +99,7 @@ def main(argv=None) -> int:
         else sps.optim.Adam(lr=args.sparse_lr, eps=1e-4),
         wide_rule=parse_rule(args.wide_rule) if args.wide_rule else None,
         lifecycle=lifecycle,
+        memory_rows=args.memory_rows or None,
     )
     prior = None
     if args.bias_init == "prior":
@@ -145,6 +151,7 @@ def main(argv=None) -> int:
         "worker0_timings": result.timings,
         "workers": sps.worker_num(),
         "table_rows": _table_rows(stats, trainer.tables),
+        **_tier_figures(stats),
     }
     if args.checkpoint:
         trainer.save_checkpoint(args.checkpoint)
@@ -166,6 +173,19 @@ def _click_rate(train: str, rows: int) -> float:
     local = (0.0, 0.0) if first is None else (float(first.label.sum()), float(len(first)))
     clicks, count = collectives.all_reduce_sum(np.array(local, np.float64))
     return float(clicks / count) if count else 0.5
+
+
+def _tier_figures(stats: dict) -> dict:
+    """Rows in memory and on disk (all tables, all servers) and the largest server's
+    peak resident memory, from the client's stats."""
+    tables = stats["total"]["tables"].values()
+    return {
+        "memory_rows": sum(int(t.get("memory_rows", t["rows"])) for t in tables),
+        "disk_rows": sum(int(t.get("disk_rows", 0)) for t in tables),
+        "server_peak_rss_bytes": max(
+            (int(s.get("peak_rss_bytes", 0)) for s in stats["servers"]), default=0
+        ),
+    }
 
 
 def _table_rows(stats, tables) -> dict:

@@ -32,9 +32,11 @@ def slot_embedding(
     *,
     zeros: bool = False,
     lifecycle: Lifecycle | None = None,
+    memory_rows: int | None = None,
 ) -> SparseEmbedding:
     """The built-in models' sum-pooled embedding of every slot: Adam(0.01) unless ``rule``
-    is given; rows start uniform in [-0.05, 0.05], or at zero (``zeros``, for linear parts)."""
+    is given; rows start uniform in [-0.05, 0.05], or at zero (``zeros``, for linear parts);
+    ``memory_rows``: the table's memory budget per server (None: all rows in memory)."""
     return SparseEmbedding(
         table,
         dim,
@@ -42,6 +44,7 @@ def slot_embedding(
         rule=rule or optim.Adam(lr=0.01),
         initializer=Initializer.zeros() if zeros else Initializer.uniform(-0.05, 0.05),
         lifecycle=lifecycle,
+        memory_rows=memory_rows,
     )
 
 

@@ -48,6 +48,8 @@ class WideDeep(SparseModel):
         hidden: MLP hidden widths (the seed system's default is 400-400-400).
         deep_rule / wide_rule: server-side rules of the two tables.
         lifecycle: admission / decay / shrink policy of both tables (default: admit all).
+        memory_rows: rows of each table a server keeps in memory, the rest on its disk
+            (``--disk-dir``; docs/table.md); None: every row in memory.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class WideDeep(SparseModel):
         deep_table: str = "deep_emb",
         wide_table: str = "wide_emb",
         lifecycle: Lifecycle | None = None,
+        memory_rows: int | None = None,
     ) -> None:
         super().__init__()
         slots = tuple(slots)
@@ -80,8 +83,23 @@ class WideDeep(SparseModel):
         deep_rule = deep_rule or optim.Adam(lr=0.01, eps=1e-4)
         self.embeddings = nn.ModuleList(
             [
-                slot_embedding(deep_table, emb_dim, slots, deep_rule, lifecycle=lifecycle),
-                slot_embedding(wide_table, 1, slots, wide_rule, zeros=True, lifecycle=lifecycle),
+                slot_embedding(
+                    deep_table,
+                    emb_dim,
+                    slots,
+                    deep_rule,
+                    lifecycle=lifecycle,
+                    memory_rows=memory_rows,
+                ),
+                slot_embedding(
+                    wide_table,
+                    1,
+                    slots,
+                    wide_rule,
+                    zeros=True,
+                    lifecycle=lifecycle,
+                    memory_rows=memory_rows,
+                ),
             ]
         )
         self.head = WideDeepHead(len(slots), num_dense, emb_dim, hidden)

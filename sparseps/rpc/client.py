@@ -76,6 +76,10 @@ def _check_seconds(name: str, value) -> None:
         raise ConfigError(f"PSClient: {name} must be a finite number of seconds > 0, got {value!r}")
 
 
+# per-table figures PSClient.stats() sums over servers
+_TABLE_TOTALS = ("rows", "pending", "bytes_used", "memory_rows", "disk_rows")
+
+
 class PSClient:
     """A connection to every server of one job.
 
@@ -425,9 +429,10 @@ class PSClient:
 
         Returns:
             ``{"servers": [per-server dict: rank, address, pid, tables {name: TableStats
-            fields}, dense, requests, bad_messages, failed, duplicates], "total": {"tables":
-            {name: {"rows", "pending", "bytes_used"}}, "requests", "bad_messages", "failed",
-            "duplicates"}}`` (``duplicates``: updates sent again and applied only once).
+            fields}, dense, requests, bad_messages, failed, duplicates, peak_rss_bytes],
+            "total": {"tables": {name: {"rows", "pending", "bytes_used", "memory_rows",
+            "disk_rows"}}, "requests", "bad_messages", "failed", "duplicates"}}``
+            (``duplicates``: updates sent again and applied only once).
         """
         servers = self._all("stats")
         total: dict = {"tables": {}, "requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
@@ -435,7 +440,7 @@ class PSClient:
             for key in ("requests", "bad_messages", "failed", "duplicates"):
                 total[key] += server.get(key, 0)
             for name, table in server["tables"].items():
-                agg = total["tables"].setdefault(name, {"rows": 0, "pending": 0, "bytes_used": 0})
+                agg = total["tables"].setdefault(name, dict.fromkeys(_TABLE_TOTALS, 0))
                 for key in agg:
                     agg[key] += int(table.get(key, 0))
         return {"servers": servers, "total": total}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import resource
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -267,6 +268,8 @@ class ServerState(FileOps):
             "rank": self.rank,
             "address": self.endpoint,
             "pid": os.getpid(),
+            # the process's peak resident memory so far (Linux reports kilobytes)
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "tables": tables,
             "dense": dense,
             **counters,

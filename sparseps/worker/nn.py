@@ -50,6 +50,8 @@ class SparseEmbedding(nn.Module):
         initializer: deterministic per-key initializer; default uniform(-0.01, 0.01).
         lifecycle: admission / decay / shrink policy; default admit everything.
         seed: table seed for the initial values.
+        memory_rows: rows each server keeps in memory, the rest on its disk (the servers
+            need a disk dir); None: every row in memory (see TableConfig).
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class SparseEmbedding(nn.Module):
         initializer: Initializer | None = None,
         lifecycle: Lifecycle | None = None,
         seed: int = 0,
+        memory_rows: int | None = None,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -76,6 +79,8 @@ class SparseEmbedding(nn.Module):
             kwargs["initializer"] = initializer
         if lifecycle is not None:
             kwargs["lifecycle"] = lifecycle
+        if memory_rows is not None:
+            kwargs["memory_rows"] = memory_rows
         self.config = TableConfig(**kwargs)
         self.slots = tuple(slots) if slots is not None else None
         self.pooling = pooling
