@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,6 +46,25 @@ PENDING_WHERE = {"show": 0, "click": 1, "unseen": 2}
 
 class TableFiles:
     """Export / import / restore, mixed into :class:`~sparseps.table.SparseTable`."""
+
+    if TYPE_CHECKING:  # what SparseTable, the class this is mixed into, provides
+        from ..config import TableConfig
+        from .layout import RowLayout
+        from .tier import RowTier
+
+        config: TableConfig
+        layout: RowLayout
+        _where: dict[str, int]
+        _dim: int
+        _stat0: int
+        _tier: RowTier | None
+
+        @property
+        def _rows(self) -> np.ndarray: ...
+        @property
+        def _pending(self) -> np.ndarray: ...
+        def _grow(self, op: str, rows: int, pending: int, *, pending_erases: int = 0,
+                  exact: bool = False) -> None: ...  # fmt: skip
 
     # -- export -----------------------------------------------------------------------
     def export_rows(self) -> dict[str, np.ndarray]:
