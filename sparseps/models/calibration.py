@@ -10,10 +10,9 @@ where the last step left the model (measured: shifts from them left test COPC be
 
 The fix measures the final model itself: :class:`ProgressiveCalibrator` keeps ``rows`` of a
 worker's training rows (whole batches spread over the pass) as an ``on_batch`` callback;
-after the pass,
-:meth:`ProgressiveCalibrator.refit` predicts them again with the final model (all workers
-together, one all-reduce of a grid of candidate shifts) and solves the constant logit
-shift ``d`` with ``sum sigmoid(logit + d) = clicks``. Those rows were trained on, but only
+after the pass :meth:`ProgressiveCalibrator.refit` predicts them again with the final
+model (all workers together, one all-reduce of a grid of candidate shifts) and solves the
+constant logit shift ``d`` with ``sum sigmoid(logit + d) = clicks``. Those rows were trained on, but only
 once and at the small per-step moves of the built-in rules, so the model has not learnt
 their labels by heart (docs/training.md has the figures); holding rows out instead would
 cost training data and, at 0.5% clicks, leave too few clicks to estimate the shift.
