@@ -31,20 +31,13 @@ import numpy as np
 from sparseps import optim
 from sparseps.benchmarking import BenchRecord
 from sparseps.config import Initializer, TableConfig
+from sparseps.core.hashing import mix64_array
 from sparseps.table import SparseTable
 
 BATCH = 8192
 ZIPF_A = 1.1
 DIMS = (8, 16, 64)
 LR, EPS = 0.05, 1e-10
-
-
-def _splitmix(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
 
 
 def _best_pair(fn, baseline, rounds: int) -> tuple[float, float]:
@@ -74,7 +67,7 @@ def _one_dim(dim: int, n_keys: int, n_batches: int, rounds: int) -> list[BenchRe
     config = TableConfig(name=f"bench{dim}", dim=dim, rule=optim.Adagrad(lr=LR, eps=EPS),
                          initializer=Initializer.uniform(-0.01, 0.01))  # fmt: skip
     table = SparseTable(config)
-    keys = _splitmix(np.arange(n_keys, dtype=np.uint64))
+    keys = mix64_array(np.arange(n_keys, dtype=np.uint64))
     fill = 1 << 16
     zeros = np.zeros((fill, dim), np.float32)
     start = time.perf_counter()
@@ -86,7 +79,7 @@ def _one_dim(dim: int, n_keys: int, n_batches: int, rounds: int) -> list[BenchRe
 
     rng = np.random.default_rng(dim)
     ranks = [rng.zipf(ZIPF_A, BATCH).astype(np.uint64) for _ in range(n_batches)]
-    batches = [np.ascontiguousarray(keys[_splitmix(r) % np.uint64(n_keys)]) for r in ranks]
+    batches = [np.ascontiguousarray(keys[mix64_array(r) % np.uint64(n_keys)]) for r in ranks]
     grads = [rng.normal(0, 0.01, (BATCH, dim)).astype(np.float32) for _ in range(n_batches)]
     ids = [table._index.find(b) for b in batches]  # the baselines get the rows for free
     unique_frac = float(np.mean([np.unique(b).size / BATCH for b in batches]))

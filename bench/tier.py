@@ -43,6 +43,7 @@ import numpy as np
 from sparseps import optim
 from sparseps.benchmarking import BenchRecord
 from sparseps.config import Initializer, TableConfig
+from sparseps.core.hashing import mix64_array
 from sparseps.table import SparseTable
 
 BATCH = 8192
@@ -52,21 +53,13 @@ BUDGET_FRACTION = 10
 RSS_SLACK = 1.25
 
 
-def _splitmix(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def _config(memory_rows: int | None) -> TableConfig:
     return TableConfig(name="tier", dim=DIM, rule=optim.Adagrad(lr=0.05, eps=1e-10),
                        initializer=Initializer.uniform(-0.01, 0.01), memory_rows=memory_rows)  # fmt: skip
 
 
 def _keys(rows: int) -> np.ndarray:
-    return _splitmix(np.arange(rows, dtype=np.uint64))
+    return mix64_array(np.arange(rows, dtype=np.uint64))
 
 
 def _fill(table: SparseTable, keys: np.ndarray) -> float:
@@ -84,7 +77,7 @@ def _batches(rng, keys: np.ndarray, count: int, zipf: bool) -> list[np.ndarray]:
     for _ in range(count):
         if zipf:
             ranks = rng.zipf(ZIPF_A, BATCH).astype(np.uint64)
-            out.append(np.ascontiguousarray(keys[_splitmix(ranks) % n]))
+            out.append(np.ascontiguousarray(keys[mix64_array(ranks) % n]))
         else:
             out.append(np.ascontiguousarray(keys[rng.integers(0, keys.size, BATCH)]))
     return out
