@@ -180,22 +180,18 @@ def _tier_figures(stats: dict) -> dict:
     peak resident memory, from the client's stats."""
     tables = stats["total"]["tables"].values()
     return {
-        "memory_rows": sum(int(t.get("memory_rows", t["rows"])) for t in tables),
-        "disk_rows": sum(int(t.get("disk_rows", 0)) for t in tables),
+        "memory_rows": sum(int(t["memory_rows"]) for t in tables),
+        "disk_rows": sum(int(t["disk_rows"]) for t in tables),
         "server_peak_rss_bytes": max(
             (int(s.get("peak_rss_bytes", 0)) for s in stats["servers"]), default=0
         ),
     }
 
 
-def _table_rows(stats, tables) -> dict:
-    """Rows per table summed over servers, from the client's per-server stats."""
-    rows = dict.fromkeys(tables, 0)
-    for server in stats if isinstance(stats, list) else stats.get("servers", []):
-        for name, table in server.get("tables", {}).items():
-            if name in rows:
-                rows[name] += int(table.get("rows", 0))
-    return rows
+def _table_rows(stats: dict, tables) -> dict:
+    """Rows per table summed over servers (the client's stats totals)."""
+    totals = stats["total"]["tables"]
+    return {name: int(totals.get(name, {}).get("rows", 0)) for name in tables}
 
 
 if __name__ == "__main__":
