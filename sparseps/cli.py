@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "predictions from an inference model, without servers",
     ),
     "launch": ("sparseps.launch.launch_cli", "start servers and workers, like fleetrun"),
+    "diagnose": (
+        "sparseps.observe.diagnose",
+        "dump the stacks of every live role of a job; who waits on whom",
+    ),
     "keys": ("sparseps.rpc.keys_cli", "write a job key pair for --secure transport"),
     "gen-data": ("sparseps.data.gen_cli", "synthetic Criteo-format data from a planted model"),
     "online": (

@@ -10,6 +10,9 @@ Why this order:
 - ``errors`` is what everything raises; ``env`` (the only environment reader) and
   ``core`` (hashing and routing, argument checks, per-batch key lookup, worker
   collectives and their timeout rule) hold the rules that more than one package needs.
+  ``observe`` (metrics families, stack dumps, diagnosis, the status page) sits with them:
+  the worker collectives run a diagnosis when they time out, and servers, workers and
+  the launcher record metrics; it imports only ``errors`` and ``env``.
 - ``optim`` (server-side rules) sits below ``config`` because a ``TableConfig`` holds a
   rule; both validate fields with ``core.validate``.
 - ``table``, ``metrics`` and ``data`` are leaves over the config. ``files`` holds the
@@ -34,7 +37,7 @@ __all__ = ["LAYERS", "WIRING"]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "layers"),
-    ("env", "core"),
+    ("env", "core", "observe"),
     ("optim",),
     ("config",),
     ("table", "metrics", "data"),
