@@ -52,7 +52,7 @@ from .lifecycle import decay_slots, shrink_select, shrink_select_rows
 from .push import PushHooks, check_rows, check_staged, gather_rows, scatter_rows, stage_pending
 from .restore import PENDING_WHERE, TableFiles
 from .stats import TableStats
-from .tier import tier_for
+from .tier import PrefetchPlan, tier_for
 
 __all__ = ["SparseTable", "TableStats"]
 
@@ -155,6 +155,8 @@ class SparseTable(TableFiles):
             disk_bytes=0 if tier is None else tier.file_bytes,
             disk_reads=0 if tier is None else int(tier.counts[0]),
             disk_writes=0 if tier is None else int(tier.counts[2]),
+            prefetched=0 if tier is None else int(tier.counts[3]),
+            prefetch_stale=0 if tier is None else int(tier.counts[4]),
         )
 
     @property
@@ -205,6 +207,33 @@ class SparseTable(TableFiles):
                 out, where, keys[where], self._dim, self.config.initializer, self.config.seed
             )
         return out
+
+    def plan_prefetch(self, keys: np.ndarray) -> PrefetchPlan | None:
+        """The first step of :meth:`prefetch`: which of ``keys``' rows to read ahead (None
+        for an in-memory table or when every row is in memory). A server holds the
+        table's read lock for this step and for :meth:`install_prefetch`, and none while
+        ``plan.read()`` runs."""
+        if self._tier is None:
+            return None
+        keys = checks.check_key_array("prefetch", keys, contiguous=False)
+        return self._tier.plan_prefetch(self._index.find(np.ascontiguousarray(keys)))
+
+    def install_prefetch(self, plan: PrefetchPlan) -> int:
+        """The last step of :meth:`prefetch`: cache the rows ``plan`` read that are still
+        current; returns how many."""
+        assert self._tier is not None, "plan_prefetch gives no plan for an in-memory table"
+        return self._tier.install_prefetch(plan)
+
+    def prefetch(self, keys: np.ndarray) -> int:
+        """Promote the rows of ``keys`` that are only on disk into memory, ahead of the
+        pull that will ask for them (:mod:`~sparseps.table.tier`); absent keys are
+        ignored. Returns the rows promoted (always 0 for an in-memory table). Values and
+        results of every op are the same with or without it."""
+        plan = self.plan_prefetch(keys)
+        if plan is None:
+            return 0
+        plan.read()
+        return self.install_prefetch(plan)
 
     def push(
         self,

@@ -24,6 +24,8 @@ class TableStats:
         disk_bytes: bytes of the disk tier's file.
         disk_reads: rows read from disk into memory so far (promotions; tiered tables).
         disk_writes: changed rows written back to disk so far (evictions and flushes).
+        prefetched: rows promoted by prefetches so far (counted in ``disk_reads`` too).
+        prefetch_stale: rows a prefetch read but dropped because they changed meanwhile.
     """
 
     name: str
@@ -37,3 +39,5 @@ class TableStats:
     disk_bytes: int = 0
     disk_reads: int = 0
     disk_writes: int = 0
+    prefetched: int = 0
+    prefetch_stale: int = 0

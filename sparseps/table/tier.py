@@ -24,6 +24,15 @@ Whole-table passes (decay, shrink, export, delta-score reset) write every buffer
 then read or write the disk copies through the file's map in file order (a sequential
 pass), and the cached copies; the map's pages are dropped from the process after.
 
+Prefetch (hiding the reads): :meth:`RowTier.plan_prefetch` lists the rows of the next
+batches that are only on disk, :meth:`PrefetchPlan.read` reads them with no lock held
+(the slow part: one ``pread`` each, while pulls and pushes go on), and
+:meth:`RowTier.install_prefetch` puts the copies that are still current into the cache
+(evicting by CLOCK, off the pull's path) and writes full buffers out. A copy is current
+when the row is still not cached, its disk copy is where it was read, the segment holding
+it was not written since (``DiskRows.seg_gen``), and no whole-table pass ran
+(``RowTier._content_gen``); the others are dropped and counted (``prefetch_stale``).
+
 Concurrency: pulls may run concurrently (the server holds a table's read lock for them)
 and a pull moves rows between tiers, so every method that moves rows takes
 :attr:`RowTier.lock`; pushes and whole-table ops run under the table's write lock.
@@ -32,6 +41,7 @@ and a pull moves rows between tiers, so every method that moves rows takes
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,12 +54,37 @@ from .hashmap import FULL
 from .lifecycle import decay_slots
 from .tier_disk import DiskRows, grow_map, id_map
 
-__all__ = ["RowTier", "tier_for"]
+__all__ = ["PrefetchPlan", "RowTier", "tier_for"]
 
 # typed loosely: mypy's view of numba's Dispatcher miscounts a call with a star argument
 _ensure: Any = kernels.ensure
 _MAX_SEGMENT_ROWS = 1024
 _FLUSH_CHUNK_SEGMENTS = 64  # a flush or load writes out after this many segments
+# counts: promoted, evicted, written (ensure's), prefetched, dropped as stale (prefetch's)
+_PREFETCHED, _STALE = 3, 4
+
+
+@dataclass
+class PrefetchPlan:
+    """Disk rows to promote ahead of their pull: row ``ids`` whose copies are at file
+    rows ``where`` (file order), as of segment generations ``gens`` and whole-table
+    generation ``content_gen``; :meth:`read` fills ``rows`` and ``ok``."""
+
+    fd: int
+    row_bytes: int
+    ids: np.ndarray
+    where: np.ndarray
+    gens: np.ndarray
+    content_gen: int
+    rows: np.ndarray
+    ok: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ok = np.zeros(self.ids.shape[0], np.bool_)
+
+    def read(self) -> None:
+        """Read the copies (no lock: nothing of the tier is touched)."""
+        kernels.read_rows(self.fd, self.row_bytes, self.where, self.rows, self.ok)
 
 
 class RowTier:
@@ -81,8 +116,9 @@ class RowTier:
         self._slot_of = id_map(1024, np.int32, allocator)  # per row id
         self._hand = 0
         self._epoch = 0
-        # promoted, evicted, written (lifetime totals: stats, bench)
-        self.counts = np.zeros(3, np.int64)
+        # promoted, evicted, written, prefetched, stale (lifetime totals: stats, bench)
+        self.counts = np.zeros(5, np.int64)
+        self._content_gen = 0  # +1 per whole-table write: voids prefetched copies
 
     # -- sizes ------------------------------------------------------------------------
     @property
@@ -223,12 +259,65 @@ class RowTier:
     def bytes_to_hold(self, needed: int, *, exact: bool = False) -> int:
         return 12 * max(0, needed - self._slot_of.capacity)
 
+    # -- prefetch ----------------------------------------------------------------------
+    def plan_prefetch(self, ids: np.ndarray) -> PrefetchPlan | None:
+        """The rows among ``ids`` (-1: none) to read ahead: only on disk, and not in a
+        write buffer (a pull copies those from memory); at most half the budget, so a
+        prefetch never evicts the rows it promotes. None when there are none."""
+        with self.lock:
+            disk, seg = self.disk, self.disk.seg
+            ids = np.unique(ids[ids >= 0])
+            ids = ids[self._slot_map[ids] < 0]
+            where = disk.disk_of[ids]
+            keep = where >= 0
+            keep[keep] = disk.seg_buf[where[keep] // seg] < 0
+            most = max(1, self.memory_rows // 2)
+            ids, where = ids[keep][:most], where[keep][:most]
+            if not ids.shape[0]:
+                return None
+            order = np.argsort(where, kind="stable")  # file order: neighbours read together
+            ids, where = ids[order], where[order]
+            rows = np.empty((ids.shape[0], self.width), np.float32)
+            return PrefetchPlan(disk.fd, disk.row_bytes, ids, where,
+                                disk.seg_gen[where // seg], self._content_gen, rows)  # fmt: skip
+
+    def install_prefetch(self, plan: PrefetchPlan) -> int:
+        """Cache the read copies of ``plan`` that are still current (module doc); the
+        others are counted as stale. Returns the rows installed.
+
+        Raises:
+            ResourceError: out of memory or disk space making room (nothing changed).
+        """
+        with self.lock:
+            disk, seg = self.disk, self.disk.seg
+            current = plan.ok.copy()
+            if plan.content_gen != self._content_gen:
+                current[:] = False
+            else:
+                segment = plan.where // seg
+                current &= disk.disk_of[plan.ids] == plan.where
+                current &= disk.seg_gen[segment] == plan.gens
+                current &= disk.seg_buf[segment] < 0
+                current &= self._slot_map[plan.ids] < 0
+            ids = plan.ids[current]
+            self.counts[_STALE] += plan.ids.shape[0] - ids.shape[0]
+            if not ids.shape[0]:
+                return 0
+            self.begin(ids.shape[0], "prefetch")
+            slots = self.slots(ids, "prefetch", load=False)
+            self.cache[slots] = plan.rows[current]
+            self.counts[0] += ids.shape[0]
+            self.counts[_PREFETCHED] += ids.shape[0]
+            disk.write_out("prefetch")  # the evictions' full buffers: not on a pull's path
+            return int(ids.shape[0])
+
     # -- writes and whole-table passes ---------------------------------------------------
     def write(self, ids: np.ndarray, rows: np.ndarray, op: str) -> None:
         """Rows of ``ids`` become ``rows``, where they live (loads: straight to disk, a
         few segments at a time)."""
         chunk = _FLUSH_CHUNK_SEGMENTS * self.disk.seg
         with self.lock:
+            self._content_gen += 1
             for at in range(0, ids.shape[0], chunk):
                 part = slice(at, at + chunk)
                 self.disk.reserve(ids[part].shape[0], op)
@@ -270,6 +359,7 @@ class RowTier:
         and the cached ones; a clean row's copies stay equal, a dirty one's disk copy is
         superseded when it is written back."""
         with self.lock:
+            self._content_gen += 1
             self.disk.sync("decay")
             live = np.flatnonzero(self.disk.owner >= 0)
             decay_slots(np.full(live.size, FULL, np.uint8), live, self.disk.array, show_col,
@@ -282,6 +372,7 @@ class RowTier:
     def set_column(self, column: int, value: float) -> None:
         """Column ``column`` of every row (both copies) becomes ``value``."""
         with self.lock:
+            self._content_gen += 1
             self.disk.sync("reset_delta_score")
             self.disk.array[:, column] = value
             slots, _ = self.cached()
@@ -292,6 +383,7 @@ class RowTier:
         """Rows ``ids`` were deleted: free their slots and zero their disk copies, and
         the superseded copies of every row (so no deleted value stays on disk)."""
         with self.lock:
+            self._content_gen += 1
             disk = self.disk
             disk.sync("shrink")
             kernels.forget(ids, self._slot_map, self._id_of, self._ref, self._dirty,
@@ -304,7 +396,9 @@ class RowTier:
 
     def close(self) -> None:
         """Delete the disk file; the tier must not be used afterwards."""
-        self.disk.close()
+        with self.lock:
+            self._content_gen += 1
+            self.disk.close()
 
 
 def tier_for(

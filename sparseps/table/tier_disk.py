@@ -16,7 +16,7 @@ that fails leaves its rows in their buffer (memory) and raises
 op tries again.
 
 Memory: ``disk_of`` (8 bytes per row id), ``owner`` (4 bytes per file row), the buffers
-(a segment each, a few per op) and one int per segment.
+(a segment each, a few per op) and a few ints per segment.
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ class DiskRows:
         self._owner = id_map(self.file.capacity, np.int32, allocator)
         self.seg_live = np.zeros(self.file.capacity // self.seg, np.int32)
         self.seg_buf = np.full(self.seg_live.size, -1, np.int32)
+        # per segment: how many times its rows were written to the file (a prefetch read
+        # without the lock is still the row's copy while this has not moved)
+        self.seg_gen = np.zeros(self.seg_live.size, np.int64)
         self.bufs = np.empty((0, self.seg, width), np.float32)
         self.buf_seg = np.empty(0, np.int64)
         self.front = np.zeros(3, np.int64)  # empty: the first append starts a segment
@@ -99,7 +102,9 @@ class DiskRows:
     @property
     def nbytes(self) -> int:
         """Memory (the file is not memory)."""
-        maps = self._disk_of.nbytes + self._owner.nbytes + self.seg_live.nbytes
+        maps = (
+            self._disk_of.nbytes + self._owner.nbytes + self.seg_live.nbytes + self.seg_gen.nbytes
+        )
         return maps + self.seg_buf.nbytes + self.bufs.nbytes + self.buf_seg.nbytes
 
     @property
@@ -165,6 +170,7 @@ class DiskRows:
         extra = target // seg - self.seg_live.size
         self.seg_live = np.concatenate([self.seg_live, np.zeros(extra, np.int32)])
         self.seg_buf = np.concatenate([self.seg_buf, np.full(extra, -1, np.int32)])
+        self.seg_gen = np.concatenate([self.seg_gen, np.zeros(extra, np.int64)])
 
     def _compact(self, rows: int, op: str) -> None:
         """Free segments by appending the live copies of the emptiest ones elsewhere, one
@@ -210,6 +216,7 @@ class DiskRows:
             if is_front and not everything:
                 continue
             rows = int(self.front[0]) - segment * seg if is_front else seg
+            self.seg_gen[segment] += 1  # before the write: a concurrent read sees it moved
             self._pwrite(self.bufs[b, :rows], segment * seg * self.row_bytes, op, segment)
             self.buf_seg[b] = -1
             self.seg_buf[segment] = -1

@@ -34,7 +34,9 @@ from __future__ import annotations
 
 from numba import njit, types
 
-__all__ = ["REF_MAX", "append", "ensure", "flush", "forget", "move_rows", "zero_garbage"]
+__all__ = [
+    "REF_MAX", "append", "ensure", "flush", "forget", "move_rows", "read_rows", "zero_garbage",
+]  # fmt: skip
 
 REF_MAX = 3
 # ssize_t pread(int fd, void *buf, size_t count, off_t offset): resolved by name from
@@ -101,6 +103,15 @@ def _read(f, dst, bufs, seg_buf, seg, fd, row_bytes):  # pragma: no cover - comp
             dst[j] = bufs[b, at, j]
         return True
     return _pread(fd, dst.ctypes, row_bytes, f * row_bytes) == row_bytes
+
+
+@njit(nogil=True, cache=True)
+def read_rows(fd, row_bytes, where, out, ok):  # pragma: no cover - compiled
+    """``out[i] =`` file row ``where[i]`` (one ``pread`` each), ``ok[i]`` whether it read
+    whole. Touches nothing of the tier: a prefetch runs it without holding any lock."""
+    for i in range(where.shape[0]):
+        got = _pread(fd, out[i].ctypes, row_bytes, where[i] * row_bytes)
+        ok[i] = got == row_bytes
 
 
 @njit(nogil=True, cache=True)

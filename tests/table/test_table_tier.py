@@ -64,11 +64,23 @@ def _checkpoint_digests(table: SparseTable, folder) -> dict[str, str]:
 
 def _random_ops(rng, memory: SparseTable, tiered: SparseTable, steps: int, universe: int,
                 batch: int) -> None:  # fmt: skip
-    """Run the same random ops on both tables, asserting equal results op by op."""
+    """Run the same random ops on both tables, asserting equal results op by op. The
+    tiered table also gets prefetches, read at one step and installed a few ops later (as
+    a server's prefetch thread reads without the lock while other ops run): a copy that
+    changed meanwhile must be dropped, or a later pull differs."""
+    plan = None
     for step in range(steps):
         what = rng.random()
         n = int(rng.integers(1, batch + 1))
         keys = rng.integers(0, universe, n).astype(np.uint64)
+        if rng.random() < 0.15:
+            if plan is None:
+                plan = tiered.plan_prefetch(rng.integers(0, universe, 4 * batch).astype(np.uint64))
+                if plan is not None:
+                    plan.read()
+            else:
+                tiered.install_prefetch(plan)
+                plan = None
         if what < 0.5:
             grads = rng.normal(0, 1, (n, DIM)).astype(np.float32)
             shows = rng.integers(0, 3, n).astype(np.float32)
@@ -102,6 +114,7 @@ def test_tiered_table_matches_the_in_memory_one(tmp_path, rule, policy):
     stats = tiered.stats()
     assert stats.rows >= 20, "the sequence must leave rows to compare"
     assert stats.disk_rows > stats.memory_rows, "most rows must be on disk with a tiny budget"
+    assert stats.prefetched > 0 and stats.prefetch_stale > 0, "both prefetch paths must run"
     assert _checkpoint_digests(tiered, tmp_path / "b") == _checkpoint_digests(
         memory, tmp_path / "a"
     )
@@ -299,6 +312,69 @@ def test_concurrent_pulls_move_rows_safely(disk):
         thread.join()
     assert failures == []
     assert tiered.stats().disk_reads > 1000
+
+
+def test_prefetch_beside_concurrent_ops_changes_no_result(disk):
+    """A prefetch thread as on a server: plan and install under the table's lock, the
+    reads without it, while the main thread pushes, pulls, decays and shrinks. Every pull
+    equals the in-memory table's, and the prefetched rows are then found in memory."""
+    memory, tiered = _pair(disk, optim.Adam(lr=0.01), POLICIES[0], memory_rows=256)
+    lock, stop, errors = threading.Lock(), threading.Event(), []
+    rng = np.random.default_rng(11)
+    batches = [rng.integers(0, 4000, 200).astype(np.uint64) for _ in range(300)]
+
+    def prefetcher() -> None:
+        try:
+            at = 0
+            while not stop.is_set():
+                with lock:
+                    plan = tiered.plan_prefetch(batches[at % len(batches)])
+                at += 1
+                if plan is not None:
+                    plan.read()
+                    with lock:
+                        tiered.install_prefetch(plan)
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=prefetcher)
+    thread.start()
+    try:
+        for step, keys in enumerate(batches):
+            grads = rng.normal(0, 1, (keys.size, DIM)).astype(np.float32)
+            with lock:
+                memory.push(keys, grads)
+                tiered.push(keys, grads)
+                if step % 40 == 39:
+                    memory.decay(0.9)
+                    tiered.decay(0.9)
+                if step % 100 == 99:
+                    assert np.array_equal(tiered.shrink(), memory.shrink())
+                probe = batches[(step * 7) % len(batches)]
+                np.testing.assert_array_equal(tiered.pull(probe), memory.pull(probe), f"{step}")
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not errors, errors
+    stats = tiered.stats()
+    assert stats.prefetched > 500, stats
+    assert _checkpoint_digests(tiered, disk / "b") == _checkpoint_digests(memory, disk / "a")
+
+
+def test_prefetched_rows_are_pulled_from_memory(disk):
+    memory, tiered = _pair(disk, optim.Adagrad(lr=0.1), POLICIES[0], memory_rows=100)
+    keys = np.arange(2000, dtype=np.uint64)
+    grads = np.ones((2000, DIM), np.float32)
+    for at in range(0, 2000, 50):
+        memory.push(keys[at : at + 50], grads[at : at + 50])
+        tiered.push(keys[at : at + 50], grads[at : at + 50])
+    batch = keys[:40]
+    assert tiered.prefetch(np.concatenate([batch, np.uint64([10**9])])) == 40  # absent: ignored
+    reads = tiered.stats().disk_reads
+    np.testing.assert_array_equal(tiered.pull(batch), memory.pull(batch))
+    assert tiered.stats().disk_reads == reads, "the pull read nothing from disk"
+    assert tiered.prefetch(batch) == 0, "rows in memory are not read again"
+    assert memory.prefetch(batch) == 0  # an in-memory table has nothing to prefetch
 
 
 def test_export_in_parts_is_the_export(disk):
