@@ -57,18 +57,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="warn when a process writes nothing for this long (default 300)")  # fmt: skip
     add("--rendezvous-timeout-s", dest="rendezvous_timeout_s", type=float, default=300.0,
         help="multi-node: how long launchers wait for each other (default 300)")  # fmt: skip
+    add("--metrics", action=argparse.BooleanOptionalAction, default=True,
+        help="every role and the launcher serve Prometheus /metrics on free ports listed in "
+             "pids.json (default on; --no-metrics turns it off; docs/observability.md)")  # fmt: skip
+    add("--status-port", dest="status_port", type=int, default=None, metavar="P",
+        help="serve the job's status page on this port of --host (0: a free port; default: "
+             "no page)")  # fmt: skip
     add("script", help="the Python script every server and worker runs")
     add("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
 
-def _children(spec, script: str, script_args: list[str], extra: dict[str, str]) -> list:
+def _children(
+    spec, script: str, script_args: list[str], extra: dict[str, str], *, metrics: bool
+) -> list:
+    """This node's processes. Each runs the script through :mod:`sparseps.observe.child`
+    (stack dumps on SIGUSR1; ``/metrics`` on a free port when ``metrics``)."""
+    from .spec import free_ports
     from .supervisor import ChildSpec
 
-    argv = (sys.executable, "-u", script, *script_args)
     log_dir = Path(spec.log_dir)
     children = []
-    for role, ranks in ((Role.SERVER, spec.local_servers()), (Role.WORKER, spec.local_workers())):
+    local = [(Role.SERVER, spec.local_servers()), (Role.WORKER, spec.local_workers())]
+    count = sum(len(ranks) for _, ranks in local)
+    ports = iter(free_ports(spec.host, count) if metrics else [None] * count)
+    for role, ranks in local:
         for rank in ranks:
+            port = next(ports)
+            observe = ("--metrics-port", str(port), "--metrics-host", spec.host) if port else ()
+            argv = (
+                sys.executable, "-u", "-m", "sparseps.observe.child", *observe, script,
+                *script_args,
+            )  # fmt: skip
             env = child_environ(
                 {**spec.role_env(role, rank).to_environ(), "PYTHONUNBUFFERED": "1", **extra}
             )
@@ -80,6 +99,7 @@ def _children(spec, script: str, script_args: list[str], extra: dict[str, str]) 
                     env=env,
                     log_path=log_dir / f"{role.value}.{rank}.log",
                     echo=role is Role.WORKER and rank == 0,
+                    metrics_port=port,
                 )
             )
     return children
@@ -158,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
 
     for flag in ("--rendezvous-timeout-s", "--grace-s", "--quiet-warn-s"):
         check_seconds(flag, getattr(args, flag[2:-2].replace("-", "_") + "_s"))
+    if args.status_port is not None and not 0 <= args.status_port <= 65535:
+        raise ConfigError(f"--status-port: must be in 0..65535, got {args.status_port}")
     script = Path(args.script)
     if not script.is_file():
         raise ConfigError(f"launch: script {args.script!r} not found (cwd {os.getcwd()})")
@@ -236,8 +258,29 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
             security=security,
         )
     local_servers = spec.local_servers()
+    children = _children(
+        spec, str(script), list(args.script_args), _file_roots_env(args), metrics=args.metrics
+    )
+    extra_record: dict[str, object] = {}
+    if args.metrics:
+        from ..observe.registry import serve_metrics
+        from .spec import free_ports
+
+        extra_record["launcher_metrics_port"] = serve_metrics(
+            free_ports(spec.host, 1)[0], spec.host
+        )
+    status = None
+    if args.status_port is not None:
+        from ..observe.status import StatusServer
+
+        status = StatusServer(
+            lambda: supervisor.roles(), job_id=spec.job_id, host=spec.host,
+            port=args.status_port, metrics_host=spec.host,
+        )  # fmt: skip
+        extra_record["status_port"] = status.port
+        log.info("status page: http://%s:%d/", spec.host, status.port)
     supervisor = Supervisor(
-        children=_children(spec, str(script), list(args.script_args), _file_roots_env(args)),
+        children=children,
         config=config,
         coordinator=coordinator,
         stop_servers=_server_stopper(
@@ -251,5 +294,9 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
         # Across nodes the master port is the user's (firewalls); every launcher stops its
         # workers before any restarts, so worker 0 binds it again (node_sync.py).
         restart_env=None if spec.multi_node else _fresh_master(spec.host),
+        extra_record=extra_record,
     )
-    return supervisor.run()
+    if status is None:
+        return supervisor.run()
+    with status:
+        return supervisor.run()

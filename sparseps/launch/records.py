@@ -86,6 +86,7 @@ class ChildSpec:
     env: Mapping[str, str]
     log_path: Path
     echo: bool = False  # also copy its output to the console
+    metrics_port: int | None = None  # where it serves /metrics (None: metrics off)
 
     @property
     def name(self) -> str:

@@ -29,7 +29,11 @@ generation ``k`` (see ``node_sync.py``). ``max_restarts`` bounds the group resta
 of the whole job.
 
 ``LOG_DIR/pids.json`` lists every process started (restarts included) so that tools and
-tests can check that none survives the job.
+tests can check that none survives the job; each entry also names the port of its
+``/metrics`` (``metrics_port``, when metrics are on), and ``extra_record`` adds the
+launcher's own ports (``launcher_metrics_port``, ``status_port``). :meth:`Supervisor.roles`
+is what the status page shows; ``sparseps_launcher_role_up`` and
+``sparseps_launcher_restarts_total`` follow the same events.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class Supervisor:
         restart_env: extra environment for the workers of restart generation ``k``
             (e.g. ``{"SPARSEPS_MASTER": <a fresh port>}``). Every worker gets
             ``SPARSEPS_RESTART_COUNT`` = its generation.
+        extra_record: more top-level fields of ``pids.json`` (the launcher's ports).
     """
 
     children: list[ChildSpec]
@@ -100,8 +105,12 @@ class Supervisor:
     job_id: str = ""
     node: str = ""
     restart_env: Callable[[int], Mapping[str, str]] | None = None
+    extra_record: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from ..observe.registry import launcher_metrics
+
+        self._metrics = launcher_metrics()
         self._running: list[_Child] = []
         self._history: list[dict] = []
         self._signal: int | None = None
@@ -137,9 +146,12 @@ class Supervisor:
         )
         child.pump.start()
         self._running.append(child)
-        self._history.append(
-            {"role": spec.role.value, "rank": spec.rank, "pid": proc.pid, "attempt": attempt}
-        )
+        record: dict = {"role": spec.role.value, "rank": spec.rank, "pid": proc.pid}
+        record["attempt"] = attempt
+        if spec.metrics_port is not None:
+            record["metrics_port"] = spec.metrics_port
+        self._history.append(record)
+        self._metrics.role_up.labels(spec.role.value, str(spec.rank)).set(1)
         self._write_pids()
         log.debug("started %s (pid %d, attempt %d)", spec.name, proc.pid, attempt)
         return child
@@ -172,10 +184,39 @@ class Supervisor:
     def _write_pids(self) -> None:
         if self.pids_path is None:
             return
-        record = {"job_id": self.job_id, "launcher": os.getpid(), "children": self._history}
+        record = {
+            "job_id": self.job_id,
+            "launcher": os.getpid(),
+            **self.extra_record,
+            "children": self._history,
+        }
         tmp = self.pids_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(record, indent=1))
         os.replace(tmp, self.pids_path)
+
+    def roles(self) -> list[dict]:
+        """Every role of this node as it stands now (the status page's rows): role, rank,
+        pid, attempt, ``alive``, ``exit_code`` (None while running), log path and
+        metrics port. Safe to call from another thread."""
+        out = []
+        for child in list(self._running):
+            code = child.proc.returncode if child.exit_code is None else child.exit_code
+            self._metrics.role_up.labels(child.spec.role.value, str(child.spec.rank)).set(
+                1 if code is None else 0
+            )
+            out.append(
+                {
+                    "role": child.spec.role.value,
+                    "rank": child.spec.rank,
+                    "pid": child.proc.pid,
+                    "attempt": child.attempt,
+                    "alive": code is None,
+                    "exit_code": code,
+                    "log_path": str(child.spec.log_path),
+                    "metrics_port": child.spec.metrics_port,
+                }
+            )
+        return out
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -253,6 +294,7 @@ class Supervisor:
                 self._stop_servers()
                 return Outcome(0, "completed")
             self._warn_quiet()
+            self.roles()  # keeps sparseps_launcher_role_up current
             time.sleep(self.config.poll_s)
 
     def _interrupted(self, signum: int) -> Outcome:
@@ -296,6 +338,7 @@ class Supervisor:
             None when the new generation runs, else the outcome of the failed restart.
         """
         k, limit = self._coordinator.generation + 1, self.config.max_restarts
+        self._metrics.restarts.inc()
         where = f" on {self.node}" if self.node else ""
         if failed is not None:
             reason = (

@@ -21,6 +21,10 @@ requests wait for a pool thread, so liveness checks never queue behind a save).
 
 A bad message or a failing handler produces an error reply and one log line; nothing a
 peer sends stops the loop except the ``stop`` op.
+
+Metrics (:mod:`sparseps.observe.registry`): :func:`process` observes each request once,
+its op's latency and, when it fails, the kind of error; the loop's waiting requests are
+the queue depth. Never per key.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import ProtocolError, SparsePSError
+from ..observe.registry import server_metrics
 from ..rpc import transport
 from ..rpc.protocol import OPS, Limits, decode_request, encode_reply, peek_request_id
 from .handlers import ServerState
@@ -85,8 +90,20 @@ def process(state: ServerState, frames: list, limits: Limits, peer: str) -> list
     """One request in, reply frames out. Never raises.
 
     Log lines go through the state's :class:`LogBudget`, so a peer sending bad requests
-    in a loop costs a few lines a minute, not one per message.
+    in a loop costs a few lines a minute, not one per message. The request's latency is
+    observed under its op (``invalid`` when it cannot be decoded).
     """
+    metrics = server_metrics()
+    start = time.perf_counter()
+    reply, op, error = _answer(state, frames, limits, peer)
+    metrics.observe_op(op, time.perf_counter() - start)
+    if error:
+        metrics.error(error)
+    return reply
+
+
+def _answer(state: ServerState, frames: list, limits: Limits, peer: str) -> tuple[list, str, str]:
+    """``(reply frames, op, error kind or "")`` of one request."""
     try:
         request = decode_request(frames, limits)
     except ProtocolError as exc:
@@ -95,17 +112,17 @@ def process(state: ServerState, frames: list, limits: Limits, peer: str) -> list
             logging.WARNING, "bad_message",
             "server %d: bad message from %s dropped with an error reply: %s", state.rank, peer, exc,
         )  # fmt: skip
-        return _error_reply(peek_request_id(frames), exc)
+        return _error_reply(peek_request_id(frames), exc), "invalid", "bad_message"
     try:
         result, bufs = state.handle(request)
-        return encode_reply(request.id, result=result, bufs=bufs)
+        return encode_reply(request.id, result=result, bufs=bufs), request.op, ""
     except ProtocolError as exc:  # refused at the boundary (e.g. another job's request)
         state.count("bad_messages")
         state.log_budget.log(
             logging.WARNING, "refused", "server %d: refused a request from %s: %s",
             state.rank, peer, exc,
         )  # fmt: skip
-        return _error_reply(request.id, exc)
+        return _error_reply(request.id, exc), request.op, "refused"
     except Exception as exc:  # a handler failure is reported to the caller, never fatal here
         state.count("failed")
         if isinstance(exc, SparsePSError):
@@ -113,7 +130,7 @@ def process(state: ServerState, frames: list, limits: Limits, peer: str) -> list
                 logging.WARNING, f"failed:{request.op}", "server %d: %s %r failed: %s: %s",
                 state.rank, request.op, request.table, type(exc).__name__, exc,
             )  # fmt: skip
-            return _error_reply(request.id, exc)
+            return _error_reply(request.id, exc), request.op, "failed"
         # A bug: the traceback stays in this log, the peer gets an incident number to quote.
         incident = next(_incidents)
         state.log_budget.log(
@@ -121,7 +138,7 @@ def process(state: ServerState, frames: list, limits: Limits, peer: str) -> list
             state.rank, request.op, request.table, incident, exc_info=exc,
         )  # fmt: skip
         note = f" (server {state.rank} incident {incident}: the traceback is in its log)"
-        return _error_reply(request.id, exc, note)
+        return _error_reply(request.id, exc, note), request.op, "bug"
 
 
 def peek_op(frames: list, limits: Limits) -> str | None:

@@ -23,8 +23,9 @@ import zmq
 
 from ..env import Role, RoleEnv, disk_dir_setting, file_roots_setting, parse_endpoint
 from ..errors import ConfigError, UnavailableError
+from ..observe.registry import watch_server
 from ..rpc import transport
-from ..rpc.protocol import Limits
+from ..rpc.protocol import Limits, Request
 from ..rpc.security import Security, security_from_key_dir
 from .handlers import ServerState
 from .loop import RequestLoop, handler_loop
@@ -141,6 +142,9 @@ def serve(
     if ready is not None:
         ready.set()
     loop = RequestLoop(front, back, state, limits, threads)
+    # /metrics (when the process serves it) reads table sizes from the stats op
+    stats_request = Request(op="stats", id=0, table=None, bufs={}, args={}, job=job_id)
+    watch_server(lambda: _stats(state, stats_request), lambda: len(loop.waiting))
     try:
         loop.run()
     finally:
@@ -163,6 +167,12 @@ def serve(
             context.term()
             state.close()  # no handler runs any more: the disk files can go
         log.info("server %d stopped", rank)
+
+
+def _stats(state: ServerState, request: Request) -> dict:
+    result, _bufs = state.handle(request)
+    assert isinstance(result, dict), "the stats op answers a dict"
+    return result
 
 
 def _install_signals(state: ServerState) -> dict:

@@ -10,12 +10,16 @@
   fields of each pass (``sample_id``, ``label``, ``pred`` and any slot name, whose ids
   are written as a list column) and worker 0 the chosen dense parameters; the formats
   are documented in docs/metrics.md.
+- Every worker records Prometheus metrics (:mod:`sparseps.observe.registry`): samples and
+  batches trained, the step time split (:class:`StepSplit`), the staleness of its
+  pushes, and the global AUC and logloss of the last pass.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,13 +35,14 @@ from ..metrics import (
     dump_params,
     format_metrics,
 )
+from ..observe.registry import worker_metrics
 
 if TYPE_CHECKING:
     import torch
 
     from ..data import Batch
 
-__all__ = ["PROGRESS_BUCKETS", "PassReporter", "Progress", "group_ids"]
+__all__ = ["PROGRESS_BUCKETS", "PassReporter", "Progress", "StepSplit", "group_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,60 @@ class Progress:
         )
         self._last, self._loss, self._samples = now, 0.0, 0
         self.window.reset()
+
+
+class StepSplit:
+    """Where a training pass's time goes, as ``sparseps_worker_step_seconds_total{phase}``.
+
+    Phases: ``read`` (the step loop waiting for its next batch: reading, parsing and,
+    when pulls run ahead in the pipeline, waiting for them), ``pull`` (pull requests,
+    ahead or inline), ``compute`` (forward and backward), ``push`` (handing gradients to
+    the servers or the push queue, back-pressure included), ``wait`` (the end-of-pass
+    flush and barrier). Counters grow once per batch, never per key.
+
+    Args:
+        timings: the trainer's running seconds (``pull_s``, ``compute_s``, ``apply_s``).
+        mode: the training mode; its push queue (when it has one) gives the staleness.
+    """
+
+    _PHASES = (("pull", "pull_s"), ("compute", "compute_s"), ("push", "apply_s"))
+
+    def __init__(self, timings: MutableMapping[str, float], mode: object) -> None:
+        self.metrics = worker_metrics()
+        self.timings = timings
+        self.queue = getattr(mode, "queue", None)
+        self._seen = {key: timings.get(key, 0.0) for _, key in self._PHASES}
+        self._counters = {phase: self.metrics.step_seconds.labels(phase) for phase in
+                          ("read", "pull", "compute", "push", "wait")}  # fmt: skip
+
+    def reading(self, items: Iterable) -> Iterator:
+        """Yield ``items``, adding the time spent waiting for each to ``read``."""
+        iterator = iter(items)
+        while True:
+            start = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self._counters["read"].inc(time.perf_counter() - start)
+            yield item
+
+    def step(self, samples: int) -> None:
+        """One step done (``samples``: its batch size, 0 for an empty sync step)."""
+        for phase, key in self._PHASES:
+            now = self.timings.get(key, 0.0)
+            if now > self._seen[key]:
+                self._counters[phase].inc(now - self._seen[key])
+            self._seen[key] = now
+        if samples:
+            self.metrics.samples.inc(samples)
+            self.metrics.batches.inc()
+        if self.queue is not None:
+            self.metrics.staleness.set(self.queue.stats().pending)
+
+    def wait(self, seconds: float) -> None:
+        self._counters["wait"].inc(seconds)
 
 
 class PassReporter:
@@ -187,6 +246,8 @@ class PassReporter:
     def _report(
         self, pass_id: int, phase: str, metrics: MetricResult, *, dump: bool = True, **extra: object
     ) -> None:
+        # global metrics: every worker holds the same values; each one's /metrics shows them
+        worker_metrics().pass_done(pass_id, phase, metrics.auc, metrics.logloss)
         if self.rank != 0:
             return
         log.info("%s", format_metrics(metrics, prefix=f"pass: [{pass_id}], phase: [{phase}]"))
