@@ -31,7 +31,7 @@ from .binding import TableBinder
 from .losses import Loss, LossOutput, as_loss
 from .nn import SparseEmbedding
 from .pipeline import Prefetcher
-from .reporting import PassReporter, Progress
+from .reporting import PassReporter, Progress, StepSplit
 from .state import TrainingState
 from .strategy import Strategy
 
@@ -300,12 +300,14 @@ class Trainer:
         reporter.begin(self.passes)
         start = time.perf_counter()
         batches = samples = 0
+        split = StepSplit(self._timings, mode)
         try:
-            for item in mode.steps(prefetcher):
+            for item in split.reading(mode.steps(prefetcher)):
                 grads, dense_grad, loss, out = self._train_step(item)
                 step_start = time.perf_counter()
                 mode.apply(grads, dense_grad)
                 self._timings["apply_s"] += time.perf_counter() - step_start
+                split.step(0 if out is None else out.predictions.shape[0])
                 if out is None:
                     continue
                 preds, labels = out.predictions[:, 0], out.labels[:, 0]
@@ -316,7 +318,9 @@ class Trainer:
                 progress.add(loss, preds, labels)
                 if on_batch is not None:
                     on_batch(Step(item[0], loss, out.predictions, out.labels), stats)
+            wait_start = time.perf_counter()
             mode.finish_pass()
+            split.wait(time.perf_counter() - wait_start)
         finally:
             prefetcher.close()
             self._binder.unbind()
