@@ -241,6 +241,21 @@ class PSClient:
 
         return Handle(self._channel, [c for _, c in calls], finish)
 
+    def prefetch(self, table: str, keys: np.ndarray) -> Handle:
+        """Tell the servers the keys of coming pulls; ``wait()`` -> distinct keys queued (each
+        server answers once it queued them). Tiered tables (``memory_rows``) promote the
+        rows that are only on disk in the background; in-memory tables ignore it."""
+        keys = check_key_array(f"prefetch {table!r}", keys, contiguous=False)
+        if not len(keys):
+            return completed(0)
+        grouped, offsets, _ = group_by_server(keys, self.num_servers)
+        calls = self._send_grouped("prefetch", table, grouped, offsets, ())
+        return Handle(
+            self._channel,
+            [c for _, c in calls],
+            lambda replies: sum(r.result["queued"] for r in replies),
+        )
+
     def _push(self, op: str, table: str, keys, values, name: str, shows, clicks) -> Handle:
         what = f"{op} {table!r}"
         keys = check_key_array(what, keys, contiguous=False)

@@ -54,6 +54,8 @@ OPS: dict[str, OpSchema] = {
     "stats": OpSchema(),
     "create_table": OpSchema(table=True, args={"config": ((dict,), True)}),
     "pull": OpSchema(table=True, bufs=(_KEYS,)),
+    # keys of coming pulls: a tiered table promotes their disk rows in the background
+    "prefetch": OpSchema(table=True, bufs=(_KEYS,)),
     "push": OpSchema(
         table=True,
         bufs=(_KEYS, BufSpec("grads", "float32", 2)),

@@ -38,6 +38,7 @@ from .disk_dir import DiskDir
 from .file_guard import FILE_ARGS, FileGuard
 from .file_ops import FileOps
 from .log_budget import LogBudget
+from .prefetch import RowPrefetcher
 
 __all__ = ["RWLock", "ServerState", "config_differences"]
 
@@ -141,6 +142,7 @@ class ServerState(FileOps):
         self._registry = threading.Lock()
         self._counters = {"requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
         self._counter_lock = threading.Lock()
+        self.prefetcher = RowPrefetcher(self.log_budget)
         self._ops: dict[str, Callable[[Request], tuple[object, list]]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
         }
@@ -148,6 +150,7 @@ class ServerState(FileOps):
     def close(self) -> None:
         """Delete the tiered tables' disk files and release the disk dir (at stop, once no
         handler runs: the tables must not be used afterwards)."""
+        self.prefetcher.stop()
         for entry in list(self._sparse.values()):
             entry.table.close()
         if self.disk_dir is not None:
@@ -272,6 +275,7 @@ class ServerState(FileOps):
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "tables": tables,
             "dense": dense,
+            "prefetch": dict(self.prefetcher.counts),
             **counters,
         }, []
 
@@ -314,6 +318,17 @@ class ServerState(FileOps):
         with entry.lock.read():
             rows = entry.table.pull(keys)
         return None, [rows]
+
+    def _op_prefetch(self, request: Request):
+        """Queue the keys for the prefetch thread and answer at once (a hint: nothing is
+        promoted for an in-memory table)."""
+        entry = self._sparse_entry(request)
+        keys = request.bufs["keys"]
+        self._check_routed(request, keys)
+        if entry.table.disk_path is None or not len(keys):
+            return {"queued": 0}, []
+        queued = self.prefetcher.submit(entry, keys.copy())  # the buffer is the message's
+        return {"queued": len(keys) if queued else 0}, []
 
     def _push(self, request: Request, method: str, values: str):
         entry = self._sparse_entry(request)

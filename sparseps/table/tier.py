@@ -28,7 +28,8 @@ Prefetch (hiding the reads): :meth:`RowTier.plan_prefetch` lists the rows of the
 batches that are only on disk, :meth:`PrefetchPlan.read` reads them with no lock held
 (the slow part: one ``pread`` each, while pulls and pushes go on), and
 :meth:`RowTier.install_prefetch` puts the copies that are still current into the cache
-(evicting by CLOCK, off the pull's path) and writes full buffers out. A copy is current
+(evicting by CLOCK, off the pull's path) with the rows whose copy was in a write buffer,
+and writes full buffers out. A copy is current
 when the row is still not cached, its disk copy is where it was read, the segment holding
 it was not written since (``DiskRows.seg_gen``), and no whole-table pass ran
 (``RowTier._content_gen``); the others are dropped and counted (``prefetch_stale``).
@@ -67,9 +68,11 @@ _PREFETCHED, _STALE = 3, 4
 @dataclass
 class PrefetchPlan:
     """Disk rows to promote ahead of their pull: row ``ids`` whose copies are at file
-    rows ``where`` (file order), as of segment generations ``gens`` and whole-table
-    generation ``content_gen``; :meth:`read` fills ``rows`` and ``ok``."""
+    rows ``where`` (file order) of ``tier``, as of segment generations ``gens`` and
+    whole-table generation ``content_gen``; :meth:`read` fills ``rows`` and ``ok``.
+    ``in_buffer``: ids whose copy is in a write buffer (nothing to read)."""
 
+    tier: RowTier
     fd: int
     row_bytes: int
     ids: np.ndarray
@@ -77,6 +80,7 @@ class PrefetchPlan:
     gens: np.ndarray
     content_gen: int
     rows: np.ndarray
+    in_buffer: np.ndarray
     ok: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -261,55 +265,64 @@ class RowTier:
 
     # -- prefetch ----------------------------------------------------------------------
     def plan_prefetch(self, ids: np.ndarray) -> PrefetchPlan | None:
-        """The rows among ``ids`` (-1: none) to read ahead: only on disk, and not in a
-        write buffer (a pull copies those from memory); at most half the budget, so a
-        prefetch never evicts the rows it promotes. None when there are none."""
+        """The rows among ``ids`` (-1: none) not in memory: those to read ahead from the
+        file, and those whose disk copy is still in a write buffer (copied at install).
+        At most half the budget, so that a prefetch never evicts the rows it promotes.
+        None when every row is in memory."""
         with self.lock:
             disk, seg = self.disk, self.disk.seg
             ids = np.unique(ids[ids >= 0])
-            ids = ids[self._slot_map[ids] < 0]
-            where = disk.disk_of[ids]
-            keep = where >= 0
-            keep[keep] = disk.seg_buf[where[keep] // seg] < 0
-            most = max(1, self.memory_rows // 2)
-            ids, where = ids[keep][:most], where[keep][:most]
+            ids = ids[(self._slot_map[ids] < 0) & (disk.disk_of[ids] >= 0)]
+            ids = ids[: max(1, self.memory_rows // 2)]
             if not ids.shape[0]:
                 return None
+            where = disk.disk_of[ids]
+            buffered = disk.seg_buf[where // seg] >= 0
+            ids, where, in_buffer = ids[~buffered], where[~buffered], ids[buffered]
             order = np.argsort(where, kind="stable")  # file order: neighbours read together
             ids, where = ids[order], where[order]
             rows = np.empty((ids.shape[0], self.width), np.float32)
-            return PrefetchPlan(disk.fd, disk.row_bytes, ids, where,
-                                disk.seg_gen[where // seg], self._content_gen, rows)  # fmt: skip
+            return PrefetchPlan(self, disk.fd, disk.row_bytes, ids, where,
+                                disk.seg_gen[where // seg], self._content_gen, rows,
+                                in_buffer)  # fmt: skip
 
     def install_prefetch(self, plan: PrefetchPlan) -> int:
-        """Cache the read copies of ``plan`` that are still current (module doc); the
-        others are counted as stale. Returns the rows installed.
+        """Cache the read copies of ``plan`` that are still current (module doc; the
+        others are counted as stale) and the rows it found in write buffers. Returns the
+        rows installed.
 
         Raises:
-            ResourceError: out of memory or disk space making room (nothing changed).
+            ResourceError: out of memory or disk space making room, or reading a row
+                failed (nothing changed).
         """
         with self.lock:
-            disk, seg = self.disk, self.disk.seg
+            disk, seg, slot_map = self.disk, self.disk.seg, self._slot_map
             current = plan.ok.copy()
-            if plan.content_gen != self._content_gen:
+            in_buffer = plan.in_buffer
+            # a restore swaps the table's tier: a plan of the old one is void
+            if plan.tier is not self or plan.content_gen != self._content_gen:
                 current[:] = False
+                in_buffer = in_buffer[:0]
             else:
                 segment = plan.where // seg
                 current &= disk.disk_of[plan.ids] == plan.where
                 current &= disk.seg_gen[segment] == plan.gens
                 current &= disk.seg_buf[segment] < 0
-                current &= self._slot_map[plan.ids] < 0
+                current &= slot_map[plan.ids] < 0
+                in_buffer = in_buffer[slot_map[in_buffer] < 0]
             ids = plan.ids[current]
             self.counts[_STALE] += plan.ids.shape[0] - ids.shape[0]
-            if not ids.shape[0]:
+            count = ids.shape[0] + in_buffer.shape[0]
+            if not count:
                 return 0
-            self.begin(ids.shape[0], "prefetch")
+            self.begin(count, "prefetch")
             slots = self.slots(ids, "prefetch", load=False)
             self.cache[slots] = plan.rows[current]
             self.counts[0] += ids.shape[0]
-            self.counts[_PREFETCHED] += ids.shape[0]
+            self.slots(in_buffer, "prefetch")  # a copy from memory (ensure reads the buffer)
+            self.counts[_PREFETCHED] += count
             disk.write_out("prefetch")  # the evictions' full buffers: not on a pull's path
-            return int(ids.shape[0])
+            return int(count)
 
     # -- writes and whole-table passes ---------------------------------------------------
     def write(self, ids: np.ndarray, rows: np.ndarray, op: str) -> None:

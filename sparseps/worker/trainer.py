@@ -227,7 +227,17 @@ class Trainer:
         return batch, lookups, rows
 
     def _prepare(self, batch):
-        return batch, self._binder.lookups(batch), None
+        lookups = self._binder.lookups(batch)
+        self._prefetch_rows(lookups)
+        return batch, lookups, None
+
+    def _prefetch_rows(self, lookups: dict) -> None:
+        """Tables with a memory budget: the servers promote this batch's disk rows while
+        the batches before it compute (this runs in the pipeline's thread, ahead)."""
+        configs = self._binder.tables
+        for table, lookup in lookups.items():
+            if configs[table].memory_rows is not None:
+                self._client.prefetch(table, lookup.keys).wait()
 
     def _global(self, metrics) -> MetricResult:
         """The pass metrics over every worker (a collective)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import numpy as np
 import pytest
@@ -50,14 +51,18 @@ def test_tiered_table_on_servers_equals_an_in_memory_table(tmp_path):
         client = cluster.client()
         client.create_table(_config(memory_rows=16))
         client.create_table(dataclasses.replace(_config(), name="ref"))  # in memory
+        probe = rng.integers(0, 2100, 300).astype(np.uint64)
         for step in range(30):
             keys = rng.integers(0, 2000, 200).astype(np.uint64)
             grads = rng.normal(0, 1, (200, DIM)).astype(np.float32)
+            # the server's prefetch thread promotes the probe's rows while this pushes
+            assert client.prefetch("emb", probe).wait() == np.unique(probe).size
+            assert client.prefetch("ref", probe).wait() == 0  # in memory: nothing to do
             client.push("emb", keys, grads).wait()
             client.push("ref", keys, grads).wait()
             oracle.push(keys, grads)
-            probe = rng.integers(0, 2100, 300).astype(np.uint64)
             np.testing.assert_array_equal(client.pull("emb", probe).wait(), oracle.pull(probe))
+            probe = rng.integers(0, 2100, 300).astype(np.uint64)
             if step % 10 == 9:
                 client.decay("emb", 0.8)
                 client.decay("ref", 0.8)
@@ -81,6 +86,23 @@ def test_tiered_table_on_servers_equals_an_in_memory_table(tmp_path):
         # memory holds max(memory_rows, the distinct rows of the largest request)
         assert all(t["memory_rows"] <= 200 and t["disk_rows"] > 300 for t in tables)
         assert len(_row_files(disk)) == 2  # one row file per server
+        assert sum(s["prefetch"]["requests"] for s in servers) == 60
+        assert sum(s["prefetch"]["failed"] for s in servers) == 0
+
+        # rows promoted by a prefetch are pulled without reading the disk
+        client.pull("emb", np.sort(oracle.keys())[-300:]).wait()  # evicts most others
+        wanted = np.sort(oracle.keys())[:14]  # fits the budget of 16
+        client.prefetch("emb", wanted).wait()
+        for _ in range(200):  # bounded: 14 rows take the thread well under a second
+            servers = client.stats()["servers"]
+            if all(s["prefetch"]["done"] + s["prefetch"]["dropped"] == 61 for s in servers):
+                break
+            time.sleep(0.05)
+        assert sum(s["prefetch"]["rows"] for s in servers) > 0
+        reads = sum(s["tables"]["emb"]["disk_reads"] for s in servers)
+        np.testing.assert_array_equal(client.pull("emb", wanted).wait(), oracle.pull(wanted))
+        servers = client.stats()["servers"]
+        assert sum(s["tables"]["emb"]["disk_reads"] for s in servers) == reads
 
         # a checkpoint of the tiered table holds exactly the in-memory table's rows
         records = client.save("emb", tmp_path / "ckpt")
