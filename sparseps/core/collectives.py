@@ -7,6 +7,10 @@ Every function takes ``timeout`` (seconds): the trainer passes
 ``Strategy.collective_timeout``, so a worker that died or hangs turns into a
 :class:`~sparseps.errors.DeadlineError` naming that setting instead of a silent hang.
 ``None`` leaves the process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``).
+
+Before a timeout is raised, the stacks of every role of the job are dumped
+(:func:`sparseps.observe.diagnose.auto_diagnose`, in a launched job) and the error names
+the folder: who was stuck where when this worker gave up.
 """
 
 from __future__ import annotations
@@ -15,9 +19,18 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..errors import DeadlineError
+from ..observe.diagnose import auto_diagnose
 from .deadline import wait_collective
 
-__all__ = ["all_gather_arrays", "all_reduce_sum", "barrier", "broadcast_array", "world_size"]
+__all__ = [
+    "all_gather_arrays",
+    "all_reduce_sum",
+    "barrier",
+    "broadcast_array",
+    "diagnosed",
+    "world_size",
+]
 
 SETTING = "Strategy.collective_timeout"
 
@@ -31,14 +44,29 @@ def _run(op: str, timeout: float | None, call) -> None:
     if timeout is None:
         call(False)
         return
-    wait_collective(
-        call(True),
-        op=f"worker {op}",
-        timeout=timeout,
-        rank=dist.get_rank(),
-        setting=SETTING,
-        hint=f"see the other workers' logs, or raise {SETTING}",
-    )
+    try:
+        wait_collective(
+            call(True),
+            op=f"worker {op}",
+            timeout=timeout,
+            rank=dist.get_rank(),
+            setting=SETTING,
+            hint=f"see the other workers' logs, or raise {SETTING}",
+        )
+    except DeadlineError as exc:
+        raise diagnosed(exc) from exc
+
+
+def diagnosed(exc: DeadlineError) -> DeadlineError:
+    """``exc`` with the folder of an automatic diagnosis appended (run now; unchanged
+    outside a launched job)."""
+    note = auto_diagnose(exc.message)
+    if not note:
+        return exc
+    return DeadlineError(
+        exc.message + note, op=exc.op, role=exc.role, rank=exc.rank, address=exc.address,
+        seconds=exc.seconds, setting=exc.setting,
+    )  # fmt: skip
 
 
 def all_reduce_sum(array: np.ndarray, *, timeout: float | None = None) -> np.ndarray:

@@ -3,13 +3,18 @@
 Writes ``OUT/train/part-00000.tsv ...`` (``--files`` files), ``OUT/test/part-00000.tsv``
 and ``OUT/meta.json``, and prints the planted model's AUC on what it wrote: the best AUC
 any model can reach on that data (see :mod:`sparseps.data.synthetic`).
+
+On a terminal a progress bar (tqdm, on stderr) counts the files done and the megabytes
+written; it is off when stderr is not a TTY (logs, CI) and with ``--no-progress``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
+from pathlib import Path
 
 from .synthetic import LOGIT_SD, RARE_POWER, TARGET_CTR, ZIPF_MEAN
 
@@ -53,6 +58,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="factor on every feature's missing rate, 0..2 (default 1)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print meta.json as the last line")
+    parser.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="a progress bar on stderr (default: only when stderr is a terminal)",
+    )  # fmt: skip
+
+
+def _written(out: Path) -> tuple[int, int]:
+    """``(finished part files, bytes written)`` under ``out/train`` and ``out/test``."""
+    done = size = 0
+    for split in ("train", "test"):
+        for path in (out / split).glob("part-*.tsv*"):
+            try:
+                size += path.stat().st_size
+            except OSError:  # renamed between glob and stat
+                continue
+            done += path.suffix == ".tsv"
+    return done, size
+
+
+def _watch(out: Path, files: int, enabled: bool | None, stop: threading.Event) -> None:
+    """Show the files done and the bytes written until ``stop`` is set."""
+    from tqdm import tqdm
+
+    before, _ = _written(out)  # parts of an earlier run are replaced, not counted
+    with tqdm(
+        total=files, unit="file", desc="gen-data", disable=None if enabled is None else not enabled
+    ) as bar:
+        while not stop.wait(0.2):
+            done, size = _written(out)
+            bar.n = min(max(done - before, 0), files)
+            bar.set_postfix_str(f"{size / 1e6:.0f} MB", refresh=False)
+            bar.refresh()
+        bar.n = files
+        bar.set_postfix_str(f"{_written(out)[1] / 1e6:.0f} MB", refresh=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,10 +105,19 @@ def run(args: argparse.Namespace) -> int:
         rare_power=args.rare_power, label_noise=args.label_noise, missing=args.missing,
     )  # fmt: skip
     start = time.perf_counter()
-    meta = write_dataset(
-        args.out, args.rows, args.seed, files=args.files, test_rows=args.test_rows,
-        day=args.day, drift=args.drift, knobs=knobs,
-    )  # fmt: skip
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=_watch, args=(Path(args.out), args.files + 1, args.progress, stop), daemon=True
+    )
+    watcher.start()
+    try:
+        meta = write_dataset(
+            args.out, args.rows, args.seed, files=args.files, test_rows=args.test_rows,
+            day=args.day, drift=args.drift, knobs=knobs,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        watcher.join(timeout=2.0)
     seconds = time.perf_counter() - start
     print(
         f"sparseps gen-data: wrote {meta['rows']} train rows in {args.files} files and "

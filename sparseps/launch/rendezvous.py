@@ -96,7 +96,9 @@ def store_barrier(
         op, setting: named in the timeout error (what waited, what changes the limit).
 
     Raises:
-        DeadlineError: some ranks did not arrive; ``rank`` holds their list.
+        DeadlineError: some ranks did not arrive; ``rank`` holds their list. In a
+            launched job the stacks of every role are dumped first and the message names
+            the folder (:func:`sparseps.observe.diagnose.auto_diagnose`).
         UnavailableError: the store went away (worker 0 exited).
     """
     keys = [f"{name}/{r}" for r in range(world)]
@@ -133,9 +135,14 @@ def store_barrier(
             rank=0,
             address=address,
         ) from None
-    raise DeadlineError(
+    from ..observe.diagnose import auto_diagnose
+
+    message = (
         f"{op}: worker rank(s) {missing} did not arrive within {waited:.1f} s "
-        f"(rendezvous {address}); check their logs, or raise {setting}",
+        f"(rendezvous {address}); check their logs, or raise {setting}"
+    )
+    raise DeadlineError(
+        message + auto_diagnose(message),
         op=op,
         role="worker",
         rank=missing,

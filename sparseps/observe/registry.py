@@ -39,6 +39,7 @@ __all__ = [
     "ServerMetrics",
     "WorkerMetrics",
     "launcher_metrics",
+    "online_pass",
     "registry",
     "serve_metrics",
     "server_metrics",
@@ -167,7 +168,6 @@ class WorkerMetrics:
     pass_auc: Gauge
     pass_logloss: Gauge
     pass_id: Gauge
-    online_pass: Gauge
 
     def pass_done(self, pass_id: int, phase: str, auc: float, logloss: float) -> None:
         self.pass_auc.labels(phase).set(auc)
@@ -205,9 +205,16 @@ def worker_metrics() -> WorkerMetrics:
         pass_id=Gauge(
             "sparseps_worker_pass", "number of the last pass reported", ["phase"], registry=reg
         ),
-        online_pass=Gauge(
-            "sparseps_online_pass_seq", "sequence number of the online pass running", registry=reg
-        ),
+    )
+
+
+@cache
+def online_pass() -> Gauge:
+    """``sparseps_online_pass_seq``: made only by an online job (absent elsewhere)."""
+    return Gauge(
+        "sparseps_online_pass_seq",
+        "sequence number of the online pass running",
+        registry=registry(),
     )
 
 

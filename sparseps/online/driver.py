@@ -25,6 +25,9 @@ Per pass, in order:
    pruned (``save.keep_checkpoints``, ``save.keep_bases``);
 8. worker 0 appends the pass record to the ledger and logs it (one line + one JSON line).
 
+Every worker sets ``sparseps_online_pass_seq`` (its ``/metrics``; the status page of
+``sparseps online --status-port P`` shows it) to the pass it runs.
+
 An optional ``on_phase`` hook is called at named points of this loop
 (:mod:`sparseps.online.phases`); tests use it to crash a job at an exact point.
 
@@ -51,6 +54,7 @@ import numpy as np
 from ..checkpoint.hooks import SaveHooks
 from ..core import collectives
 from ..errors import CheckpointError, ConfigError, DeadlineError
+from ..observe.registry import online_pass
 from .config import OnlineConfig
 from .layout import DataLayout, PassId
 from .ledger import Ledger
@@ -254,6 +258,7 @@ class OnlineDriver:
     def _run_pass(self, pass_id: PassId, folders, dataset, timing: list[float]) -> dict:
         trainer, config, save = self.trainer, self.config, self.config.save
         start = time.perf_counter()
+        online_pass().set(pass_id.seq)
         self._phase("pass_start", pass_id)
         if config.data.shuffle_seed is not None:
             dataset.global_shuffle(seed=config.data.shuffle_seed * 1_000_003 + pass_id.seq)

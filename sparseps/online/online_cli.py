@@ -23,15 +23,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check", action="store_true", help="validate the config and print it; start nothing"
     )
+    parser.add_argument(
+        "--status-port", type=int, default=None, metavar="P",
+        help="serve the job's status page (roles, samples/s, AUC, tables, the running pass) "
+        "on this port (0: a free one; default: none; docs/observability.md)",
+    )  # fmt: skip
 
 
 def launch_argv(
-    config, config_path: str | Path, *, script: str | Path | None = None, script_args=()
-) -> list[str]:
+    config, config_path: str | Path, *, script: str | Path | None = None, script_args=(),
+    status_port: int | None = None,
+) -> list[str]:  # fmt: skip
     """The ``sparseps launch`` arguments that run the job of ``config``.
 
     ``script``: run this instead of :mod:`sparseps.online.job` (a script that calls
     ``job.main([CONFIG], on_phase=...)``), with ``script_args`` after the config path.
+    ``status_port``: the launcher serves the status page there (None: no page).
     """
     job = config.job
     argv = [
@@ -40,6 +47,8 @@ def launch_argv(
     ]  # fmt: skip
     if job.job_id:
         argv += ["--job-id", job.job_id]
+    if status_port is not None:
+        argv += ["--status-port", str(status_port)]
     script = Path(script) if script is not None else Path(__file__).with_name("job.py")
     return [*argv, str(script.resolve()), str(Path(config_path).resolve()), *map(str, script_args)]
 
@@ -58,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     with ModelDirLock(config.model_dir):
         parser = argparse.ArgumentParser(prog="sparseps launch")
         launch_cli.add_arguments(parser)
-        code = launch_cli.run(parser.parse_args(launch_argv(config, args.config)))
+        argv = launch_argv(config, args.config, status_port=args.status_port)
+        code = launch_cli.run(parser.parse_args(argv))
     status_path = ModelDir(config.model_dir).status_path
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
     if code != 0 and status.get("state") == "failed":

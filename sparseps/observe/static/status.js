@@ -43,7 +43,7 @@ function drawPlot(svg, points) {
   const xs = points.map(p => p[0]), ys = points.map(p => p[1]);
   const x0 = Math.min(...xs), x1 = Math.max(...xs);
   let y0 = Math.min(...ys), y1 = Math.max(...ys);
-  if (y1 === y0) { y0 -= 0.5 * Math.abs(y0 || 1); y1 += 0.5 * Math.abs(y1 || 1); }
+  if (y1 === y0) { const d = 0.05 * (Math.abs(y0) || 1); y0 -= d; y1 += d; }
   const sx = x => P + (x1 === x0 ? 0.5 : (x - x0) / (x1 - x0)) * (W - 2 * P);
   const sy = y => H - P - (y - y0) / (y1 - y0) * (H - 2 * P);
   const line = document.createElementNS(NS, "polyline");
