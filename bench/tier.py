@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -44,6 +46,9 @@ from sparseps import optim
 from sparseps.benchmarking import BenchRecord
 from sparseps.config import Initializer, TableConfig
 from sparseps.core.hashing import mix64_array
+from sparseps.server.handlers import RWLock
+from sparseps.server.log_budget import LogBudget
+from sparseps.server.prefetch import RowPrefetcher
 from sparseps.table import SparseTable
 
 BATCH = 8192
@@ -83,67 +88,102 @@ def _batches(rng, keys: np.ndarray, count: int, zipf: bool) -> list[np.ndarray]:
     return out
 
 
-def _timed(fn, batches, grads) -> float:
-    start = time.perf_counter()
-    if grads is None:
-        for b in batches:
-            fn(b)
-    else:
-        for b, g in zip(batches, grads, strict=True):
-            fn(b, g)
-    return time.perf_counter() - start
+class _Pipeline:
+    """A server's table as the request loop and the prefetch thread share it: the real
+    :class:`~sparseps.server.prefetch.RowPrefetcher` promotes the next batch's rows while
+    this thread pulls and pushes the current one, under the table's read/write lock."""
+
+    def __init__(self, table: SparseTable, prefetch: bool) -> None:
+        self.entry = SimpleNamespace(table=table, lock=RWLock())
+        self.prefetcher = (
+            RowPrefetcher(LogBudget(logging.getLogger("bench.tier"))) if prefetch else None
+        )
+
+    def submit(self, batch: np.ndarray) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.submit(self.entry, batch)
+
+    def wait(self, done: int) -> None:
+        """Until ``done`` prefetches finished (a worker whose compute hides them)."""
+        while self.prefetcher is not None and self.prefetcher.counts["done"] < done:
+            time.sleep(0.0001)
+
+    def run(self, batches, grads) -> tuple[float, float, float]:
+        """Seconds of pulls, of pushes and of the whole loop over ``batches``."""
+        entry, pull_s, push_s, done0 = self.entry, 0.0, 0.0, self._done()
+        start = time.perf_counter()
+        self.submit(batches[0])
+        for i, (b, g) in enumerate(zip(batches, grads, strict=True)):
+            self.wait(done0 + i + 1)
+            if i + 1 < len(batches):
+                self.submit(batches[i + 1])
+            t0 = time.perf_counter()
+            with entry.lock.read():
+                entry.table.pull(b)
+            t1 = time.perf_counter()
+            with entry.lock.write():
+                entry.table.push(b, g)
+            pull_s, push_s = pull_s + t1 - t0, push_s + time.perf_counter() - t1
+        return pull_s, push_s, time.perf_counter() - start
+
+    def _done(self) -> int:
+        return 0 if self.prefetcher is None else self.prefetcher.counts["done"]
+
+    def stop(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.stop()
 
 
 def _compare(tiered, memory, rng, keys, zipf: bool, rounds: int, per_round: int):
-    """Best seconds per op kind (pull, push) for each table, and the tier's hit rate."""
+    """Best seconds per op kind (pull, push, step) for the tiered table with and without
+    prefetch and for the in-memory table, and the tier's hit rate without prefetch."""
     grads = [rng.normal(0, 0.01, (BATCH, DIM)).astype(np.float32) for _ in range(per_round)]
-    for b, g in zip(_batches(rng, keys, per_round, zipf), grads, strict=True):  # warm the cache
-        tiered.pull(b)
-        tiered.push(b, g)
-    best = {k: float("inf") for k in ("pull_t", "pull_m", "push_t", "push_m", "step_t", "step_m")}
-    promoted0 = tiered.stats().disk_reads
-    pulled = 0
+    runs = {"t": _Pipeline(tiered, True), "c": _Pipeline(tiered, False),
+            "m": _Pipeline(memory, False)}  # fmt: skip
+    runs["t"].run(_batches(rng, keys, per_round, zipf), grads)  # warm the cache
+    best = {f"{op}_{k}": float("inf") for op in ("pull", "push", "step") for k in runs}
+    pulled = promoted = 0
     for _ in range(rounds):
-        batches = _batches(rng, keys, per_round, zipf)
-        pulled += sum(np.unique(b).size for b in batches)
-        best["pull_t"] = min(best["pull_t"], _timed(tiered.pull, batches, None))
-        best["pull_m"] = min(best["pull_m"], _timed(memory.pull, batches, None))
-        best["push_t"] = min(best["push_t"], _timed(tiered.push, batches, grads))
-        best["push_m"] = min(best["push_m"], _timed(memory.push, batches, grads))
-        pulled += sum(np.unique(b).size for b in batches)  # the steps below pull them again
-        steps = _batches(rng, keys, per_round, zipf)
-        best["step_t"] = min(best["step_t"], _timed(lambda b, g: _step(tiered, b, g), steps, grads))
-        best["step_m"] = min(best["step_m"], _timed(lambda b, g: _step(memory, b, g), steps, grads))
-    # promotions per distinct row pulled (a push after its pull finds its rows in memory)
-    hit_rate = 1.0 - (tiered.stats().disk_reads - promoted0) / pulled
-    return best, hit_rate
-
-
-def _step(table: SparseTable, batch: np.ndarray, grads: np.ndarray) -> None:
-    """One training step's table work: pull the batch's rows, push their gradients."""
-    table.pull(batch)
-    table.push(batch, grads)
+        for kind, pipeline in runs.items():
+            # fresh for each run: the cache can neither learn them nor hold them from the
+            # run before (the in-memory table's get the same draw's cost)
+            batches = _batches(rng, keys, per_round, zipf)
+            reads = tiered.stats().disk_reads
+            pull_s, push_s, step_s = pipeline.run(batches, grads)
+            if kind == "c":  # promotions per distinct row pulled, no prefetch
+                promoted += tiered.stats().disk_reads - reads
+                pulled += sum(np.unique(b).size for b in batches)
+            for op, seconds in (("pull", pull_s), ("push", push_s), ("step", step_s)):
+                best[f"{op}_{kind}"] = min(best[f"{op}_{kind}"], seconds)
+    for pipeline in runs.values():
+        pipeline.stop()
+    return best, 1.0 - promoted / pulled
 
 
 def _rss_child(rows: int, memory_rows: int, per_round: int) -> dict:
-    """In a fresh process: base RSS, then the tiered table under the Zipf stream."""
+    """In a fresh process: base RSS, then the tiered table filled (its peak: the fill's),
+    then the peak of training alone (the peak is reset first) under the Zipf stream with
+    the prefetch thread running."""
     keys = _keys(rows)
     rng = np.random.default_rng(11)
-    grads = rng.normal(0, 0.01, (BATCH, DIM)).astype(np.float32)
+    grads = [rng.normal(0, 0.01, (BATCH, DIM)).astype(np.float32)] * per_round
     _batches(rng, keys, 1, zipf=True)
     base = _status("VmRSS")
     with tempfile.TemporaryDirectory(prefix="sparseps-bench-tier-") as folder:
         table = SparseTable(_config(memory_rows), disk_dir=folder)
         _fill(table, keys)
+        fill_peak = _status("VmHWM")
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # Linux: VmHWM starts again from the current RSS
+        pipeline = _Pipeline(table, True)
         for _ in range(4):
-            for b in _batches(rng, keys, per_round, zipf=True):
-                table.pull(b)
-                table.push(b, grads)
+            pipeline.run(_batches(rng, keys, per_round, zipf=True), grads)
+        pipeline.stop()
         stats = table.stats()
         result = {
-            "base": base, "peak": _status("VmHWM"), "anon": _status("RssAnon"),
-            "file": _status("RssFile"), "table_memory": stats.bytes_used,
-            "budget": memory_rows * table.layout.width * 4,
+            "base": base, "fill_peak": fill_peak, "peak": _status("VmHWM"),
+            "anon": _status("RssAnon"), "file": _status("RssFile"),
+            "table_memory": stats.bytes_used, "budget": memory_rows * table.layout.width * 4,
             "index": stats.bytes_used - memory_rows * table.layout.width * 4, "disk_bytes": stats.disk_bytes,
         }  # fmt: skip
         table.close()
@@ -176,12 +216,12 @@ def run(quick: bool) -> list[BenchRecord]:
             total = per_round * BATCH
             p = {**params, "keys": f"zipf({ZIPF_A})" if zipf else "uniform",
                  "hit_rate": round(hit, 3)}  # fmt: skip
-            records.append(BenchRecord(f"tier_pull_rows_per_s{suffix}", total / best["pull_t"],
-                                       "rows/s", total / best["pull_m"], p))  # fmt: skip
-            records.append(BenchRecord(f"tier_push_rows_per_s{suffix}", total / best["push_t"],
-                                       "rows/s", total / best["push_m"], p))  # fmt: skip
-            records.append(BenchRecord(f"tier_step_rows_per_s{suffix}", total / best["step_t"],
-                                       "rows/s", total / best["step_m"], p))  # fmt: skip
+            for op in ("pull", "push", "step"):
+                records.append(BenchRecord(f"tier_{op}_rows_per_s{suffix}", total / best[f"{op}_t"],
+                                           "rows/s", total / best[f"{op}_m"], p))  # fmt: skip
+                records.append(BenchRecord(f"tier_{op}_rows_per_s{suffix}_no_prefetch",
+                                           total / best[f"{op}_c"], "rows/s",
+                                           total / best[f"{op}_m"], p))  # fmt: skip
         all_rows_bytes = rows * tiered.layout.width * 4
         tiered.close()
     del tiered, memory
@@ -201,6 +241,7 @@ def run(quick: bool) -> list[BenchRecord]:
             {
                 **params,
                 "base_rss": rss["base"],
+                "fill_peak_rss": rss["fill_peak"],
                 "index_bytes": rss["index"],
                 "budget_bytes": rss["budget"],
                 "end_rss_anon": rss["anon"],

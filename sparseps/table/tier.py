@@ -170,7 +170,8 @@ class RowTier:
             self._grow_cache(touched, op)
         elif self._cache.capacity > self.memory_rows >= touched:
             self._shrink_cache(op)  # a larger op grew it: back to the budget
-        self.disk.reserve(touched, op)
+        if touched:  # an op that promotes nothing evicts nothing: no room to make
+            self.disk.reserve(touched, op)
 
     def slots(self, ids: np.ndarray, op: str, *, load: bool = True, dirty: bool = False):
         """int64 slots of the row ids ``ids`` (-1 where ``ids < 0``), promoting rows from disk.
@@ -205,10 +206,15 @@ class RowTier:
             disk.reserve(n - start, op)
 
     def gather_slots(self, ids: np.ndarray, op: str) -> np.ndarray:
-        """:meth:`slots` for a reader: an op of its own (the caller holds :attr:`lock`)."""
-        touched = ids.shape[0]
-        if touched > self._cache.capacity:  # repeats and absent keys need no slot
-            touched = int(np.unique(ids[ids >= 0]).size)
+        """:meth:`slots` for a reader: an op of its own (the caller holds :attr:`lock`).
+
+        Room is made for the rows not in memory only (each evicts at most one row): a
+        pull whose rows were prefetched writes nothing out and compacts nothing. An op
+        with more distinct rows than the cache grows it in :meth:`slots`."""
+        touched = kernels.count_misses(ids, self._slot_map)
+        if touched > self._cache.capacity:  # repeats need no slot of their own
+            live = ids[ids >= 0]
+            touched = int(np.unique(live[self._slot_map[live] < 0]).size)
         self.begin(touched, op)
         return self.slots(ids, op)
 
@@ -270,21 +276,23 @@ class RowTier:
         At most half the budget, so that a prefetch never evicts the rows it promotes.
         None when every row is in memory."""
         with self.lock:
-            disk, seg = self.disk, self.disk.seg
-            ids = np.unique(ids[ids >= 0])
-            ids = ids[(self._slot_map[ids] < 0) & (disk.disk_of[ids] >= 0)]
-            ids = ids[: max(1, self.memory_rows // 2)]
-            if not ids.shape[0]:
+            disk, n = self.disk, ids.shape[0]
+            read, where, in_buffer = (
+                np.empty(n, np.int64),
+                np.empty(n, np.int64),
+                np.empty(n, np.int64),
+            )
+            got, buffered = kernels.plan_rows(ids, self._slot_map, disk.disk_of, disk.seg_buf,
+                                              disk.seg, max(1, self.memory_rows // 2), read,
+                                              where, in_buffer)  # fmt: skip
+            if not got + buffered:
                 return None
-            where = disk.disk_of[ids]
-            buffered = disk.seg_buf[where // seg] >= 0
-            ids, where, in_buffer = ids[~buffered], where[~buffered], ids[buffered]
-            order = np.argsort(where, kind="stable")  # file order: neighbours read together
-            ids, where = ids[order], where[order]
-            rows = np.empty((ids.shape[0], self.width), np.float32)
-            return PrefetchPlan(self, disk.fd, disk.row_bytes, ids, where,
-                                disk.seg_gen[where // seg], self._content_gen, rows,
-                                in_buffer)  # fmt: skip
+            order = np.argsort(where[:got], kind="stable")  # file order: neighbours together
+            read, where = read[:got][order], where[:got][order]
+            rows = np.empty((got, self.width), np.float32)
+            return PrefetchPlan(self, disk.fd, disk.row_bytes, read, where,
+                                disk.seg_gen[where // disk.seg], self._content_gen, rows,
+                                in_buffer[:buffered].copy())  # fmt: skip
 
     def install_prefetch(self, plan: PrefetchPlan) -> int:
         """Cache the read copies of ``plan`` that are still current (module doc; the

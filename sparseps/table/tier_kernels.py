@@ -35,7 +35,8 @@ from __future__ import annotations
 from numba import njit, types
 
 __all__ = [
-    "REF_MAX", "append", "ensure", "flush", "forget", "move_rows", "read_rows", "zero_garbage",
+    "REF_MAX", "append", "count_misses", "ensure", "flush", "forget", "move_rows", "plan_rows",
+    "read_rows", "zero_garbage",
 ]  # fmt: skip
 
 REF_MAX = 3
@@ -103,6 +104,49 @@ def _read(f, dst, bufs, seg_buf, seg, fd, row_bytes):  # pragma: no cover - comp
             dst[j] = bufs[b, at, j]
         return True
     return _pread(fd, dst.ctypes, row_bytes, f * row_bytes) == row_bytes
+
+
+@njit(nogil=True, cache=True)
+def count_misses(ids, slot_of):  # pragma: no cover - compiled
+    """How many of ``ids`` (>= 0; repeats counted) have no slot."""
+    misses = 0
+    for k in range(ids.shape[0]):
+        r = ids[k]
+        if r >= 0 and slot_of[r] < 0:
+            misses += 1
+    return misses
+
+
+@njit(nogil=True, cache=True)
+def plan_rows(ids, slot_of, disk_of, seg_buf, seg, most, out_ids, out_where, out_buffered):  # fmt: skip  # pragma: no cover - compiled
+    """The distinct ids among ``ids`` with no slot but a disk copy, at most ``most``:
+    ``out_ids[:n]`` with their file rows ``out_where[:n]``, to read from the file, and
+    ``out_buffered[:b]``, whose copy is in a write buffer. Returns ``(n, b)``. Repeats
+    are skipped by marking ``slot_of`` -2 meanwhile (restored before returning)."""
+    n = 0
+    b = 0
+    for k in range(ids.shape[0]):
+        if n + b == most:
+            break
+        r = ids[k]
+        if r < 0 or slot_of[r] != -1:
+            continue
+        f = disk_of[r]
+        if f < 0:
+            continue
+        slot_of[r] = -2
+        if seg_buf[f // seg] >= 0:
+            out_buffered[b] = r
+            b += 1
+        else:
+            out_ids[n] = r
+            out_where[n] = f
+            n += 1
+    for k in range(n):
+        slot_of[out_ids[k]] = -1
+    for k in range(b):
+        slot_of[out_buffered[k]] = -1
+    return n, b
 
 
 @njit(nogil=True, cache=True)
