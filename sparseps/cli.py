@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "sparseps.checkpoint.predict_cli",
         "predictions from an inference model, without servers",
     ),
+    "serve": (
+        "sparseps.serving.serve_cli",
+        "an HTTP prediction service that follows an inference model's chain",
+    ),
     "launch": ("sparseps.launch.launch_cli", "start servers and workers, like fleetrun"),
     "diagnose": (
         "sparseps.observe.diagnose",
