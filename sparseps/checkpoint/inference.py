@@ -1,9 +1,9 @@
-"""Inference models: filtered embeddings + the dense head exported to TorchScript.
+"""Inference models: filtered embeddings + the dense head exported with ``torch.export``.
 
 An inference model directory is a chain of saves, each a folder with its own manifest::
 
-    DIR/base-00003/   MANIFEST.json, head.pt, {table}.base-RRRRR-of-SSSSS.arrow ...
-    DIR/delta-00004/  MANIFEST.json, head.pt, {table}.delta-..., {table}.tombstones.arrow
+    DIR/base-00003/   MANIFEST.json, head.pt2, {table}.base-RRRRR-of-SSSSS.arrow ...
+    DIR/delta-00004/  MANIFEST.json, head.pt2, {table}.delta-..., {table}.tombstones.arrow
     DIR/delta-00005/  ...
 
 Sequence numbers increase across bases and deltas. Each save is written into a hidden
@@ -13,15 +13,23 @@ manifest. A reader takes the newest complete base and applies, in order, every c
 delta after it (stopping at the first missing or incomplete one). Embedding files hold ``key: uint64`` and
 ``embedding: fixed_size_list<float32>[dim]``; tombstone files hold ``key`` (keys that
 shrink deleted: they fall back to what a pull of an unknown key gives in training).
-``head.pt`` is ``torch.jit.script`` of the model's ``head(dense, *pooled)``; the
-manifest's ``embeddings`` section lists, in head argument order, each embedding
-module's table, dim, slots and pooling.
+``head.pt2`` is ``torch.export.save`` of the model's ``head(dense, *pooled)``, exported
+with a dynamic batch dimension (:func:`load_head` reads it); the manifest's
+``embeddings`` section lists, in head argument order, each embedding module's table,
+dim, slots and pooling, and ``head`` the file and the example input shapes.
+
+Saves made before ``torch.export`` (sparseps up to issue 19) hold ``head.pt``, a
+TorchScript module: :func:`load_head` still loads it through ``torch.jit.load`` (logging
+that the format is deprecated) and names the folder and the fix if that fails.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +41,22 @@ from . import staging
 from .checkpoint import write_tombstones
 from .hooks import NO_HOOKS, SaveHooks
 
-__all__ = ["HEAD_FILE", "chain", "saves", "write_inference"]
+__all__ = [
+    "HEAD_FILE",
+    "LEGACY_HEAD_FILE",
+    "chain",
+    "example_inputs",
+    "export_head",
+    "load_head",
+    "saves",
+    "write_inference",
+]
 
 log = logging.getLogger(__name__)
 
-HEAD_FILE = "head.pt"
+HEAD_FILE = "head.pt2"  # torch.export
+LEGACY_HEAD_FILE = "head.pt"  # TorchScript, saves made before torch.export
+_MAX_DENSE_PROBE = 4096  # the widest dense input _dense_width tries
 _FOLDER = re.compile(r"^(base|delta)-(\d{5})$")
 
 
@@ -53,8 +72,11 @@ def saves(directory: Path) -> list[tuple[int, str, Path]]:
     return sorted(found)
 
 
-def chain(directory: str | Path) -> list[Path]:
+def chain(directory: str | Path, *, warn: bool = True) -> list[Path]:
     """The folders to load, in order: newest complete base, then its complete deltas.
+
+    ``warn=False``: do not log where the chain stops (a watcher polling the folder logs
+    each stop once itself).
 
     Raises:
         CheckpointError: no complete base save in ``directory``.
@@ -71,6 +93,8 @@ def chain(directory: str | Path) -> list[Path]:
     result = [found[start][2]]
     for _, kind, path in found[start + 1 :]:
         if kind != "delta" or path not in complete:
+            if not warn:
+                break
             log.warning(
                 "%s: stopping at %s (incomplete or unexpected); later saves are ignored",
                 directory,
@@ -81,19 +105,129 @@ def chain(directory: str | Path) -> list[Path]:
     return result
 
 
-def _script_head(model) -> torch.jit.ScriptModule:
+def _head_of(model) -> torch.nn.Module:
     head = getattr(model, "head", None)
     if head is None or not hasattr(model, "embeddings"):
         raise CheckpointError(
             "save_inference_model needs a sparseps.nn.SparseModel (embeddings + head(dense, *pooled)); "
             f"got {type(model).__name__}"
         )
+    return head
+
+
+def _dense_width(head: torch.nn.Module, pooled: list[torch.Tensor]) -> int:
+    """The dense input width ``head`` accepts, found by calling a copy of it on meta
+    tensors (no memory, no compute): the model does not record it anywhere."""
+    meta = copy.deepcopy(head).to("meta")
+    pooled = [p.to("meta") for p in pooled]
+    with torch.no_grad():
+        for width in range(_MAX_DENSE_PROBE + 1):
+            try:
+                meta(torch.empty(2, width, device="meta"), *pooled)
+            except (RuntimeError, ValueError, IndexError, TypeError):
+                continue
+            return width
+    raise CheckpointError(
+        f"cannot export {type(head).__name__}: no dense width up to {_MAX_DENSE_PROBE} fits it; "
+        "give the head an example_inputs(batch_size) method returning (dense, *pooled)"
+    )
+
+
+def example_inputs(model, batch_size: int = 2) -> tuple[torch.Tensor, ...]:
+    """Zero tensors shaped like one call of ``model.head(dense, *pooled)``.
+
+    A head that defines ``example_inputs(batch_size)`` gives them itself; otherwise the
+    pooled shapes come from the embedding modules (``[B, len(slots), dim]``) and the dense
+    width is probed (:func:`_dense_width`).
+
+    Raises:
+        CheckpointError: an embedding module without ``slots`` or pooling (its shape is
+            set by the data, not the model) and no ``example_inputs`` on the head.
+    """
+    head = _head_of(model)
+    own: Callable[[int], tuple[torch.Tensor, ...]] | None = getattr(head, "example_inputs", None)
+    if own is not None:
+        return tuple(own(batch_size))
+    pooled = []
+    for e in model.embeddings:
+        if e.slots is None or e.pooling is None:
+            raise CheckpointError(
+                f"cannot export the head: embedding of table {e.table!r} has "
+                f"slots={e.slots!r}, pooling={e.pooling!r}, so its shape depends on the data; "
+                "give it slots= and a pooling, or give the head an example_inputs(batch_size) method"
+            )
+        pooled.append(torch.zeros(batch_size, len(e.slots), e.dim))
+    width = _dense_width(head, pooled)
+    return (torch.zeros(batch_size, width), *pooled)
+
+
+def export_head(model) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``model.head`` in eval mode, every input's dim 0 dynamic."""
+    head = _head_of(model)
+    inputs = example_inputs(model)
+    batch = torch.export.Dim("batch", min=1)
     was_training = head.training
     head.eval()
     try:
-        return torch.jit.script(head)
+        return torch.export.export(head, inputs, dynamic_shapes=[{0: batch} for _ in inputs])
+    except Exception as exc:  # torch raises many kinds; the save must name the head
+        raise CheckpointError(
+            f"torch.export of {type(head).__name__} failed ({type(exc).__name__}: {exc}); "
+            "the head must be exportable (no data-dependent Python control flow)"
+        ) from exc
     finally:
         head.train(was_training)
+
+
+def load_head(folder: Path, manifest: dict) -> Callable[..., torch.Tensor]:
+    """The dense head of one inference save, ready to call ``head(dense, *pooled)``.
+
+    Raises:
+        CheckpointError: the save has no head file, or it cannot be loaded (names the
+            folder and what to do).
+    """
+    files = manifest.get("files", {})
+    if HEAD_FILE in files:
+        try:
+            return torch.export.load(str(folder / HEAD_FILE)).module()
+        except Exception as exc:  # a torch.export archive that does not load
+            raise CheckpointError(
+                f"{folder / HEAD_FILE}: cannot load the exported head "
+                f"({type(exc).__name__}: {exc}); re-save the inference model"
+            ) from exc
+    if LEGACY_HEAD_FILE in files:
+        return _load_legacy_head(folder / LEGACY_HEAD_FILE)
+    raise CheckpointError(
+        f"{folder}: the manifest lists no dense head ({HEAD_FILE} or {LEGACY_HEAD_FILE})"
+    )
+
+
+def _load_legacy_head(path: Path) -> Callable[..., torch.Tensor]:
+    """A TorchScript head of a save made before ``torch.export``."""
+    log.warning(
+        "%s: TorchScript head (deprecated in torch); it still loads, but the next "
+        "save_inference_model writes %s with torch.export",
+        path,
+        HEAD_FILE,
+    )
+    jit = getattr(torch, "jit", None)
+    if jit is None or not hasattr(jit, "load"):
+        raise CheckpointError(
+            f"{path}: a TorchScript head, and this torch ({torch.__version__}) cannot load "
+            "TorchScript; save the model again with this sparseps (it writes "
+            f"{HEAD_FILE}), or load it with torch < 2.13"
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # logged once above instead
+            head = jit.load(str(path))
+    except Exception as exc:  # what torch.jit raises on a bad archive varies
+        raise CheckpointError(
+            f"{path}: cannot load this TorchScript head ({type(exc).__name__}: {exc}); save "
+            f"the inference model again with this sparseps (it writes {HEAD_FILE})"
+        ) from exc
+    head.eval()
+    return head
 
 
 def write_inference(trainer, directory: Path, mode: str, *, hooks: SaveHooks = NO_HOOKS) -> Path:
@@ -141,9 +275,10 @@ def _write_save(trainer, folder: Path, mode: str, sequence: int, hooks: SaveHook
             "tombstones": int(tombstones.size),
             "files": sorted(r["name"] for r in records),
         }
-    head = _script_head(trainer.model)
-    head.save(str(folder / HEAD_FILE))
+    program = export_head(trainer.model)
+    torch.export.save(program, str(folder / HEAD_FILE))
     files[HEAD_FILE] = mf.file_record(folder / HEAD_FILE)
+    head_inputs = [list(t.shape[1:]) for t in program.example_inputs[0]]
     embeddings = [
         {
             "table": e.table,
@@ -161,5 +296,6 @@ def _write_save(trainer, folder: Path, mode: str, sequence: int, hooks: SaveHook
         sequence=sequence,
         tables=tables,
         embeddings=embeddings,
+        head={"format": "torch.export", "inputs": head_inputs},
         state={"passes": trainer.state.passes},
     )

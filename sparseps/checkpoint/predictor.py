@@ -3,17 +3,25 @@
 Loads the chain of saves (newest complete base, then its deltas in order; see
 :mod:`sparseps.checkpoint.inference`), verifies every manifest, keeps each table as a
 sorted key array plus an embedding matrix (lookups are one ``searchsorted``), and runs
-the TorchScript head of the last save. A key the model does not hold gets what a pull
+the exported head of the last save. A key the model does not hold gets what a pull
 of an unknown key gives during training: its deterministic initial value when the
 table admits every key, zeros otherwise — so predictions match the trainer's.
+
+A ``Predictor`` is an immutable value: :meth:`Predictor.then` returns a *new* predictor
+with one more save applied (a delta on top, or a base that replaces everything) and
+leaves the old one as it was, its arrays read-only. A service can therefore swap one
+reference to follow a growing chain while requests in flight finish on the model they
+started with (:mod:`sparseps.serving`); a table a delta does not touch is shared, and
+what only the old predictor holds is freed with it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,6 +30,7 @@ import torch.nn.functional as F
 
 from ..config import TableConfig
 from ..core.lookup import SlotLookup, build_lookup
+from ..errors import CheckpointError
 from ..files import manifest as mf
 from ..files import shards
 from ..table.initializers import initial_values
@@ -35,24 +44,50 @@ __all__ = ["EmbeddingTable", "Predictor"]
 log = logging.getLogger(__name__)
 
 
-@dataclass
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+@dataclass(frozen=True)
 class EmbeddingTable:
-    """One table of an inference model: sorted keys, their rows, and the fallback rule."""
+    """One table of an inference model: sorted keys, their rows, and the fallback rule.
+
+    Immutable: :meth:`upsert` and :meth:`delete` return a new table.
+    """
 
     config: TableConfig
-    keys: np.ndarray  # uint64 [n], sorted, unique
-    rows: np.ndarray  # float32 [n, dim]
+    keys: np.ndarray  # uint64 [n], sorted, unique, read-only
+    rows: np.ndarray  # float32 [n, dim], read-only
 
-    def upsert(self, keys: np.ndarray, rows: np.ndarray) -> None:
-        """Newer rows win (a delta over a base)."""
-        all_keys = np.concatenate([keys, self.keys])  # new first: np.unique keeps the first
-        all_rows = np.concatenate([rows, self.rows])
-        self.keys, first = np.unique(all_keys, return_index=True)
-        self.rows = np.ascontiguousarray(all_rows[first])
+    @classmethod
+    def empty(cls, config: TableConfig) -> EmbeddingTable:
+        return cls(
+            config,
+            _frozen(np.empty(0, np.uint64)),
+            _frozen(np.zeros((0, config.dim), np.float32)),
+        )
 
-    def delete(self, keys: np.ndarray) -> None:
+    def upsert(self, keys: np.ndarray, rows: np.ndarray) -> EmbeddingTable:
+        """This table with ``keys`` set to ``rows`` (a delta over a base: newer rows win;
+        of a key repeated in ``keys``, the first). One merge, O(n + m log n)."""
+        keys, first = np.unique(np.asarray(keys, np.uint64), return_index=True)
+        rows = np.asarray(rows, np.float32)[first]
+        position = np.searchsorted(self.keys, keys)
+        hit = position < self.keys.size
+        hit[hit] = self.keys[position[hit]] == keys[hit]
+        merged = self.rows.copy()
+        merged[position[hit]] = rows[hit]
+        new = ~hit
+        return EmbeddingTable(
+            self.config,
+            _frozen(np.insert(self.keys, position[new], keys[new])),
+            _frozen(np.ascontiguousarray(np.insert(merged, position[new], rows[new], axis=0))),
+        )
+
+    def delete(self, keys: np.ndarray) -> EmbeddingTable:
         keep = ~np.isin(self.keys, keys)
-        self.keys, self.rows = self.keys[keep], self.rows[keep]
+        return EmbeddingTable(self.config, _frozen(self.keys[keep]), _frozen(self.rows[keep]))
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """Rows of ``keys`` (any order); unknown keys get the training fallback."""
@@ -69,41 +104,119 @@ class EmbeddingTable:
             )
         return out
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.rows.nbytes)
+
+
+def _applied(
+    tables: Mapping[str, EmbeddingTable], folder: Path, manifest: dict
+) -> dict[str, EmbeddingTable]:
+    """``tables`` with the save in ``folder`` applied (new tables; the inputs unchanged).
+
+    Raises:
+        CheckpointError: the manifest lacks a section, or a table's dim changed.
+    """
+    try:
+        kind, entries = manifest["kind"], manifest["tables"]
+        result = {} if kind == "base" else dict(tables)
+        for name, entry in entries.items():
+            config = TableConfig.from_dict(entry["config"])
+            table = result.get(name)
+            if table is None:
+                table = EmbeddingTable.empty(config)
+            elif table.config.dim != config.dim:
+                raise CheckpointError(
+                    f"{folder}: table {name!r} has dim {config.dim}, the chain before it "
+                    f"{table.config.dim}; a delta cannot change a table's dim"
+                )
+            # tombstones first: a key deleted by shrink and pushed again later is in the rows
+            files = sorted(entry["files"], key=lambda f: not f.endswith(".tombstones.arrow"))
+            for file_name in files:
+                meta, columns = shards.read_shard(folder / file_name)
+                if meta.get("kind") == "tombstones":
+                    table = table.delete(columns["key"])
+                else:
+                    rows = columns["embedding"].reshape(-1, config.dim)
+                    table = table.upsert(columns["key"], rows)
+            result[name] = table
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(
+            f"{folder}: malformed inference manifest or shard ({type(exc).__name__}: {exc})"
+        ) from exc
+    return result
+
 
 class Predictor:
     """Predict click probabilities from an inference model directory.
 
     Args:
         directory: the folder ``trainer.save_inference_model`` wrote into.
+        saves: the save folders to load, a base then its deltas in order (default: the
+            directory's chain, :func:`sparseps.checkpoint.inference.chain`).
+
+    Raises:
+        CheckpointError: no complete base, a save that does not verify, or a head that
+            does not load (each names the folder).
     """
 
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-        self.saves = inference.chain(self.directory)
-        self.tables: dict[str, EmbeddingTable] = {}
-        for folder in self.saves:
-            self._apply(folder, mf.verify(folder))
-        self.head = torch.jit.load(str(self.saves[-1] / inference.HEAD_FILE))
-        self.head.eval()
+    directory: Path
+    saves: tuple[Path, ...]
+    tables: Mapping[str, EmbeddingTable]
+    embeddings: tuple[dict, ...]
+    manifest: dict  # the last save's
+    head: Callable[..., torch.Tensor]
 
-    def _apply(self, folder: Path, manifest: dict) -> None:
-        self.embeddings = manifest["embeddings"]
-        for name, entry in manifest["tables"].items():
-            config = TableConfig.from_dict(entry["config"])
-            table = self.tables.get(name)
-            if manifest["kind"] == "base" or table is None:
-                table = EmbeddingTable(
-                    config, np.empty(0, np.uint64), np.zeros((0, config.dim), np.float32)
+    def __init__(self, directory: str | Path, saves: Sequence[Path] | None = None) -> None:
+        folders = [Path(f) for f in saves] if saves is not None else None
+        folders = folders or inference.chain(Path(directory))
+        tables: dict[str, EmbeddingTable] = {}
+        manifest: dict = {}
+        for i, folder in enumerate(folders):
+            manifest = _verified(folder)
+            if (manifest["kind"] == "base") != (i == 0):
+                raise CheckpointError(
+                    f"{folder}: a chain is one base then deltas; this {manifest['kind']} is "
+                    f"save {i} of {[f.name for f in folders]}"
                 )
-                self.tables[name] = table
-            # tombstones first: a key deleted by shrink and pushed again later is in the rows
-            files = sorted(entry["files"], key=lambda name: not name.endswith(".tombstones.arrow"))
-            for file_name in files:
-                meta, columns = shards.read_shard(folder / file_name)
-                if meta.get("kind") == "tombstones":
-                    table.delete(columns["key"])
-                else:
-                    table.upsert(columns["key"], columns["embedding"].reshape(-1, config.dim))
+            tables = _applied(tables, folder, manifest)
+        head = inference.load_head(folders[-1], manifest)
+        self._set(Path(directory), tuple(folders), tables, manifest, head)
+
+    def _set(self, directory, folders, tables, manifest, head) -> None:
+        self.directory = directory
+        self.saves = folders
+        self.tables = MappingProxyType(tables)
+        self.embeddings = tuple(manifest["embeddings"])
+        self.manifest = manifest
+        self.head = head  # an exported program's module runs as exported (eval mode)
+
+    def then(self, folder: Path) -> Predictor:
+        """A new predictor: this one with the save in ``folder`` applied (a delta on top,
+        or a base that replaces everything). ``self`` is unchanged.
+
+        Raises:
+            CheckpointError: ``folder`` does not verify or does not load.
+        """
+        folder = Path(folder)
+        manifest = _verified(folder)
+        if manifest["kind"] == "base":
+            return Predictor(self.directory, [folder])
+        tables = _applied(self.tables, folder, manifest)
+        head = inference.load_head(folder, manifest)
+        successor = object.__new__(Predictor)
+        successor._set(self.directory, (*self.saves, folder), tables, manifest, head)
+        return successor
+
+    @property
+    def sequence(self) -> int:
+        """Sequence number of the last applied save."""
+        return int(self.manifest["sequence"])
+
+    @property
+    def passes(self) -> int | None:
+        passes = self.manifest.get("state", {}).get("passes")
+        return int(passes) if passes is not None else None
 
     def predict_batch(self, batch: Batch) -> np.ndarray:
         """Probabilities ``[B]`` for one :class:`sparseps.data.Batch`."""
@@ -128,3 +241,15 @@ class Predictor:
 
     def rows(self) -> dict[str, int]:
         return {name: int(t.keys.size) for name, t in self.tables.items()}
+
+    def nbytes(self) -> int:
+        """Bytes of every table's keys and rows."""
+        return sum(t.nbytes for t in self.tables.values())
+
+
+def _verified(folder: Path) -> dict:
+    """The manifest of an inference save, every file checked."""
+    manifest = mf.verify(folder, mf.read_manifest(folder, fmt="sparseps-inference"))
+    if manifest.get("kind") not in ("base", "delta"):
+        raise CheckpointError(f"{folder}: inference manifest kind {manifest.get('kind')!r}")
+    return manifest

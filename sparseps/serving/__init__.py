@@ -1,0 +1,48 @@
+"""Online serving: an HTTP prediction service that follows an inference chain.
+
+``sparseps serve MODEL_DIR`` (docs/serving.md). One concept per module:
+
+- :mod:`.config`: :class:`ServeConfig`, the service's settings, validated;
+- :mod:`.requests`: a request body (JSON rows, JSON columns, Arrow) -> a ``Batch``;
+- :mod:`.watcher`: :class:`ModelWatcher`, polls the chain and swaps immutable models;
+- :mod:`.metrics`: :class:`ServeMetrics`, the Prometheus registry of one service;
+- :mod:`.app`: the Starlette routes (``/predict``, ``/healthz``, ``/model``, ``/metrics``);
+- :mod:`.server`: :func:`serve`, uvicorn on a socket bound first;
+- :mod:`.process`: :class:`ServeProcess`, the service in a child process (tests, bench,
+  examples).
+
+Names are imported on first use, so ``sparseps serve --help`` does not load torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = [
+    "ModelWatcher",
+    "RequestError",
+    "ServeConfig",
+    "ServeMetrics",
+    "ServeProcess",
+    "ServedModel",
+    "batch_from_body",
+    "serve",
+]
+
+_WHERE = {
+    "ModelWatcher": "watcher",
+    "ServedModel": "watcher",
+    "RequestError": "requests",
+    "batch_from_body": "requests",
+    "ServeConfig": "config",
+    "ServeMetrics": "metrics",
+    "ServeProcess": "process",
+    "serve": "server",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -1,0 +1,156 @@
+"""The service's routes, as a Starlette app over a :class:`ModelWatcher`.
+
+- ``POST /predict``: a body of :mod:`.requests` -> ``{"predictions": [...], "rows": n,
+  "sequence": s}`` (``sequence``: the save of the model that answered). With
+  ``Accept: application/vnd.apache.arrow.stream`` the answer is an Arrow stream of one
+  ``prediction: float32`` column; the model's sequence is in the
+  ``X-Sparseps-Model-Sequence`` header either way.
+- ``GET /healthz``: 200 ``{"status": "ok", "sequence": s}``.
+- ``GET /model``: the served base, deltas, sequence, passes, age, rows, reloads.
+- ``GET /metrics``: Prometheus text (:mod:`.metrics`).
+
+Errors are JSON ``{"error": message}``: 400 malformed (the message names the field), 413
+too large (``Content-Length`` or the body read so far over ``max_body_bytes``; or too
+many rows), 415 another content type. Parsing and prediction run on a worker thread, so
+the event loop keeps accepting requests meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pyarrow as pa
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..data.schema import Schema
+from .config import ServeConfig
+from .metrics import CONTENT_TYPE, ServeMetrics
+from .requests import ARROW_STREAM, RequestError, batch_from_body
+from .watcher import ModelWatcher, ServedModel
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) past ``limit`` bytes before or while reading it."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise RequestError(400, f"Content-Length: {declared!r} is not a number")
+        if int(declared) > limit:
+            raise RequestError(413, f"body: {declared} bytes; the limit is {limit} (--max-body-mb)")
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"body: over {limit} bytes (--max-body-mb)")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _predict(model: ServedModel, body: bytes, content_type: str, schema: Schema, max_rows: int):
+    batch = batch_from_body(body, content_type, schema, max_rows=max_rows)
+    return model.predictor.predict_batch(batch)
+
+
+def _answer(predictions: np.ndarray, sequence: int, arrow: bool) -> Response:
+    headers = {"X-Sparseps-Model-Sequence": str(sequence)}
+    if arrow:
+        table = pa.table({"prediction": pa.array(predictions, pa.float32())})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return Response(sink.getvalue().to_pybytes(), media_type=ARROW_STREAM, headers=headers)
+    payload = {
+        "predictions": predictions.tolist(),
+        "rows": int(predictions.size),
+        "sequence": sequence,
+    }
+    return JSONResponse(payload, headers=headers)
+
+
+def create_app(
+    watcher: ModelWatcher,
+    config: ServeConfig,
+    metrics: ServeMetrics,
+    *,
+    on_startup: Callable[[], None] | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+) -> Starlette:
+    """The app; ``on_startup``/``on_shutdown`` run once the server accepts / when it stops."""
+    schema = config.request_schema
+    metrics.follow(lambda: watcher.current.created_at, lambda: watcher.current.predictor.sequence)
+
+    async def predict(request: Request) -> Response:
+        start = time.perf_counter()
+        model = watcher.current  # one model for the whole request
+        rows = 0
+        try:
+            body = await _read_body(request, config.max_body_bytes)
+            content_type = request.headers.get("content-type", "")
+            predictions = await run_in_threadpool(
+                _predict, model, body, content_type, schema, config.max_rows
+            )
+            rows = int(predictions.size)
+            accept = request.headers.get("accept", "")
+            response = _answer(predictions, model.predictor.sequence, ARROW_STREAM in accept)
+        except RequestError as exc:
+            response = JSONResponse({"error": exc.message}, status_code=exc.status)
+        except ValueError as exc:  # InputError from the lookup, a shape the head refuses
+            response = JSONResponse({"error": f"request: {exc}"}, status_code=400)
+        except Exception as exc:  # a bug: answer 500, log it, keep serving
+            log.exception("POST /predict failed")
+            response = JSONResponse({"error": f"internal: {exc}"}, status_code=500)
+        metrics.observe("/predict", response.status_code, time.perf_counter() - start, rows)
+        return response
+
+    async def healthz(request: Request) -> Response:
+        start = time.perf_counter()
+        response = JSONResponse({"status": "ok", "sequence": watcher.current.predictor.sequence})
+        metrics.observe("/healthz", 200, time.perf_counter() - start)
+        return response
+
+    async def model(request: Request) -> Response:
+        start = time.perf_counter()
+        served = watcher.current
+        payload = {
+            **served.describe(),
+            "reloads": {"applied": watcher.applied, "refused": watcher.refused},
+            "last_refusal": watcher.last_refusal,
+            "request_columns": {"dense": list(schema.dense), "slots": list(schema.slots)},
+        }
+        metrics.observe("/model", 200, time.perf_counter() - start)
+        return JSONResponse(payload)
+
+    async def metrics_route(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if on_startup is not None:
+            on_startup()
+        try:
+            yield
+        finally:
+            if on_shutdown is not None:
+                on_shutdown()
+
+    return Starlette(
+        routes=[
+            Route("/predict", predict, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+            Route("/model", model, methods=["GET"]),
+            Route("/metrics", metrics_route, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )

@@ -1,0 +1,61 @@
+"""``ServeConfig``: the settings of one prediction service, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..data.schema import AVAZU, CRITEO, Schema
+from ..errors import ConfigError
+
+__all__ = ["SCHEMAS", "ServeConfig"]
+
+# request schemas by name: columns named once each (a repeated dense name, as in
+# CRITEO_SLOT, cannot be a JSON or Arrow column)
+SCHEMAS: dict[str, Schema] = {"criteo": CRITEO, "avazu": AVAZU}
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How ``sparseps serve`` runs.
+
+    Attributes:
+        model_dir: the inference model folder (a chain ``base-NNNNN``, ``delta-NNNNN``).
+        host, port: where to listen; port 0 picks a free port (see ``ready_file``).
+        schema: the request columns, a name of :data:`SCHEMAS`.
+        poll_s: how often the chain is checked for new saves.
+        max_body_bytes: larger request bodies are refused (413).
+        max_rows: requests with more rows are refused (413).
+        ready_file: once listening, the service writes ``{"url", "host", "port", "pid"}``
+            here (atomically) and removes it when it stops.
+    """
+
+    model_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    schema: str = "criteo"
+    poll_s: float = 1.0
+    max_body_bytes: int = 64 << 20
+    max_rows: int = 65536
+    ready_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_dir", Path(self.model_dir))
+        if self.ready_file is not None:
+            object.__setattr__(self, "ready_file", Path(self.ready_file))
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"ServeConfig.port: {self.port} is not in 0..65535")
+        if self.schema not in SCHEMAS:
+            raise ConfigError(
+                f"ServeConfig.schema: {self.schema!r} is not one of {sorted(SCHEMAS)}"
+            )
+        if not 0.01 <= self.poll_s <= 3600:
+            raise ConfigError(f"ServeConfig.poll_s: {self.poll_s} is not in 0.01..3600 seconds")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"ServeConfig.max_body_bytes: {self.max_body_bytes} is below 1024")
+        if self.max_rows < 1:
+            raise ConfigError(f"ServeConfig.max_rows: {self.max_rows} is below 1")
+
+    @property
+    def request_schema(self) -> Schema:
+        return SCHEMAS[self.schema]

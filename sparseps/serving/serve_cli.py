@@ -1,0 +1,53 @@
+"""``sparseps serve MODEL_DIR [--port P] [--host H]``: the prediction service.
+
+Serves the inference chain in ``MODEL_DIR`` over HTTP and follows it: each new delta
+(and a new base) is applied while serving (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", help="inference model folder (trainer.save_inference_model)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    parser.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one)")
+    parser.add_argument(
+        "--schema", default="criteo", help="request columns: criteo (default) or avazu"
+    )
+    parser.add_argument(
+        "--poll-s", type=float, default=1.0, help="seconds between checks for new saves (default 1)"
+    )
+    parser.add_argument(
+        "--max-body-mb", type=float, default=64.0, help="larger bodies get 413 (default 64)"
+    )
+    parser.add_argument(
+        "--max-rows",
+        type=int,
+        default=65536,
+        help="requests with more rows get 413 (default 65536)",
+    )
+    parser.add_argument(
+        "--ready-file", default=None, help="write {url, host, port, pid} here once listening"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from .config import ServeConfig
+    from .server import serve
+
+    config = ServeConfig(
+        model_dir=args.directory,
+        host=args.host,
+        port=args.port,
+        schema=args.schema,
+        poll_s=args.poll_s,
+        max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        max_rows=args.max_rows,
+        ready_file=args.ready_file,
+    )
+    serve(config)
+    return 0

@@ -1,0 +1,83 @@
+"""``serve(config)``: the service on uvicorn, until SIGINT/SIGTERM.
+
+The listening socket is bound here, before uvicorn starts, so that ``port=0`` works: the
+port the kernel picked is logged and written to ``config.ready_file`` once the app has
+started (the file is removed again when the service stops).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+
+import uvicorn
+
+from ..errors import ConfigError
+from ..files.manifest import write_json_atomic
+from .app import create_app
+from .config import ServeConfig
+from .metrics import ServeMetrics
+from .watcher import ModelWatcher
+
+__all__ = ["serve"]
+
+log = logging.getLogger(__name__)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"serve: cannot listen on {host}:{port} ({exc}); pick another --port"
+        ) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(config: ServeConfig) -> None:
+    """Load the model, listen, serve until stopped (blocks).
+
+    Raises:
+        CheckpointError: ``config.model_dir`` holds no chain that loads.
+        ConfigError: the address cannot be bound.
+    """
+    metrics = ServeMetrics()
+    watcher = ModelWatcher(config.model_dir, poll_s=config.poll_s, on_reload=metrics.on_reload)
+    sock = _bind(config.host, config.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+
+    def started() -> None:
+        log.info("serving %s on %s", config.model_dir, url)
+        if config.ready_file is not None:
+            ready = {"url": url, "host": host, "port": port, "pid": os.getpid()}
+            write_json_atomic(config.ready_file, ready)
+
+    def stopped() -> None:
+        if config.ready_file is not None:
+            config.ready_file.unlink(missing_ok=True)
+
+    app = create_app(watcher, config, metrics, on_startup=started, on_shutdown=stopped)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=10
+        )
+    )
+    with watcher:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            sock.close()
+    log.info(
+        "stopped serving %s (%s)",
+        config.model_dir,
+        json.dumps({"sequence": watcher.current.predictor.sequence}),
+    )
