@@ -1,0 +1,73 @@
+"""A job that hangs on purpose: worker 1 never reaches the barriers worker 0 waits at.
+
+Worker 0's timeouts (a gloo barrier through ``sparseps.core.collectives`` and the worker
+barrier ``sps.barrier_worker``) run the diagnosis by themselves: each error names its
+dump folder, whose files hold worker 0's stack at that barrier and worker 1's stack where
+it is stuck, and whose summary says who waits on whom. Then ``sparseps diagnose LOG_DIR``
+on the live job dumps every role again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from _jobtools import SCRIPTS, clean_env, finish, read_pids, start_launch, wait_for
+
+
+def _folder(message: str) -> Path:
+    found = re.search(r"stacks of every role dumped to (\S+) ", message)
+    assert found, message
+    return Path(found[1])
+
+
+def test_timeouts_dump_every_stack_and_name_the_folder(tmp_path):
+    log = tmp_path / "log"
+    proc = start_launch(
+        "--server-num", "1", "--worker-num", "2", "--log-dir", str(log), "--no-metrics",
+        str(SCRIPTS / "hang_job.py"), "--dir", str(tmp_path), cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: (tmp_path / "errors.json").exists(), 120, "worker 0's timeouts", proc)
+        errors = json.loads((tmp_path / "errors.json").read_text())
+        gloo, store = _folder(errors["collective"]), _folder(errors["barrier"])
+        assert "worker barrier: not every worker joined within 2 s" in errors["collective"]
+        assert "worker rank(s) [1] did not arrive" in errors["barrier"]
+        for folder, frame, what in (
+            (gloo, "in barrier\n", "gloo barrier"),
+            (store, "in store_barrier\n", "barrier"),
+        ):
+            assert folder.parent == log and folder.is_dir()
+            assert sorted(p.name for p in folder.iterdir()) == [
+                "server.0.txt", "summary.txt", "worker.0.txt", "worker.1.txt",
+            ]  # fmt: skip
+            hung = (folder / "worker.0.txt").read_text()
+            assert frame in hung and "hang_job.py" in hung, hung
+            assert "in never_arrive" in (folder / "worker.1.txt").read_text()
+            summary = (folder / "summary.txt").read_text()
+            assert re.search(rf"worker 0 \(pid \d+\): in {what} .* waits on worker 1", summary), (
+                summary
+            )
+            assert re.search(
+                r"worker 1 \(pid \d+\): at hang_job.py:\d+ in wait_for_release", summary
+            ), summary
+            assert "server 0 (pid" in summary
+        # the command, on the live job
+        done = subprocess.run(
+            [sys.executable, "-m", "sparseps.cli", "diagnose", str(log)],
+            env=clean_env(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        pids = {(c["role"], c["rank"]): c["pid"] for c in read_pids(log)["children"]}
+        for (role, rank), pid in pids.items():
+            assert f"{role} {rank} (pid {pid}):" in done.stdout, done.stdout
+        assert "server 0 (pid" in done.stdout and "serving requests" in done.stdout
+        folder = Path(done.stdout.splitlines()[0].removeprefix("stacks in "))
+        assert (folder / "worker.1.txt").is_file() and folder != gloo and folder != store
+    finally:
+        (tmp_path / "release").write_text("1")
+        out = finish(proc)
+    assert proc.returncode == 0, out[-4000:]
