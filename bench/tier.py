@@ -2,30 +2,42 @@
 
 Records (``sparseps bench tier [--quick] [--json]``), dim 16 with Adagrad, a table of
 ``ROWS`` live keys (quick: 200k; else 2M) whose memory budget is a tenth of them
-(``memory_rows = ROWS / 10``; the other rows live in the disk tier's row file):
+(``memory_rows = ROWS / 10``; the other rows live in the disk tier's row file).
 
-- ``tier_pull_rows_per_s`` / ``tier_push_rows_per_s``: ``SparseTable.pull`` / ``push`` of
-  batches of 8192 keys drawn Zipf(1.1) (``keys[mix(rank) % ROWS]``, as in bench/table.py:
-  hot keys scattered over the key space). Baseline: the same ops on the same batches on
-  the same table kept in memory (no ``memory_rows``), timed alternately in this run.
-  Target ratio >= 0.5.
-- ``tier_pull_rows_per_s_uniform`` / ``tier_push_rows_per_s_uniform``: the worst case,
-  keys uniform over the table (about 90% of the rows touched are on disk).
-- ``tier_step_rows_per_s`` (and ``_uniform``): one training step's table work per batch,
-  ``pull`` then ``push`` of the same keys, against the same on the in-memory table.
-- ``tier_peak_rss_bytes``: the peak RSS (VmHWM) of a separate process that holds only the
-  tiered table, fills it and runs the Zipf pulls and pushes. Baseline: the bound it
-  should stay under, ``base + index + 1.25 * budget``, where ``base`` is the process's
-  RSS before the table exists (interpreter, numpy, numba, the benchmark's key arrays),
+Each run is a stream of training steps as a server sees them: pull a batch of 8192 keys
+(read lock), push its gradients (write lock). With prefetch (the default metrics), the
+server's own :class:`~sparseps.server.prefetch.RowPrefetcher` thread promotes batch
+``i + 1``'s disk rows while step ``i`` runs, and step ``i + 1`` starts when that is done
+(a worker whose compute hides the prefetch: the pipeline sends the keys a batch ahead).
+
+- ``tier_pull_rows_per_s`` / ``tier_push_rows_per_s``: rows per second of the pulls / the
+  pushes alone (the request path), batches drawn Zipf(1.1) (``keys[mix(rank) % ROWS]``,
+  as in bench/table.py: hot keys scattered over the key space). Baseline: the same on the
+  same table kept in memory (no ``memory_rows``), in this run. Target ratio >= 0.5.
+- ``tier_step_rows_per_s``: rows per second of the whole loop, waits for the prefetch
+  included: a worker with no compute at all to hide the disk reads behind (the worst
+  case for the pipeline; the reads then run on another core instead of in the pull).
+- ``..._no_prefetch``: the same without the prefetch thread (every pull promotes its own
+  rows, one ``pread`` each); ``_uniform``: keys uniform over the table, the worst case
+  (about 90% of the rows touched are on disk).
+- ``tier_peak_rss_bytes``: the peak RSS (VmHWM) of a separate process, set up like a server
+  with a disk dir (:func:`sparseps.server.heap.return_large_frees`), that fills the tiered
+  table, resets its peak (``/proc/self/clear_refs``) and trains on the Zipf stream with
+  the prefetch thread. Baseline: the bound it should stay under,
+  ``base + index + 1.25 * budget``: ``base`` is the process's RSS before the table exists
+  (interpreter, numpy, numba with every tier kernel loaded, the benchmark's key arrays),
   ``index`` the memory the table needs besides its cache (key index, tier maps and write
   buffers: ``bytes_used - budget``, about 40 bytes per row) and ``budget`` the cache's
-  bytes (``memory_rows * row bytes``). Ratio <= 1 meets the target. For scale: the
-  table's rows alone would take ``params.all_rows_bytes``.
+  bytes (``memory_rows * row bytes``). Ratio <= 1 meets the target.
+  ``params.fill_peak_rss`` is the peak while filling: the key index rehashes into new
+  slot arrays while the old ones still exist (an in-memory table does the same).
+  For scale: the table's rows alone would take ``params.all_rows_bytes``.
 
-Every round uses fresh batches (a stream that never repeats, so the cache cannot learn
-the benchmark's batches); the cache is warmed first by batches from the same
-distribution. ``params.hit_rate`` is the fraction of touched rows found in memory.
-Timings are the best of the rounds (the machine is shared).
+Every run uses fresh batches (a stream that never repeats, so the cache can neither learn
+the benchmark's batches nor keep them from another run); the cache is warmed first by
+batches from the same distribution. ``params.hit_rate`` is the fraction of touched rows
+found in memory without prefetch. Timings are the best of the rounds (the machine is
+shared).
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ from sparseps.benchmarking import BenchRecord
 from sparseps.config import Initializer, TableConfig
 from sparseps.core.hashing import mix64_array
 from sparseps.server.handlers import RWLock
+from sparseps.server.heap import return_large_frees
 from sparseps.server.log_budget import LogBudget
 from sparseps.server.prefetch import RowPrefetcher
 from sparseps.table import SparseTable
@@ -164,10 +177,20 @@ def _rss_child(rows: int, memory_rows: int, per_round: int) -> dict:
     """In a fresh process: base RSS, then the tiered table filled (its peak: the fill's),
     then the peak of training alone (the peak is reset first) under the Zipf stream with
     the prefetch thread running."""
+    return_large_frees()  # as a server with a disk dir does
     keys = _keys(rows)
     rng = np.random.default_rng(11)
     grads = [rng.normal(0, 0.01, (BATCH, DIM)).astype(np.float32)] * per_round
-    _batches(rng, keys, 1, zipf=True)
+    with tempfile.TemporaryDirectory(prefix="sparseps-bench-tier-") as folder:
+        # the base holds the compiled kernels too: a small tiered table runs every op once
+        small = SparseTable(_config(1024), disk_dir=folder)
+        _fill(small, keys[: 16 * BATCH])
+        warm = _Pipeline(small, True)
+        warm.run(_batches(rng, keys[: 16 * BATCH], 2, zipf=True), grads[:2])
+        warm.stop()
+        small.close()
+        del small
+        gc.collect()
     base = _status("VmRSS")
     with tempfile.TemporaryDirectory(prefix="sparseps-bench-tier-") as folder:
         table = SparseTable(_config(memory_rows), disk_dir=folder)
@@ -175,13 +198,14 @@ def _rss_child(rows: int, memory_rows: int, per_round: int) -> dict:
         fill_peak = _status("VmHWM")
         with open("/proc/self/clear_refs", "w") as refs:
             refs.write("5")  # Linux: VmHWM starts again from the current RSS
+        filled = _status("VmRSS")
         pipeline = _Pipeline(table, True)
         for _ in range(4):
             pipeline.run(_batches(rng, keys, per_round, zipf=True), grads)
         pipeline.stop()
         stats = table.stats()
         result = {
-            "base": base, "fill_peak": fill_peak, "peak": _status("VmHWM"),
+            "base": base, "fill_peak": fill_peak, "filled": filled, "peak": _status("VmHWM"),
             "anon": _status("RssAnon"), "file": _status("RssFile"),
             "table_memory": stats.bytes_used, "budget": memory_rows * table.layout.width * 4,
             "index": stats.bytes_used - memory_rows * table.layout.width * 4, "disk_bytes": stats.disk_bytes,
@@ -254,12 +278,14 @@ def run(quick: bool) -> list[BenchRecord]:
     return records
 
 
-def scale_run(rows: int, memory_rows: int, steps: int, folder: str) -> dict:
+def scale_run(rows: int, memory_rows: int, steps: int, folder: str, prefetch: bool) -> dict:
     """Fill and train a tiered table through one real server process and sample the
-    server's RSS every second (``python bench/tier.py --scale ROWS MEMORY_ROWS STEPS DIR``).
+    server's RSS every second
+    (``python bench/tier.py --scale ROWS MEMORY_ROWS STEPS DIR [--no-prefetch]``).
 
     The table (dim 16, Adagrad) gets ``rows`` keys in pushes of 65536, then ``steps``
-    training steps (pull + push of a Zipf(1.1) batch of 8192 keys).
+    training steps (pull + push of a Zipf(1.1) batch of 8192 keys), each preceded by a
+    ``prefetch`` of the next batch's keys unless ``prefetch`` is False.
     """
     import threading
 
@@ -293,7 +319,10 @@ def scale_run(rows: int, memory_rows: int, steps: int, folder: str) -> dict:
         rng = np.random.default_rng(3)
         grads = rng.normal(0, 0.01, (BATCH, DIM)).astype(np.float32)
         train_start = time.perf_counter()
-        for batch in _batches(rng, keys, steps, zipf=True):
+        batches = _batches(rng, keys, steps, zipf=True)
+        for i, batch in enumerate(batches):
+            if prefetch and i + 1 < steps:  # as a worker's pipeline: the next batch's keys
+                client.prefetch("tier", batches[i + 1]).wait()
             client.pull("tier", batch).wait()
             client.push("tier", batch, grads).wait()
         train_s = time.perf_counter() - train_start
@@ -304,7 +333,7 @@ def scale_run(rows: int, memory_rows: int, steps: int, folder: str) -> dict:
         client.close()
         result = {
             "rows": rows, "memory_rows": memory_rows, "fill_s": round(fill_s, 1),
-            "fill_rows_per_s": round(rows / fill_s), "steps": steps,
+            "fill_rows_per_s": round(rows / fill_s), "steps": steps, "prefetch": prefetch,
             "step_rows_per_s": round(steps * BATCH / train_s), "server_peak_rss": peak,
             "table": table,
             "rss_over_time": [(round(t), r) for t, r in samples[:: max(1, len(samples) // 40)]],
@@ -315,8 +344,9 @@ def scale_run(rows: int, memory_rows: int, steps: int, folder: str) -> dict:
     return result
 
 
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "--scale":
-    scale_run(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
+if __name__ == "__main__" and len(sys.argv) in (6, 7) and sys.argv[1] == "--scale":
+    scale_run(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
+              prefetch=sys.argv[6:] != ["--no-prefetch"])  # fmt: skip
     os._exit(0)
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--rss-child":

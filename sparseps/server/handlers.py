@@ -37,6 +37,7 @@ from .applied import AppliedUpdates
 from .disk_dir import DiskDir
 from .file_guard import FILE_ARGS, FileGuard
 from .file_ops import FileOps
+from .heap import return_large_frees
 from .log_budget import LogBudget
 from .prefetch import RowPrefetcher
 
@@ -134,6 +135,8 @@ class ServerState(FileOps):
         self.job_id = job_id
         self.file_guard = FileGuard(file_roots, rank)
         self.disk_dir = None if disk_dir is None else DiskDir(disk_dir, rank)
+        if disk_dir is not None:  # tables with a memory budget: freed scratch goes back
+            return_large_frees()
         self._applied = AppliedUpdates()
         self.log_budget = LogBudget(logging.getLogger("sparseps.server.loop"))
         self.stop_requested = threading.Event()

@@ -15,8 +15,10 @@ from sparseps.config import Lifecycle, TableConfig
 from sparseps.errors import ConfigError, RemoteError
 from sparseps.files import shards
 from sparseps.rpc.protocol import Request
+from sparseps.server import handlers
 from sparseps.server.disk_dir import DiskDir
 from sparseps.server.handlers import ServerState
+from sparseps.server.heap import return_large_frees
 from sparseps.table import SparseTable
 from sparseps.testing import local_cluster
 
@@ -118,6 +120,17 @@ def test_tiered_table_on_servers_equals_an_in_memory_table(tmp_path):
         assert len(_row_files(disk)) == 2  # the replaced contents' files are gone
         client.close()
     assert _row_files(disk) == [], "a stopped server deletes its row files"
+
+
+def test_a_server_with_a_disk_dir_returns_large_frees_to_the_system(tmp_path, monkeypatch):
+    """Its budget is a promise: malloc's mmap threshold is fixed (bench tier measures the
+    RSS it saves); the call works on this machine's C library."""
+    calls = []
+    monkeypatch.setattr(handlers, "return_large_frees", lambda: calls.append(1) or True)
+    ServerState(0, 1, "here", disk_dir=str(tmp_path)).close()
+    ServerState(0, 1, "here").close()
+    assert calls == [1]
+    assert return_large_frees() is True
 
 
 def test_memory_rows_without_a_disk_dir_is_refused_and_the_server_lives_on(tmp_path):
