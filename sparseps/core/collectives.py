@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DeadlineError
-from ..observe.diagnose import auto_diagnose
+from ..observe.diagnose import DUMP_NOTE, auto_diagnose
 from .deadline import wait_collective
 
 __all__ = [
@@ -58,8 +58,10 @@ def _run(op: str, timeout: float | None, call) -> None:
 
 
 def diagnosed(exc: DeadlineError) -> DeadlineError:
-    """``exc`` with the folder of an automatic diagnosis appended (run now; unchanged
-    outside a launched job)."""
+    """``exc`` with the folder of an automatic diagnosis appended (run now; ``exc`` itself
+    outside a launched job, or when it already names a dump)."""
+    if DUMP_NOTE in exc.message:
+        return exc
     note = auto_diagnose(exc.message)
     if not note:
         return exc

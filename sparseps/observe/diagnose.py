@@ -29,6 +29,7 @@ from ..errors import ConfigError
 from .stacks import DUMP_SIGNAL, HEADER, process_start, stacks_dir
 
 __all__ = [
+    "DUMP_NOTE",
     "Diagnosis",
     "RoleStack",
     "add_arguments",
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# How a timeout's message names the folder of its automatic diagnosis.
+DUMP_NOTE = "stacks of every role dumped to"
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
@@ -107,11 +111,18 @@ def _inside(frame: Frame, part: str) -> bool:
     return part in frame.file.replace(os.sep, "/")
 
 
+def _skipped(frame: Frame) -> bool:
+    """Frames of the diagnosis itself (in the process that runs it)."""
+    return (
+        _inside(frame, "sparseps/observe/")
+        or "faulthandler" in frame.file
+        or (_inside(frame, "sparseps/core/collectives.py") and frame.func == "diagnosed")
+    )
+
+
 def _classify(frames: list[Frame]) -> tuple[str, str]:
     """``(state, waits_in)`` of a main thread (frames innermost first)."""
-    frames = [
-        f for f in frames if not _inside(f, "sparseps/observe/") and "faulthandler" not in f.file
-    ]
+    frames = [f for f in frames if not _skipped(f)]
     if not frames:
         return "no Python frame", ""
     for i, f in enumerate(frames):
@@ -168,6 +179,14 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def _stopped(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def _stacks_file(log_dir: Path, child: dict) -> Path | None:
     """The child's stacks file, if it registered one and the pid is still that process."""
     path = stacks_dir(log_dir) / f"{child['role']}.{child['rank']}.{child['pid']}.txt"
@@ -218,10 +237,16 @@ def diagnose(log_dir: str | Path, *, timeout_s: float = 5.0, reason: str = "") -
     for role in roles:
         text = texts.get((role.role, role.rank))
         if text is None:
+            if any(int(t[0]["pid"]) == role.pid for t in targets):
+                role.state = "no dump within the time given" + (
+                    " (the process is stopped: SIGSTOP or a debugger)" if _stopped(role.pid) else ""
+                )
             continue
         (folder / f"{role.role}.{role.rank}.txt").write_text(text)
         role.threads = parse_dump(text)
         role.state, role.waits_in = _classify(_main_thread(role.threads))
+        if role.pid == os.getpid() and reason:
+            role.state += f" (timed out here: {reason.split(';')[0][:160]})"
     lines = _summary(roles)
     head = [f"# {reason}"] if reason else []
     (folder / "summary.txt").write_text("\n".join([*head, *lines]) + "\n")
@@ -286,7 +311,7 @@ def auto_diagnose(what: str, log_dir: str | None = None) -> str:
             "%s: stacks of every role dumped to %s:\n  %s",
             what, result.folder, "\n  ".join(result.lines),
         )  # fmt: skip
-        return f"; stacks of every role dumped to {result.folder} (summary.txt there)"
+        return f"; {DUMP_NOTE} {result.folder} (summary.txt there)"
     except Exception as exc:  # the timeout error matters more than its diagnosis
         log.warning("%s: automatic diagnosis failed: %s", what, exc)
         return ""

@@ -3,8 +3,10 @@
 Worker 0's timeouts (a gloo barrier through ``sparseps.core.collectives`` and the worker
 barrier ``sps.barrier_worker``) run the diagnosis by themselves: each error names its
 dump folder, whose files hold worker 0's stack at that barrier and worker 1's stack where
-it is stuck, and whose summary says who waits on whom. Then ``sparseps diagnose LOG_DIR``
-on the live job dumps every role again.
+it is stuck, and whose summary says who waits on whom. An RPC timeout of a training pass
+(the server stopped with SIGSTOP) names its folder too. Then ``sparseps diagnose LOG_DIR``
+on the live job dumps every role again. The job runs with ``--no-metrics``: pids.json
+then lists no metrics port.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 
 from _jobtools import SCRIPTS, clean_env, finish, read_pids, start_launch, wait_for
 
+from sparseps.data.synthetic import write_dataset
+
 
 def _folder(message: str) -> Path:
     found = re.search(r"stacks of every role dumped to (\S+) ", message)
@@ -26,9 +30,11 @@ def _folder(message: str) -> Path:
 
 def test_timeouts_dump_every_stack_and_name_the_folder(tmp_path):
     log = tmp_path / "log"
+    write_dataset(tmp_path / "data", 200, seed=1, test_rows=10)
     proc = start_launch(
         "--server-num", "1", "--worker-num", "2", "--log-dir", str(log), "--no-metrics",
-        str(SCRIPTS / "hang_job.py"), "--dir", str(tmp_path), cwd=tmp_path,
+        str(SCRIPTS / "hang_job.py"), "--dir", str(tmp_path),
+        "--train", str(tmp_path / "data" / "train"), cwd=tmp_path,
     )  # fmt: skip
     try:
         wait_for(lambda: (tmp_path / "errors.json").exists(), 120, "worker 0's timeouts", proc)
@@ -55,6 +61,17 @@ def test_timeouts_dump_every_stack_and_name_the_folder(tmp_path):
                 r"worker 1 \(pid \d+\): at hang_job.py:\d+ in wait_for_release", summary
             ), summary
             assert "server 0 (pid" in summary
+        # a pull that timed out while the server was stopped
+        rpc = _folder(errors["rpc"])
+        assert rpc.parent == log and (rpc / "summary.txt").is_file() and rpc not in (gloo, store)
+        assert "in never_arrive" in (rpc / "worker.1.txt").read_text()
+        summary = (rpc / "summary.txt").read_text()
+        assert re.search(r"server 0 \(pid \d+\): no dump .*stopped", summary), summary
+        assert re.search(r"worker 0 \(pid \d+\): at trainer.py:\d+ in train_from_dataset "
+                         r"\(timed out here: pull 'deep_emb'", summary), summary  # fmt: skip
+        record = read_pids(log)
+        assert "launcher_metrics_port" not in record  # --no-metrics
+        assert all("metrics_port" not in c for c in record["children"])
         # the command, on the live job
         done = subprocess.run(
             [sys.executable, "-m", "sparseps.cli", "diagnose", str(log)],

@@ -1,25 +1,31 @@
-"""A job that hangs on purpose (every role runs it): ``hang_job.py --dir DIR``.
+"""A job that hangs on purpose (every role runs it): ``hang_job.py --dir DIR --train T``.
 
-Worker 1 never reaches the barriers: it sleeps in ``never_arrive`` until DIR/release
-exists. Worker 0 calls a gloo barrier (``collectives.barrier``) and then a worker barrier
-(``sps.barrier_worker``), each with a 2 s timeout; it writes each timeout's message to
-DIR/errors.json, then waits for DIR/release too (so that the test can run
-``sparseps diagnose`` on the live job). Both wait at most 120 s.
+Both workers start a trainer (2 s RPC timeout). Then worker 1 never reaches the barriers:
+it sleeps in ``never_arrive`` until DIR/release exists. Worker 0 calls a gloo barrier
+(``collectives.barrier``) and a worker barrier (``sps.barrier_worker``), each with a 2 s
+timeout, then stops the server (SIGSTOP) and trains a pass, whose pulls time out (SIGCONT
+follows). It writes each timeout's message to DIR/errors.json, then waits for DIR/release
+too (so that the test can run ``sparseps diagnose`` on the live job). Both wait at most
+120 s.
 """
 
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import sparseps as sps
 from sparseps.core import collectives
+from sparseps.data import CRITEO, QueueDataset
 from sparseps.errors import DeadlineError
+from sparseps.models import WideDeep
 
 p = argparse.ArgumentParser()
 p.add_argument("--dir", required=True)
+p.add_argument("--train", required=True)
 args = p.parse_args()
 folder = Path(args.dir)
 
@@ -35,9 +41,12 @@ def never_arrive() -> None:
 
 
 sps.init()
+model = WideDeep(CRITEO.slots, len(CRITEO.dense), emb_dim=4, hidden=(8,))
+trainer = sps.Trainer(model, strategy=sps.Strategy(mode="async", rpc_timeout=2.0))
 if sps.is_server():
     sps.run_server()
     sys.exit(0)
+server_pid = trainer.client.stats()["servers"][0]["pid"]  # (every worker starts the trainer)
 if sps.worker_index() == 1:
     never_arrive()
     os._exit(0)  # its gloo peer gave up on a barrier: skip the group's teardown
@@ -51,6 +60,14 @@ for name, call in (
         errors[name] = None
     except DeadlineError as exc:
         errors[name] = str(exc)
+os.kill(server_pid, signal.SIGSTOP)
+try:
+    trainer.train_from_dataset(QueueDataset([args.train], CRITEO, batch_size=32, threads=1))
+    errors["rpc"] = None
+except DeadlineError as exc:
+    errors["rpc"] = str(exc)
+finally:
+    os.kill(server_pid, signal.SIGCONT)
 (folder / "errors.json").write_text(json.dumps(errors))
 wait_for_release()
 sys.stdout.flush()
