@@ -331,6 +331,11 @@ class Trainer:
             wait_start = time.perf_counter()
             mode.finish_pass()
             split.wait(time.perf_counter() - wait_start)
+        except DeadlineError as exc:  # e.g. a server stopped answering: dump every stack
+            found = collectives.diagnosed(exc)
+            if found is exc:
+                raise
+            raise found from exc
         finally:
             prefetcher.close()
             self._binder.unbind()
