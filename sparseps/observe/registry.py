@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -43,6 +44,7 @@ __all__ = [
     "registry",
     "serve_metrics",
     "server_metrics",
+    "stop_serving_metrics",
     "worker_metrics",
 ]
 
@@ -59,7 +61,7 @@ def registry() -> CollectorRegistry:
     return reg
 
 
-_serving: dict[str, int] = {}
+_serving: dict[str, Any] = {}
 _serve_lock = threading.Lock()
 
 
@@ -72,11 +74,21 @@ def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
     from prometheus_client import start_http_server
 
     with _serve_lock:
-        if "port" in _serving:
-            return _serving["port"]
-        server, _thread = start_http_server(port, addr=host, registry=registry())
-        _serving["port"] = server.server_port
-        return server.server_port
+        if "server" in _serving:
+            return int(_serving["server"].server_port)
+        server, thread = start_http_server(port, addr=host, registry=registry())
+        _serving.update(server=server, thread=thread)
+        return int(server.server_port)
+
+
+def stop_serving_metrics() -> None:
+    """Stop the endpoint :func:`serve_metrics` started (tests; processes just exit)."""
+    with _serve_lock:
+        server, thread = _serving.pop("server", None), _serving.pop("thread", None)
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=2.0)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,96 @@
+"""The pieces of sparseps.observe that need no launched job: the status page's sampler
+against a real /metrics endpoint, the gen-data progress bar, the online command's
+--status-port, and diagnose on a folder that is not a job's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+
+from sparseps.cli import main as sparseps_main
+from sparseps.observe.registry import (
+    online_pass,
+    serve_metrics,
+    stop_serving_metrics,
+    worker_metrics,
+)
+from sparseps.observe.status import StatusServer, last_line
+from sparseps.online.online_cli import launch_argv
+
+
+def test_the_sampler_turns_counters_into_plots_and_the_online_pass(tmp_path):
+    """This process serves /metrics as a worker would; the page samples it twice."""
+    from sparseps.launch.spec import free_ports
+
+    port = serve_metrics(free_ports("127.0.0.1", 1)[0])
+    metrics = worker_metrics()
+    log = tmp_path / "worker.0.log"
+    log.write_text("first\nthe last line\n\n")
+    roles = [{"role": "worker", "rank": 0, "pid": 1, "attempt": 0, "alive": True,
+              "exit_code": None, "log_path": str(log), "metrics_port": port}]  # fmt: skip
+    try:
+        with StatusServer(lambda: roles, job_id="j", interval_s=3600) as page:
+            page.sample()
+            metrics.samples.inc(5000)
+            metrics.pass_done(0, "train", 0.75, 0.4)
+            online_pass().set(7)
+            page.sample()
+            status = httpx.get(f"http://127.0.0.1:{page.port}/api/status", timeout=5).json()
+            html = httpx.get(f"http://127.0.0.1:{page.port}/", timeout=5).text
+            script = httpx.get(f"http://127.0.0.1:{page.port}/static/status.js", timeout=5)
+    finally:
+        stop_serving_metrics()
+    assert status["roles"][0]["last_line"] == "the last line" == last_line(log)
+    point = status["series"][-1]
+    assert point["samples_per_s"] > 0 and point["train"] == 0.75
+    assert status["online"] == {"pass_seq": 7}
+    assert 'src="/static/status.js"' in html and "http" not in html.split("<body>")[1]  # no CDN
+    assert script.status_code == 200 and 'fetch("/api/status"' in script.text
+
+
+def test_gen_data_progress_bar_only_on_a_terminal_or_when_asked(tmp_path, capsys):
+    args = ["gen-data", "--rows", "2000", "--files", "2", "--test-rows", "10"]
+    assert sparseps_main([*args, "--out", str(tmp_path / "a")]) == 0
+    quiet = capsys.readouterr().err  # captured: not a terminal, so no bar
+    assert "file/s" not in quiet and "gen-data:" not in quiet
+    assert sparseps_main([*args, "--out", str(tmp_path / "b"), "--progress"]) == 0
+    shown = capsys.readouterr().err
+    assert "gen-data: 100%" in shown and "3/3" in shown, shown
+
+
+def test_online_passes_the_status_port_to_the_launcher(tmp_path):
+    from types import SimpleNamespace
+
+    job = SimpleNamespace(server_num=1, worker_num=2, job_id=None)
+    config = SimpleNamespace(job=job, log_dir=tmp_path / "log")
+    argv = launch_argv(config, tmp_path / "job.yaml", status_port=0)
+    assert argv[argv.index("--status-port") + 1] == "0"
+    assert "--status-port" not in launch_argv(config, tmp_path / "job.yaml")
+
+
+def test_diagnose_names_a_folder_that_is_no_job(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "sparseps.cli", "diagnose", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert f"{tmp_path / 'pids.json'} not found" in done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_pids_file_of_exited_processes_gets_an_empty_summary(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    record = {
+        "job_id": "j",
+        "children": [{"role": "worker", "rank": 0, "pid": child.pid, "attempt": 0}],
+    }
+    (tmp_path / "pids.json").write_text(json.dumps(record))
+    from sparseps.observe.diagnose import diagnose
+
+    result = diagnose(tmp_path, timeout_s=1)
+    assert result.lines == ("no live process of the job (every role has exited)",)
+    assert (result.folder / "summary.txt").is_file()
