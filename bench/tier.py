@@ -321,7 +321,8 @@ def scale_run(rows: int, memory_rows: int, steps: int, folder: str, prefetch: bo
         train_start = time.perf_counter()
         batches = _batches(rng, keys, steps, zipf=True)
         for i, batch in enumerate(batches):
-            if prefetch and i + 1 < steps:  # as a worker's pipeline: the next batch's keys
+            # as a worker's pipeline (which sends nothing for an in-memory table)
+            if prefetch and memory_rows > 0 and i + 1 < steps:
                 client.prefetch("tier", batches[i + 1]).wait()
             client.pull("tier", batch).wait()
             client.push("tier", batch, grads).wait()

@@ -254,6 +254,8 @@ class TableConfig:
             server keeps in memory; the others live in a row file under the server's disk
             dir (``--disk-dir`` / ``SPARSEPS_DISK_DIR``), with identical results
             (docs/table.md, "Tables larger than memory").
+        memory_bytes: the same budget in bytes of rows (each server keeps
+            ``memory_bytes // row bytes`` rows in memory, at least one); set one of the two.
     """
 
     name: str
@@ -263,6 +265,7 @@ class TableConfig:
     lifecycle: Lifecycle = field(default_factory=Lifecycle)
     seed: int = 0
     memory_rows: int | None = None
+    memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         from .optim import Rule
@@ -290,12 +293,32 @@ class TableConfig:
         if self.memory_rows is not None:
             rows = check_int(owner, "memory_rows", self.memory_rows, ge=1, le=2**31 - 1)
             _set(self, "memory_rows", rows)
+        if self.memory_bytes is not None:
+            budget = check_int(owner, "memory_bytes", self.memory_bytes, ge=1, le=2**62)
+            _set(self, "memory_bytes", budget)
+            if self.memory_rows is not None:
+                raise ConfigError(
+                    f"{owner}: memory_rows={self.memory_rows} and memory_bytes={budget} are "
+                    "two ways to set one budget; set one of them"
+                )
+
+    @property
+    def tiered(self) -> bool:
+        """Whether the table has a memory budget (rows beyond it live on disk)."""
+        return self.memory_rows is not None or self.memory_bytes is not None
+
+    def budget_rows(self, row_bytes: int) -> int | None:
+        """Rows a server keeps in memory for rows of ``row_bytes`` bytes; None: all."""
+        if self.memory_bytes is not None:
+            return max(1, min(2**31 - 1, self.memory_bytes // row_bytes))
+        return self.memory_rows
 
     def to_dict(self) -> dict:
         """Plain values only (str/int/float/bool/None/list/dict), safe for msgpack and JSON.
 
-        ``memory_rows`` appears only when set, so the configs (and the checkpoint files
-        that record them) of in-memory tables are what they were before it existed.
+        ``memory_rows`` / ``memory_bytes`` appear only when set, so the configs (and the
+        checkpoint files that record them) of in-memory tables are what they were before
+        they existed.
         """
         d = {
             "name": self.name,
@@ -307,6 +330,8 @@ class TableConfig:
         }
         if self.memory_rows is not None:
             d["memory_rows"] = self.memory_rows
+        if self.memory_bytes is not None:
+            d["memory_bytes"] = self.memory_bytes
         return d
 
     @classmethod

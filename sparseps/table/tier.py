@@ -32,7 +32,8 @@ batches that are only on disk, :meth:`PrefetchPlan.read` reads them with no lock
 and writes full buffers out. A copy is current
 when the row is still not cached, its disk copy is where it was read, the segment holding
 it was not written since (``DiskRows.seg_gen``), and no whole-table pass ran
-(``RowTier._content_gen``); the others are dropped and counted (``prefetch_stale``).
+(``RowTier._content_gen``); the others are dropped, and counted (``prefetch_stale``)
+unless another op promoted them meanwhile.
 
 Concurrency: pulls may run concurrently (the server holds a table's read lock for them)
 and a pull moves rows between tiers, so every method that moves rows takes
@@ -305,21 +306,21 @@ class RowTier:
         """
         with self.lock:
             disk, seg, slot_map = self.disk, self.disk.seg, self._slot_map
-            current = plan.ok.copy()
-            in_buffer = plan.in_buffer
-            # a restore swaps the table's tier: a plan of the old one is void
+            # a restore swaps the table's tier: a plan of the old one is void, and so is
+            # every copy read before a whole-table pass
             if plan.tier is not self or plan.content_gen != self._content_gen:
-                current[:] = False
-                in_buffer = in_buffer[:0]
-            else:
-                segment = plan.where // seg
-                current &= disk.disk_of[plan.ids] == plan.where
-                current &= disk.seg_gen[segment] == plan.gens
-                current &= disk.seg_buf[segment] < 0
-                current &= slot_map[plan.ids] < 0
-                in_buffer = in_buffer[slot_map[in_buffer] < 0]
+                self.counts[_STALE] += plan.ids.shape[0]
+                return 0
+            segment = plan.where // seg
+            current = plan.ok.copy()
+            current &= disk.disk_of[plan.ids] == plan.where
+            current &= disk.seg_gen[segment] == plan.gens
+            current &= disk.seg_buf[segment] < 0
+            current &= slot_map[plan.ids] < 0
+            in_buffer = plan.in_buffer[slot_map[plan.in_buffer] < 0]
             ids = plan.ids[current]
-            self.counts[_STALE] += plan.ids.shape[0] - ids.shape[0]
+            # rows promoted meanwhile (by a pull of the batch before) are where they should be
+            self.counts[_STALE] += int(np.count_nonzero(~current & (slot_map[plan.ids] < 0)))
             count = ids.shape[0] + in_buffer.shape[0]
             if not count:
                 return 0
@@ -425,17 +426,24 @@ class RowTier:
 def tier_for(
     config: TableConfig, width: int, disk_dir: str | None, allocator: Allocator | None
 ) -> RowTier | None:
-    """The tier of a table with ``config.memory_rows``, None for an in-memory table.
+    """The tier of a table with a memory budget (``memory_rows`` or ``memory_bytes``),
+    None for an in-memory table.
 
     Raises:
-        ConfigError: ``memory_rows`` is set but there is no disk dir (or it does not exist).
+        ConfigError: there is a budget but no disk dir (or it does not exist).
     """
-    if config.memory_rows is None:
+    rows = config.budget_rows(4 * width)
+    if rows is None:
         return None
     if disk_dir is None:
-        raise ConfigError(
-            f"table {config.name!r} has memory_rows={config.memory_rows} but no disk "
-            "dir to keep the other rows in: start the servers with --disk-dir DIR (or "
-            "SPARSEPS_DISK_DIR), or leave memory_rows unset to keep every row in memory"
+        budget = (
+            f"memory_rows={config.memory_rows}"
+            if config.memory_rows is not None
+            else f"memory_bytes={config.memory_bytes}"
         )
-    return RowTier(config.name, width, config.memory_rows, disk_dir, allocator)
+        raise ConfigError(
+            f"table {config.name!r} has {budget} but no disk dir to keep the other rows "
+            "in: start the servers with --disk-dir DIR (or SPARSEPS_DISK_DIR), or leave "
+            "memory_rows and memory_bytes unset to keep every row in memory"
+        )
+    return RowTier(config.name, width, rows, disk_dir, allocator)

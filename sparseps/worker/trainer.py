@@ -236,7 +236,7 @@ class Trainer:
         the batches before it compute (this runs in the pipeline's thread, ahead)."""
         configs = self._binder.tables
         for table, lookup in lookups.items():
-            if configs[table].memory_rows is not None:
+            if configs[table].tiered:
                 self._client.prefetch(table, lookup.keys).wait()
 
     def _global(self, metrics) -> MetricResult:

@@ -207,6 +207,29 @@ def test_the_disk_file_is_deleted_on_close_and_on_restore(disk):
     assert list(disk.iterdir()) == []
 
 
+def test_a_byte_budget_is_the_rows_that_fit_in_it(disk):
+    """``memory_bytes``: the cache holds ``memory_bytes // row bytes`` rows (Adagrad at
+    dim 3: 3 + 3 state + 4 statistics floats = 40 bytes), with the same results."""
+    config = TableConfig(name="t", dim=DIM, rule=optim.Adagrad(lr=0.1), memory_bytes=400)
+    assert config.tiered and config.budget_rows(40) == 10
+    assert TableConfig.from_dict(config.to_dict()) == config
+    tiered = SparseTable(config, disk_dir=str(disk))
+    assert tiered.layout.width * 4 == 40
+    memory = SparseTable(dataclasses.replace(config, memory_bytes=None))
+    keys = np.arange(200, dtype=np.uint64)
+    for at in range(0, 200, 8):
+        grads = np.full((8, DIM), at / 100, np.float32)
+        memory.push(keys[at : at + 8], grads)
+        tiered.push(keys[at : at + 8], grads)
+    stats = tiered.stats()
+    assert stats.memory_rows == 10 and stats.disk_rows == 190
+    np.testing.assert_array_equal(tiered.pull(keys), memory.pull(keys))
+    with pytest.raises(ConfigError, match="memory_rows=5 and memory_bytes=400.*one of them"):
+        dataclasses.replace(config, memory_rows=5)
+    with pytest.raises(ConfigError, match=r"'t'.*memory_bytes=400.*--disk-dir"):
+        SparseTable(config)
+
+
 def test_memory_rows_needs_a_disk_dir(tmp_path):
     config = TableConfig(name="emb", dim=DIM, memory_rows=10)
     with pytest.raises(ConfigError, match=r"'emb'.*memory_rows=10.*--disk-dir"):
