@@ -87,10 +87,15 @@ def _json_table(body: bytes, max_rows: int) -> pa.Table:
         if not isinstance(rows, list):
             raise RequestError(400, "rows: expected a list of objects (column: value)")
         _check_rows(len(rows), max_rows)
+        if not rows:
+            raise RequestError(400, "rows: the request holds no rows")
         try:
-            return pa.Table.from_struct_array(pa.array(rows, type=None))
+            array = pa.array(rows)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
             raise RequestError(400, _row_problem(rows, exc)) from None
+        if not pa.types.is_struct(array.type):
+            raise RequestError(400, _row_problem(rows, TypeError(str(array.type))))
+        return pa.Table.from_struct_array(array)
     columns = payload["columns"]
     if not isinstance(columns, dict) or not all(isinstance(v, list) for v in columns.values()):
         raise RequestError(400, "columns: expected an object of column name: list of values")

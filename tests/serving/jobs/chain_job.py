@@ -2,8 +2,8 @@
 
 Before each save it trains one pass over ``--train``; ``--saves`` lists the saves in
 order (``b`` base, ``d`` delta), e.g. ``b,d,d,b``. Each save goes to ``--model``. It also
-writes ``--legacy-head``: the last head as TorchScript (what saves held before
-``torch.export``), for the legacy-load test. Worker 0 writes a JSON summary to ``--out``.
+writes ``--legacy-head``: the head of the last base as TorchScript (what saves held
+before ``torch.export``), for the legacy-load test. Worker 0 writes a JSON summary to ``--out``.
 """
 
 import argparse
@@ -51,10 +51,12 @@ for kind in args.saves.split(","):
     trainer.train_from_dataset(train, print_period=0)
     mode = {"b": "base", "d": "delta"}[kind]
     folders.append(Path(trainer.save_inference_model(args.model, mode=mode)).name)
+    if mode == "base" and sps.worker_index() == 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.jit.script(model.head.eval()).save(args.legacy_head)
+        model.head.train()
 if sps.worker_index() == 0:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        torch.jit.script(model.head.eval()).save(args.legacy_head)
     Path(args.out).write_text(json.dumps({"saves": folders}))
 trainer.stop()
 sps.stop()

@@ -1,0 +1,153 @@
+"""``sparseps serve`` over loopback HTTP: predictions equal ``sparseps predict``, bad and
+oversized requests refused with the field named, the model and metrics routes.
+
+One service (a real ``sparseps serve`` child process, uvicorn on a free port) serves a
+copy of the session chain's ``base-00000`` + three deltas for the whole module.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pyarrow as pa
+import pytest
+from _servetools import criteo_rows, land
+
+from sparseps import cli
+from sparseps.serving import ServeProcess
+
+ARROW = "application/vnd.apache.arrow.stream"
+
+
+@pytest.fixture(scope="module")
+def served(chain, tmp_path_factory) -> Path:
+    model = tmp_path_factory.mktemp("served") / "model"
+    for name in chain.saves[:4]:
+        land(chain.folder(name), model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def service(served):
+    extra = ["--max-rows", "1000", "--max-body-mb", "0.5"]
+    with ServeProcess(served, poll_s=0.2, extra_args=extra) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    with httpx.Client(base_url=service.url, timeout=30) as c:
+        yield c
+
+
+def offline(served: Path, data: Path, capsys) -> np.ndarray:
+    """``sparseps predict DIR --data FILE``, the real command, its stdout parsed."""
+    capsys.readouterr()
+    assert cli.main(["predict", str(served), "--data", str(data)]) == 0
+    return np.array([float(line) for line in capsys.readouterr().out.split()], np.float32)
+
+
+def test_predictions_equal_sparseps_predict(chain, served, client, capsys):
+    rows = criteo_rows(chain.test_file)
+    expected = offline(served, chain.test_file, capsys)
+    assert expected.size == len(rows) == 200
+    got = client.post("/predict", json={"rows": rows})
+    assert got.status_code == 200, got.text
+    body = got.json()
+    assert body["sequence"] == 3 and body["rows"] == 200
+    # sparseps predict prints 7 decimals; the service sends float32 values
+    np.testing.assert_allclose(np.array(body["predictions"]), expected, rtol=0, atol=5e-7)
+    assert np.std(expected) > 0.01  # a model that predicts, not a constant
+
+    # the same rows as columns and as an Arrow stream give the same float32 values
+    columns = {name: [row.get(name) for row in rows] for name in rows[0]}
+    by_columns = client.post("/predict", json={"columns": columns}).json()["predictions"]
+    table = pa.table(columns)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    arrow = client.post(
+        "/predict", content=sink.getvalue(), headers={"content-type": ARROW, "accept": ARROW}
+    )
+    assert arrow.status_code == 200 and arrow.headers["x-sparseps-model-sequence"] == "3"
+    by_arrow = pa.ipc.open_stream(arrow.content).read_all().column("prediction").to_numpy()
+    assert by_arrow.dtype == np.float32
+    np.testing.assert_array_equal(np.float32(by_columns), np.float32(body["predictions"]))
+    np.testing.assert_array_equal(by_arrow, np.float32(body["predictions"]))
+
+
+def test_ids_as_integers_and_lists(client):
+    """The model's slots given as ids: an id, a list of ids, a negative (uint64 bits)."""
+    one = client.post("/predict", json={"rows": [{"I1": 2, "C1": 5}, {"C1": 5}]}).json()
+    assert one["predictions"][0] != one["predictions"][1]  # I1 differs
+    listed = client.post("/predict", json={"rows": [{"C1": [5]}, {"C1": []}]}).json()
+    assert listed["predictions"][0] == one["predictions"][1]
+    assert listed["predictions"][1] != one["predictions"][1]  # no id is not id 5
+    neg = client.post("/predict", json={"rows": [{"C2": [-1, 7]}]})
+    assert neg.status_code == 200, neg.text
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "names"),
+    [
+        (b"{not json", 400, "body: not valid JSON"),
+        (json.dumps({"rowz": []}).encode(), 400, "'rows' or 'columns'"),
+        (json.dumps({"rows": {"I1": 1}}).encode(), 400, "rows: expected a list"),
+        (json.dumps({"rows": [{"I1": 1}, 3]}).encode(), 400, "rows[1]: expected an object"),
+        (json.dumps({"rows": [{"I1": 1, "C99": "a"}]}).encode(), 400, "C99: not a column"),
+        (json.dumps({"rows": [{"I1": 1}, {"I1": "x"}]}).encode(), 400, "rows[*].I1"),
+        (json.dumps({"rows": [{"I1": "1"}, {"I1": "x"}]}).encode(), 400, "I1: row 1 holds 'x'"),
+        (json.dumps({"rows": [{"C1": 1.5}]}).encode(), 400, "C1: a slot column"),
+        (
+            json.dumps({"rows": [{"C1": 2**64}]}).encode(),
+            400,
+            "rows[*].C1: an integer does not fit",
+        ),
+        (json.dumps({"rows": []}).encode(), 400, "rows: the request holds no rows"),
+        (json.dumps({"columns": {"I1": [1, 2], "C1": ["a"]}}).encode(), 400, "columns: the lists"),
+        (json.dumps({"rows": [{"I1": 1}] * 1001}).encode(), 413, "rows: 1001 rows"),
+    ],
+)
+def test_bad_requests_get_4xx_naming_the_field(client, body, status, names):
+    got = client.post("/predict", content=body, headers={"content-type": "application/json"})
+    assert got.status_code == status, got.text
+    assert names in got.json()["error"]
+
+
+def test_oversized_and_wrong_type_refused(client):
+    big = b"x" * (600 << 10)
+    got = client.post("/predict", content=big, headers={"content-type": "application/json"})
+    assert got.status_code == 413 and "body: " in got.json()["error"]
+
+    def chunks():  # no Content-Length: refused while reading
+        for _ in range(20):
+            yield b" " * (64 << 10)
+
+    got = client.post("/predict", content=chunks(), headers={"content-type": "application/json"})
+    assert got.status_code == 413 and "over 524288 bytes" in got.json()["error"]
+    got = client.post("/predict", content=b"a,b", headers={"content-type": "text/csv"})
+    assert got.status_code == 415 and "Content-Type" in got.json()["error"]
+    got = client.post("/predict", content=b"nope", headers={"content-type": ARROW})
+    assert got.status_code == 400 and "not an Arrow IPC stream" in got.json()["error"]
+    assert client.get("/healthz").json() == {"status": "ok", "sequence": 3}
+
+
+def test_model_and_metrics_routes(client):
+    model = client.get("/model").json()
+    assert model["base"] == "base-00000"
+    assert model["deltas"] == ["delta-00001", "delta-00002", "delta-00003"]
+    assert model["sequence"] == 3 and model["passes"] == 4
+    assert model["rows"]["deep_emb"] > 1000 and model["age_s"] >= 0
+    assert model["reloads"] == {"applied": 0, "refused": 0}
+    text = client.get("/metrics").text
+    assert 'sparseps_serve_requests_total{route="/predict",status="200"}' in text
+    assert 'sparseps_serve_requests_total{route="/predict",status="413"}' in text
+    assert "sparseps_serve_request_seconds_bucket" in text
+    assert "sparseps_serve_model_sequence 3.0" in text
+    assert 'sparseps_serve_reloads_total{outcome="refused"} 0.0' in text
+    age = [line for line in text.splitlines() if line.startswith("sparseps_serve_model_age")]
+    assert len(age) == 1 and float(age[0].split()[1]) >= 0
