@@ -23,7 +23,9 @@ Why this order:
   (local mode starts a server through ``launch``, ``run_server`` runs ``server``).
 - ``checkpoint`` coordinates saves and loads through the client and the worker
   collectives; the ``worker`` (trainer) offers ``save_checkpoint`` on top of it.
-- ``models``/``recall`` build on the worker, ``online`` drives jobs, and the top floor is
+- ``models``/``recall`` build on the worker, ``online`` drives jobs, ``serving`` answers
+  predictions from the inference saves they write (read through ``checkpoint``), and the
+  top floor is
   the entry points: the public front door (``__init__``), the command line, the demo,
   the bundled jobs, the benchmarks and the test helpers.
 
@@ -49,7 +51,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("checkpoint",),
     ("worker", "nn"),
     ("models", "recall"),
-    ("online",),
+    ("online", "serving"),
     ("testing", "jobs", "demo", "cli", "benchmarking", "__init__"),
 )
 
