@@ -6,7 +6,8 @@ at 1, 4 and 16 concurrent clients (quick: 1 and 4):
 - ``serve_rows_per_s``: rows answered per second by a ``sparseps serve`` child process
   (uvicorn, JSON rows in the Criteo schema; ``body=arrow``: the same rows as an Arrow
   stream, 512 rows). Baseline: ``Predictor.predict_batch`` in this process on the same
-  rows, already a ``Batch`` (no HTTP, no parsing), one call after another.
+  rows, already a ``Batch`` (no HTTP, no parsing), one call after another. Both use one
+  torch intra-op thread (the service's default ``--torch-threads 1``).
 - ``serve_p50_ms`` / ``serve_p99_ms``: latency of one request as the client sees it
   (connection kept alive). Baseline: the Predictor call's p50 / p99.
 
@@ -150,11 +151,14 @@ def _records(
 
 
 def run(quick: bool = False) -> list[BenchRecord]:
+    import torch
+
     from sparseps.checkpoint.predictor import Predictor
     from sparseps.data import CRITEO
     from sparseps.serving import ServeProcess
     from sparseps.serving.requests import batch_from_body
 
+    torch.set_num_threads(1)  # as the service (ServeConfig.torch_threads)
     seconds = QUICK_SECONDS if quick else SECONDS
     levels = QUICK_CONCURRENCY if quick else CONCURRENCY
     records: list[BenchRecord] = []

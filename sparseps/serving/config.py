@@ -26,6 +26,10 @@ class ServeConfig:
         poll_s: how often the chain is checked for new saves.
         max_body_bytes: larger request bodies are refused (413).
         max_rows: requests with more rows are refused (413).
+        torch_threads: torch's intra-op threads (``torch.set_num_threads``). 1 by default:
+            concurrent requests already run on several threads, and on a busy machine
+            more OpenMP threads per call made a 1-row request 15x slower (27 ms against
+            1.7 ms measured on the shared 2-core box, bench/RESULTS.md "serve").
         ready_file: once listening, the service writes ``{"url", "host", "port", "pid"}``
             here (atomically) and removes it when it stops.
     """
@@ -37,6 +41,7 @@ class ServeConfig:
     poll_s: float = 1.0
     max_body_bytes: int = 64 << 20
     max_rows: int = 65536
+    torch_threads: int = 1
     ready_file: Path | None = None
 
     def __post_init__(self) -> None:
@@ -53,6 +58,8 @@ class ServeConfig:
             raise ConfigError(f"ServeConfig.poll_s: {self.poll_s} is not in 0.01..3600 seconds")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"ServeConfig.max_body_bytes: {self.max_body_bytes} is below 1024")
+        if not 1 <= self.torch_threads <= 256:
+            raise ConfigError(f"ServeConfig.torch_threads: {self.torch_threads} is not in 1..256")
         if self.max_rows < 1:
             raise ConfigError(f"ServeConfig.max_rows: {self.max_rows} is below 1")
 

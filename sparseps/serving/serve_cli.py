@@ -31,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests with more rows get 413 (default 65536)",
     )
     parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads per request (default 1: requests run in parallel)",
+    )
+    parser.add_argument(
         "--ready-file", default=None, help="write {url, host, port, pid} here once listening"
     )
 
@@ -47,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         poll_s=args.poll_s,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         max_rows=args.max_rows,
+        torch_threads=args.torch_threads,
         ready_file=args.ready_file,
     )
     serve(config)

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 
+import torch
 import uvicorn
 
 from ..errors import ConfigError
@@ -49,6 +50,7 @@ def serve(config: ServeConfig) -> None:
         CheckpointError: ``config.model_dir`` holds no chain that loads.
         ConfigError: the address cannot be bound.
     """
+    torch.set_num_threads(config.torch_threads)
     metrics = ServeMetrics()
     watcher = ModelWatcher(config.model_dir, poll_s=config.poll_s, on_reload=metrics.on_reload)
     sock = _bind(config.host, config.port)
