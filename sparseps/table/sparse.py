@@ -287,9 +287,9 @@ class SparseTable(TableFiles):
             check_staged(op, table, merged_counts, uniq, "merged shows/clicks of a key")
         # -- stage: nothing here changes the table -----------------------------------------
         tier = self._tier
-        if tier is not None:  # room in memory for every row this push touches
-            tier.begin(uniq.size, op)
         ids = self._index.find(uniq)
+        if tier is not None:  # room in memory for every row this push touches
+            tier.begin(uniq.size, op, misses=tier.misses(ids))
         missing = np.flatnonzero(ids < 0)
         pending = None
         if missing.size == 0:

@@ -159,9 +159,11 @@ class RowTier:
         return self._slot_of.array.reshape(-1)
 
     # -- per-op ------------------------------------------------------------------------
-    def begin(self, touched: int, op: str) -> None:
-        """Start an op that will touch up to ``touched`` distinct rows (it pins them all,
-        and each may be written to disk): room in the cache and on disk for all of them.
+    def begin(self, touched: int, op: str, *, misses: int | None = None) -> None:
+        """Start an op that will touch up to ``touched`` distinct rows (it pins them all):
+        room in the cache for all of them, and on disk for ``misses`` of them (default
+        all), the rows it will promote or create: each may evict a changed row, which is
+        then written to disk.
 
         Raises:
             ResourceError: out of memory or disk space, or a write failed; nothing changed.
@@ -171,8 +173,14 @@ class RowTier:
             self._grow_cache(touched, op)
         elif self._cache.capacity > self.memory_rows >= touched:
             self._shrink_cache(op)  # a larger op grew it: back to the budget
-        if touched:  # an op that promotes nothing evicts nothing: no room to make
-            self.disk.reserve(touched, op)
+        misses = touched if misses is None else misses
+        if misses:  # an op that promotes nothing evicts nothing: no room to make
+            self.disk.reserve(misses, op)
+
+    def misses(self, ids: np.ndarray) -> int:
+        """Rows among the distinct row ids ``ids`` that need a slot: not in memory, or
+        new (``-1``: a row the op may create)."""
+        return int(kernels.count_misses(ids, self._slot_map)) + int(np.count_nonzero(ids < 0))
 
     def slots(self, ids: np.ndarray, op: str, *, load: bool = True, dirty: bool = False):
         """int64 slots of the row ids ``ids`` (-1 where ``ids < 0``), promoting rows from disk.
