@@ -48,7 +48,7 @@ def last_line(path: str | Path, limit: int = 8192) -> str:
     except OSError:
         return ""
     lines = [line for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
-    return lines[-1][-300:] if lines else ""
+    return lines[-1][:300] if lines else ""  # the page cuts it to its width
 
 
 def scrape(host: str, port: int, timeout_s: float = 0.5) -> dict[str, list[tuple[dict, float]]]:

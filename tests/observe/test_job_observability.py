@@ -164,6 +164,10 @@ def test_status_page_in_chromium(job):
     # the page's data: roles, series and tables (what the browser draws)
     status = httpx.get(url + "api/status", timeout=5).json()
     assert status["job_id"] == pids["job_id"]
+    assert sorted((r["role"], r["rank"], r["alive"]) for r in status["roles"]) == [
+        ("server", 0, True), ("worker", 0, True), ("worker", 1, True),
+    ]  # fmt: skip
+    assert all(r["last_line"] for r in status["roles"]), status["roles"]
     dom = _browser("--virtual-time-budget=4000", "--dump-dom", url)
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
@@ -178,6 +182,7 @@ def test_status_page_in_chromium(job):
         section = html.split(f'id="{plot}"', 1)[1].split("</svg>", 1)[0]
         assert "<polyline points=" in section
     assert 'data-server="0"' in html and "deep_emb" in html  # table sizes per server
+    assert "no online pass reported" in html  # not an online job
     # a screenshot, kept as a test artifact
     default = Path(tempfile.gettempdir()) / "sparseps-test-artifacts"
     folder = Path(os.environ.get("SPARSEPS_TEST_ARTIFACTS", default))
