@@ -1,4 +1,5 @@
-"""``python -m sparseps.server --rank R --endpoints h:p,h:p [--bind-host H] [--threads N]``.
+"""``python -m sparseps.server --rank R --endpoints h:p,h:p [--bind-host H] [--threads N]
+[--metrics-port P]``.
 
 Runs one server in the foreground until a ``stop`` op or SIGTERM. Logs go to stderr.
 Exit code 0 after a clean stop, 1 with one error line when the server cannot start.
@@ -65,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         help="folder for the rows of tables beyond their memory_rows (default: "
         "SPARSEPS_DISK_DIR; without one such tables are refused)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port of the bind host, else the endpoint's "
+        "host (default: none; "
+        "docs/observability.md)",
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -74,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     try:
+        if args.metrics_port is not None:
+            from ..observe.registry import serve_metrics
+
+            host = args.bind_host or endpoints[args.rank].rsplit(":", 1)[0]
+            serve_metrics(args.metrics_port, host)
         limits = Limits(max_message_bytes=args.max_message_bytes)
         serve(
             args.rank, endpoints, bind_host=args.bind_host, threads=args.threads,
