@@ -16,7 +16,7 @@ from typing import TextIO
 from ..env import FILE_ROOTS, MASTER, Role, child_environ
 from ..errors import ConfigError, SparsePSError
 from .logsetup import LOG_FORMAT
-from .records import check_seconds
+from .records import Outcome, check_seconds
 
 __all__ = ["add_arguments", "run"]
 
@@ -261,24 +261,7 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
     children = _children(
         spec, str(script), list(args.script_args), _file_roots_env(args), metrics=args.metrics
     )
-    extra_record: dict[str, object] = {}
-    if args.metrics:
-        from ..observe.registry import serve_metrics
-        from .spec import free_ports
-
-        extra_record["launcher_metrics_port"] = serve_metrics(
-            free_ports(spec.host, 1)[0], spec.host
-        )
-    status = None
-    if args.status_port is not None:
-        from ..observe.status import StatusServer
-
-        status = StatusServer(
-            lambda: supervisor.roles(), job_id=spec.job_id, host=spec.host,
-            port=args.status_port, metrics_host=spec.host,
-        )  # fmt: skip
-        extra_record["status_port"] = status.port
-        log.info("status page: http://%s:%d/", spec.host, status.port)
+    extra_record: dict[str, object] = {}  # written to pids.json once run() starts
     supervisor = Supervisor(
         children=children,
         config=config,
@@ -296,7 +279,38 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
         restart_env=None if spec.multi_node else _fresh_master(spec.host),
         extra_record=extra_record,
     )
-    if status is None:
+    return _run_observed(args, spec, supervisor, extra_record)
+
+
+def _run_observed(args: argparse.Namespace, spec, supervisor, extra_record: dict) -> Outcome:
+    """Run the supervisor with the launcher's ``/metrics`` and status page (when asked);
+    their ports go to ``pids.json``."""
+    from ..observe.registry import serve_metrics, stop_serving_metrics
+    from ..observe.status import StatusServer
+    from .spec import free_ports
+
+    status = None
+    try:
+        if args.metrics:
+            port = serve_metrics(free_ports(spec.host, 1)[0], spec.host)
+            extra_record["launcher_metrics_port"] = port
+        if args.status_port is not None:
+            try:
+                status = StatusServer(
+                    supervisor.roles, job_id=spec.job_id, host=spec.host,
+                    port=args.status_port, metrics_host=spec.host,
+                )  # fmt: skip
+            except OSError as exc:
+                raise ConfigError(
+                    f"--status-port {args.status_port}: cannot serve on {spec.host} ({exc}); "
+                    "pick another port, or 0 for a free one"
+                ) from None
+            extra_record["status_port"] = status.port
+            log.info("status page: http://%s:%d/", spec.host, status.port)
+            status.start()
         return supervisor.run()
-    with status:
-        return supervisor.run()
+    finally:
+        if status is not None:
+            status.close()
+        if args.metrics:
+            stop_serving_metrics()

@@ -116,11 +116,14 @@ class StatusServer:
         return self
 
     def close(self) -> None:
+        """Stop serving and sampling; idempotent, also when never started."""
         self._stop.set()
-        self._http.shutdown()
+        if self._threads[0].is_alive():
+            self._http.shutdown()  # waits for serve_forever: only once it runs
         self._http.server_close()
         for thread in self._threads:
-            thread.join(timeout=2.0)
+            if thread.is_alive():
+                thread.join(timeout=2.0)
 
     def __enter__(self) -> StatusServer:
         return self.start()
