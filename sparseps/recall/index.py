@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.keysets import unique_keys
 from ..errors import CheckpointError, ConfigError, InputError
 
 __all__ = ["IndexSpec", "RecallIndex", "brute_force_top_k", "build_index", "recall_at_k"]
@@ -82,9 +83,10 @@ def _item_vectors(pred_dir, column: str) -> tuple[np.ndarray, np.ndarray]:
     flat = table.column(column).combine_chunks()
     dim = flat.type.list_size
     vectors = flat.values.to_numpy().astype(np.float32).reshape(-1, dim)
-    if np.unique(keys).size != keys.size:
+    distinct = unique_keys(keys).size
+    if distinct != keys.size:
         raise InputError(
-            f"{pred_dir}: {keys.size - np.unique(keys).size} keys appear more than once; dump "
+            f"{pred_dir}: {keys.size - distinct} keys appear more than once; dump "
             "the items with unique_keys=True so each item has one vector"
         )
     return keys, np.ascontiguousarray(vectors)

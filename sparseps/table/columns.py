@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.keysets import has_repeats
 from ..errors import InputError
 from . import input_checks as checks
 
@@ -108,6 +109,6 @@ def check_columns(op, columns, required, optional, dim, state_dim) -> dict[str, 
             raise InputError(f"{op}: {label} contains NaN/inf; nothing was imported")
     if "unseen_days" in result and (result["unseen_days"] < 0).any():
         raise InputError(f"{op}: columns['unseen_days'] must be >= 0; nothing was imported")
-    if n > 1 and np.unique(keys).size != n:
+    if has_repeats(keys):
         raise InputError(f"{op}: columns['key'] has repeated keys; nothing was imported")
     return result

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .. import role
+from ..core.keysets import unique_keys
 from ..errors import ConfigError
 from ..rpc.client import PSClient
 from .dense_params import DenseParams
@@ -127,7 +128,7 @@ class TrainingState:
 
     def tombstones(self, table: str) -> np.ndarray:
         parts = self._tombstones.get(table, [])
-        return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+        return unique_keys(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
     def replace_tombstones(self, tombstones: dict[str, np.ndarray]) -> None:
         """A loaded checkpoint's pending deletions replace whatever this process had."""
