@@ -94,3 +94,32 @@ def test_a_pids_file_of_exited_processes_gets_an_empty_summary(tmp_path):
     result = diagnose(tmp_path, timeout_s=1)
     assert result.lines == ("no live process of the job (every role has exited)",)
     assert (result.folder / "summary.txt").is_file()
+
+
+def test_the_launcher_counts_restarts_and_marks_exited_roles(tmp_path):
+    """Supervisor with a plain Python worker that fails once (restarted, then exits 0)."""
+    import textwrap
+
+    from sparseps.env import Role
+    from sparseps.launch import ChildSpec, Supervisor, SupervisorConfig
+    from sparseps.observe.registry import registry
+
+    marker = tmp_path / "marker"
+    flaky = f"""
+        import os, sys
+        if not os.path.exists({str(marker)!r}):
+            open({str(marker)!r}, "w").close()
+            sys.exit(5)
+    """
+    spec = ChildSpec(
+        role=Role.WORKER, rank=0, argv=(sys.executable, "-c", textwrap.dedent(flaky)),
+        env={}, log_path=tmp_path / "log" / "worker.0.log",
+    )  # fmt: skip
+    reg = registry()
+    before = reg.get_sample_value("sparseps_launcher_restarts_total") or 0.0
+    supervisor = Supervisor([spec], SupervisorConfig(max_restarts=1, grace_s=1.0))
+    assert supervisor.run().exit_code == 0
+    assert reg.get_sample_value("sparseps_launcher_restarts_total") == before + 1
+    roles = supervisor.roles()
+    assert [(r["attempt"], r["alive"], r["exit_code"]) for r in roles] == [(1, False, 0)]
+    assert reg.get_sample_value("sparseps_launcher_role_up", {"role": "worker", "rank": "0"}) == 0
