@@ -278,14 +278,17 @@ def run(quick: bool) -> list[BenchRecord]:
     return records
 
 
-def scale_run(rows: int, memory_rows: int, steps: int, folder: str, prefetch: bool) -> dict:
+def scale_run(
+    rows: int, memory_rows: int, steps: int, folder: str, prefetch: bool, compute_ms: float
+) -> dict:
     """Fill and train a tiered table through one real server process and sample the
-    server's RSS every second
-    (``python bench/tier.py --scale ROWS MEMORY_ROWS STEPS DIR [--no-prefetch]``).
+    server's RSS every second (``python bench/tier.py --scale ROWS MEMORY_ROWS STEPS DIR
+    [--no-prefetch] [--compute-ms MS]``; ``MEMORY_ROWS`` 0: the table in memory).
 
     The table (dim 16, Adagrad) gets ``rows`` keys in pushes of 65536, then ``steps``
     training steps (pull + push of a Zipf(1.1) batch of 8192 keys), each preceded by a
-    ``prefetch`` of the next batch's keys unless ``prefetch`` is False.
+    ``prefetch`` of the next batch's keys unless ``prefetch`` is False, with ``compute_ms``
+    of sleep between the pull and the push (a worker's forward and backward).
     """
     import threading
 
@@ -325,6 +328,7 @@ def scale_run(rows: int, memory_rows: int, steps: int, folder: str, prefetch: bo
             if prefetch and memory_rows > 0 and i + 1 < steps:
                 client.prefetch("tier", batches[i + 1]).wait()
             client.pull("tier", batch).wait()
+            time.sleep(compute_ms / 1000)
             client.push("tier", batch, grads).wait()
         train_s = time.perf_counter() - train_start
         table = client.stats()["servers"][0]["tables"]["tier"]
@@ -334,7 +338,7 @@ def scale_run(rows: int, memory_rows: int, steps: int, folder: str, prefetch: bo
         client.close()
         result = {
             "rows": rows, "memory_rows": memory_rows, "fill_s": round(fill_s, 1),
-            "fill_rows_per_s": round(rows / fill_s), "steps": steps, "prefetch": prefetch,
+            "fill_rows_per_s": round(rows / fill_s), "steps": steps, "prefetch": prefetch, "compute_ms": compute_ms,
             "step_rows_per_s": round(steps * BATCH / train_s), "server_peak_rss": peak,
             "table": table,
             "rss_over_time": [(round(t), r) for t, r in samples[:: max(1, len(samples) // 40)]],
@@ -345,9 +349,18 @@ def scale_run(rows: int, memory_rows: int, steps: int, folder: str, prefetch: bo
     return result
 
 
-if __name__ == "__main__" and len(sys.argv) in (6, 7) and sys.argv[1] == "--scale":
-    scale_run(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5],
-              prefetch=sys.argv[6:] != ["--no-prefetch"])  # fmt: skip
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--scale":
+    import argparse
+
+    cli = argparse.ArgumentParser(prog="bench/tier.py --scale")
+    cli.add_argument("rows", type=int)
+    cli.add_argument("memory_rows", type=int)
+    cli.add_argument("steps", type=int)
+    cli.add_argument("folder")
+    cli.add_argument("--no-prefetch", action="store_true")
+    cli.add_argument("--compute-ms", type=float, default=0.0)
+    a = cli.parse_args(sys.argv[2:])
+    scale_run(a.rows, a.memory_rows, a.steps, a.folder, not a.no_prefetch, a.compute_ms)
     os._exit(0)
 
 if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "--rss-child":
