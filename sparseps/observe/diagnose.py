@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 # How a timeout's message names the folder of its automatic diagnosis.
 DUMP_NOTE = "stacks of every role dumped to"
+# How long a timing-out worker waits for the dumps (they take milliseconds; a process
+# that cannot dump must not hold the error back long).
+AUTO_TIMEOUT_S = 3.0
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
@@ -226,6 +229,9 @@ def diagnose(log_dir: str | Path, *, timeout_s: float = 5.0, reason: str = "") -
         if path is None:
             role.state = "no stack handler (not started by this launcher, or too early)"
             continue
+        if _stopped(role.pid):  # it would dump only once resumed: no wait for it
+            role.state = "stopped (SIGSTOP or a debugger): no dump"
+            continue
         size = path.stat().st_size
         try:
             os.kill(role.pid, DUMP_SIGNAL)
@@ -238,9 +244,7 @@ def diagnose(log_dir: str | Path, *, timeout_s: float = 5.0, reason: str = "") -
         text = texts.get((role.role, role.rank))
         if text is None:
             if any(int(t[0]["pid"]) == role.pid for t in targets):
-                role.state = "no dump within the time given" + (
-                    " (the process is stopped: SIGSTOP or a debugger)" if _stopped(role.pid) else ""
-                )
+                role.state = f"no dump within {timeout_s:g} s"
             continue
         (folder / f"{role.role}.{role.rank}.txt").write_text(text)
         role.threads = parse_dump(text)
@@ -306,7 +310,7 @@ def auto_diagnose(what: str, log_dir: str | None = None) -> str:
             log_dir = role.log_dir if role is not None and not role.local else None
         if not log_dir or not (Path(log_dir) / "pids.json").is_file():
             return ""
-        result = diagnose(log_dir, reason=what)
+        result = diagnose(log_dir, timeout_s=AUTO_TIMEOUT_S, reason=what)
         log.error(
             "%s: stacks of every role dumped to %s:\n  %s",
             what, result.folder, "\n  ".join(result.lines),

@@ -66,7 +66,7 @@ def test_timeouts_dump_every_stack_and_name_the_folder(tmp_path):
         assert rpc.parent == log and (rpc / "summary.txt").is_file() and rpc not in (gloo, store)
         assert "in never_arrive" in (rpc / "worker.1.txt").read_text()
         summary = (rpc / "summary.txt").read_text()
-        assert re.search(r"server 0 \(pid \d+\): no dump .*stopped", summary), summary
+        assert re.search(r"server 0 \(pid \d+\): stopped \(SIGSTOP", summary), summary
         assert re.search(r"worker 0 \(pid \d+\): at trainer.py:\d+ in train_from_dataset "
                          r"\(timed out here: pull 'deep_emb'", summary), summary  # fmt: skip
         record = read_pids(log)

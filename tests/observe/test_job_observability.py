@@ -168,8 +168,18 @@ def test_status_page_in_chromium(job):
         ("server", 0, True), ("worker", 0, True), ("worker", 1, True),
     ]  # fmt: skip
     assert all(r["last_line"] for r in status["roles"]), status["roles"]
-    dom = _browser("--virtual-time-budget=4000", "--dump-dom", url)
+    # one headless Chromium run: the rendered DOM, and a screenshot kept as an artifact
+    default = Path(tempfile.gettempdir()) / "sparseps-test-artifacts"
+    folder = Path(os.environ.get("SPARSEPS_TEST_ARTIFACTS", default))
+    folder.mkdir(parents=True, exist_ok=True)
+    shot = folder / "status-page.png"
+    shot.unlink(missing_ok=True)
+    dom = _browser(
+        "--virtual-time-budget=4000", "--window-size=1200,900", f"--screenshot={shot}",
+        "--dump-dom", url,
+    )  # fmt: skip
     assert dom.returncode == 0, dom.stderr[-2000:]
+    assert shot.stat().st_size > 10_000, dom.stderr[-2000:]
     html = dom.stdout
     assert 'data-loaded="1"' in html, html[:2000]
     for role in ("server-0", "worker-0", "worker-1"):
@@ -183,13 +193,3 @@ def test_status_page_in_chromium(job):
         assert "<polyline points=" in section
     assert 'data-server="0"' in html and "deep_emb" in html  # table sizes per server
     assert "no online pass reported" in html  # not an online job
-    # a screenshot, kept as a test artifact
-    default = Path(tempfile.gettempdir()) / "sparseps-test-artifacts"
-    folder = Path(os.environ.get("SPARSEPS_TEST_ARTIFACTS", default))
-    folder.mkdir(parents=True, exist_ok=True)
-    shot = folder / "status-page.png"
-    shot.unlink(missing_ok=True)
-    done = _browser(
-        "--virtual-time-budget=4000", "--window-size=1200,900", f"--screenshot={shot}", url
-    )
-    assert done.returncode == 0 and shot.stat().st_size > 10_000, done.stderr[-2000:]
