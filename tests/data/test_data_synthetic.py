@@ -230,6 +230,20 @@ def _knob_set(tmp_path, name: str, *args: str) -> tuple[dict, object]:
     return meta, model
 
 
+@pytest.fixture(scope="module")
+def knob_set(tmp_path_factory):
+    """``_knob_set`` once per distinct list of gen-data arguments in this module: the
+    knob tests only read what it wrote (two of them compare against ``--click-rate 0.02``)."""
+    made: dict[tuple[str, ...], tuple[dict, object]] = {}
+
+    def make(*args: str) -> tuple[dict, object]:
+        if args not in made:
+            made[args] = _knob_set(tmp_path_factory.mktemp("knobs"), "set", *args)
+        return made[args]
+
+    return make
+
+
 def _check_recomputed(meta: dict, model) -> None:
     """The planted probability recomputed from the written rows alone gives the stored
     Bayes AUC, and the realised click rate is the asked one within sampling error."""
@@ -247,24 +261,24 @@ def _check_recomputed(meta: dict, model) -> None:
 
 
 @pytest.mark.parametrize("rate", [0.005, 0.01, 0.04, 0.1, 0.25])
-def test_click_rate_knob(tmp_path, rate):
-    meta, model = _knob_set(tmp_path, "ctr", "--click-rate", str(rate))
+def test_click_rate_knob(knob_set, rate):
+    meta, model = knob_set("--click-rate", str(rate))
     _check_recomputed(meta, model)
     assert 0.75 < meta["bayes_auc_test"] < 0.95
 
 
-def test_signal_knob_moves_the_bayes_auc(tmp_path):
-    weak, model = _knob_set(tmp_path, "weak", "--signal", "0.8", "--click-rate", "0.05")
+def test_signal_knob_moves_the_bayes_auc(knob_set):
+    weak, model = knob_set("--signal", "0.8", "--click-rate", "0.05")
     _check_recomputed(weak, model)
-    strong, model = _knob_set(tmp_path, "strong", "--signal", "2.4", "--click-rate", "0.05")
+    strong, model = knob_set("--signal", "2.4", "--click-rate", "0.05")
     _check_recomputed(strong, model)
     assert weak["bayes_auc_test"] + 0.1 < strong["bayes_auc_test"]
 
 
-def test_zipf_knob_concentrates_the_ids(tmp_path):
-    flat, model = _knob_set(tmp_path, "flat", "--zipf", "1.0")  # the log-law limit
+def test_zipf_knob_concentrates_the_ids(knob_set):
+    flat, model = knob_set("--zipf", "1.0")  # the log-law limit
     _check_recomputed(flat, model)
-    steep, model_steep = _knob_set(tmp_path, "steep", "--zipf", "2.0")
+    steep, model_steep = knob_set("--zipf", "2.0")
     _check_recomputed(steep, model_steep)
     _, rows_flat = _read_written(flat["train_files"])
     _, rows_steep = _read_written(steep["train_files"])
@@ -273,26 +287,26 @@ def test_zipf_knob_concentrates_the_ids(tmp_path):
     assert distinct[0] > 5 * distinct[1]
 
 
-def test_rare_power_knob_moves_signal_into_rare_ids(tmp_path):
-    damped, _ = _knob_set(tmp_path, "damped", "--click-rate", "0.02")
-    rare, model = _knob_set(tmp_path, "rare", "--rare-power", "0", "--click-rate", "0.02")
+def test_rare_power_knob_moves_signal_into_rare_ids(knob_set):
+    damped, _ = knob_set("--click-rate", "0.02")
+    rare, model = knob_set("--rare-power", "0", "--click-rate", "0.02")
     _check_recomputed(rare, model)
     assert rare["rare_signal_share"] > 20 * damped["rare_signal_share"]
     assert rare["rare_signal_share"] == pytest.approx(rare_signal_share(model))
 
 
-def test_label_noise_knob_keeps_the_click_rate_and_lowers_the_bayes_auc(tmp_path):
-    clean, _ = _knob_set(tmp_path, "clean", "--click-rate", "0.02")
-    noisy, model = _knob_set(tmp_path, "noisy", "--click-rate", "0.02", "--label-noise", "0.3")
+def test_label_noise_knob_keeps_the_click_rate_and_lowers_the_bayes_auc(knob_set):
+    clean, _ = knob_set("--click-rate", "0.02")
+    noisy, model = knob_set("--click-rate", "0.02", "--label-noise", "0.3")
     _check_recomputed(noisy, model)
     assert noisy["bayes_auc_test"] < clean["bayes_auc_test"] - 0.03
 
 
-def test_missing_knob_scales_the_missing_rates(tmp_path):
-    none, model = _knob_set(tmp_path, "none", "--missing", "0")
+def test_missing_knob_scales_the_missing_rates(knob_set):
+    none, model = knob_set("--missing", "0")
     _check_recomputed(none, model)
-    more, _ = _knob_set(tmp_path, "more", "--missing", "2")
-    default, _ = _knob_set(tmp_path, "default")
+    more, _ = knob_set("--missing", "2")
+    default, _ = knob_set()
     rates = []
     for meta in (none, default, more):
         _, rows = _read_written(meta["train_files"])
