@@ -29,7 +29,10 @@ log = logging.getLogger(__name__)
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: asyncio sets TCP_NODELAY on accepted connections only when the
+    # socket says IPPROTO_TCP; with proto 0, Nagle held each response's body back until the
+    # client's delayed ACK of its headers: 40+ ms per request on a kept-alive connection
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -1,9 +1,16 @@
 """Shared fixtures of the serving tests: one real inference chain per session.
 
 ``chain`` runs ``jobs/chain_job.py`` once (local mode: one background server, one
-worker; a pass of 600 rows before each save): ``base-00000``, ten deltas, ``base-00011``
-and ``delta-00012``, plus the last head as TorchScript (``legacy_head.pt``) for the
-legacy-format test. Tests copy saves out of it into their own model folders.
+worker; a pass of 400 rows before each save): ``base-00000``, thirteen deltas,
+``base-00014`` and ``delta-00015``, plus the last base's head as TorchScript
+(``legacy_head.pt``) for the legacy-format test. Tests copy saves out of it.
+
+``service`` is one ``sparseps serve`` child process (a real uvicorn on a free loopback
+port) for the session, over ``served`` (a folder that starts as ``base-00000`` + three
+deltas; ``test_hot_reload`` lands the rest while it serves). Starting a service costs
+seconds (torch import, the first head load), so the HTTP tests and the hot-reload test
+share it; the HTTP tests check whatever chain is served at the time against
+``sparseps predict`` on the same folder, so they pass in any order.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from sparseps.data.synthetic import write_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "jobs" / "chain_job.py"
-SAVES = "b," + "d," * 10 + "b,d"
+SAVES = "b," + "d," * 13 + "b,d"
+FIRST_SERVED = 4  # base-00000 + three deltas
 
 
 @dataclass(frozen=True)
@@ -35,10 +43,22 @@ class Chain:
         return self.source / name
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Predictors in this process run as the service does (``--torch-threads 1``); on the
+    shared 2-core box two OpenMP threads per call made each call many times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def chain(tmp_path_factory) -> Chain:
     work = tmp_path_factory.mktemp("chain")
-    write_dataset(work / "data", rows=600, seed=3, files=1, test_rows=200)
+    write_dataset(work / "data", rows=400, seed=3, files=1, test_rows=200)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     done = subprocess.run(
@@ -64,6 +84,33 @@ def chain(tmp_path_factory) -> Chain:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     saves = json.loads((work / "summary.json").read_text())["saves"]
-    assert saves[0] == "base-00000" and saves[11] == "base-00011" and len(saves) == 13
+    assert saves[0] == "base-00000" and saves[14] == "base-00014" and len(saves) == 16
     test_file = next((work / "data" / "test").iterdir())
     return Chain(work / "model", saves, test_file, work / "legacy_head.pt")
+
+
+@pytest.fixture(scope="session")
+def served(chain, tmp_path_factory) -> Path:
+    from _servetools import land
+
+    model = tmp_path_factory.mktemp("served") / "model"
+    for name in chain.saves[:FIRST_SERVED]:
+        land(chain.folder(name), model)
+    return model
+
+
+@pytest.fixture(scope="session")
+def service(served):
+    from sparseps.serving import ServeProcess
+
+    extra = ["--max-rows", "1000", "--max-body-mb", "0.5"]
+    with ServeProcess(served, poll_s=0.05, extra_args=extra) as process:
+        yield process
+
+
+@pytest.fixture(scope="session")
+def client(service):
+    import httpx
+
+    with httpx.Client(base_url=service.url, timeout=30) as c:
+        yield c

@@ -1,5 +1,5 @@
-"""Hot reload under load: a client sends requests without pause while ten deltas, then a
-new base and a delta on it, land in the served folder; zero failed requests, and every
+"""Hot reload under load: a client sends requests continuously while ten deltas, then a
+new base and a delta on it, land in the session service's folder; zero failed requests, and every
 answer equals the offline chain (a fresh ``Predictor`` of the folder) at the sequence the
 answer names — so no request saw a half-applied model. Then a corrupt save and an
 incomplete one are refused while the last good model keeps serving.
@@ -19,13 +19,16 @@ from _servetools import criteo_rows, land
 from sparseps.checkpoint.predictor import Predictor
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.files import manifest as mf
-from sparseps.serving import ServeProcess
 
+PAUSE_S = 0.01
 WAIT_S = 60.0  # a reload on a loaded 2-core box takes well under a second; bounded anyway
 
 
 class Client(threading.Thread):
-    """Posts the same rows in a loop until stopped; keeps (status, sequence, predictions)."""
+    """Posts the same rows in a loop until stopped; keeps (status, sequence, predictions).
+
+    It pauses ``PAUSE_S`` between requests (tens of requests a second, every reload
+    overlapped by several), so that on a 2-core box it leaves CPU for the reloads."""
 
     def __init__(self, url: str, rows: list[dict]) -> None:
         super().__init__(daemon=True)
@@ -57,71 +60,83 @@ def wait_for_sequence(client: httpx.Client, sequence: int) -> dict:
     raise AssertionError(f"the service did not reach sequence {sequence} in {WAIT_S} s: {model}")
 
 
-def test_reloads_while_serving(chain, tmp_path):
-    model_dir = tmp_path / "model"
-    land(chain.folder("base-00000"), model_dir)
+def sequence_of(name: str) -> int:
+    return int(name.split("-")[1])
+
+
+def test_reloads_while_serving(chain, served, service, client, tmp_path):
+    """Ten deltas, a new base and a delta on it land in ``served`` under load."""
     rows = criteo_rows(chain.test_file)[:64]
     data = tmp_path / "rows.tsv"
     data.write_text("".join(chain.test_file.read_text().splitlines(keepends=True)[:64]))
     dataset = QueueDataset([str(data)], CRITEO, batch_size=64, threads=1)
-    expected: dict[int, np.ndarray] = {0: Predictor(model_dir).predict(dataset)}
-    with (
-        ServeProcess(model_dir, poll_s=0.05) as service,
-        httpx.Client(base_url=service.url, timeout=30) as client,
-    ):
-        load = Client(service.url, rows)
-        load.start()
-        try:
-            for name in chain.saves[1:]:  # ten deltas, a new base, a delta on it
-                landed = land(chain.folder(name), model_dir)
-                sequence = int(name.split("-")[1])
-                model = wait_for_sequence(client, sequence)
-                offline = Predictor(model_dir)  # the chain at this point, loaded afresh
-                assert [f.name for f in offline.saves] == [model["base"], *model["deltas"]]
-                expected[sequence] = offline.predict(dataset)
-                now = client.post("/predict", json={"rows": rows}).json()
-                assert now["sequence"] == sequence
-                np.testing.assert_array_equal(np.float32(now["predictions"]), expected[sequence])
-                assert landed.is_dir()
-            served = client.get("/model").json()
-            assert served["base"] == "base-00011" and served["deltas"] == ["delta-00012"]
-            assert served["reloads"] == {"applied": 12, "refused": 0}
-            # the old base is gone from memory: the service holds one chain's rows
-            assert served["bytes"] < 1.5 * Predictor(model_dir).nbytes()
-        finally:
-            load.stop.set()
-            load.join(30)
-        # every answer while reloading: no failure, and the model it names, exactly
-        failed = [a for a in load.answers if a[0] != 200]
-        assert not failed, failed[:3]
-        seen = {sequence for _, sequence, _ in load.answers}
-        assert len(load.answers) >= 20 and len(seen) >= 5, (len(load.answers), seen)
-        for _, sequence, predictions in load.answers:
-            np.testing.assert_array_equal(np.float32(predictions), expected[sequence])
+    start = client.get("/model").json()
+    offline = Predictor(served)
+    assert start["sequence"] == offline.sequence
+    expected: dict[int, np.ndarray] = {offline.sequence: offline.predict(dataset)}
+    todo = [name for name in chain.saves if sequence_of(name) > offline.sequence]
+    assert sum(name.startswith("delta") for name in todo) >= 11  # 10 before the base, 1 after
+    assert sum(name.startswith("base") for name in todo) == 1
+    load = Client(service.url, rows)
+    load.start()
+    try:
+        for name in todo:
+            land(chain.folder(name), served)
+            model = wait_for_sequence(client, sequence_of(name))
+            offline = Predictor(served)  # the chain at this point, loaded afresh
+            assert [f.name for f in offline.saves] == [model["base"], *model["deltas"]]
+            expected[offline.sequence] = offline.predict(dataset)
+            now = client.post("/predict", json={"rows": rows}).json()
+            assert now["sequence"] == offline.sequence
+            np.testing.assert_array_equal(np.float32(now["predictions"]), expected[now["sequence"]])
+        model = client.get("/model").json()
+        assert model["base"] == "base-00014" and model["deltas"] == ["delta-00015"]
+        assert model["reloads"]["applied"] == start["reloads"]["applied"] + len(todo)
+        assert model["reloads"]["refused"] == start["reloads"]["refused"]
+        # the old base is gone from memory: the service holds one chain's rows
+        assert model["bytes"] == offline.nbytes()
+    finally:
+        load.stop.set()
+        load.join(30)
+    # every answer while reloading: no failure, and the model it names, exactly
+    failed = [a for a in load.answers if a[0] != 200]
+    assert not failed, failed[:3]
+    seen = {sequence for _, sequence, _ in load.answers}
+    assert len(load.answers) >= 20 and len(seen) >= 5, (len(load.answers), seen)
+    for _, sequence, predictions in load.answers:
+        np.testing.assert_array_equal(np.float32(predictions), expected[sequence])
 
-        # a corrupt delta (a shard altered after its manifest) is refused, the model stays
-        corrupt = tmp_path / "delta-00013"
-        shutil.copytree(chain.folder("delta-00012"), corrupt)
-        manifest = json.loads((corrupt / mf.MANIFEST).read_text())
-        manifest["sequence"] = 13
-        (corrupt / mf.MANIFEST).write_text(json.dumps(manifest))
-        shard = next(corrupt.glob("deep_emb.delta-*.arrow"))
-        shard.write_bytes(shard.read_bytes()[:-16] + b"\0" * 16)
-        land(corrupt, model_dir)
-        (model_dir / "delta-00014").mkdir()  # an incomplete save: no manifest
+    # a corrupt delta (a shard altered after its manifest) is refused, the model stays
+    last = chain.saves[-1]
+    corrupt_name = f"delta-{sequence_of(last) + 1:05d}"
+    corrupt = tmp_path / corrupt_name
+    shutil.copytree(chain.folder(last), corrupt)
+    manifest = json.loads((corrupt / mf.MANIFEST).read_text())
+    manifest["sequence"] = sequence_of(corrupt_name)
+    (corrupt / mf.MANIFEST).write_text(json.dumps(manifest))
+    shard = next(corrupt.glob("deep_emb.delta-*.arrow"))
+    shard.write_bytes(shard.read_bytes()[:-16] + b"\0" * 16)
+    land(corrupt, served)
+    incomplete = served / f"delta-{sequence_of(last) + 2:05d}"
+    incomplete.mkdir()  # an incomplete save: no manifest
+    try:
         deadline = time.monotonic() + WAIT_S
-        while client.get("/model").json()["reloads"]["refused"] == 0:
+        while client.get("/model").json()["reloads"]["refused"] == start["reloads"]["refused"]:
             assert time.monotonic() < deadline, "the corrupt save was never refused"
             time.sleep(0.05)
         time.sleep(0.3)  # several more polls: refused once, not again
-        served = client.get("/model").json()
-        assert served["sequence"] == 12 and served["reloads"] == {"applied": 12, "refused": 1}
-        assert "delta-00013" in served["last_refusal"] and "checksum" in served["last_refusal"]
+        model = client.get("/model").json()
+        assert model["sequence"] == sequence_of(last)
+        assert model["reloads"]["refused"] == start["reloads"]["refused"] + 1
+        assert corrupt_name in model["last_refusal"] and "checksum" in model["last_refusal"]
         now = client.post("/predict", json={"rows": rows}).json()
-        np.testing.assert_array_equal(np.float32(now["predictions"]), expected[12])
+        np.testing.assert_array_equal(np.float32(now["predictions"]), expected[sequence_of(last)])
         metrics = client.get("/metrics").text
-        assert 'sparseps_serve_reloads_total{outcome="refused"} 1.0' in metrics
-        assert 'sparseps_serve_reloads_total{outcome="applied"} 12.0' in metrics
-    log = service.log()
-    assert log.count("refusing delta-00013") == 1
-    assert log.count("delta-00014: no MANIFEST.json") == 1 or "delta-00014" in log
+        refused = model["reloads"]["refused"]
+        assert f'sparseps_serve_reloads_total{{outcome="refused"}} {refused}.0' in metrics
+        log = service.log()
+        assert log.count(f"refusing {corrupt_name}") == 1
+        assert log.count(f"{incomplete.name}: no MANIFEST.json") == 1
+    finally:  # leave the folder a valid chain for the other tests of the session
+        shutil.rmtree(served / corrupt_name)
+        incomplete.rmdir()

@@ -1,8 +1,9 @@
 """``sparseps serve`` over loopback HTTP: predictions equal ``sparseps predict``, bad and
 oversized requests refused with the field named, the model and metrics routes.
 
-One service (a real ``sparseps serve`` child process, uvicorn on a free port) serves a
-copy of the session chain's ``base-00000`` + three deltas for the whole module.
+The session's service (conftest: a real ``sparseps serve`` child process, uvicorn on a
+free loopback port) serves ``served``; each check compares with what is in that folder
+when it runs.
 """
 
 from __future__ import annotations
@@ -11,37 +12,15 @@ import io
 import json
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
-from _servetools import criteo_rows, land
+from _servetools import criteo_rows
 
 from sparseps import cli
-from sparseps.serving import ServeProcess
+from sparseps.checkpoint.predictor import Predictor
 
 ARROW = "application/vnd.apache.arrow.stream"
-
-
-@pytest.fixture(scope="module")
-def served(chain, tmp_path_factory) -> Path:
-    model = tmp_path_factory.mktemp("served") / "model"
-    for name in chain.saves[:4]:
-        land(chain.folder(name), model)
-    return model
-
-
-@pytest.fixture(scope="module")
-def service(served):
-    extra = ["--max-rows", "1000", "--max-body-mb", "0.5"]
-    with ServeProcess(served, poll_s=0.2, extra_args=extra) as process:
-        yield process
-
-
-@pytest.fixture(scope="module")
-def client(service):
-    with httpx.Client(base_url=service.url, timeout=30) as c:
-        yield c
 
 
 def offline(served: Path, data: Path, capsys) -> np.ndarray:
@@ -55,10 +34,11 @@ def test_predictions_equal_sparseps_predict(chain, served, client, capsys):
     rows = criteo_rows(chain.test_file)
     expected = offline(served, chain.test_file, capsys)
     assert expected.size == len(rows) == 200
+    sequence = Predictor(served).sequence
     got = client.post("/predict", json={"rows": rows})
     assert got.status_code == 200, got.text
     body = got.json()
-    assert body["sequence"] == 3 and body["rows"] == 200
+    assert body["sequence"] == sequence and body["rows"] == 200
     # sparseps predict prints 7 decimals; the service sends float32 values
     np.testing.assert_allclose(np.array(body["predictions"]), expected, rtol=0, atol=5e-7)
     assert np.std(expected) > 0.01  # a model that predicts, not a constant
@@ -73,7 +53,8 @@ def test_predictions_equal_sparseps_predict(chain, served, client, capsys):
     arrow = client.post(
         "/predict", content=sink.getvalue(), headers={"content-type": ARROW, "accept": ARROW}
     )
-    assert arrow.status_code == 200 and arrow.headers["x-sparseps-model-sequence"] == "3"
+    assert arrow.status_code == 200
+    assert arrow.headers["x-sparseps-model-sequence"] == str(sequence)
     by_arrow = pa.ipc.open_stream(arrow.content).read_all().column("prediction").to_numpy()
     assert by_arrow.dtype == np.float32
     np.testing.assert_array_equal(np.float32(by_columns), np.float32(body["predictions"]))
@@ -118,7 +99,7 @@ def test_bad_requests_get_4xx_naming_the_field(client, body, status, names):
     assert names in got.json()["error"]
 
 
-def test_oversized_and_wrong_type_refused(client):
+def test_oversized_and_wrong_type_refused(client, served):
     big = b"x" * (600 << 10)
     got = client.post("/predict", content=big, headers={"content-type": "application/json"})
     assert got.status_code == 413 and "body: " in got.json()["error"]
@@ -133,21 +114,25 @@ def test_oversized_and_wrong_type_refused(client):
     assert got.status_code == 415 and "Content-Type" in got.json()["error"]
     got = client.post("/predict", content=b"nope", headers={"content-type": ARROW})
     assert got.status_code == 400 and "not an Arrow IPC stream" in got.json()["error"]
-    assert client.get("/healthz").json() == {"status": "ok", "sequence": 3}
+    assert client.get("/healthz").json() == {"status": "ok", "sequence": Predictor(served).sequence}
 
 
-def test_model_and_metrics_routes(client):
+def test_model_and_metrics_routes(client, served):
+    offline = Predictor(served)
     model = client.get("/model").json()
-    assert model["base"] == "base-00000"
-    assert model["deltas"] == ["delta-00001", "delta-00002", "delta-00003"]
-    assert model["sequence"] == 3 and model["passes"] == 4
-    assert model["rows"]["deep_emb"] > 1000 and model["age_s"] >= 0
-    assert model["reloads"] == {"applied": 0, "refused": 0}
+    assert [model["base"], *model["deltas"]] == [f.name for f in offline.saves]
+    assert model["sequence"] == offline.sequence
+    assert model["passes"] == offline.sequence + 1  # the chain job trains a pass per save
+    assert model["rows"] == offline.rows() and model["rows"]["deep_emb"] > 1000
+    assert model["age_s"] >= 0 and model["bytes"] == offline.nbytes()
+    assert set(model["reloads"]) == {"applied", "refused"}
     text = client.get("/metrics").text
     assert 'sparseps_serve_requests_total{route="/predict",status="200"}' in text
     assert 'sparseps_serve_requests_total{route="/predict",status="413"}' in text
     assert "sparseps_serve_request_seconds_bucket" in text
-    assert "sparseps_serve_model_sequence 3.0" in text
-    assert 'sparseps_serve_reloads_total{outcome="refused"} 0.0' in text
+    assert f"sparseps_serve_model_sequence {offline.sequence}.0" in text
+    assert (
+        f'sparseps_serve_reloads_total{{outcome="applied"}} {model["reloads"]["applied"]}.0' in text
+    )
     age = [line for line in text.splitlines() if line.startswith("sparseps_serve_model_age")]
     assert len(age) == 1 and float(age[0].split()[1]) >= 0

@@ -51,12 +51,12 @@ def test_watcher_swaps_new_objects_and_frees_the_old_base(chain, tmp_path, datas
         table.rows[0, 0] = 1.0
     old_tables = weakref.ref(watcher.current.predictor.tables["deep_emb"])
     del first, table
-    land(chain.folder("base-00011"), model)
-    assert watcher.poll() and watcher.current.predictor.saves[0].name == "base-00011"
+    land(chain.folder("base-00014"), model)
+    assert watcher.poll() and watcher.current.predictor.saves[0].name == "base-00014"
     gc.collect()
     assert old_tables() is None  # the old chain's rows are freed
     # a rewritten chain (the newer base deleted, as a restarted job does) is followed
-    shutil.rmtree(model / "base-00011")
+    shutil.rmtree(model / "base-00014")
     assert watcher.poll()
     assert [f.name for f in watcher.current.predictor.saves][-1] == "delta-00003"
     np.testing.assert_array_equal(
@@ -78,9 +78,9 @@ def test_saves_hold_an_exported_head(chain):
 
 
 def legacy_copy(chain, tmp_path, head_bytes: bytes):
-    """``base-00011`` as an old sparseps wrote it: a TorchScript ``head.pt``."""
-    folder = tmp_path / "legacy" / "base-00011"
-    shutil.copytree(chain.folder("base-00011"), folder)
+    """``base-00014`` as an old sparseps wrote it: a TorchScript ``head.pt``."""
+    folder = tmp_path / "legacy" / "base-00014"
+    shutil.copytree(chain.folder("base-00014"), folder)
     (folder / inference.HEAD_FILE).unlink()
     (folder / inference.LEGACY_HEAD_FILE).write_bytes(head_bytes)
     manifest = json.loads((folder / mf.MANIFEST).read_text())
@@ -95,12 +95,12 @@ def legacy_copy(chain, tmp_path, head_bytes: bytes):
 
 
 def test_a_torchscript_head_still_loads(chain, tmp_path, dataset, caplog):
-    # the chain job scripted base-00011's head: the same weights as its head.pt2
+    # the chain job scripted base-00014's head: the same weights as its head.pt2
     legacy = legacy_copy(chain, tmp_path, chain.legacy_head.read_bytes())
     with caplog.at_level("WARNING"):
         old = Predictor(legacy)
     assert any("TorchScript head" in r.getMessage() for r in caplog.records)
-    new = Predictor(chain.source, [chain.folder("base-00011")])
+    new = Predictor(chain.source, [chain.folder("base-00014")])
     got = old.predict(dataset)
     assert np.std(got) > 0.01
     np.testing.assert_allclose(got, new.predict(dataset), rtol=0, atol=1e-6)
@@ -112,3 +112,28 @@ def test_a_broken_torchscript_head_names_the_fix(chain, tmp_path):
         CheckpointError, match="cannot load this TorchScript head.*save the inference model again"
     ):
         Predictor(legacy)
+
+
+def test_table_upsert_and_delete_against_a_dict():
+    """The merge a delta does (searchsorted + insert) against a plain dict, random keys."""
+    from sparseps.checkpoint.predictor import EmbeddingTable
+    from sparseps.config import TableConfig
+
+    rng = np.random.default_rng(5)
+    table = EmbeddingTable.empty(TableConfig(name="t", dim=3))
+    oracle: dict[int, np.ndarray] = {}
+    for step in range(30):
+        keys = rng.choice(np.arange(0, 2**64 - 1, 2**58, dtype=np.uint64), rng.integers(0, 20))
+        rows = rng.normal(size=(keys.size, 3)).astype(np.float32)
+        if step % 4 == 3:
+            table = table.delete(keys)
+            for k in keys.tolist():
+                oracle.pop(k, None)
+        else:
+            table = table.upsert(keys, rows)
+            for k, r in reversed(list(zip(keys.tolist(), rows, strict=True))):
+                oracle[k] = r  # of a key repeated in one delta, the first wins
+        assert table.keys.tolist() == sorted(oracle)
+        expected = np.array([oracle[k] for k in sorted(oracle)]).reshape(-1, 3)
+        np.testing.assert_array_equal(table.rows, expected)
+        assert not table.keys.flags.writeable and not table.rows.flags.writeable

@@ -26,6 +26,7 @@ p.add_argument("--legacy-head", required=True)
 p.add_argument("--out", required=True)
 args = p.parse_args()
 
+torch.set_num_threads(1)  # a tiny model on a shared machine: no OpenMP fan-out
 sps.init()
 torch.manual_seed(0)
 model = WideDeep(
@@ -45,7 +46,7 @@ if sps.is_server():
     sps.run_server()
     sys.exit(0)
 
-train = QueueDataset([args.train], CRITEO, batch_size=64, threads=1)
+train = QueueDataset([args.train], CRITEO, batch_size=100, threads=1)
 folders = []
 for kind in args.saves.split(","):
     trainer.train_from_dataset(train, print_period=0)
