@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -104,7 +105,10 @@ def write_shard(
     # Arrow IPC (Feather v2), uncompressed: about memcpy speed, where Parquet's encoding of
     # fixed-size-list columns wrote ~30x slower (bench/save.py); pyarrow, polars, pandas
     # and DuckDB read it directly.
-    feather.write_feather(table, temporary, compression="uncompressed")
+    # One record batch (feather's default cuts every 64k rows): a load then maps each
+    # column as one buffer instead of copying the pieces together.
+    feather.write_feather(table, temporary, compression="uncompressed",
+                          chunksize=max(1, rows))  # fmt: skip
     with open(temporary, "rb+") as handle:
         os.fsync(handle.fileno())
     os.replace(temporary, final)
@@ -118,7 +122,7 @@ def write_shard(
     }
 
 
-def _column(table: pa.Table, name: str, dtype: str, width: int | None) -> np.ndarray:
+def _column(table: pa.Table, name: str, dtype: str, width: int | None, copy: bool) -> np.ndarray:
     rows = table.num_rows
     if width == 0:
         return np.zeros((rows, 0), dtype=dtype)
@@ -129,18 +133,25 @@ def _column(table: pa.Table, name: str, dtype: str, width: int | None) -> np.nda
         values = column.to_numpy(zero_copy_only=False)
     else:
         values = column.flatten().to_numpy(zero_copy_only=False).reshape(rows, width)
+    if not copy and values.dtype == np.dtype(dtype) and values.flags.c_contiguous:
+        return values  # a read-only view of the file's map
     # A fresh, writable, contiguous array of the recorded dtype (Arrow buffers are read-only).
     return np.array(values, dtype=dtype, order="C", copy=True)
 
 
 def read_shard(
-    path: str | os.PathLike, *, sha256: str | None = None
+    path: str | os.PathLike, *, sha256: str | None = None, copy: bool = True
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """Read one shard file back into numpy columns (bit-exact with what was written).
+
+    The checksum is computed in a thread while the columns are read (both release the
+    GIL: a load of 1M rows spent a sixth of its time hashing before reading).
 
     Args:
         path: the file.
         sha256: if given, the file's checksum must match.
+        copy: fresh writable arrays (default); False: read-only views of the memory-mapped
+            file where the stored dtype is the recorded one (a load that only reads them).
 
     Returns:
         ``(meta, columns)``: the metadata written by :func:`write_shard` and the arrays.
@@ -152,10 +163,20 @@ def read_shard(
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"shard file {path} does not exist")
-    if sha256 is not None and sha256_of(path) != sha256:
-        raise CheckpointError(
-            f"shard file {path}: sha256 does not match the saved record (file changed or corrupt)"
-        )
+    with ThreadPoolExecutor(1, thread_name_prefix="sparseps-sha256") as pool:
+        digest = None if sha256 is None else pool.submit(sha256_of, path)
+        try:
+            meta, columns = _read_columns(path, copy)
+        finally:  # a corrupt file is reported as such first, whatever else it breaks
+            if digest is not None and digest.result() != sha256:
+                raise CheckpointError(
+                    f"shard file {path}: sha256 does not match the saved record (file "
+                    "changed or corrupt)"
+                )
+    return meta, columns
+
+
+def _read_columns(path: Path, copy: bool) -> tuple[dict, dict[str, np.ndarray]]:
     try:
         table = feather.read_table(path, memory_map=True)
     except Exception as exc:
@@ -174,7 +195,7 @@ def read_shard(
         )
     try:
         columns = {
-            name: _column(table, name, dtype, width)
+            name: _column(table, name, dtype, width, copy)
             for name, (dtype, width) in meta["columns"].items()
         }
     except (KeyError, TypeError, ValueError) as exc:

@@ -18,6 +18,7 @@ Pending keys (not admitted yet) export ``key``, ``show``, ``click`` and optional
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from ..core.keysets import has_repeats
 from ..errors import InputError
@@ -30,6 +31,7 @@ __all__ = [
     "ROW_COLUMNS",
     "check_columns",
     "gather_columns",
+    "scatter_row_columns",
     "write_stats",
 ]
 
@@ -66,6 +68,37 @@ def write_stats(storage, ids, cols, where: dict[str, int]) -> None:
     if touched is not None:
         unseen = np.where(touched != 0, np.float32(-1.0), unseen)  # -1: pushed since last decay
     storage[ids, where["unseen"]] = unseen
+
+
+@njit(nogil=True, cache=True)
+def _scatter_rows(storage, ids, emb, state, show, click, delta, unseen, touched, stat0):
+    # pragma: no cover - compiled
+    dim = emb.shape[1]
+    sdim = state.shape[1]
+    has_touched = touched.shape[0] > 0
+    for i in range(ids.shape[0]):
+        r = ids[i]
+        for j in range(dim):
+            storage[r, j] = emb[i, j]
+        for j in range(sdim):
+            storage[r, dim + j] = state[i, j]
+        storage[r, stat0] = show[i]
+        storage[r, stat0 + 1] = click[i]
+        storage[r, stat0 + 2] = delta[i]
+        storage[r, stat0 + 3] = -1.0 if has_touched and touched[i] != 0 else np.float32(unseen[i])
+
+
+def scatter_row_columns(storage, ids, cols, where: dict[str, int]) -> None:
+    """``storage[ids[i]]`` = row ``i`` of checked row columns, in one compiled pass (what
+    staging the rows and :func:`write_stats` do, without the staged copy)."""
+    stat0 = where["show"]
+    assert (where["click"], where["delta_score"], where["unseen"]) == (
+        stat0 + 1, stat0 + 2, stat0 + 3,
+    ), "the row layout's statistics columns are show, click, delta_score, unseen"  # fmt: skip
+    touched = cols.get("touched")
+    _scatter_rows(storage, ids, cols["embedding"], cols["state"], cols["show"], cols["click"],
+                  cols["delta_score"], cols["unseen_days"],
+                  np.empty(0, np.uint8) if touched is None else touched, stat0)  # fmt: skip
 
 
 COLUMN_TYPES = {
