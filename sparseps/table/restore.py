@@ -143,18 +143,19 @@ class TableFiles:
         ids = self._index.find(keys)
         if strict:
             self._refuse_present("import_rows", keys, ids)
-        staged = None
-        if self._tier is not None:  # the tier takes whole rows: built aside, first
+        tier, staged = self._tier, None
+        if tier is not None:  # the tier takes whole rows: built aside, first
             staged = np.empty((n, layout.width), np.float32)
             scatter_row_columns(staged, np.arange(n), cols, self._where)
         new = np.flatnonzero(ids < 0)
         self._grow("import_rows", new.size, 0, pending_erases=n)
         if new.size:
             ids[new] = self._index.find_or_insert(keys[new])[0]
-        if staged is None:  # nothing can fail from here: straight into the rows
+        if tier is None:  # nothing can fail from here: straight into the rows
             scatter_row_columns(self._rows, ids, cols, self._where)
         else:  # straight into the tiers: new rows to disk, cached ones in their slots
-            self._tier.write(ids, staged, "import_rows")
+            assert staged is not None
+            tier.write(ids, staged, "import_rows")
         self._pending_index.erase(keys)
 
     def import_pending(self, columns: dict, *, strict: bool = False) -> None:
