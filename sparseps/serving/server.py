@@ -20,6 +20,7 @@ from ..files.manifest import write_json_atomic
 from .app import create_app
 from .config import ServeConfig
 from .metrics import ServeMetrics
+from .requests import batch_from_body
 from .watcher import ModelWatcher
 
 __all__ = ["serve"]
@@ -55,7 +56,16 @@ def serve(config: ServeConfig) -> None:
     """
     torch.set_num_threads(config.torch_threads)
     metrics = ServeMetrics()
-    watcher = ModelWatcher(config.model_dir, poll_s=config.poll_s, on_reload=metrics.on_reload)
+    schema = config.request_schema
+    warm = batch_from_body(
+        json.dumps({"rows": [{schema.slots[0]: "warmup"}]}).encode(), "", schema, max_rows=1
+    )
+    watcher = ModelWatcher(
+        config.model_dir,
+        poll_s=config.poll_s,
+        on_reload=metrics.on_reload,
+        warmup=lambda predictor: predictor.predict_batch(warm),
+    )
     sock = _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"

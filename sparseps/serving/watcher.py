@@ -10,7 +10,8 @@ disk (:func:`sparseps.checkpoint.inference.chain`) with the served one:
 - a new base (or a chain that was rewritten, e.g. a restarted job deleted saves newer
   than its checkpoint): the new chain is loaded on the side and swapped in the same way;
   the old model is freed once the requests that hold it finish;
-- a save that does not verify or load (corrupt, truncated, a head that fails) is refused:
+- a save that does not verify, load or answer a one-row warm-up request (corrupt,
+  truncated, a head that fails) is refused:
   one log line per save, ``reloads{outcome="refused"}``, and the previous model keeps
   serving; deltas after it wait for the next base. A ``base-``/``delta-`` folder without a
   manifest is an incomplete save: logged once, ignored until its manifest appears.
@@ -84,13 +85,20 @@ class ModelWatcher:
         directory: the inference model folder.
         poll_s: seconds between polls of the folder (the watcher thread).
         on_reload: called after each applied or refused save (metrics).
+        warmup: called with each model before it is served (a first call of a new head,
+            or of the compiled hashing, costs far more than the next ones).
 
     Raises:
         CheckpointError: the folder holds no chain that loads (nothing to serve yet).
     """
 
     def __init__(
-        self, directory: str | Path, *, poll_s: float = 1.0, on_reload: ReloadListener | None = None
+        self,
+        directory: str | Path,
+        *,
+        poll_s: float = 1.0,
+        on_reload: ReloadListener | None = None,
+        warmup: Callable[[Predictor], object] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.poll_s = poll_s
@@ -102,7 +110,10 @@ class ModelWatcher:
         self.refused = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._current = ServedModel(Predictor(self.directory), time.time())
+        self._warmup = warmup or (lambda predictor: None)
+        first = Predictor(self.directory)
+        self._warm(first)
+        self._current = ServedModel(first, time.time())
         log.info("serving %s: %s", self.directory, self._summary(self._current.predictor))
 
     @property
@@ -163,12 +174,14 @@ class ModelWatcher:
             if self._refused.get(folder.name) == stamp:
                 break  # refused before and unchanged: deltas after it wait for a new base
             try:
-                model = (
+                following = (
                     model.then(folder) if model is not None else Predictor(folder.parent, [folder])
                 )
+                self._warm(following)
             except CheckpointError as exc:
                 self._refuse_once(folder.name, stamp, str(exc))
                 break
+            model = following
             self.applied += 1
             self._on_reload("applied", folder.name, None)
         if model is None or model is served:
@@ -176,6 +189,16 @@ class ModelWatcher:
         self._current = ServedModel(model, time.time())  # the swap: one assignment
         log.info("%s: now serving %s", self.directory, self._summary(model))
         return True
+
+    def _warm(self, model: Predictor) -> None:
+        """One prediction before serving; a model that fails it is not served."""
+        try:
+            self._warmup(model)
+        except Exception as exc:  # whatever the head raises, the save is what is wrong
+            raise CheckpointError(
+                f"{model.saves[-1]}: the model fails on a one-row request of the service's "
+                f"schema ({type(exc).__name__}: {exc}); was it trained on another schema?"
+            ) from exc
 
     def _refuse_once(self, name: str, stamp: tuple, error: str) -> None:
         if self._refused.get(name) == stamp:
