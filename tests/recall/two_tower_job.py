@@ -9,15 +9,20 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 import sparseps as sps
-from sparseps.data import InMemoryDataset, Schema
-from sparseps.models import InBatchSoftmax, TwoTower
 
 data, out = Path(sys.argv[1]), Path(sys.argv[2])
-SCHEMA = Schema(label="label", dense=(), slots=("user", "item", "item_cat"))
 sps.init()
+if sps.is_server():  # tables come from the workers: the server never imports torch
+    sps.run_server()
+    sys.exit(0)
+
+import torch  # noqa: E402
+
+from sparseps.data import InMemoryDataset, Schema  # noqa: E402
+from sparseps.models import InBatchSoftmax, TwoTower  # noqa: E402
+
+SCHEMA = Schema(label="label", dense=(), slots=("user", "item", "item_cat"))
 torch.manual_seed(0)
 model = TwoTower(("user",), ("item", "item_cat"), emb_dim=8, hidden=(16,), out_dim=8,
                  temperature=0.1, rule=sps.optim.Adagrad(lr=0.1))  # fmt: skip
@@ -25,9 +30,6 @@ trainer = sps.Trainer(
     model, dense_optimizer=sps.optim.Adam(lr=0.01), strategy=sps.Strategy(mode="sync"),
     loss=InBatchSoftmax(item_key="item"),
 )  # fmt: skip
-if sps.is_server():
-    sps.run_server()
-    sys.exit(0)
 files = sorted(str(p) for p in data.glob("train-*.parquet"))
 train = InMemoryDataset(files, SCHEMA, batch_size=64, threads=1, format="parquet")
 train.load_into_memory()

@@ -11,10 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-import torch
-
 import sparseps as sps
-from sparseps.data import CRITEO, QueueDataset
 
 
 def main() -> int:
@@ -24,6 +21,10 @@ def main() -> int:
     if sps.is_server():
         sps.run_server()
         return 0
+    import torch  # here: the server never imports torch (seconds of CPU on 2 cores)
+
+    from sparseps.data import CRITEO, QueueDataset
+
     torch.manual_seed(0)
     model = sps.models.DNN(CRITEO.slots, len(CRITEO.dense), emb_dim=4, hidden=(16,))
     trainer = sps.Trainer(model, sps.optim.Adam(lr=0.01), sps.Strategy(mode="async"))
