@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,47 +56,86 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="session")
-def chain(tmp_path_factory) -> Chain:
-    work = tmp_path_factory.mktemp("chain")
-    write_dataset(work / "data", rows=400, seed=3, files=1, test_rows=200)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(JOB),
-            "--train",
-            str(work / "data" / "train"),
-            "--model",
-            str(work / "model"),
-            "--saves",
-            SAVES,
-            "--legacy-head",
-            str(work / "legacy_head.pt"),
-            "--out",
-            str(work / "summary.json"),
-        ],  # fmt: skip
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    saves = json.loads((work / "summary.json").read_text())["saves"]
-    assert saves[0] == "base-00000" and saves[14] == "base-00014" and len(saves) == 16
-    test_file = next((work / "data" / "test").iterdir())
-    return Chain(work / "model", saves, test_file, work / "legacy_head.pt")
+class ChainJob:
+    """``jobs/chain_job.py`` running in the background (local mode), killed by its pid at
+    the end of the session if it is still running."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        write_dataset(work / "data", rows=400, seed=3, files=1, test_rows=200)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        self.log = open(work / "job.log", "wb")  # noqa: SIM115 (closed in close())
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(JOB),
+                "--train",
+                str(work / "data" / "train"),
+                "--model",
+                str(work / "model"),
+                "--saves",
+                SAVES,
+                "--legacy-head",
+                str(work / "legacy_head.pt"),
+                "--out",
+                str(work / "summary.json"),
+            ],  # fmt: skip
+            cwd=work,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def failure(self) -> str:
+        return (self.work / "job.log").read_text(errors="replace")[-3000:]
+
+    def wait_for(self, name: str, timeout: float = 180.0) -> Path:
+        """The save folder ``name`` once its manifest is written."""
+        folder = self.work / "model" / name
+        deadline = time.monotonic() + timeout
+        while not (folder / "MANIFEST.json").is_file():
+            assert self.process.poll() is None, f"chain job exited early:\n{self.failure()}"
+            assert time.monotonic() < deadline, f"no {name} within {timeout} s:\n{self.failure()}"
+            time.sleep(0.1)
+        return folder
+
+    def finish(self, timeout: float = 180.0) -> Chain:
+        code = self.process.wait(timeout)
+        assert code == 0, self.failure()
+        saves = json.loads((self.work / "summary.json").read_text())["saves"]
+        assert saves[0] == "base-00000" and saves[14] == "base-00014" and len(saves) == 16
+        test_file = next((self.work / "data" / "test").iterdir())
+        return Chain(self.work / "model", saves, test_file, self.work / "legacy_head.pt")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+        self.log.close()
 
 
 @pytest.fixture(scope="session")
-def served(chain, tmp_path_factory) -> Path:
+def chain_job(tmp_path_factory):
+    job = ChainJob(tmp_path_factory.mktemp("chain"))
+    yield job
+    job.close()
+
+
+@pytest.fixture(scope="session")
+def chain(chain_job) -> Chain:
+    return chain_job.finish()
+
+
+@pytest.fixture(scope="session")
+def served(chain_job, tmp_path_factory) -> Path:
+    """Starts as base-00000 + three deltas, landed as soon as the job wrote them (the
+    service then starts while the job writes the rest)."""
     from _servetools import land
 
     model = tmp_path_factory.mktemp("served") / "model"
-    for name in chain.saves[:FIRST_SERVED]:
-        land(chain.folder(name), model)
+    for name in ["base-00000", *(f"delta-{i:05d}" for i in range(1, FIRST_SERVED))]:
+        land(chain_job.wait_for(name), model)
     return model
 
 

@@ -64,7 +64,8 @@ def sequence_of(name: str) -> int:
     return int(name.split("-")[1])
 
 
-def test_reloads_while_serving(chain, served, service, client, tmp_path):
+def test_reloads_while_serving(service, client, served, chain, tmp_path):
+    # (fixture order: the service starts while the chain job writes its later saves)
     """Ten deltas, a new base and a delta on it land in ``served`` under load."""
     rows = criteo_rows(chain.test_file)[:64]
     data = tmp_path / "rows.tsv"
