@@ -32,6 +32,7 @@ from ..files.dense_file import load_dense_file, save_dense_file
 from ..table import DenseTable, SparseTable
 from .dense_params import DenseParams
 from .pipeline import PushQueue
+from .sync_exchange import gather_sparse_grads
 
 __all__ = [
     "AsyncMode",
@@ -262,11 +263,9 @@ class SyncMode(TrainingMode):
     def apply(self, grads: list, dense_grad: np.ndarray) -> None:
         world, timeout = collectives.world_size(), self.collective_timeout
         handles = []
-        for table, keys, grad, shows, clicks in grads:
-            all_keys, all_grads, all_shows, all_clicks = (
-                np.concatenate(collectives.all_gather_arrays(part, timeout=timeout))
-                for part in (keys, grad, shows, clicks)
-            )
+        for table, all_keys, all_grads, all_shows, all_clicks in gather_sparse_grads(
+            grads, timeout=timeout
+        ):
             mine = server_of(all_keys, world) == self.rank if world > 1 else slice(None)
             handles.append(
                 self.client.push(
