@@ -9,7 +9,7 @@ Every function takes ``timeout`` (seconds): the trainer passes
 ``None`` leaves the process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``).
 
 Before a timeout is raised, the stacks of every role of the job are dumped
-(:func:`sparseps.observe.diagnose.auto_diagnose`, in a launched job) and the error names
+(:func:`sparseps.core.deadline.wait_collective`, in a launched job) and the error names
 the folder: who was stuck where when this worker gave up.
 """
 
@@ -19,8 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..errors import DeadlineError
-from ..observe.diagnose import DUMP_NOTE, auto_diagnose
+from ..observe.diagnose import diagnosed
 from .deadline import wait_collective
 
 __all__ = [
@@ -44,31 +43,14 @@ def _run(op: str, timeout: float | None, call) -> None:
     if timeout is None:
         call(False)
         return
-    try:
-        wait_collective(
-            call(True),
-            op=f"worker {op}",
-            timeout=timeout,
-            rank=dist.get_rank(),
-            setting=SETTING,
-            hint=f"see the other workers' logs, or raise {SETTING}",
-        )
-    except DeadlineError as exc:
-        raise diagnosed(exc) from exc
-
-
-def diagnosed(exc: DeadlineError) -> DeadlineError:
-    """``exc`` with the folder of an automatic diagnosis appended (run now; ``exc`` itself
-    outside a launched job, or when it already names a dump)."""
-    if DUMP_NOTE in exc.message:
-        return exc
-    note = auto_diagnose(exc.message)
-    if not note:
-        return exc
-    return DeadlineError(
-        exc.message + note, op=exc.op, role=exc.role, rank=exc.rank, address=exc.address,
-        seconds=exc.seconds, setting=exc.setting,
-    )  # fmt: skip
+    wait_collective(
+        call(True),
+        op=f"worker {op}",
+        timeout=timeout,
+        rank=dist.get_rank(),
+        setting=SETTING,
+        hint=f"see the other workers' logs, or raise {SETTING}",
+    )
 
 
 def all_reduce_sum(array: np.ndarray, *, timeout: float | None = None) -> np.ndarray:

@@ -6,6 +6,10 @@ that lasted at least 90% of its limit, or whose message says it timed out, is a
 :class:`~sparseps.errors.DeadlineError` naming the operation, this worker, the seconds
 waited and the setting that changes the limit; anything else means a peer left the group
 (:class:`~sparseps.errors.UnavailableError`).
+
+In a launched job a timeout first dumps the stacks of every role
+(:func:`sparseps.observe.diagnose.diagnosed`) and its message names the folder: who was
+stuck where when this worker gave up.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import datetime
 import time
 
 from ..errors import DeadlineError, UnavailableError
+from ..observe.diagnose import diagnosed
 
 __all__ = ["wait_collective"]
 
@@ -30,7 +35,8 @@ def wait_collective(work, *, op: str, timeout: float, rank: int, setting: str, h
         hint: what to do, the end of the timeout message.
 
     Raises:
-        DeadlineError: not every worker joined in time.
+        DeadlineError: not every worker joined in time (naming the dump folder of the
+            automatic diagnosis in a launched job).
         UnavailableError: a worker left the process group.
     """
     start = time.monotonic()
@@ -39,7 +45,7 @@ def wait_collective(work, *, op: str, timeout: float, rank: int, setting: str, h
     except RuntimeError as exc:
         waited = time.monotonic() - start
         if waited >= 0.9 * timeout or "timed out" in str(exc).lower():
-            raise DeadlineError(
+            timeout_error = DeadlineError(
                 f"{op}: not every worker joined within {timeout:.0f} s (this is worker "
                 f"{rank}); a worker is stuck or far behind - {hint}",
                 op=op,
@@ -47,7 +53,8 @@ def wait_collective(work, *, op: str, timeout: float, rank: int, setting: str, h
                 rank=rank,
                 seconds=waited,
                 setting=setting,
-            ) from exc
+            )
+            raise diagnosed(timeout_error) from exc
         raise UnavailableError(
             f"{op}: a worker left the process group ({exc}); see that worker's log",
             op=op,

@@ -6,7 +6,9 @@ exact and independent of the reduction order, which is what makes a global metri
 bit for bit, to the metric of one process holding all the data.
 
 Every call waits at most ``timeout`` seconds and turns a stuck or broken peer into a
-:class:`~sparseps.errors.DeadlineError` or :class:`~sparseps.errors.UnavailableError`.
+:class:`~sparseps.errors.DeadlineError` or :class:`~sparseps.errors.UnavailableError`
+(:func:`~sparseps.core.deadline.wait_collective`: in a launched job a timeout first dumps
+every role's stacks, and its message names the folder).
 ``torch`` is imported on first use, so importing the metrics package stays light.
 """
 

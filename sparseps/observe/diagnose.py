@@ -10,8 +10,9 @@ e.g.::
     worker 1 (pid 4243): at job.py:61 in main (sleep)
     server 0 (pid 4240): serving requests (request loop)
 
-A worker whose collective or barrier times out runs it by itself (:func:`auto_diagnose`)
-before the error is raised, and the error names the folder.
+A worker whose collective, barrier or server call times out runs it by itself
+(:func:`diagnosed`, through :func:`auto_diagnose`) before the error is raised, and the
+error names the folder.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DeadlineError
 from .stacks import DUMP_SIGNAL, HEADER, process_start, stacks_dir
 
 __all__ = [
@@ -35,6 +37,8 @@ __all__ = [
     "add_arguments",
     "auto_diagnose",
     "diagnose",
+    "diagnosed",
+    "dump_note",
     "parse_dump",
     "run",
 ]
@@ -46,6 +50,14 @@ DUMP_NOTE = "stacks of every role dumped to"
 # How long a timing-out worker waits for the dumps (they take milliseconds; a process
 # that cannot dump must not hold the error back long).
 AUTO_TIMEOUT_S = 3.0
+_NOTE = re.compile(rf"; {DUMP_NOTE} .*? \(summary\.txt there\)")
+
+# Timeouts in several threads of one process at once (a pipeline thread's pull and the
+# main thread's push on the same stopped server) share one diagnosis: a second run would
+# signal every role again and read the same dumps. A timeout that arrives while another
+# thread diagnoses waits for it and takes its note.
+_auto_lock = threading.Lock()
+_last_auto: tuple[float, str] = (float("-inf"), "")  # when the last one ended, its note
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
@@ -54,6 +66,11 @@ _COLLECTIVES = {
     "broadcast_array": "broadcast",
     "all_gather_arrays": "all_gather",
     "barrier": "gloo barrier",
+}
+_METRIC_COLLECTIVES = {  # sparseps/metrics/distributed.py (the pass metrics)
+    "all_reduce_sum": "all_reduce",
+    "all_reduce_array": "all_reduce",
+    "all_gather_rows": "all_gather",
 }
 
 
@@ -116,11 +133,7 @@ def _inside(frame: Frame, part: str) -> bool:
 
 def _skipped(frame: Frame) -> bool:
     """Frames of the diagnosis itself (in the process that runs it)."""
-    return (
-        _inside(frame, "sparseps/observe/")
-        or "faulthandler" in frame.file
-        or (_inside(frame, "sparseps/core/collectives.py") and frame.func == "diagnosed")
-    )
+    return _inside(frame, "sparseps/observe/") or "faulthandler" in frame.file
 
 
 def _classify(frames: list[Frame]) -> tuple[str, str]:
@@ -134,6 +147,9 @@ def _classify(frames: list[Frame]) -> tuple[str, str]:
         if _inside(f, "sparseps/core/collectives.py") and f.func in _COLLECTIVES:
             what = _COLLECTIVES[f.func]
             return f"in {what} ({f.func}, {f.short()}{_caller(frames, i)})", what
+        if _inside(f, "sparseps/metrics/distributed.py") and f.func in _METRIC_COLLECTIVES:
+            what = _METRIC_COLLECTIVES[f.func]
+            return f"in metrics {what} ({f.func}, {f.short()}{_caller(frames, i)})", what
         if _inside(f, "sparseps/rpc/"):
             j = i
             while j + 1 < len(frames) and _inside(frames[j + 1], "sparseps/rpc/"):
@@ -219,7 +235,12 @@ def diagnose(log_dir: str | Path, *, timeout_s: float = 5.0, reason: str = "") -
     children = _live_children(log_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     folder = log_dir / f"diagnose-{stamp}-{os.getpid()}"
-    folder.mkdir(parents=True, exist_ok=True)
+    for n in range(2, 1000):  # two diagnoses of one process within a second
+        try:
+            folder.mkdir(parents=True)
+            break
+        except FileExistsError:
+            folder = log_dir / f"diagnose-{stamp}-{os.getpid()}-{n}"
     targets: list[tuple[dict, Path, int]] = []
     roles: list[RoleStack] = []
     for child in sorted(children, key=lambda c: (c["role"], int(c["rank"]))):
@@ -310,15 +331,53 @@ def auto_diagnose(what: str, log_dir: str | None = None) -> str:
             log_dir = role.log_dir if role is not None and not role.local else None
         if not log_dir or not (Path(log_dir) / "pids.json").is_file():
             return ""
+        return _auto(what, log_dir)
+    except Exception as exc:  # the timeout error matters more than its diagnosis
+        log.warning("%s: automatic diagnosis failed: %s", what, exc)
+        return ""
+
+
+def _auto(what: str, log_dir: str) -> str:
+    global _last_auto
+    asked = time.monotonic()
+    with _auto_lock:
+        ended, note = _last_auto
+        if ended >= asked and note:  # another thread diagnosed while this one waited
+            return note
         result = diagnose(log_dir, timeout_s=AUTO_TIMEOUT_S, reason=what)
         log.error(
             "%s: stacks of every role dumped to %s:\n  %s",
             what, result.folder, "\n  ".join(result.lines),
         )  # fmt: skip
-        return f"; {DUMP_NOTE} {result.folder} (summary.txt there)"
-    except Exception as exc:  # the timeout error matters more than its diagnosis
-        log.warning("%s: automatic diagnosis failed: %s", what, exc)
-        return ""
+        note = f"; {DUMP_NOTE} {result.folder} (summary.txt there)"
+        _last_auto = (time.monotonic(), note)
+        return note
+
+
+def diagnosed(exc: DeadlineError) -> DeadlineError:
+    """``exc`` with the folder of an automatic diagnosis appended (run now).
+
+    The one hook of every timeout that should dump the job's stacks (worker collectives,
+    the metrics' all-reduce, a server call's :meth:`~sparseps.rpc.handle.Handle.wait`):
+    returns ``exc`` itself outside a launched job, when the diagnosis fails, or when
+    ``exc`` already names a dump (so a caller up the stack that hooks too adds nothing).
+    """
+    if DUMP_NOTE in exc.message:
+        return exc
+    note = auto_diagnose(exc.message)
+    if not note:
+        return exc
+    return DeadlineError(
+        exc.message + note, op=exc.op, role=exc.role, rank=exc.rank, address=exc.address,
+        seconds=exc.seconds, setting=exc.setting,
+    )  # fmt: skip
+
+
+def dump_note(message: str) -> str:
+    """The ``; stacks of every role dumped to … (summary.txt there)`` part of ``message``,
+    or "": for a caller that replaces a diagnosed error with its own message."""
+    found = _NOTE.search(message)
+    return found[0] if found else ""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

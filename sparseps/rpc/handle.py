@@ -1,4 +1,12 @@
-"""``Handle``: the pending result of an asynchronous client call (batch-first, like ps-lite)."""
+"""``Handle``: the pending result of an asynchronous client call (batch-first, like ps-lite).
+
+Every server call of a :class:`~sparseps.rpc.client.PSClient` ends in :meth:`Handle.wait`
+(the synchronous ones too: save, load, stats, ...), so a timeout waiting on a server is
+diagnosed here, once for every path (training, evaluation, saves and loads, inference,
+the online driver): in a launched job the stacks of every role are dumped first and the
+:class:`~sparseps.errors.DeadlineError` names the folder
+(:func:`sparseps.observe.diagnose.diagnosed`); elsewhere it is raised as it is.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..errors import DeadlineError
+from ..observe.diagnose import diagnosed
 from .channel import Call, Channel
 
 __all__ = ["Handle", "completed"]
@@ -37,7 +47,8 @@ class Handle:
             timeout: seconds; default the client's timeout.
 
         Raises:
-            DeadlineError: a server did not answer in time.
+            DeadlineError: a server did not answer in time (in a launched job, naming
+                the folder of the stack dumps taken before raising).
             RemoteError: a server raised (carries its type, message and traceback).
             ProtocolError: a server rejected the request as malformed.
         """
@@ -67,6 +78,11 @@ class Handle:
         except Exception as exc:
             for call in calls:
                 channel.forget(call)
+            if isinstance(exc, DeadlineError):
+                found = diagnosed(exc)
+                if found is not exc:
+                    found.__cause__ = exc
+                return None, found
             return None, exc
 
 

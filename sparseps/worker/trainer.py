@@ -26,6 +26,7 @@ from .. import optim
 from ..core import collectives
 from ..errors import ConfigError, DeadlineError
 from ..metrics import CTRMetrics, MetricResult, ReportConfig, UserStats
+from ..observe.diagnose import dump_note
 from ..rpc.client import PSClient
 from .binding import TableBinder
 from .losses import Loss, LossOutput, as_loss
@@ -248,7 +249,7 @@ class Trainer:
             raise DeadlineError(
                 f"pass metrics: not every worker finished its pass within {timeout:.0f} s of "
                 "this one; a worker is stuck or has far more data - see the other workers' "
-                "logs, or raise Strategy.collective_timeout",
+                f"logs, or raise Strategy.collective_timeout{dump_note(exc.message)}",
                 op="pass metrics",
                 role="worker",
                 rank=self.rank,

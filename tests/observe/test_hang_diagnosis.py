@@ -4,7 +4,8 @@ Worker 0's timeouts (a gloo barrier through ``sparseps.core.collectives`` and th
 barrier ``sps.barrier_worker``) run the diagnosis by themselves: each error names its
 dump folder, whose files hold worker 0's stack at that barrier and worker 1's stack where
 it is stuck, and whose summary says who waits on whom. An RPC timeout of a training pass
-(the server stopped with SIGSTOP) names its folder too. Then ``sparseps diagnose LOG_DIR``
+(the server stopped with SIGSTOP) names its folder too, and so do RPC timeouts outside a
+pass (an inference pass, a direct client call) and the pass metrics' all-reduce. Then ``sparseps diagnose LOG_DIR``
 on the live job dumps every role again. The job runs with ``--no-metrics``: pids.json
 then lists no metrics port.
 """
@@ -67,8 +68,28 @@ def test_timeouts_dump_every_stack_and_name_the_folder(tmp_path):
         assert "in never_arrive" in (rpc / "worker.1.txt").read_text()
         summary = (rpc / "summary.txt").read_text()
         assert re.search(r"server 0 \(pid \d+\): stopped \(SIGSTOP", summary), summary
-        assert re.search(r"worker 0 \(pid \d+\): at trainer.py:\d+ in train_from_dataset "
+        assert re.search(r"worker 0 \(pid \d+\): in the data pipeline .*"
                          r"\(timed out here: pull 'deep_emb'", summary), summary  # fmt: skip
+        # outside a training pass: an inference pass and a direct client call (every
+        # server call ends in Handle.wait), then the pass metrics' all-reduce
+        folders = {rpc, gloo, store}
+        for name, start, state in (
+            ("infer", "pull_dense '__dense__'", "waiting on servers in wait"),
+            ("client", "stats: server 0", "waiting on servers in stats"),
+            ("metrics", "metrics all_reduce", "in metrics all_reduce"),
+        ):  # fmt: skip
+            assert errors[name] and errors[name].startswith(start), errors
+            folder = _folder(errors[name])
+            assert folder.parent == log and folder not in folders, (name, folder)
+            folders.add(folder)
+            assert "in never_arrive" in (folder / "worker.1.txt").read_text()
+            summary = (folder / "summary.txt").read_text()
+            assert re.search(
+                rf"worker 0 \(pid \d+\): {state} .*\(timed out here: {start}", summary
+            ), summary
+            stopped = re.search(r"server 0 \(pid \d+\): stopped \(SIGSTOP", summary)
+            assert bool(stopped) == (name != "metrics"), summary
+        assert "waits on worker 1" in summary  # the metrics all-reduce's
         record = read_pids(log)
         assert "launcher_metrics_port" not in record  # --no-metrics
         assert all("metrics_port" not in c for c in record["children"])

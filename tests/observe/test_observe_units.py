@@ -123,3 +123,39 @@ def test_the_launcher_counts_restarts_and_marks_exited_roles(tmp_path):
     roles = supervisor.roles()
     assert [(r["attempt"], r["alive"], r["exit_code"]) for r in roles] == [(1, False, 0)]
     assert reg.get_sample_value("sparseps_launcher_role_up", {"role": "worker", "rank": "0"}) == 0
+
+
+def _launched_worker(monkeypatch, log_dir) -> None:
+    """This process's environment as a launched worker's (the env tells diagnosis)."""
+    from sparseps import env
+
+    role = {
+        env.ROLE: "worker", env.RANK: "0", env.SERVERS: "127.0.0.1:1", env.WORKER_NUM: "1",
+        env.MASTER: "127.0.0.1:2", env.LOG_DIR: str(log_dir), env.JOB_ID: "j",
+    }  # fmt: skip
+    for name, value in role.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_a_timeout_is_diagnosed_once_and_a_replacing_error_keeps_the_folder(tmp_path, monkeypatch):
+    from sparseps.errors import DeadlineError
+    from sparseps.observe.diagnose import DUMP_NOTE, diagnosed, dump_note
+
+    timeout = DeadlineError("pull 't': server 0 did not answer", op="pull", rank=0, seconds=2.0)
+    assert diagnosed(timeout) is timeout  # not in a launched job: nothing happens
+    (tmp_path / "pids.json").write_text(json.dumps({"job_id": "j", "children": []}))
+    _launched_worker(monkeypatch, tmp_path)
+    found = diagnosed(timeout)
+    assert found.message.startswith(timeout.message + f"; {DUMP_NOTE} {tmp_path}/diagnose-")
+    assert (found.op, found.rank, found.seconds) == ("pull", 0, 2.0)
+    assert diagnosed(found) is found  # a caller up the stack adds nothing
+    note = dump_note(found.message)
+    assert note and found.message == timeout.message + note and dump_note("plain") == ""
+    folder = note.split(f"{DUMP_NOTE} ")[1].split(" ")[0]
+    assert (
+        (tmp_path / folder.rsplit("/", 1)[1] / "summary.txt")
+        .read_text()
+        .startswith(f"# {timeout.message}")
+    )
+    again = dump_note(diagnosed(timeout).message)  # the same second: a folder of its own
+    assert again and again != note

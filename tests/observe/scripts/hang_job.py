@@ -3,10 +3,12 @@
 Both workers start a trainer (2 s RPC timeout). Then worker 1 never reaches the barriers:
 it sleeps in ``never_arrive`` until DIR/release exists. Worker 0 calls a gloo barrier
 (``collectives.barrier``) and a worker barrier (``sps.barrier_worker``), each with a 2 s
-timeout, then stops the server (SIGSTOP) and trains a pass, whose pulls time out (SIGCONT
-follows). It writes each timeout's message to DIR/errors.json, then waits for DIR/release
-too (so that the test can run ``sparseps diagnose`` on the live job). Both wait at most
-120 s.
+timeout, then stops the server (SIGSTOP) and trains a pass, whose pulls time out; then,
+outside a training pass, runs an inference pass and a direct client call (``stats``), which
+time out too (SIGCONT follows). Last it computes global pass metrics (their all-reduce
+times out: worker 1 never takes part). It writes each timeout's message to
+DIR/errors.json, then waits for DIR/release too (so that the test can run ``sparseps
+diagnose`` on the live job). Both wait at most 120 s.
 """
 
 import argparse
@@ -21,6 +23,7 @@ import sparseps as sps
 from sparseps.core import collectives
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.errors import DeadlineError
+from sparseps.metrics import CTRMetrics
 from sparseps.models import WideDeep
 
 p = argparse.ArgumentParser()
@@ -62,12 +65,25 @@ for name, call in (
         errors[name] = str(exc)
 os.kill(server_pid, signal.SIGSTOP)
 try:
-    trainer.train_from_dataset(QueueDataset([args.train], CRITEO, batch_size=32, threads=1))
-    errors["rpc"] = None
-except DeadlineError as exc:
-    errors["rpc"] = str(exc)
+    for name, call in (
+        ("rpc", lambda: trainer.train_from_dataset(
+            QueueDataset([args.train], CRITEO, batch_size=32, threads=1))),
+        ("infer", lambda: trainer.infer_from_dataset(
+            QueueDataset([args.train], CRITEO, batch_size=32, threads=1))),
+        ("client", lambda: trainer.client.stats()),
+    ):  # fmt: skip
+        try:
+            call()
+            errors[name] = None
+        except DeadlineError as exc:
+            errors[name] = str(exc)
 finally:
     os.kill(server_pid, signal.SIGCONT)
+try:
+    CTRMetrics().compute(global_=True, timeout=2.0)
+    errors["metrics"] = None
+except DeadlineError as exc:
+    errors["metrics"] = str(exc)
 (folder / "errors.json").write_text(json.dumps(errors))
 wait_for_release()
 sys.stdout.flush()
