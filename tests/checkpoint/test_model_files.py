@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow.feather as feather
 import pytest
 
+from sparseps.cli import main as cli_main
 from sparseps.data.synthetic import write_dataset
 from sparseps.files import manifest as mf
 
@@ -33,10 +34,11 @@ def _env(**extra) -> dict:
     return env
 
 
-def _cmd(tmp: Path, servers: int, workers: int, *args: str) -> list[str]:
+def _cmd(tmp: Path, servers: int, workers: int, *args: str, grace_s: float = 5.0) -> list[str]:
     return [
         sys.executable, "-m", "sparseps.cli", "launch", "--server-num", str(servers), "--worker-num",
-        str(workers), "--log-dir", str(tmp / "log"), str(JOB), "--out", str(tmp / "out.npz"), *args,
+        str(workers), "--log-dir", str(tmp / "log"), "--grace-s", str(grace_s), str(JOB),
+        "--out", str(tmp / "out.npz"), *args,
     ]  # fmt: skip
 
 
@@ -148,7 +150,7 @@ def test_predictor_reproduces_the_trainer_for_base_and_deltas_after_shrink(data,
 
 @pytest.mark.parametrize("same_folder", [False, True], ids=["new-folder", "same-folder"])
 def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(
-    data, tmp_path, same_folder
+    data, tmp_path, same_folder, capsys
 ):
     good, marker = tmp_path / "good", tmp_path / "stalled"
     # the stalled save goes to a new folder, or over the good checkpoint itself
@@ -167,7 +169,9 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(
         str(marker),
     )
     proc = subprocess.Popen(
-        _cmd(work, 2, 2, *args),
+        # the job fails once the server is killed: its other server, which took over 5 s
+        # to exit after SIGTERM here, gets SIGKILL after 1 s (nothing it does is checked)
+        _cmd(work, 2, 2, *args, grace_s=1.0),
         cwd=work,
         env=_env(SPARSEPS_RPC_TIMEOUT="15"),  # notices the dead server, tolerates a busy machine
         stdout=subprocess.PIPE,
@@ -197,28 +201,26 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(
         assert (good / mf.MANIFEST).read_bytes() == good_manifest
     else:
         # reported as an interrupted save by inspect and by a trainer's load, not loaded
-        inspect = subprocess.run(
-            [sys.executable, "-m", "sparseps.cli", "inspect", str(target)],
-            capture_output=True,
-            text=True,
-            env=_env(),
-        )
-        assert inspect.returncode != 0 and "interrupted" in inspect.stdout, inspect.stdout
+        code, out = _inspect(capsys, target)
+        assert code != 0 and "interrupted" in out, out
         [error] = _load_errors(tmp_path / "c", data, target)
         assert str(target) in error and "interrupted" in error and half.name in error
     # the previous one verifies and loads into a fresh job with another server count
-    ok = subprocess.run(
-        [sys.executable, "-m", "sparseps.cli", "inspect", str(good)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-    )
-    assert ok.returncode == 0, ok.stdout
+    code, out = _inspect(capsys, good)
+    assert code == 0, out
     launch(
         tmp_path / "b",
         *_args(data, "--mode", "async", "--passes", "0", "--load", str(good)),
         servers=3,
     )
+
+
+def _inspect(capsys, folder: Path) -> tuple[int, str]:
+    """``sparseps inspect FOLDER``'s exit code and stdout, run in this process (reads files
+    only; a fresh interpreter cost 3-5 s of imports per call here)."""
+    capsys.readouterr()
+    code = cli_main(["inspect", str(folder)])
+    return code, capsys.readouterr().out
 
 
 def _load_errors(work: Path, data: Path, target: Path) -> list[str]:

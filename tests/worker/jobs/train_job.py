@@ -9,12 +9,8 @@ import json
 import sys
 
 import numpy as np
-import torch
 
 import sparseps as sps
-from sparseps.data import CRITEO, QueueDataset
-from sparseps.models import WideDeep
-from sparseps.worker.dense_params import DenseParams
 
 p = argparse.ArgumentParser()
 p.add_argument("--train", required=True)
@@ -39,6 +35,19 @@ p.add_argument("--shrink-score", type=float, default=0.0)
 args = p.parse_args()
 
 sps.init()
+if sps.is_server():
+    # Servers take their tables from the workers' create_table: they never import torch
+    # (its import was ~3 s of CPU per server on 2 cores). Building the model before this
+    # check is covered by straggler_job.py and examples/wide_deep/train.py.
+    sps.run_server()
+    sys.exit(0)
+
+import torch  # noqa: E402
+
+from sparseps.data import CRITEO, QueueDataset  # noqa: E402
+from sparseps.models import WideDeep  # noqa: E402
+from sparseps.worker.dense_params import DenseParams  # noqa: E402
+
 torch.manual_seed(0)
 model = WideDeep(
     CRITEO.slots,
@@ -63,9 +72,6 @@ trainer = sps.Trainer(
     strategy=strategy,
     report=sps.metrics.ReportConfig(metrics_path=args.metrics_path, dump=dump),
 )
-if sps.is_server():
-    sps.run_server()
-    sys.exit(0)
 
 if args.load:
     trainer.load_checkpoint(args.load)
