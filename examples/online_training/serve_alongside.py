@@ -68,8 +68,8 @@ def wait_for_base(folder: Path, job: subprocess.Popen, timeout: float) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", default="serve-example")
-    p.add_argument("--days", type=int, default=2)
-    p.add_argument("--splits-per-day", type=int, default=8)
+    p.add_argument("--days", type=int, default=3)
+    p.add_argument("--splits-per-day", type=int, default=16)
     p.add_argument("--rows-per-split", type=int, default=2000)
     args = p.parse_args()
     out = Path(args.out).resolve()
