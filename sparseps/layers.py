@@ -25,9 +25,8 @@ Why this order:
   collectives; the ``worker`` (trainer) offers ``save_checkpoint`` on top of it.
 - ``models``/``recall`` build on the worker, ``online`` drives jobs, ``serving`` answers
   predictions from the inference saves they write (read through ``checkpoint``), and the
-  top floor is
-  the entry points: the public front door (``__init__``), the command line, the demo,
-  the bundled jobs, the benchmarks and the test helpers.
+  top floor is the entry points: the public front door (``__init__``), the command line,
+  the demo, the bundled jobs, the benchmarks and the test helpers.
 
 ``WIRING`` names the few modules that, like a user's script, start from the public front
 door (``import sparseps``): they may import any layer.
