@@ -48,14 +48,16 @@ def clone(tmp_path_factory) -> Path:
 def test_a_demo_sized_job_runs_from_the_clone(clone):
     out = clone / "demo_out"
     done = subprocess.run(
-        [sys.executable, "-m", "sparseps.cli", "demo", "--rows", "40000", "--out", str(out),
+        [sys.executable, "-m", "sparseps.cli", "demo", "--rows", "20000", "--out", str(out),
          "--json"],
         cwd=clone, env=_env(clone), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["rows"] == 40000
-    assert 0.58 < summary["test_auc"] <= summary["bayes_auc"] + 0.02, summary  # 0.6-0.7 seen
+    # 20k rows, not test_demo's 40k: this test is about the clone standing alone (training
+    # and the pass's calibration took half the time; test AUC 0.72 at 15k rows, 0.77 at 40k)
+    assert summary["rows"] == 20000
+    assert 0.58 < summary["test_auc"] <= summary["bayes_auc"] + 0.02, summary
     assert summary["table_rows"]["deep_emb"] > 100
     for key in ("checkpoint", "inference_model"):
         path = Path(summary[key])
