@@ -5,6 +5,12 @@ Makes (or reuses) a synthetic Criteo-format data set from a planted model, launc
 test AUC and logloss, saves a checkpoint and an inference model when the model-file
 support is present, and prints one summary (with ``--json``: the last stdout line is a
 JSON object).
+
+On a terminal progress bars (stderr) show the phases: ``generate`` (data files written),
+``train`` (rows trained by all workers, read from their ``/metrics``) and ``evaluate,
+save`` (from the end of every worker's training pass until the job exits); the job's
+output scrolls above them. ``--progress``/``--no-progress`` force them on or off; off,
+the job's output passes through untouched and no worker is scraped.
 """
 
 from __future__ import annotations
@@ -14,13 +20,18 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from .errors import SparsePSError
+from .observe import progress
 
 DEFAULT_ROWS = 2_000_000
 DEFAULT_SEED = 2026
+DATA_FILES = 4  # synthetic train files (and one test file)
+POLL_S = 0.5  # how often the bars read the workers' /metrics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disk-dir", help="the servers' folder for rows beyond --memory-rows (default OUT/disk)"
     )
+    progress.add_argument(parser)
 
 
 def _data(args, out: Path) -> tuple[str, str, float | None]:
@@ -54,12 +66,128 @@ def _data(args, out: Path) -> tuple[str, str, float | None]:
 
     folder = out / "data"
     meta_path = folder / "meta.json"
+    files = DATA_FILES + 1
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         if meta.get("rows") == args.rows and meta.get("seed") == args.seed:
+            with progress.bar(
+                args.progress, total=files, unit="file", desc="demo: generate"
+            ) as bar:
+                bar.set_postfix_str("reused", refresh=False)
+                bar.update(files)
             return str(folder / "train"), str(folder / "test"), meta.get("bayes_auc_test")
-    meta = write_dataset(folder, rows=args.rows, seed=args.seed, files=4)
+    with _FilesWritten(folder, files, args.progress):
+        meta = write_dataset(folder, rows=args.rows, seed=args.seed, files=DATA_FILES)
     return str(folder / "train"), str(folder / "test"), meta.get("bayes_auc_test")
+
+
+class _FilesWritten:
+    """The ``generate`` bar: part files finished under ``folder`` (a watcher thread)."""
+
+    def __init__(self, folder: Path, files: int, enabled: bool | None) -> None:
+        self._bar = progress.bar(enabled, total=files, unit="file", desc="demo: generate")
+        self._folder, self._files = folder, files
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _done(self) -> int:
+        return sum(1 for split in ("train", "test") for _ in (self._folder / split).glob("*.tsv"))
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            self._bar.n = min(self._done(), self._files)
+            self._bar.refresh()
+
+    def __enter__(self) -> _FilesWritten:
+        if not self._bar.disable:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2.0)
+        if exc[0] is None:
+            self._bar.n = self._files
+        self._bar.close()
+
+
+def _worker_progress(log_dir: Path) -> tuple[int, int, int] | None:
+    """``(workers, rows trained, workers done with their training pass)`` from every
+    worker's ``/metrics`` (ports in ``LOG_DIR/pids.json``); None before they serve it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        record = json.loads((log_dir / "pids.json").read_text())
+    except (OSError, ValueError):
+        return None
+    latest = {}
+    for child in record.get("children", []):
+        if child.get("role") == "worker" and child.get("metrics_port"):
+            latest[child["rank"]] = child  # a restarted worker: its newest attempt
+    rows = done = 0
+    for child in latest.values():
+        try:
+            url = f"http://127.0.0.1:{int(child['metrics_port'])}/metrics"
+            with urllib.request.urlopen(url, timeout=1.0) as reply:  # noqa: S310 - loopback
+                text = reply.read().decode()
+        except (OSError, ValueError):
+            return None  # not serving yet (or gone): no reading this time
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "sparseps_worker_samples_total":
+                    rows += int(sample.value)
+                elif sample.name == "sparseps_worker_pass" and sample.labels == {"phase": "train"}:
+                    done += 1
+    return len(latest), rows, done
+
+
+def _launch(command: list[str], env: dict, log_dir: Path, total: int | None, enabled) -> int:
+    """Run the launcher; with the bars on, they follow its workers and its output is
+    printed above them (line by line, to the same stream as before)."""
+    train = progress.bar(enabled, total=total, unit="row", unit_scale=True, desc="demo: train")
+    if train.disable:
+        return subprocess.call(command, env=env)
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+    ) as proc:
+        pumps = [
+            threading.Thread(target=_pump, args=(stream, target), daemon=True)
+            for stream, target in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+        ]
+        for pump in pumps:
+            pump.start()
+        phase = train
+        try:
+            while True:
+                try:
+                    code = proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if phase is train and (seen := _worker_progress(log_dir)) is not None:
+                    workers, rows, done = seen
+                    train.n = rows
+                    train.refresh()
+                    if workers and done == workers:
+                        train.close()
+                        phase = progress.bar(
+                            enabled, desc="demo: evaluate, save", bar_format="{desc} ({elapsed})"
+                        )
+        except BaseException:
+            proc.kill()
+            raise
+        finally:
+            for pump in pumps:
+                pump.join(timeout=2.0)
+            phase.close()
+            train.close()
+    return code
+
+
+def _pump(stream, target) -> None:
+    for line in stream:
+        progress.write(line.rstrip("\n"), file=target)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,7 +213,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.disk_dir:
         raise SparsePSError("sparseps demo: --disk-dir needs --memory-rows N (N > 0)")
     start = time.perf_counter()
-    code = subprocess.call(command, env=env)
+    rows = None if args.train else args.rows
+    code = _launch(command, env, out / "log", rows, args.progress)
     if code != 0 or not result_path.is_file():
         raise SparsePSError(
             f"the demo job failed (exit code {code}); see the logs in {out / 'log'}"

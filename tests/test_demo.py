@@ -1,4 +1,7 @@
-"""``sparseps demo`` end to end on a small data set, then inspect / predict its model files."""
+"""``sparseps demo`` end to end on a small data set, then inspect / predict its model files.
+
+The first run forces the progress bars on (``--progress``) and checks them; the others
+are captured without the flag (no terminal: no bar)."""
 
 from __future__ import annotations
 
@@ -29,9 +32,23 @@ def sparseps(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    done = sparseps("demo", "--out", str(out), "--rows", "40000", "--json")
+    done = sparseps("demo", "--out", str(out), "--rows", "40000", "--json", "--progress")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # --progress: the phases' bars on stderr, every row trained counted from the workers'
+    # /metrics; the job's output still reaches stdout, the JSON line stays the last one
+    bars = done.stderr
+    assert "demo: generate: 100%" in bars and "5/5" in bars, bars[-3000:]
+    assert "demo: train: 100%" in bars and "40.0k/40.0k" in bars, bars[-3000:]
+    assert "demo: evaluate, save (" in bars, bars[-3000:]
+    assert "sparseps launch: job" in done.stdout and "sparseps demo: 40000 rows" in done.stdout
     return out, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _no_bar(stderr: str) -> None:
+    """Captured stderr is no terminal: no progress bar, no carriage return or escape."""
+    assert "\r" not in stderr and "\x1b" not in stderr, stderr[-3000:]
+    for bar in ("demo: generate", "demo: train", "demo: evaluate"):
+        assert bar not in stderr, stderr[-3000:]
 
 
 def test_demo_json_summary(demo):
@@ -87,6 +104,7 @@ def test_demo_with_a_memory_budget_keeps_most_rows_on_disk(demo, tmp_path):
     done = sparseps("demo", "--out", str(out), "--rows", "40000", "--memory-rows", "2000",
                     "--disk-dir", str(disk), "--json")  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _no_bar(done.stderr)
     tiered = json.loads(done.stdout.strip().splitlines()[-1])
     rows = sum(tiered["table_rows"].values())
     assert tiered["table_rows"] == summary["table_rows"]  # admission does not see the tier
@@ -104,3 +122,4 @@ def test_demo_with_a_memory_budget_keeps_most_rows_on_disk(demo, tmp_path):
 def test_demo_refuses_a_disk_dir_without_a_memory_budget(tmp_path):
     done = sparseps("demo", "--out", str(tmp_path), "--rows", "100", "--disk-dir", str(tmp_path))
     assert done.returncode != 0 and "--disk-dir needs --memory-rows" in done.stdout + done.stderr
+    _no_bar(done.stderr)  # it generated the data first
