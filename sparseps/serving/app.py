@@ -66,7 +66,9 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _predict(model: ServedModel, body: bytes, content_type: str, schema: Schema, max_rows: int):
+def _predict(
+    model: ServedModel, body: bytes, content_type: str, schema: Schema, max_rows: int
+) -> np.ndarray:
     batch = batch_from_body(body, content_type, schema, max_rows=max_rows)
     return model.predictor.predict_batch(batch)
 
