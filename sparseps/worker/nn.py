@@ -152,7 +152,7 @@ class SparseModel(nn.Module):
 
     Subclasses set ``self.embeddings`` (an ``nn.ModuleList`` of :class:`SparseEmbedding`)
     and ``self.head``. ``forward(batch)`` returns logits ``[B]``. The head sees only
-    tensors, so it can be exported (TorchScript) and run without servers.
+    tensors, so it can be exported (``torch.export``) and run without servers.
     """
 
     embeddings: nn.ModuleList

@@ -520,7 +520,7 @@ class Trainer:
     def save_inference_model(
         self, directory: str | Path, *, mode: str = "base", hooks: SaveHooks | None = None
     ) -> Path | None:
-        """Save filtered embeddings + the TorchScript head (``mode`` base or delta).
+        """Save filtered embeddings + the exported dense head (``mode`` base or delta).
 
         ``hooks``: a :class:`~sparseps.checkpoint.hooks.SaveHooks` (fault injection for
         tests); None for none.
