@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from ..config import TableConfig
+from ..core.keysets import unique_keys
 from ..errors import ConfigError, ResourceError
 from . import tier_kernels as kernels
 from .growth import Allocator, GrowableMatrix, planned_rows
@@ -173,7 +174,8 @@ class RowTier:
             self._grow_cache(touched, op)
         elif self._cache.capacity > self.memory_rows >= touched:
             self._shrink_cache(op)  # a larger op grew it: back to the budget
-        misses = touched if misses is None else misses
+            misses = None  # rows counted as cached may have left with the shrink
+        misses = touched if misses is None else min(misses, touched)
         if misses:  # an op that promotes nothing evicts nothing: no room to make
             self.disk.reserve(misses, op)
 
@@ -218,13 +220,11 @@ class RowTier:
         """:meth:`slots` for a reader: an op of its own (the caller holds :attr:`lock`).
 
         Room is made for the rows not in memory only (each evicts at most one row): a
-        pull whose rows were prefetched writes nothing out and compacts nothing. An op
-        with more distinct rows than the cache grows it in :meth:`slots`."""
-        touched = kernels.count_misses(ids, self._slot_map)
-        if touched > self._cache.capacity:  # repeats need no slot of their own
-            live = ids[ids >= 0]
-            touched = int(np.unique(live[self._slot_map[live] < 0]).size)
-        self.begin(touched, op)
+        pull whose rows were prefetched writes nothing out and compacts nothing."""
+        touched = ids.shape[0]
+        if touched > self._cache.capacity:  # repeats and absent keys need no slot
+            touched = int(unique_keys(ids[ids >= 0]).size)
+        self.begin(touched, op, misses=int(kernels.count_misses(ids, self._slot_map)))
         return self.slots(ids, op)
 
     def _grow_cache(self, rows: int, op: str) -> None:

@@ -129,6 +129,16 @@ def test_tiered_table_matches_the_in_memory_one(tmp_path, rule, policy):
     )
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ops_that_grow_and_shrink_the_cache_reserve_enough_disk(tmp_path, seed):
+    """Requests of up to 24 keys on a 4-row budget: each larger op grows the cache and the
+    next smaller one shrinks it back, evicting rows that op had counted as cached; its
+    disk room must cover them (these seeds once hit "append without a reserved segment")."""
+    memory, tiered = _pair(tmp_path, optim.Adam(lr=0.01), POLICIES[seed % 4], memory_rows=4,
+                           seed=seed)  # fmt: skip
+    _random_ops(np.random.default_rng(seed), memory, tiered, steps=400, universe=400, batch=24)
+
+
 @pytest.fixture
 def disk(tmp_path):
     folder = tmp_path / "disk"
