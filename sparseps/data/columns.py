@@ -20,6 +20,8 @@ __all__ = [
     "Parsed",
     "float_column",
     "good_rows_batch",
+    "integer_ids",
+    "list_slot",
     "slot_from_ids",
     "transform_dense",
 ]
@@ -108,6 +110,33 @@ def float_column(column: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if not finite.all():
         values = np.where(finite, values, 0.0)
     return values, present, bad
+
+
+def integer_ids(ints: np.ndarray) -> np.ndarray:
+    """Integer ids as uint64; signed ones keep their bits (-1 -> 2**64 - 1)."""
+    wide = ints.astype(np.uint64 if ints.dtype.kind == "u" else np.int64, copy=False)
+    return wide.view(np.uint64)
+
+
+def list_slot(column: pa.Array, keep: np.ndarray | None) -> Slot:
+    """A slot of id lists (an Arrow list column of integers, or of nulls only): null
+    lists and null ids give no id. ``keep`` (bool) drops rows first (bad lines)."""
+    n = len(column)
+    flat = pc.list_flatten(column)
+    row = pc.list_parent_indices(column).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_null(flat.type):  # lists of nulls only: no id at all
+        ids = np.zeros(len(flat), np.uint64)
+    else:
+        ids = integer_ids(flat.fill_null(0).to_numpy(zero_copy_only=False))
+    if flat.null_count:
+        valid = flat.is_valid().to_numpy(zero_copy_only=False)
+        ids, row = ids[valid], row[valid]
+    lengths = np.bincount(row, minlength=n)
+    if keep is not None and not keep.all():
+        ids, lengths = ids[keep[row]], lengths[keep]
+    offsets = np.zeros(lengths.size + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Slot(np.ascontiguousarray(ids, dtype=np.uint64), offsets)
 
 
 def slot_from_ids(ids: np.ndarray, present: np.ndarray, keep: np.ndarray | None) -> Slot:

@@ -24,11 +24,18 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from .columns import Parsed, float_column, slot_from_ids, string_slot, transform_dense
+from .columns import (
+    Parsed,
+    float_column,
+    integer_ids,
+    list_slot,
+    slot_from_ids,
+    string_slot,
+    transform_dense,
+)
 from .schema import Batch, Schema, Slot, extra_label_array, sample_id
 
 __all__ = ["read_parquet"]
@@ -36,38 +43,14 @@ __all__ = ["read_parquet"]
 ROWS_PER_CHUNK = 65536
 
 
-def _as_uint64(ints: np.ndarray) -> np.ndarray:
-    """Integer ids as uint64; signed ones keep their bits (-1 -> 2**64 - 1)."""
-    wide = ints.astype(np.uint64 if ints.dtype.kind == "u" else np.int64, copy=False)
-    return wide.view(np.uint64)
-
-
-def _list_slot(column: pa.Array, keep: np.ndarray) -> Slot:
-    n = len(column)
-    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False)
-    flat = pc.list_flatten(column)
-    ids = _as_uint64(flat.fill_null(0).to_numpy(zero_copy_only=False))
-    row = np.repeat(np.arange(n, dtype=np.int64), lengths)
-    if flat.null_count:
-        valid = flat.is_valid().to_numpy(zero_copy_only=False)
-        ids, row = ids[valid], row[valid]
-        lengths = np.bincount(row, minlength=n)
-    if not keep.all():
-        ids = ids[keep[row]]
-        lengths = lengths[keep]
-    offsets = np.zeros(lengths.size + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return Slot(np.ascontiguousarray(ids, dtype=np.uint64), offsets)
-
-
 def _slot(column: pa.Array, name: str, keep: np.ndarray, path: str) -> Slot:
     kind = column.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         if not pa.types.is_integer(kind.value_type):
             raise InputError(f"{path}: slot column {name!r} is {kind}; lists must hold integers")
-        return _list_slot(column, keep)
+        return list_slot(column, keep)
     if pa.types.is_integer(kind):
-        ids = _as_uint64(column.fill_null(0).to_numpy(zero_copy_only=False))
+        ids = integer_ids(column.fill_null(0).to_numpy(zero_copy_only=False))
         present = column.is_valid().to_numpy(zero_copy_only=False)
         return slot_from_ids(ids, present, keep)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):

@@ -23,9 +23,15 @@ import json
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from ..data.columns import float_column, slot_from_ids, string_slot, transform_dense
+from ..data.columns import (
+    float_column,
+    integer_ids,
+    list_slot,
+    slot_from_ids,
+    string_slot,
+    transform_dense,
+)
 from ..data.schema import Batch, Schema, Slot
 from ..errors import InputError
 
@@ -237,43 +243,21 @@ def _dense_column(column: pa.Array, name: str) -> np.ndarray:
     return values
 
 
-def _uint64(ints: np.ndarray) -> np.ndarray:
-    """Integer ids as uint64; signed ones keep their bits (-1 -> 2**64 - 1)."""
-    wide = ints.astype(np.uint64 if ints.dtype.kind == "u" else np.int64, copy=False)
-    return wide.view(np.uint64)
-
-
 def _slot(column: pa.Array, name: str) -> Slot:
     kind = column.type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         return string_slot(column, name, None)
     if pa.types.is_integer(kind):
-        ids = _uint64(column.fill_null(0).to_numpy(zero_copy_only=False))
+        ids = integer_ids(column.fill_null(0).to_numpy(zero_copy_only=False))
         return slot_from_ids(ids, column.is_valid().to_numpy(zero_copy_only=False), None)
     if pa.types.is_null(kind):
         return Slot(np.empty(0, np.uint64), np.zeros(len(column) + 1, np.int64))
     if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
         pa.types.is_integer(kind.value_type) or pa.types.is_null(kind.value_type)
     ):
-        return _list_slot(column)
+        return list_slot(column, None)
     raise RequestError(
         400,
         f"{name}: a slot column must hold strings (hashed), integer ids or lists of "
         f"integer ids, got {kind}",
     )
-
-
-def _list_slot(column: pa.Array) -> Slot:
-    """A slot of id lists; null lists and null ids give no id."""
-    n = len(column)
-    flat = pc.list_flatten(column)
-    row = pc.list_parent_indices(column).to_numpy(zero_copy_only=False).astype(np.int64)
-    valid = flat.is_valid().to_numpy(zero_copy_only=False)
-    if pa.types.is_null(flat.type):  # lists of nulls only: no id at all
-        ids = np.zeros(len(flat), np.uint64)
-    else:
-        ids = _uint64(flat.fill_null(0).to_numpy(zero_copy_only=False))
-    ids, row = ids[valid], row[valid]
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(row, minlength=n), out=offsets[1:])
-    return Slot(np.ascontiguousarray(ids, np.uint64), offsets)
