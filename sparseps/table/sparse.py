@@ -289,7 +289,7 @@ class SparseTable(TableFiles):
         tier = self._tier
         ids = self._index.find(uniq)
         if tier is not None:  # room in memory for every row this push touches
-            tier.begin(uniq.size, op, misses=tier.misses(ids))
+            tier.begin(uniq.size, op, ids=ids, new_rows=int(np.count_nonzero(ids < 0)))
         missing = np.flatnonzero(ids < 0)
         pending = None
         if missing.size == 0:

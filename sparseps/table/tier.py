@@ -61,6 +61,7 @@ __all__ = ["PrefetchPlan", "RowTier", "tier_for"]
 
 # typed loosely: mypy's view of numba's Dispatcher miscounts a call with a star argument
 _ensure: Any = kernels.ensure
+_pin_hits: Any = kernels.pin_hits
 _MAX_SEGMENT_ROWS = 1024
 _FLUSH_CHUNK_SEGMENTS = 64  # a flush or load writes out after this many segments
 # counts: promoted, evicted, written (ensure's), prefetched, dropped as stale (prefetch's)
@@ -160,11 +161,13 @@ class RowTier:
         return self._slot_of.array.reshape(-1)
 
     # -- per-op ------------------------------------------------------------------------
-    def begin(self, touched: int, op: str, *, misses: int | None = None) -> None:
+    def begin(self, touched: int, op: str, *, ids: np.ndarray | None = None,
+              new_rows: int = 0) -> None:  # fmt: skip
         """Start an op that will touch up to ``touched`` distinct rows (it pins them all):
-        room in the cache for all of them, and on disk for ``misses`` of them (default
-        all), the rows it will promote or create: each may evict a changed row, which is
-        then written to disk.
+        room in the cache for all of them, and on disk for each row it may promote or
+        create (each may evict a changed row, which is then written to disk): all of
+        them, or, given the op's row ``ids`` (-1: none) and the ``new_rows`` it may add,
+        the ids not in memory plus ``new_rows``, once the ones in memory are pinned.
 
         Raises:
             ResourceError: out of memory or disk space, or a write failed; nothing changed.
@@ -174,15 +177,12 @@ class RowTier:
             self._grow_cache(touched, op)
         elif self._cache.capacity > self.memory_rows >= touched:
             self._shrink_cache(op)  # a larger op grew it: back to the budget
-            misses = None  # rows counted as cached may have left with the shrink
-        misses = touched if misses is None else min(misses, touched)
+        misses = touched
+        if ids is not None:  # after any shrink: it may have evicted some of them
+            pinned = _pin_hits(ids, self._slot_map, self._pin, self._epoch)
+            misses = min(touched, int(pinned) + new_rows)
         if misses:  # an op that promotes nothing evicts nothing: no room to make
             self.disk.reserve(misses, op)
-
-    def misses(self, ids: np.ndarray) -> int:
-        """Rows among the distinct row ids ``ids`` that need a slot: not in memory, or
-        new (``-1``: a row the op may create)."""
-        return int(kernels.count_misses(ids, self._slot_map)) + int(np.count_nonzero(ids < 0))
 
     def slots(self, ids: np.ndarray, op: str, *, load: bool = True, dirty: bool = False):
         """int64 slots of the row ids ``ids`` (-1 where ``ids < 0``), promoting rows from disk.
@@ -224,7 +224,7 @@ class RowTier:
         touched = ids.shape[0]
         if touched > self._cache.capacity:  # repeats and absent keys need no slot
             touched = int(unique_keys(ids[ids >= 0]).size)
-        self.begin(touched, op, misses=int(kernels.count_misses(ids, self._slot_map)))
+        self.begin(touched, op, ids=ids)
         return self.slots(ids, op)
 
     def _grow_cache(self, rows: int, op: str) -> None:

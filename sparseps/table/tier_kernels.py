@@ -35,7 +35,7 @@ from __future__ import annotations
 from numba import njit, types
 
 __all__ = [
-    "REF_MAX", "append", "count_misses", "ensure", "flush", "forget", "move_rows", "plan_rows",
+    "REF_MAX", "append", "ensure", "flush", "forget", "move_rows", "pin_hits", "plan_rows",
     "read_rows", "zero_garbage",
 ]  # fmt: skip
 
@@ -107,13 +107,21 @@ def _read(f, dst, bufs, seg_buf, seg, fd, row_bytes):  # pragma: no cover - comp
 
 
 @njit(nogil=True, cache=True)
-def count_misses(ids, slot_of):  # pragma: no cover - compiled
-    """How many of ``ids`` (>= 0; repeats counted) have no slot."""
+def pin_hits(ids, slot_of, pin, epoch):  # pragma: no cover - compiled
+    """Pin the slots of the ids >= 0 of ``ids`` that are in memory, for the op ``epoch``,
+    and count the others (repeats counted). Pinned first, a row the op will use cannot
+    be evicted by the op's own promotions before its turn, so the op promotes (and
+    evicts, and writes back) at most that many rows."""
     misses = 0
     for k in range(ids.shape[0]):
         r = ids[k]
-        if r >= 0 and slot_of[r] < 0:
+        if r < 0:
+            continue
+        s = slot_of[r]
+        if s < 0:
             misses += 1
+        else:
+            pin[s] = epoch
     return misses
 
 

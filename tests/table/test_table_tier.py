@@ -129,14 +129,21 @@ def test_tiered_table_matches_the_in_memory_one(tmp_path, rule, policy):
     )
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_ops_that_grow_and_shrink_the_cache_reserve_enough_disk(tmp_path, seed):
-    """Requests of up to 24 keys on a 4-row budget: each larger op grows the cache and the
-    next smaller one shrinks it back, evicting rows that op had counted as cached; its
-    disk room must cover them (these seeds once hit "append without a reserved segment")."""
-    memory, tiered = _pair(tmp_path, optim.Adam(lr=0.01), POLICIES[seed % 4], memory_rows=4,
-                           seed=seed)  # fmt: skip
-    _random_ops(np.random.default_rng(seed), memory, tiered, steps=400, universe=400, batch=24)
+@pytest.mark.parametrize(
+    ("seed", "memory_rows", "batch", "universe"),
+    [(1, 4, 24, 400), (2, 4, 24, 400), (4, 200, 300, 3000)],
+)
+def test_every_op_reserves_disk_room_for_all_it_writes_back(tmp_path, seed, memory_rows, batch,
+                                                           universe):  # fmt: skip
+    """Room on disk is made before an op for every row it may write back. Two ways these
+    sequences once ran out ("append without a reserved segment"): a larger op grows the
+    cache and the next one shrinks it back, evicting rows that op had counted as cached
+    (4-row budget, 24-key requests); and an op's own promotions evicting its not-yet-used
+    cached rows, which it then promoted again (200-row budget, 300-key requests)."""
+    memory, tiered = _pair(tmp_path, optim.Adam(lr=0.01), POLICIES[seed % 4],
+                           memory_rows=memory_rows, seed=seed)  # fmt: skip
+    rng = np.random.default_rng(seed)
+    _random_ops(rng, memory, tiered, steps=400, universe=universe, batch=batch)
 
 
 @pytest.fixture
