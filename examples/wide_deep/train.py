@@ -71,6 +71,9 @@ def ensure_data(args: argparse.Namespace) -> tuple[str, str]:
 def main() -> None:
     args = parse_args()
     sps.init()
+    if sps.is_server():  # a server holds the tables the workers create; no model needed
+        sps.run_server()
+        return
     hidden = tuple(int(h) for h in args.hidden.split(",") if h)
     model = WideDeep(CRITEO.slots, num_dense=len(CRITEO.dense), emb_dim=args.emb_dim,
                      hidden=hidden)  # fmt: skip
@@ -80,9 +83,6 @@ def main() -> None:
         strategy=sps.Strategy(mode=args.mode),
         report=sps.metrics.ReportConfig(metrics_path=args.metrics_path),
     )
-    if sps.is_server():
-        sps.run_server()
-        return
     train_path, test_path = ensure_data(args)
     train = QueueDataset([train_path], schema=CRITEO, batch_size=args.batch_size, threads=1)
     for _ in range(args.passes):

@@ -97,8 +97,6 @@ def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> in
     """
     import sparseps as sps
     from sparseps.online.config import load_config
-    from sparseps.online.driver import OnlineDriver
-    from sparseps.online.model_dir import ModelDir
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -112,6 +110,10 @@ def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> in
     if sps.is_server():
         sps.run_server()
         return 0
+    # after the server's return: the driver brings torch (about 4 s of CPU a process)
+    from sparseps.online.driver import OnlineDriver
+    from sparseps.online.model_dir import ModelDir
+
     rank = sps.worker_index()
     trainer = build_trainer(config)
     try:
