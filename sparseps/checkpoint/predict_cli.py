@@ -2,13 +2,18 @@
 
 The data file is read with the schema and format of the Criteo family: ``.csv`` files
 are Criteo CSV with a header (as in the shared samples), ``.parquet`` Parquet, anything
-else Criteo TSV; ``--format`` overrides the guess.
+else Criteo TSV; ``--format`` overrides the guess. On a terminal, progress bars (stderr)
+count the saves loaded and the rows predicted (``--progress``/``--no-progress`` force
+them on or off).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from ..observe import progress
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="criteo_tsv, csv, slot_text or parquet (default: by extension)",
     )
     parser.add_argument("--batch-size", type=int, default=4096)
+    progress.add_argument(parser)
 
 
 def _guess_format(path: str) -> str:
@@ -32,14 +38,19 @@ def _guess_format(path: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..data import CRITEO, QueueDataset
+    from . import inference
     from .predictor import Predictor
 
-    predictor = Predictor(args.directory)
+    saves = inference.chain(Path(args.directory))  # a big model loads save by save
+    with progress.bar(args.progress, total=len(saves), unit="save", desc="load") as loading:
+        predictor = Predictor(args.directory, saves, on_loaded=lambda _: loading.update(1))
     fmt = args.format or _guess_format(args.data)
     dataset = QueueDataset(
         [args.data], CRITEO, batch_size=args.batch_size, format=fmt, rank=0, world=1
     )
     out = sys.stdout
-    for batch in dataset:
-        out.write("\n".join(f"{p:.7f}" for p in predictor.predict_batch(batch)) + "\n")
+    with progress.bar(args.progress, unit="row", desc="predict") as predicting:
+        for batch in dataset:
+            out.write("\n".join(f"{p:.7f}" for p in predictor.predict_batch(batch)) + "\n")
+            predicting.update(len(batch))
     return 0

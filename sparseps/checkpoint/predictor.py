@@ -154,6 +154,7 @@ class Predictor:
         directory: the folder ``trainer.save_inference_model`` wrote into.
         saves: the save folders to load, a base then its deltas in order (default: the
             directory's chain, :func:`sparseps.checkpoint.inference.chain`).
+        on_loaded: called with each save's folder once it is applied (progress).
 
     Raises:
         CheckpointError: no complete base, a save that does not verify, or a head that
@@ -167,7 +168,13 @@ class Predictor:
     manifest: dict  # the last save's
     head: Callable[..., torch.Tensor]
 
-    def __init__(self, directory: str | Path, saves: Sequence[Path] | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        saves: Sequence[Path] | None = None,
+        *,
+        on_loaded: Callable[[Path], None] | None = None,
+    ) -> None:
         folders = [Path(f) for f in saves] if saves is not None else None
         folders = folders or inference.chain(Path(directory))
         tables: dict[str, EmbeddingTable] = {}
@@ -180,6 +187,8 @@ class Predictor:
                     f"save {i} of {[f.name for f in folders]}"
                 )
             tables = _applied(tables, folder, manifest)
+            if on_loaded is not None:
+                on_loaded(folder)
         head = inference.load_head(folders[-1], manifest)
         self._set(Path(directory), tuple(folders), tables, manifest, head)
 

@@ -61,6 +61,21 @@ def test_predictions_equal_sparseps_predict(chain, served, client, capsys):
     np.testing.assert_array_equal(by_arrow, np.float32(body["predictions"]))
 
 
+def test_sparseps_predict_shows_its_bars_only_when_asked(chain, served, capsys):
+    """Loading the chain save by save, then the rows predicted; off when not a terminal."""
+    saves = len(Predictor(served).saves)
+    assert saves > 1, "a chain of a base and deltas"
+    capsys.readouterr()
+    assert cli.main(["predict", str(served), "--data", str(chain.test_file), "--progress"]) == 0
+    out, shown = capsys.readouterr()
+    assert len(out.split()) == 200
+    assert "load: 100%" in shown and f"{saves}/{saves}" in shown, shown
+    assert "predict: 200row" in shown, shown
+    assert cli.main(["predict", str(served), "--data", str(chain.test_file)]) == 0
+    quiet = capsys.readouterr().err
+    assert "\r" not in quiet and "\x1b" not in quiet and "load:" not in quiet, quiet
+
+
 def test_ids_as_integers_and_lists(client):
     """The model's slots given as ids: an id, a list of ids, a negative (uint64 bits)."""
     one = client.post("/predict", json={"rows": [{"I1": 2, "C1": 5}, {"C1": 5}]}).json()
