@@ -31,9 +31,10 @@ def _keys_on_all(servers: int) -> np.ndarray:
 
 def test_killed_server_fails_within_timeout_naming_the_peer():
     with local_cluster(servers=2, timeout=30) as cluster, cluster.client(timeout=TIMEOUT) as client:
-        client.create_table(CONFIG)
         keys = _keys_on_all(2)
-        client.push("emb", keys, np.ones((len(keys), 4), np.float32)).wait()
+        with cluster.client(timeout=30) as setup:  # the set-up is not what is timed
+            setup.create_table(CONFIG)
+            setup.push("emb", keys, np.ones((len(keys), 4), np.float32)).wait()
         cluster.kill(1)
         start = time.monotonic()
         with pytest.raises((DeadlineError, UnavailableError)) as info:
@@ -57,9 +58,10 @@ def test_killed_server_fails_within_timeout_naming_the_peer():
 
 def test_late_reply_from_hung_server_is_ignored():
     with local_cluster(servers=1, timeout=30) as cluster, cluster.client(timeout=1.0) as client:
-        client.create_table(CONFIG)
+        with cluster.client(timeout=30) as setup:  # the set-up is not what is timed
+            setup.create_table(CONFIG)
         keys = np.arange(10, dtype=np.uint64)
-        expected = client.pull("emb", keys).wait()
+        expected = client.pull("emb", keys).wait(timeout=30)
         pid = cluster.pid(0)
         os.kill(pid, signal.SIGSTOP)
         try:

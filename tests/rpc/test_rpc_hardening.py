@@ -67,10 +67,13 @@ def test_the_job_id_defaults_to_the_launchers_environment(monkeypatch):
 def test_a_push_sent_again_after_a_timeout_is_applied_once():
     with (
         local_cluster(servers=1) as cluster,
-        cluster.client(timeout=1.0, update_retries=2) as client,
+        # retries reach 6 s past the stop: the server resumes at 1.6 s, and on a loaded
+        # machine may take seconds to answer the first copies (2 retries failed once)
+        cluster.client(timeout=1.0, update_retries=5) as client,
     ):
-        client.create_table(CONFIG)
-        initial = client.pull("emb", KEYS).wait()
+        with cluster.client(timeout=30) as setup:
+            setup.create_table(CONFIG)
+        initial = client.pull("emb", KEYS).wait(timeout=30)
         pid = cluster.pid(0)
         os.kill(pid, signal.SIGSTOP)  # the server takes the request but cannot answer
         resume = threading.Timer(1.6, os.kill, (pid, signal.SIGCONT))
