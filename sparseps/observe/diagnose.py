@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError, DeadlineError
-from .stacks import DUMP_SIGNAL, HEADER, process_start, stacks_dir
+from .stacks import DUMP_SIGNAL, HEADER, dump_own_stacks, process_start, stacks_dir
 
 __all__ = [
     "DUMP_NOTE",
@@ -255,7 +255,8 @@ def diagnose(log_dir: str | Path, *, timeout_s: float = 5.0, reason: str = "") -
             continue
         size = path.stat().st_size
         try:
-            os.kill(role.pid, DUMP_SIGNAL)
+            if role.pid != os.getpid() or not dump_own_stacks():
+                os.kill(role.pid, DUMP_SIGNAL)
         except ProcessLookupError:
             role.state = "exited"
             continue

@@ -17,7 +17,9 @@ import signal
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["DUMP_SIGNAL", "HEADER", "enable_stack_dumps", "process_start", "stacks_dir"]
+__all__ = [
+    "DUMP_SIGNAL", "HEADER", "dump_own_stacks", "enable_stack_dumps", "process_start", "stacks_dir",
+]  # fmt: skip
 
 DUMP_SIGNAL = signal.SIGUSR1
 HEADER = "# sparseps stack dumps"
@@ -57,3 +59,17 @@ def enable_stack_dumps(log_dir: str | Path, role: str, rank: int) -> Path:
     _file.flush()
     faulthandler.register(DUMP_SIGNAL, file=_file, all_threads=True, chain=False)
     return path
+
+
+def dump_own_stacks() -> bool:
+    """Append this process's stacks to its stacks file, from Python (False: dumps are not
+    enabled here). A process diagnosing itself calls this instead of signalling itself:
+    faulthandler's signal handler runs at any instant on any thread and reads the other
+    threads' frames without the GIL, which crashed a worker (SIGSEGV) whose data pipeline
+    was busy; called from Python it holds the GIL, and no thread's frames move meanwhile.
+    """
+    if _file is None:
+        return False
+    faulthandler.dump_traceback(file=_file, all_threads=True)
+    _file.flush()
+    return True
