@@ -168,6 +168,12 @@ def test_status_page_in_chromium(job):
         ("server", 0, True), ("worker", 0, True), ("worker", 1, True),
     ]  # fmt: skip
     assert all(r["last_line"] for r in status["roles"]), status["roles"]
+
+    def auc_points() -> int:  # the sampler adds a point a second; AUC exists from pass 1 on
+        series = httpx.get(url + "api/status", timeout=5).json()["series"]
+        return sum("train" in point for point in series)
+
+    wait_for(lambda: auc_points() >= 2, 30, "two samples of the pass AUC")  # a fast job
     # one headless Chromium run: the rendered DOM, and a screenshot kept as an artifact
     default = Path(tempfile.gettempdir()) / "sparseps-test-artifacts"
     folder = Path(os.environ.get("SPARSEPS_TEST_ARTIFACTS", default))
