@@ -56,25 +56,6 @@ def _model(work: Path, rows: int) -> tuple[Path, Path]:
     return Path(summary["inference_model"]), test_file
 
 
-def _rows(test_file: Path, count: int) -> list[dict]:
-    from sparseps.data import CRITEO
-
-    rows = []
-    with open(test_file) as f:
-        for line in f:
-            fields = line.rstrip("\n").split("\t")
-            row: dict = {}
-            for name, value in zip(CRITEO.columns(), fields, strict=True):
-                if name in CRITEO.dense:
-                    row[name] = int(value) if value else None
-                elif name in CRITEO.slots:
-                    row[name] = value or None
-            rows.append(row)
-            if len(rows) == count:
-                break
-    return rows
-
-
 def _arrow_body(rows: list[dict]) -> bytes:
     import pyarrow as pa
 
@@ -156,7 +137,7 @@ def run(quick: bool = False) -> list[BenchRecord]:
     from sparseps.checkpoint.predictor import Predictor
     from sparseps.data import CRITEO
     from sparseps.serving import ServeProcess
-    from sparseps.serving.requests import batch_from_body
+    from sparseps.serving.requests import batch_from_body, criteo_request_rows
 
     torch.set_num_threads(1)  # as the service (ServeConfig.torch_threads)
     seconds = QUICK_SECONDS if quick else SECONDS
@@ -165,7 +146,7 @@ def run(quick: bool = False) -> list[BenchRecord]:
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         model, test_file = _model(Path(tmp), QUICK_DEMO_ROWS if quick else DEMO_ROWS)
         predictor = Predictor(model)
-        all_rows = _rows(test_file, max(SIZES))
+        all_rows = criteo_request_rows(test_file, max(SIZES))
         with ServeProcess(model, poll_s=5.0) as service:
             cells = [(n, c, "json") for n in SIZES for c in levels] + [(512, levels[-1], "arrow")]
             for rows, clients, kind in cells:

@@ -33,24 +33,9 @@ from sparseps.checkpoint.predictor import Predictor
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.files import manifest as mf
 from sparseps.online import write_stream
-from sparseps.serving import ServeProcess
+from sparseps.serving import ServeProcess, criteo_request_rows
 
 START = "20240101"
-
-
-def request_rows(path: Path, count: int) -> list[dict]:
-    """The first ``count`` rows of a Criteo TSV file as JSON request rows."""
-    rows = []
-    for line in path.read_text().splitlines()[:count]:
-        fields = line.split("\t")
-        row = {}
-        for name, value in zip(CRITEO.columns(), fields, strict=True):
-            if name in CRITEO.dense:
-                row[name] = int(value) if value else None
-            elif name in CRITEO.slots:
-                row[name] = value or None
-        rows.append(row)
-    return rows
 
 
 def wait_for_base(folder: Path, job: subprocess.Popen, timeout: float) -> None:
@@ -89,7 +74,7 @@ def main() -> int:
     }
     (out / "online.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     last_split = sorted((out / "data").glob("*/*/part-00000.tsv"))[-1]
-    rows = request_rows(last_split, 256)
+    rows = criteo_request_rows(last_split, 256)
     served_dir = out / "online" / "inference"
     job_cmd = [sys.executable, "-m", "sparseps.cli", "online", str(out / "online.yaml")]
     job = subprocess.Popen(job_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

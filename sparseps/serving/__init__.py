@@ -26,6 +26,7 @@ __all__ = [
     "ServeProcess",
     "ServedModel",
     "batch_from_body",
+    "criteo_request_rows",
     "serve",
 ]
 
@@ -34,6 +35,7 @@ _WHERE = {
     "ServedModel": "watcher",
     "RequestError": "requests",
     "batch_from_body": "requests",
+    "criteo_request_rows": "requests",
     "ServeConfig": "config",
     "ServeMetrics": "metrics",
     "ServeProcess": "process",

@@ -20,6 +20,7 @@ ignored; an absent column is missing in every row. Every refusal is a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -32,10 +33,12 @@ from ..data.columns import (
     string_slot,
     transform_dense,
 )
-from ..data.schema import Batch, Schema, Slot
+from ..data.schema import CRITEO, Batch, Schema, Slot
 from ..errors import InputError
 
-__all__ = ["ARROW_STREAM", "RequestError", "batch_from_body", "batch_from_table"]
+__all__ = [
+    "ARROW_STREAM", "RequestError", "batch_from_body", "batch_from_table", "criteo_request_rows",
+]  # fmt: skip
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
@@ -261,3 +264,21 @@ def _slot(column: pa.Array, name: str) -> Slot:
         f"{name}: a slot column must hold strings (hashed), integer ids or lists of "
         f"integer ids, got {kind}",
     )
+
+
+def criteo_request_rows(path: str | Path, count: int | None = None) -> list[dict]:
+    """The first ``count`` rows (None: all) of a Criteo TSV file as ``/predict`` JSON rows
+    (``{column: value}``, the label left out, an empty field null): what a client sends."""
+    rows: list[dict] = []
+    with open(path) as lines:
+        for line in lines:
+            if count is not None and len(rows) == count:
+                break
+            row: dict = {}
+            for name, value in zip(CRITEO.columns(), line.rstrip("\n").split("\t"), strict=True):
+                if name in CRITEO.dense:
+                    row[name] = int(value) if value else None
+                elif name in CRITEO.slots:
+                    row[name] = value or None
+            rows.append(row)
+    return rows

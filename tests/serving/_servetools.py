@@ -1,8 +1,7 @@
-"""Helpers of the serving tests: deliver a save, read Criteo rows as request rows."""
+"""Helpers of the serving tests: deliver a save the way a writer does."""
 
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 from pathlib import Path
@@ -16,20 +15,3 @@ def land(save: Path, model_dir: Path) -> Path:
     target = model_dir / save.name
     os.rename(hidden, target)
     return target
-
-
-def criteo_rows(path: Path) -> list[dict]:
-    """The rows of a Criteo TSV file as JSON request rows (empty field: null)."""
-    from sparseps.data import CRITEO
-
-    rows = []
-    with open(path, newline="") as f:
-        for fields in csv.reader(f, delimiter="\t"):
-            row: dict = {}
-            for name, value in zip(CRITEO.columns(), fields, strict=True):
-                if name in CRITEO.dense:
-                    row[name] = int(value) if value else None
-                elif name in CRITEO.slots:
-                    row[name] = value or None
-            rows.append(row)
-    return rows

@@ -14,11 +14,12 @@ import time
 
 import httpx
 import numpy as np
-from _servetools import criteo_rows, land
+from _servetools import land
 
 from sparseps.checkpoint.predictor import Predictor
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.files import manifest as mf
+from sparseps.serving import criteo_request_rows
 
 PAUSE_S = 0.01
 WAIT_S = 60.0  # a reload on a loaded 2-core box takes well under a second; bounded anyway
@@ -67,7 +68,7 @@ def sequence_of(name: str) -> int:
 def test_reloads_while_serving(service, client, served, chain, tmp_path):
     # (fixture order: the service starts while the chain job writes its later saves)
     """Ten deltas, a new base and a delta on it land in ``served`` under load."""
-    rows = criteo_rows(chain.test_file)[:64]
+    rows = criteo_request_rows(chain.test_file)[:64]
     data = tmp_path / "rows.tsv"
     data.write_text("".join(chain.test_file.read_text().splitlines(keepends=True)[:64]))
     dataset = QueueDataset([str(data)], CRITEO, batch_size=64, threads=1)

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from _servetools import criteo_rows
 
 from sparseps import cli
 from sparseps.checkpoint.predictor import Predictor
+from sparseps.serving import criteo_request_rows
 
 ARROW = "application/vnd.apache.arrow.stream"
 
@@ -31,7 +31,7 @@ def offline(served: Path, data: Path, capsys) -> np.ndarray:
 
 
 def test_predictions_equal_sparseps_predict(chain, served, client, capsys):
-    rows = criteo_rows(chain.test_file)
+    rows = criteo_request_rows(chain.test_file)
     expected = offline(served, chain.test_file, capsys)
     assert expected.size == len(rows) == 200
     sequence = Predictor(served).sequence
