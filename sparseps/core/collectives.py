@@ -25,6 +25,7 @@ from .deadline import wait_collective
 __all__ = [
     "all_gather_arrays",
     "all_reduce_sum",
+    "all_to_all_rows",
     "barrier",
     "broadcast_array",
     "diagnosed",
@@ -96,6 +97,43 @@ def all_gather_arrays(array: np.ndarray, *, timeout: float | None = None) -> lis
     _run("all_gather", timeout, lambda a: dist.all_gather(out, source, async_op=a))
     parts = [o.numpy()[: int(n)] for o, n in zip(out, sizes, strict=True)]
     return [p.view(np.uint64) if dtype == np.uint64 else p for p in parts]
+
+
+def all_to_all_rows(
+    array: np.ndarray,
+    send_counts: np.ndarray,
+    recv_counts: np.ndarray | None = None,
+    *,
+    timeout: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Personalised exchange: rows ``[sum(send_counts[:j]), ...)`` of ``array`` go to worker j.
+
+    ``array`` is grouped by destination (rank order) with ``send_counts[j]`` rows for
+    worker j; returns ``(received, recv_counts)``: the rows every worker sent here,
+    concatenated in rank order, and how many came from each. uint64 travels as int64.
+    Two collectives (the counts, then the rows; gloo's ``all_to_all_single``), one when
+    the caller knows ``recv_counts`` (e.g. the reply to an earlier exchange).
+    """
+    if world_size() == 1:
+        return array, np.asarray(send_counts, np.int64)
+    dtype = array.dtype
+    wire = np.ascontiguousarray(array.view(np.int64) if dtype == np.uint64 else array)
+    sent = torch.from_numpy(np.ascontiguousarray(send_counts, np.int64))
+    if recv_counts is None:
+        counts = torch.empty_like(sent)
+        _run("all_to_all", timeout, lambda a: dist.all_to_all_single(counts, sent, async_op=a))
+    else:
+        counts = torch.from_numpy(np.ascontiguousarray(recv_counts, np.int64))
+    recv = counts.tolist()
+    out = torch.empty((sum(recv), *wire.shape[1:]), dtype=torch.from_numpy(wire[:0]).dtype)
+    source = torch.from_numpy(wire)
+    _run(
+        "all_to_all",
+        timeout,
+        lambda a: dist.all_to_all_single(out, source, recv, sent.tolist(), async_op=a),
+    )
+    received = out.numpy()
+    return (received.view(np.uint64) if dtype == np.uint64 else received), counts.numpy()
 
 
 def barrier(*, timeout: float | None = None) -> None:

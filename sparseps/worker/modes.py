@@ -7,6 +7,9 @@ complete by its constructor (the dense parameters made consistent across workers
 table of the model known). The trainer never asks which mode it has.
 
 - ``prefetch_pulls``: whether ``pull_rows`` may run ahead in the prefetch thread;
+- ``begin_pass(dataset, lookups, index)``: before a training pass (gpups builds the
+  pass's working set from the dataset; ``lookups(batch)`` is the trainer's per-batch
+  ``{table: SlotLookup}``);
 - ``pull_rows({table: keys})``: the current rows of every table for a training step;
 - ``steps(source)``: the step loop (sync mode keeps workers in lock-step);
 - ``loss_scale(batch_size)``: the denominator of the summed per-sample loss;
@@ -71,6 +74,9 @@ class TrainingMode(ABC):
         self.rank = rank
         self.tables = list(tables)
         self.step = 0
+
+    def begin_pass(self, dataset, lookups, index: int) -> None:  # noqa: B027 - optional hook
+        """Called before training pass ``index`` over ``dataset`` (default: nothing)."""
 
     def pull_rows(self, keys: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Rows of every table for a training step, ``{table: [U, dim]}`` (sent together)."""

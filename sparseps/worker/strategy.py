@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.validate import check_float
+from ..core.validate import check_float, check_int
 from ..errors import ConfigError
+from . import gpups as _gpups  # noqa: F401 - registers mode "gpups"
 from .modes import mode_names
 
-__all__ = ["MODES", "Strategy"]
+__all__ = ["DEVICES", "MODES", "Strategy"]
 
-MODES = ("sync", "async", "geo")  # the built-in modes; more with modes.register_mode
+MODES = ("sync", "async", "geo", "gpups")  # the built-in modes; more with modes.register_mode
+DEVICES = ("cuda", "cpu", "auto")
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,9 @@ class Strategy:
             equals one process training on the global batch. ``"async"``: pushes are applied
             as they arrive; dense parameters live in a server dense table. ``"geo"``: workers
             train local copies for ``k_steps`` steps, then push parameter deltas.
+            ``"gpups"``: each pass's rows are pulled once into device tables sharded over
+            the workers, trained there step by step as in sync mode, and written back at
+            the end of the pass (needs an ``InMemoryDataset``; docs/training.md, "GPUPS").
         k_steps: geo mode: local steps between two delta pushes.
         dense_pull_interval: async mode: pull fresh dense parameters every this many steps
             (the pull overlaps the next batch's preparation; stale dense parameters hurt
@@ -42,6 +47,13 @@ class Strategy:
             and for the next batch from its data reader, before raising ``DeadlineError``.
             The process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``, 1800 s)
             still applies when it is lower.
+        device: gpups mode: where the pass's rows and their optimizer rule live:
+            ``"cuda"`` (an error when no GPU is visible), ``"cpu"``, or ``"auto"`` (cuda
+            when available, else cpu).
+        gpups_memory_bytes: gpups mode: the most device bytes one worker's shard of a
+            pass may take (``sparseps.worker.gpups_table.bytes_per_key`` per key); a pass
+            over it is refused with an error naming the pass, keys and bytes (not split).
+            None: no limit.
     """
 
     mode: str = "async"
@@ -52,6 +64,8 @@ class Strategy:
     push_queue_size: int = 8
     rpc_timeout: float | None = None
     collective_timeout: float = 600.0
+    device: str = "auto"
+    gpups_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in mode_names():
@@ -73,3 +87,7 @@ class Strategy:
         if self.rpc_timeout is not None:
             check_float("Strategy", "rpc_timeout", self.rpc_timeout, gt=0)
         check_float("Strategy", "collective_timeout", self.collective_timeout, gt=0)
+        if self.device not in DEVICES:
+            raise ConfigError(f"Strategy.device: expected one of {DEVICES}, got {self.device!r}")
+        if self.gpups_memory_bytes is not None:
+            check_int("Strategy", "gpups_memory_bytes", self.gpups_memory_bytes, ge=1)

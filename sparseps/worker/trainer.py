@@ -305,11 +305,12 @@ class Trainer:
         self.model.train()
         metrics, progress = reporter.metrics(), Progress(print_period)
         extra, stats = self._task_metrics(), UserStats()
+        start = time.perf_counter()
+        mode.begin_pass(dataset, self._binder.lookups, self.passes)
         prefetcher = self._iterate(
             dataset, pulls_ahead=mode.prefetch_pulls and self.strategy.prefetch
         )
         reporter.begin(self.passes)
-        start = time.perf_counter()
         batches = samples = 0
         split = StepSplit(self._timings, mode)
         try:

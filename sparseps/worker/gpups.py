@@ -1,0 +1,286 @@
+"""GPUPS mode: a pass's working set in device memory, sharded over the machine's workers.
+
+``Strategy(mode="gpups", device="cuda"|"cpu"|"auto")``. Per pass (``train_from_dataset``
+on an :class:`~sparseps.data.InMemoryDataset`):
+
+1. **build**: each worker takes the unique keys of its share of the pass, per table
+   (the trainer's own per-batch dedup, concatenated and deduplicated once), and sends
+   each key to its owner, worker ``server_of(key, W)`` (all-to-all). Each owner pulls
+   its keys' rows once from the servers into a :class:`~.gpups_table.DeviceTable` on
+   its device; the optimizer state comes from its :class:`~.gpups_table.StateCache`
+   (the servers' pull returns embeddings only). A shard larger than
+   ``Strategy.gpups_memory_bytes`` is refused, on every worker, before anything is
+   pulled (the pass is not split).
+2. **train**: every step, like sync mode (workers in lock-step over the global batch,
+   dense gradients all-reduced and applied by every worker), but a batch's keys go to
+   their owners and the rows come back (all-to-all), and the backward sends the
+   gradients with show/click counts to the owners, which sum them per key and apply
+   the table's rule as torch kernels on the device (:mod:`sparseps.optim.device_rules`).
+   So one GPUPS step is one sync step: the same rows, the same sums, the same rule.
+3. **write back**: each owner pushes ``final - pulled`` of its rows with the pass's
+   show/click counts (``push_delta``), keeps the rows' optimizer state in its cache, and
+   frees the device table. The servers then hold the model: checkpoints, inference
+   saves, decay/shrink and evaluation read it as after any other mode.
+
+Outside a pass (evaluation, prediction) pulls read the servers as in sync mode.
+Collectives run on gloo over host tensors; with ``device="cuda"`` the table and the
+rule live on the GPU and rows cross to the host for the exchange and the model (the
+dense model runs where the trainer runs it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+
+from ..core import collectives
+from ..core.routing import server_of
+from ..errors import ConfigError
+from ..optim.device_rules import check_device_rule
+from .gpups_table import DeviceTable, StateCache, bytes_per_key
+from .modes import SyncMode, register_mode
+
+__all__ = ["GpuPsMode", "resolve_device"]
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(device: str, rank: int = 0) -> torch.device:
+    """The torch device of ``Strategy.device`` for worker ``rank`` (GPUs shared round-robin).
+
+    Raises:
+        ConfigError: ``device="cuda"`` and no CUDA device is visible.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"Strategy.device='cuda': no CUDA device is visible to worker {rank} "
+            "(torch.cuda.is_available() is False: no GPU, no driver, a CPU-only torch, or "
+            "CUDA_VISIBLE_DEVICES hides them); use device='cpu', or 'auto' to take a GPU "
+            "only when there is one"
+        )
+    return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+class _Route:
+    """One table's keys of one step: who owns each, and what came back (see apply)."""
+
+    def __init__(self, order, send_counts, recv_counts, index) -> None:
+        self.order, self.send_counts, self.recv_counts, self.index = (
+            order, send_counts, recv_counts, index,
+        )  # fmt: skip
+
+
+class GpuPsMode(SyncMode):
+    """Sync-mode steps over a pass-resident, device-sharded table (module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.device = resolve_device(self.strategy.device, self.rank)
+        self.world = max(collectives.world_size(), 1)
+        self.configs = {c.name: c for c in sorted(self.tables, key=lambda c: c.name)}
+        for config in self.configs.values():
+            check_device_rule(config.rule, config.name)
+        self.caches = {name: StateCache(c) for name, c in self.configs.items()}
+        self.shards: dict[str, DeviceTable] | None = None  # during a pass
+        self._routes: dict[str, _Route] = {}
+        self._timings = {"build_s": 0.0, "write_back_s": 0.0}
+        self.last_build: dict = {}
+        log.info(
+            "GPUPS mode: worker %d trains its shard of each pass on %s", self.rank, self.device
+        )
+
+    # -- build ---------------------------------------------------------------------------
+
+    def begin_pass(self, dataset: Iterable, lookups: Callable, index: int) -> None:
+        """Build this worker's shard of the pass's working set (collective)."""
+        from ..data import InMemoryDataset
+
+        if not isinstance(dataset, InMemoryDataset | list | tuple):
+            raise ConfigError(
+                f"Strategy(mode='gpups') trains from an InMemoryDataset (or a list of "
+                f"batches), got {type(dataset).__name__}: a pass's working set (its unique "
+                "keys) must be known before the pass starts, and a stream is read only "
+                "once; load the files with sparseps.data.InMemoryDataset(...)"
+                ".load_into_memory()"
+            )
+        start = time.perf_counter()
+        local = _pass_keys(dataset, lookups, list(self.configs))
+        timeout = self.collective_timeout
+        owned = {}
+        for name, keys in local.items():
+            order, counts = self._owners(keys)
+            received, _ = collectives.all_to_all_rows(keys[order], counts, timeout=timeout)
+            owned[name] = np.unique(received)
+        self._check_budget(owned, index)
+        pulls = {name: self.client.pull(name, keys) for name, keys in owned.items()}
+        self.shards = {
+            name: DeviceTable(
+                self.configs[name],
+                keys,
+                pulls[name].wait(),
+                self.caches[name].get(keys),
+                self.device,
+            )  # fmt: skip
+            for name, keys in owned.items()
+        }
+        seconds = time.perf_counter() - start
+        self._timings["build_s"] += seconds
+        self.last_build = {
+            "pass": index,
+            "keys": {name: len(shard) for name, shard in self.shards.items()},
+            "bytes": sum(shard.nbytes for shard in self.shards.values()),
+            "seconds": round(seconds, 4),
+        }
+        log.info("GPUPS pass %d built: %s", index, self.last_build)
+
+    def _owners(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(order, counts)``: ``keys[order]`` grouped by owner, ``counts[w]`` per owner."""
+        if self.world == 1:
+            return np.arange(keys.size), np.array([keys.size], np.int64)
+        owner = server_of(keys, self.world) if keys.size else np.zeros(0, np.int64)
+        order = np.argsort(owner, kind="stable")
+        return order, np.bincount(owner, minlength=self.world).astype(np.int64)
+
+    def _check_budget(self, owned: dict, index: int) -> None:
+        """Every worker refuses the pass if any worker's shard exceeds the budget."""
+        budget = self.strategy.gpups_memory_bytes
+        if budget is None:
+            return
+        mine = np.zeros((self.world, 2), np.int64)
+        mine[self.rank] = (
+            sum(k.size for k in owned.values()),
+            sum(k.size * bytes_per_key(self.configs[n]) for n, k in owned.items()),
+        )
+        every = collectives.all_reduce_sum(mine, timeout=self.collective_timeout)
+        worst = int(np.argmax(every[:, 1]))
+        keys, nbytes = (int(v) for v in every[worst])
+        if nbytes > budget:
+            raise ConfigError(
+                f"GPUPS pass {index}: the working set of worker {worst} is {keys} keys, "
+                f"{nbytes} bytes on its device, over Strategy.gpups_memory_bytes={budget}; "
+                "GPUPS refuses a pass that does not fit (it does not split it): raise the "
+                "budget, add workers (each owns 1/W of the keys) or make the pass smaller"
+            )
+
+    # -- per step ------------------------------------------------------------------------
+
+    def pull_rows(self, keys: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """During a pass: rows from the owners' device tables; otherwise from the servers."""
+        if self.shards is None:
+            return super().pull_rows(keys)
+        timeout, out = self.collective_timeout, {}
+        for name in self.configs:
+            wanted = keys.get(name, np.empty(0, np.uint64))
+            order, counts = self._owners(wanted)
+            received, recv_counts = collectives.all_to_all_rows(
+                wanted[order], counts, timeout=timeout
+            )
+            shard = self.shards[name]
+            index = shard.find(received)
+            rows, _ = collectives.all_to_all_rows(
+                shard.gather(index), recv_counts, counts, timeout=timeout
+            )
+            ordered = np.empty_like(rows)
+            ordered[order] = rows
+            out[name] = ordered
+            self._routes[name] = _Route(order, counts, recv_counts, index)
+        return {name: out[name] for name in keys}
+
+    def steps(self, source: Iterable) -> Iterator:
+        for item in super().steps(source):
+            if item is None and self.shards is not None:
+                self.pull_rows({})  # no data left here: still answer the owners' exchange
+            yield item
+
+    def apply(self, grads: list, dense_grad: np.ndarray) -> None:
+        timeout = self.collective_timeout
+        if self.shards is None:
+            raise ConfigError(
+                "GPUPS mode: a training step outside a pass; train with "
+                "Trainer.train_from_dataset (it builds the pass's working set first)"
+            )
+        by_table = {g[0]: g[1:] for g in grads}
+        for name, config in self.configs.items():
+            route = self._routes.pop(name)
+            _, grad, shows, clicks = by_table.get(
+                name,
+                (None, np.zeros((0, config.dim), np.float32), np.zeros(0, np.float32),
+                 np.zeros(0, np.float32)),
+            )  # fmt: skip
+            packed = np.concatenate([grad, shows[:, None], clicks[:, None]], axis=1)[route.order]
+            received, _ = collectives.all_to_all_rows(
+                np.ascontiguousarray(packed, np.float32),
+                route.send_counts,
+                route.recv_counts,
+                timeout=timeout,
+            )
+            dim = config.dim
+            self.shards[name].apply(
+                route.index, received[:, :dim], received[:, dim], received[:, dim + 1]
+            )
+        if self.local_dense is not None:
+            total = collectives.all_reduce_sum(dense_grad, timeout=timeout)
+            self.local_dense.push(np.ascontiguousarray(total, np.float32))
+            self.dense.set(self.local_dense.pull())
+        self.step += 1
+
+    # -- write back ----------------------------------------------------------------------
+
+    def finish_pass(self) -> None:
+        """Push every owned row's change and counts to the servers; free the device rows."""
+        if self.shards is None:
+            return
+        start = time.perf_counter()
+        handles = []
+        for name, shard in self.shards.items():
+            result = shard.result()
+            keys = result["key"]
+            if keys.size:
+                handles.append(
+                    self.client.push_delta(
+                        name, keys, result["delta"], shows=result["show"], clicks=result["click"]
+                    )
+                )
+                self.caches[name].put(keys, result["state"])
+        for handle in handles:
+            handle.wait()
+        self.shards, self._routes = None, {}
+        collectives.barrier(timeout=self.collective_timeout)  # the servers hold every pass row
+        self._timings["write_back_s"] += time.perf_counter() - start
+
+    def load_dense_local(self, path) -> None:
+        """After a checkpoint load: the loaded rows' optimizer state is not the cached one."""
+        super().load_dense_local(path)
+        for cache in self.caches.values():
+            cache.clear()
+
+    def close(self) -> None:
+        self.shards, self._routes = None, {}
+
+    def timings(self) -> dict:
+        out = {k: round(v, 4) for k, v in self._timings.items()}
+        self._timings = dict.fromkeys(self._timings, 0.0)
+        return out
+
+
+def _pass_keys(dataset: Iterable, lookups: Callable, tables: list[str]) -> dict[str, np.ndarray]:
+    """``{table: unique uint64 keys}`` of every batch of ``dataset`` (per batch vectorised)."""
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in tables}
+    for batch in dataset:
+        for name, lookup in lookups(batch).items():
+            parts[name].append(lookup.keys)
+    return {
+        name: np.unique(np.concatenate(p)) if p else np.empty(0, np.uint64)
+        for name, p in parts.items()
+    }
+
+
+register_mode("gpups", GpuPsMode)

@@ -1,0 +1,189 @@
+"""One table's shard of a GPUPS pass, resident on a device, and the state kept between passes.
+
+:class:`DeviceTable` holds the rows a worker owns for one pass (the keys of the pass
+whose owner, ``server_of(key, W)``, is this worker): a sorted key array and the rows'
+embedding, optimizer state and show/click counts, all torch tensors on the device. A
+lookup is one ``torch.searchsorted``; an update merges the gradients of repeated keys
+(``index_add_``) and runs the table's rule as torch kernels
+(:mod:`sparseps.optim.device_rules`). At the end of the pass :meth:`DeviceTable.result`
+gives what goes back to the servers: each row's change (``final - pulled``) and counts.
+
+Worked example (dim 2, keys owned by this worker ``[9, 4]``)::
+
+    keys  -> sorted [4, 9]      weights [[.1, .2], [.3, .4]]   shows [0, 0]
+    find([9, 9, 4]) -> [1, 1, 0]
+    apply([1, 1, 0], grads [[1, 0], [1, 0], [0, 1]], shows [1, 1, 1], clicks [0, 1, 0])
+        merged gradient of row 1: [2, 0]; shows [1, 2], clicks [0, 1]
+
+:class:`StateCache`: the servers' pull returns embeddings only, so the optimizer state of
+a row trained by GPUPS stays with the worker that owns the key, from one pass to the next
+(as geo mode keeps its local tables' state); docs/training.md, "GPUPS".
+
+Bytes per key on the device: :func:`bytes_per_key` (key, pulled and current embedding,
+optimizer state, show and click).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..config import TableConfig
+from ..errors import InputError
+from ..optim.device_rules import apply_rule
+
+__all__ = ["DeviceTable", "StateCache", "bytes_per_key"]
+
+
+def bytes_per_key(config: TableConfig) -> int:
+    """Device bytes of one row: int64 key, 2 embeddings, optimizer state, show, click."""
+    return 8 + 4 * (2 * config.dim + config.rule.state_dim(config.dim) + 2)
+
+
+class DeviceTable:
+    """The rows of one table that this worker owns for a pass (see the module docstring).
+
+    Args:
+        config: the table's config (its ``rule`` runs on the device).
+        keys: uint64 ``[n]`` unique keys.
+        embedding: float32 ``[n, dim]`` as pulled from the servers.
+        state: float32 ``[n, state_dim]`` optimizer state of each row.
+        device: the torch device the rows live on.
+    """
+
+    def __init__(
+        self,
+        config: TableConfig,
+        keys: np.ndarray,
+        embedding: np.ndarray,
+        state: np.ndarray,
+        device: torch.device,
+    ) -> None:
+        self.config = config
+        self.device = device
+        order = np.argsort(keys.view(np.int64), kind="stable")  # int64 order: torch sorts int64
+        self.keys = keys[order]
+        self._sorted = torch.from_numpy(self.keys.view(np.int64).copy()).to(device)
+        self.weights = torch.from_numpy(np.ascontiguousarray(embedding[order], np.float32)).to(
+            device
+        )
+        self.initial = self.weights.clone()
+        self.state = torch.from_numpy(np.ascontiguousarray(state[order], np.float32)).to(device)
+        self.shows = torch.zeros(self.keys.size, dtype=torch.float32, device=device)
+        self.clicks = torch.zeros_like(self.shows)
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self) * bytes_per_key(self.config)
+
+    def find(self, keys: np.ndarray) -> torch.Tensor:
+        """Row index of each key (int64 tensor on the device); every key must be held.
+
+        Raises:
+            InputError: a key is not in this shard (the pass's working set was built
+                from other data than the pass trains on).
+        """
+        query = torch.from_numpy(np.ascontiguousarray(keys).view(np.int64)).to(self.device)
+        if query.numel() == 0:
+            return query
+        if len(self) == 0:
+            index = torch.zeros_like(query)
+            missing = query.numel()
+        else:
+            index = torch.searchsorted(self._sorted, query).clamp_max_(len(self) - 1)
+            missing = int((self._sorted[index] != query).sum())
+        if missing:
+            raise InputError(
+                f"GPUPS table {self.config.name!r}: {missing} of {query.numel()} keys of a "
+                f"batch are not in this worker's shard of the pass ({len(self)} keys); the "
+                "pass trained on other data than its working set was built from (do not "
+                "change an InMemoryDataset during a pass)"
+            )
+        return index
+
+    def gather(self, index: torch.Tensor) -> np.ndarray:
+        """Current embeddings of rows ``index``: float32 ``[len(index), dim]`` on the host."""
+        return self.weights.index_select(0, index).cpu().numpy()
+
+    def apply(
+        self, index: torch.Tensor, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray
+    ) -> None:
+        """One optimizer step: gradients of repeated rows summed, then the rule once per row.
+
+        Args:
+            index: int64 ``[n]`` rows (repeats allowed: one per worker that used the key).
+            grads: float32 ``[n, dim]``; shows, clicks: float32 ``[n]``.
+        """
+        if index.numel() == 0:
+            return
+        device = self.device
+        unique, inverse = torch.unique(index, return_inverse=True)
+        g = torch.from_numpy(np.ascontiguousarray(grads, np.float32)).to(device)
+        merged = torch.zeros((unique.numel(), g.shape[1]), dtype=torch.float32, device=device)
+        merged.index_add_(0, inverse, g)
+        self.shows.index_add_(0, index, torch.from_numpy(np.ascontiguousarray(shows)).to(device))
+        self.clicks.index_add_(0, index, torch.from_numpy(np.ascontiguousarray(clicks)).to(device))
+        apply_rule(self.config.rule, self.weights, self.state, unique, merged)
+
+    def result(self) -> dict[str, np.ndarray]:
+        """What goes back to the servers and the state cache, on the host.
+
+        Returns:
+            ``{"key", "delta" (final - pulled embedding), "show", "click", "state"}``.
+        """
+        return {
+            "key": self.keys,
+            "delta": (self.weights - self.initial).cpu().numpy(),
+            "show": self.shows.cpu().numpy(),
+            "click": self.clicks.cpu().numpy(),
+            "state": self.state.cpu().numpy(),
+        }
+
+
+class StateCache:
+    """The optimizer state of the rows a worker owned in earlier GPUPS passes (host memory).
+
+    Args:
+        config: the table's config (its rule says the state width and initial value).
+    """
+
+    def __init__(self, config: TableConfig) -> None:
+        self.config = config
+        width = config.rule.state_dim(config.dim)
+        self._initial = config.rule.initial_state(config.dim)
+        self.keys = np.empty(0, np.uint64)  # sorted
+        self.state = np.empty((0, width), np.float32)
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+    def get(self, keys: np.ndarray) -> np.ndarray:
+        """State of each key: the cached one, else the rule's initial state."""
+        out = np.empty((keys.size, self.state.shape[1]), np.float32)
+        out[:] = self._initial
+        if self.keys.size and keys.size:
+            at = np.searchsorted(self.keys, keys).clip(max=self.keys.size - 1)
+            hit = self.keys[at] == keys
+            out[hit] = self.state[at[hit]]
+        return out
+
+    def put(self, keys: np.ndarray, state: np.ndarray) -> None:
+        """Store (replace) the state of ``keys`` (unique)."""
+        if not keys.size:
+            return
+        if self.keys.size:
+            at = np.searchsorted(self.keys, keys).clip(max=self.keys.size - 1)
+            hit = self.keys[at] == keys
+            self.state[at[hit]] = state[hit]
+            keys, state = keys[~hit], state[~hit]
+        merged = np.concatenate([self.keys, keys])
+        order = np.argsort(merged, kind="stable")
+        self.keys = merged[order]
+        self.state = np.concatenate([self.state, state])[order]
+
+    def clear(self) -> None:
+        self.keys = self.keys[:0]
+        self.state = self.state[:0]
