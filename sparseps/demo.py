@@ -43,6 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test", help="Criteo TSV file or folder to test on (with --train)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON last")
     parser.add_argument("--mode", default="async", choices=["sync", "async", "geo"])
+    parser.add_argument(
+        "--gpups", action="store_true",
+        help="train in GPUPS mode: each pass's rows in device tables sharded over the "
+        "workers (docs/training.md, GPUPS); the data is loaded into memory first",
+    )  # fmt: skip
+    parser.add_argument(
+        "--device", default="auto", choices=["auto", "cuda", "cpu"],
+        help="with --gpups: where the pass's rows live (auto: a GPU when visible)",
+    )  # fmt: skip
     parser.add_argument("--server-num", type=int, default=1)
     parser.add_argument("--worker-num", type=int, default=2)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="synthetic data seed")
@@ -201,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         sys.executable, "-m", "sparseps.cli", "launch",
         "--server-num", str(args.server_num), "--worker-num", str(args.worker_num),
         "--log-dir", str(out / "log"), str(job),
-        "--train", train, "--test", test, "--result", str(result_path), "--mode", args.mode,
+        "--train", train, "--test", test, "--result", str(result_path),
+        "--mode", "gpups" if args.gpups else args.mode, "--device", args.device,
         "--checkpoint", str(out / "checkpoint"), "--inference-model", str(out / "inference_model"),
     ]  # fmt: skip
     env = dict(os.environ)
@@ -229,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
         inference_model=summary.get("inference_model"),
     )
     gap = "" if bayes_auc is None else f" (planted model: {bayes_auc:.4f})"
+    if args.gpups:
+        gap += f", GPUPS on {summary['device']} (build {summary['build_s']} s per pass)"
     print(
         f"sparseps demo: {summary['rows']} rows in {summary['train_s']:.1f} s "
         f"({summary['samples_per_s']:.0f} samples/s), test AUC {summary['test_auc']:.4f}{gap}, "

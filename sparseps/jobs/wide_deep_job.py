@@ -18,11 +18,12 @@ import numpy as np
 
 import sparseps as sps
 from sparseps.core import collectives
-from sparseps.data import CRITEO, QueueDataset
+from sparseps.data import CRITEO, InMemoryDataset, QueueDataset
 from sparseps.jobs.rule_spec import parse_rule
 from sparseps.models import WideDeep
 from sparseps.models._blocks import set_output_bias
 from sparseps.models.calibration import ProgressiveCalibrator
+from sparseps.worker.gpups import resolve_device
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -30,7 +31,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train", required=True, help="train file or folder (Criteo TSV)")
     p.add_argument("--test", required=True, help="test file or folder (Criteo TSV)")
     p.add_argument("--result", required=True, help="JSON result written by worker 0")
-    p.add_argument("--mode", default="async", choices=["sync", "async", "geo"])
+    p.add_argument("--mode", default="async", choices=["sync", "async", "geo", "gpups"])
+    p.add_argument(
+        "--device", default="auto", help="gpups mode: cuda, cpu or auto (Strategy.device)"
+    )
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--emb-dim", type=int, default=8)
@@ -110,17 +114,18 @@ def main(argv=None) -> int:
         dense_optimizer=parse_rule(args.dense_rule)
         if args.dense_rule
         else sps.optim.Adam(lr=args.lr),
-        strategy=sps.Strategy(mode=args.mode, prefetch=not args.no_prefetch),
+        strategy=sps.Strategy(mode=args.mode, prefetch=not args.no_prefetch, device=args.device),
     )
-    train = QueueDataset([args.train], CRITEO, batch_size=args.batch_size, threads=args.threads)
+    train, gpups = _train_data(args)
     start = time.perf_counter()
-    samples = 0
+    samples, build_s = 0, []
     calibrator = ProgressiveCalibrator(args.calibrate_rows) if args.calibrate_rows > 0 else None
     for _ in range(args.epochs):
         result = trainer.train_from_dataset(
             train, print_period=args.print_period, on_batch=calibrator
         )
         samples += result.samples
+        build_s.append(result.timings.get("build_s"))
     train_s = time.perf_counter() - start
     shift = 0.0
     if calibrator is not None:  # every worker computes the same shift (collective)
@@ -152,7 +157,11 @@ def main(argv=None) -> int:
         "workers": sps.worker_num(),
         "table_rows": _table_rows(stats, trainer.tables),
         **_tier_figures(stats),
+        **gpups,
     }
+    if args.mode == "gpups":
+        device = resolve_device(args.device, sps.worker_index())
+        summary.update(device=str(device), build_s=build_s)
     if args.checkpoint:
         trainer.save_checkpoint(args.checkpoint)
         summary["checkpoint"] = args.checkpoint
@@ -164,6 +173,19 @@ def main(argv=None) -> int:
     trainer.stop()
     sps.stop()
     return 0
+
+
+def _train_data(args) -> tuple:
+    """The train dataset: streamed, or in memory for gpups (its passes need their keys
+    up front); and for gpups ``{"load_s": seconds}`` (not part of ``train_s``)."""
+    if args.mode != "gpups":
+        return QueueDataset(
+            [args.train], CRITEO, batch_size=args.batch_size, threads=args.threads
+        ), {}
+    start = time.perf_counter()
+    data = InMemoryDataset([args.train], CRITEO, batch_size=args.batch_size, threads=args.threads)
+    data.load_into_memory()
+    return data, {"load_s": round(time.perf_counter() - start, 3)}
 
 
 def _click_rate(train: str, rows: int) -> float:
