@@ -98,6 +98,7 @@ RPC_TIMEOUT = "SPARSEPS_RPC_TIMEOUT"
 FILE_TIMEOUT = "SPARSEPS_FILE_TIMEOUT"  # save/load ops, apart from the data plane's timeout
 FILE_ROOTS = "SPARSEPS_FILE_ROOTS"  # os.pathsep-separated folders a server's file ops may use
 DISK_DIR = "SPARSEPS_DISK_DIR"  # a server's folder for the rows of tables beyond memory_rows
+REPLICAS = "SPARSEPS_REPLICAS"  # copies of each shard beyond the primary (sparseps.core.replicas)
 BARRIER_WARN = "SPARSEPS_BARRIER_WARN_S"
 BARRIER_TIMEOUT = "SPARSEPS_BARRIER_TIMEOUT_S"
 RENDEZVOUS_TIMEOUT = "SPARSEPS_RENDEZVOUS_TIMEOUT_S"
@@ -383,6 +384,27 @@ def disk_dir_setting(environ: Mapping[str, str] | None = None) -> str | None:
     return text or None
 
 
+def replicas_setting(environ: Mapping[str, str] | None = None) -> int:
+    """Backup copies of every shard (``SPARSEPS_REPLICAS``; 0 when unset).
+
+    Raises:
+        ConfigError: not an int >= 0.
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(REPLICAS, "").strip()
+    if not text:
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(
+            f"{REPLICAS}: expected an int >= 0 (backup copies per shard), got {text!r}"
+        )
+    return value
+
+
 def job_id_setting(environ: Mapping[str, str] | None = None) -> str | None:
     """This process's job id (``SPARSEPS_JOB_ID``, else the one Paddle's variables give),
     or None when it is not part of a job."""
@@ -402,7 +424,7 @@ def child_environ(overrides: Mapping[str, str]) -> dict[str, str]:
     of a role (e.g. a launcher started from inside a worker); the launcher passes the
     child's full role in ``overrides`` (``RoleEnv.to_environ()``).
     """
-    dropped = {*VARIABLES, RESTART_COUNT, SECURE, KEY_DIR}
+    dropped = {*VARIABLES, RESTART_COUNT, SECURE, KEY_DIR, REPLICAS}
     child = {k: v for k, v in os.environ.items() if k not in dropped}
     child.update(overrides)
     return child

@@ -46,6 +46,11 @@ _EVENTS = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "authentication failed",
 }
 _HANDSHAKE_FAILED = handshake_failed_events()
+# Replicated jobs: a server silent this long (no heartbeat answer) is lost; its zmq I/O
+# thread answers heartbeats even while its Python handlers are busy, so a slow server is
+# not mistaken for a dead one.
+HEARTBEAT_IVL_MS = 500
+HEARTBEAT_TIMEOUT_MS = 3000
 
 
 @dataclass(eq=False)
@@ -63,6 +68,7 @@ class Call:
     seq: int | None = None
     resend: tuple | None = None
     retries_left: int = 0
+    shard: int | None = None  # a replica's shard (None: the server's own)
 
 
 class Channel:
@@ -81,6 +87,11 @@ class Channel:
         update_retries: times an update op (:data:`~sparseps.rpc.ops.UPDATE_OPS`) is sent
             again, with the same sequence number, when its server did not answer in time.
             The server applies each sequence number once, so a retry never doubles a push.
+        detect_loss: a replicated job's client (``--replicas``): a server whose connection
+            drops (its process exited, or zmq heartbeats went unanswered for
+            :data:`HEARTBEAT_TIMEOUT_MS`) is *lost*: its pending and later calls fail at once
+            with an :class:`UnavailableError` and its socket is closed, so nothing queued for
+            it reaches a later process on the same port. :meth:`lost` tells which.
     """
 
     def __init__(
@@ -94,9 +105,15 @@ class Channel:
         security: Security | None = None,
         job_id: str | None = None,
         update_retries: int = 0,
+        detect_loss: bool = False,
     ) -> None:
         self.endpoints = tuple(endpoints)
         self.job_id = job_id
+        self.detect_loss = detect_loss
+        # rank -> why it is lost (None: not lost); written by the I/O thread only
+        self._lost: list[str | None] = [None] * len(self.endpoints)
+        self._was_connected = [False] * len(self.endpoints)
+        self._poller = zmq.Poller()  # the I/O thread's
         self.update_retries = update_retries
         # Random per client: (client_id, seq) names one update across the servers' windows.
         self.client_id = secrets.randbits(63)
@@ -133,6 +150,9 @@ class Channel:
         self._monitors = []
         for endpoint in self.endpoints:
             sock = transport.new_dealer(self._context, limits.max_message_bytes, security=security)
+            if detect_loss:
+                sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
             self._monitors.append(sock.get_monitor_socket(events=sum(_EVENTS)))
             sock.connect(transport.connect_address(endpoint))
             self._dealers.append(sock)
@@ -148,8 +168,17 @@ class Channel:
         table: str | None,
         bufs: Sequence[np.ndarray] = (),
         args: dict | None = None,
+        *,
+        shard: int | None = None,
+        seq: int | None = None,
     ) -> Call:
-        """Queue one request to server ``rank``; returns its :class:`Call` at once."""
+        """Queue one request to server ``rank``; returns its :class:`Call` at once.
+
+        Args:
+            shard: the shard it is for when ``rank`` holds it as a replica.
+            seq: an update's sequence number from :meth:`next_seq` (the copies of one
+                update share it); default: a fresh one.
+        """
         if self._closing.is_set():
             raise UnavailableError(
                 f"{op}: the PSClient is closed",
@@ -165,9 +194,9 @@ class Channel:
                 op=op, role="server", rank=rank, address=self.endpoints[rank], seconds=self.timeout,
                 setting="PSClient(max_in_flight=...)",
             )  # fmt: skip
-        call = Call(id=next(self._ids), rank=rank, op=op, table=table)
+        call = Call(id=next(self._ids), rank=rank, op=op, table=table, shard=shard)
         if op in UPDATE_OPS:
-            call.seq = next(self._seqs)
+            call.seq = next(self._seqs) if seq is None else seq
             call.retries_left = self.update_retries
             if call.retries_left:
                 call.resend = (tuple(bufs), args)
@@ -179,6 +208,7 @@ class Channel:
             frames = encode_request(
                 call.op, call.id, call.table, bufs, args, job=self.job_id,
                 client=None if call.seq is None else self.client_id, seq=call.seq,
+                shard=call.shard,
             )  # fmt: skip
         except BaseException:
             self._slots.release()
@@ -187,6 +217,14 @@ class Channel:
             self._pending[call.id] = call
         with self._outbox_lock:
             transport.send_frames(self._outbox, [call.rank.to_bytes(4, "little"), *frames])
+
+    def next_seq(self) -> int:
+        """A fresh update sequence number (for the copies of one replicated update)."""
+        return next(self._seqs)
+
+    def lost(self, rank: int) -> str | None:
+        """Why server ``rank`` is lost (``detect_loss``), or None."""
+        return self._lost[rank]
 
     def _retry(self, call: Call) -> bool:
         """Send a timed-out update again under a new request id (same seq); False when no
@@ -275,7 +313,7 @@ class Channel:
         )  # fmt: skip
 
     def _run(self) -> None:
-        poller = zmq.Poller()
+        poller = self._poller
         poller.register(self._inbox, zmq.POLLIN)
         for sock in [*self._dealers, *self._monitors]:
             poller.register(sock, zmq.POLLIN)
@@ -284,6 +322,8 @@ class Channel:
         try:
             while not self._closing.is_set():
                 for sock, _ in poller.poll(_POLL_MS):
+                    if sock.closed:  # a lost server's, closed earlier in this round
+                        continue
                     if sock is self._inbox:
                         self._forward(self._inbox.recv_multipart(copy=False))
                     elif sock in rank_of:
@@ -299,6 +339,17 @@ class Channel:
     def _on_event(self, rank: int, event: dict) -> None:
         kind = event["event"]
         self._state[rank] = _EVENTS.get(kind, self._state[rank])
+        if kind == zmq.EVENT_CONNECTED:
+            self._was_connected[rank] = True
+        elif (
+            kind == zmq.EVENT_DISCONNECTED
+            and self.detect_loss
+            and self._was_connected[rank]
+            and self._refused[rank] is None
+            and self._lost[rank] is None
+        ):
+            self._lose(rank)
+            return
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             if self._refused[rank] is not None:
                 log.info("server %d at %s accepted the handshake", rank, self.endpoints[rank])
@@ -336,6 +387,35 @@ class Channel:
             f"(zmq handshake event {kind:#x}, {value})"
         )
 
+    def _lose(self, rank: int) -> None:
+        """Server ``rank`` dropped its connection: fail what waits for it, close its socket
+        (zmq would otherwise deliver the queued requests to a later process on that port)."""
+        self._lost[rank] = (
+            f"server {rank} at {self.endpoints[rank]} is lost: its connection dropped (the "
+            f"process exited, or it answered no heartbeat for {HEARTBEAT_TIMEOUT_MS / 1000:g} s)"
+        )
+        log.warning("%s", self._lost[rank])
+        self._backlog[rank].clear()
+        for sock in (self._dealers[rank], self._monitors[rank]):
+            self._poller.unregister(sock)
+        self._dealers[rank].disable_monitor()
+        self._monitors[rank].close(linger=0)
+        self._dealers[rank].close(linger=0)
+        with self._lock:
+            failed = [c for c in self._pending.values() if c.rank == rank]
+            for call in failed:
+                del self._pending[call.id]
+        for call in failed:
+            self._fail_lost(call)
+
+    def _fail_lost(self, call: Call) -> None:
+        self._slots.release()
+        call.failure = UnavailableError(
+            f"{call.op}: {self._lost[call.rank]}",
+            op=call.op, role="server", rank=call.rank, address=self.endpoints[call.rank],
+        )  # fmt: skip
+        call.event.set()
+
     def _fail_refused(self, call: Call) -> None:
         self._slots.release()
         call.failure = UnavailableError(
@@ -346,6 +426,13 @@ class Channel:
 
     def _forward(self, frames: list) -> None:
         rank = int.from_bytes(frames[0].bytes, "little")
+        if self._lost[rank] is not None:
+            call_id = peek_request_id(frames[1:2])
+            with self._lock:
+                call = None if call_id is None else self._pending.pop(call_id, None)
+            if call is not None:
+                self._fail_lost(call)
+            return
         if self._refused[rank] is not None:
             # Fail at once rather than queue behind a handshake that keeps failing.
             call_id = peek_request_id(frames[1:2])

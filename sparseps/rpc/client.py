@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import env
+from ..core.replicas import chain, check_replicas
 from ..core.routing import dense_server_of, group_by_server
 from ..core.validate import check_key_array
 from ..errors import ConfigError
@@ -52,7 +53,9 @@ from .client_checks import (
     check_merged,
 )
 from .handle import Handle, completed
+from .ops import UPDATE_OPS
 from .protocol import JOB_ID, Limits
+from .replicated import ShardRequest
 from .security import Security, security_from_env
 
 if TYPE_CHECKING:
@@ -102,10 +105,15 @@ class PSClient:
         update_retries: times a push whose server did not answer within ``timeout`` is
             sent again (default 0). Each push carries this client's sequence number and
             a server applies it once, so a retry never doubles an update.
+        replicas: backup copies of every shard, as the servers were started (default
+            ``SPARSEPS_REPLICAS``, else 0). With replicas, updates go to every live copy
+            of a shard, reads to the first, and a server whose connection drops is routed
+            around (see :mod:`sparseps.rpc.replicated`, docs/replication.md).
 
     Raises:
         ConfigError: empty or malformed endpoints, a timeout that is not a finite number
-            > 0, max_in_flight < 1, update_retries < 0 or a malformed job id.
+            > 0, max_in_flight < 1, update_retries < 0, replicas not below the server
+            count or a malformed job id.
     """
 
     def __init__(
@@ -119,6 +127,7 @@ class PSClient:
         job_id: str | None = None,
         file_timeout: float | None = None,
         update_retries: int = 0,
+        replicas: int | None = None,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
@@ -157,6 +166,11 @@ class PSClient:
         ):
             raise ConfigError(f"PSClient: max_in_flight must be an int >= 1, got {max_in_flight!r}")
         self.endpoints = tuple(endpoints)
+        self.replicas = check_replicas(
+            env.replicas_setting() if replicas is None else replicas,
+            len(self.endpoints),
+            where="PSClient replicas",
+        )
         self.timeout = float(timeout)
         self.file_timeout = float(file_timeout)
         self.job_id = job_id
@@ -169,6 +183,7 @@ class PSClient:
             security=security if security is not None else security_from_env(),
             job_id=job_id,
             update_retries=update_retries,
+            detect_loss=self.replicas > 0,
         )
 
     @property
@@ -195,23 +210,78 @@ class PSClient:
         timeout: float | None = None,
         ranks=None,
     ) -> list:
-        """Send one request to every server (or to ``ranks``) and wait for all results."""
-        ranks = range(self.num_servers) if ranks is None else ranks
+        """Send one per-server request to every server (or to ``ranks``) and wait for all
+        results (with replicas, lost servers are left out when ``ranks`` is None)."""
+        if ranks is None:
+            ranks = [r for r in range(self.num_servers) if self._channel.lost(r) is None]
         calls = [self._channel.submit(rank, op, table, (), args) for rank in ranks]
         return Handle(self._channel, calls, lambda replies: [r.result for r in replies]).wait(
             timeout
         )
 
-    def _send_grouped(
-        self, op: str, table: str, grouped: np.ndarray, offsets: np.ndarray, columns
+    def _shard_request(
+        self, shard: int, op: str, table: str | None, bufs=(), args=None, *, every: bool
+    ) -> ShardRequest:
+        """Send one shard's request to every live copy (``every``) or to the first one."""
+        ranks = chain(shard, self.num_servers, self.replicas)
+        channel = self._channel
+
+        def send(rank: int, seq: int | None = None):
+            return channel.submit(
+                rank, op, table, bufs, args, shard=None if rank == shard else shard, seq=seq
+            )
+
+        live = [rank for rank in ranks if channel.lost(rank) is None]
+        if not live:
+            raise ShardRequest(shard, [], chain=ranks).no_copy_left(channel, op)
+        if every:
+            # the copies of one update share its sequence number: each applies it once
+            seq = channel.next_seq() if op in UPDATE_OPS and len(live) > 1 else None
+            return ShardRequest(shard, [send(rank, seq) for rank in live], chain=ranks)
+
+        def resend(tried: set[int]):
+            for rank in ranks:
+                if rank not in tried and channel.lost(rank) is None:
+                    return send(rank)
+            return None
+
+        return ShardRequest(shard, [send(live[0])], resend=resend, chain=ranks)
+
+    def _each_shard(
+        self,
+        op: str,
+        table: str | None,
+        args: dict | None = None,
+        *,
+        every: bool,
+        timeout: float | None = None,
+        shards=None,
     ) -> list:
-        """One request per server that owns keys (server 0 when there are none): ``[(rank, call)]``."""
+        """One request per shard (or per shard of ``shards``); the results in shard order."""
+        shards = range(self.num_servers) if shards is None else shards
+        requests = [self._shard_request(s, op, table, (), args, every=every) for s in shards]
+        return Handle(self._channel, requests, lambda replies: [r.result for r in replies]).wait(
+            timeout
+        )
+
+    def _send_grouped(
+        self,
+        op: str,
+        table: str,
+        grouped: np.ndarray,
+        offsets: np.ndarray,
+        columns,
+        *,
+        every: bool = False,
+    ) -> list:
+        """One request per shard that owns keys (shard 0 when there are none):
+        ``[(shard, ShardRequest)]``."""
         out = []
-        for rank in range(self.num_servers):
-            lo, hi = offsets[rank], offsets[rank + 1]
-            if hi > lo or (rank == 0 and not len(grouped)):
+        for shard in range(self.num_servers):
+            lo, hi = offsets[shard], offsets[shard + 1]
+            if hi > lo or (shard == 0 and not len(grouped)):
                 bufs = [grouped[lo:hi], *(c[lo:hi] for c in columns)]
-                out.append((rank, self._channel.submit(rank, op, table, bufs)))
+                out.append((shard, self._shard_request(shard, op, table, bufs, every=every)))
         return out
 
     # -- sparse tables -----------------------------------------------------------------
@@ -223,7 +293,7 @@ class PSClient:
             RemoteError: a table of that name exists with a different config (the message
                 names the differing fields and both configs).
         """
-        self._all("create_table", config.name, {"config": config.to_dict()})
+        self._each_shard("create_table", config.name, {"config": config.to_dict()}, every=True)
 
     def pull(self, table: str, keys: np.ndarray) -> Handle:
         """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``."""
@@ -235,8 +305,8 @@ class PSClient:
             if len(replies) == 1:
                 return np.take(replies[0].bufs[0], inverse, axis=0)
             rows = np.empty((len(grouped), replies[0].bufs[0].shape[1]), dtype=np.float32)
-            for (rank, _), reply in zip(calls, replies, strict=True):
-                rows[offsets[rank] : offsets[rank + 1]] = reply.bufs[0]
+            for (shard, _), reply in zip(calls, replies, strict=True):
+                rows[offsets[shard] : offsets[shard + 1]] = reply.bufs[0]
             return np.take(rows, inverse, axis=0)
 
         return Handle(self._channel, [c for _, c in calls], finish)
@@ -268,7 +338,7 @@ class PSClient:
         merged, shows, clicks = merge_by_group(inverse, len(grouped), values, shows, clicks)
         if len(grouped) < len(keys):  # only sums of duplicates can overflow
             check_merged(what, grouped, merged, shows, clicks)
-        calls = self._send_grouped(op, table, grouped, offsets, (merged, shows, clicks))
+        calls = self._send_grouped(op, table, grouped, offsets, (merged, shows, clicks), every=True)
         return Handle(self._channel, [c for _, c in calls], lambda _: None)
 
     def push(
@@ -302,11 +372,14 @@ class PSClient:
 
     def decay(self, table: str, rate: float | None = None) -> None:
         """End of day on every server: decay show/click, age unseen rows."""
-        self._all("decay", table, {} if rate is None else {"rate": float(rate)})
+        self._each_shard("decay", table, {} if rate is None else {"rate": float(rate)}, every=True)
 
     def shrink(self, table: str) -> np.ndarray:
         """Delete rows per the lifecycle policy; returns the deleted keys (sorted uint64)."""
-        calls = [self._channel.submit(rank, "shrink", table) for rank in range(self.num_servers)]
+        calls = [
+            self._shard_request(shard, "shrink", table, every=True)
+            for shard in range(self.num_servers)
+        ]
         parts = Handle(self._channel, calls, lambda replies: [r.bufs[0] for r in replies]).wait()
         return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
@@ -322,9 +395,13 @@ class PSClient:
         folder = os.path.abspath(os.fspath(directory))
         return [
             record
-            for part in self._all(
-                "save", table, {"directory": folder}, timeout or self.file_timeout
-            )
+            for part in self._each_shard(
+                "save",
+                table,
+                {"directory": folder},
+                every=False,
+                timeout=timeout or self.file_timeout,
+            )  # fmt: skip
             for record in part
         ]
 
@@ -349,7 +426,9 @@ class PSClient:
                 )
             else:
                 specs.append(os.path.abspath(os.fspath(spec)))
-        parts = self._all("load", table, {"files": specs}, timeout or self.file_timeout)
+        parts = self._each_shard(
+            "load", table, {"files": specs}, every=True, timeout=timeout or self.file_timeout
+        )
         return {key: sum(part[key] for part in parts) for key in ("rows", "pending", "files")}
 
     # -- dense tables ------------------------------------------------------------------
@@ -362,23 +441,20 @@ class PSClient:
     ) -> None:
         """Create a dense table of ``size`` floats on its server (idempotent when equal)."""
         bufs = [] if init is None else [check_finite_vector(init, f"create_dense {name!r} init")]
-        call = self._channel.submit(
-            self._dense_rank(name),
-            "create_dense",
-            name,
-            bufs,
-            {"size": int(size), "rule": rule.to_dict()},
+        args = {"size": int(size), "rule": rule.to_dict()}
+        call = self._shard_request(
+            self._dense_rank(name), "create_dense", name, bufs, args, every=True
         )
         Handle(self._channel, [call], lambda _: None).wait()
 
     def pull_dense(self, name: str) -> Handle:
         """``wait()`` -> float32 ``[size]`` (a fresh writable copy)."""
-        call = self._channel.submit(self._dense_rank(name), "pull_dense", name)
+        call = self._shard_request(self._dense_rank(name), "pull_dense", name, every=False)
         return Handle(self._channel, [call], lambda replies: replies[0].bufs[0].copy())
 
     def _dense_op(self, op: str, name: str, values: np.ndarray) -> Handle:
         values = check_finite_vector(values, f"{op} {name!r}")
-        call = self._channel.submit(self._dense_rank(name), op, name, [values])
+        call = self._shard_request(self._dense_rank(name), op, name, [values], every=True)
         return Handle(self._channel, [call], lambda _: None)
 
     def push_dense(self, name: str, grad: np.ndarray) -> Handle:
@@ -397,23 +473,28 @@ class PSClient:
         """The owning server writes the dense table (values + optimizer state) into
         ``directory``; returns the file name (``dense.npz``)."""
         folder = os.path.abspath(os.fspath(directory))
-        rank = self._dense_rank(name)
-        return self._all(
-            "save_dense", name, {"directory": folder}, self.file_timeout, ranks=[rank]
-        )[0]["name"]
+        shard = self._dense_rank(name)
+        return self._each_shard(
+            "save_dense", name, {"directory": folder}, every=False,
+            timeout=self.file_timeout, shards=[shard],
+        )[0]["name"]  # fmt: skip
 
     def load_dense(self, name: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
         """The owning server restores the dense table from a :meth:`save_dense` file."""
         args = {"path": os.path.abspath(os.fspath(path)), "sha256": sha256}
-        self._all("load_dense", name, args, self.file_timeout, ranks=[self._dense_rank(name)])
+        self._each_shard(
+            "load_dense", name, args, every=True, timeout=self.file_timeout,
+            shards=[self._dense_rank(name)],
+        )  # fmt: skip
 
     def save_inference(self, table: str, directory: str | os.PathLike, mode: str) -> list[dict]:
         """Every server writes its embeddings for serving (``mode`` base or delta, see
         :mod:`sparseps.checkpoint.inference`); returns one file record per server."""
         folder = os.path.abspath(os.fspath(directory))
-        return self._all(
-            "save_inference", table, {"directory": folder, "mode": mode}, self.file_timeout
-        )
+        return self._each_shard(
+            "save_inference", table, {"directory": folder, "mode": mode}, every=False,
+            timeout=self.file_timeout,
+        )  # fmt: skip
 
     # -- cluster -----------------------------------------------------------------------
 
@@ -446,19 +527,32 @@ class PSClient:
             ``{"servers": [per-server dict: rank, address, pid, tables {name: TableStats
             fields}, dense, requests, bad_messages, failed, duplicates, peak_rss_bytes],
             "total": {"tables": {name: {"rows", "pending", "bytes_used", "memory_rows",
-            "disk_rows"}}, "requests", "bad_messages", "failed", "duplicates"}}``
-            (``duplicates``: updates sent again and applied only once).
+            "disk_rows"}}, "requests", "bad_messages", "failed", "duplicates"}, "lost":
+            [ranks of lost servers]}`` (``duplicates``: updates sent again and applied only
+            once). With replicas each server also reports ``backups`` ({shard: tables});
+            the totals count each shard once, from its acting primary.
         """
         servers = self._all("stats")
         total: dict = {"tables": {}, "requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
         for server in servers:
             for key in ("requests", "bad_messages", "failed", "duplicates"):
                 total[key] += server.get(key, 0)
-            for name, table in server["tables"].items():
+        by_rank = {server["rank"]: server for server in servers}
+        for shard in range(self.num_servers):
+            # a shard counts once, from its acting primary (its first live copy)
+            holder = next(
+                (r for r in chain(shard, self.num_servers, self.replicas) if r in by_rank), None
+            )
+            if holder is None:
+                continue
+            server = by_rank[holder]
+            tables = server["tables"] if holder == shard else server["backups"][str(shard)]
+            for name, table in tables.items():
                 agg = total["tables"].setdefault(name, dict.fromkeys(_TABLE_TOTALS, 0))
                 for key in agg:
                     agg[key] += int(table.get(key, 0))
-        return {"servers": servers, "total": total}
+        lost = [rank for rank in range(self.num_servers) if self._channel.lost(rank) is not None]
+        return {"servers": servers, "total": total, "lost": lost}
 
     def stop_servers(
         self, timeout: float | None = None, *, ranks: Sequence[int] | None = None
@@ -469,4 +563,4 @@ class PSClient:
     def commit_inference(self, table: str) -> None:
         """After an inference save is in place: every server restarts ``table``'s
         changed-rows marker, so the next delta holds only rows changed from now on."""
-        self._all("commit_inference", table)
+        self._each_shard("commit_inference", table, every=True)

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import DeadlineError
 from ..observe.diagnose import diagnosed
 from .channel import Call, Channel
+from .replicated import ShardRequest
 
 __all__ = ["Handle", "completed"]
 
@@ -26,7 +27,10 @@ class Handle:
     """The pending result of an asynchronous call; ``wait()`` returns it or raises."""
 
     def __init__(
-        self, channel: Channel | None, calls: Sequence[Call], finish: Callable[[list], object]
+        self,
+        channel: Channel | None,
+        calls: Sequence[Call | ShardRequest],
+        finish: Callable[[list], object],
     ) -> None:
         self._channel = channel
         self._calls = list(calls)
@@ -38,7 +42,10 @@ class Handle:
 
     def done(self) -> bool:
         """True when every server answered (``wait`` will not block)."""
-        return self._done or all(call.event.is_set() for call in list(self._calls))
+        return self._done or all(
+            call.done() if isinstance(call, ShardRequest) else call.event.is_set()
+            for call in list(self._calls)
+        )
 
     def wait(self, timeout: float | None = None) -> Any:
         """The result (rows for a pull, None for a push).
@@ -73,11 +80,19 @@ class Handle:
         limit = channel.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
         try:
-            replies = [channel.wait(call, deadline, limit) for call in calls]
+            replies = [
+                call.wait(channel, deadline, limit)
+                if isinstance(call, ShardRequest)
+                else channel.wait(call, deadline, limit)
+                for call in calls
+            ]
             return self._finish(replies), None
         except Exception as exc:
             for call in calls:
-                channel.forget(call)
+                if isinstance(call, ShardRequest):
+                    call.forget(channel)
+                else:
+                    channel.forget(call)
             if isinstance(exc, DeadlineError):
                 found = diagnosed(exc)
                 if found is not exc:

@@ -4,14 +4,16 @@ A request is a zmq multipart message::
 
     frame 0   msgpack map {"v": PROTOCOL_VERSION, "op": str, "id": int, "table": str | None,
                            "bufs": [[dtype, shape], ...], "args": {str: small value},
-                           "job": str (optional), "client": int, "seq": int (optional)}
+                           "job": str (optional), "client": int, "seq": int (optional),
+                           "shard": int (optional)}
     frame 1.. one raw little-endian buffer per entry of "bufs", in order
 
 ``job`` is the job id of the sender: a server that belongs to a job refuses requests of
 any other job (a leftover client of an earlier job on a reused port). ``client`` (a
 random 63-bit id per client) and ``seq`` (that client's counter) make an update
 idempotent: a server applies each ``(client, seq)`` of an update op once, so a request
-sent again after a timeout cannot be applied twice.
+sent again after a timeout cannot be applied twice. ``shard`` names the shard a request is
+for when the server holds it as a replica (``--replicas``); absent, the server's own.
 
 A reply has the same shape: ``{"v", "id", "ok": bool, "error": {"type", "message",
 "traceback"} (only when not ok), "result": small value, "bufs": [...]}`` plus buffers.
@@ -73,7 +75,9 @@ _MAX_NDIM = 4
 TABLE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
 # Job ids are printed in errors and logs: a short printable token.
 JOB_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
-_HEADER_KEYS = frozenset({"v", "op", "id", "table", "bufs", "args", "job", "client", "seq"})
+_HEADER_KEYS = frozenset(
+    {"v", "op", "id", "table", "bufs", "args", "job", "client", "seq", "shard"}
+)
 # Bytes kept free for the msgpack header when one bulk buffer must fit in a message with
 # it. Headers of data messages are a few hundred bytes (a table name is at most 256 chars).
 HEADER_ROOM = 4096
@@ -133,6 +137,7 @@ class Request:
     job: str | None = None
     client: int | None = None
     seq: int | None = None
+    shard: int | None = None  # None: the receiving server's own shard
 
 
 @dataclass(frozen=True)
@@ -177,12 +182,15 @@ def encode_request(
     job: str | None = None,
     client: int | None = None,
     seq: int | None = None,
+    shard: int | None = None,
 ) -> list:
     """Frames of one request; numpy buffers are passed through for zero-copy sends.
 
     Args:
         job: the sender's job id (omitted when None).
         client, seq: the sender's id and its counter for this update (both or neither).
+        shard: the shard the request is for, when it is not the receiving server's own
+            (a replica: :mod:`sparseps.core.replicas`); omitted when None.
 
     Raises:
         ProtocolError: a buffer has a dtype outside the allowlist or is not contiguous.
@@ -200,6 +208,8 @@ def encode_request(
     if client is not None:
         header["client"] = client
         header["seq"] = seq
+    if shard is not None:
+        header["shard"] = shard
     return [msgpack.packb(header), *bufs]
 
 
@@ -382,6 +392,9 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
             f"op {op!r}: unknown header keys {sorted(map(str, unknown))[:8]!r:.200}"
         )
     job, client, seq = _identity(op, header)
+    shard = header.get("shard")
+    if shard is not None and not (_is_int(shard) and 0 <= shard < (1 << 31)):
+        raise ProtocolError(f"op {op!r}: 'shard' must be an int in 0..2**31-1, got {shard!r:.40}")
     where = f"op {op!r}"
     arrays = _decode_buffers(header.get("bufs", []), frames[1:], limits, where)
     specs = schema.bufs + schema.optional
@@ -405,7 +418,7 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
     args = _check_args(op, schema, header.get("args", {}))
     return Request(
         op=op, id=request_id, table=table, bufs=bufs, args=args, limits=limits,
-        job=job, client=client, seq=seq,
+        job=job, client=client, seq=seq, shard=shard,
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 
-from ..env import disk_dir_setting, file_roots_setting
+from ..env import disk_dir_setting, file_roots_setting, replicas_setting
 from ..errors import SparsePSError
 from ..rpc.protocol import Limits
 from ..rpc.security import security_from_env, security_from_key_dir
@@ -67,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         "SPARSEPS_DISK_DIR; without one such tables are refused)",
     )
     parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="backup copies per shard in the job: this server also holds the shards before "
+        "its own (default: SPARSEPS_REPLICAS, else 0; docs/replication.md)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -94,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             limits=limits, job_id=args.job_id,
             file_roots=args.file_root or file_roots_setting(),
             disk_dir=args.disk_dir or disk_dir_setting(),
+            replicas=replicas_setting() if args.replicas is None else args.replicas,
             security=security_from_key_dir(args.key_dir) if args.key_dir else security_from_env(),
         )  # fmt: skip
     except SparsePSError as exc:

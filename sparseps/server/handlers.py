@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.replicas import check_replicas, hosted
 from ..core.routing import misrouted
 from ..errors import ConfigError, InputError, ProtocolError
 from ..rpc.ops import UPDATE_OPS
@@ -42,6 +43,9 @@ from .log_budget import LogBudget
 from .prefetch import RowPrefetcher
 
 __all__ = ["RWLock", "ServerState", "config_differences"]
+
+# Ops about the server process, not one of its shards.
+_SERVER_OPS = frozenset({"ping", "stop", "stats"})
 
 
 class RWLock:
@@ -118,6 +122,9 @@ class ServerState(FileOps):
             None accepts any absolute path.
         disk_dir: the folder for the rows of tables with ``memory_rows`` beyond that
             budget (:mod:`sparseps.server.disk_dir`); None: such tables are refused.
+        replicas: backup copies per shard in the job (:mod:`sparseps.core.replicas`): this
+            server also holds the shards ``rank - 1 .. rank - replicas``, each in a
+            :class:`ServerState` of its own that requests reach with the header's ``shard``.
     """
 
     def __init__(
@@ -128,6 +135,7 @@ class ServerState(FileOps):
         job_id: str | None = None,
         file_roots: Sequence[str] | None = None,
         disk_dir: str | None = None,
+        replicas: int = 0,
     ) -> None:
         self.rank = rank
         self.num_servers = num_servers
@@ -149,10 +157,20 @@ class ServerState(FileOps):
         self._ops: dict[str, Callable[[Request], tuple[object, list]]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
         }
+        # shard -> its copy on this server (the backups; own shard: self)
+        self.backups: dict[int, ServerState] = {}
+        for shard in hosted(rank, num_servers, check_replicas(replicas, num_servers))[1:]:
+            # its own disk subfolder: server `shard` may use the same --disk-dir on this host
+            folder = None if disk_dir is None else os.path.join(disk_dir, f"backups-on-{rank}")
+            self.backups[shard] = ServerState(
+                shard, num_servers, endpoint, job_id, file_roots, folder
+            )
 
     def close(self) -> None:
         """Delete the tiered tables' disk files and release the disk dir (at stop, once no
         handler runs: the tables must not be used afterwards)."""
+        for backup in self.backups.values():
+            backup.close()
         self.prefetcher.stop()
         for entry in list(self._sparse.values()):
             entry.table.close()
@@ -186,6 +204,8 @@ class ServerState(FileOps):
         An update that carries ``(client, seq)`` is applied once: a repeat (a retry after
         a timeout) is answered ``{"duplicate": True}`` without touching the table.
         """
+        if request.shard is not None and request.shard != self.rank:
+            return self._backup_of(request).handle(request)
         self.count("requests")
         self.check_job(request)
         if request.op in FILE_ARGS:
@@ -202,6 +222,18 @@ class ServerState(FileOps):
         except BaseException:
             self._applied.failed(request.client, request.seq)
             raise
+
+    def _backup_of(self, request: Request) -> ServerState:
+        backup = self.backups.get(request.shard)  # type: ignore[arg-type]
+        if backup is None or request.op in _SERVER_OPS:
+            self.count("bad_messages")
+            held = ", ".join(str(s) for s in (self.rank, *self.backups))
+            raise ProtocolError(
+                f"{request.op} for shard {request.shard}: server {self.rank} holds shards {held}"
+                + (" (a per-server op takes no shard)" if backup is not None else "")
+                + "; the client's --replicas must equal the servers'"
+            )
+        return backup
 
     def _sparse_entry(self, request: Request) -> _Entry:
         entry = self._sparse.get(request.table)
@@ -251,6 +283,7 @@ class ServerState(FileOps):
         return {
             "rank": self.rank,
             "num_servers": self.num_servers,
+            "shards": [self.rank, *self.backups],
             "pid": os.getpid(),
             "v": PROTOCOL_VERSION,
         }, []
@@ -270,6 +303,10 @@ class ServerState(FileOps):
         }
         with self._counter_lock:
             counters = dict(self._counters)
+        for backup in self.backups.values():  # one process: its counters are the sum
+            with backup._counter_lock:
+                for key, value in backup._counters.items():
+                    counters[key] += value
         return {
             "rank": self.rank,
             "address": self.endpoint,
@@ -279,6 +316,11 @@ class ServerState(FileOps):
             "tables": tables,
             "dense": dense,
             "prefetch": dict(self.prefetcher.counts),
+            # shard -> its tables' stats, for the shards this server backs up
+            "backups": {
+                str(shard): backup._op_stats(request)[0]["tables"]
+                for shard, backup in self.backups.items()
+            },
             **counters,
         }, []
 

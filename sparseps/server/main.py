@@ -21,7 +21,14 @@ from typing import Any
 
 import zmq
 
-from ..env import Role, RoleEnv, disk_dir_setting, file_roots_setting, parse_endpoint
+from ..env import (
+    Role,
+    RoleEnv,
+    disk_dir_setting,
+    file_roots_setting,
+    parse_endpoint,
+    replicas_setting,
+)
 from ..errors import ConfigError, UnavailableError
 from ..observe.registry import watch_server
 from ..rpc import transport
@@ -62,6 +69,7 @@ def serve(
     job_id: str | None = None,
     file_roots: Sequence[str] | None = None,
     disk_dir: str | None = None,
+    replicas: int = 0,
 ) -> None:
     """Serve shard ``rank`` of ``len(endpoints)`` of every table until stopped.
 
@@ -85,15 +93,19 @@ def serve(
         disk_dir: the folder for tables' rows beyond their ``memory_rows`` (the server
             takes ``disk_dir/server-RANK``; :mod:`sparseps.server.disk_dir`); None refuses
             tables with ``memory_rows``.
+        replicas: backup copies per shard (the job's ``--replicas``): this server also
+            holds the ``replicas`` shards before its own (:mod:`sparseps.core.replicas`).
 
     Raises:
-        ConfigError: bad rank, endpoints or threads.
+        ConfigError: bad rank, endpoints, threads or replicas.
         UnavailableError: the port cannot be bound (in use, or not an address of this host).
     """
     _check_args(rank, endpoints, threads)
     limits = limits or Limits()
     endpoint = endpoints[rank]
-    state = ServerState(rank, len(endpoints), endpoint, job_id, file_roots, disk_dir)
+    state = ServerState(
+        rank, len(endpoints), endpoint, job_id, file_roots, disk_dir, replicas=replicas
+    )
     context = transport.new_context()
     # libzmq asks the ZAP handler about every peer; it must run before the socket binds.
     auth = security.authenticator(context) if security is not None else None
@@ -137,6 +149,11 @@ def serve(
     )
     host, port = parse_endpoint(endpoint)
     log.info("running server with rank id: %d, endpoint: %s:%d", rank, host, port)
+    if state.backups:
+        log.info(
+            "server %d: primary of shard %d, backup of shard(s) %s (replicas=%d)",
+            rank, rank, ", ".join(map(str, state.backups)), replicas,
+        )  # fmt: skip
     if security is not None:
         log.info("server %d: CURVE transport, job keys from %s", rank, security.key_dir or "memory")
     if ready is not None:
@@ -220,4 +237,5 @@ def run_from_env(role_env: RoleEnv, **options: Any) -> None:
         options["security"] = security_from_key_dir(role_env.key_dir)
     options.setdefault("file_roots", file_roots_setting())
     options.setdefault("disk_dir", disk_dir_setting())
+    options.setdefault("replicas", replicas_setting())
     serve(role_env.rank, list(role_env.servers), job_id=role_env.job_id, **options)

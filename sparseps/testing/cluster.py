@@ -56,8 +56,10 @@ class LocalCluster:
         timeout: float,
         job_id: str | None = None,
         security: Security | None = None,
+        replicas: int = 0,
     ) -> None:
         self.endpoints = tuple(endpoints)
+        self.replicas = replicas
         self.processes = processes
         self.log_dir = log_dir
         self.timeout = timeout
@@ -69,6 +71,7 @@ class LocalCluster:
         """A new client to all servers (closed with the cluster unless closed before)."""
         options.setdefault("job_id", self.job_id)
         options.setdefault("security", self.security)
+        options.setdefault("replicas", self.replicas)
         client = PSClient(self.endpoints, timeout=timeout or self.timeout, **options)
         self._clients.append(client)
         return client
@@ -96,8 +99,9 @@ class LocalCluster:
             ranks = [rank for rank, p in enumerate(self.processes) if p.poll() is None]
             try:
                 with PSClient(
-                    self.endpoints, timeout=2.0, job_id=self.job_id, security=self.security
-                ) as client:
+                    self.endpoints, timeout=2.0, job_id=self.job_id, security=self.security,
+                    replicas=self.replicas,
+                ) as client:  # fmt: skip
                     client.stop_servers(ranks=ranks)
             except SparsePSError as exc:  # best effort: signals follow
                 log.debug("stop op failed: %s", exc)
@@ -182,6 +186,7 @@ def local_cluster(
     environ: dict | None = None,
     job_id: str | None = None,
     key_dir: str | os.PathLike | None = None,
+    replicas: int = 0,
 ) -> Iterator[LocalCluster]:
     """Start ``servers`` server processes on free loopback ports.
 
@@ -195,6 +200,8 @@ def local_cluster(
             cluster's own clients send it); default: accept any.
         key_dir: the job's key folder (``sparseps keys DIR``): the servers use CURVE and
             the cluster's own clients the same keys; default: plain transport.
+        replicas: backup copies of every shard (docs/replication.md); the cluster's
+            clients use the same count.
 
     Yields:
         a :class:`LocalCluster`.
@@ -210,6 +217,8 @@ def local_cluster(
         options += ["--max-message-bytes", str(max_message_bytes)]
     if job_id is not None:
         options += ["--job-id", job_id]
+    if replicas:
+        options += ["--replicas", str(replicas)]
     security = None
     if key_dir is not None:
         options += ["--key-dir", os.fspath(key_dir)]
@@ -221,7 +230,7 @@ def local_cluster(
             endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
             cluster = LocalCluster(
                 endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout,
-                job_id, security,
+                job_id, security, replicas,
             )  # fmt: skip
             try:
                 _wait_ready(cluster, timeout)

@@ -1,0 +1,49 @@
+"""Where the copies of each shard live when a job keeps replicas (``--replicas R``).
+
+Keys route to shards exactly as without replicas (:func:`sparseps.core.routing.server_of`:
+shard ``s`` is what server ``s`` owns), so checkpoints, inference saves and any server
+count stay compatible. With ``R`` replicas, shard ``s`` has ``R + 1`` copies, on the
+servers of its *chain*::
+
+    chain(s) = [s, s + 1, ..., s + R]   (mod S)
+
+The first live server of the chain is the shard's acting primary (it answers pulls and
+writes the shard's files); every live copy applies every update. Server ``r`` therefore
+holds its own shard and backups of the ``R`` shards before it: ``hosted(r) = [r, r - 1,
+..., r - R]``. One copy per server per shard keeps ``R < S``: a lost server costs each
+shard at most one copy.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+
+__all__ = ["chain", "check_replicas", "hosted"]
+
+
+def check_replicas(replicas: int, num_servers: int, *, where: str = "replicas") -> int:
+    """``replicas`` validated against the server count.
+
+    Raises:
+        ConfigError: not an int in ``0..num_servers - 1``.
+    """
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+        raise ConfigError(
+            f"{where}: must be an int >= 0 (backup copies per shard), got {replicas!r}"
+        )
+    if replicas >= num_servers:
+        raise ConfigError(
+            f"{where}={replicas} needs at least {replicas + 1} servers (each copy of a shard on "
+            f"its own server), the job has {num_servers}; lower the replicas or add servers"
+        )
+    return replicas
+
+
+def chain(shard: int, num_servers: int, replicas: int) -> tuple[int, ...]:
+    """The servers holding ``shard``, primary first."""
+    return tuple((shard + i) % num_servers for i in range(replicas + 1))
+
+
+def hosted(rank: int, num_servers: int, replicas: int) -> tuple[int, ...]:
+    """The shards server ``rank`` holds: its own first, then the ones it backs up."""
+    return tuple((rank - i) % num_servers for i in range(replicas + 1))
