@@ -10,10 +10,11 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from ..env import FILE_ROOTS, MASTER, Role, child_environ
+from ..env import FILE_ROOTS, MASTER, REPLICAS, Role, child_environ
 from ..errors import ConfigError, SparsePSError
 from .logsetup import LOG_FORMAT
 from .records import Outcome, check_seconds
@@ -49,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--file-root", dest="file_roots", action="append", default=None, metavar="DIR",
         help="a folder the servers' save/load may use (repeatable); paths outside every root "
              "are refused (default: any path; docs/security.md)")  # fmt: skip
+    add("--replicas", type=int, default=0, metavar="R",
+        help="keep R backup copies of every shard on the next servers: a lost server is "
+             "routed around and the job goes on (default 0; docs/replication.md)")  # fmt: skip
     add("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
         help="restart a failed worker up to N times (default 0)")  # fmt: skip
     add("--grace-s", dest="grace_s", type=float, default=5.0,
@@ -63,6 +67,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--status-port", dest="status_port", type=int, default=None, metavar="P",
         help="serve the job's status page on this port of --host (0: a free port; default: "
              "no page)")  # fmt: skip
+    add("--backend", choices=["local", "ray"], default="local",
+        help="local: start the processes here (default); ray: Ray places and starts them "
+             "on its cluster (docs/cluster.md; extra: sparseps[ray])")  # fmt: skip
+    add("--address", default=None,
+        help="--backend ray: the Ray cluster's address (default: RAY_ADDRESS, a running "
+             "local cluster, or a new one)")  # fmt: skip
+    add("--server-resources", dest="server_resources", default=None, metavar="JSON",
+        help='--backend ray: each server\'s Ray resources, e.g. \'{"CPU": 2, "memory": 4e9}\' '
+             '(default {"CPU": 1})')  # fmt: skip
+    add("--worker-resources", dest="worker_resources", default=None, metavar="JSON",
+        help='--backend ray: each worker\'s Ray resources, e.g. \'{"CPU": 4, "GPU": 1}\' '
+             '(default {"CPU": 1})')  # fmt: skip
     add("script", help="the Python script every server and worker runs")
     add("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
@@ -106,17 +122,24 @@ def _children(
 
 
 def _server_stopper(
-    endpoints: tuple[str, ...], ranks: list[int], timeout_s: float, job_id: str, security=None
+    endpoints: tuple[str, ...],
+    ranks: list[int],
+    timeout_s: float,
+    job_id: str,
+    security=None,
+    lost: Callable[[], set[int]] = set,
 ):
-    """Ask this node's servers (``ranks`` of the job's ``endpoints``) to stop."""
+    """Ask this node's servers (``ranks`` of the job's ``endpoints``, less the ``lost()``
+    ones of a replicated job) to stop."""
 
     def stop() -> None:
         from ..rpc.client import PSClient
 
+        live = [rank for rank in ranks if rank not in lost()]
         with PSClient(
             list(endpoints), timeout=timeout_s, job_id=job_id, security=security
         ) as client:
-            client.stop_servers(ranks=ranks)
+            client.stop_servers(ranks=live)
 
     return stop
 
@@ -165,16 +188,26 @@ class _LauncherLog:
         self._file.close()
 
 
-def _file_roots_env(args: argparse.Namespace) -> dict[str, str]:
-    """``SPARSEPS_FILE_ROOTS`` for the children from ``--file-root`` (absolute paths)."""
-    if not args.file_roots:
-        return {}
-    return {FILE_ROOTS: os.pathsep.join(os.path.abspath(root) for root in args.file_roots)}
+def _job_env(args: argparse.Namespace) -> dict[str, str]:
+    """Settings every child gets: ``SPARSEPS_FILE_ROOTS`` from ``--file-root`` (absolute
+    paths) and ``SPARSEPS_REPLICAS`` from ``--replicas``."""
+    out = {REPLICAS: str(args.replicas)} if args.replicas else {}
+    if args.file_roots:
+        out[FILE_ROOTS] = os.pathsep.join(os.path.abspath(root) for root in args.file_roots)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Start this node's share of the job and supervise it; the exit code says how it ended."""
     from .spec import make_spec
+
+    if args.backend == "ray":
+        from .ray_backend import run as run_on_ray
+
+        return run_on_ray(args)
+    for flag in ("address", "server_resources", "worker_resources"):
+        if getattr(args, flag) is not None:
+            raise ConfigError(f"--{flag.replace('_', '-')} applies only to --backend ray")
 
     for flag in ("--rendezvous-timeout-s", "--grace-s", "--quiet-warn-s"):
         check_seconds(flag, getattr(args, flag[2:-2].replace("-", "_") + "_s"))
@@ -195,6 +228,9 @@ def run(args: argparse.Namespace) -> int:
         secure=args.secure,
         key_dir=args.key_dir,
     )
+    from ..core.replicas import check_replicas
+
+    check_replicas(args.replicas, len(spec.servers), where="--replicas")
     Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
     security = _job_security(spec, made_here=spec.secure and not args.key_dir)
     out = _LauncherLog(Path(spec.log_dir) / "launcher.log")
@@ -242,7 +278,11 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
     from .supervisor import Supervisor, SupervisorConfig
 
     config = SupervisorConfig(
-        max_restarts=args.max_restarts, grace_s=args.grace_s, quiet_warn_s=args.quiet_warn_s
+        max_restarts=args.max_restarts,
+        grace_s=args.grace_s,
+        quiet_warn_s=args.quiet_warn_s,
+        replicas=args.replicas,
+        server_num=len(spec.servers),
     )
     coordinator = None
     if spec.multi_node:
@@ -259,7 +299,7 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
         )
     local_servers = spec.local_servers()
     children = _children(
-        spec, str(script), list(args.script_args), _file_roots_env(args), metrics=args.metrics
+        spec, str(script), list(args.script_args), _job_env(args), metrics=args.metrics
     )
     extra_record: dict[str, object] = {}  # written to pids.json once run() starts
     supervisor = Supervisor(
@@ -267,7 +307,12 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
         config=config,
         coordinator=coordinator,
         stop_servers=_server_stopper(
-            spec.servers, local_servers, config.server_stop_s, spec.job_id, security
+            spec.servers,
+            local_servers,
+            config.server_stop_s,
+            spec.job_id,
+            security,
+            lost=lambda: supervisor.lost_servers,
         )
         if local_servers
         else None,

@@ -26,6 +26,10 @@ __all__ = [
 
 # Why any server exit fails the job, also one with code 0 (a server given SIGTERM exits 0).
 SERVER_EXIT_NOTE = "before every worker finished (a server exit always stops the job)"
+LOST_SHARD_NOTE = (
+    "before every worker finished, and no live copy of shard(s) {shards} is left "
+    "(lost servers: {lost}; --replicas {replicas} survives {replicas} lost server(s) per chain)"
+)
 
 
 def check_seconds(name: str, value: float, *, zero_ok: bool = False) -> float:
@@ -58,6 +62,10 @@ class SupervisorConfig:
         server_stop_s: seconds servers get to exit after the stop request.
         tail_lines: log lines of a failed child shown in the outcome.
         poll_s: how often children are checked.
+        replicas: backup copies per shard (``--replicas``); with replicas a lost server
+            stops the job only when some shard has no live copy left.
+        server_num: servers of the whole job (with ``replicas``, to find the shards'
+            chains; :mod:`sparseps.core.replicas`).
     """
 
     max_restarts: int = 0
@@ -66,6 +74,8 @@ class SupervisorConfig:
     server_stop_s: float = 10.0
     tail_lines: int = 20
     poll_s: float = 0.1
+    replicas: int = 0
+    server_num: int = 0
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:

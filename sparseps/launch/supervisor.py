@@ -13,7 +13,10 @@ Rules (DESIGN §1, "launcher"):
   server that gets SIGTERM exits 0), fails the job at once: its tables are gone, so the
   workers could only wait out their RPC timeout, and a restarted worker group would
   train against a dead server. A server exit never restarts the worker group; the
-  servers are checked before a worker's failure is taken as a reason to restart;
+  servers are checked before a worker's failure is taken as a reason to restart.
+  With ``--replicas R`` a lost server is logged and tolerated while every shard keeps a
+  live copy (the clients route around it); the loss that leaves a shard without one
+  fails the job, naming every lost server;
 - when all workers of the job exited 0, this node's servers are asked to stop (the
   ``stop_servers`` callback, e.g. a ``stop`` RPC), then SIGTERM/SIGKILL as a fallback;
 - SIGINT/SIGTERM to the launcher stop every child.
@@ -54,7 +57,14 @@ from ..env import MASTER, RESTART_COUNT, Role
 from ..errors import SparsePSError
 from .node_sync import Coordinator, LocalCoordinator
 from .procutil import die_with_parent_hook, stop_groups, tail
-from .records import SERVER_EXIT_NOTE, ChildSpec, Failure, Outcome, SupervisorConfig
+from .records import (
+    LOST_SHARD_NOTE,
+    SERVER_EXIT_NOTE,
+    ChildSpec,
+    Failure,
+    Outcome,
+    SupervisorConfig,
+)
 
 __all__ = ["ChildSpec", "Failure", "Outcome", "Supervisor", "SupervisorConfig"]
 
@@ -70,6 +80,7 @@ class _Child:
     last_output: float
     warned_at: float = 0.0
     exit_code: int | None = None
+    note: str = ""  # why its exit fails the job, when that is not the usual reason
 
 
 def _exit_status(code: int) -> int:
@@ -112,6 +123,8 @@ class Supervisor:
 
         self._metrics = launcher_metrics()
         self._running: list[_Child] = []
+        # ranks of servers lost and tolerated (replicas): left out of the final stop
+        self.lost_servers: set[int] = set()
         self._history: list[dict] = []
         self._signal: int | None = None
         workers = sum(1 for c in self.children if c.role is Role.WORKER)
@@ -320,9 +333,39 @@ class Supervisor:
                     continue
                 if child.exit_code is None:
                     child.exit_code = child.proc.poll()
-                if child.exit_code is not None:
+                if child.exit_code is not None and not self._tolerated(child):
                     return child
         return None
+
+    def _tolerated(self, server: _Child) -> bool:
+        """Whether the job goes on without this exited server: with replicas, while
+        every shard of the job keeps a live copy (:mod:`sparseps.core.replicas`)."""
+        replicas, num = self.config.replicas, self.config.server_num
+        rank = server.spec.rank
+        if not replicas:
+            return False
+        if rank in self.lost_servers:
+            return True
+        from ..core.replicas import chain
+
+        lost = {*self.lost_servers, rank}
+        orphans = [s for s in range(num) if all(r in lost for r in chain(s, num, replicas))]
+        if orphans:
+            server.note = LOST_SHARD_NOTE.format(
+                shards=", ".join(map(str, orphans)),
+                lost=", ".join(f"server {r}" for r in sorted(lost)),
+                replicas=replicas,
+            )
+            return False
+        self.lost_servers.add(rank)
+        server.pump.join(timeout=2.0)
+        log.error(
+            "server %d (pid %d) exited with code %s: LOST; its shards are served by their "
+            "copies (replicas=%d; lost servers: %s); the job goes on with fewer copies",
+            rank, server.proc.pid, server.exit_code, replicas,
+            ", ".join(map(str, sorted(self.lost_servers))),
+        )  # fmt: skip
+        return True
 
     def _restarts_left(self) -> bool:
         return self._coordinator.generation < self.config.max_restarts
@@ -394,7 +437,7 @@ class Supervisor:
             exit_code=exit_code,
             log_path=str(spec.log_path),
             tail=tuple(tail(spec.log_path, self.config.tail_lines)),
-            note=SERVER_EXIT_NOTE if server else "",
+            note=(child.note or SERVER_EXIT_NOTE) if server else "",
         )
         used = (
             f" (no restarts left: {self._coordinator.generation} of {self.config.max_restarts} used)"
@@ -406,12 +449,12 @@ class Supervisor:
             spec.name,
             child.proc.pid,
             failure.how(),
-            f" {SERVER_EXIT_NOTE}" if server else "",
+            f" {failure.note}" if server else "",
             used,
         )
         self._coordinator.report_failure(
             f"{spec.name} on {self.node or 'another node'} {failure.how()}"
-            f"{f' {SERVER_EXIT_NOTE}' if server else ''}; see {spec.log_path} there"
+            f"{f' {failure.note}' if server else ''}; see {spec.log_path} there"
         )
         return Outcome(_exit_status(exit_code) or 1, "failed", failure)
 

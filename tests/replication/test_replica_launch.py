@@ -1,0 +1,86 @@
+"""A launched wide&deep job with ``--replicas 1`` survives a server killed with SIGKILL.
+
+Three servers, two workers; once worker 0 has logged training progress, server 1 gets
+SIGKILL. The job must finish with exit 0 and a test AUC within 0.005 of the same job
+without the kill, and the launcher's log must say which server was lost. Sync mode makes
+the two runs apply the same updates in the same order, so the kill (which loses no
+acknowledged update) is all that could separate them: nothing is left to chance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "launch"))
+from _launchtools import clean_env, finish, launch_argv, read_pids, text, wait_for  # noqa: E402
+
+JOB = ROOT / "sparseps" / "jobs" / "wide_deep_job.py"
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("replica-data")
+    subprocess.run(
+        [sys.executable, "-m", "sparseps.cli", "gen-data", "--rows", "24000", "--files", "4",
+         "--test-rows", "6000", "--out", str(out), "--no-progress"],
+        check=True, env=clean_env(), capture_output=True, timeout=120,
+    )  # fmt: skip
+    return out
+
+
+def _start(data: Path, out: Path) -> subprocess.Popen:
+    out.mkdir()
+    command = launch_argv(
+        "--server-num", "3", "--worker-num", "2", "--replicas", "1", "--log-dir", str(out / "log"),
+        "--no-metrics", str(JOB), "--train", str(data / "train"), "--test", str(data / "test"),
+        "--result", str(out / "result.json"), "--hidden", "64,32", "--print-period", "5",
+        "--calibrate-rows", "0", "--prior-rows", "2000", "--batch-size", "256", "--mode", "sync",
+        "--lr", "0.003", "--sparse-lr", "0.05",
+    )  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=out, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+
+
+def _server_pid(log: Path, rank: int) -> int | None:
+    try:
+        children = read_pids(log)["children"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return next((c["pid"] for c in children if c["role"] == "server" and c["rank"] == rank), None)
+
+
+def test_job_survives_a_killed_server_with_the_same_auc(tmp_path, data):
+    plain = _start(data, tmp_path / "plain")
+    killed = _start(data, tmp_path / "killed")
+    log = tmp_path / "killed" / "log"
+    # half-way: worker 0 has logged progress (every 5 steps; about 47 steps per worker)
+    wait_for(
+        lambda: text(log / "worker.0.log").count("batch: [") >= 3, 150, "worker 0's progress lines"
+    )
+    pid = _server_pid(log, 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    outputs = finish([plain, killed], 200)
+    assert plain.returncode == 0, outputs[0][-3000:]
+    assert killed.returncode == 0, outputs[1][-3000:]
+    launcher = text(log / "launcher.log")
+    assert "server 1 (pid" in launcher and "LOST" in launcher, launcher[-2000:]
+    worker_log = text(log / "worker.0.log") + text(log / "worker.1.log")
+    assert "server 1 at" in worker_log and "is lost" in worker_log  # the clients noticed
+    auc = {
+        name: json.loads((tmp_path / name / "result.json").read_text())["test_auc"]
+        for name in ("plain", "killed")
+    }
+    assert auc["plain"] > 0.55, auc  # the job learned something
+    assert abs(auc["killed"] - auc["plain"]) <= 0.005, auc
