@@ -39,7 +39,7 @@ import torch
 
 from ..core import collectives
 from ..core.routing import server_of
-from ..errors import ConfigError
+from ..errors import ConfigError, InputError
 from ..optim.device_rules import check_device_rule
 from .gpups_table import DeviceTable, StateCache, bytes_per_key
 from .modes import SyncMode, register_mode
@@ -90,6 +90,7 @@ class GpuPsMode(SyncMode):
             check_device_rule(config.rule, config.name)
         self.caches = {name: StateCache(c) for name, c in self.configs.items()}
         self.shards: dict[str, DeviceTable] | None = None  # during a pass
+        self.groups: list[list[str]] = [[name] for name in self.configs]
         self._routes: dict[str, _Route] = {}
         self._timings = {"build_s": 0.0, "write_back_s": 0.0}
         self.last_build: dict = {}
@@ -112,13 +113,15 @@ class GpuPsMode(SyncMode):
                 ".load_into_memory()"
             )
         start = time.perf_counter()
-        local = _pass_keys(dataset, lookups, list(self.configs))
+        local, shared = _pass_keys(dataset, lookups, list(self.configs))
+        self.groups = self._agree_groups(shared)
         timeout = self.collective_timeout
         owned = {}
-        for name, keys in local.items():
+        for group in self.groups:  # tables of a group share their keys: route them once
+            keys = local[group[0]]
             order, counts = self._owners(keys)
             received, _ = collectives.all_to_all_rows(keys[order], counts, timeout=timeout)
-            owned[name] = np.unique(received)
+            owned.update(dict.fromkeys(group, np.unique(received)))
         self._check_budget(owned, index)
         pulls = {name: self.client.pull(name, keys) for name, keys in owned.items()}
         self.shards = {
@@ -140,6 +143,17 @@ class GpuPsMode(SyncMode):
             "seconds": round(seconds, 4),
         }
         log.info("GPUPS pass %d built: %s", index, self.last_build)
+
+    def _agree_groups(self, shared: np.ndarray) -> list[list[str]]:
+        """Tables read through one dedup (``shared[i]``: the first table with table i's
+        keys), as the first worker with data saw them: every worker must route alike."""
+        names = list(self.configs)
+        every = collectives.all_gather_arrays(shared, timeout=self.collective_timeout)
+        seen = next((g for g in every if g.size and g.min() >= 0), np.arange(len(names)))
+        groups: dict[int, list[str]] = {}
+        for i, first in enumerate(seen.tolist()):
+            groups.setdefault(first, []).append(names[i])
+        return list(groups.values())
 
     def _owners(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(order, counts)``: ``keys[order]`` grouped by owner, ``counts[w]`` per owner."""
@@ -173,25 +187,33 @@ class GpuPsMode(SyncMode):
     # -- per step ------------------------------------------------------------------------
 
     def pull_rows(self, keys: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """During a pass: rows from the owners' device tables; otherwise from the servers."""
+        """During a pass: rows from the owners' device tables; otherwise from the servers.
+
+        Per group of tables sharing their keys: the keys go to their owners (two
+        collectives: counts, keys) and the rows of every table of the group come back
+        side by side in one ``[n, sum of dims]`` exchange."""
         if self.shards is None:
             return super().pull_rows(keys)
         timeout, out = self.collective_timeout, {}
-        for name in self.configs:
-            wanted = keys.get(name, np.empty(0, np.uint64))
+        for group in self.groups:
+            wanted = _group_keys(keys, group)
             order, counts = self._owners(wanted)
             received, recv_counts = collectives.all_to_all_rows(
                 wanted[order], counts, timeout=timeout
             )
-            shard = self.shards[name]
-            index = shard.find(received)
+            index = self.shards[group[0]].find(received)  # a group's shards hold equal keys
+            parts = [self.shards[name].gather(index) for name in group]
             rows, _ = collectives.all_to_all_rows(
-                shard.gather(index), recv_counts, counts, timeout=timeout
+                np.concatenate(parts, axis=1), recv_counts, counts, timeout=timeout
             )
             ordered = np.empty_like(rows)
             ordered[order] = rows
-            out[name] = ordered
-            self._routes[name] = _Route(order, counts, recv_counts, index)
+            at = 0
+            for name in group:
+                dim = self.configs[name].dim
+                out[name] = ordered[:, at : at + dim]
+                at += dim
+            self._routes[group[0]] = _Route(order, counts, recv_counts, index)
         return {name: out[name] for name in keys}
 
     def steps(self, source: Iterable) -> Iterator:
@@ -208,24 +230,25 @@ class GpuPsMode(SyncMode):
                 "Trainer.train_from_dataset (it builds the pass's working set first)"
             )
         by_table = {g[0]: g[1:] for g in grads}
-        for name, config in self.configs.items():
-            route = self._routes.pop(name)
-            _, grad, shows, clicks = by_table.get(
-                name,
-                (None, np.zeros((0, config.dim), np.float32), np.zeros(0, np.float32),
-                 np.zeros(0, np.float32)),
-            )  # fmt: skip
-            packed = np.concatenate([grad, shows[:, None], clicks[:, None]], axis=1)[route.order]
+        for group in self.groups:
+            route = self._routes.pop(group[0])
+            size = route.order.size
+            columns = [
+                by_table[name][1] if name in by_table else np.zeros((size, self.configs[name].dim))
+                for name in group
+            ]
+            counts = by_table.get(group[0], (None, None, np.zeros(size), np.zeros(size)))[2:]
+            columns += [counts[0][:, None], counts[1][:, None]]  # shows, clicks
+            packed = np.concatenate(columns, axis=1, dtype=np.float32)[route.order]
             received, _ = collectives.all_to_all_rows(
-                np.ascontiguousarray(packed, np.float32),
-                route.send_counts,
-                route.recv_counts,
-                timeout=timeout,
+                packed, route.send_counts, route.recv_counts, timeout=timeout
             )
-            dim = config.dim
-            self.shards[name].apply(
-                route.index, received[:, :dim], received[:, dim], received[:, dim + 1]
-            )
+            shows, clicks = received[:, -2], received[:, -1]
+            at = 0
+            for name in group:
+                dim = self.configs[name].dim
+                self.shards[name].apply(route.index, received[:, at : at + dim], shows, clicks)
+                at += dim
         if self.local_dense is not None:
             total = collectives.all_reduce_sum(dense_grad, timeout=timeout)
             self.local_dense.push(np.ascontiguousarray(total, np.float32))
@@ -271,16 +294,40 @@ class GpuPsMode(SyncMode):
         return out
 
 
-def _pass_keys(dataset: Iterable, lookups: Callable, tables: list[str]) -> dict[str, np.ndarray]:
-    """``{table: unique uint64 keys}`` of every batch of ``dataset`` (per batch vectorised)."""
+def _pass_keys(
+    dataset: Iterable, lookups: Callable, tables: list[str]
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``{table: unique uint64 keys}`` of every batch of ``dataset`` (per batch vectorised),
+    and per table the index of the first table read through the same dedup (-1s when the
+    dataset is empty)."""
     parts: dict[str, list[np.ndarray]] = {name: [] for name in tables}
+    shared = np.full(len(tables), -1, np.int64)
     for batch in dataset:
-        for name, lookup in lookups(batch).items():
+        found = lookups(batch)
+        if shared[0] < 0:
+            firsts = [next(j for j, t in enumerate(tables) if found[t] is found[n]) for n in tables]
+            shared[:] = firsts
+        for name, lookup in found.items():
             parts[name].append(lookup.keys)
-    return {
+    keys = {
         name: np.unique(np.concatenate(p)) if p else np.empty(0, np.uint64)
         for name, p in parts.items()
     }
+    return keys, shared
+
+
+def _group_keys(keys: dict[str, np.ndarray], group: list[str]) -> np.ndarray:
+    """The keys a group of tables shares this step (empty when this worker has no data)."""
+    first = keys.get(group[0], np.empty(0, np.uint64))
+    for name in group[1:]:
+        other = keys.get(name, np.empty(0, np.uint64))
+        if other is not first and not np.array_equal(other, first):
+            raise InputError(
+                f"GPUPS: tables {group[0]!r} and {name!r} were read through one dedup when "
+                "the pass was built but got different keys in this step; every batch of a "
+                "pass must carry the same slots"
+            )
+    return first
 
 
 register_mode("gpups", GpuPsMode)
