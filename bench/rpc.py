@@ -13,7 +13,14 @@ servers started from the launcher's environment as in a ``--secure`` job), measu
 same rounds, and ``rpc_secure_*`` records give secure / plain (the plain rpc figure is
 their baseline): the cost of encryption on loopback.
 
-Run: ``sparseps bench rpc [--quick] [--secure] [--json]``.
+With ``--replicas R`` it measures replication instead: the same pipelined pulls and pushes
+against ``max(3, R + 1)`` servers keeping R backup copies of every shard, with the same
+servers without copies as the baseline (``rpc_replicated_*``, interleaved rounds), and
+the failover time (``rpc_failover_s``): one server of the replicated cluster is killed
+with SIGKILL while a client keeps pushing; the figure is the time from the kill to the
+end of the first push sent after it (the client has noticed the loss and routed around it).
+
+Run: ``sparseps bench rpc [--quick] [--secure | --replicas R] [--json]``.
 """
 
 from __future__ import annotations
@@ -176,7 +183,59 @@ def _secure_client(servers: int, timeout: float = 60.0):
                     process.wait()
 
 
-def run(quick: bool, secure: bool = False) -> list[BenchRecord]:
+def _failover_s(cluster, client, universe: np.ndarray, grads: np.ndarray) -> float:
+    """Seconds from SIGKILL of server 1 to the end of the first push sent after it."""
+    batches = _batches(universe, 8, seed=4)
+    for keys in batches:
+        client.push("bench", keys, grads).wait()
+    killed = time.perf_counter()
+    cluster.kill(1)
+    client.push("bench", batches[0], grads).wait()
+    return time.perf_counter() - killed
+
+
+def _replicated(quick: bool, replicas: int, universe, pulls, pushes, grads) -> list[BenchRecord]:
+    servers = max(3, replicas + 1)
+    rounds = 2 if quick else 3
+    with contextlib.ExitStack() as stack:
+        clients = []
+        for copies in (0, replicas):
+            cluster = stack.enter_context(
+                local_cluster(servers=servers, timeout=60, replicas=copies)
+            )
+            client = stack.enter_context(cluster.client(timeout=120))
+            client.create_table(_config())
+            _fill(lambda k, g, c=client: c.push("bench", k, g).wait(), universe)
+            clients.append(client)
+        plain, copied = [], []
+        for _ in range(rounds):  # interleaved: both see the same load
+            plain.append(_measure_remote(clients[0], pulls, pushes, grads))
+            copied.append(_measure_remote(clients[1], pulls, pushes, grads))
+        failover = _failover_s(cluster, clients[1], universe, grads)
+    plain, copied = _best(plain), _best(copied)
+    params = {
+        "servers": servers, "replicas": replicas, "batch": BATCH, "dim": DIM,
+        "in_flight": IN_FLIGHT, "rows": len(universe), "rounds": rounds,
+        "baseline": "the same servers without replicas, same run",
+    }  # fmt: skip
+    return [
+        *(
+            BenchRecord(
+                f"rpc_replicated_{name}", float(copied[key]), unit, float(plain[key]), params
+            )
+            for name, key, unit in (
+                ("pull_rows_per_s", "pull", "rows/s"),
+                ("push_rows_per_s", "push", "rows/s"),
+                ("pull_p50_ms", "p50", "ms"),
+            )
+        ),
+        BenchRecord("rpc_failover_s", failover, "s", None, {**params, "killed": "server 1"}),
+    ]
+
+
+def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecord]:
+    if secure and replicas:
+        raise SparsePSError("bench rpc: --secure and --replicas are measured in separate runs")
     rows = 100_000 if quick else 1_000_000
     count = 20 if quick else 100
     rounds = 2 if quick else 3
@@ -184,6 +243,8 @@ def run(quick: bool, secure: bool = False) -> list[BenchRecord]:
     pulls = _batches(universe, count, seed=1)
     pushes = _batches(universe, count, seed=2)
     grads = np.random.default_rng(3).standard_normal((BATCH, DIM)).astype(np.float32) * 0.01
+    if replicas:
+        return _replicated(quick, replicas, universe, pulls, pushes, grads)
     local = _Local(universe)
     records = []
     for servers in (1, 2):

@@ -1,7 +1,7 @@
 """``sparseps bench NAME``: run ``bench/NAME.py`` and report ratios against a baseline.
 
 A benchmark module in ``bench/`` defines ``run(quick: bool) -> list[BenchRecord]`` (and
-``run(quick, secure=True)`` if it supports ``--secure``); every
+takes ``secure=True`` / ``replicas=R`` if it supports ``--secure`` / ``--replicas``); every
 record carries the baseline measured in the same run, so the ratio means something on a
 shared, noisy machine. With ``--json`` the last stdout line is the JSON list of records
 (DESIGN §2.1).
@@ -83,16 +83,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also measure CURVE-secured transport against plain (benchmarks that use servers)",
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="R",
+        help="measure servers keeping R backup copies per shard against none, and the "
+        "failover time (benchmarks that use servers: rpc)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     module = load_benchmark(args.name)
+    options: dict[str, object] = {}
     if args.secure:
-        if "secure" not in inspect.signature(module.run).parameters:
-            raise ConfigError(f"bench {args.name}: --secure is not supported by this benchmark")
-        records: list[BenchRecord] = module.run(quick=args.quick, secure=True)
-    else:
-        records = module.run(quick=args.quick)
+        options["secure"] = True
+    if args.replicas is not None:
+        options["replicas"] = args.replicas
+    for name in options:  # each option goes only to a benchmark that takes it
+        if name not in inspect.signature(module.run).parameters:
+            raise ConfigError(f"bench {args.name}: --{name} is not supported by this benchmark")
+    records: list[BenchRecord] = module.run(quick=args.quick, **options)
     for record in records:
         print(record.line(), flush=True)
     if args.json:
