@@ -13,7 +13,7 @@ import pytest
 
 from sparseps.config import TableConfig
 from sparseps.core.routing import dense_server_of, server_of
-from sparseps.errors import ConfigError, UnavailableError
+from sparseps.errors import ConfigError, InputError, UnavailableError
 from sparseps.optim import Adagrad
 from sparseps.table import DenseTable, SparseTable
 from sparseps.testing import local_cluster
@@ -40,7 +40,7 @@ def _dense_name(owner: int, servers: int) -> str:
     return next(f"dense{i}" for i in range(1000) if dense_server_of(f"dense{i}", servers) == owner)
 
 
-def test_kill_drill_rows_equal_the_oracle_of_acknowledged_pushes():
+def test_kill_drill_rows_equal_the_oracle_of_acknowledged_pushes(tmp_path):
     config = _config()
     oracle = SparseTable(config)
     dense_name = _dense_name(1, 3)  # its primary is the server we kill
@@ -69,6 +69,14 @@ def test_kill_drill_rows_equal_the_oracle_of_acknowledged_pushes():
         assert [s["rank"] for s in stats["servers"]] == [0, 2]  # server 1 is left out
         shard_one_rows = int(np.count_nonzero(server_of(oracle.keys(), 3) == 1))
         assert stats["servers"][1]["backups"]["1"]["emb"]["rows"] == shard_one_rows
+        # a save after the failover is whole: shard 1 is written by its backup
+        records = client.save("emb", tmp_path / "ckpt")
+        assert sorted(r["rank"] for r in records if r["kind"] == "rows") == [0, 1, 2]
+    with local_cluster(servers=2, timeout=30) as fresh:
+        client = fresh.client(timeout=30)
+        client.create_table(config)
+        client.load("emb", records)
+        np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
 
 
 def test_a_second_loss_in_one_chain_fails_naming_both_servers():
@@ -94,3 +102,49 @@ def test_replicas_must_leave_each_copy_its_own_server():
         from sparseps.rpc.client import PSClient
 
         PSClient(["127.0.0.1:1", "127.0.0.1:2"], replicas=2)
+
+
+def test_a_request_for_a_shard_the_server_does_not_hold_is_refused():
+    from sparseps.errors import ProtocolError
+    from sparseps.rpc.protocol import Request
+    from sparseps.server.handlers import ServerState
+
+    state = ServerState(1, 3, "127.0.0.1:1", replicas=1)  # holds shards 1 and 0
+    try:
+        assert sorted([state.rank, *state.backups]) == [0, 1]
+        ping = Request(op="ping", id=1, table=None, bufs={}, args={})
+        assert state.handle(ping)[0]["shards"] == [1, 0]
+        with pytest.raises(ProtocolError, match="server 1 holds shards 1, 0"):
+            state.handle(Request(op="pull", id=2, table="emb", bufs={}, args={}, shard=2))
+        with pytest.raises(ProtocolError, match="per-server op"):
+            state.handle(Request(op="stats", id=3, table=None, bufs={}, args={}, shard=0))
+        # the backup of shard 0 checks routing as shard 0's owner would
+        state.handle(Request(op="create_table", id=4, table="emb", bufs={},
+                             args={"config": _config().to_dict()}, shard=0))  # fmt: skip
+        keys = POOL[server_of(POOL, 3) == 0][:10]
+        (rows,) = state.handle(
+            Request(op="pull", id=5, table="emb", bufs={"keys": keys}, args={}, shard=0)
+        )[1]
+        assert rows.shape == (10, DIM)
+        with pytest.raises(InputError, match="belong to other servers"):
+            other = POOL[server_of(POOL, 3) == 1][:10]
+            state.handle(
+                Request(op="pull", id=6, table="emb", bufs={"keys": other}, args={}, shard=0)
+            )
+    finally:
+        state.close()
+
+
+@pytest.mark.parametrize("shard", [-1, 2**31, "1", 1.5, True])
+def test_a_malformed_shard_field_is_a_protocol_error(shard):
+    import msgpack
+
+    from sparseps.errors import ProtocolError
+    from sparseps.rpc.protocol import decode_request, encode_request
+
+    frames = encode_request("ping", 1)
+    header = msgpack.unpackb(frames[0])
+    header["shard"] = shard
+    with pytest.raises(ProtocolError, match="'shard'"):
+        decode_request([msgpack.packb(header)])
+    assert decode_request(encode_request("ping", 1, shard=7)).shard == 7
