@@ -1,0 +1,499 @@
+"""``sparseps launch --backend ray``: the job's processes placed and started by Ray.
+
+Ray places, starts, supervises and wires the roles; the data plane stays zmq. The driver
+(this module, run by ``sparseps launch`` on any machine of the cluster, or as the
+entrypoint of ``ray job submit``):
+
+1. reserves one placement-group bundle per server and per worker (``SPREAD``: servers,
+   then workers, spread over the nodes as far as the resources allow; the bundles are
+   ``--server-resources`` / ``--worker-resources``);
+2. creates a :class:`~sparseps.launch.ray_actor.RoleActor` in each bundle; each checks on
+   its node that the script, the working folder and ``--file-root`` folders exist, and
+   picks its ports there (server port, worker 0's rendezvous, ``/metrics``);
+3. builds the job's :class:`~sparseps.launch.spec.ClusterSpec` from the gathered
+   endpoints, so every role gets exactly the local launcher's environment contract, and
+   starts the servers, then the workers;
+4. polls every actor (its child's exit code and new log bytes, appended to
+   ``LOG_DIR/{role}.{rank}.log`` here; worker 0's also to the console) with the local
+   launcher's rules: fail fast on a non-zero exit or a server exit while workers run,
+   ``--max-restarts`` whole-group worker restarts, servers stopped by a ``stop`` request
+   once every worker exited 0, SIGINT/SIGTERM stop everything.
+
+The actors are not detached: Ray ends them when the driver exits or dies, and their
+children die with them (``ray_actor.py``). ``LOG_DIR/pids.json`` lists every process
+(``node`` names the host it runs on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..env import FILE_ROOTS, Role
+from ..errors import ConfigError
+from .procutil import tail
+from .records import SERVER_EXIT_NOTE, Failure, Outcome, SupervisorConfig, check_seconds
+from .spec import ClusterSpec
+
+__all__ = ["actor_options", "parse_resources", "run"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESOURCES = '{"CPU": 1}'
+CALL_TIMEOUT_S = 60.0  # one actor call (prepare, start, poll, stop) answers within this
+_REFUSED = {"servers": "--servers", "workers": "--workers", "host": "--host",
+            "master": "--master", "status_port": "--status-port"}  # fmt: skip
+
+
+def parse_resources(flag: str, text: str) -> dict[str, float]:
+    """``--server-resources`` / ``--worker-resources``: a JSON object of amounts > 0."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f'{flag}: not JSON ({exc}); e.g. \'{{"CPU": 1, "node_b": 0.1}}\''
+        ) from None
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"{flag}: expected a JSON object of resource amounts, got {text!r}")
+    for name, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
+            raise ConfigError(f"{flag}: {name!r} must be a number > 0, got {amount!r}")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def actor_options(resources: dict[str, float]) -> dict[str, Any]:
+    """Ray actor options asking for ``resources`` (CPU, GPU, memory or custom ones)."""
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
+    return {
+        "num_cpus": resources.get("CPU", 0),
+        "num_gpus": resources.get("GPU", 0),
+        **({"memory": resources["memory"]} if "memory" in resources else {}),
+        **({"resources": custom} if custom else {}),
+    }
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class _Role:
+    role: Role
+    rank: int
+    actor: Any
+    log_path: Path
+    host: str = ""
+    ports: list[int] = field(default_factory=list)
+    pid: int = 0
+    attempt: int = 0
+    offset: int = 0
+    code: int | None = None
+    running: bool = False
+    actor_died: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value} {self.rank}"
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+class RayJob:
+    """One job on a Ray cluster: placement, start, supervision, teardown."""
+
+    def __init__(self, args: argparse.Namespace, script: Path, out) -> None:
+        import ray
+
+        self.ray, self.args, self.script, self.out = ray, args, script, out
+        self.config = SupervisorConfig(
+            max_restarts=args.max_restarts, grace_s=args.grace_s, quiet_warn_s=args.quiet_warn_s
+        )
+        self.log_dir = Path(os.path.abspath(args.log_dir))
+        self.job_id = (
+            args.job_id or f"sps-ray-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        )
+        self.roles: list[_Role] = []
+        self.history: list[dict] = []
+        self.restarts = 0
+        self.signum: int | None = None
+        self.pg = None
+        self.spec: ClusterSpec | None = None
+        self.security = None
+
+    # -- placement and wiring -------------------------------------------------------------
+    def place(self) -> None:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from .ray_actor import RoleActor
+
+        args, ray = self.args, self.ray
+        server_res = parse_resources(
+            "--server-resources", args.server_resources or DEFAULT_RESOURCES
+        )
+        worker_res = parse_resources(
+            "--worker-resources", args.worker_resources or DEFAULT_RESOURCES
+        )
+        layout = [(Role.SERVER, r, server_res) for r in range(args.server_num or 1)] + [
+            (Role.WORKER, r, worker_res) for r in range(args.worker_num or 1)
+        ]
+        self.pg = placement_group([res for _, _, res in layout], strategy="SPREAD")
+        if not self.pg.wait(int(max(1, args.rendezvous_timeout_s))):
+            raise ConfigError(
+                f"--backend ray: Ray could not place {len(layout)} bundles (servers "
+                f"{server_res}, workers {worker_res}) within {args.rendezvous_timeout_s:g} s "
+                f"(--rendezvous-timeout-s); the cluster has {ray.available_resources()}: lower "
+                "--server-resources/--worker-resources or add nodes"
+            )
+        remote = ray.remote(RoleActor)
+        for i, (role, rank, res) in enumerate(layout):
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=i
+            )
+            actor = remote.options(
+                **actor_options(res), scheduling_strategy=strategy, max_restarts=0,
+                name=f"{self.job_id}-{role.value}-{rank}", max_concurrency=1,
+            ).remote(role.value, rank, self.job_id)  # fmt: skip
+            path = self.log_dir / f"{role.value}.{rank}.log"
+            self.roles.append(_Role(role, rank, actor, path))
+        paths = {"script": str(self.script), "working folder": os.getcwd()}
+        for i, root in enumerate(args.file_roots or ()):
+            paths[f"--file-root {i}"] = os.path.abspath(root)
+        if args.key_dir:
+            paths["--key-dir"] = os.path.abspath(args.key_dir)
+        metrics = 1 if args.metrics else 0
+        wants = [
+            1 + metrics if r.role is Role.SERVER or r.rank == 0 else metrics for r in self.roles
+        ]
+        infos = self._get(
+            [r.actor.prepare.remote(paths, n) for r, n in zip(self.roles, wants, strict=True)],
+            "prepare",
+        )
+        for r, info in zip(self.roles, infos, strict=True):
+            if info["error"]:
+                raise ConfigError(f"--backend ray: {info['error']}")
+            r.host, r.ports = info["host"], list(info["ports"])
+
+    def wire(self) -> ClusterSpec:
+        servers = tuple(f"{r.host}:{r.ports[0]}" for r in self.roles if r.role is Role.SERVER)
+        workers = [r for r in self.roles if r.role is Role.WORKER]
+        spec = ClusterSpec(
+            servers=servers,
+            workers=tuple(r.host for r in workers),
+            master=f"{workers[0].host}:{workers[0].ports[0]}",
+            host=workers[0].host,
+            job_id=self.job_id,
+            log_dir=str(self.log_dir),
+        )
+        key_dir = self._key_dir(spec)
+        if key_dir:
+            from ..rpc.security import JobKeys, Security
+
+            spec = dataclasses.replace(spec, key_dir=key_dir)
+            self.security = Security(JobKeys.load(key_dir))
+        self.spec = spec
+        return spec
+
+    def _key_dir(self, spec: ClusterSpec) -> str:
+        """The local launcher's rule (docs/security.md) over the hosts Ray chose."""
+        args = self.args
+        if args.key_dir:
+            if args.secure is False:
+                raise ConfigError("--key-dir and --no-secure contradict each other; drop one")
+            return os.path.abspath(args.key_dir)
+        secure = args.secure if args.secure is not None else not all(map(_loopback, spec.nodes))
+        if not secure:
+            return ""
+        here = str(self.ray.util.get_node_ip_address())
+        if any(h != here for h in spec.nodes):
+            raise ConfigError(
+                f"--key-dir is required: this secure job runs on Ray nodes {', '.join(spec.nodes)} "
+                "and every node needs the same keys; make them with `sparseps keys DIR` on a "
+                "shared filesystem and pass --key-dir DIR (or --no-secure on a trusted network)"
+            )
+        from ..rpc.security import write_job_keys
+
+        key_dir = str(self.log_dir / "keys")
+        write_job_keys(key_dir, force=True)
+        return key_dir
+
+    def banner(self) -> str:
+        assert self.spec is not None
+        lines = [
+            "----------- sparseps launch (ray) -----------",
+            f"job id      : {self.job_id}",
+            f"servers     : {len(self.spec.servers)}",
+            *(f"  server {r}: {ep}" for r, ep in enumerate(self.spec.servers)),
+            f"workers     : {len(self.spec.workers)}",
+            *(f"  worker {r}: {h}" for r, h in enumerate(self.spec.workers)),
+            f"rendezvous  : {self.spec.master}",
+            f"log dir     : {self.log_dir}",
+            f"transport   : {'CURVE, keys in ' + self.spec.key_dir if self.spec.secure else 'plain'}",
+            "---------------------------------------------",
+        ]
+        return "\n".join(lines)
+
+    # -- processes ------------------------------------------------------------------------
+    def _env(self, r: _Role, master: str | None = None) -> dict[str, str]:
+        assert self.spec is not None
+        role_env = self.spec.role_env(r.role, r.rank)
+        if r.role is Role.WORKER:
+            role_env = dataclasses.replace(
+                role_env, restart_count=r.attempt, master=master or role_env.master
+            )
+        env = {**role_env.to_environ(), "PYTHONUNBUFFERED": "1"}
+        if self.args.file_roots:
+            env[FILE_ROOTS] = os.pathsep.join(os.path.abspath(p) for p in self.args.file_roots)
+        if "OMP_NUM_THREADS" in os.environ:
+            env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
+        return env
+
+    def start(self, roles: list[_Role], master: str | None = None) -> None:
+        calls = []
+        for r in roles:
+            metrics = r.ports[-1] if self.args.metrics else None
+            observe = ["--metrics-port", str(metrics), "--metrics-host", r.host] if metrics else []
+            argv = [*observe, str(self.script), *self.args.script_args]
+            calls.append(
+                r.actor.start.remote(argv, self._env(r, master), cwd=os.getcwd(), attempt=r.attempt)
+            )
+        for r, pid in zip(roles, self._get(calls, "start"), strict=True):
+            r.pid, r.code, r.running = pid, None, True
+            self.history.append({"role": r.role.value, "rank": r.rank, "pid": pid,
+                                 "attempt": r.attempt, "node": r.host,
+                                 **({"metrics_port": r.ports[-1]} if self.args.metrics else {})})  # fmt: skip
+        record = {"job_id": self.job_id, "launcher": os.getpid(), "backend": "ray",
+                  "children": self.history}  # fmt: skip
+        tmp = self.log_dir / "pids.json.tmp"
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(self.log_dir / "pids.json")
+
+    def poll(self, roles: list[_Role]) -> None:
+        """One round: exit codes and new log bytes of ``roles`` (until drained)."""
+        pending = [r for r in roles if r.running]
+        while pending:
+            replies = self._poll_replies(pending)
+            again = []
+            for r, reply in zip(pending, replies, strict=True):
+                if reply["data"]:
+                    with open(r.log_path, "ab") as f:
+                        f.write(reply["data"])
+                    if r.role is Role.WORKER and r.rank == 0:
+                        sys.stdout.buffer.write(reply["data"])
+                        sys.stdout.flush()
+                r.offset = reply["offset"]
+                if reply["code"] is not None:
+                    r.code, r.running = reply["code"], False
+                if reply["more"]:
+                    again.append(r)
+            pending = again
+
+    def _poll_replies(self, pending: list[_Role]) -> list[dict]:
+        """Each role's poll reply; a role whose actor died (its node lost, say) gets a
+        reply with exit code -9 and is named as such."""
+        from ray.exceptions import RayActorError
+
+        try:
+            return self._get([r.actor.poll.remote(r.offset) for r in pending], "poll", raw=True)
+        except RayActorError:
+            replies = []
+            for r in pending:
+                try:
+                    replies.append(self._get([r.actor.poll.remote(r.offset)], "poll", raw=True)[0])
+                except RayActorError:
+                    r.actor_died = True
+                    replies.append({"code": -9, "data": b"", "offset": r.offset, "more": False})
+            return replies
+
+    def stop(self, roles: list[_Role]) -> None:
+        live = [r for r in roles if r.running]
+        if live:
+            self._get([r.actor.stop.remote(self.config.grace_s) for r in live], "stop",
+                      timeout=self.config.grace_s + CALL_TIMEOUT_S)  # fmt: skip
+            self.poll(live)
+            for r in live:  # a stopped process counts as exited, whatever poll saw
+                r.running = False
+
+    def _get(
+        self, refs: list, what: str, timeout: float = CALL_TIMEOUT_S, *, raw: bool = False
+    ) -> list:
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        try:
+            return self.ray.get(refs, timeout=timeout)
+        except GetTimeoutError:
+            raise ConfigError(
+                f"--backend ray: the actors did not answer {what} within {timeout:g} s "
+                "(is a node overloaded or gone?)"
+            ) from None
+        except RayActorError as exc:
+            if raw:
+                raise
+            raise ConfigError(f"--backend ray: a role's actor died during {what}: {exc}") from None
+
+    # -- supervision ----------------------------------------------------------------------
+    def supervise(self) -> Outcome:
+        servers = [r for r in self.roles if r.role is Role.SERVER]
+        workers = [r for r in self.roles if r.role is Role.WORKER]
+        while True:
+            if self.signum is not None:
+                self.stop(self.roles)
+                return Outcome(128 + self.signum, "interrupted")
+            self.poll(self.roles)
+            dead_server = next((r for r in servers if not r.running), None)
+            if dead_server is not None:
+                return self._fail(dead_server, note=SERVER_EXIT_NOTE)
+            failed = next((r for r in workers if r.code not in (None, 0)), None)
+            if failed is not None:
+                if self.restarts >= self.config.max_restarts:
+                    return self._fail(failed)
+                self._restart(failed, workers)
+                continue
+            if all(r.code == 0 for r in workers):
+                self._stop_servers(servers)
+                return Outcome(0, "completed")
+            time.sleep(self.config.poll_s * 2)
+
+    def _fail(self, r: _Role, note: str = "") -> Outcome:
+        self.stop(self.roles)
+        code = r.code if r.code is not None else 0
+        died = "(its Ray actor died: node lost or actor killed) " if r.actor_died else ""
+        left = ""
+        if self.config.max_restarts and r.role is Role.WORKER:
+            left = f" (no restarts left: {self.restarts} of {self.config.max_restarts} used)"
+        failure = Failure(
+            role=r.role.value, rank=r.rank, pid=r.pid, exit_code=code,
+            log_path=str(r.log_path), tail=tuple(tail(r.log_path, self.config.tail_lines)),
+            note=(f"on node {r.host} " + died + note + left).strip(),
+        )  # fmt: skip
+        status = _status(code) or 1
+        return Outcome(status, "failed", failure)
+
+    def _restart(self, failed: _Role, workers: list[_Role]) -> None:
+        self.restarts += 1
+        log.warning(
+            "%s (pid %d) on %s exited with code %d: restarting all workers (restart %d of %d; "
+            "servers keep running)", failed.name, failed.pid, failed.host, failed.code,
+            self.restarts, self.config.max_restarts,
+        )  # fmt: skip
+        self.stop(workers)
+        port = self._get([workers[0].actor.free_ports.remote(1)], "free_ports")[0][0]
+        master = f"{workers[0].host}:{port}"
+        for r in workers:
+            r.attempt = self.restarts
+        self.start(workers, master)
+        log.info("worker group restart %d of %d: started worker(s) %s, rendezvous %s",
+                 self.restarts, self.config.max_restarts,
+                 ",".join(str(r.rank) for r in workers), master)  # fmt: skip
+
+    def _stop_servers(self, servers: list[_Role]) -> None:
+        from ..rpc.client import PSClient
+
+        assert self.spec is not None
+        try:
+            with PSClient(list(self.spec.servers), timeout=self.config.server_stop_s,
+                          job_id=self.job_id, security=self.security) as client:  # fmt: skip
+                client.stop_servers()
+        except Exception as exc:  # noqa: BLE001 - SIGTERM below stops them anyway
+            log.warning("stop request to the servers failed (%s); sending SIGTERM", exc)
+        deadline = time.monotonic() + self.config.server_stop_s
+        while any(r.running for r in servers) and time.monotonic() < deadline:
+            self.poll(servers)
+            time.sleep(0.1)
+        self.stop(servers)
+
+    def close(self) -> None:
+        """Kill the actors (their children die with them) and free the placement group."""
+        for r in self.roles:
+            with contextlib.suppress(Exception):  # already gone
+                self.ray.kill(r.actor, no_restart=True)
+        if self.pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):  # the cluster went away
+                remove_placement_group(self.pg)
+
+
+def _check(args: argparse.Namespace) -> Path:
+    for name, flag in _REFUSED.items():
+        if getattr(args, name, None) is not None:
+            raise ConfigError(
+                f"{flag} does not apply to --backend ray: Ray places the roles and each "
+                "picks its ports on its node; use --server-resources/--worker-resources "
+                "to steer placement"
+            )
+    for flag in ("--rendezvous-timeout-s", "--grace-s", "--quiet-warn-s"):
+        check_seconds(flag, getattr(args, flag[2:-2].replace("-", "_") + "_s"))
+    for name in ("server_num", "worker_num"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
+    script = Path(args.script).resolve()
+    if not script.is_file():
+        raise ConfigError(f"launch: script {args.script!r} not found (cwd {os.getcwd()})")
+    return script
+
+
+def run(args: argparse.Namespace) -> int:
+    """``sparseps launch --backend ray``: the exit code says how the job ended."""
+    from .launch_cli import _LauncherLog
+
+    script = _check(args)
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "--backend ray needs Ray on this machine: pip install 'sparseps[ray]' "
+            "(or use the default --backend local)"
+        ) from None
+    log_dir = Path(os.path.abspath(args.log_dir))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = _LauncherLog(log_dir / "launcher.log")
+    ray.init(address=args.address, log_to_driver=False, logging_level=logging.WARNING)
+    job = RayJob(args, script, out)
+    previous = {
+        s: signal.signal(s, lambda signum, frame: setattr(job, "signum", signum))  # noqa: ARG005
+        for s in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        job.place()
+        job.wire()
+        out.say(job.banner(), sys.stdout)
+        job.start([r for r in job.roles if r.role is Role.SERVER])
+        job.start([r for r in job.roles if r.role is Role.WORKER])
+        outcome = job.supervise()
+        if outcome.failure is not None:
+            text = f"sparseps launch: job {job.job_id} failed: {outcome.failure.describe()}"
+            out.say(text, sys.stderr)
+        elif outcome.reason == "interrupted":
+            out.say(f"sparseps launch: job {job.job_id} interrupted; every process stopped",
+                    sys.stderr)  # fmt: skip
+        else:
+            out.say(f"sparseps launch: job {job.job_id} completed", sys.stdout)
+        return outcome.exit_code
+    except ConfigError as exc:
+        out.say(f"sparseps launch: error: {exc}")
+        raise
+    finally:
+        job.close()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        ray.shutdown()
+        out.close()

@@ -1,0 +1,240 @@
+"""``sparseps launch --backend ray`` on a real two-node Ray cluster on this machine.
+
+The module starts a Ray head (``ray start --head``) and a second node with a custom
+resource ``node_b`` (``ray start --address ...``), both on this machine and sharing one
+short temp dir, and tears both down by pid at the end. Jobs are placed across the two
+nodes by giving the workers ``node_b`` resources. Skipped only when ``ray`` cannot be
+imported (CI installs the ``ray`` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from _launchtools import (
+    JOB,
+    ROOT,
+    alive,
+    can_bind,
+    clean_env,
+    finish,
+    job_processes,
+    launch_argv,
+    wait_for,
+)
+from _launchtools import text as read_text
+
+pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+
+pytestmark = [
+    pytest.mark.timeout(200),
+    pytest.mark.skipif(not can_bind("127.0.0.3"), reason="127.0.0.2/3 cannot be bound here"),
+]
+
+WIDE_DEEP = ROOT / "sparseps" / "jobs" / "wide_deep_job.py"
+RAY = Path(sys.executable).with_name("ray")
+ON_B = '{"CPU": 0.5, "node_b": 0.1}'  # a worker or server with this lands on node_b
+ANYWHERE = '{"CPU": 0.5}'
+# Two loopback addresses as the two nodes' IPs: Ray replaces 127.0.0.1 (and only it) by
+# the machine's network address, so the nodes use 127.0.0.2 and 127.0.0.3 (Linux routes
+# all of 127/8 to lo) and every socket of the job stays on loopback.
+HEAD, NODE_B = "127.0.0.2", "127.0.0.3"
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    """``roots`` and every process below them (from /proc's parent links)."""
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, IndexError, ValueError):
+                continue
+    found, grew = set(roots), True
+    while grew:
+        more = {pid for pid, ppid in parent.items() if ppid in found} - found
+        found |= more
+        grew = bool(more)
+    return found
+
+
+def _cluster_pids(temp_dir: str) -> set[int]:
+    """Every process of the Ray cluster whose session lives in ``temp_dir``."""
+    roots = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if temp_dir.encode() in (entry / "cmdline").read_bytes():
+                    roots.add(int(entry.name))
+            except OSError:
+                continue
+    return {pid for pid in _descendants(roots) if alive(pid)}
+
+
+def _actor_pids() -> list[int]:
+    """Live Ray worker processes that host a sparseps role actor."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"RoleActor" in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """``RAY_ADDRESS`` of a head node plus a ``node_b`` node; stopped by pid afterwards."""
+    from _launchtools import free_port
+
+    temp_dir = tempfile.mkdtemp(prefix="spsray-", dir="/tmp")  # Unix sockets: keep it short
+    port = free_port(HEAD)
+    env = clean_env(RAY_USAGE_STATS_ENABLED="0")
+    common = ["--num-cpus", "2", "--disable-usage-stats", "--temp-dir", temp_dir]
+    try:
+        subprocess.run(
+            [str(RAY), "start", "--head", "--node-ip-address", HEAD, "--port", str(port),
+             "--include-dashboard=false", "--ray-client-server-port", str(free_port()), *common],
+            check=True, env=env, capture_output=True, timeout=120,
+        )  # fmt: skip
+        address = f"{HEAD}:{port}"
+        subprocess.run(
+            [str(RAY), "start", "--address", address, "--node-ip-address", NODE_B,
+             "--resources", '{"node_b": 1}', *common],
+            check=True, env=env, capture_output=True, timeout=120,
+        )  # fmt: skip
+        yield address
+    finally:
+        pids = _cluster_pids(temp_dir)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not any(alive(p) for p in pids), 20, "the Ray cluster to stop")
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _ray_launch(address: str, log: Path, *args: str) -> list[str]:
+    return launch_argv("--backend", "ray", "--address", address, "--log-dir", str(log), *args)
+
+
+def _env(address: str) -> dict[str, str]:
+    return clean_env(RAY_ADDRESS=address, RAY_USAGE_STATS_ENABLED="0")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ray-data")
+    subprocess.run(
+        [sys.executable, "-m", "sparseps.cli", "gen-data", "--rows", "6000", "--files", "2",
+         "--test-rows", "2000", "--out", str(out), "--no-progress"],
+        check=True, env=clean_env(), capture_output=True, timeout=120,
+    )  # fmt: skip
+    return out
+
+
+def _wide_deep(data: Path, out: Path) -> list[str]:
+    return [
+        str(WIDE_DEEP), "--train", str(data / "train"), "--test", str(data / "test"),
+        "--result", str(out / "result.json"), "--hidden", "32", "--print-period", "0",
+        "--calibrate-rows", "0", "--prior-rows", "1000", "--batch-size", "128", "--mode", "sync",
+        "--lr", "0.003", "--sparse-lr", "0.05",
+    ]  # fmt: skip
+
+
+def test_wide_deep_across_two_ray_nodes_matches_the_local_launcher(ray_cluster, data, tmp_path):
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "local").mkdir()
+    ray_log, local_log = tmp_path / "ray" / "log", tmp_path / "local" / "log"
+    on_ray = subprocess.Popen(
+        _ray_launch(ray_cluster, ray_log, "--server-num", "2", "--worker-num", "2",
+                    "--server-resources", ANYWHERE, "--worker-resources", ON_B, "--no-metrics",
+                    *_wide_deep(data, tmp_path / "ray")),
+        cwd=tmp_path, env=_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    local = subprocess.Popen(
+        launch_argv("--server-num", "2", "--worker-num", "2", "--log-dir", str(local_log),
+                    "--no-metrics", *_wide_deep(data, tmp_path / "local")),
+        cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    ray_out, local_out = finish([on_ray, local], 170)
+    assert on_ray.returncode == 0, ray_out[-3000:] + read_text(ray_log / "server.0.log")[-2000:]
+    assert local.returncode == 0, local_out[-3000:]
+    ours = json.loads((tmp_path / "ray" / "result.json").read_text())
+    theirs = json.loads((tmp_path / "local" / "result.json").read_text())
+    # sync mode: both apply the same updates in the same order
+    assert abs(ours["test_auc"] - theirs["test_auc"]) < 0.005, (ours, theirs)
+    assert ours["test_auc"] > 0.6
+    # the role logs came back to the driver's log dir; pids.json lists every process
+    record = json.loads((ray_log / "pids.json").read_text())
+    roles = sorted((c["role"], c["rank"], c["attempt"]) for c in record["children"])
+    assert roles == [("server", 0, 0), ("server", 1, 0), ("worker", 0, 0), ("worker", 1, 0)]
+    assert {c["node"] for c in record["children"] if c["role"] == "worker"} == {NODE_B}
+    assert "running server with rank id: 1" in read_text(ray_log / "server.1.log")
+    assert "sparseps worker 1 of 2" in read_text(ray_log / "worker.1.log")
+    assert not any(alive(c["pid"]) for c in record["children"])
+    assert job_processes(record["job_id"]) == []
+
+
+def test_a_worker_exiting_3_fails_the_ray_job_fast_and_names_it(ray_cluster, tmp_path):
+    log = tmp_path / "log"
+    r = subprocess.run(
+        _ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "2", "--no-metrics",
+                    "--server-resources", ANYWHERE, "--worker-resources", ON_B,
+                    str(JOB), "fail", "--dir", str(tmp_path)),
+        cwd=tmp_path, env=_env(ray_cluster), capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+    ended = time.time()
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-3000:]
+    assert re.search(r"worker 1 \(pid \d+\) exited with code 3 on node \S+", r.stderr), r.stderr
+    assert "worker 1: exiting with code 3" in r.stderr  # the tail of its log, pulled back
+    # fail fast: the driver ended within a few seconds of worker 1's last line
+    assert ended - (log / "worker.1.log").stat().st_mtime < 15.0
+    record = json.loads((log / "pids.json").read_text())
+    wait_for(lambda: not any(alive(c["pid"]) for c in record["children"]), 10, "roles to exit")
+    assert job_processes(record["job_id"]) == []
+
+
+def test_killing_the_driver_leaves_no_actor_or_process_behind(ray_cluster, tmp_path):
+    log = tmp_path / "log"
+    driver = subprocess.Popen(
+        _ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "2", "--no-metrics",
+                    "--server-resources", ON_B, "--worker-resources", ANYWHERE,
+                    str(JOB), "sleep", "--dir", str(tmp_path)),
+        cwd=tmp_path, env=_env(ray_cluster), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        for rank in (0, 1):
+            wait_for(
+                lambda rank=rank: f"worker {rank} ready" in read_text(log / f"worker.{rank}.log"),
+                120, f"worker {rank} to be ready",
+            )  # fmt: skip
+        record = json.loads((log / "pids.json").read_text())
+        pids = [c["pid"] for c in record["children"]]
+        assert all(alive(p) for p in pids) and len(_actor_pids()) == 3
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=10)
+        wait_for(lambda: not any(alive(p) for p in pids), 20, f"roles {pids} to exit")
+        wait_for(lambda: not _actor_pids(), 20, "the role actors to exit")
+        assert job_processes(record["job_id"]) == []
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=10)
