@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "an HTTP prediction service that follows an inference model's chain",
     ),
     "launch": ("sparseps.launch.launch_cli", "start servers and workers, like fleetrun"),
+    "k8s": ("sparseps.launch.k8s", "Kubernetes manifests of a job (Indexed Jobs, a Service)"),
     "diagnose": (
         "sparseps.observe.diagnose",
         "dump the stacks of every live role of a job; who waits on whom",
