@@ -22,7 +22,9 @@ on an :class:`~sparseps.data.InMemoryDataset`):
    frees the device table. The servers then hold the model: checkpoints, inference
    saves, decay/shrink and evaluation read it as after any other mode.
 
-Outside a pass (evaluation, prediction) pulls read the servers as in sync mode.
+Outside a pass (evaluation, prediction) pulls read the servers as in sync mode. The rows
+of a pass that fails are dropped, not written back: the servers keep the sparse model of
+the last completed pass (the dense parameters keep the steps it made, as in sync mode).
 Collectives run on gloo over host tensors; with ``device="cuda"`` the table and the
 rule live on the GPU and rows cross to the host for the exchange and the model (the
 dense model runs where the trainer runs it).
@@ -217,10 +219,14 @@ class GpuPsMode(SyncMode):
         return {name: out[name] for name in keys}
 
     def steps(self, source: Iterable) -> Iterator:
-        for item in super().steps(source):
-            if item is None and self.shards is not None:
-                self.pull_rows({})  # no data left here: still answer the owners' exchange
-            yield item
+        try:
+            for item in super().steps(source):
+                if item is None and self.shards is not None:
+                    self.pull_rows({})  # no data left here: still answer the owners' exchange
+                yield item
+        except GeneratorExit:  # the pass was abandoned (an error): its rows are not written
+            self.shards, self._routes = None, {}  # back, later pulls read the servers
+            raise
 
     def apply(self, grads: list, dense_grad: np.ndarray) -> None:
         timeout = self.collective_timeout

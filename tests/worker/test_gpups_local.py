@@ -5,7 +5,7 @@
 - after GPUPS passes the servers hold the model: a checkpoint saved and loaded back
   gives the same pulls;
 - a QueueDataset, a pass over the memory budget and an unknown device are refused,
-  with errors that name what and how to fix.
+  with errors that name what and how to fix; the rows of a pass that fails are dropped.
 """
 
 from __future__ import annotations
@@ -107,6 +107,18 @@ def test_gpups_refuses_a_stream_and_a_pass_over_its_memory_budget(local_worker, 
         _model("b"), strategy=sps.Strategy(mode="gpups", device="cpu", gpups_memory_bytes=need)
     )
     try:  # exactly the budget fits
+        assert trainer.train_from_dataset(batches, print_period=0).samples == 32
+        before = trainer.client.pull("b_deep", keys).wait()
+
+        def fail(step, stats):
+            raise RuntimeError("a batch failed")
+
+        with pytest.raises(RuntimeError, match="a batch failed"):
+            trainer.train_from_dataset(batches, print_period=0, on_batch=fail)
+        # the failed pass's rows are dropped, not written back; pulls read the servers again
+        assert trainer.state.mode.shards is None
+        assert trainer.evaluate(batches).count == 32
+        np.testing.assert_array_equal(trainer.client.pull("b_deep", keys).wait(), before)
         assert trainer.train_from_dataset(batches, print_period=0).samples == 32
     finally:
         trainer.stop()
