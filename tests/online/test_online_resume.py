@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -23,7 +24,8 @@ from sparseps.online import Ledger, write_stream
 from sparseps.online.model_dir import ModelDir
 from sparseps.testing.crash import CRASH_EXIT_CODE
 
-pytestmark = pytest.mark.timeout(400)
+# the first test's set-up runs all nine jobs of the module (see runs)
+pytestmark = pytest.mark.timeout(600)
 
 KNOBS = {"save": {"checkpoint_every": 2, "keep_checkpoints": 10}}
 FINAL = "000004-20240101-004"
@@ -45,12 +47,56 @@ def stream(tmp_path_factory):
     return root
 
 
+CASES = {  # name: (phase, seq, batches) of the crash point; expectations in the test
+    "train_batch": ("train_batch", 2, 2),
+    "ledger_written": ("ledger_written", 2, 1),
+    "mid_checkpoint": ("mid_checkpoint", 3, 1),
+    "checkpointed": ("checkpointed", 3, 1),
+}
+
+
+def _left_by_crash(folder) -> dict:
+    """The model directory as a crash left it (read before the resume changes it)."""
+    model, book = ModelDir(folder), Ledger.of(folder)
+    return {
+        "ledger": [r["seq"] for r in book.passes()],
+        "kinds": sorted({r["kind"] for r in book.records()}),
+        "checkpoints": [s["online"]["seq"] for _, s in model.complete_checkpoints()],
+        "inference": _inference(model),
+        "state": json.loads(model.status_path.read_text())["state"],
+    }
+
+
 @pytest.fixture(scope="module")
-def reference(stream):
+def runs(stream):
+    """The uninterrupted run and, per case of CASES, its crash, the directory as the crash
+    left it and the resume: two jobs at a time (each job is mostly one busy process at a
+    time - imports, one worker's save, start and stop - and sync mode makes every result
+    independent of timing). Nine jobs one after another were ~100 s of this module."""
+
+    def uninterrupted():
+        cfg = write_config(stream / "ref.yaml", data_root=stream / "data",
+                           model_dir=stream / "ref", days=1, passes_per_day=5, **KNOBS)  # fmt: skip
+        return run_online(cfg)
+
+    def crash_and_resume(name, phase, seq, batches):
+        cfg = write_config(stream / f"{name}.yaml", data_root=stream / "data",
+                           model_dir=stream / name, days=1, passes_per_day=5, **KNOBS)  # fmt: skip
+        crashed = run_crashing(cfg, phase, seq, batches)
+        if crashed.returncode != CRASH_EXIT_CODE:
+            return crashed, None, None
+        return crashed, _left_by_crash(stream / name), run_online(cfg)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reference = pool.submit(uninterrupted)
+        cases = {name: pool.submit(crash_and_resume, name, *args) for name, args in CASES.items()}
+        return reference.result(), {name: future.result() for name, future in cases.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(stream, runs):
     """The uninterrupted run."""
-    cfg = write_config(stream / "ref.yaml", data_root=stream / "data", model_dir=stream / "ref",
-                       days=1, passes_per_day=5, **KNOBS)  # fmt: skip
-    _ok(run_online(cfg))
+    _ok(runs[0])
     return stream / "ref"
 
 
@@ -79,37 +125,37 @@ def test_uninterrupted_run_decays_at_the_end_of_the_day(reference):
 
 
 @pytest.mark.parametrize(
-    ("phase", "seq", "batches", "ledger", "checkpoints", "inference", "resume"),
+    ("case", "ledger", "checkpoints", "inference", "resume"),
     [
         # killed while training pass 3: passes 1-2 recorded and checkpointed
-        ("train_batch", 2, 2, [0, 1], [1], ["base-00000", "delta-00001"], 1),
+        ("train_batch", [0, 1], [1], ["base-00000", "delta-00001"], 1),
         # pass 3 recorded, but no checkpoint holds it: it is superseded and trained again
-        ("ledger_written", 2, 1, [0, 1, 2], [1], ["base-00000", "delta-00001", "delta-00002"], 1),
+        ("ledger_written", [0, 1, 2], [1], ["base-00000", "delta-00001", "delta-00002"], 1),
         # killed inside pass 4's checkpoint save (shards written, no manifest)
-        ("mid_checkpoint", 3, 1, [0, 1, 2], [1],
+        ("mid_checkpoint", [0, 1, 2], [1],
          ["base-00000", "delta-00001", "delta-00002", "delta-00003"], 1),
         # pass 4's checkpoint complete, its ledger line not written: restored from the checkpoint
-        ("checkpointed", 3, 1, [0, 1, 2], [1, 3],
+        ("checkpointed", [0, 1, 2], [1, 3],
          ["base-00000", "delta-00001", "delta-00002", "delta-00003"], 3),
     ],
 )  # fmt: skip
 def test_crash_and_resume_equals_uninterrupted_run(
-    stream, reference, tmp_path, phase, seq, batches, ledger, checkpoints, inference, resume
+    stream, runs, reference, case, ledger, checkpoints, inference, resume
 ):
-    cfg = write_config(tmp_path / "crash.yaml", data_root=stream / "data",
-                       model_dir=tmp_path / "crash", days=1, passes_per_day=5, **KNOBS)  # fmt: skip
-    crashed = run_crashing(cfg, phase, seq, batches)
+    phase, seq, _ = CASES[case]
+    crashed, left, resumed = runs[1][case]
     assert crashed.returncode == CRASH_EXIT_CODE, crashed.stdout[-3000:] + crashed.stderr[-3000:]
 
     # the model directory exactly as the crash left it
-    model, book = ModelDir(tmp_path / "crash"), Ledger.of(tmp_path / "crash")
-    assert [r["seq"] for r in book.passes()] == ledger
-    assert all(r["kind"] == "pass" for r in book.records())
-    assert [s["online"]["seq"] for _, s in model.complete_checkpoints()] == checkpoints
-    assert _inference(model) == inference
-    assert json.loads(model.status_path.read_text())["state"] == "running"
+    assert left["ledger"] == ledger
+    assert left["kinds"] == ["pass"]
+    assert left["checkpoints"] == checkpoints
+    assert left["inference"] == inference
+    assert left["state"] == "running"
 
-    _ok(run_online(cfg))
+    _ok(resumed)
+    folder = stream / case
+    model, book = ModelDir(folder), Ledger.of(folder)
     resumes = [r for r in book.records() if r["kind"] == "resume"]
     assert [(r["seq"], r["checkpoint"]) for r in resumes] == [
         (resume, str(model.checkpoint_path(model_pass(resume))))
@@ -125,7 +171,7 @@ def test_crash_and_resume_equals_uninterrupted_run(
     assert _inference(model) == _inference(ModelDir(reference))
 
     ref_arrays = checkpoint_arrays(reference / f"checkpoints/{FINAL}")
-    arrays = checkpoint_arrays(tmp_path / f"crash/checkpoints/{FINAL}")
+    arrays = checkpoint_arrays(folder / f"checkpoints/{FINAL}")
     assert sorted(arrays) == sorted(ref_arrays)
     for name, ref in ref_arrays.items():
         np.testing.assert_array_equal(arrays[name], ref, err_msg=name)
