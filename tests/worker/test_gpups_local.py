@@ -139,3 +139,21 @@ def test_device_cuda_without_a_gpu_fails_clearly():
     assert resolve_device("auto") == torch.device("cpu")
     with pytest.raises(ConfigError, match="device='cuda': no CUDA device is visible to worker 3"):
         resolve_device("cuda", rank=3)
+
+
+def test_pass_keys_are_the_lookups_keys_with_or_without_compaction(planted):
+    from sparseps.worker.binding import TableBinder
+    from sparseps.worker.gpups import _pass_keys
+
+    batches = planted(9, 6, 16, slots=SLOTS, vocab=50)
+    model = _model("k")
+    binder = TableBinder(list(model.embeddings))
+    tables = sorted(binder.tables)
+    want = np.unique(np.concatenate([binder.lookups(b)["k_deep"].keys for b in batches]))
+    for compact in (1 << 24, 10):  # 10 ids: a compaction after every batch
+        keys, shared = _pass_keys(batches, binder.lookups, tables, compact_ids=compact)
+        assert shared.tolist() == [0, 0]  # the two tables share one dedup
+        for name in tables:
+            np.testing.assert_array_equal(keys[name], want)
+    keys, shared = _pass_keys([], binder.lookups, tables)
+    assert shared.tolist() == [-1, -1] and all(k.size == 0 for k in keys.values())
