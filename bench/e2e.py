@@ -11,6 +11,13 @@ reader. Records:
 - ``test_auc``: held-out AUC after one pass (value: sparseps, baseline: PyTorch alone);
 - ``step_overlap``: worker 0's step time / (pull + compute + push time per step); below 1
   means pulls and pushes overlap compute (baseline None).
+
+With ``--backend ray`` (``sparseps bench e2e --backend ray``) the same job runs twice in
+one run, through ``sparseps launch --backend ray`` (roles as Ray actors; the cluster of
+``RAY_ADDRESS``, else a local one Ray starts) and through the local launcher, and the
+records compare the two: ``ray_samples_per_s`` (value: Ray backend, baseline: local
+launcher; the target is a ratio >= 0.95) and ``ray_test_auc``. Both jobs use plain
+transport, so only the placement differs.
 """
 
 from __future__ import annotations
@@ -42,12 +49,17 @@ def _data(rows: int) -> Path:
     return folder
 
 
-def _sparseps(folder: Path, out: Path) -> dict:
+# Each role's Ray resources: fractions, so that 3 roles fit a 2-core machine too.
+RAY_OPTIONS = ("--backend", "ray", "--no-secure", "--server-resources", '{"CPU": 0.5}',
+               "--worker-resources", '{"CPU": 0.5}')  # fmt: skip
+
+
+def _sparseps(folder: Path, out: Path, options: tuple[str, ...] = ()) -> dict:
     job = Path(__file__).resolve().parents[1] / "sparseps" / "jobs" / "wide_deep_job.py"
     result = out / "result.json"
     cmd = [
-        sys.executable, "-m", "sparseps.cli", "launch", "--server-num", "1", "--worker-num", "2",
-        "--log-dir", str(out / "log"), str(job), "--train", str(folder / "train"),
+        sys.executable, "-m", "sparseps.cli", "launch", *options, "--server-num", "1",
+        "--worker-num", "2", "--log-dir", str(out / "log"), str(job), "--train", str(folder / "train"),
         "--test", str(folder / "test"), "--result", str(result), "--mode", "async",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
@@ -112,9 +124,31 @@ def _baseline(folder: Path) -> dict:
     return {"samples_per_s": samples / seconds, "test_auc": metrics.compute().auc}
 
 
-def run(quick: bool = False) -> list[BenchRecord]:
+def _ray_vs_local(folder: Path, rows: int) -> list[BenchRecord]:
+    """The same job through the Ray backend and the local launcher, in this run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "local").mkdir()
+        (Path(tmp) / "ray").mkdir()
+        local = _sparseps(folder, Path(tmp) / "local")
+        on_ray = _sparseps(folder, Path(tmp) / "ray", RAY_OPTIONS)
+    params = {"rows": rows, "servers": 1, "workers": 2, "mode": "async", "batch": BATCH,
+              "backend": "ray vs local"}  # fmt: skip
+    return [
+        BenchRecord("ray_samples_per_s", on_ray["samples_per_s"], "samples/s",
+                    local["samples_per_s"], params),
+        BenchRecord("ray_test_auc", on_ray["test_auc"], "auc", local["test_auc"], params),
+    ]  # fmt: skip
+
+
+def run(quick: bool = False, backend: str = "local") -> list[BenchRecord]:
     rows = QUICK_ROWS if quick else ROWS
     folder = _data(rows)
+    if backend == "ray":
+        return _ray_vs_local(folder, rows)
+    if backend != "local":
+        from sparseps.errors import ConfigError
+
+        raise ConfigError(f"bench e2e: --backend must be local or ray, got {backend!r}")
     with tempfile.TemporaryDirectory() as tmp:
         ours = _sparseps(folder, Path(tmp))
     base = _baseline(folder)

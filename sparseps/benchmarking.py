@@ -91,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="measure servers keeping R backup copies per shard against none, and the "
         "failover time (benchmarks that use servers: rpc)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default=None,
+        help="e2e: also run the job through `sparseps launch --backend ray` and compare it "
+        "with the local launcher (docs/cluster.md)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -100,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
         options["secure"] = True
     if args.replicas is not None:
         options["replicas"] = args.replicas
+    if args.backend is not None:
+        options["backend"] = args.backend
     for name in options:  # each option goes only to a benchmark that takes it
         if name not in inspect.signature(module.run).parameters:
             raise ConfigError(f"bench {args.name}: --{name} is not supported by this benchmark")

@@ -27,9 +27,7 @@ children die with them (``ray_actor.py``). ``LOG_DIR/pids.json`` lists every pro
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import ipaddress
 import json
 import logging
 import os
@@ -37,81 +35,31 @@ import secrets
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..env import FILE_ROOTS, Role
 from ..errors import ConfigError
 from .procutil import tail
-from .records import SERVER_EXIT_NOTE, Failure, Outcome, SupervisorConfig, check_seconds
+from .ray_placement import (
+    CALL_TIMEOUT_S,
+    RoleHandle,
+    call,
+    check_args,
+    key_dir_rule,
+    place_roles,
+    release,
+)
+from .records import SERVER_EXIT_NOTE, Failure, Outcome, SupervisorConfig
 from .spec import ClusterSpec
 
-__all__ = ["actor_options", "parse_resources", "run"]
+__all__ = ["RayJob", "run"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RESOURCES = '{"CPU": 1}'
-CALL_TIMEOUT_S = 60.0  # one actor call (prepare, start, poll, stop) answers within this
-_REFUSED = {"servers": "--servers", "workers": "--workers", "host": "--host",
-            "master": "--master", "status_port": "--status-port"}  # fmt: skip
-
-
-def parse_resources(flag: str, text: str) -> dict[str, float]:
-    """``--server-resources`` / ``--worker-resources``: a JSON object of amounts > 0."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f'{flag}: not JSON ({exc}); e.g. \'{{"CPU": 1, "node_b": 0.1}}\''
-        ) from None
-    if not isinstance(value, dict) or not value:
-        raise ConfigError(f"{flag}: expected a JSON object of resource amounts, got {text!r}")
-    for name, amount in value.items():
-        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
-            raise ConfigError(f"{flag}: {name!r} must be a number > 0, got {amount!r}")
-    return {str(k): float(v) for k, v in value.items()}
-
-
-def actor_options(resources: dict[str, float]) -> dict[str, Any]:
-    """Ray actor options asking for ``resources`` (CPU, GPU, memory or custom ones)."""
-    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
-    return {
-        "num_cpus": resources.get("CPU", 0),
-        "num_gpus": resources.get("GPU", 0),
-        **({"memory": resources["memory"]} if "memory" in resources else {}),
-        **({"resources": custom} if custom else {}),
-    }
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass
-class _Role:
-    role: Role
-    rank: int
-    actor: Any
-    log_path: Path
-    host: str = ""
-    ports: list[int] = field(default_factory=list)
-    pid: int = 0
-    attempt: int = 0
-    offset: int = 0
-    code: int | None = None
-    running: bool = False
-    actor_died: bool = False
-
-    @property
-    def name(self) -> str:
-        return f"{self.role.value} {self.rank}"
-
 
 def _status(code: int) -> int:
+    """A process's return code as a shell exit status (signal N -> 128+N)."""
     return 128 - code if code < 0 else code
 
 
@@ -129,67 +77,19 @@ class RayJob:
         self.job_id = (
             args.job_id or f"sps-ray-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         )
-        self.roles: list[_Role] = []
+        self.roles: list[RoleHandle] = []
         self.history: list[dict] = []
         self.restarts = 0
         self.signum: int | None = None
         self.pg = None
         self.spec: ClusterSpec | None = None
-        self.security = None
+        self.security: Any = None  # a sparseps.rpc.security.Security when secure
 
     # -- placement and wiring -------------------------------------------------------------
     def place(self) -> None:
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from .ray_actor import RoleActor
-
-        args, ray = self.args, self.ray
-        server_res = parse_resources(
-            "--server-resources", args.server_resources or DEFAULT_RESOURCES
+        self.pg, self.roles = place_roles(
+            self.ray, self.args, self.job_id, self.script, self.log_dir
         )
-        worker_res = parse_resources(
-            "--worker-resources", args.worker_resources or DEFAULT_RESOURCES
-        )
-        layout = [(Role.SERVER, r, server_res) for r in range(args.server_num or 1)] + [
-            (Role.WORKER, r, worker_res) for r in range(args.worker_num or 1)
-        ]
-        self.pg = placement_group([res for _, _, res in layout], strategy="SPREAD")
-        if not self.pg.wait(int(max(1, args.rendezvous_timeout_s))):
-            raise ConfigError(
-                f"--backend ray: Ray could not place {len(layout)} bundles (servers "
-                f"{server_res}, workers {worker_res}) within {args.rendezvous_timeout_s:g} s "
-                f"(--rendezvous-timeout-s); the cluster has {ray.available_resources()}: lower "
-                "--server-resources/--worker-resources or add nodes"
-            )
-        remote = ray.remote(RoleActor)
-        for i, (role, rank, res) in enumerate(layout):
-            strategy = PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=i
-            )
-            actor = remote.options(
-                **actor_options(res), scheduling_strategy=strategy, max_restarts=0,
-                name=f"{self.job_id}-{role.value}-{rank}", max_concurrency=1,
-            ).remote(role.value, rank, self.job_id)  # fmt: skip
-            path = self.log_dir / f"{role.value}.{rank}.log"
-            self.roles.append(_Role(role, rank, actor, path))
-        paths = {"script": str(self.script), "working folder": os.getcwd()}
-        for i, root in enumerate(args.file_roots or ()):
-            paths[f"--file-root {i}"] = os.path.abspath(root)
-        if args.key_dir:
-            paths["--key-dir"] = os.path.abspath(args.key_dir)
-        metrics = 1 if args.metrics else 0
-        wants = [
-            1 + metrics if r.role is Role.SERVER or r.rank == 0 else metrics for r in self.roles
-        ]
-        infos = self._get(
-            [r.actor.prepare.remote(paths, n) for r, n in zip(self.roles, wants, strict=True)],
-            "prepare",
-        )
-        for r, info in zip(self.roles, infos, strict=True):
-            if info["error"]:
-                raise ConfigError(f"--backend ray: {info['error']}")
-            r.host, r.ports = info["host"], list(info["ports"])
 
     def wire(self) -> ClusterSpec:
         servers = tuple(f"{r.host}:{r.ports[0]}" for r in self.roles if r.role is Role.SERVER)
@@ -202,7 +102,9 @@ class RayJob:
             job_id=self.job_id,
             log_dir=str(self.log_dir),
         )
-        key_dir = self._key_dir(spec)
+        key_dir = key_dir_rule(
+            self.args, spec.nodes, str(self.ray.util.get_node_ip_address()), self.log_dir
+        )
         if key_dir:
             from ..rpc.security import JobKeys, Security
 
@@ -210,29 +112,6 @@ class RayJob:
             self.security = Security(JobKeys.load(key_dir))
         self.spec = spec
         return spec
-
-    def _key_dir(self, spec: ClusterSpec) -> str:
-        """The local launcher's rule (docs/security.md) over the hosts Ray chose."""
-        args = self.args
-        if args.key_dir:
-            if args.secure is False:
-                raise ConfigError("--key-dir and --no-secure contradict each other; drop one")
-            return os.path.abspath(args.key_dir)
-        secure = args.secure if args.secure is not None else not all(map(_loopback, spec.nodes))
-        if not secure:
-            return ""
-        here = str(self.ray.util.get_node_ip_address())
-        if any(h != here for h in spec.nodes):
-            raise ConfigError(
-                f"--key-dir is required: this secure job runs on Ray nodes {', '.join(spec.nodes)} "
-                "and every node needs the same keys; make them with `sparseps keys DIR` on a "
-                "shared filesystem and pass --key-dir DIR (or --no-secure on a trusted network)"
-            )
-        from ..rpc.security import write_job_keys
-
-        key_dir = str(self.log_dir / "keys")
-        write_job_keys(key_dir, force=True)
-        return key_dir
 
     def banner(self) -> str:
         assert self.spec is not None
@@ -251,7 +130,7 @@ class RayJob:
         return "\n".join(lines)
 
     # -- processes ------------------------------------------------------------------------
-    def _env(self, r: _Role, master: str | None = None) -> dict[str, str]:
+    def _env(self, r: RoleHandle, master: str | None = None) -> dict[str, str]:
         assert self.spec is not None
         role_env = self.spec.role_env(r.role, r.rank)
         if r.role is Role.WORKER:
@@ -265,7 +144,7 @@ class RayJob:
             env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
         return env
 
-    def start(self, roles: list[_Role], master: str | None = None) -> None:
+    def start(self, roles: list[RoleHandle], master: str | None = None) -> None:
         calls = []
         for r in roles:
             metrics = r.ports[-1] if self.args.metrics else None
@@ -276,6 +155,7 @@ class RayJob:
             )
         for r, pid in zip(roles, self._get(calls, "start"), strict=True):
             r.pid, r.code, r.running = pid, None, True
+            r.last_output = r.warned_at = time.monotonic()
             self.history.append({"role": r.role.value, "rank": r.rank, "pid": pid,
                                  "attempt": r.attempt, "node": r.host,
                                  **({"metrics_port": r.ports[-1]} if self.args.metrics else {})})  # fmt: skip
@@ -285,7 +165,7 @@ class RayJob:
         tmp.write_text(json.dumps(record, indent=1))
         tmp.replace(self.log_dir / "pids.json")
 
-    def poll(self, roles: list[_Role]) -> None:
+    def poll(self, roles: list[RoleHandle]) -> None:
         """One round: exit codes and new log bytes of ``roles`` (until drained)."""
         pending = [r for r in roles if r.running]
         while pending:
@@ -298,6 +178,7 @@ class RayJob:
                     if r.role is Role.WORKER and r.rank == 0:
                         sys.stdout.buffer.write(reply["data"])
                         sys.stdout.flush()
+                    r.last_output = time.monotonic()
                 r.offset = reply["offset"]
                 if reply["code"] is not None:
                     r.code, r.running = reply["code"], False
@@ -305,7 +186,7 @@ class RayJob:
                     again.append(r)
             pending = again
 
-    def _poll_replies(self, pending: list[_Role]) -> list[dict]:
+    def _poll_replies(self, pending: list[RoleHandle]) -> list[dict]:
         """Each role's poll reply; a role whose actor died (its node lost, say) gets a
         reply with exit code -9 and is named as such."""
         from ray.exceptions import RayActorError
@@ -322,7 +203,7 @@ class RayJob:
                     replies.append({"code": -9, "data": b"", "offset": r.offset, "more": False})
             return replies
 
-    def stop(self, roles: list[_Role]) -> None:
+    def stop(self, roles: list[RoleHandle]) -> None:
         live = [r for r in roles if r.running]
         if live:
             self._get([r.actor.stop.remote(self.config.grace_s) for r in live], "stop",
@@ -334,19 +215,7 @@ class RayJob:
     def _get(
         self, refs: list, what: str, timeout: float = CALL_TIMEOUT_S, *, raw: bool = False
     ) -> list:
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        try:
-            return self.ray.get(refs, timeout=timeout)
-        except GetTimeoutError:
-            raise ConfigError(
-                f"--backend ray: the actors did not answer {what} within {timeout:g} s "
-                "(is a node overloaded or gone?)"
-            ) from None
-        except RayActorError as exc:
-            if raw:
-                raise
-            raise ConfigError(f"--backend ray: a role's actor died during {what}: {exc}") from None
+        return call(self.ray, refs, what, timeout, raw=raw)
 
     # -- supervision ----------------------------------------------------------------------
     def supervise(self) -> Outcome:
@@ -369,24 +238,36 @@ class RayJob:
             if all(r.code == 0 for r in workers):
                 self._stop_servers(servers)
                 return Outcome(0, "completed")
+            self._warn_quiet()
             time.sleep(self.config.poll_s * 2)
 
-    def _fail(self, r: _Role, note: str = "") -> Outcome:
+    def _warn_quiet(self) -> None:
+        """Name a running role that has written nothing for ``--quiet-warn-s`` (again every
+        period), as the local launcher does: a hung role shows before any timeout."""
+        now, period = time.monotonic(), self.config.quiet_warn_s
+        for r in self.roles:
+            last = max(r.last_output, r.warned_at)
+            if r.running and now - last >= period:
+                r.warned_at = now
+                log.warning("%s (pid %d) on %s has produced no output for %.0f s",
+                            r.name, r.pid, r.host, now - r.last_output)  # fmt: skip
+
+    def _fail(self, r: RoleHandle, note: str = "") -> Outcome:
         self.stop(self.roles)
         code = r.code if r.code is not None else 0
-        died = "(its Ray actor died: node lost or actor killed) " if r.actor_died else ""
+        died = "(its Ray actor died: node lost or actor killed)" if r.actor_died else ""
         left = ""
         if self.config.max_restarts and r.role is Role.WORKER:
-            left = f" (no restarts left: {self.restarts} of {self.config.max_restarts} used)"
+            left = f"(no restarts left: {self.restarts} of {self.config.max_restarts} used)"
         failure = Failure(
             role=r.role.value, rank=r.rank, pid=r.pid, exit_code=code,
             log_path=str(r.log_path), tail=tuple(tail(r.log_path, self.config.tail_lines)),
-            note=(f"on node {r.host} " + died + note + left).strip(),
+            note=" ".join(part for part in (f"on node {r.host}", died, note, left) if part),
         )  # fmt: skip
         status = _status(code) or 1
         return Outcome(status, "failed", failure)
 
-    def _restart(self, failed: _Role, workers: list[_Role]) -> None:
+    def _restart(self, failed: RoleHandle, workers: list[RoleHandle]) -> None:
         self.restarts += 1
         log.warning(
             "%s (pid %d) on %s exited with code %d: restarting all workers (restart %d of %d; "
@@ -403,7 +284,7 @@ class RayJob:
                  self.restarts, self.config.max_restarts,
                  ",".join(str(r.rank) for r in workers), master)  # fmt: skip
 
-    def _stop_servers(self, servers: list[_Role]) -> None:
+    def _stop_servers(self, servers: list[RoleHandle]) -> None:
         from ..rpc.client import PSClient
 
         assert self.spec is not None
@@ -420,42 +301,14 @@ class RayJob:
         self.stop(servers)
 
     def close(self) -> None:
-        """Kill the actors (their children die with them) and free the placement group."""
-        for r in self.roles:
-            with contextlib.suppress(Exception):  # already gone
-                self.ray.kill(r.actor, no_restart=True)
-        if self.pg is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            with contextlib.suppress(Exception):  # the cluster went away
-                remove_placement_group(self.pg)
-
-
-def _check(args: argparse.Namespace) -> Path:
-    for name, flag in _REFUSED.items():
-        if getattr(args, name, None) is not None:
-            raise ConfigError(
-                f"{flag} does not apply to --backend ray: Ray places the roles and each "
-                "picks its ports on its node; use --server-resources/--worker-resources "
-                "to steer placement"
-            )
-    for flag in ("--rendezvous-timeout-s", "--grace-s", "--quiet-warn-s"):
-        check_seconds(flag, getattr(args, flag[2:-2].replace("-", "_") + "_s"))
-    for name in ("server_num", "worker_num"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
-    script = Path(args.script).resolve()
-    if not script.is_file():
-        raise ConfigError(f"launch: script {args.script!r} not found (cwd {os.getcwd()})")
-    return script
+        release(self.ray, self.pg, self.roles)
 
 
 def run(args: argparse.Namespace) -> int:
     """``sparseps launch --backend ray``: the exit code says how the job ended."""
     from .launch_cli import _LauncherLog
 
-    script = _check(args)
+    script = check_args(args)
     try:
         import ray
     except ImportError:

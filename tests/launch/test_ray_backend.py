@@ -98,7 +98,22 @@ def _actor_pids() -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def _data_job(tmp_path_factory):
+    """Generates the wide&deep data in the background while the Ray cluster starts."""
+    out = tmp_path_factory.mktemp("ray-data")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparseps.cli", "gen-data", "--rows", "6000", "--files", "2",
+         "--test-rows", "2000", "--out", str(out), "--no-progress"],
+        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    yield out, proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(_data_job):
     """``RAY_ADDRESS`` of a head node plus a ``node_b`` node; stopped by pid afterwards."""
     from _launchtools import free_port
 
@@ -128,6 +143,15 @@ def ray_cluster():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+def _started(log: Path, count: int) -> dict | None:
+    """pids.json once it lists ``count`` processes, else None."""
+    try:
+        record = json.loads((log / "pids.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return record if len(record["children"]) == count else None
+
+
 def _ray_launch(address: str, log: Path, *args: str) -> list[str]:
     return launch_argv("--backend", "ray", "--address", address, "--log-dir", str(log), *args)
 
@@ -137,13 +161,10 @@ def _env(address: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ray-data")
-    subprocess.run(
-        [sys.executable, "-m", "sparseps.cli", "gen-data", "--rows", "6000", "--files", "2",
-         "--test-rows", "2000", "--out", str(out), "--no-progress"],
-        check=True, env=clean_env(), capture_output=True, timeout=120,
-    )  # fmt: skip
+def data(_data_job) -> Path:
+    out, proc = _data_job
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
     return out
 
 
@@ -193,20 +214,31 @@ def test_wide_deep_across_two_ray_nodes_matches_the_local_launcher(ray_cluster, 
 
 
 def test_a_worker_exiting_3_fails_the_ray_job_fast_and_names_it(ray_cluster, tmp_path):
+    # worker 1 exits 3 in every generation: --max-restarts 1 restarts the worker group
+    # once (a fresh rendezvous), then the second exit fails the job
     log = tmp_path / "log"
     r = subprocess.run(
         _ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "2", "--no-metrics",
-                    "--server-resources", ANYWHERE, "--worker-resources", ON_B,
-                    str(JOB), "fail", "--dir", str(tmp_path)),
+                    "--max-restarts", "1", "--server-resources", ANYWHERE,
+                    "--worker-resources", ON_B, str(JOB), "fail", "--dir", str(tmp_path)),
         cwd=tmp_path, env=_env(ray_cluster), capture_output=True, text=True, timeout=150,
     )  # fmt: skip
     ended = time.time()
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-3000:]
-    assert re.search(r"worker 1 \(pid \d+\) exited with code 3 on node \S+", r.stderr), r.stderr
+    failed = re.search(
+        r"worker 1 \(pid \d+\) exited with code 3 on node (\S+) \(no restarts left: 1 of 1",
+        r.stderr,
+    )
+    assert failed and failed.group(1) == NODE_B, r.stderr
     assert "worker 1: exiting with code 3" in r.stderr  # the tail of its log, pulled back
     # fail fast: the driver ended within a few seconds of worker 1's last line
     assert ended - (log / "worker.1.log").stat().st_mtime < 15.0
+    assert "restarting all workers (restart 1 of 1" in read_text(log / "launcher.log")
+    assert "----- restart attempt 1 -----" in read_text(log / "worker.1.log")
     record = json.loads((log / "pids.json").read_text())
+    attempts = sorted((c["role"], c["rank"], c["attempt"]) for c in record["children"])
+    assert attempts == [("server", 0, 0), ("worker", 0, 0), ("worker", 0, 1), ("worker", 1, 0),
+                        ("worker", 1, 1)]  # fmt: skip
     wait_for(lambda: not any(alive(c["pid"]) for c in record["children"]), 10, "roles to exit")
     assert job_processes(record["job_id"]) == []
 
@@ -221,12 +253,8 @@ def test_killing_the_driver_leaves_no_actor_or_process_behind(ray_cluster, tmp_p
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        for rank in (0, 1):
-            wait_for(
-                lambda rank=rank: f"worker {rank} ready" in read_text(log / f"worker.{rank}.log"),
-                120, f"worker {rank} to be ready",
-            )  # fmt: skip
-        record = json.loads((log / "pids.json").read_text())
+        # every role's process has started (the driver writes pids.json after each start)
+        record = wait_for(lambda: _started(log, 3), 120, "the job's 3 processes to start")
         pids = [c["pid"] for c in record["children"]]
         assert all(alive(p) for p in pids) and len(_actor_pids()) == 3
         driver.send_signal(signal.SIGKILL)

@@ -1,0 +1,239 @@
+"""Where the roles of a ``--backend ray`` job run: resources, the placement group, the
+role actors, and the checks the driver makes before anything starts.
+
+One placement-group bundle per server and per worker (``SPREAD``: spread over the nodes
+as far as the resources allow), one :class:`~sparseps.launch.ray_actor.RoleActor` per
+bundle. Each actor checks on its node that the paths the role needs exist there (the
+script, the working folder, ``--file-root`` and ``--key-dir`` folders) and picks the
+role's ports on its node; :func:`place_roles` gathers both. ``ray_backend.py`` starts
+and supervises the processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ipaddress
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..env import Role
+from ..errors import ConfigError
+from .records import check_seconds
+
+__all__ = [
+    "CALL_TIMEOUT_S",
+    "RoleHandle",
+    "actor_options",
+    "call",
+    "check_args",
+    "key_dir_rule",
+    "parse_resources",
+    "place_roles",
+    "release",
+]
+
+DEFAULT_RESOURCES = '{"CPU": 1}'
+CALL_TIMEOUT_S = 60.0  # one actor call (prepare, start, poll, stop) answers within this
+_REFUSED = {"servers": "--servers", "workers": "--workers", "host": "--host",
+            "master": "--master", "status_port": "--status-port"}  # fmt: skip
+
+
+def parse_resources(flag: str, text: str) -> dict[str, float]:
+    """``--server-resources`` / ``--worker-resources``: a JSON object of amounts > 0."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f'{flag}: not JSON ({exc}); e.g. \'{{"CPU": 1, "node_b": 0.1}}\''
+        ) from None
+    if not isinstance(value, dict) or not value:
+        raise ConfigError(f"{flag}: expected a JSON object of resource amounts, got {text!r}")
+    for name, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
+            raise ConfigError(f"{flag}: {name!r} must be a number > 0, got {amount!r}")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def actor_options(resources: dict[str, float]) -> dict[str, Any]:
+    """Ray actor options asking for ``resources`` (CPU, GPU, memory or custom ones)."""
+    custom = {k: v for k, v in resources.items() if k not in ("CPU", "GPU", "memory")}
+    return {
+        "num_cpus": resources.get("CPU", 0),
+        "num_gpus": resources.get("GPU", 0),
+        **({"memory": resources["memory"]} if "memory" in resources else {}),
+        **({"resources": custom} if custom else {}),
+    }
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class RoleHandle:
+    """The driver's view of one role: its actor, where it runs, its process's state."""
+
+    role: Role
+    rank: int
+    actor: Any
+    log_path: Path
+    host: str = ""
+    ports: list[int] = field(default_factory=list)
+    pid: int = 0
+    attempt: int = 0
+    offset: int = 0
+    code: int | None = None
+    running: bool = False
+    actor_died: bool = False
+    last_output: float = 0.0  # time.monotonic() of its last log bytes
+    warned_at: float = 0.0  # of the last "no output" warning
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value} {self.rank}"
+
+
+def call(ray, refs: list, what: str, timeout: float = CALL_TIMEOUT_S, *, raw: bool = False) -> list:
+    """``ray.get(refs)`` bounded by ``timeout``; failures become a ConfigError naming
+    ``what`` (with ``raw``, a dead actor's RayActorError is raised as is)."""
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except GetTimeoutError:
+        raise ConfigError(
+            f"--backend ray: the actors did not answer {what} within {timeout:g} s "
+            "(is a node overloaded or gone?)"
+        ) from None
+    except RayActorError as exc:
+        if raw:
+            raise
+        raise ConfigError(f"--backend ray: a role's actor died during {what}: {exc}") from None
+
+
+def place_roles(
+    ray, args: argparse.Namespace, job_id: str, script: Path, log_dir: Path
+) -> tuple[Any, list[RoleHandle]]:
+    """Reserve the bundles, create the actors, check paths and gather ports on each node.
+
+    Returns:
+        the placement group and the roles (servers, then workers), ``host``/``ports`` set.
+
+    Raises:
+        ConfigError: the cluster cannot fit the bundles within ``--rendezvous-timeout-s``,
+            or a path is missing on a node (named with the node and the path).
+    """
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from .ray_actor import RoleActor
+
+    server_res = parse_resources("--server-resources", args.server_resources or DEFAULT_RESOURCES)
+    worker_res = parse_resources("--worker-resources", args.worker_resources or DEFAULT_RESOURCES)
+    layout = [(Role.SERVER, r, server_res) for r in range(args.server_num or 1)] + [
+        (Role.WORKER, r, worker_res) for r in range(args.worker_num or 1)
+    ]
+    pg = placement_group([res for _, _, res in layout], strategy="SPREAD")
+    if not pg.wait(int(max(1, args.rendezvous_timeout_s))):
+        raise ConfigError(
+            f"--backend ray: Ray could not place {len(layout)} bundles (servers "
+            f"{server_res}, workers {worker_res}) within {args.rendezvous_timeout_s:g} s "
+            f"(--rendezvous-timeout-s); the cluster has {ray.available_resources()}: lower "
+            "--server-resources/--worker-resources or add nodes"
+        )
+    roles: list[RoleHandle] = []
+    try:
+        remote = ray.remote(RoleActor)
+        for i, (role, rank, res) in enumerate(layout):
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=i
+            )
+            actor = remote.options(
+                **actor_options(res), scheduling_strategy=strategy, max_restarts=0,
+                name=f"{job_id}-{role.value}-{rank}", max_concurrency=1,
+            ).remote(role.value, rank, job_id)  # fmt: skip
+            path = log_dir / f"{role.value}.{rank}.log"
+            roles.append(RoleHandle(role, rank, actor, path))
+        paths = {"script": str(script), "working folder": os.getcwd()}
+        for i, root in enumerate(args.file_roots or ()):
+            paths[f"--file-root {i}"] = os.path.abspath(root)
+        if args.key_dir:
+            paths["--key-dir"] = os.path.abspath(args.key_dir)
+        metrics = 1 if args.metrics else 0
+        wants = [1 + metrics if r.role is Role.SERVER or r.rank == 0 else metrics for r in roles]
+        infos = call(
+            ray,
+            [r.actor.prepare.remote(paths, n) for r, n in zip(roles, wants, strict=True)],
+            "prepare",
+        )
+        for r, info in zip(roles, infos, strict=True):
+            if info["error"]:
+                raise ConfigError(f"--backend ray: {info['error']}")
+            r.host, r.ports = info["host"], list(info["ports"])
+    except BaseException:
+        release(ray, pg, roles)
+        raise
+
+    return pg, roles
+
+
+def key_dir_rule(args: argparse.Namespace, nodes: tuple[str, ...], here: str, log_dir: Path) -> str:
+    """The job's key folder ("" for plain transport): the local launcher's rule
+    (docs/security.md) over the hosts Ray chose; ``here`` is the driver's node address."""
+    if args.key_dir:
+        if args.secure is False:
+            raise ConfigError("--key-dir and --no-secure contradict each other; drop one")
+        return os.path.abspath(args.key_dir)
+    secure = args.secure if args.secure is not None else not all(map(_loopback, nodes))
+    if not secure:
+        return ""
+    if any(h != here for h in nodes):
+        raise ConfigError(
+            f"--key-dir is required: this secure job runs on Ray nodes {', '.join(nodes)} "
+            "and every node needs the same keys; make them with `sparseps keys DIR` on a "
+            "shared filesystem and pass --key-dir DIR (or --no-secure on a trusted network)"
+        )
+    from ..rpc.security import write_job_keys
+
+    key_dir = str(log_dir / "keys")
+    write_job_keys(key_dir, force=True)
+    return key_dir
+
+
+def release(ray, pg, roles: list[RoleHandle]) -> None:
+    """Kill the actors (their children die with them) and free the placement group."""
+    for r in roles:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(r.actor, no_restart=True)
+    if pg is not None:
+        from ray.util.placement_group import remove_placement_group
+
+        with contextlib.suppress(Exception):  # the cluster went away
+            remove_placement_group(pg)
+
+
+def check_args(args: argparse.Namespace) -> Path:
+    for name, flag in _REFUSED.items():
+        if getattr(args, name, None) is not None:
+            raise ConfigError(
+                f"{flag} does not apply to --backend ray: Ray places the roles and each "
+                "picks its ports on its node; use --server-resources/--worker-resources "
+                "to steer placement"
+            )
+    for flag in ("--rendezvous-timeout-s", "--grace-s", "--quiet-warn-s"):
+        check_seconds(flag, getattr(args, flag[2:-2].replace("-", "_") + "_s"))
+    for name in ("server_num", "worker_num"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
+    script = Path(args.script).resolve()
+    if not script.is_file():
+        raise ConfigError(f"launch: script {args.script!r} not found (cwd {os.getcwd()})")
+    return script
