@@ -16,8 +16,9 @@ With ``--backend ray`` (``sparseps bench e2e --backend ray``) the same job runs 
 one run, through ``sparseps launch --backend ray`` (roles as Ray actors; the cluster of
 ``RAY_ADDRESS``, else a local one Ray starts) and through the local launcher, and the
 records compare the two: ``ray_samples_per_s`` (value: Ray backend, baseline: local
-launcher; the target is a ratio >= 0.95) and ``ray_test_auc``. Both jobs use plain
-transport, so only the placement differs.
+launcher; the target is a ratio >= 0.95) and ``ray_test_auc``, the best of 2 alternating
+rounds each (1 with ``--quick``). Both jobs use plain transport, so only the placement
+differs.
 """
 
 from __future__ import annotations
@@ -124,19 +125,27 @@ def _baseline(folder: Path) -> dict:
     return {"samples_per_s": samples / seconds, "test_auc": metrics.compute().auc}
 
 
-def _ray_vs_local(folder: Path, rows: int) -> list[BenchRecord]:
-    """The same job through the Ray backend and the local launcher, in this run."""
+def _ray_vs_local(folder: Path, rows: int, rounds: int) -> list[BenchRecord]:
+    """The same job through the local launcher and the Ray backend, alternately, ``rounds``
+    times each in this run; the best round of each counts (on a shared machine, other
+    work only ever slows a round down)."""
+    local, on_ray = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "local").mkdir()
-        (Path(tmp) / "ray").mkdir()
-        local = _sparseps(folder, Path(tmp) / "local")
-        on_ray = _sparseps(folder, Path(tmp) / "ray", RAY_OPTIONS)
+        for i in range(rounds):
+            for runs, name, options in ((local, "local", ()), (on_ray, "ray", RAY_OPTIONS)):
+                out = Path(tmp) / f"{name}-{i}"
+                out.mkdir()
+                runs.append(_sparseps(folder, out, options))
     params = {"rows": rows, "servers": 1, "workers": 2, "mode": "async", "batch": BATCH,
-              "backend": "ray vs local"}  # fmt: skip
+              "backend": "ray vs local", "rounds": rounds,
+              "ray_rounds": [round(r["samples_per_s"], 1) for r in on_ray],
+              "local_rounds": [round(r["samples_per_s"], 1) for r in local]}  # fmt: skip
+    best_ray = max(on_ray, key=lambda r: r["samples_per_s"])
+    best_local = max(local, key=lambda r: r["samples_per_s"])
     return [
-        BenchRecord("ray_samples_per_s", on_ray["samples_per_s"], "samples/s",
-                    local["samples_per_s"], params),
-        BenchRecord("ray_test_auc", on_ray["test_auc"], "auc", local["test_auc"], params),
+        BenchRecord("ray_samples_per_s", best_ray["samples_per_s"], "samples/s",
+                    best_local["samples_per_s"], params),
+        BenchRecord("ray_test_auc", best_ray["test_auc"], "auc", best_local["test_auc"], params),
     ]  # fmt: skip
 
 
@@ -144,7 +153,7 @@ def run(quick: bool = False, backend: str = "local") -> list[BenchRecord]:
     rows = QUICK_ROWS if quick else ROWS
     folder = _data(rows)
     if backend == "ray":
-        return _ray_vs_local(folder, rows)
+        return _ray_vs_local(folder, rows, rounds=1 if quick else 2)
     if backend != "local":
         from sparseps.errors import ConfigError
 

@@ -28,6 +28,7 @@ run it in process.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -69,6 +70,39 @@ def _node_id() -> str:
     return socket.gethostname()
 
 
+def _niceness(pid: int) -> int | None:
+    try:
+        return os.getpriority(os.PRIO_PROCESS, pid)
+    except OSError:
+        return None
+
+
+def _node_niceness() -> int | None:
+    """The niceness of the process that started this actor (Ray's raylet, normally 0).
+
+    Ray runs its workers, and so this actor, at ``worker_niceness`` (15 by default) so
+    that they yield to Ray's own processes; a role inheriting that would get a fraction
+    of the CPU the local launcher's roles get on a busy machine.
+    """
+    return _niceness(os.getppid())
+
+
+def _child_setup(nice: int | None):
+    """The child's ``preexec_fn``: die with this actor, and run at Ray's own niceness
+    where allowed (lowering niceness needs CAP_SYS_NICE; else it stays, and the log
+    says so)."""
+    die_with_parent = die_with_parent_hook()
+
+    def setup() -> None:
+        if die_with_parent is not None:
+            die_with_parent()
+        if nice is not None:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+    return setup
+
+
 class RoleActor:
     """Runs one role's process on the node Ray placed it on.
 
@@ -84,6 +118,7 @@ class RoleActor:
         folder = Path(tempfile.gettempdir()) / "sparseps-ray" / job_id
         folder.mkdir(parents=True, exist_ok=True)
         self.log_path = folder / f"{role}.{rank}.log"
+        self.log_path.unlink(missing_ok=True)  # a job id given again: only this run's output
         self._proc: subprocess.Popen[bytes] | None = None
         atexit.register(self._kill_group)
 
@@ -144,6 +179,7 @@ class RoleActor:
         if "OMP_NUM_THREADS" not in env:
             full.pop("OMP_NUM_THREADS", None)
         argv = [sys.executable, "-u", "-m", "sparseps.observe.child", *args]
+        nice = _node_niceness()
         with open(self.log_path, "ab") as log:
             if attempt:
                 log.write(f"\n----- restart attempt {attempt} -----\n".encode())
@@ -156,8 +192,15 @@ class RoleActor:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent_hook(),  # noqa: PLW1509 - one prctl call
+                preexec_fn=_child_setup(nice),  # noqa: PLW1509 - two system calls
             )
+            got = _niceness(self._proc.pid)
+            if nice is not None and got is not None and got > nice:
+                log.write(
+                    f"sparseps: this {self.role} runs at nice {got} (Ray's worker_niceness), "
+                    f"not {nice} like Ray itself, and may get less CPU than other work; start "
+                    "Ray with RAY_worker_niceness=0 in its environment to avoid this\n".encode()
+                )
         return self._proc.pid
 
     def poll(self, offset: int) -> dict:
