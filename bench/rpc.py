@@ -18,7 +18,10 @@ against ``max(3, R + 1)`` servers keeping R backup copies of every shard, with t
 servers without copies as the baseline (``rpc_replicated_*``, interleaved rounds), and
 the failover time (``rpc_failover_s``): one server of the replicated cluster is killed
 with SIGKILL while a client keeps pushing; the figure is the time from the kill to the
-end of the first push sent after it (the client has noticed the loss and routed around it).
+end of the first push sent after it (the client has noticed the loss and routed around it),
+and the re-replication time (``rpc_rereplication_s``): a replacement server starts on the
+lost rank and copies its shards from the survivors while the client keeps pushing, until
+the client writes to it again.
 
 Run: ``sparseps bench rpc [--quick] [--secure | --replicas R] [--json]``.
 """
@@ -194,6 +197,21 @@ def _failover_s(cluster, client, universe: np.ndarray, grads: np.ndarray) -> flo
     return time.perf_counter() - killed
 
 
+def _rereplication_s(cluster, client, universe: np.ndarray, grads: np.ndarray) -> float:
+    """Seconds from starting a replacement for the killed server 1 until this client
+    writes to it again (it copied its shards while the client kept pushing)."""
+    batches = _batches(universe, 4, seed=5)
+    started = time.perf_counter()
+    cluster.replace(1)
+    for step in range(100_000):
+        client.push("bench", batches[step % len(batches)], grads).wait()
+        if 1 in client.live_copies(1) and 1 in client.live_copies(0):
+            return time.perf_counter() - started
+        if time.perf_counter() - started > 300:
+            break
+    raise SparsePSError("bench rpc: the replacement server did not join within 300 s")
+
+
 def _replicated(quick: bool, replicas: int, universe, pulls, pushes, grads) -> list[BenchRecord]:
     servers = max(3, replicas + 1)
     rounds = 2 if quick else 3
@@ -212,6 +230,7 @@ def _replicated(quick: bool, replicas: int, universe, pulls, pushes, grads) -> l
             plain.append(_measure_remote(clients[0], pulls, pushes, grads))
             copied.append(_measure_remote(clients[1], pulls, pushes, grads))
         failover = _failover_s(cluster, clients[1], universe, grads)
+        rejoin = _rereplication_s(cluster, clients[1], universe, grads)
     plain, copied = _best(plain), _best(copied)
     params = {
         "servers": servers, "replicas": replicas, "batch": BATCH, "dim": DIM,
@@ -230,6 +249,18 @@ def _replicated(quick: bool, replicas: int, universe, pulls, pushes, grads) -> l
             )
         ),
         BenchRecord("rpc_failover_s", failover, "s", None, {**params, "killed": "server 1"}),
+        # the replacement copies shards 1 and 0: about 2/3 of the rows (with the start-up)
+        BenchRecord(
+            "rpc_rereplication_s",
+            rejoin,
+            "s",
+            None,
+            {
+                **params,
+                "copied_rows": int(len(universe) * 2 / servers),
+                "includes": "process start",
+            },
+        ),  # fmt: skip
     ]
 
 

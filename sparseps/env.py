@@ -99,6 +99,7 @@ FILE_TIMEOUT = "SPARSEPS_FILE_TIMEOUT"  # save/load ops, apart from the data pla
 FILE_ROOTS = "SPARSEPS_FILE_ROOTS"  # os.pathsep-separated folders a server's file ops may use
 DISK_DIR = "SPARSEPS_DISK_DIR"  # a server's folder for the rows of tables beyond memory_rows
 REPLICAS = "SPARSEPS_REPLICAS"  # copies of each shard beyond the primary (sparseps.core.replicas)
+RECOVER = "SPARSEPS_RECOVER"  # "1": a replacement server, copies its shards from survivors
 BARRIER_WARN = "SPARSEPS_BARRIER_WARN_S"
 BARRIER_TIMEOUT = "SPARSEPS_BARRIER_TIMEOUT_S"
 RENDEZVOUS_TIMEOUT = "SPARSEPS_RENDEZVOUS_TIMEOUT_S"
@@ -405,6 +406,12 @@ def replicas_setting(environ: Mapping[str, str] | None = None) -> int:
     return value
 
 
+def recover_setting(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this server replaces a lost one (``SPARSEPS_RECOVER=1``, set by the launcher)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(RECOVER, "").strip() == "1"
+
+
 def job_id_setting(environ: Mapping[str, str] | None = None) -> str | None:
     """This process's job id (``SPARSEPS_JOB_ID``, else the one Paddle's variables give),
     or None when it is not part of a job."""
@@ -424,7 +431,7 @@ def child_environ(overrides: Mapping[str, str]) -> dict[str, str]:
     of a role (e.g. a launcher started from inside a worker); the launcher passes the
     child's full role in ``overrides`` (``RoleEnv.to_environ()``).
     """
-    dropped = {*VARIABLES, RESTART_COUNT, SECURE, KEY_DIR, REPLICAS}
+    dropped = {*VARIABLES, RESTART_COUNT, SECURE, KEY_DIR, REPLICAS, RECOVER}
     child = {k: v for k, v in os.environ.items() if k not in dropped}
     child.update(overrides)
     return child

@@ -16,9 +16,17 @@ shard at most one copy.
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..errors import ConfigError, SparsePSError
 
-__all__ = ["chain", "check_replicas", "hosted"]
+__all__ = [
+    "RecoveringError",
+    "ReplicaRefusal",
+    "ShardBusyError",
+    "StaleEpochError",
+    "chain",
+    "check_replicas",
+    "hosted",
+]
 
 
 def check_replicas(replicas: int, num_servers: int, *, where: str = "replicas") -> int:
@@ -47,3 +55,20 @@ def chain(shard: int, num_servers: int, replicas: int) -> tuple[int, ...]:
 def hosted(rank: int, num_servers: int, replicas: int) -> tuple[int, ...]:
     """The shards server ``rank`` holds: its own first, then the ones it backs up."""
     return tuple((rank - i) % num_servers for i in range(replicas + 1))
+
+
+class ReplicaRefusal(SparsePSError):
+    """A copy of a shard refused a request for a replication reason; the client acts on
+    the type's name (it arrives as a :class:`~sparseps.errors.RemoteError`)."""
+
+
+class ShardBusyError(ReplicaRefusal):
+    """The copy is paused while a replacement server copies it: send the write again."""
+
+
+class StaleEpochError(ReplicaRefusal):
+    """The shard's copies changed (a replacement joined): refresh with ``shard_info``."""
+
+
+class RecoveringError(ReplicaRefusal):
+    """This copy is still being copied from a survivor: use another copy."""

@@ -72,9 +72,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="reader threads per worker")
     p.add_argument("--no-prefetch", action="store_true", help="turn off pull/compute overlap")
     p.add_argument("--print-period", type=int, default=200)
+    p.add_argument(
+        "--hold-file", default="",
+        help="drills: after each batch, wait while this file exists (at most 300 s), e.g. "
+        "while a replacement server copies its shards",
+    )  # fmt: skip
     p.add_argument("--checkpoint", default="", help="save a checkpoint here after training")
     p.add_argument("--inference-model", default="", help="save an inference model here")
     return p.parse_args(argv)
+
+
+def _held(hold: Path, then):
+    """An ``on_batch`` that waits while ``hold`` exists (bounded), then calls ``then``."""
+
+    def on_batch(step, stats) -> None:
+        deadline = time.monotonic() + 300
+        while hold.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if then is not None:
+            then(step, stats)
+
+    return on_batch
 
 
 def main(argv=None) -> int:
@@ -120,9 +138,10 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     samples, build_s = 0, []
     calibrator = ProgressiveCalibrator(args.calibrate_rows) if args.calibrate_rows > 0 else None
+    on_batch = _held(Path(args.hold_file), calibrator) if args.hold_file else calibrator
     for _ in range(args.epochs):
         result = trainer.train_from_dataset(
-            train, print_period=args.print_period, on_batch=calibrator
+            train, print_period=args.print_period, on_batch=on_batch
         )
         samples += result.samples
         build_s.append(result.timings.get("build_s"))

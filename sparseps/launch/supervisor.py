@@ -15,8 +15,10 @@ Rules (DESIGN §1, "launcher"):
   train against a dead server. A server exit never restarts the worker group; the
   servers are checked before a worker's failure is taken as a reason to restart.
   With ``--replicas R`` a lost server is logged and tolerated while every shard keeps a
-  live copy (the clients route around it); the loss that leaves a shard without one
-  fails the job, naming every lost server;
+  live copy (the clients route around it), and, while ``max_restarts`` allows, replaced:
+  a new server on its rank and port copies its shards from the survivors
+  (``SPARSEPS_RECOVER=1``, :mod:`sparseps.server.recovery`); the loss that leaves a
+  shard without a copy fails the job, naming every lost server;
 - when all workers of the job exited 0, this node's servers are asked to stop (the
   ``stop_servers`` callback, e.g. a ``stop`` RPC), then SIGTERM/SIGKILL as a fallback;
 - SIGINT/SIGTERM to the launcher stop every child.
@@ -53,7 +55,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..env import MASTER, RESTART_COUNT, Role
+from ..env import MASTER, RECOVER, RESTART_COUNT, Role
 from ..errors import SparsePSError
 from .node_sync import Coordinator, LocalCoordinator
 from .procutil import die_with_parent_hook, stop_groups, tail
@@ -125,6 +127,7 @@ class Supervisor:
         self._running: list[_Child] = []
         # ranks of servers lost and tolerated (replicas): left out of the final stop
         self.lost_servers: set[int] = set()
+        self._replacements = 0  # replacement servers started (bounded by max_restarts)
         self._history: list[dict] = []
         self._signal: int | None = None
         workers = sum(1 for c in self.children if c.role is Role.WORKER)
@@ -328,7 +331,7 @@ class Supervisor:
         for attempt in range(2 if settle else 1):
             if attempt:
                 time.sleep(self.config.poll_s)
-            for child in self._running:
+            for child in list(self._running):  # a lost server may be replaced meanwhile
                 if child.spec.role is not Role.SERVER:
                     continue
                 if child.exit_code is None:
@@ -365,6 +368,18 @@ class Supervisor:
             rank, server.proc.pid, server.exit_code, replicas,
             ", ".join(map(str, sorted(self.lost_servers))),
         )  # fmt: skip
+        if self._replacements < self.config.max_restarts:
+            self._replacements += 1
+            self._running.remove(server)
+            self.lost_servers.discard(rank)
+            log.warning(
+                "starting a replacement for server %d (replacement %d of %d, --max-restarts): "
+                "it copies its shards from the survivors while training goes on",
+                rank, self._replacements, self.config.max_restarts,
+            )  # fmt: skip
+            self._start(
+                replace(server.spec, env={**server.spec.env, RECOVER: "1"}), self._replacements
+            )
         return True
 
     def _restarts_left(self) -> bool:

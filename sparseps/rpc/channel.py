@@ -69,6 +69,7 @@ class Call:
     resend: tuple | None = None
     retries_left: int = 0
     shard: int | None = None  # a replica's shard (None: the server's own)
+    epoch: int | None = None  # the sender's epoch of the shard (replicated writes)
 
 
 class Channel:
@@ -113,6 +114,9 @@ class Channel:
         # rank -> why it is lost (None: not lost); written by the I/O thread only
         self._lost: list[str | None] = [None] * len(self.endpoints)
         self._was_connected = [False] * len(self.endpoints)
+        self._why_lost: list[str] = [""] * len(self.endpoints)
+        self._rank_of: dict = {}
+        self._monitor_of: dict = {}
         self._poller = zmq.Poller()  # the I/O thread's
         self.update_retries = update_retries
         # Random per client: (client_id, seq) names one update across the servers' windows.
@@ -146,16 +150,14 @@ class Channel:
         # The I/O thread sends them when it can, fails them when the server refuses us,
         # and drops those whose callers gave up (their wait is bounded by the timeout).
         self._backlog: list[collections.deque] = [collections.deque() for _ in self.endpoints]
-        self._dealers = []
-        self._monitors = []
-        for endpoint in self.endpoints:
-            sock = transport.new_dealer(self._context, limits.max_message_bytes, security=security)
-            if detect_loss:
-                sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-                sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-            self._monitors.append(sock.get_monitor_socket(events=sum(_EVENTS)))
-            sock.connect(transport.connect_address(endpoint))
-            self._dealers.append(sock)
+        self._dealers: list[zmq.Socket] = []
+        self._monitors: list[zmq.Socket] = []
+        for rank in range(len(self.endpoints)):
+            dealer, monitor = self._connect(rank)
+            self._dealers.append(dealer)
+            self._monitors.append(monitor)
+        # ranks a caller asked to reconnect (revive), served by the I/O thread
+        self._revive: collections.deque[tuple[int, threading.Event]] = collections.deque()
         self._thread = threading.Thread(target=self._run, name="sparseps-client-io", daemon=True)
         self._thread.start()
 
@@ -171,6 +173,7 @@ class Channel:
         *,
         shard: int | None = None,
         seq: int | None = None,
+        epoch: int | None = None,
     ) -> Call:
         """Queue one request to server ``rank``; returns its :class:`Call` at once.
 
@@ -178,6 +181,7 @@ class Channel:
             shard: the shard it is for when ``rank`` holds it as a replica.
             seq: an update's sequence number from :meth:`next_seq` (the copies of one
                 update share it); default: a fresh one.
+            epoch: the sender's epoch of the shard (a replicated write).
         """
         if self._closing.is_set():
             raise UnavailableError(
@@ -194,7 +198,7 @@ class Channel:
                 op=op, role="server", rank=rank, address=self.endpoints[rank], seconds=self.timeout,
                 setting="PSClient(max_in_flight=...)",
             )  # fmt: skip
-        call = Call(id=next(self._ids), rank=rank, op=op, table=table, shard=shard)
+        call = Call(id=next(self._ids), rank=rank, op=op, table=table, shard=shard, epoch=epoch)
         if op in UPDATE_OPS:
             call.seq = next(self._seqs) if seq is None else seq
             call.retries_left = self.update_retries
@@ -208,7 +212,7 @@ class Channel:
             frames = encode_request(
                 call.op, call.id, call.table, bufs, args, job=self.job_id,
                 client=None if call.seq is None else self.client_id, seq=call.seq,
-                shard=call.shard,
+                shard=call.shard, epoch=call.epoch,
             )  # fmt: skip
         except BaseException:
             self._slots.release()
@@ -221,6 +225,59 @@ class Channel:
     def next_seq(self) -> int:
         """A fresh update sequence number (for the copies of one replicated update)."""
         return next(self._seqs)
+
+    def _connect(self, rank: int) -> tuple[zmq.Socket, zmq.Socket]:
+        """A new DEALER to server ``rank`` and its monitor socket."""
+        sock = transport.new_dealer(
+            self._context, self.limits.max_message_bytes, security=self.security
+        )
+        if self.detect_loss:
+            sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        monitor = sock.get_monitor_socket(events=sum(_EVENTS))
+        sock.connect(transport.connect_address(self.endpoints[rank]))
+        return sock, monitor
+
+    def revive(self, rank: int, timeout: float = 10.0) -> None:
+        """Connect again to a lost server ``rank`` (a replacement now serves there).
+
+        Raises:
+            DeadlineError: the I/O thread did not get to it within ``timeout``.
+        """
+        if self._lost[rank] is None:
+            return
+        done = threading.Event()
+        self._revive.append((rank, done))
+        if not done.wait(timeout):
+            raise DeadlineError(
+                f"reconnecting to server {rank} at {self.endpoints[rank]} took over {timeout:g} s",
+                op="revive", role="server", rank=rank, address=self.endpoints[rank],
+                seconds=timeout, setting="Channel.revive(timeout=...)",
+            )  # fmt: skip
+
+    def mark_lost(self, rank: int, why: str) -> None:
+        """Treat server ``rank`` as lost (it answered that it cannot serve: a replacement
+        still copying); done by the I/O thread."""
+        if self._lost[rank] is None:
+            self._revive.append((-1 - rank, threading.Event()))
+            self._why_lost[rank] = why
+
+    def _serve_revivals(self) -> None:
+        while self._revive:
+            rank, done = self._revive.popleft()
+            if rank < 0:  # mark_lost
+                if self._lost[-1 - rank] is None:
+                    self._lose(-1 - rank, self._why_lost[-1 - rank])
+            elif self._lost[rank] is not None:
+                dealer, monitor = self._connect(rank)
+                self._dealers[rank], self._monitors[rank] = dealer, monitor
+                self._rank_of[dealer], self._monitor_of[monitor] = rank, rank
+                self._poller.register(dealer, zmq.POLLIN)
+                self._poller.register(monitor, zmq.POLLIN)
+                self._was_connected[rank] = False
+                self._lost[rank] = None
+                log.info("server %d at %s: connecting again", rank, self.endpoints[rank])
+            done.set()
 
     def lost(self, rank: int) -> str | None:
         """Why server ``rank`` is lost (``detect_loss``), or None."""
@@ -317,10 +374,11 @@ class Channel:
         poller.register(self._inbox, zmq.POLLIN)
         for sock in [*self._dealers, *self._monitors]:
             poller.register(sock, zmq.POLLIN)
-        rank_of = {sock: rank for rank, sock in enumerate(self._dealers)}
-        monitor_of = {sock: rank for rank, sock in enumerate(self._monitors)}
+        rank_of = self._rank_of = {sock: rank for rank, sock in enumerate(self._dealers)}
+        monitor_of = self._monitor_of = {sock: rank for rank, sock in enumerate(self._monitors)}
         try:
             while not self._closing.is_set():
+                self._serve_revivals()
                 for sock, _ in poller.poll(_POLL_MS):
                     if sock.closed:  # a lost server's, closed earlier in this round
                         continue
@@ -387,12 +445,13 @@ class Channel:
             f"(zmq handshake event {kind:#x}, {value})"
         )
 
-    def _lose(self, rank: int) -> None:
+    def _lose(self, rank: int, why: str | None = None) -> None:
         """Server ``rank`` dropped its connection: fail what waits for it, close its socket
         (zmq would otherwise deliver the queued requests to a later process on that port)."""
-        self._lost[rank] = (
-            f"server {rank} at {self.endpoints[rank]} is lost: its connection dropped (the "
-            f"process exited, or it answered no heartbeat for {HEARTBEAT_TIMEOUT_MS / 1000:g} s)"
+        self._lost[rank] = f"server {rank} at {self.endpoints[rank]} is lost: " + (
+            why
+            or "its connection dropped (the process exited, or it answered no heartbeat for "
+            f"{HEARTBEAT_TIMEOUT_MS / 1000:g} s)"
         )
         log.warning("%s", self._lost[rank])
         self._backlog[rank].clear()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -45,7 +46,7 @@ from ..core.routing import dense_server_of, group_by_server
 from ..core.validate import check_key_array
 from ..errors import ConfigError
 from .batching import merge_by_group
-from .channel import Channel
+from .channel import Call, Channel
 from .client_checks import (
     check_counts_or_none,
     check_finite_rows,
@@ -53,7 +54,7 @@ from .client_checks import (
     check_merged,
 )
 from .handle import Handle, completed
-from .ops import UPDATE_OPS
+from .ops import SHARD_WRITE_OPS, UPDATE_OPS
 from .protocol import JOB_ID, Limits
 from .replicated import ShardRequest
 from .security import Security, security_from_env
@@ -174,6 +175,9 @@ class PSClient:
         self.timeout = float(timeout)
         self.file_timeout = float(file_timeout)
         self.job_id = job_id
+        # shard -> the epoch of its copies as this client last saw it (replicas)
+        self._epochs = [0] * len(self.endpoints)
+        self._epoch_lock = threading.Lock()
         self._channel = Channel(
             self.endpoints,
             timeout=self.timeout,
@@ -223,29 +227,52 @@ class PSClient:
         self, shard: int, op: str, table: str | None, bufs=(), args=None, *, every: bool
     ) -> ShardRequest:
         """Send one shard's request to every live copy (``every``) or to the first one."""
-        ranks = chain(shard, self.num_servers, self.replicas)
-        channel = self._channel
-
-        def send(rank: int, seq: int | None = None):
-            return channel.submit(
-                rank, op, table, bufs, args, shard=None if rank == shard else shard, seq=seq
-            )
-
-        live = [rank for rank in ranks if channel.lost(rank) is None]
-        if not live:
-            raise ShardRequest(shard, [], chain=ranks).no_copy_left(channel, op)
-        if every:
+        if not self.replicas:
+            call = self._channel.submit(shard, op, table, bufs, args)
+            return ShardRequest(shard, op, [call], every=every)
+        request = ShardRequest(
+            shard, op, [], every=every, router=self,
+            chain=chain(shard, self.num_servers, self.replicas),
             # the copies of one update share its sequence number: each applies it once
-            seq = channel.next_seq() if op in UPDATE_OPS and len(live) > 1 else None
-            return ShardRequest(shard, [send(rank, seq) for rank in live], chain=ranks)
+            seq=self._channel.next_seq() if op in UPDATE_OPS else None,
+            bufs=tuple(bufs), args=args, table=table,
+        )  # fmt: skip
+        live = self.live_copies(shard)
+        if not live:
+            raise request.no_copy_left(self._channel)
+        for rank in live if every else live[:1]:
+            self.resend(request, rank)
+        return request
 
-        def resend(tried: set[int]):
-            for rank in ranks:
-                if rank not in tried and channel.lost(rank) is None:
-                    return send(rank)
-            return None
+    # -- ShardRouter (sparseps.rpc.replicated) ------------------------------------------
 
-        return ShardRequest(shard, [send(live[0])], resend=resend, chain=ranks)
+    def live_copies(self, shard: int) -> list[int]:
+        """The servers holding ``shard`` that this client does not count as lost."""
+        ranks = chain(shard, self.num_servers, self.replicas)
+        return [rank for rank in ranks if self._channel.lost(rank) is None]
+
+    def resend(self, request: ShardRequest, rank: int) -> Call:
+        """Send ``request`` to server ``rank`` (its seq, this client's epoch of the shard)."""
+        shard = request.shard
+        call = self._channel.submit(
+            rank, request.op, request.table, request.bufs, request.args,
+            shard=None if rank == shard else shard, seq=request.seq,
+            epoch=self._epochs[shard] if request.op in SHARD_WRITE_OPS else None,
+        )  # fmt: skip
+        request.calls.append(call)
+        return call
+
+    def refresh(self, shard: int, rank: int) -> None:
+        """Take the epoch and copies of ``shard`` from server ``rank``, reconnecting to a
+        copy this client counted as lost (a replacement that joined)."""
+        call = self._channel.submit(
+            rank, "shard_info", None, shard=None if rank == shard else shard
+        )
+        info = Handle(self._channel, [call], lambda replies: replies[0].result).wait()
+        for member in info["members"]:
+            self._channel.revive(member)
+        with self._epoch_lock:
+            self._epochs[shard] = max(self._epochs[shard], int(info["epoch"]))
 
     def _each_shard(
         self,
@@ -553,6 +580,25 @@ class PSClient:
                     agg[key] += int(table.get(key, 0))
         lost = [rank for rank in range(self.num_servers) if self._channel.lost(rank) is not None]
         return {"servers": servers, "total": total, "lost": lost}
+
+    def replica_status(self) -> list[dict]:
+        """Per shard, what each live copy reports: ``{"shard", "copies": [{"rank", "epoch",
+        "members", "recovering"}, ...]}`` (primary first; one copy without replicas)."""
+        out = []
+        for shard in range(self.num_servers):
+            ranks = self.live_copies(shard) if self.replicas else [shard]
+            calls = [
+                self._channel.submit(
+                    rank, "shard_info", None, shard=None if rank == shard else shard
+                )
+                for rank in ranks
+            ]
+            answers = Handle(
+                self._channel, calls, lambda replies: [r.result for r in replies]
+            ).wait()
+            copies = [{"rank": rank, **answer} for rank, answer in zip(ranks, answers, strict=True)]
+            out.append({"shard": shard, "copies": copies})
+        return out
 
     def stop_servers(
         self, timeout: float | None = None, *, ranks: Sequence[int] | None = None

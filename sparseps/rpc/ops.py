@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["OPS", "UPDATE_OPS", "BufSpec", "OpSchema"]
+__all__ = ["OPS", "SHARD_WRITE_OPS", "UPDATE_OPS", "BufSpec", "OpSchema"]
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,19 @@ OPS: dict[str, OpSchema] = {
         table=True, args={"directory": ((str,), True), "mode": ((str,), True)}
     ),
     "commit_inference": OpSchema(table=True),
+    # replicated shards (sparseps.server.replica_ops): a shard's epoch and live copies; a
+    # copy paused and saved for a replacement server; the replacement is in sync
+    "shard_info": OpSchema(),
+    "replicate": OpSchema(args={"directory": ((str,), True), "rank": ((int,), True)}),
+    "replicate_done": OpSchema(args={"rank": ((int,), True), "epoch": ((int,), True)}),
 }
 
 # Ops that change a table by adding to it: sent with (client, seq) and applied once per
 # seq, so that a request sent again after a timeout cannot be applied twice.
 UPDATE_OPS = frozenset({"push", "push_delta", "push_dense", "push_dense_delta"})
+# Ops that change a shard: with replicas they go to every live copy, carry the sender's
+# epoch, and wait while a copy is paused for a replacement (sparseps.server.replica_ops).
+SHARD_WRITE_OPS = UPDATE_OPS | frozenset(
+    {"set_dense", "create_table", "create_dense", "decay", "shrink", "load", "load_dense",
+     "commit_inference"}
+)  # fmt: skip

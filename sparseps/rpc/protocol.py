@@ -5,7 +5,7 @@ A request is a zmq multipart message::
     frame 0   msgpack map {"v": PROTOCOL_VERSION, "op": str, "id": int, "table": str | None,
                            "bufs": [[dtype, shape], ...], "args": {str: small value},
                            "job": str (optional), "client": int, "seq": int (optional),
-                           "shard": int (optional)}
+                           "shard": int (optional), "epoch": int (optional)}
     frame 1.. one raw little-endian buffer per entry of "bufs", in order
 
 ``job`` is the job id of the sender: a server that belongs to a job refuses requests of
@@ -14,6 +14,7 @@ random 63-bit id per client) and ``seq`` (that client's counter) make an update
 idempotent: a server applies each ``(client, seq)`` of an update op once, so a request
 sent again after a timeout cannot be applied twice. ``shard`` names the shard a request is
 for when the server holds it as a replica (``--replicas``); absent, the server's own.
+``epoch`` is the sender's view of a replicated shard's copies (see ``replica_ops``).
 
 A reply has the same shape: ``{"v", "id", "ok": bool, "error": {"type", "message",
 "traceback"} (only when not ok), "result": small value, "bufs": [...]}`` plus buffers.
@@ -76,7 +77,7 @@ TABLE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
 # Job ids are printed in errors and logs: a short printable token.
 JOB_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _HEADER_KEYS = frozenset(
-    {"v", "op", "id", "table", "bufs", "args", "job", "client", "seq", "shard"}
+    {"v", "op", "id", "table", "bufs", "args", "job", "client", "seq", "shard", "epoch"}
 )
 # Bytes kept free for the msgpack header when one bulk buffer must fit in a message with
 # it. Headers of data messages are a few hundred bytes (a table name is at most 256 chars).
@@ -138,6 +139,7 @@ class Request:
     client: int | None = None
     seq: int | None = None
     shard: int | None = None  # None: the receiving server's own shard
+    epoch: int | None = None  # the sender's view of the shard's copies (replicas)
 
 
 @dataclass(frozen=True)
@@ -183,6 +185,7 @@ def encode_request(
     client: int | None = None,
     seq: int | None = None,
     shard: int | None = None,
+    epoch: int | None = None,
 ) -> list:
     """Frames of one request; numpy buffers are passed through for zero-copy sends.
 
@@ -191,6 +194,8 @@ def encode_request(
         client, seq: the sender's id and its counter for this update (both or neither).
         shard: the shard the request is for, when it is not the receiving server's own
             (a replica: :mod:`sparseps.core.replicas`); omitted when None.
+        epoch: the sender's epoch of the shard's copies (a write of a replicated job; a
+            copy that moved on refuses an older one); omitted when None.
 
     Raises:
         ProtocolError: a buffer has a dtype outside the allowlist or is not contiguous.
@@ -210,6 +215,8 @@ def encode_request(
         header["seq"] = seq
     if shard is not None:
         header["shard"] = shard
+    if epoch is not None:
+        header["epoch"] = epoch
     return [msgpack.packb(header), *bufs]
 
 
@@ -392,9 +399,12 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
             f"op {op!r}: unknown header keys {sorted(map(str, unknown))[:8]!r:.200}"
         )
     job, client, seq = _identity(op, header)
-    shard = header.get("shard")
-    if shard is not None and not (_is_int(shard) and 0 <= shard < (1 << 31)):
-        raise ProtocolError(f"op {op!r}: 'shard' must be an int in 0..2**31-1, got {shard!r:.40}")
+    shard, epoch = header.get("shard"), header.get("epoch")
+    for name, value in (("shard", shard), ("epoch", epoch)):
+        if value is not None and not (_is_int(value) and 0 <= value < (1 << 31)):
+            raise ProtocolError(
+                f"op {op!r}: {name!r} must be an int in 0..2**31-1, got {value!r:.40}"
+            )
     where = f"op {op!r}"
     arrays = _decode_buffers(header.get("bufs", []), frames[1:], limits, where)
     specs = schema.bufs + schema.optional
@@ -418,7 +428,7 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
     args = _check_args(op, schema, header.get("args", {}))
     return Request(
         op=op, id=request_id, table=table, bufs=bufs, args=args, limits=limits,
-        job=job, client=client, seq=seq, shard=shard,
+        job=job, client=client, seq=seq, shard=shard, epoch=epoch,
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 
-from ..env import disk_dir_setting, file_roots_setting, replicas_setting
+from ..env import disk_dir_setting, file_roots_setting, recover_setting, replicas_setting
 from ..errors import SparsePSError
 from ..rpc.protocol import Limits
 from ..rpc.security import security_from_env, security_from_key_dir
@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         "its own (default: SPARSEPS_REPLICAS, else 0; docs/replication.md)",
     )
     parser.add_argument(
+        "--recover",
+        action="store_true",
+        help="replace a lost server of a replicated job: copy every shard it holds from a "
+        "surviving copy while serving (default: SPARSEPS_RECOVER=1)",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -102,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             file_roots=args.file_root or file_roots_setting(),
             disk_dir=args.disk_dir or disk_dir_setting(),
             replicas=replicas_setting() if args.replicas is None else args.replicas,
+            recover=args.recover or recover_setting(),
             security=security_from_key_dir(args.key_dir) if args.key_dir else security_from_env(),
         )  # fmt: skip
     except SparsePSError as exc:

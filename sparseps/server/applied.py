@@ -63,6 +63,22 @@ class AppliedUpdates:
                 record.seen.discard(record.order.popleft())
             return True
 
+    def export(self) -> list:
+        """The remembered updates as ``[[client, [seq, ...]], ...]`` (oldest client first),
+        for a replacement copy of this shard (:meth:`adopt`)."""
+        with self._lock:
+            return [[client, list(record.order)] for client, record in self._clients.items()]
+
+    def adopt(self, exported: list) -> None:
+        """Remember the updates of :meth:`export` (a copy taking over a shard)."""
+        with self._lock:
+            for client, seqs in exported:
+                record = self._clients.setdefault(int(client), _Client())
+                for seq in seqs[-self.window :]:
+                    if seq not in record.seen:
+                        record.seen.add(seq)
+                        record.order.append(seq)
+
     def failed(self, client: int, seq: int) -> None:
         """Forget a claimed update that was not applied, so a retry can apply it."""
         with self._lock:

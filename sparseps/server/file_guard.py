@@ -31,6 +31,7 @@ FILE_ARGS = {
     "save_inference": ("directory", True),
     "load": ("files", False),
     "load_dense": ("path", False),
+    "replicate": ("directory", True),  # a survivor saves a shard for a replacement
 }
 
 

@@ -41,6 +41,7 @@ from .file_ops import FileOps
 from .heap import return_large_frees
 from .log_budget import LogBudget
 from .prefetch import RowPrefetcher
+from .replica_ops import ReplicaOps
 
 __all__ = ["RWLock", "ServerState", "config_differences"]
 
@@ -109,7 +110,7 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     return out
 
 
-class ServerState(FileOps):
+class ServerState(FileOps, ReplicaOps):
     """The tables of one server and the op handlers.
 
     Args:
@@ -125,6 +126,9 @@ class ServerState(FileOps):
         replicas: backup copies per shard in the job (:mod:`sparseps.core.replicas`): this
             server also holds the shards ``rank - 1 .. rank - replicas``, each in a
             :class:`ServerState` of its own that requests reach with the header's ``shard``.
+        recovering: a replacement server: every shard it holds refuses requests until
+            :mod:`sparseps.server.recovery` has copied it from a survivor.
+        holder: the rank of the server process holding this copy (default ``rank``).
     """
 
     def __init__(
@@ -136,8 +140,13 @@ class ServerState(FileOps):
         file_roots: Sequence[str] | None = None,
         disk_dir: str | None = None,
         replicas: int = 0,
+        *,
+        recovering: bool = False,
+        holder: int | None = None,
     ) -> None:
         self.rank = rank
+        self.holder = rank if holder is None else holder  # the server process's rank
+        self.replicas = check_replicas(replicas, num_servers)
         self.num_servers = num_servers
         self.endpoint = endpoint
         self.job_id = job_id
@@ -159,12 +168,16 @@ class ServerState(FileOps):
         }
         # shard -> its copy on this server (the backups; own shard: self)
         self.backups: dict[int, ServerState] = {}
-        for shard in hosted(rank, num_servers, check_replicas(replicas, num_servers))[1:]:
+        # the server process's own state holds its backups (a backup holds none)
+        backed_up = hosted(rank, num_servers, self.replicas)[1:] if holder is None else ()
+        for shard in backed_up:
             # its own disk subfolder: server `shard` may use the same --disk-dir on this host
             folder = None if disk_dir is None else os.path.join(disk_dir, f"backups-on-{rank}")
             self.backups[shard] = ServerState(
-                shard, num_servers, endpoint, job_id, file_roots, folder
-            )
+                shard, num_servers, endpoint, job_id, file_roots, folder, self.replicas,
+                recovering=recovering, holder=rank,
+            )  # fmt: skip
+        self._init_replica(self.replicas, recovering=recovering)
 
     def close(self) -> None:
         """Delete the tiered tables' disk files and release the disk dir (at stop, once no
@@ -208,20 +221,21 @@ class ServerState(FileOps):
             return self._backup_of(request).handle(request)
         self.count("requests")
         self.check_job(request)
-        if request.op in FILE_ARGS:
-            self.file_guard.check(request)
-            with self.file_guard.writing(request):
+        with self.admitted(request):
+            if request.op in FILE_ARGS:
+                self.file_guard.check(request)
+                with self.file_guard.writing(request):
+                    return self._ops[request.op](request)
+            if request.seq is None or request.op not in UPDATE_OPS:
                 return self._ops[request.op](request)
-        if request.seq is None or request.op not in UPDATE_OPS:
-            return self._ops[request.op](request)
-        if not self._applied.begin(request.client, request.seq):
-            self.count("duplicates")
-            return {"duplicate": True}, []
-        try:
-            return self._ops[request.op](request)
-        except BaseException:
-            self._applied.failed(request.client, request.seq)
-            raise
+            if not self._applied.begin(request.client, request.seq):
+                self.count("duplicates")
+                return {"duplicate": True}, []
+            try:
+                return self._ops[request.op](request)
+            except BaseException:
+                self._applied.failed(request.client, request.seq)
+                raise
 
     def _backup_of(self, request: Request) -> ServerState:
         backup = self.backups.get(request.shard)  # type: ignore[arg-type]

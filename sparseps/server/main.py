@@ -27,6 +27,7 @@ from ..env import (
     disk_dir_setting,
     file_roots_setting,
     parse_endpoint,
+    recover_setting,
     replicas_setting,
 )
 from ..errors import ConfigError, UnavailableError
@@ -70,6 +71,7 @@ def serve(
     file_roots: Sequence[str] | None = None,
     disk_dir: str | None = None,
     replicas: int = 0,
+    recover: bool = False,
 ) -> None:
     """Serve shard ``rank`` of ``len(endpoints)`` of every table until stopped.
 
@@ -95,6 +97,9 @@ def serve(
             tables with ``memory_rows``.
         replicas: backup copies per shard (the job's ``--replicas``): this server also
             holds the ``replicas`` shards before its own (:mod:`sparseps.core.replicas`).
+        recover: this server replaces a lost one: it copies every shard it holds from a
+            surviving copy while serving (:mod:`sparseps.server.recovery`), and raises
+            when some shard has no surviving copy.
 
     Raises:
         ConfigError: bad rank, endpoints, threads or replicas.
@@ -104,8 +109,9 @@ def serve(
     limits = limits or Limits()
     endpoint = endpoints[rank]
     state = ServerState(
-        rank, len(endpoints), endpoint, job_id, file_roots, disk_dir, replicas=replicas
-    )
+        rank, len(endpoints), endpoint, job_id, file_roots, disk_dir, replicas=replicas,
+        recovering=recover,
+    )  # fmt: skip
     context = transport.new_context()
     # libzmq asks the ZAP handler about every peer; it must run before the socket binds.
     auth = security.authenticator(context) if security is not None else None
@@ -159,6 +165,13 @@ def serve(
     if ready is not None:
         ready.set()
     loop = RequestLoop(front, back, state, limits, threads)
+    failures: list[BaseException] = []
+    if recover:
+        copier = threading.Thread(
+            target=_recover, name=f"sparseps-server-{rank}-recover", daemon=True,
+            args=(state, endpoints, limits, security, job_id, file_roots, failures),
+        )  # fmt: skip
+        copier.start()
     # /metrics (when the process serves it) reads table sizes from the stats op
     stats_request = Request(op="stats", id=0, table=None, bufs={}, args={}, job=job_id)
     watch_server(lambda: _stats(state, stats_request), lambda: len(loop.waiting))
@@ -184,6 +197,27 @@ def serve(
             context.term()
             state.close()  # no handler runs any more: the disk files can go
         log.info("server %d stopped", rank)
+    if failures:
+        raise failures[0]
+
+
+def _recover(state, endpoints, limits, security, job_id, file_roots, failures: list) -> None:
+    """The replacement's copy of its shards; a failure stops the server (and is raised)."""
+    from .recovery import recover
+
+    log.info(
+        "server %d: replacement server; copying shard(s) %s from the surviving copies",
+        state.rank, ", ".join(map(str, [state.rank, *state.backups])),
+    )  # fmt: skip
+    try:
+        recover(
+            state, endpoints, limits=limits, security=security, job_id=job_id,
+            directory=file_roots[0] if file_roots else None,
+        )  # fmt: skip
+    except BaseException as exc:  # the server must not serve a shard it does not hold
+        log.error("server %d: %s", state.rank, exc)
+        failures.append(exc)
+        state.stop_requested.set()
 
 
 def _stats(state: ServerState, request: Request) -> dict:
@@ -238,4 +272,5 @@ def run_from_env(role_env: RoleEnv, **options: Any) -> None:
     options.setdefault("file_roots", file_roots_setting())
     options.setdefault("disk_dir", disk_dir_setting())
     options.setdefault("replicas", replicas_setting())
+    options.setdefault("recover", recover_setting())
     serve(role_env.rank, list(role_env.servers), job_id=role_env.job_id, **options)

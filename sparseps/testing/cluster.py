@@ -60,6 +60,8 @@ class LocalCluster:
     ) -> None:
         self.endpoints = tuple(endpoints)
         self.replicas = replicas
+        self._options: list[str] = []  # the servers' command-line options (for replace)
+        self._environ: dict | None = None
         self.processes = processes
         self.log_dir = log_dir
         self.timeout = timeout
@@ -85,6 +87,15 @@ class LocalCluster:
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
         process.wait(timeout=_GRACE_S)
+
+    def replace(self, rank: int) -> None:
+        """Start a replacement for a killed server ``rank`` on its port (``--recover``:
+        it copies its shards from the surviving copies; a replicated cluster)."""
+        if self.processes[rank].poll() is None:
+            raise ConfigError(f"local_cluster: server {rank} still runs; kill it first")
+        self.processes[rank] = _spawn_one(
+            rank, self.endpoints, self.log_dir, [*self._options, "--recover"], self._environ
+        )
 
     def log_text(self, rank: int) -> str:
         """What server ``rank`` wrote to stderr so far."""
@@ -124,27 +135,28 @@ def _reap(processes: list[subprocess.Popen]) -> None:
             process.wait(timeout=_GRACE_S)
 
 
+def _spawn_one(
+    rank: int, endpoints: Sequence[str], log_dir: Path, options: list[str], environ: dict | None
+) -> subprocess.Popen:
+    command = [
+        sys.executable, "-m", "sparseps.server", "--rank", str(rank),
+        "--endpoints", ",".join(endpoints), *options,
+    ]  # fmt: skip
+    with open(log_dir / f"server.{rank}.log", "ab") as log_file:
+        return subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            env={**os.environ, **(environ or {})},
+        )
+
+
 def _spawn(
     endpoints: list[str], log_dir: Path, options: list[str], environ: dict | None
 ) -> list[subprocess.Popen]:
-    processes = []
-    child_env = {**os.environ, **(environ or {})}
-    for rank in range(len(endpoints)):
-        command = [
-            sys.executable,
-            "-m",
-            "sparseps.server",
-            "--rank",
-            str(rank),
-            "--endpoints",
-            ",".join(endpoints),
-            *options,
-        ]
-        with open(log_dir / f"server.{rank}.log", "wb") as log_file:
-            processes.append(
-                subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log_file, env=child_env)
-            )
-    return processes
+    return [
+        _spawn_one(rank, endpoints, log_dir, options, environ) for rank in range(len(endpoints))
+    ]
 
 
 def _wait_ready(cluster: LocalCluster, timeout: float) -> None:
@@ -232,6 +244,7 @@ def local_cluster(
                 endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout,
                 job_id, security, replicas,
             )  # fmt: skip
+            cluster._options, cluster._environ = options, environ
             try:
                 _wait_ready(cluster, timeout)
                 break
