@@ -25,6 +25,7 @@ RULES = [
     optim.FTRL(alpha=0.05, beta=1.0, l1=0.05, l2=0.01),
     optim.FTRL(alpha=0.05, beta=0.0, l1=0.0, l2=0.0),  # the guarded zero denominator
 ]
+IDS = [f"{rule.name}-{i}" for i, rule in enumerate(RULES)]
 
 
 def _start(rule, rows: int, rng) -> np.ndarray:
@@ -42,7 +43,7 @@ def _device_run(rule, storage: np.ndarray, steps) -> np.ndarray:
     return np.concatenate([weights.numpy(), state.numpy()], axis=1)
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.name}-{id(r) % 97}")
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
 def test_device_rule_equals_the_server_rule_bit_for_bit(rule):
     rng = np.random.default_rng(7)
     server = _start(rule, 60, rng)
@@ -58,7 +59,7 @@ def test_device_rule_equals_the_server_rule_bit_for_bit(rule):
     assert not np.array_equal(server[:, :DIM], start[:, :DIM])  # the rule moved the rows
 
 
-@pytest.mark.parametrize("rule", RULES, ids=lambda r: f"{r.name}-{id(r) % 97}")
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
 def test_device_rule_saturates_like_the_server_rule(rule):
     rng = np.random.default_rng(8)
     server = _start(rule, 4, rng)
