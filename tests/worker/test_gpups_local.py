@@ -88,6 +88,13 @@ def test_gpups_refuses_a_stream_and_a_pass_over_its_memory_budget(local_worker, 
             trainer.train_from_dataset(stream, print_period=0)
     finally:
         trainer.stop()
+    if not torch.cuda.is_available():  # the trainer's first use names the missing GPU
+        trainer = sps.Trainer(_model("c"), strategy=sps.Strategy(mode="gpups", device="cuda"))
+        try:
+            with pytest.raises(ConfigError, match="device='cuda': no CUDA device is visible"):
+                trainer.train_from_dataset(batches, print_period=0)
+        finally:
+            trainer.stop()
     model = _model("b")
     keys = np.unique(np.concatenate([s.values for b in batches for s in b.slots.values()]))
     need = sum(keys.size * bytes_per_key(e.config) for e in model.embeddings)
