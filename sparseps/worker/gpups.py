@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from ..config import Admission
 from ..core import collectives
 from ..core.keysets import unique_keys
 from ..core.routing import server_of
@@ -93,6 +94,15 @@ class GpuPsMode(SyncMode):
         self.configs = {c.name: c for c in sorted(self.tables, key=lambda c: c.name)}
         for config in self.configs.values():
             check_device_rule(config.rule, config.name)
+            if config.lifecycle.admission != Admission.ALWAYS:
+                raise ConfigError(
+                    f"table {config.name!r}: Strategy(mode='gpups') needs "
+                    "Lifecycle(admission='always'), got "
+                    f"admission={config.lifecycle.admission.value!r}: a server admits a key "
+                    "push by push, but a pass's rows are trained on the device and reach "
+                    "the servers only at its end; train this table with mode='sync' or "
+                    "'async', or admit every key"
+                )
         self.caches = {name: StateCache(c) for name, c in self.configs.items()}
         self.shards: dict[str, DeviceTable] | None = None  # during a pass
         self.groups: list[list[str]] = [[name] for name in self.configs]

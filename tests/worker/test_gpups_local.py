@@ -95,6 +95,15 @@ def test_gpups_refuses_a_stream_and_a_pass_over_its_memory_budget(local_worker, 
                 trainer.train_from_dataset(batches, print_period=0)
         finally:
             trainer.stop()
+    counted = sps.nn.SparseEmbedding(
+        "counted", 2, slots=SLOTS, lifecycle=sps.Lifecycle(admission="count", admit_count=2)
+    )
+    trainer = sps.Trainer(counted, strategy=sps.Strategy(mode="gpups", device="cpu"))
+    try:
+        with pytest.raises(ConfigError, match="'counted'.*'always'.*got admission='count'"):
+            trainer.train_from_dataset(batches, print_period=0)
+    finally:
+        trainer.stop()
     model = _model("b")
     keys = np.unique(np.concatenate([s.values for b in batches for s in b.slots.values()]))
     need = sum(keys.size * bytes_per_key(e.config) for e in model.embeddings)
