@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -63,8 +64,49 @@ def data(tmp_path_factory):
     return folder
 
 
+def _deletions(data: Path, root: Path) -> tuple[dict, dict]:
+    """Train, save a base, train, shrink, checkpoint; then a "restart" loads the checkpoint
+    and saves the next delta. Returns both jobs' summaries."""
+    ckpt, model = root / "ckpt", root / "infer"
+    before = run_job(
+        root / "a",
+        data,
+        ["train", f"base={model}", "train", "shrink", f"save={ckpt}"],
+        "--shrink-score", "0.5",
+    )  # fmt: skip
+    after = run_job(root / "b", data, [f"load={ckpt}", f"delta={model}"], "--shrink-score", "0.5")
+    return before, after
+
+
+def _interrupted(data: Path, root: Path) -> dict:
+    model = root / "infer"
+    steps = ["train", f"base={model}", "train", f"delta-interrupted={model}", f"delta={model}"]
+    return run_job(root, data, steps)
+
+
+def _not_admitted(data: Path, root: Path) -> dict:
+    model = root / "infer"
+    steps = ["train", f"base={model}", "train", f"delta={model}"]
+    return run_job(root, data, steps, "--admission", "count", "--admit-count", "3")
+
+
 @pytest.fixture(scope="module")
-def checkpoint(data, tmp_path_factory):
+def background(data, tmp_path_factory):
+    """The jobs that need nothing from a test, one after another in a thread while the
+    tests of the saved checkpoint run theirs: two jobs at a time, each mostly one busy
+    process (the job's values depend on its steps only, not on timing). Eight jobs one
+    after another were most of this module's time. Maps name -> (future, folder)."""
+    started = {}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for name, job in (("deletions", _deletions), ("interrupted", _interrupted),
+                          ("not_admitted", _not_admitted)):  # fmt: skip
+            root = tmp_path_factory.mktemp(name)
+            started[name] = (pool.submit(job, data, root), root)
+        yield started
+
+
+@pytest.fixture(scope="module")
+def checkpoint(data, background, tmp_path_factory):
     """One pass of training, saved (deep table SGD dim 4, wide table Adagrad dim 1)."""
     work = tmp_path_factory.mktemp("saved")
     run_job(work, data, [f"save={work / 'ckpt'}", "train", f"save={work / 'ckpt'}"])
@@ -116,20 +158,13 @@ def test_clear_errors_for_missing_manifest_altered_shard_and_no_folder(checkpoin
     assert "load_state" not in summary  # none of them loaded
 
 
-def test_deletions_survive_a_restart_into_the_next_delta(data, tmp_path):
-    ckpt, model = tmp_path / "ckpt", tmp_path / "infer"
-    before = run_job(
-        tmp_path / "a",
-        data,
-        ["train", f"base={model}", "train", "shrink", f"save={ckpt}"],
-        "--shrink-score", "0.5",
-    )  # fmt: skip
+def test_deletions_survive_a_restart_into_the_next_delta(background):
+    future, root = background["deletions"]
+    before, after = future.result()
+    ckpt, model = root / "ckpt", root / "infer"
     deleted = before["deleted"]
     assert deleted["deep_emb"] > 100 and deleted["wide_emb"] > 100
     assert mf.read_manifest(ckpt)["tables"]["deep_emb"]["tombstones"]["keys"] == deleted["deep_emb"]
-    after = run_job(
-        tmp_path / "b", data, [f"load={ckpt}", f"delta={model}"], "--shrink-score", "0.5"
-    )
     assert after["tombstones_after_load"] == deleted
     [delta] = after["predict"]
     assert delta["chain"] == ["base-00000", "delta-00001"]
@@ -142,10 +177,9 @@ def test_deletions_survive_a_restart_into_the_next_delta(data, tmp_path):
         assert not np.isin(gone, predictor.tables[table].keys).any()
 
 
-def test_an_interrupted_delta_leaves_its_rows_to_the_next_one(data, tmp_path):
-    model = tmp_path / "infer"
-    steps = ["train", f"base={model}", "train", f"delta-interrupted={model}", f"delta={model}"]
-    summary = run_job(tmp_path, data, steps)
+def test_an_interrupted_delta_leaves_its_rows_to_the_next_one(background):
+    future, root = background["interrupted"]
+    summary, model = future.result(), root / "infer"
     assert len(summary["interrupted"]) == 1 and "injected crash" in summary["interrupted"][0]
     base, delta = summary["predict"]
     # the second pass touched every row again: the delta must hold all of them, although
@@ -158,10 +192,8 @@ def test_an_interrupted_delta_leaves_its_rows_to_the_next_one(data, tmp_path):
     assert sorted(p.name for p in model.iterdir()) == ["base-00000", "delta-00001"]
 
 
-def test_predictor_gives_zeros_for_keys_not_admitted(data, tmp_path):
-    model = tmp_path / "infer"
-    steps = ["train", f"base={model}", "train", f"delta={model}"]
-    summary = run_job(tmp_path, data, steps, "--admission", "count", "--admit-count", "3")
+def test_predictor_gives_zeros_for_keys_not_admitted(background):
+    summary = background["not_admitted"][0].result()
     assert summary["pending"]["deep_emb"] > 100  # many keys were seen but not admitted
     base, delta = summary["predict"]
     assert delta["chain"] == ["base-00000", "delta-00001"]
