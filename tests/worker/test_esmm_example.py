@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,19 @@ def test_esmm_example_reads_both_labels_from_files(tmp_path):
     write(tmp_path / "train", 12000, seed=1)
     clicks, conversions = write(tmp_path / "test", 3000, seed=2)
     assert 0 < conversions < clicks < 3000  # the two label columns differ
-    summary = run_example("--train", str(tmp_path / "train"), "--test", str(tmp_path / "test"))
+    # the same samples as MultiSlotStringDataGenerator prints them (checked below): both
+    # runs side by side, each one deterministic process (a local-mode job of its own)
+    write(tmp_path / "train_ms", 12000, seed=1, fmt="multislot_string")
+    write(tmp_path / "test_ms", 3000, seed=2, fmt="multislot_string")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        tsv = pool.submit(
+            run_example, "--train", str(tmp_path / "train"), "--test", str(tmp_path / "test")
+        )
+        multislot = pool.submit(
+            run_example, "--train", str(tmp_path / "train_ms"), "--test",
+            str(tmp_path / "test_ms"), "--format", "multislot_string",
+        )  # fmt: skip
+        summary, ms = tsv.result(), multislot.result()
     assert summary["test_count_ctr"] == summary["test_count_ctcvr"] == 3000
     assert summary["test_positives_ctr"] == clicks  # the label column
     assert summary["test_positives_ctcvr"] == conversions  # click * conversion (extra label)
@@ -82,10 +95,6 @@ def test_esmm_example_reads_both_labels_from_files(tmp_path):
     assert summary["test_auc_ctcvr"] > 0.7, summary
 
     # the same samples as MultiSlotStringDataGenerator prints them: the same run
-    write(tmp_path / "train_ms", 12000, seed=1, fmt="multislot_string")
-    write(tmp_path / "test_ms", 3000, seed=2, fmt="multislot_string")
-    ms = run_example("--train", str(tmp_path / "train_ms"), "--test", str(tmp_path / "test_ms"),
-                     "--format", "multislot_string")  # fmt: skip
     assert ms.keys() == summary.keys()
     for key, value in summary.items():
         assert ms[key] == pytest.approx(value, abs=1e-6), key
