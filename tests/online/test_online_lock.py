@@ -1,5 +1,10 @@
 """One job per model directory: a second job on a locked folder fails at once, naming the
-folder and the holder, and touches nothing; the lock dies with its holder."""
+folder and the holder, and touches nothing; the lock dies with its holder.
+
+The same with two real ``sparseps online`` commands is
+test_online_missing.py::test_a_second_sparseps_online_exits_at_once_while_the_first_runs
+(the resumed job of that module's scenario is the running job it needs).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +20,8 @@ from pathlib import Path
 
 import pytest
 from _fakes import FakeDriver, FakeTrainer, fake_config
-from _onlinetools import clean_env, online_argv, run_online, write_config
+from _onlinetools import clean_env
 
-from sparseps.online import Ledger, write_stream
 from sparseps.online.lock import LOCK_NAME, ModelDirBusyError, ModelDirLock
 
 pytestmark = pytest.mark.timeout(300)
@@ -106,45 +110,3 @@ def test_only_the_holders_own_child_may_share_its_lock(tmp_path):
     finally:
         holder.kill()
         holder.wait(timeout=10)
-
-
-def test_a_second_sparseps_online_exits_at_once_while_the_first_runs(tmp_path):
-    data = tmp_path / "data"
-    # split 0005 has no done-marker yet: the first job waits for it, holding the folder
-    write_stream(data, start_day="20240101", days=1, splits_per_day=2, rows_per_split=300,
-                 seed=3, skip=(("20240101", 1),))  # fmt: skip
-    model = tmp_path / "model"
-    cfg = write_config(tmp_path / "job.yaml", data_root=data, model_dir=model, days=1,
-                       passes_per_day=2, data={"wait_timeout_s": 120})  # fmt: skip
-    first = subprocess.Popen(online_argv(cfg), env=clean_env(), cwd=tmp_path, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        ledger = Ledger.of(model)
-        while not ledger.passes() and time.monotonic() < deadline and first.poll() is None:
-            time.sleep(0.2)  # pass 0 done: worker 0 holds the folder too
-        assert ledger.passes(), first.communicate(timeout=10)
-        holder = json.loads((model / LOCK_NAME).read_text())
-        assert holder["pid"] == first.pid
-        before = {p: p.read_bytes() for p in model.rglob("*") if p.is_file()}
-        start = time.monotonic()
-        second = run_online(cfg, timeout=60)
-        took = time.monotonic() - start
-        assert second.returncode == 1, second.stderr
-        assert took < 20, took  # no launch: it stops before starting any process
-        lines = second.stderr.strip().splitlines()
-        assert len(lines) == 1, second.stderr
-        assert lines[0].startswith("sparseps online: error: model directory ")
-        assert str(model) in lines[0] and f"pid {first.pid} on host" in lines[0]
-        # the first job's files (its logs, pids.json and ledger included) are as they were
-        now = {p: p.read_bytes() for p in model.rglob("*") if p.is_file()}
-        changed = {p for p in before if now.get(p) != before[p]}
-        assert changed <= {p for p in before if p.suffix == ".log"}  # the first job logs on
-        (data / "20240101" / "0005" / "_SUCCESS").touch()
-        out, err = first.communicate(timeout=150)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.communicate()
-    assert first.returncode == 0, err[-3000:]
-    assert [r["seq"] for r in Ledger.of(model).passes()] == [0, 1]
