@@ -53,6 +53,7 @@ from .client_checks import (
     check_finite_vector,
     check_merged,
 )
+from .client_rows import ClientRows
 from .handle import Handle, completed
 from .ops import SHARD_WRITE_OPS, UPDATE_OPS
 from .protocol import JOB_ID, Limits
@@ -84,7 +85,7 @@ def _check_seconds(name: str, value) -> None:
 _TABLE_TOTALS = ("rows", "pending", "bytes_used", "memory_rows", "disk_rows")
 
 
-class PSClient:
+class PSClient(ClientRows):
     """A connection to every server of one job.
 
     Args:

@@ -68,6 +68,14 @@ OPS: dict[str, OpSchema] = {
         optional=(_SHOWS, _CLICKS),
         same_rows=("keys", "deltas", "shows", "clicks"),
     ),
+    # GPUPS: whole rows (embedding + optimizer state) out and in (sparseps.table.full_rows)
+    "pull_full": OpSchema(table=True, bufs=(_KEYS,)),
+    "write_rows": OpSchema(
+        table=True,
+        bufs=(_KEYS, BufSpec("rows", "float32", 2)),
+        optional=(_SHOWS, _CLICKS),
+        same_rows=("keys", "rows", "shows", "clicks"),
+    ),
     "decay": OpSchema(table=True, args={"rate": ((float, int, _NONE), False)}),
     "shrink": OpSchema(table=True),
     "save": OpSchema(table=True, args={"directory": ((str,), True)}),
@@ -96,9 +104,9 @@ OPS: dict[str, OpSchema] = {
     "replicate_done": OpSchema(args={"rank": ((int,), True), "epoch": ((int,), True)}),
 }
 
-# Ops that change a table by adding to it: sent with (client, seq) and applied once per
+# Ops that change a table by adding to it (write_rows: its counters): sent with (client, seq) and applied once per
 # seq, so that a request sent again after a timeout cannot be applied twice.
-UPDATE_OPS = frozenset({"push", "push_delta", "push_dense", "push_dense_delta"})
+UPDATE_OPS = frozenset({"push", "push_delta", "write_rows", "push_dense", "push_dense_delta"})
 # Ops that change a shard: with replicas they go to every live copy, carry the sender's
 # epoch, and wait while a copy is paused for a replacement (sparseps.server.replica_ops).
 SHARD_WRITE_OPS = UPDATE_OPS | frozenset(

@@ -5,7 +5,8 @@ placed on it. Requests arrive already validated by :func:`sparseps.rpc.protocol.
 (types, dtypes, shapes); this module checks what needs server state (does the table
 exist, is the dim right, do the keys belong to this server) and calls the table engine.
 
-The ops that read or write files live in :mod:`sparseps.server.file_ops` (mixed in).
+The ops that read or write files live in :mod:`sparseps.server.file_ops`, the whole-row
+ops of GPUPS in :mod:`sparseps.server.row_ops` (both mixed in).
 
 Concurrency: data-plane ops run in the server's request loop, long ops on a pool of
 threads (:mod:`sparseps.server.loop`). Each table has a reader-writer lock: pulls, stats
@@ -42,6 +43,7 @@ from .heap import return_large_frees
 from .log_budget import LogBudget
 from .prefetch import RowPrefetcher
 from .replica_ops import ReplicaOps
+from .row_ops import RowOps
 
 __all__ = ["RWLock", "ServerState", "config_differences"]
 
@@ -110,7 +112,7 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     return out
 
 
-class ServerState(FileOps, ReplicaOps):
+class ServerState(FileOps, ReplicaOps, RowOps):
     """The tables of one server and the op handlers.
 
     Args:

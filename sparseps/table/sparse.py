@@ -44,6 +44,7 @@ from ..config import Admission, TableConfig
 from ..errors import ConfigError, InputError, ResourceError
 from . import input_checks as checks
 from .batch import add_rows, dedup_merge, gather, init_rows, touch_rows
+from .full_rows import FullRows
 from .growth import Allocator, GrowableMatrix
 from .hashmap import KeyIndex
 from .initializers import fill_initial
@@ -62,7 +63,7 @@ INITIAL_ROWS = 256
 _NO_ROWS = np.empty(0, np.int64)
 
 
-class SparseTable(TableFiles):
+class SparseTable(TableFiles, FullRows):
     """One shard of a sparse table.
 
     Not thread-safe for writers: the owner serialises mutating calls (the server holds a
