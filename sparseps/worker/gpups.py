@@ -5,22 +5,27 @@ on an :class:`~sparseps.data.InMemoryDataset`):
 
 1. **build**: each worker takes the unique keys of its share of the pass, per table
    (the trainer's own per-batch dedup, concatenated and deduplicated once), and sends
-   each key to its owner, worker ``server_of(key, W)`` (all-to-all). Each owner pulls
-   its keys' rows once from the servers into a :class:`~.gpups_table.DeviceTable` on
-   its device; the optimizer state comes from its :class:`~.gpups_table.StateCache`
-   (the servers' pull returns embeddings only). A shard larger than
+   each key to its owner, worker ``server_of(key, W)`` (all-to-all). Each owner gets
+   its keys' whole rows (embedding and optimizer state: ``PSClient.pull_full``) into a
+   :class:`~.gpups_table.DeviceTable` on its device. A shard larger than
    ``Strategy.gpups_memory_bytes`` is refused, on every worker, before anything is
-   pulled (the pass is not split).
+   pulled (the pass is not split). With the next pass prepared during this one
+   (:meth:`GpuPsMode.prefetch_pass`, ``Trainer.prefetch_pass``) its keys are known and
+   its rows mostly at hand when it begins (:mod:`.gpups_build`: the rows of keys
+   shared with this pass are carried over from its final rows, the others were pulled
+   while it trained): the stall between the passes is the write-back and the
+   exchange of keys and prepared rows.
 2. **train**: every step, like sync mode (workers in lock-step over the global batch,
    dense gradients all-reduced and applied by every worker), but a batch's keys go to
    their owners and the rows come back (all-to-all), and the backward sends the
    gradients with show/click counts to the owners, which sum them per key and apply
    the table's rule as torch kernels on the device (:mod:`sparseps.optim.device_rules`).
    So one GPUPS step is one sync step: the same rows, the same sums, the same rule.
-3. **write back**: each owner pushes ``final - pulled`` of its rows with the pass's
-   show/click counts (``push_delta``), keeps the rows' optimizer state in its cache, and
-   frees the device table. The servers then hold the model: checkpoints, inference
-   saves, decay/shrink and evaluation read it as after any other mode.
+3. **write back**: each owner writes its rows whole (final embedding and optimizer
+   state) with the pass's show/click counts (``PSClient.write_rows``: an overwrite,
+   safe because each key has one owner) and frees the device table. The servers then
+   hold exactly the device table's final rows and state: checkpoints, inference saves,
+   decay/shrink, evaluation and a new job read it as after any other mode.
 
 Outside a pass (evaluation, prediction) pulls read the servers as in sync mode. The rows
 of a pass that fails are dropped, not written back: the servers keep the sparse model of
@@ -45,14 +50,23 @@ from ..core.keysets import unique_keys
 from ..core.routing import server_of
 from ..errors import ConfigError, InputError
 from ..optim.device_rules import check_device_rule
-from .gpups_table import DeviceTable, StateCache, bytes_per_key
+from .gpups_build import (
+    Carry,
+    NextPass,
+    check_pass_dataset,
+    exchange_early,
+    full_width,
+    pass_keys,
+    pick_rows,
+)
+from .gpups_table import DeviceTable, bytes_per_key
 from .modes import SyncMode, register_mode
 
 __all__ = ["GpuPsMode", "resolve_device"]
 
 log = logging.getLogger(__name__)
 
-_COMPACT_IDS = 1 << 24  # ids gathered for a pass before they are deduplicated
+_pass_keys = pass_keys  # the name the tests know
 
 
 def resolve_device(device: str, rank: int = 0) -> torch.device:
@@ -103,11 +117,15 @@ class GpuPsMode(SyncMode):
                     "the servers only at its end; train this table with mode='sync' or "
                     "'async', or admit every key"
                 )
-        self.caches = {name: StateCache(c) for name, c in self.configs.items()}
         self.shards: dict[str, DeviceTable] | None = None  # during a pass
+        self._begun = 0  # passes begun (NextPass.target counts them)
+        self._local: dict[str, np.ndarray] = {}  # this worker's keys of the running pass
+        self._next: NextPass | None = None  # the next pass, prepared in the background
+        self._carry: dict[str, Carry] | None = None  # the last pass's rows, for the next
+        self._rows_after: dict[str, int] = {}  # the servers' row counts after its write-back
         self.groups: list[list[str]] = [[name] for name in self.configs]
         self._routes: dict[str, _Route] = {}
-        self._timings = {"build_s": 0.0, "write_back_s": 0.0}
+        self._timings = {"build_s": 0.0, "write_back_s": 0.0, "next_pass_s": 0.0}
         self.last_build: dict = {}
         log.info(
             "GPUPS mode: worker %d trains its shard of each pass on %s", self.rank, self.device
@@ -117,38 +135,41 @@ class GpuPsMode(SyncMode):
 
     def begin_pass(self, dataset: Iterable, lookups: Callable, index: int) -> None:
         """Build this worker's shard of the pass's working set (collective)."""
-        from ..data import InMemoryDataset
-
-        if not isinstance(dataset, InMemoryDataset | list | tuple):
-            raise ConfigError(
-                f"Strategy(mode='gpups') trains from an InMemoryDataset (or a list of "
-                f"batches), got {type(dataset).__name__}: a pass's working set (its unique "
-                "keys) must be known before the pass starts, and a stream is read only "
-                "once; load the files with sparseps.data.InMemoryDataset(...)"
-                ".load_into_memory()"
-            )
+        check_pass_dataset(dataset)
         start = time.perf_counter()
-        local, shared = _pass_keys(dataset, lookups, list(self.configs))
+        prepared = self._take_next(dataset)
+        if prepared is not None:
+            local, shared, early = prepared.local, prepared.shared, prepared.early
+        else:
+            local, shared = pass_keys(dataset, lookups, list(self.configs))
+            early = {}
+        carry = self._take_carry()
+        if carry is None:
+            early = {}  # the servers' rows changed between the passes (a shrink)
+        self._local = local
+        nxt = self._next
+        if nxt is not None:  # prepared for the pass after this one: its pulls may start
+            nxt.exclude = local
+            nxt.start_pulls.set()
         self.groups = self._agree_groups(shared)
         timeout = self.collective_timeout
-        owned = {}
+        owned, routes = {}, {}
         for group in self.groups:  # tables of a group share their keys: route them once
             keys = local[group[0]]
             order, counts = self._owners(keys)
-            received, _ = collectives.all_to_all_rows(keys[order], counts, timeout=timeout)
+            received, recv_counts = collectives.all_to_all_rows(
+                keys[order], counts, timeout=timeout
+            )
+            routes[group[0]] = (order, counts, received, recv_counts)
             owned.update(dict.fromkeys(group, unique_keys(received)))
-        self._check_budget(owned, index)
-        pulls = {name: self.client.pull(name, keys) for name, keys in owned.items()}
-        self.shards = {
-            name: DeviceTable(
-                self.configs[name],
-                keys,
-                pulls[name].wait(),
-                self.caches[name].get(keys),
-                self.device,
-            )  # fmt: skip
-            for name, keys in owned.items()
-        }
+        anyone_early = self._check_budget(owned, index, bool(early))
+        received_early = {}
+        if anyone_early:
+            received_early = exchange_early(
+                self.groups, routes, local, early, self.configs, self.collective_timeout
+            )
+        self.shards, sources = self._fill(owned, carry, received_early)
+        self._begun += 1
         seconds = time.perf_counter() - start
         self._timings["build_s"] += seconds
         self.last_build = {
@@ -156,8 +177,88 @@ class GpuPsMode(SyncMode):
             "keys": {name: len(shard) for name, shard in self.shards.items()},
             "bytes": sum(shard.nbytes for shard in self.shards.values()),
             "seconds": round(seconds, 4),
+            **sources,
         }
         log.info("GPUPS pass %d built: %s", index, self.last_build)
+
+    def prefetch_pass(self, dataset: Iterable, lookups: Callable) -> None:
+        """Prepare the pass after the running one (or, between passes, after the next one)
+        over ``dataset`` in the background: its keys now, and the whole rows of those not
+        in the running pass once it has begun (:mod:`.gpups_build`). Its build then
+        takes them, with the running pass's final rows for the keys they share; a
+        different dataset, or another pass in between, drops them. Not a collective."""
+        check_pass_dataset(dataset)
+        if self._next is not None:
+            self._next.cancel()
+        running = self.shards is not None
+        self._next = NextPass(
+            dataset, lookups, list(self.configs), self.client,
+            target=self._begun if running else self._begun + 1,
+        )  # fmt: skip
+        if running:
+            self._next.exclude = self._local
+            self._next.start_pulls.set()
+
+    def _take_next(self, dataset) -> NextPass | None:
+        """The prepared pass, if it is this one (else dropped, or kept for the next)."""
+        nxt = self._next
+        if nxt is None or nxt.target == self._begun + 1:
+            return None
+        self._next = None
+        if nxt.target != self._begun or nxt.dataset is not dataset:
+            nxt.cancel()
+            log.info("GPUPS: the prepared pass is not this one (another dataset or pass); dropped")
+            return None
+        usable = nxt.result(self.collective_timeout)
+        self._timings["next_pass_s"] += nxt.seconds
+        return nxt if usable else None
+
+    def _take_carry(self) -> dict[str, Carry] | None:
+        """The last pass's final rows, if the servers still hold them as it left them."""
+        carry, self._carry = self._carry, None
+        if carry is None:
+            return None
+        now = self._server_rows()
+        if now != self._rows_after:
+            log.info("GPUPS: rows changed on the servers since the last pass (%s -> %s): "
+                     "its carry-over is dropped", self._rows_after, now)  # fmt: skip
+            return None
+        return carry
+
+    def _server_rows(self) -> dict[str, int]:
+        tables = self.client.stats()["total"]["tables"]
+        return {name: int(tables.get(name, {}).get("rows", -1)) for name in self.configs}
+
+    def _fill(self, owned: dict, carry, early: dict) -> tuple[dict[str, DeviceTable], dict]:
+        """Each owned table's rows: carried, early, or pulled now (:mod:`.gpups_build`)."""
+        counts = {"carried": 0, "early": 0, "pulled": 0}
+        picked, handles = {}, {}
+        for group in self.groups:
+            ekeys, erows = early.get(group[0], (np.empty(0, np.uint64), None))
+            at = 0
+            for name in group:
+                width = full_width(self.configs[name])
+                part = None if erows is None else erows[:, at : at + width]
+                at += width
+                table_carry = None if carry is None else carry.get(name)
+                rows, need, got = pick_rows(owned[name], table_carry, ekeys, part)
+                if not rows.shape[1]:
+                    rows = np.empty((need.size, width), np.float32)
+                picked[name] = (rows, need)
+                for key in got:
+                    counts[key] += got[key]
+                if need.any():
+                    handles[name] = self.client.pull_full(name, owned[name][need])
+                    counts["pulled"] += int(need.sum())
+        shards = {}
+        for name, (rows, need) in picked.items():
+            if name in handles:
+                rows[need] = handles[name].wait()
+            dim = self.configs[name].dim
+            shards[name] = DeviceTable(
+                self.configs[name], owned[name], rows[:, :dim], rows[:, dim:], self.device
+            )
+        return shards, counts
 
     def _agree_groups(self, shared: np.ndarray) -> list[list[str]]:
         """Tables read through one dedup (``shared[i]``: the first table with table i's
@@ -178,26 +279,27 @@ class GpuPsMode(SyncMode):
         order = np.argsort(owner, kind="stable")
         return order, np.bincount(owner, minlength=self.world).astype(np.int64)
 
-    def _check_budget(self, owned: dict, index: int) -> None:
-        """Every worker refuses the pass if any worker's shard exceeds the budget."""
+    def _check_budget(self, owned: dict, index: int, early: bool) -> bool:
+        """Every worker refuses the pass if any worker's shard exceeds the budget; returns
+        whether any worker has early rows to send (one collective agrees on both)."""
         budget = self.strategy.gpups_memory_bytes
-        if budget is None:
-            return
-        mine = np.zeros((self.world, 2), np.int64)
+        mine = np.zeros((self.world, 3), np.int64)
         mine[self.rank] = (
             sum(k.size for k in owned.values()),
             sum(k.size * bytes_per_key(self.configs[n]) for n, k in owned.items()),
+            int(early),
         )
         every = collectives.all_reduce_sum(mine, timeout=self.collective_timeout)
         worst = int(np.argmax(every[:, 1]))
-        keys, nbytes = (int(v) for v in every[worst])
-        if nbytes > budget:
+        keys, nbytes = (int(v) for v in every[worst, :2])
+        if budget is not None and nbytes > budget:
             raise ConfigError(
                 f"GPUPS pass {index}: the working set of worker {worst} is {keys} keys, "
                 f"{nbytes} bytes on its device, over Strategy.gpups_memory_bytes={budget}; "
                 "GPUPS refuses a pass that does not fit (it does not split it): raise the "
                 "budget, add workers (each owns 1/W of the keys) or make the pass smaller"
             )
+        return bool(every[:, 2].any())
 
     # -- per step ------------------------------------------------------------------------
 
@@ -277,74 +379,49 @@ class GpuPsMode(SyncMode):
     # -- write back ----------------------------------------------------------------------
 
     def finish_pass(self) -> None:
-        """Push every owned row's change and counts to the servers; free the device rows."""
+        """Write every owned row whole, with its counts, to the servers; free the device
+        rows (kept on the host as the next pass's carry-over when it is prepared)."""
         if self.shards is None:
             return
         start = time.perf_counter()
-        handles = []
+        handles, carry = [], {}
         for name, shard in self.shards.items():
             result = shard.result()
             keys = result["key"]
+            carry[name] = Carry(keys, result["rows"])
             if keys.size:
                 handles.append(
-                    self.client.push_delta(
-                        name, keys, result["delta"], shows=result["show"], clicks=result["click"]
+                    self.client.write_rows(
+                        name, keys, result["rows"], shows=result["show"], clicks=result["click"]
                     )
                 )
-                self.caches[name].put(keys, result["state"])
         for handle in handles:
             handle.wait()
         self.shards, self._routes = None, {}
         collectives.barrier(timeout=self.collective_timeout)  # the servers hold every pass row
+        nxt = self._next
+        if nxt is not None and nxt.target == self._begun:  # the next pass takes the rows
+            self._carry, self._rows_after = carry, self._server_rows()
         self._timings["write_back_s"] += time.perf_counter() - start
 
     def load_dense_local(self, path) -> None:
-        """After a checkpoint load: the loaded rows' optimizer state is not the cached one."""
+        """After a checkpoint load: the servers' rows are not the ones prepared."""
         super().load_dense_local(path)
-        for cache in self.caches.values():
-            cache.clear()
+        self._drop_prepared()
+
+    def _drop_prepared(self) -> None:
+        if self._next is not None:
+            self._next.cancel()
+        self._next, self._carry = None, None
 
     def close(self) -> None:
         self.shards, self._routes = None, {}
+        self._drop_prepared()
 
     def timings(self) -> dict:
         out = {k: round(v, 4) for k, v in self._timings.items()}
         self._timings = dict.fromkeys(self._timings, 0.0)
         return out
-
-
-def _pass_keys(
-    dataset: Iterable, lookups: Callable, tables: list[str], *, compact_ids: int = _COMPACT_IDS
-) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """``{table: unique uint64 keys}`` of every batch of ``dataset``, and per table the
-    index of the first table read through the same dedup (-1s when the dataset is empty).
-
-    The trainer's dedup (``lookups``) runs on the first batch only, to learn which slots
-    each table reads; then the ids of those slots are gathered and made unique by sorting
-    (``unique_keys``; 15x faster than a full per-batch lookup on the demo data)."""
-    shared = np.full(len(tables), -1, np.int64)
-    slots: dict[str, tuple[str, ...]] = {}
-    parts: dict[str, list[np.ndarray]] = {}
-    held, limit = 0, compact_ids
-    for batch in dataset:
-        if not slots:
-            found = lookups(batch)
-            shared[:] = [
-                next(j for j, t in enumerate(tables) if found[t] is found[n]) for n in tables
-            ]
-            slots = {tables[j]: found[tables[j]].slots for j in set(shared.tolist())}
-            parts = {name: [] for name in slots}
-        for name, names in slots.items():
-            parts[name].extend(batch.slots[s].values for s in names)
-            held += sum(batch.slots[s].values.size for s in names)
-        if held > limit:  # bound the memory of a large pass: dedup what is held
-            parts = {name: [unique_keys(np.concatenate(p))] for name, p in parts.items()}
-            held = sum(p[0].size for p in parts.values())
-            limit = max(limit, 2 * held)  # amortised: each id is sorted O(1) times
-    empty = np.empty(0, np.uint64)
-    unique = {name: unique_keys(np.concatenate(p)) if p else empty for name, p in parts.items()}
-    keys = {name: unique.get(tables[int(j)], empty) for name, j in zip(tables, shared, strict=True)}
-    return keys, shared
 
 
 def _group_keys(keys: dict[str, np.ndarray], group: list[str]) -> np.ndarray:

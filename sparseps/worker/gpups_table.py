@@ -1,12 +1,15 @@
-"""One table's shard of a GPUPS pass, resident on a device, and the state kept between passes.
+"""One table's shard of a GPUPS pass, resident on a device.
 
 :class:`DeviceTable` holds the rows a worker owns for one pass (the keys of the pass
 whose owner, ``server_of(key, W)``, is this worker): a sorted key array and the rows'
-embedding, optimizer state and show/click counts, all torch tensors on the device. A
-lookup is one ``torch.searchsorted``; an update merges the gradients of repeated keys
+embedding, optimizer state and show/click counts, all torch tensors on the device. The
+rows arrive whole from the servers (``PSClient.pull_full``: embedding and state) or, for
+keys of the previous pass, from that pass's result (:mod:`.gpups_build`). A lookup
+is one ``torch.searchsorted``; an update merges the gradients of repeated keys
 (``index_add_``) and runs the table's rule as torch kernels
 (:mod:`sparseps.optim.device_rules`). At the end of the pass :meth:`DeviceTable.result`
-gives what goes back to the servers: each row's change (``final - pulled``) and counts.
+gives what goes back to the servers (``PSClient.write_rows``): each row's final
+embedding and state, and its counts.
 
 Worked example (dim 2, keys owned by this worker ``[9, 4]``)::
 
@@ -15,12 +18,8 @@ Worked example (dim 2, keys owned by this worker ``[9, 4]``)::
     apply([1, 1, 0], grads [[1, 0], [1, 0], [0, 1]], shows [1, 1, 1], clicks [0, 1, 0])
         merged gradient of row 1: [2, 0]; shows [1, 2], clicks [0, 1]
 
-:class:`StateCache`: the servers' pull returns embeddings only, so the optimizer state of
-a row trained by GPUPS stays with the worker that owns the key, from one pass to the next
-(as geo mode keeps its local tables' state); docs/training.md, "GPUPS".
-
-Bytes per key on the device: :func:`bytes_per_key` (key, pulled and current embedding,
-optimizer state, show and click).
+Bytes per key on the device: :func:`bytes_per_key` (key, embedding, optimizer state,
+show and click).
 """
 
 from __future__ import annotations
@@ -32,12 +31,12 @@ from ..config import TableConfig
 from ..errors import InputError
 from ..optim.device_rules import apply_rule
 
-__all__ = ["DeviceTable", "StateCache", "bytes_per_key"]
+__all__ = ["DeviceTable", "bytes_per_key"]
 
 
 def bytes_per_key(config: TableConfig) -> int:
-    """Device bytes of one row: int64 key, 2 embeddings, optimizer state, show, click."""
-    return 8 + 4 * (2 * config.dim + config.rule.state_dim(config.dim) + 2)
+    """Device bytes of one row: int64 key, embedding, optimizer state, show, click."""
+    return 8 + 4 * (config.dim + config.rule.state_dim(config.dim) + 2)
 
 
 class DeviceTable:
@@ -46,7 +45,7 @@ class DeviceTable:
     Args:
         config: the table's config (its ``rule`` runs on the device).
         keys: uint64 ``[n]`` unique keys.
-        embedding: float32 ``[n, dim]`` as pulled from the servers.
+        embedding: float32 ``[n, dim]`` of each row (as the servers hold it).
         state: float32 ``[n, state_dim]`` optimizer state of each row.
         device: the torch device the rows live on.
     """
@@ -67,7 +66,6 @@ class DeviceTable:
         self.weights = torch.from_numpy(np.ascontiguousarray(embedding[order], np.float32)).to(
             device
         )
-        self.initial = self.weights.clone()
         self.state = torch.from_numpy(np.ascontiguousarray(state[order], np.float32)).to(device)
         self.shows = torch.zeros(self.keys.size, dtype=torch.float32, device=device)
         self.clicks = torch.zeros_like(self.shows)
@@ -128,62 +126,20 @@ class DeviceTable:
         self.clicks.index_add_(0, index, torch.from_numpy(np.ascontiguousarray(clicks)).to(device))
         apply_rule(self.config.rule, self.weights, self.state, unique, merged)
 
+    @property
+    def full_width(self) -> int:
+        return int(self.weights.shape[1] + self.state.shape[1])
+
     def result(self) -> dict[str, np.ndarray]:
-        """What goes back to the servers and the state cache, on the host.
+        """What goes back to the servers (``PSClient.write_rows``), on the host.
 
         Returns:
-            ``{"key", "delta" (final - pulled embedding), "show", "click", "state"}``.
+            ``{"key", "rows" (final embedding + optimizer state, float32
+            ``[n, dim + state_dim]``), "show", "click"}``.
         """
         return {
             "key": self.keys,
-            "delta": (self.weights - self.initial).cpu().numpy(),
+            "rows": torch.cat([self.weights, self.state], dim=1).cpu().numpy(),
             "show": self.shows.cpu().numpy(),
             "click": self.clicks.cpu().numpy(),
-            "state": self.state.cpu().numpy(),
         }
-
-
-class StateCache:
-    """The optimizer state of the rows a worker owned in earlier GPUPS passes (host memory).
-
-    Args:
-        config: the table's config (its rule says the state width and initial value).
-    """
-
-    def __init__(self, config: TableConfig) -> None:
-        self.config = config
-        width = config.rule.state_dim(config.dim)
-        self._initial = config.rule.initial_state(config.dim)
-        self.keys = np.empty(0, np.uint64)  # sorted
-        self.state = np.empty((0, width), np.float32)
-
-    def __len__(self) -> int:
-        return int(self.keys.size)
-
-    def get(self, keys: np.ndarray) -> np.ndarray:
-        """State of each key: the cached one, else the rule's initial state."""
-        out = np.empty((keys.size, self.state.shape[1]), np.float32)
-        out[:] = self._initial
-        if self.keys.size and keys.size:
-            at = np.searchsorted(self.keys, keys).clip(max=self.keys.size - 1)
-            hit = self.keys[at] == keys
-            out[hit] = self.state[at[hit]]
-        return out
-
-    def put(self, keys: np.ndarray, state: np.ndarray) -> None:
-        """Store (replace) the state of ``keys`` (unique)."""
-        if not keys.size:
-            return
-        if self.keys.size:
-            at = np.searchsorted(self.keys, keys).clip(max=self.keys.size - 1)
-            hit = self.keys[at] == keys
-            self.state[at[hit]] = state[hit]
-            keys, state = keys[~hit], state[~hit]
-        merged = np.concatenate([self.keys, keys])
-        order = np.argsort(merged, kind="stable")
-        self.keys = merged[order]
-        self.state = np.concatenate([self.state, state])[order]
-
-    def clear(self) -> None:
-        self.keys = self.keys[:0]
-        self.state = self.state[:0]

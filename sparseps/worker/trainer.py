@@ -356,6 +356,16 @@ class Trainer:
         self.passes += 1
         return result
 
+    def prefetch_pass(self, dataset: Iterable[Batch]) -> None:
+        """Prepare the next training pass over ``dataset`` while the current one trains
+        (call it before or during the pass that precedes it). GPUPS reads the next pass's
+        keys and rows in the background so its build stalls less (docs/training.md,
+        "GPUPS"); the other modes do nothing."""
+        self._start()
+        hook = getattr(self._mode, "prefetch_pass", None)
+        if hook is not None:
+            hook(dataset, self._binder.lookups)
+
     def _train_step(self, item):
         dense_params = self._mode.dense
         dense_params.zero_grad()

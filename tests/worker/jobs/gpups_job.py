@@ -1,8 +1,11 @@
 """The 2-worker GPUPS job of tests/worker/test_gpups_cluster.py (run by ``sparseps launch``).
 
 Every worker loads its share of the train files into an InMemoryDataset, then trains the
-same WideDeep twice over it, --passes passes each: once in sync mode (tables ``s_*``) and
-once in gpups mode on the CPU (tables ``g_*``). Worker 0 pulls every key of the data from
+same WideDeep twice, --passes passes each (the first over its first 5 batches, the others
+over all of them): once in sync mode (tables ``s_*``) and once in gpups mode on the CPU
+(tables ``g_*``), which prepares each next pass during the one before it
+(``Trainer.prefetch_pass``: the keys shared with that pass are carried over, the new ones
+pulled early and sent to their owners). Worker 0 pulls every key of the data from
 both, saves a checkpoint of the gpups model, trains one more pass, loads the checkpoint
 back and pulls again, and writes it all to --out (npz + a JSON summary).
 """
@@ -52,8 +55,10 @@ trainers = {}
 for prefix, mode in (("s", "sync"), ("g", "gpups")):
     m = model(prefix)
     trainer = sps.Trainer(m, sps.optim.Adam(lr=0.01), sps.Strategy(mode=mode, device="cpu"))
-    for _ in range(args.passes):
-        result = trainer.train_from_dataset(data, print_period=0)
+    for i in range(args.passes):
+        if mode == "gpups" and i + 1 < args.passes:
+            trainer.prefetch_pass(data)
+        result = trainer.train_from_dataset(data if i else list(data)[:5], print_period=0)
     summary[f"{mode}_timings"] = result.timings
     summary[f"{mode}_batches"] = result.batches
     for table in trainer.tables:
