@@ -146,6 +146,7 @@ class GpuPsMode(SyncMode):
         carry = self._take_carry()
         if carry is None:
             early = {}  # the servers' rows changed between the passes (a shrink)
+        laps = [time.perf_counter()]  # phases: keys, route (+ waiting for the others), rows
         self._local = local
         nxt = self._next
         if nxt is not None:  # prepared for the pass after this one: its pulls may start
@@ -163,10 +164,11 @@ class GpuPsMode(SyncMode):
             routes[group[0]] = (order, counts, received, recv_counts)
             owned.update(dict.fromkeys(group, unique_keys(received)))
         anyone_early = self._check_budget(owned, index, bool(early))
+        laps.append(time.perf_counter())
         received_early = {}
         if anyone_early:
             received_early = exchange_early(
-                self.groups, routes, local, early, self.configs, self.collective_timeout
+                self.groups, routes, local, early, owned, self.configs, self.collective_timeout
             )
         self.shards, sources = self._fill(owned, carry, received_early)
         self._begun += 1
@@ -178,6 +180,13 @@ class GpuPsMode(SyncMode):
             "bytes": sum(shard.nbytes for shard in self.shards.values()),
             "seconds": round(seconds, 4),
             **sources,
+            "phases_s": dict(
+                zip(
+                    ("keys", "route", "rows"),
+                    np.round(np.diff([start, *laps, start + seconds]), 4).tolist(),
+                    strict=True,
+                )
+            ),  # fmt: skip
         }
         log.info("GPUPS pass %d built: %s", index, self.last_build)
 
@@ -234,22 +243,20 @@ class GpuPsMode(SyncMode):
         counts = {"carried": 0, "early": 0, "pulled": 0}
         picked, handles = {}, {}
         for group in self.groups:
-            ekeys, erows = early.get(group[0], (np.empty(0, np.uint64), None))
+            has, erows = early.get(group[0], (None, None))
             at = 0
             for name in group:
                 width = full_width(self.configs[name])
                 part = None if erows is None else erows[:, at : at + width]
                 at += width
                 table_carry = None if carry is None else carry.get(name)
-                rows, need, got = pick_rows(owned[name], table_carry, ekeys, part)
-                if not rows.shape[1]:
-                    rows = np.empty((need.size, width), np.float32)
+                rows, need, got = pick_rows(owned[name], table_carry, has, part, width)
                 picked[name] = (rows, need)
                 for key in got:
                     counts[key] += got[key]
-                if need.any():
+                if need.size:
                     handles[name] = self.client.pull_full(name, owned[name][need])
-                    counts["pulled"] += int(need.sum())
+                    counts["pulled"] += int(need.size)
         shards = {}
         for name, (rows, need) in picked.items():
             if name in handles:

@@ -112,8 +112,8 @@ def full_width(config: TableConfig) -> int:
 
 
 def exchange_early(
-    groups: list[list[str]], routes: dict, local: dict, early: dict, configs: dict,
-    timeout: float,
+    groups: list[list[str]], routes: dict, local: dict, early: dict, owned: dict,
+    configs: dict, timeout: float,
 ) -> dict:  # fmt: skip
     """Send each key's early row (where this worker pulled one) to its owner (collective:
     every worker calls it when any has early rows).
@@ -124,26 +124,35 @@ def exchange_early(
             counts)`` of the build's key exchange.
         local: this worker's keys of the pass per table (sorted, unique).
         early: per group's first table, ``(keys, rows of the group's tables)``.
+        owned: the owner's keys per table (sorted, unique: ``unique_keys`` of received).
         configs: the table configs by name.
 
     Returns:
-        per group's first table, ``(sorted unique keys the owner got a row for, rows)``.
+        per group's first table, ``(has bool [n owned], rows float32 [n owned, width of
+        the group's tables])``: whether a worker sent an early row of each owned key, and
+        the row (equal rows from several workers: any one).
     """
     out = {}
     for group in groups:
         first = group[0]
         order, counts, received, recv_counts = routes[first]
         keys = local[first]
-        payload = np.zeros((keys.size, 1 + sum(full_width(configs[n]) for n in group)), np.float32)
+        width = sum(full_width(configs[n]) for n in group)
+        payload = np.zeros((keys.size, 1 + width), np.float32)
         if first in early and early[first][0].size:
             ekeys, erows = early[first]
             at = np.searchsorted(keys, ekeys)  # the early keys are some of the keys
             payload[at, 0] = 1.0
             payload[at, 1:] = erows
         got, _ = collectives.all_to_all_rows(payload[order], counts, recv_counts, timeout=timeout)
-        ok = got[:, 0] == 1.0
-        ukeys, first_at = np.unique(received[ok], return_index=True)
-        out[first] = (ukeys, got[ok][first_at, 1:])
+        sent = np.flatnonzero(got[:, 0] == 1.0)
+        mine = owned[first]
+        at = np.searchsorted(mine, received[sent])
+        has = np.zeros(mine.size, bool)
+        has[at] = True
+        rows = np.empty((mine.size, width), np.float32)
+        rows[at] = got[sent, 1:]
+        out[first] = (has, rows)
     return out
 
 
@@ -169,41 +178,35 @@ class Carry:
 
 
 def pick_rows(
-    keys: np.ndarray, carry: Carry | None, early_keys: np.ndarray, early_rows: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, dict]:
+    keys: np.ndarray, carry: Carry | None, has_early: np.ndarray | None,
+    early_rows: np.ndarray | None, width: int,
+) -> tuple[np.ndarray, np.ndarray, dict]:  # fmt: skip
     """The owner's rows of ``keys`` (uint64 ``[n]``) from the prepared sources.
 
     Args:
         keys: the owner's keys of the new pass.
         carry: the previous pass's rows of this table (None: none).
-        early_keys: sorted unique uint64 keys with an early row; early_rows: their rows
-            (None: no early rows).
+        has_early: bool ``[n]``, whether an early row of each key came (None: none);
+            early_rows: float32 ``[n, width]``, those rows (others: anything).
+        width: the table's ``dim + state_dim``.
 
     Returns:
-        ``(rows float32 [n, width] or [n, 0] when no source had any, need bool [n]: the
-        keys left to pull, counts {"carried", "early"})``.
+        ``(rows float32 [n, width], need: int64 positions of the keys left to pull,
+        counts {"carried", "early"})``.
     """
     n = keys.size
-    width = 0
-    if carry is not None:
-        width = carry.rows.shape[1]
-    elif early_rows is not None:
-        width = early_rows.shape[1]
-    rows = np.empty((n, width), np.float32)
-    need = np.ones(n, bool)
-    counts = {"carried": 0, "early": 0}
+    if has_early is None or early_rows is None:
+        rows, from_early = np.empty((n, width), np.float32), np.zeros(n, bool)
+    else:
+        rows, from_early = early_rows, has_early.copy()
+    held = np.zeros(n, bool)
     if carry is not None:
         held, at = carry.find(keys)
-        rows[held] = carry.rows[at[held]]
-        need &= ~held
-        counts["carried"] = int(held.sum())
-    if early_rows is not None and early_keys.size and need.any():
-        at = np.searchsorted(early_keys, keys).clip(max=early_keys.size - 1)
-        have = need & (early_keys[at] == keys)
-        rows[have] = early_rows[at[have]]
-        need &= ~have
-        counts["early"] = int(have.sum())
-    return rows, need, counts
+        where = np.flatnonzero(held)
+        rows[where] = carry.rows[at[where]]  # the carried row wins over an early one
+        from_early &= ~held
+    need = np.flatnonzero(~(held | from_early))
+    return rows, need, {"carried": int(held.sum()), "early": int(from_early.sum())}
 
 
 class NextPass:

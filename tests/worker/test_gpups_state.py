@@ -149,9 +149,10 @@ def test_a_pass_prepared_during_the_previous_one_builds_the_same_rows(local_work
 def test_carried_rows_come_before_early_ones_and_missing_ones_are_pulled():
     keys = np.array([1, 2, 3, 4], np.uint64)
     carry = Carry(np.array([2, 3], np.uint64), np.array([[20.0], [30.0]], np.float32))
-    early_keys = np.array([3, 4], np.uint64)  # 3 is carried too: the carried row wins
-    rows, need, counts = pick_rows(keys, carry, early_keys, np.array([[-3.0], [40.0]], np.float32))
-    assert need.tolist() == [True, False, False, False]
+    has = np.array([False, False, True, True])  # 3 is carried too: the carried row wins
+    early = np.array([[0.0], [0.0], [-3.0], [40.0]], np.float32)
+    rows, need, counts = pick_rows(keys, carry, has, early, 1)
+    assert need.tolist() == [0]
     assert rows[1:, 0].tolist() == [20.0, 30.0, 40.0]
     assert counts == {"carried": 2, "early": 1}
 
