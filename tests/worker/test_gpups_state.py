@@ -105,44 +105,49 @@ def test_a_pass_prepared_during_the_previous_one_builds_the_same_rows(local_work
     second = planted(8, 6, 32, slots=SLOTS, vocab=80)  # shares keys with the first, and new
     keys = _keys(first + second)
     runs = {}
-    for prefix, overlap in (("p", False), ("o", True)):
+    for prefix, overlap in (("p", None), ("o", "before"), ("d", "during")):
         trainer = _trainer(prefix, "gpups")
+
+        def during(step, stats, trainer=trainer, asked=[]):  # noqa: B006 - once per trainer
+            if not asked:
+                asked.append(trainer.prefetch_pass(second))  # in the pass: for the next one
+
         try:
-            if overlap:
+            if overlap == "before":
                 trainer.prefetch_pass(second)  # between passes: for the pass after the next
-            passes = [trainer.train_from_dataset(first, print_period=0)]
+            on_batch = during if overlap == "during" else None
+            passes = [trainer.train_from_dataset(first, print_period=0, on_batch=on_batch)]
             mode = trainer.state.mode
             built = {}
             original = type(mode).begin_pass
 
             def spy(dataset, lookups, index, mode=mode, built=built, original=original):
                 original(mode, dataset, lookups, index)
-                built.update({n: s.result()["rows"].copy() for n, s in mode.shards.items()})
-                built["keys"] = {n: s.keys.copy() for n, s in mode.shards.items()}
+                built.update({n[2:]: s.result()["rows"].copy() for n, s in mode.shards.items()})
+                built["keys"] = {n[2:]: s.keys.copy() for n, s in mode.shards.items()}
 
             mode.begin_pass = spy
             passes.append(trainer.train_from_dataset(second, print_period=0))
-            rows = {t: trainer.client.pull_full(t, keys).wait() for t in trainer.tables}
+            rows = {t[2:]: trainer.client.pull_full(t, keys).wait() for t in trainer.tables}
             runs[overlap] = (built, mode.last_build, rows, passes)
         finally:
             trainer.stop()
-    plain, overlapped = runs[False], runs[True]
-    for table in ("deep", "wide"):
-        np.testing.assert_array_equal(
-            overlapped[0]["keys"][f"o_{table}"], plain[0]["keys"][f"p_{table}"]
-        )
-        # the build of pass 2: carried + early rows equal pulled ones, bit for bit
-        np.testing.assert_array_equal(overlapped[0][f"o_{table}"], plain[0][f"p_{table}"])
-        # and so the trained rows, embedding and optimizer state
-        np.testing.assert_array_equal(overlapped[2][f"o_{table}"], plain[2][f"p_{table}"])
-    build = overlapped[1]
+    plain = runs[None]
     shared = np.intersect1d(_keys(first), _keys(second)).size
-    assert build["carried"] == 2 * shared  # two tables
-    assert build["early"] == 2 * (_keys(second).size - shared) and build["pulled"] == 0
+    for overlapped in (runs["before"], runs["during"]):
+        for table in ("deep", "wide"):
+            np.testing.assert_array_equal(overlapped[0]["keys"][table], plain[0]["keys"][table])
+            # the build of pass 2: carried + early rows equal pulled ones, bit for bit
+            np.testing.assert_array_equal(overlapped[0][table], plain[0][table])
+            # and so the trained rows, embedding and optimizer state
+            np.testing.assert_array_equal(overlapped[2][table], plain[2][table])
+        build = overlapped[1]
+        assert build["carried"] == 2 * shared  # two tables
+        assert build["early"] == 2 * (_keys(second).size - shared) and build["pulled"] == 0
+        assert overlapped[3][1].timings["next_pass_s"] > 0
     assert plain[1]["carried"] == plain[1]["early"] == 0
     assert plain[1]["pulled"] == 2 * _keys(second).size
-    assert overlapped[3][1].timings["next_pass_s"] > 0
-    for run in (plain, overlapped):  # the stall is measured: write-back and build
+    for run in runs.values():  # the stall is measured: write-back and build
         assert run[3][1].timings["build_s"] > 0 and run[3][0].timings["write_back_s"] > 0
 
 
