@@ -2,7 +2,8 @@
 
 - the write-back writes whole rows (``write_rows``): a checkpoint saved after GPUPS
   passes holds the optimizer state columns a sync run holds (to 1e-6), and the
-  servers hold exactly the device table's final rows (no ``pulled + (final - pulled)``);
+  servers hold exactly the device table's final rows (no ``pulled + (final - pulled)``:
+  the prepared-pass test's carried rows equal the rows pulled back, bit for bit);
 - a new job that loads that checkpoint and trains a GPUPS pass equals a sync pass
   continuing from the same checkpoint (the state comes from the servers, not from a
   worker's memory of earlier passes);
