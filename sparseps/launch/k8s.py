@@ -77,13 +77,13 @@ def resources(flag: str, text: str) -> dict[str, dict[str, str]]:
         ) from None
     if not isinstance(value, dict):
         raise ConfigError(f"{flag}: expected a JSON object, got {text!r}")
-    requests = {}
+    requests: dict[str, str] = {}
     for name, amount in value.items():
         if isinstance(amount, bool) or not isinstance(amount, int | float | str):
             raise ConfigError(f"{flag}: {name!r} must be a number or a quantity, got {amount!r}")
         if isinstance(amount, float) and amount.is_integer():
             amount = int(amount)
-        requests[_RESOURCE_NAMES.get(name, name)] = str(amount)
+        requests[_RESOURCE_NAMES.get(name) or name] = str(amount)
     limits = {k: v for k, v in requests.items() if k.endswith("/gpu")}
     return {"requests": requests, **({"limits": limits} if limits else {})}
 

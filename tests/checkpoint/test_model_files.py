@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,19 @@ def data(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module", autouse=True)
+def predictor_job(data, tmp_path_factory):
+    """The job of test_predictor_reproduces_..., started with the module in a thread: it
+    runs beside the first tests' jobs (their checks and its own are of values, not
+    timing) and is done before test_server_killed_... starts (the test before waits).
+    Yields (future of its summary, its inference folder)."""
+    root = tmp_path_factory.mktemp("predictor")
+    model = root / "infer"
+    args = _args(data, "--mode", "sync", "--predict-check", str(model), "--shrink-score", "0.5")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        yield pool.submit(launch, root / "a", *args, workers=1), model
+
+
 def _args(data: Path, *more: str) -> list[str]:
     return [
         "--train",
@@ -122,8 +136,17 @@ def test_save_with_two_servers_load_with_three_is_bit_identical(data, tmp_path):
 
 def test_resume_equals_uninterrupted_training(data, tmp_path):
     straight, half, resumed = tmp_path / "straight", tmp_path / "half", tmp_path / "resumed"
-    launch(tmp_path / "a", *_args(data, "--mode", "sync", "--passes", "4", "--save", str(straight)))
-    launch(tmp_path / "b", *_args(data, "--mode", "sync", "--passes", "2", "--save", str(half)))
+    # the two first jobs are independent: run side by side (sync mode: what each saves does
+    # not depend on timing; each job keeps about one of two cores busy)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = [
+            pool.submit(launch, tmp_path / "a",
+                        *_args(data, "--mode", "sync", "--passes", "4", "--save", str(straight))),
+            pool.submit(launch, tmp_path / "b",
+                        *_args(data, "--mode", "sync", "--passes", "2", "--save", str(half))),
+        ]  # fmt: skip
+        for job in jobs:
+            job.result()
     launch(
         tmp_path / "c",
         *_args(
@@ -134,13 +157,8 @@ def test_resume_equals_uninterrupted_training(data, tmp_path):
     assert mf.read_manifest(resumed)["state"]["passes"] == 4
 
 
-def test_predictor_reproduces_the_trainer_for_base_and_deltas_after_shrink(data, tmp_path):
-    model = tmp_path / "infer"
-    summary = launch(
-        tmp_path / "a",
-        *_args(data, "--mode", "sync", "--predict-check", str(model), "--shrink-score", "0.5"),
-        workers=1,
-    )
+def test_predictor_reproduces_the_trainer_for_base_and_deltas_after_shrink(predictor_job):
+    summary, model = predictor_job[0].result(), predictor_job[1]
     assert len(summary["predict_diffs"]) == 3
     assert max(summary["predict_diffs"]) < 1e-6, summary["predict_diffs"]
     assert summary["deleted"]["deep_emb"] > 0  # shrink deleted rows: the deltas carry tombstones

@@ -1,9 +1,5 @@
 """QueueDataset / InMemoryDataset: file split, batching, passes, shuffles, preload."""
 
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -16,8 +12,6 @@ from sparseps.data import CRITEO, Batch, InMemoryDataset, QueueDataset, Schema, 
 from sparseps.data import sources as sources_module
 from sparseps.data.schema import ID_FILE_SHIFT
 from sparseps.errors import ConfigError, DeadlineError
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def write_files(folder, rows_per_file: list[int]) -> list[str]:
@@ -225,35 +219,8 @@ def test_wait_preload_done_times_out(tmp_path, monkeypatch):
     assert len(ds) == 10
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_global_shuffle_across_two_worker_processes(tmp_path):
-    write_files(tmp_path / "d", [300, 200, 250, 150])  # worker 0: files 0, 2; worker 1: 1, 3
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                os.path.join(HERE, "data_shuffle_worker.py"),
-                str(rank),
-                "2",
-                str(port),
-                str(tmp_path / "d"),
-                str(tmp_path / f"out{rank}.npz"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        for rank in range(2)
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out.decode()[-3000:]
-    results = [np.load(tmp_path / f"out{rank}.npz") for rank in range(2)]
+def test_global_shuffle_across_two_worker_processes(global_shuffles):
+    results = global_shuffles["plain"]  # files 300, 200, 250, 150 (see conftest.py)
     assert [int(r["before"]) for r in results] == [550, 350]
     all_ids = np.concatenate([r["ids"] for r in results])
     want = [(f << ID_FILE_SHIFT) | r for f, n in enumerate([300, 200, 250, 150]) for r in range(n)]

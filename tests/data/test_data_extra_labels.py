@@ -7,10 +7,6 @@ local and global shuffles keep each sample's extra labels with it.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,8 +18,6 @@ from sparseps.data.schema import ID_FILE_SHIFT
 from sparseps.data.shuffle import pack, unpack
 from sparseps.data.sources import Format, parse_text
 from sparseps.errors import ConfigError, InputError
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 SCHEMA = Schema("click", ("d",), ("u", "i"), extra_labels=("conv", "pay"), dense_transform="raw")
 # click, conv, pay, d, u, i (u of the last sample missing)
@@ -269,35 +263,8 @@ def test_local_shuffle_keeps_extra_labels_with_their_sample(tmp_path):
     np.testing.assert_array_equal(extra[:, 0], rows % 5)
 
 
-def test_global_shuffle_carries_extra_labels(tmp_path):
-    import socket
-
-    _extra_files(tmp_path / "d", [300, 200, 250, 150])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    worker = os.path.join(HERE, "data_shuffle_worker.py")
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                worker,
-                str(rank),
-                "2",
-                str(port),
-                str(tmp_path / "d"),
-                str(tmp_path / f"out{rank}.npz"),
-                "extra",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        for rank in range(2)
-    ]
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out.decode()[-3000:]
-    results = [np.load(tmp_path / f"out{rank}.npz") for rank in range(2)]
+def test_global_shuffle_carries_extra_labels(global_shuffles):
+    results = global_shuffles["extra"]  # files 300, 200, 250, 150 (see conftest.py)
     all_ids = np.concatenate([r["ids"] for r in results])
     assert all_ids.size == 900 and np.unique(all_ids).size == 900
     for rank, r in enumerate(results):

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -114,25 +115,36 @@ def _data_job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_cluster(_data_job):
-    """``RAY_ADDRESS`` of a head node plus a ``node_b`` node; stopped by pid afterwards."""
+    """``RAY_ADDRESS`` of a head node plus a ``node_b`` node; stopped by pid afterwards.
+
+    ``RAY_AUTH_MODE=disabled`` (cluster and drivers): a loopback-only test cluster, and the
+    same whether or not an earlier local Ray left a token in ``~/.ray/auth_token`` (which
+    turns token authentication on for new clusters, and the second node then failed to
+    join).
+    """
     from _launchtools import free_port
 
     temp_dir = tempfile.mkdtemp(prefix="spsray-", dir="/tmp")  # Unix sockets: keep it short
     port = free_port(HEAD)
-    env = clean_env(RAY_USAGE_STATS_ENABLED="0")
+    env = clean_env(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     common = ["--num-cpus", "2", "--disable-usage-stats", "--temp-dir", temp_dir]
+    address = f"{HEAD}:{port}"
+    starts: list[subprocess.Popen] = []
     try:
-        subprocess.run(
+        starts.append(subprocess.Popen(
             [str(RAY), "start", "--head", "--node-ip-address", HEAD, "--port", str(port),
              "--include-dashboard=false", "--ray-client-server-port", str(free_port()), *common],
-            check=True, env=env, capture_output=True, timeout=120,
-        )  # fmt: skip
-        address = f"{HEAD}:{port}"
-        subprocess.run(
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ))  # fmt: skip
+        # node_b starts as soon as the head's GCS listens, while the head finishes its start
+        wait_for(lambda: _listening(HEAD, port), 60, "the Ray head's GCS port")
+        starts.append(subprocess.Popen(
             [str(RAY), "start", "--address", address, "--node-ip-address", NODE_B,
              "--resources", '{"node_b": 1}', *common],
-            check=True, env=env, capture_output=True, timeout=120,
-        )  # fmt: skip
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        ))  # fmt: skip
+        outputs = finish(starts, 120)
+        assert [p.returncode for p in starts] == [0, 0], outputs
         yield address
     finally:
         pids = _cluster_pids(temp_dir)
@@ -141,6 +153,12 @@ def ray_cluster(_data_job):
                 os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not any(alive(p) for p in pids), 20, "the Ray cluster to stop")
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
 
 
 def _started(log: Path, count: int) -> dict | None:
@@ -157,7 +175,7 @@ def _ray_launch(address: str, log: Path, *args: str) -> list[str]:
 
 
 def _env(address: str) -> dict[str, str]:
-    return clean_env(RAY_ADDRESS=address, RAY_USAGE_STATS_ENABLED="0")
+    return clean_env(RAY_ADDRESS=address, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,14 @@
 """A job that hangs on purpose (every role runs it): ``hang_job.py --dir DIR --train T``.
 
-Both workers start a trainer (2 s RPC timeout). Then worker 1 never reaches the barriers:
-it sleeps in ``never_arrive`` until DIR/release exists. Worker 0 calls a gloo barrier
-(``collectives.barrier``) and a worker barrier (``sps.barrier_worker``), each with a 2 s
-timeout, then stops the server (SIGSTOP) and trains a pass, whose pulls time out; then,
-outside a training pass, runs an inference pass and a direct client call (``stats``), which
-time out too (SIGCONT follows). Last it computes global pass metrics (their all-reduce
-times out: worker 1 never takes part). It writes each timeout's message to
-DIR/errors.json, then waits for DIR/release too (so that the test can run ``sparseps
-diagnose`` on the live job). Both wait at most 120 s.
+Both workers start a trainer (2 s RPC timeout; the server only serves). Then worker 1
+never reaches the barriers: it sleeps in ``never_arrive`` until DIR/release exists. Worker
+0 calls a gloo barrier (``collectives.barrier``) and a worker barrier
+(``sps.barrier_worker``), each with a 2 s timeout, then stops the server (SIGSTOP) and
+trains a pass, whose pulls time out; then, outside a training pass, runs an inference pass
+and a direct client call (``stats``), which time out too (SIGCONT follows). Last it
+computes global pass metrics (their all-reduce times out: worker 1 never takes part). It
+writes each timeout's message to DIR/errors.json, then waits for DIR/release too (so that
+the test can run ``sparseps diagnose`` on the live job). Both wait at most 120 s.
 """
 
 import argparse
@@ -20,11 +20,8 @@ import time
 from pathlib import Path
 
 import sparseps as sps
-from sparseps.core import collectives
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.errors import DeadlineError
-from sparseps.metrics import CTRMetrics
-from sparseps.models import WideDeep
 
 p = argparse.ArgumentParser()
 p.add_argument("--dir", required=True)
@@ -44,11 +41,18 @@ def never_arrive() -> None:
 
 
 sps.init()
-model = WideDeep(CRITEO.slots, len(CRITEO.dense), emb_dim=4, hidden=(8,))
-trainer = sps.Trainer(model, strategy=sps.Strategy(mode="async", rpc_timeout=2.0))
 if sps.is_server():
+    # tables come from the workers' create_table: the server never imports torch (seconds
+    # of CPU on 2 cores while the workers import it)
     sps.run_server()
     sys.exit(0)
+
+from sparseps.core import collectives  # noqa: E402
+from sparseps.metrics import CTRMetrics  # noqa: E402
+from sparseps.models import WideDeep  # noqa: E402
+
+model = WideDeep(CRITEO.slots, len(CRITEO.dense), emb_dim=4, hidden=(8,))
+trainer = sps.Trainer(model, strategy=sps.Strategy(mode="async", rpc_timeout=2.0))
 server_pid = trainer.client.stats()["servers"][0]["pid"]  # (every worker starts the trainer)
 if sps.worker_index() == 1:
     never_arrive()
