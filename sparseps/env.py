@@ -3,7 +3,7 @@
 The launcher sets these variables for every process it starts:
 
 ========================  =====================================================
-``SPARSEPS_ROLE``         ``server`` or ``worker``
+``SPARSEPS_ROLE``         ``server``, ``worker`` or ``heter_worker``
 ``SPARSEPS_RANK``         rank within the role, ``0..N-1``
 ``SPARSEPS_SERVERS``      ``host:port,host:port,...``; index = server rank
 ``SPARSEPS_WORKER_NUM``   number of workers in the job
@@ -20,6 +20,12 @@ that a script knows when to resume from its last checkpoint.
 transport (docs/security.md); ``SPARSEPS_KEY_DIR`` is then the folder holding the job's key
 pair (written by ``sparseps keys DIR``). Only the folder's path travels in the
 environment, never a key. Both are honoured in local mode too, for clients of a secure job.
+
+``SPARSEPS_HETER_WORKERS`` (optional, ``host:port,...``; index = heter worker rank) lists
+the job's heter workers (``sparseps launch --heter-worker-num H``, docs/heterps.md): set,
+the workers train in heter mode and a ``heter_worker`` process serves the dense network at
+its entry; ``SPARSEPS_HETER_DEVICE`` (optional, ``cpu``/``cuda``/``auto``, default ``cpu``)
+is where a heter worker runs it.
 
 ``SPARSEPS_DISK_DIR`` (optional, an absolute path) is a server's folder for the rows of
 tables with ``memory_rows`` beyond that budget (docs/table.md; ``--disk-dir`` overrides it).
@@ -66,6 +72,8 @@ from enum import StrEnum
 from .errors import ConfigError
 
 __all__ = [
+    "HETER_DEVICE",
+    "HETER_WORKERS",
     "KEY_DIR",
     "RESTART_COUNT",
     "SECURE",
@@ -74,6 +82,7 @@ __all__ = [
     "RoleEnv",
     "child_environ",
     "float_setting",
+    "heter_device_setting",
     "from_environ",
     "parse_endpoint",
     "security_setting",
@@ -92,6 +101,9 @@ RESTART_COUNT = "SPARSEPS_RESTART_COUNT"
 # Authenticated transport (optional; absent = off): a switch and the key folder's path.
 SECURE = "SPARSEPS_SECURE"
 KEY_DIR = "SPARSEPS_KEY_DIR"
+# Heterogeneous PS (optional; absent = no heter workers): their endpoints and device.
+HETER_WORKERS = "SPARSEPS_HETER_WORKERS"
+HETER_DEVICE = "SPARSEPS_HETER_DEVICE"
 
 # Optional tuning knobs (not part of the role contract; absent means default).
 RPC_TIMEOUT = "SPARSEPS_RPC_TIMEOUT"
@@ -107,9 +119,13 @@ COLLECTIVE_TIMEOUT = "SPARSEPS_COLLECTIVE_TIMEOUT_S"
 SERVER_START_TIMEOUT = "SPARSEPS_SERVER_START_TIMEOUT_S"
 
 
+_ROLE_NAMES = "'server', 'worker' or 'heter_worker'"
+
+
 class Role(StrEnum):
     SERVER = "server"
     WORKER = "worker"
+    HETER_WORKER = "heter_worker"  # the dense network of heter mode (docs/heterps.md)
 
 
 def parse_endpoint(text: str, *, what: str = "endpoint") -> tuple[str, int]:
@@ -132,7 +148,8 @@ class RoleEnv:
 
     ``local`` is True when no SPARSEPS_* variable was set (local mode);
     ``restart_count`` is the worker group's restart generation (``SPARSEPS_RESTART_COUNT``);
-    ``key_dir`` is the job's key folder when transport security is on, else empty.
+    ``key_dir`` is the job's key folder when transport security is on, else empty;
+    ``heter_workers`` the ``host:port`` of each heter worker (empty: none).
     """
 
     role: Role
@@ -145,6 +162,7 @@ class RoleEnv:
     local: bool = False
     restart_count: int = 0
     key_dir: str = ""
+    heter_workers: tuple[str, ...] = ()
 
     @property
     def secure(self) -> bool:
@@ -155,10 +173,12 @@ class RoleEnv:
         if self.restart_count < 0:
             raise ConfigError(f"{RESTART_COUNT}: must be >= 0, got {self.restart_count}")
         if not isinstance(self.role, Role):
-            raise ConfigError(f"{ROLE}: expected 'server' or 'worker', got {self.role!r}")
+            raise ConfigError(f"{ROLE}: expected {_ROLE_NAMES}, got {self.role!r}")
         if self.worker_num < 1:
             raise ConfigError(f"{WORKER_NUM}: must be >= 1, got {self.worker_num}")
-        limit = len(self.servers) if self.role is Role.SERVER else self.worker_num
+        limit = {Role.SERVER: len(self.servers), Role.HETER_WORKER: len(self.heter_workers)}.get(
+            self.role, self.worker_num
+        )
         if not 0 <= self.rank < max(limit, 1):
             raise ConfigError(
                 f"{RANK}: {self.rank} out of range 0..{limit - 1} for role {self.role.value}"
@@ -169,6 +189,8 @@ class RoleEnv:
             if not self.servers:
                 raise ConfigError(f"{SERVERS}: needs at least one host:port")
             parse_endpoint(self.master, what=MASTER)
+            for i, ep in enumerate(self.heter_workers):
+                parse_endpoint(ep, what=f"{HETER_WORKERS}[{i}]")
 
     def to_environ(self) -> dict[str, str]:
         """The variables that describe this role, for a child process."""
@@ -182,6 +204,7 @@ class RoleEnv:
             JOB_ID: self.job_id,
             RESTART_COUNT: str(self.restart_count),
             **({SECURE: "1", KEY_DIR: self.key_dir} if self.key_dir else {}),
+            **({HETER_WORKERS: ",".join(self.heter_workers)} if self.heter_workers else {}),
         }
 
 
@@ -215,7 +238,7 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RoleEnv | None:
     try:
         role = Role(role_text)
     except ValueError:
-        raise ConfigError(f"{ROLE}: expected 'server' or 'worker', got {role_text!r}") from None
+        raise ConfigError(f"{ROLE}: expected {_ROLE_NAMES}, got {role_text!r}") from None
     return RoleEnv(
         role=role,
         rank=_int(environ, RANK),
@@ -226,7 +249,21 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RoleEnv | None:
         job_id=environ[JOB_ID],
         restart_count=_int(environ, RESTART_COUNT) if environ.get(RESTART_COUNT) else 0,
         key_dir=security_setting(environ) or "",
+        heter_workers=_list(environ.get(HETER_WORKERS, "")),
     )
+
+
+def _list(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def heter_device_setting(environ: Mapping[str, str] | None = None) -> str:
+    """``SPARSEPS_HETER_DEVICE``: where a heter worker runs the dense network (default cpu)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(HETER_DEVICE, "").strip().lower() or "cpu"
+    if value not in ("cpu", "cuda", "auto"):
+        raise ConfigError(f"{HETER_DEVICE}: expected cpu, cuda or auto, got {value!r}")
+    return value
 
 
 # Paddle's role variables (read only when no SPARSEPS_* role variable is set).
@@ -431,7 +468,16 @@ def child_environ(overrides: Mapping[str, str]) -> dict[str, str]:
     of a role (e.g. a launcher started from inside a worker); the launcher passes the
     child's full role in ``overrides`` (``RoleEnv.to_environ()``).
     """
-    dropped = {*VARIABLES, RESTART_COUNT, SECURE, KEY_DIR, REPLICAS, RECOVER}
+    dropped = {
+        *VARIABLES,
+        RESTART_COUNT,
+        SECURE,
+        KEY_DIR,
+        REPLICAS,
+        RECOVER,
+        HETER_WORKERS,
+        HETER_DEVICE,
+    }
     child = {k: v for k, v in os.environ.items() if k not in dropped}
     child.update(overrides)
     return child

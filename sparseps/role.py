@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "barrier_worker",
     "init",
+    "is_heter_worker",
     "is_server",
     "is_worker",
     "role_env",
@@ -124,7 +125,9 @@ def init(*, environ: Mapping[str, str] | None = None) -> RoleEnv:
             "sparseps %s %d of %d (job %s, servers %s%s)",
             env.role.value,
             env.rank,
-            env.worker_num if env.role is Role.WORKER else len(env.servers),
+            {Role.WORKER: env.worker_num, Role.HETER_WORKER: len(env.heter_workers)}.get(
+                env.role, len(env.servers)
+            ),
             env.job_id,
             ",".join(env.servers),
             f", restart {env.restart_count}" if env.restart_count else "",
@@ -218,11 +221,19 @@ def is_worker() -> bool:
     return _current().env.role is Role.WORKER
 
 
+def is_heter_worker() -> bool:
+    """A heter worker (``sparseps launch --heter-worker-num``): its Trainer serves the
+    dense network (docs/heterps.md); scripts need not branch on it."""
+    return _current().env.role is Role.HETER_WORKER
+
+
 def worker_index() -> int:
     """This worker's rank (``0..worker_num()-1``); a ConfigError on a server."""
     env = _current().env
     if env.role is not Role.WORKER:
-        raise ConfigError(f"worker_index(): this process is server {env.rank}, not a worker")
+        raise ConfigError(
+            f"worker_index(): this process is {env.role.value} {env.rank}, not a worker"
+        )
     return env.rank
 
 

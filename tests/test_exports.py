@@ -9,7 +9,7 @@ EXPECTED = {
     "CheckpointError", "ConfigError", "InputError", "ProtocolError", "RemoteError",
     "SparsePSError", "DeadlineError", "TimeoutError_", "UnavailableError", "__version__", "errors",
     "Initializer", "Lifecycle", "TableConfig", "PSClient", "Strategy", "Trainer", "Predictor",
-    "init", "is_server", "is_worker", "worker_index", "worker_num", "server_num",
+    "init", "is_heter_worker", "is_server", "is_worker", "worker_index", "worker_num", "server_num",
     "server_endpoints", "run_server", "barrier_worker", "stop", "all_reduce",
     "data", "metrics", "models", "nn", "online", "optim", "testing",
 }  # fmt: skip

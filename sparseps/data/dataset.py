@@ -90,8 +90,14 @@ class DatasetOptions:
                 rank, world = role.rank, role.worker_num
             else:
                 raise ConfigError(
-                    "datasets are read by workers, but this process has SPARSEPS_ROLE=server; "
-                    "pass rank= and world= to read anyway"
+                    f"datasets are read by workers, but this process has SPARSEPS_ROLE="
+                    f"{role.role.value}; pass rank= and world= to read anyway"
+                    + (
+                        " (a heter worker serves from its Trainer's constructor: construct "
+                        "the Trainer before reading data)"
+                        if role.role is env.Role.HETER_WORKER
+                        else ""
+                    )
                 )
         if not isinstance(files, str | os.PathLike | Sequence) or (
             isinstance(files, Sequence) and not isinstance(files, str) and not files

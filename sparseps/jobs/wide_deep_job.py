@@ -123,10 +123,8 @@ def main(argv=None) -> int:
         lifecycle=lifecycle,
         memory_rows=args.memory_rows or None,
     )
-    prior = None
-    if args.bias_init == "prior":
-        prior = _click_rate(args.train, args.prior_rows)
-        set_output_bias(model, prior)
+    # the Trainer first: in a heter worker it serves the dense network from here on (the
+    # dense values come from the servers' table, which worker 0 creates after the prior)
     trainer = sps.Trainer(
         model,
         dense_optimizer=parse_rule(args.dense_rule)
@@ -134,6 +132,10 @@ def main(argv=None) -> int:
         else sps.optim.Adam(lr=args.lr),
         strategy=sps.Strategy(mode=args.mode, prefetch=not args.no_prefetch, device=args.device),
     )
+    prior = None
+    if args.bias_init == "prior":
+        prior = _click_rate(args.train, args.prior_rows)
+        set_output_bias(model, prior)
     train, gpups = _train_data(args)
     start = time.perf_counter()
     samples, build_s = 0, []

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-from ..env import FILE_ROOTS, MASTER, REPLICAS, Role, child_environ
+from ..env import FILE_ROOTS, HETER_DEVICE, MASTER, REPLICAS, Role, child_environ
 from ..errors import ConfigError, SparsePSError
 from .logsetup import LOG_FORMAT
 from .records import Outcome, check_seconds
@@ -53,6 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--replicas", type=int, default=0, metavar="R",
         help="keep R backup copies of every shard on the next servers: a lost server is "
              "routed around and the job goes on (default 0; docs/replication.md)")  # fmt: skip
+    add("--heter-worker-num", "--heter_worker_num", dest="heter_worker_num", type=int,
+        default=None, metavar="H",
+        help="heter workers: the dense network runs on them, embeddings and IO on the "
+             "workers (default none; docs/heterps.md)")  # fmt: skip
+    add("--heter-workers", dest="heter_workers", default=None,
+        help="host:port,... of every heter worker (multi-node)")  # fmt: skip
+    add("--heter-device", dest="heter_device", choices=["cpu", "cuda", "auto"], default=None,
+        help="where heter workers run the dense network (default cpu)")  # fmt: skip
     add("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
         help="restart a failed worker up to N times (default 0)")  # fmt: skip
     add("--grace-s", dest="grace_s", type=float, default=5.0,
@@ -93,7 +101,11 @@ def _children(
 
     log_dir = Path(spec.log_dir)
     children = []
-    local = [(Role.SERVER, spec.local_servers()), (Role.WORKER, spec.local_workers())]
+    local = [
+        (Role.SERVER, spec.local_servers()),
+        (Role.HETER_WORKER, spec.local_heter_workers()),
+        (Role.WORKER, spec.local_workers()),
+    ]
     count = sum(len(ranks) for _, ranks in local)
     ports = iter(free_ports(spec.host, count) if metrics else [None] * count)
     for role, ranks in local:
@@ -192,6 +204,8 @@ def _job_env(args: argparse.Namespace) -> dict[str, str]:
     """Settings every child gets: ``SPARSEPS_FILE_ROOTS`` from ``--file-root`` (absolute
     paths) and ``SPARSEPS_REPLICAS`` from ``--replicas``."""
     out = {REPLICAS: str(args.replicas)} if args.replicas else {}
+    if args.heter_device:
+        out[HETER_DEVICE] = args.heter_device
     if args.file_roots:
         out[FILE_ROOTS] = os.pathsep.join(os.path.abspath(root) for root in args.file_roots)
     return out
@@ -205,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
         from .ray_backend import run as run_on_ray
 
         return run_on_ray(args)
+    if args.heter_device and not (args.heter_worker_num or args.heter_workers):
+        raise ConfigError("--heter-device: the job has no heter workers (--heter-worker-num H)")
     for flag in ("address", "server_resources", "worker_resources"):
         if getattr(args, flag) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')} applies only to --backend ray")
@@ -227,6 +243,8 @@ def run(args: argparse.Namespace) -> int:
         job_id=args.job_id,
         secure=args.secure,
         key_dir=args.key_dir,
+        heter_worker_num=args.heter_worker_num,
+        heter_workers=args.heter_workers,
     )
     from ..core.replicas import check_replicas
 

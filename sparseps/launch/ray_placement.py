@@ -39,7 +39,10 @@ __all__ = [
 DEFAULT_RESOURCES = '{"CPU": 1}'
 CALL_TIMEOUT_S = 60.0  # one actor call (prepare, start, poll, stop) answers within this
 _REFUSED = {"servers": "--servers", "workers": "--workers", "host": "--host",
-            "master": "--master", "status_port": "--status-port"}  # fmt: skip
+            "master": "--master", "status_port": "--status-port",
+            # heter workers are placed by the local launcher only (docs/heterps.md)
+            "heter_worker_num": "--heter-worker-num", "heter_workers": "--heter-workers",
+            "heter_device": "--heter-device"}  # fmt: skip
 
 
 def parse_resources(flag: str, text: str) -> dict[str, float]:

@@ -86,6 +86,8 @@ class ClusterSpec:
         log_dir: folder of the per-role logs (absolute).
         key_dir: the job's key folder (absolute) when its sockets use CURVE, else empty
             (``SPARSEPS_KEY_DIR``; docs/security.md).
+        heter_workers: ``host:port`` of each heter worker (``SPARSEPS_HETER_WORKERS``;
+            docs/heterps.md), empty when the job has none.
     """
 
     servers: tuple[str, ...]
@@ -95,6 +97,7 @@ class ClusterSpec:
     job_id: str
     log_dir: str
     key_dir: str = ""
+    heter_workers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.servers:
@@ -105,6 +108,15 @@ class ClusterSpec:
             parse_endpoint(endpoint, what=f"--servers entry {i}")
         if len(set(self.servers)) != len(self.servers):
             raise ConfigError(f"--servers: an endpoint is listed twice in {','.join(self.servers)}")
+        for i, endpoint in enumerate(self.heter_workers):
+            parse_endpoint(endpoint, what=f"--heter-workers entry {i}")
+        if set(self.heter_workers) & set(self.servers) or len(set(self.heter_workers)) != len(
+            self.heter_workers
+        ):
+            raise ConfigError(
+                f"--heter-workers: every endpoint must be distinct and not a server's, got "
+                f"{','.join(self.heter_workers)}"
+            )
         master_host, _ = parse_endpoint(self.master, what="--master")
         if master_host != self.workers[0]:
             raise ConfigError(
@@ -120,7 +132,9 @@ class ClusterSpec:
     @property
     def nodes(self) -> tuple[str, ...]:
         """Distinct hosts of the job, in order of first appearance (workers first)."""
-        hosts = list(self.workers) + [parse_endpoint(s)[0] for s in self.servers]
+        hosts = list(self.workers) + [
+            parse_endpoint(s)[0] for s in (*self.servers, *self.heter_workers)
+        ]
         return tuple(dict.fromkeys(hosts))
 
     @property
@@ -155,6 +169,10 @@ class ClusterSpec:
         """Ranks of the workers this node runs."""
         return [r for r, h in enumerate(self.workers) if h == self.host]
 
+    def local_heter_workers(self) -> list[int]:
+        """Ranks of the heter workers this node runs."""
+        return [r for r, ep in enumerate(self.heter_workers) if parse_endpoint(ep)[0] == self.host]
+
     def role_env(self, role: Role, rank: int) -> RoleEnv:
         """The DESIGN §2.2 role of one process of this job."""
         return RoleEnv(
@@ -166,6 +184,7 @@ class ClusterSpec:
             log_dir=self.log_dir,
             job_id=self.job_id,
             key_dir=self.key_dir,
+            heter_workers=self.heter_workers,
         )
 
     def describe(self) -> str:
@@ -181,6 +200,10 @@ class ClusterSpec:
             f"this node   : {self.host}",
             f"servers     : {len(self.servers)}",
             *(f"  server {r}: {ep}{mark(r in servers_here)}" for r, ep in enumerate(self.servers)),
+            *(
+                f"  heter worker {r}: {ep}{mark(parse_endpoint(ep)[0] == self.host)}"
+                for r, ep in enumerate(self.heter_workers)
+            ),  # fmt: skip
             f"workers     : {len(self.workers)}",
             *(f"  worker {r}: {h}{mark(r in workers_here)}" for r, h in enumerate(self.workers)),
             f"rendezvous  : {self.master}",
@@ -244,6 +267,8 @@ def make_spec(
     job_id: str | None = None,
     secure: bool | None = None,
     key_dir: str | None = None,
+    heter_worker_num: int | None = None,
+    heter_workers: str | None = None,
 ) -> ClusterSpec:
     """Resolve the command-line options into a :class:`ClusterSpec`.
 
@@ -264,6 +289,8 @@ def make_spec(
             not a loopback address. Implied by ``key_dir``.
         key_dir: the job's key folder; required when a secure job spans hosts. A secure
             one-node job without it gets ``LOG_DIR/keys`` (the launcher writes fresh keys).
+        heter_worker_num, heter_workers: heter workers (default none): a count (on
+            ``host``, free ports) or ``host:port,...`` (required across nodes).
 
     Raises:
         ConfigError: naming the option that is inconsistent and how to fix it.
@@ -291,8 +318,19 @@ def make_spec(
     single_node = all(h == host for h in worker_hosts) and all(
         parse_endpoint(s)[0] == host for s in server_list
     )
+    heter_list = _split(heter_workers)
+    n_heter = _count("heter-worker-num", heter_worker_num, heter_list, "--heter-workers") or 0
+    if n_heter and not heter_list and not single_node:
+        raise ConfigError(
+            "--heter-workers is required across nodes: every node must know every heter "
+            "worker endpoint (host:port,...)"
+        )
     wanted = (0 if server_list else n_servers) + (0 if master or not single_node else 1)
+    wanted += 0 if heter_list else n_heter
     ports = free_ports(host, wanted) if wanted else []
+    own_heter = 0 if heter_list else n_heter  # the last ports are the heter workers'
+    heter_eps = tuple(heter_list) or tuple(f"{host}:{p}" for p in ports[len(ports) - own_heter :])
+    ports = ports[: len(ports) - own_heter]
     server_eps = (
         tuple(server_list) if server_list else tuple(f"{host}:{p}" for p in ports[:n_servers])
     )
@@ -313,6 +351,7 @@ def make_spec(
         host=host,
         job_id=job_id,
         log_dir=os.path.abspath(log_dir),
+        heter_workers=heter_eps,
     )
     # After the layout validated: its errors come first, the key rule needs a valid layout.
     return dataclasses.replace(

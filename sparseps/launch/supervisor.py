@@ -85,6 +85,12 @@ class _Child:
     note: str = ""  # why its exit fails the job, when that is not the usual reason
 
 
+def _exit_note(role: Role) -> str:
+    if role is Role.HETER_WORKER:
+        return SERVER_EXIT_NOTE.replace("a server exit", "a heter worker exit")
+    return SERVER_EXIT_NOTE
+
+
 def _exit_status(code: int) -> int:
     """A child's return code as a shell exit status (signal N -> 128+N)."""
     return 128 - code if code < 0 else code
@@ -240,7 +246,7 @@ class Supervisor:
         """Start every child and supervise until the job completes, fails or is interrupted."""
         previous = self._install_signal_handlers()
         try:
-            for spec in sorted(self.children, key=lambda c: c.role is not Role.SERVER):
+            for spec in sorted(self.children, key=lambda c: c.role is Role.WORKER):
                 self._start(spec, 0)
             return self._loop()
         finally:
@@ -332,7 +338,7 @@ class Supervisor:
             if attempt:
                 time.sleep(self.config.poll_s)
             for child in list(self._running):  # a lost server may be replaced meanwhile
-                if child.spec.role is not Role.SERVER:
+                if child.spec.role is Role.WORKER:  # servers and heter workers serve the job
                     continue
                 if child.exit_code is None:
                     child.exit_code = child.proc.poll()
@@ -345,7 +351,7 @@ class Supervisor:
         every shard of the job keeps a live copy (:mod:`sparseps.core.replicas`)."""
         replicas, num = self.config.replicas, self.config.server_num
         rank = server.spec.rank
-        if not replicas:
+        if not replicas or server.spec.role is not Role.SERVER:
             return False
         if rank in self.lost_servers:
             return True
@@ -444,7 +450,7 @@ class Supervisor:
         spec, exit_code = child.spec, child.exit_code
         assert exit_code is not None, "a child fails once it has exited"
         child.pump.join(timeout=2.0)  # the last lines are in the log before the tail is read
-        server = spec.role is Role.SERVER
+        server = spec.role is not Role.WORKER  # a server or a heter worker
         failure = Failure(
             role=spec.role.value,
             rank=spec.rank,
@@ -452,7 +458,7 @@ class Supervisor:
             exit_code=exit_code,
             log_path=str(spec.log_path),
             tail=tuple(tail(spec.log_path, self.config.tail_lines)),
-            note=(child.note or SERVER_EXIT_NOTE) if server else "",
+            note=(child.note or _exit_note(spec.role)) if server else "",
         )
         used = (
             f" (no restarts left: {self._coordinator.generation} of {self.config.max_restarts} used)"
@@ -474,7 +480,13 @@ class Supervisor:
         return Outcome(_exit_status(exit_code) or 1, "failed", failure)
 
     def _stop_servers(self) -> None:
-        servers = [c for c in self._running if c.spec.role is Role.SERVER and c.proc.poll() is None]
+        """Stop the servers (their stop op) and the heter workers (SIGTERM: they exit 0)."""
+        for child in self._running:
+            if child.spec.role is Role.HETER_WORKER and child.proc.poll() is None:
+                child.proc.terminate()
+        servers = [
+            c for c in self._running if c.spec.role is not Role.WORKER and c.proc.poll() is None
+        ]
         if not servers:
             return
         if self.stop_servers is not None:

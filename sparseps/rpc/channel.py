@@ -93,6 +93,7 @@ class Channel:
             :data:`HEARTBEAT_TIMEOUT_MS`) is *lost*: its pending and later calls fail at once
             with an :class:`UnavailableError` and its socket is closed, so nothing queued for
             it reaches a later process on the same port. :meth:`lost` tells which.
+        role: what the peers are, in errors (``server``; ``heter_worker`` for sparseps.heter).
     """
 
     def __init__(
@@ -107,8 +108,10 @@ class Channel:
         job_id: str | None = None,
         update_retries: int = 0,
         detect_loss: bool = False,
+        role: str = "server",
     ) -> None:
         self.endpoints = tuple(endpoints)
+        self.role = role
         self.job_id = job_id
         self.detect_loss = detect_loss
         # rank -> why it is lost (None: not lost); written by the I/O thread only
@@ -187,7 +190,7 @@ class Channel:
             raise UnavailableError(
                 f"{op}: the PSClient is closed",
                 op=op,
-                role="server",
+                role=self.role,
                 rank=rank,
                 address=self.endpoints[rank],
             )
@@ -195,7 +198,7 @@ class Channel:
             raise DeadlineError(
                 f"{op}: {self._max_in_flight} requests still in flight after {self.timeout:.3g} s; the servers "
                 "are not answering fast enough (raise PSClient(max_in_flight=...) or wait on handles)",
-                op=op, role="server", rank=rank, address=self.endpoints[rank], seconds=self.timeout,
+                op=op, role=self.role, rank=rank, address=self.endpoints[rank], seconds=self.timeout,
                 setting="PSClient(max_in_flight=...)",
             )  # fmt: skip
         call = Call(id=next(self._ids), rank=rank, op=op, table=table, shard=shard, epoch=epoch)
@@ -250,8 +253,8 @@ class Channel:
         self._revive.append((rank, done))
         if not done.wait(timeout):
             raise DeadlineError(
-                f"reconnecting to server {rank} at {self.endpoints[rank]} took over {timeout:g} s",
-                op="revive", role="server", rank=rank, address=self.endpoints[rank],
+                f"reconnecting to {self.role} {rank} at {self.endpoints[rank]} took over {timeout:g} s",
+                op="revive", role=self.role, rank=rank, address=self.endpoints[rank],
                 seconds=timeout, setting="Channel.revive(timeout=...)",
             )  # fmt: skip
 
@@ -313,10 +316,10 @@ class Channel:
             if not call.event.is_set():
                 address = self.endpoints[call.rank]
                 raise DeadlineError(
-                    f"{call.op}{'' if call.table is None else f' {call.table!r}'}: server {call.rank} at "
+                    f"{call.op}{'' if call.table is None else f' {call.table!r}'}: {self.role} {call.rank} at "
                     f"{address} did not answer within {timeout:.3g} s (connection: {self._state[call.rank]}); "
                     f"the server may be dead, hung or overloaded. Change the limit with {self.timeout_setting}",
-                    op=call.op, role="server", rank=call.rank, address=address, seconds=timeout,
+                    op=call.op, role=self.role, rank=call.rank, address=address, seconds=timeout,
                     setting=self.timeout_setting,
                 )  # fmt: skip
         if call.failure is not None:
@@ -341,8 +344,8 @@ class Channel:
             pending, self._pending = list(self._pending.values()), {}
         for call in pending:
             call.failure = UnavailableError(
-                f"{call.op}: the PSClient was closed before server {call.rank} answered",
-                op=call.op, role="server", rank=call.rank, address=self.endpoints[call.rank],
+                f"{call.op}: the PSClient was closed before {self.role} {call.rank} answered",
+                op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
             )  # fmt: skip
             call.event.set()
         for sock in [*self._monitors, *self._dealers, self._inbox, self._outbox]:
@@ -360,12 +363,12 @@ class Channel:
     def _remote_error(self, call: Call, error: dict) -> Exception:
         kind = str(error.get("type", "Error"))
         message = str(error.get("message", ""))
-        where = f"server {call.rank} at {self.endpoints[call.rank]}"
+        where = f"{self.role} {call.rank} at {self.endpoints[call.rank]}"
         if kind == "ProtocolError":
             return ProtocolError(f"{call.op}: {where} rejected the request: {message}")
         return RemoteError(
             f"{call.op}{'' if call.table is None else f' {call.table!r}'}: {where} raised {kind}: {message}",
-            remote_type=kind, remote_traceback=str(error.get("traceback", "")), role="server",
+            remote_type=kind, remote_traceback=str(error.get("traceback", "")), role=self.role,
             rank=call.rank, address=self.endpoints[call.rank], op=call.op,
         )  # fmt: skip
 
@@ -426,7 +429,7 @@ class Channel:
 
     def _refusal(self, rank: int, kind: int, value: int) -> str:
         """Why server ``rank`` refused us, and what to do about it."""
-        where = f"server {rank} at {self.endpoints[rank]}"
+        where = f"{self.role} {rank} at {self.endpoints[rank]}"
         if self.security is None:
             # A plain client meets a CURVE server: mechanism mismatch (PROTOCOL event).
             return (
@@ -448,7 +451,7 @@ class Channel:
     def _lose(self, rank: int, why: str | None = None) -> None:
         """Server ``rank`` dropped its connection: fail what waits for it, close its socket
         (zmq would otherwise deliver the queued requests to a later process on that port)."""
-        self._lost[rank] = f"server {rank} at {self.endpoints[rank]} is lost: " + (
+        self._lost[rank] = f"{self.role} {rank} at {self.endpoints[rank]} is lost: " + (
             why
             or "its connection dropped (the process exited, or it answered no heartbeat for "
             f"{HEARTBEAT_TIMEOUT_MS / 1000:g} s)"
@@ -471,7 +474,7 @@ class Channel:
         self._slots.release()
         call.failure = UnavailableError(
             f"{call.op}: {self._lost[call.rank]}",
-            op=call.op, role="server", rank=call.rank, address=self.endpoints[call.rank],
+            op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
         )  # fmt: skip
         call.event.set()
 
@@ -479,7 +482,7 @@ class Channel:
         self._slots.release()
         call.failure = UnavailableError(
             f"{call.op}: {self._refused[call.rank]}",
-            op=call.op, role="server", rank=call.rank, address=self.endpoints[call.rank],
+            op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
         )  # fmt: skip
         call.event.set()
 
@@ -545,7 +548,7 @@ class Channel:
                 return
             self._slots.release()
             call.failure = ProtocolError(
-                f"{call.op}: malformed reply from server {rank} at {self.endpoints[rank]}: {exc}"
+                f"{call.op}: malformed reply from {self.role} {rank} at {self.endpoints[rank]}: {exc}"
             )
             call.event.set()
             return

@@ -361,8 +361,13 @@ def _check_args(op: str, schema: OpSchema, args) -> dict:
     return args
 
 
-def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
+def decode_request(
+    frames: Sequence, limits: Limits = Limits(), ops: Mapping[str, OpSchema] = OPS
+) -> Request:
     """Validate and decode one request (frames as received, without routing envelope).
+
+    ``ops``: the schema table of the receiving service (default: the servers' :data:`OPS`;
+    a heter worker serves its own, :mod:`sparseps.heter.ops`).
 
     Raises:
         ProtocolError: anything that does not follow the protocol, naming what and where.
@@ -376,9 +381,9 @@ def decode_request(frames: Sequence, limits: Limits = Limits()) -> Request:
         )
     header = _unpack_header(frames[0], limits)
     op = header.get("op")
-    if not (isinstance(op, str) and op in OPS):
-        raise ProtocolError(f"unknown op {op!r:.60} (known: {', '.join(sorted(OPS))})")
-    schema = OPS[op]
+    if not (isinstance(op, str) and op in ops):
+        raise ProtocolError(f"unknown op {op!r:.60} (known: {', '.join(sorted(ops))})")
+    schema = ops[op]
     request_id = header.get("id")
     if not (_is_int(request_id) and 0 <= request_id < (1 << 63)):
         raise ProtocolError(

@@ -26,6 +26,7 @@ class DenseParams:
         with torch.no_grad():
             return (
                 torch.nn.utils.parameters_to_vector(self.params)
+                .cpu()
                 .numpy()
                 .astype(np.float32, copy=True)
             )
@@ -37,15 +38,14 @@ class DenseParams:
         parts = [
             (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params
         ]
-        return torch.cat(parts).numpy().astype(np.float32, copy=False)
+        return torch.cat(parts).cpu().numpy().astype(np.float32, copy=False)
 
     def set(self, values: np.ndarray) -> None:
         if not self.params:
             return
         with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(
-                torch.from_numpy(np.ascontiguousarray(values, np.float32)), self.params
-            )
+            vector = torch.from_numpy(np.ascontiguousarray(values, np.float32))
+            torch.nn.utils.vector_to_parameters(vector.to(self.params[0].device), self.params)
 
     def zero_grad(self) -> None:
         for p in self.params:

@@ -12,6 +12,7 @@ table of the model known). The trainer never asks which mode it has.
   ``{table: SlotLookup}``);
 - ``pull_rows({table: keys})``: the current rows of every table for a training step;
 - ``steps(source)``: the step loop (sync mode keeps workers in lock-step);
+- ``compute(items, step, binder)``: each step's forward and backward (heter mode: remote);
 - ``loss_scale(batch_size)``: the denominator of the summed per-sample loss;
 - ``apply(grads, dense_grad)``: send one step's gradients;
 - ``finish_pass()``: flush, so the servers hold every update of the pass;
@@ -88,6 +89,13 @@ class TrainingMode(ABC):
 
     def steps(self, source: Iterable) -> Iterator:
         yield from source
+
+    def compute(self, items: Iterable, step, binder) -> Iterator:
+        """``(item, step(item))`` per step: ``step`` runs forward and backward here
+        (heter mode sends them to a heter worker instead; ``binder``: the trainer's
+        :class:`~sparseps.worker.binding.TableBinder`)."""
+        for item in items:
+            yield item, step(item)
 
     def loss_scale(self, batch_size: int) -> float:
         return float(max(batch_size, 1))

@@ -86,6 +86,7 @@ class SparseEmbedding(nn.Module):
         self.pooling = pooling
         self._lookup: SlotLookup | None = None
         self._rows: torch.Tensor | None = None
+        self._output: torch.Tensor | None = None
 
     @property
     def table(self) -> str:
@@ -109,9 +110,15 @@ class SparseEmbedding(nn.Module):
         self._lookup = lookup
         self._rows = tensor.requires_grad_(grad)
 
+    def bind_output(self, output: torch.Tensor) -> None:
+        """Make ``forward`` return ``output``, computed elsewhere: a heter worker runs the
+        dense network on the pooled outputs its trainers computed (sparseps.heter)."""
+        self._output = output
+
     def unbind(self) -> None:
         self._lookup = None
         self._rows = None
+        self._output = None
 
     @property
     def rows(self) -> torch.Tensor | None:
@@ -125,6 +132,8 @@ class SparseEmbedding(nn.Module):
     def forward(
         self, batch: Batch | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if self._output is not None:
+            return self._output
         lookup, rows = self._lookup, self._rows
         if lookup is None or rows is None:
             raise InputError(
@@ -160,4 +169,6 @@ class SparseModel(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         pooled = [emb(batch) for emb in self.embeddings]
-        return self.head(dense_tensor(batch), *pooled).reshape(-1)
+        # the dense features go where the head is (a heter worker may run it on a GPU)
+        device = next((p.device for p in self.head.parameters()), torch.device("cpu"))
+        return self.head(dense_tensor(batch).to(device), *pooled).reshape(-1)

@@ -17,18 +17,50 @@ Fields:
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 import numpy as np
 import torch
 
 from .. import role
 from ..core.keysets import unique_keys
+from ..env import Role
 from ..errors import ConfigError
 from ..rpc.client import PSClient
 from .dense_params import DenseParams
 from .modes import TrainingMode, make_mode
 from .strategy import Strategy
 
-__all__ = ["TrainingState"]
+__all__ = ["TrainingState", "serve_if_heter_worker"]
+
+log = logging.getLogger(__name__)
+
+
+def _topology_mode(strategy: Strategy, env) -> Strategy:
+    """The strategy as the job's topology runs it: with heter workers, async is heter."""
+    if not env.heter_workers or strategy.mode == "heter":
+        return strategy
+    if strategy.mode != "async":
+        raise ConfigError(
+            f"Strategy(mode={strategy.mode!r}) with heter workers: heter workers run async "
+            "training (the dense network on them, the embeddings here); use mode='async', "
+            "or launch without --heter-worker-num"
+        )
+    log.info("heter workers %s: async mode trains in heter mode", ",".join(env.heter_workers))
+    return dataclasses.replace(strategy, mode="heter")
+
+
+def serve_if_heter_worker(trainer) -> None:
+    """In a heter worker's process, a Trainer serves the dense network, then the process
+    exits 0 (the rest of the script is a trainer's): the same script runs in every role."""
+    env = role.role_env()
+    if env is None or env.role is not Role.HETER_WORKER:
+        return
+    from ..heter.service import serve_from_env
+
+    serve_from_env(trainer)
+    raise SystemExit(0)
 
 
 class TrainingState:
@@ -84,7 +116,7 @@ class TrainingState:
             torch.set_num_threads(self.num_threads)
         self.rank, self.server_num = env.rank, len(role.server_endpoints())
         self.mode = make_mode(
-            self.strategy,
+            _topology_mode(self.strategy, env),
             self.client,
             DenseParams(self.model),
             self.dense_rule,

@@ -6,12 +6,19 @@ from dataclasses import dataclass
 
 from ..core.validate import check_float, check_int
 from ..errors import ConfigError
+from ..heter import mode as _heter  # noqa: F401 - registers mode "heter"
 from . import gpups as _gpups  # noqa: F401 - registers mode "gpups"
 from .modes import mode_names
 
 __all__ = ["DEVICES", "MODES", "Strategy"]
 
-MODES = ("sync", "async", "geo", "gpups")  # the built-in modes; more with modes.register_mode
+MODES = (
+    "sync",
+    "async",
+    "geo",
+    "gpups",
+    "heter",
+)  # the built-in modes; more with modes.register_mode
 DEVICES = ("cuda", "cpu", "auto")
 
 
@@ -28,6 +35,9 @@ class Strategy:
             ``"gpups"``: each pass's rows are pulled once into device tables sharded over
             the workers, trained there step by step as in sync mode, and written back at
             the end of the pass (needs an ``InMemoryDataset``; docs/training.md, "GPUPS").
+            ``"heter"``: async mode with the dense network on heter workers (a job
+            launched with ``--heter-worker-num`` promotes ``"async"`` to it;
+            docs/heterps.md).
         k_steps: geo mode: local steps between two delta pushes.
         dense_pull_interval: async mode: pull fresh dense parameters every this many steps
             (the pull overlaps the next batch's preparation; stale dense parameters hurt
@@ -54,6 +64,8 @@ class Strategy:
             pass may take (``sparseps.worker.gpups_table.bytes_per_key`` per key); a pass
             over it is refused with an error naming the pass, keys and bytes (not split).
             None: no limit.
+        heter_window: heter mode: steps a trainer has in flight to its heter worker
+            (it prepares and pools the next batches while the heter worker computes).
     """
 
     mode: str = "async"
@@ -66,11 +78,12 @@ class Strategy:
     collective_timeout: float = 600.0
     device: str = "auto"
     gpups_memory_bytes: int | None = None
+    heter_window: int = 2
 
     def __post_init__(self) -> None:
         if self.mode not in mode_names():
             raise ConfigError(f"Strategy.mode: expected one of {mode_names()}, got {self.mode!r}")
-        for name in ("k_steps", "dense_pull_interval", "push_queue_size"):
+        for name in ("k_steps", "dense_pull_interval", "push_queue_size", "heter_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Strategy.{name}: expected an integer >= 1, got {value!r}")

@@ -33,7 +33,7 @@ from .losses import Loss, LossOutput, as_loss
 from .nn import SparseEmbedding
 from .pipeline import Prefetcher
 from .reporting import PassReporter, Progress, StepSplit
-from .state import TrainingState
+from .state import TrainingState, serve_if_heter_worker
 from .strategy import Strategy
 
 if TYPE_CHECKING:
@@ -165,6 +165,7 @@ class Trainer:
             client=client,
             num_threads=num_threads,
         )
+        serve_if_heter_worker(self)
 
     @property
     def tables(self) -> dict:
@@ -314,8 +315,10 @@ class Trainer:
         batches = samples = 0
         split = StepSplit(self._timings, mode)
         try:
-            for item in split.reading(mode.steps(prefetcher)):
-                grads, dense_grad, loss, out = self._train_step(item)
+            steps = split.reading(mode.steps(prefetcher))
+            for item, (grads, dense_grad, loss, out) in mode.compute(
+                steps, self._train_step, self._binder
+            ):
                 step_start = time.perf_counter()
                 mode.apply(grads, dense_grad)
                 self._timings["apply_s"] += time.perf_counter() - step_start

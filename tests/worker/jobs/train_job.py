@@ -76,12 +76,14 @@ trainer = sps.Trainer(
 if args.load:
     trainer.load_checkpoint(args.load)
 train = QueueDataset([args.train], CRITEO, batch_size=args.batch_size, threads=1)
-results = []
+results, timings = [], {}
 for _ in range(args.passes):
-    results.append(trainer.train_from_dataset(train, print_period=0).metrics.auc)
+    result = trainer.train_from_dataset(train, print_period=0)
+    results.append(result.metrics.auc)
+    timings = result.timings
 if args.save:
     trainer.save_checkpoint(args.save)
-summary = {"train_auc": results}
+summary = {"train_auc": results, "timings": timings}
 if args.save_stalled:
     import pathlib
     import time

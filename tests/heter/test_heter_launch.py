@@ -1,0 +1,110 @@
+"""Heter workers in launched jobs: the launcher's flags, and a dead heter worker fails the
+job fast, named (the training AUC of heter mode: tests/worker/test_training_modes.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparseps.env import HETER_WORKERS, Role, RoleEnv, from_environ
+from sparseps.errors import ConfigError
+from sparseps.launch.spec import make_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "launch"))
+from _launchtools import clean_env, launch_argv, read_pids, text, wait_for  # noqa: E402
+
+JOB = ROOT / "sparseps" / "jobs" / "wide_deep_job.py"
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_the_spec_and_the_environment_carry_the_heter_workers(tmp_path):
+    spec = make_spec(server_num=2, worker_num=2, heter_worker_num=1, log_dir=str(tmp_path))
+    (heter,) = spec.heter_workers
+    assert heter not in spec.servers and spec.local_heter_workers() == [0]
+    assert "heter worker 0: " + heter in spec.describe()
+    environ = spec.role_env(Role.HETER_WORKER, 0).to_environ()
+    assert environ[HETER_WORKERS] == heter
+    found = from_environ(environ)
+    assert found is not None and found.role is Role.HETER_WORKER and found.heter_workers == (heter,)
+    worker = from_environ(spec.role_env(Role.WORKER, 1).to_environ())
+    assert worker is not None and worker.heter_workers == (heter,)
+    with pytest.raises(
+        ConfigError, match="SPARSEPS_RANK: 1 out of range 0..0 for role heter_worker"
+    ):
+        RoleEnv(
+            Role.HETER_WORKER, 1, spec.servers, 2, spec.master, "log", "j", heter_workers=(heter,)
+        )
+    with pytest.raises(ConfigError, match="--heter-workers is required across nodes"):
+        make_spec(servers="10.0.0.1:6000", workers="10.0.0.2", host="10.0.0.2",
+                  heter_worker_num=1, key_dir=str(tmp_path))  # fmt: skip
+    with pytest.raises(ConfigError, match="not a server's"):
+        make_spec(servers="127.0.0.1:6000", heter_workers="127.0.0.1:6000")
+
+
+def test_heter_flags_are_refused_where_they_do_not_apply(tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            launch_argv(*args, "--log-dir", str(tmp_path / "log"), str(JOB)), env=clean_env(),
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    done = run("--heter-device", "cuda")
+    assert done.returncode != 0 and "--heter-device: the job has no heter workers" in done.stderr
+    done = run("--backend", "ray", "--heter-worker-num", "1")
+    assert (
+        done.returncode != 0 and "--heter-worker-num does not apply to --backend ray" in done.stderr
+    )
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("heter-data")
+    subprocess.run(
+        [sys.executable, "-m", "sparseps.cli", "gen-data", "--rows", "6000", "--files", "2",
+         "--test-rows", "1000", "--out", str(out), "--no-progress"],
+        check=True, env=clean_env(), capture_output=True, timeout=120,
+    )  # fmt: skip
+    return out
+
+
+def test_a_killed_heter_worker_fails_the_job_fast_and_named(tmp_path, data):
+    hold = tmp_path / "hold"  # the workers pause after each batch while it exists
+    hold.touch()
+    log = tmp_path / "log"
+    proc = subprocess.Popen(
+        launch_argv(
+            "--server-num", "1", "--worker-num", "2", "--heter-worker-num", "1",
+            "--log-dir", str(log), "--no-metrics", str(JOB), "--train", str(data / "train"),
+            "--test", str(data / "test"), "--result", str(tmp_path / "result.json"),
+            "--hidden", "16", "--batch-size", "128",
+            "--calibrate-rows", "0", "--print-period", "1", "--hold-file", str(hold),
+        ),
+        cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        # a step went through the heter worker (worker 0 logs each batch) and the job holds
+        def first_batch() -> bool:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            return "batch: [" in text(log / "worker.0.log")
+
+        wait_for(first_batch, 150, "worker 0's first batch")
+        pid = next(c["pid"] for c in read_pids(log)["children"] if c["role"] == "heter_worker")
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0, out[-3000:]
+    assert "heter_worker 0 (pid" in out and "killed by signal 9 (SIGKILL)" in out, out[-3000:]
+    assert "a heter worker exit always stops the job" in out, out[-3000:]
+    assert took < 30, took  # the launcher noticed the exit, not a worker's RPC timeout
