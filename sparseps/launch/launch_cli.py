@@ -12,11 +12,10 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
 
 from ..env import FILE_ROOTS, HETER_DEVICE, MASTER, REPLICAS, Role, child_environ
 from ..errors import ConfigError, SparsePSError
-from .logsetup import LOG_FORMAT
+from .logsetup import LauncherLog
 from .records import Outcome, check_seconds
 
 __all__ = ["add_arguments", "run"]
@@ -168,38 +167,6 @@ def _fresh_master(host: str):
     return env
 
 
-class _LauncherLog:
-    """``LOG_DIR/launcher.log``: the launcher's own messages, as on its console.
-
-    Log records of the ``sparseps`` loggers (quiet-process warnings, restarts, failures)
-    are copied there by a handler, and :meth:`say` prints a line (the banner, the final
-    summary) to a console stream and to the file.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._handler = logging.StreamHandler(self._file)
-        self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        logging.getLogger("sparseps").addHandler(self._handler)
-
-    def say(self, text: str, stream: TextIO | None = None) -> None:
-        """Print ``text`` to ``stream`` (None: the file only) and append it to the file."""
-        if stream is not None:
-            print(text, file=stream, flush=True)
-        self._handler.acquire()  # not interleaved with a record being written
-        try:
-            self._file.write(text + "\n")
-            self._file.flush()
-        finally:
-            self._handler.release()
-
-    def close(self) -> None:
-        logging.getLogger("sparseps").removeHandler(self._handler)
-        self._handler.close()
-        self._file.close()
-
-
 def _job_env(args: argparse.Namespace) -> dict[str, str]:
     """Settings every child gets: ``SPARSEPS_FILE_ROOTS`` from ``--file-root`` (absolute
     paths) and ``SPARSEPS_REPLICAS`` from ``--replicas``."""
@@ -251,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     check_replicas(args.replicas, len(spec.servers), where="--replicas")
     Path(spec.log_dir).mkdir(parents=True, exist_ok=True)
     security = _job_security(spec, made_here=spec.secure and not args.key_dir)
-    out = _LauncherLog(Path(spec.log_dir) / "launcher.log")
+    out = LauncherLog(Path(spec.log_dir) / "launcher.log")
     try:
         out.say(spec.describe(), sys.stdout)
         outcome = _supervise(args, spec, script, security)

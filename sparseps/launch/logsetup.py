@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
+from typing import TextIO
 
-__all__ = ["LOG_FORMAT", "ensure_default_logging"]
+__all__ = ["LOG_FORMAT", "LauncherLog", "ensure_default_logging"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _PACKAGE = "sparseps"
@@ -72,3 +74,35 @@ def ensure_default_logging() -> bool:
     if set_level:
         package.setLevel(logging.INFO)
     return True
+
+
+class LauncherLog:
+    """``LOG_DIR/launcher.log``: the launcher's own messages, as on its console.
+
+    Log records of the ``sparseps`` loggers (quiet-process warnings, restarts, failures)
+    are copied there by a handler, and :meth:`say` prints a line (the banner, the final
+    summary) to a console stream and to the file.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._handler = logging.StreamHandler(self._file)
+        self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        logging.getLogger("sparseps").addHandler(self._handler)
+
+    def say(self, text: str, stream: TextIO | None = None) -> None:
+        """Print ``text`` to ``stream`` (None: the file only) and append it to the file."""
+        if stream is not None:
+            print(text, file=stream, flush=True)
+        self._handler.acquire()  # not interleaved with a record being written
+        try:
+            self._file.write(text + "\n")
+            self._file.flush()
+        finally:
+            self._handler.release()
+
+    def close(self) -> None:
+        logging.getLogger("sparseps").removeHandler(self._handler)
+        self._handler.close()
+        self._file.close()

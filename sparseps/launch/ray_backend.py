@@ -306,7 +306,7 @@ class RayJob:
 
 def run(args: argparse.Namespace) -> int:
     """``sparseps launch --backend ray``: the exit code says how the job ended."""
-    from .launch_cli import _LauncherLog
+    from .logsetup import LauncherLog
 
     script = check_args(args)
     try:
@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     log_dir = Path(os.path.abspath(args.log_dir))
     log_dir.mkdir(parents=True, exist_ok=True)
-    out = _LauncherLog(log_dir / "launcher.log")
+    out = LauncherLog(log_dir / "launcher.log")
     ray.init(address=args.address, log_to_driver=False, logging_level=logging.WARNING)
     job = RayJob(args, script, out)
     previous = {

@@ -93,7 +93,7 @@ class Channel:
             :data:`HEARTBEAT_TIMEOUT_MS`) is *lost*: its pending and later calls fail at once
             with an :class:`UnavailableError` and its socket is closed, so nothing queued for
             it reaches a later process on the same port. :meth:`lost` tells which.
-        role: what the peers are, in errors (``server``; ``heter_worker`` for sparseps.heter).
+        role: what the peers are, in errors (``server``; ``heter_worker`` for heter workers).
     """
 
     def __init__(

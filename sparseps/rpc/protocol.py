@@ -367,7 +367,7 @@ def decode_request(
     """Validate and decode one request (frames as received, without routing envelope).
 
     ``ops``: the schema table of the receiving service (default: the servers' :data:`OPS`;
-    a heter worker serves its own, :mod:`sparseps.heter.ops`).
+    a heter worker serves its own, :mod:`sparseps.worker.heter_ops`).
 
     Raises:
         ProtocolError: anything that does not follow the protocol, naming what and where.

@@ -112,7 +112,7 @@ class SparseEmbedding(nn.Module):
 
     def bind_output(self, output: torch.Tensor) -> None:
         """Make ``forward`` return ``output``, computed elsewhere: a heter worker runs the
-        dense network on the pooled outputs its trainers computed (sparseps.heter)."""
+        dense network on the pooled outputs its trainers computed (sparseps.worker.heter_service)."""
         self._output = output
 
     def unbind(self) -> None:

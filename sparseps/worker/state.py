@@ -57,7 +57,7 @@ def serve_if_heter_worker(trainer) -> None:
     env = role.role_env()
     if env is None or env.role is not Role.HETER_WORKER:
         return
-    from ..heter.service import serve_from_env
+    from .heter_service import serve_from_env
 
     serve_from_env(trainer)
     raise SystemExit(0)

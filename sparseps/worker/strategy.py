@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from ..core.validate import check_float, check_int
 from ..errors import ConfigError
-from ..heter import mode as _heter  # noqa: F401 - registers mode "heter"
 from . import gpups as _gpups  # noqa: F401 - registers mode "gpups"
+from . import heter_mode as _heter  # noqa: F401 - registers mode "heter"
 from .modes import mode_names
 
 __all__ = ["DEVICES", "MODES", "Strategy"]

@@ -15,9 +15,6 @@ import sparseps as sps
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.data.synthetic import write_dataset
 from sparseps.errors import ProtocolError, RemoteError
-from sparseps.heter.ops import HETER_OPS
-from sparseps.heter.service import HeterService
-from sparseps.heter.wire import join, split
 from sparseps.models import WideDeep
 from sparseps.rpc.channel import Channel
 from sparseps.rpc.protocol import Limits
@@ -25,6 +22,9 @@ from sparseps.rpc.transport import free_port
 from sparseps.testing import local_cluster
 from sparseps.worker.binding import TableBinder
 from sparseps.worker.dense_params import DenseParams
+from sparseps.worker.heter_ops import HETER_OPS
+from sparseps.worker.heter_service import HeterService
+from sparseps.worker.heter_wire import join, split
 from sparseps.worker.modes import DENSE_TABLE
 
 

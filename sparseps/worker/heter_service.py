@@ -6,7 +6,7 @@ A heter worker runs the job's user script like every role; when the script const
 exits 0: the rest of the script is a trainer's). So the same script runs with or without
 heter workers; the split point is the model's ``SparseEmbedding`` modules.
 
-Per ``heter_step`` request (see :mod:`.ops`): each ``SparseEmbedding`` of the model is
+Per ``heter_step`` request (see :mod:`.heter_ops`): each ``SparseEmbedding`` of the model is
 bound to the output the trainer computed (a leaf that requires grad), the trainer's loss
 runs the model forward on the request's dense features and labels, backward gives the
 gradients of the embedding outputs (sent back) and of the dense parameters, which go to
@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -36,22 +36,31 @@ from ..errors import ConfigError, ProtocolError, SparsePSError, UnavailableError
 from ..rpc import transport
 from ..rpc.protocol import Limits, Request, decode_request, encode_reply, peek_request_id
 from ..rpc.security import Security, security_from_key_dir
-from ..worker.dense_params import DenseParams
-from ..worker.modes import DENSE_TABLE
-from ..worker.nn import SparseEmbedding
-from .ops import HETER_OPS
-from .wire import check_shapes, join, split
+from .dense_params import DenseParams
+from .heter_ops import HETER_OPS
+from .heter_wire import check_shapes, join, split
+from .modes import DENSE_TABLE
+from .nn import SparseEmbedding
 
 if TYPE_CHECKING:
     from ..rpc.client import PSClient
     from ..rpc.handle import Handle
-    from ..worker.trainer import Trainer
 
 __all__ = ["HeterService", "RemoteBatch", "serve_from_env"]
 
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
+
+
+class TrainerParts(Protocol):
+    """What a heter worker takes from the script's Trainer (not imported: the trainer
+    module calls this one)."""
+
+    model: torch.nn.Module
+    loss: Any
+    strategy: Any
+    num_threads: int | None
 
 
 @dataclass(frozen=True)
@@ -98,7 +107,7 @@ class HeterService:
 
     def __init__(
         self,
-        trainer: Trainer,
+        trainer: TrainerParts,
         client: PSClient,
         *,
         rank: int,
@@ -317,7 +326,7 @@ def _device(name: str, rank: int) -> torch.device:
     return torch.device("cuda", rank % torch.cuda.device_count())
 
 
-def serve_from_env(trainer: Trainer) -> None:
+def serve_from_env(trainer: TrainerParts) -> None:
     """Serve as the heter worker the launcher's environment describes (blocks)."""
     from .. import role
     from ..rpc.client import PSClient

@@ -3,7 +3,7 @@
 A trainer of a job with heter workers (``sparseps launch --heter-worker-num H``) reads
 its data, pulls and pools the sparse embeddings as in async mode, and sends each step's
 pooled outputs with the batch's dense features and labels to heter worker ``rank % H``
-(:mod:`.service`), which runs the dense network forward and backward and sends back the
+(:mod:`.heter_service`), which runs the dense network forward and backward and sends back the
 gradients of the pooled outputs; the trainer finishes the backward into its pulled rows
 and pushes the sparse gradients. Up to ``Strategy.heter_window`` steps are in flight per
 trainer, so the trainer prepares and pools the next batches while the heter worker
@@ -28,9 +28,9 @@ from ..rpc.channel import Channel
 from ..rpc.handle import Handle
 from ..rpc.protocol import Limits
 from ..rpc.security import security_from_env
-from ..worker.losses import LossOutput
-from ..worker.modes import AsyncMode, register_mode
-from .wire import join, split
+from .heter_wire import join, split
+from .losses import LossOutput
+from .modes import AsyncMode, register_mode
 
 __all__ = ["HeterMode"]
 
