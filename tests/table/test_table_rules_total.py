@@ -20,7 +20,8 @@ mean of squares) straddles a float32 rounding boundary. Below float32's normal r
 (< 1.2e-38) a value keeps fewer significant bits, and a state that is itself subnormal
 (Adam's moments with lr and eps at the bottom of their range) carries that loss into the
 next step: a CI run found a weight of -9.92e-41 off by 1.5e-43 (0.16%). Differences under
-1e-40 are therefore accepted; any real error in a formula is many orders larger.
+1e-40 are therefore accepted; any real error in a formula is many orders larger. Adam's
+weights get more where its bias corrections are ill-conditioned (``_adam_rtol``).
 Examples are derandomized (a fixed seed per test), so a run cannot fail by chance.
 Long runs (2000 pushes of the same tiny or huge gradient) are checked the same way.
 """
@@ -200,10 +201,25 @@ def _step_and_compare(name, rule, table, grads, where=""):
         want_w, want_state = REFERENCES[name](
             rule, w.astype(np.float64), state.astype(np.float64), grads.astype(np.float64)
         )
-    np.testing.assert_allclose(got_w, want_w.astype(np.float32), rtol=RTOL, atol=ATOL,
-                               err_msg=f"{name} weights {where}")  # fmt: skip
+    rtols = _adam_rtol(rule, state) if name == "adam" else np.full(len(got_w), RTOL)
+    for row, rtol in enumerate(rtols):
+        np.testing.assert_allclose(got_w[row], want_w[row].astype(np.float32), rtol=rtol,
+                                   atol=ATOL, err_msg=f"{name} weights row {row} {where}")  # fmt: skip
     np.testing.assert_allclose(got_state, want_state.astype(np.float32), rtol=RTOL, atol=ATOL,
                                err_msg=f"{name} state {where}")  # fmt: skip
+
+
+def _adam_rtol(rule, state: np.ndarray) -> np.ndarray:
+    """Per-row tolerance of Adam's weights: ``1 - beta**t`` cancels when beta is within a
+    few ulps of 1 and t is small, so the last bit of ``pow`` (numba's binds to the
+    process's libm ``pow``, numpy has its own; a CI run, t = 1.75 and beta2 = 1 - 2**-52,
+    saw 13%) is amplified by ``2**-52 / (1 - beta**t)``. Rows where that is negligible
+    keep RTOL; a wrong formula is off by far more than either."""
+    t = np.maximum(state[:, 2 * DIM :].astype(np.float64), 0.0) + 1.0
+    with np.errstate(all="ignore"):
+        gaps = [1.0 - rule.beta1**t, 1.0 - rule.beta2**t]
+    amplified = sum(np.where(g > 0, 2.0**-52 / g, 0.0) for g in gaps)
+    return RTOL + 4.0 * amplified[:, 0]  # one per row
 
 
 @st.composite
