@@ -241,17 +241,11 @@ def parse_multislot(data: bytes, schema: Schema, *, first_line: int, file_no: in
     num_slots = len(schema.slots)
     tok_slot = tok_slot[:ntok]
     tok_row = tok_line[:ntok] if everything else (np.cumsum(ok) - 1)[tok_line[:ntok]]
-    counts = np.bincount(tok_slot * rows + tok_row, minlength=num_slots * rows)
-    counts = counts.reshape(num_slots, rows)
-    slot_start = np.zeros(num_slots + 1, np.int64)
-    np.cumsum(counts.sum(axis=1), out=slot_start[1:])
-    values = np.empty(ntok, np.uint64)
-    _group_by_slot(tok_slot, tok_val[:ntok], slot_start[:-1].copy(), values)
-    slots = {}
-    for s, name in enumerate(schema.slots):
-        offsets = np.zeros(rows + 1, np.int64)
-        np.cumsum(counts[s], out=offsets[1:])
-        slots[name] = Slot(values[slot_start[s] : slot_start[s + 1]], offsets)
+    values, offsets, starts = _group_by_slot(tok_row, tok_slot, tok_val[:ntok], num_slots, rows)
+    slots = {
+        name: Slot(values[starts[s] : starts[s + 1]], offsets[s])
+        for s, name in enumerate(schema.slots)
+    }
     batch = good_rows_batch(schema, (label, dense, extra), lines, ok, slots, file_no, first_record)
     bad = np.flatnonzero(status > 0)
     examples = []

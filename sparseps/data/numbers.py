@@ -32,6 +32,23 @@ def parse_float(data, s, e, pow10):
         i += 1
     if i == e and e > s and data[e - 1] != 45:
         return True, float(-v if data[s] == 45 else v)
+    # second fast path: ``-?digits.digits`` with at most 18 digits in all, which
+    # parse_decimal would read into the same integer mantissa and divide by the same
+    # power of ten (so the value is the same, bit for bit), in this single pass
+    if i < e and data[i] == 46 and i > s and data[i - 1] != 45:
+        ndig = i - s - (1 if data[s] == 45 else 0)
+        i += 1
+        f = 0
+        while i < e and ndig + f < 18:
+            c = data[i]
+            if c < 48 or c > 57:
+                break
+            v = v * 10 + (c - 48)
+            f += 1
+            i += 1
+        if i == e and f > 0:
+            value = float(v) / pow10[f]
+            return True, -value if data[s] == 45 else value
     return parse_decimal(data, s, e, pow10)
 
 

@@ -19,8 +19,9 @@ Bad lines (a token without ``:``, a label or dense value that is not a finite nu
 id that is not an unsigned 64-bit integer, a missing label, too few or too many dense
 values) are reported with their line number and reason and left out of the batch.
 
-The whole chunk is parsed by one compiled pass over its bytes (:func:`_parse`), then
-numpy groups the ids by slot: no Python code runs per line or per token.
+The whole chunk is parsed by one compiled pass over its bytes (:func:`_parse`: each byte
+is read once, except a dense value's, which is found then parsed), then a compiled
+counting sort groups the ids by slot: no Python code runs per line or per token.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from numba import njit
 
 from .columns import Parsed, good_rows_batch
 from .hashing import xxh64_bytes, xxh64_range
-from .numbers import POW10, parse_float, parse_uint64
+from .numbers import POW10
 from .schema import Schema, Slot
+from .slot_tokens import ends_token, read_id, read_number, same_bytes, token_end
 
 __all__ = ["parse_slot_text"]
 
@@ -51,23 +53,27 @@ _REASONS = {
 
 @njit(nogil=True, cache=True)
 def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_count,
-           dense_cols, pow10, status, err_start, err_end, label, dense, tok_line, tok_slot,
+           dense_cols, pow10, status, err_start, err_end, label, dense, tok_row, tok_slot,
            tok_val, extra):  # fmt: skip
-    """Parse every line of ``data``; returns (lines, tokens) written to the outputs."""
+    """Parse every line of ``data``; returns (lines, tokens) written to the outputs.
+
+    One pass over the bytes: each token's key is read (and looked up) up to its ``:``,
+    its value parsed up to the token's end; a line ends at its newline. An id is
+    recorded with its good row's number (the good lines before its line): the ids of a
+    bad or blank line are dropped when its end is reached.
+    """
     n = data.size
     counts = np.zeros(dense_start.size, np.int64)
     seen = np.zeros(extra.shape[1], np.bool_)  # extra labels found on the line
     line = 0
+    row = 0
     ntok = 0
     pos = 0
+    # the last key found by hashing: a line repeats its non-numeric keys (dense_feature
+    # 13 times in Criteo), so comparing the next token's bytes with it first spares most
+    # hashes and the scan for the ':'
+    last_s, last_width, last_k = 0, -1, -1
     while pos < n:
-        # one line: [pos, eol)
-        eol = pos
-        while eol < n and data[eol] != 10:
-            eol += 1
-        end = eol
-        if end > pos and data[end - 1] == 13:  # '\r\n'
-            end -= 1
         counts[:] = 0
         seen[:] = False
         has_label = False
@@ -75,50 +81,62 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
         first_tok = ntok
         any_token = False
         i = pos
-        while i < end and code == _OK:
-            while i < end and (data[i] == 32 or data[i] == 9):
+        while i < n and data[i] != 10:
+            if ends_token(data, i, n):  # a separator (or the \r of \r\n)
                 i += 1
-            if i >= end:
-                break
-            s = i
-            while i < end and data[i] != 32 and data[i] != 9:
-                i += 1
+                continue
             any_token = True
-            colon = s
-            number = 0
-            digits = True
-            while colon < i and data[colon] != 58:
-                c = data[colon]
-                if 48 <= c <= 57:
-                    number = number * 10 + (c - 48)
-                else:
-                    digits = False
-                colon += 1
-            if colon == i:
-                code, err_start[line], err_end[line] = 1, s, i
-                break
-            width = colon - s
-            if digits and 0 < width <= 4 and (width == 1 or data[s] != 48):
-                k = small_keys[number]  # slot keys are usually small numbers: no hash
+            s = i
+            colon = s + last_width
+            if (
+                last_width > 0
+                and colon < n
+                and data[colon] == 58
+                and same_bytes(data, s, last_s, last_width)
+            ):
+                k = last_k  # the key hashed last (its bytes hold no ':' and no separator)
             else:
-                h = xxh64_range(data, s, colon, np.uint64(0))
-                k = np.searchsorted(key_hash, h)
-                if k >= key_hash.size or key_hash[k] != h:
-                    k = -1
+                number = 0
+                digits = True
+                while not ends_token(data, i, n) and data[i] != 58:
+                    c = data[i]
+                    if 48 <= c <= 57:
+                        if i - s < 5:
+                            number = number * 10 + (c - 48)
+                    else:
+                        digits = False
+                    i += 1
+                    if i == n:
+                        break
+                if i == n or data[i] != 58:
+                    code, err_start[line], err_end[line] = 1, s, i
+                    break
+                colon = i
+                width = colon - s
+                if digits and 0 < width <= 4 and (width == 1 or data[s] != 48):
+                    k = small_keys[number]  # slot keys are usually small numbers: no hash
+                else:
+                    h = xxh64_range(data, s, colon, np.uint64(0))
+                    k = np.searchsorted(key_hash, h)
+                    if k >= key_hash.size or key_hash[k] != h:
+                        k = -1
+                    last_s, last_width, last_k = s, width, k
             if k < 0:
+                i = token_end(data, colon + 1, n)
                 continue  # a key the schema does not use
             kind = key_kind[k]
             if kind == _KIND_SLOT:
-                ok, v = parse_uint64(data, colon + 1, i)
+                ok, v, i = read_id(data, colon + 1, n)
                 if not ok:
                     code, err_start[line], err_end[line] = 4, s, i
                     break
-                tok_line[ntok] = line
+                tok_row[ntok] = row
                 tok_slot[ntok] = key_index[k]
                 tok_val[ntok] = v
                 ntok += 1
-            elif kind == _KIND_DENSE:
-                ok, x = parse_float(data, colon + 1, i, pow10)
+                continue
+            ok, x, i = read_number(data, colon + 1, n, pow10)
+            if kind == _KIND_DENSE:
                 g = key_index[k]
                 if not ok:
                     code, err_start[line], err_end[line] = 3, s, i
@@ -129,7 +147,6 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
                 dense[line, dense_cols[dense_start[g] + counts[g]]] = x
                 counts[g] += 1
             elif kind == _KIND_EXTRA:
-                ok, x = parse_float(data, colon + 1, i, pow10)
                 j = key_index[k]
                 if not ok:
                     code, err_start[line], err_end[line] = 2, s, i
@@ -140,7 +157,6 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
                 seen[j] = True
                 extra[line, j] = x
             else:
-                ok, x = parse_float(data, colon + 1, i, pow10)
                 if not ok:
                     code, err_start[line], err_end[line] = 2, s, i
                     break
@@ -149,6 +165,9 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
                     break
                 has_label = True
                 label[line] = x
+        if code != _OK:  # a bad line: its other tokens are not read
+            while i < n and data[i] != 10:
+                i += 1
         if code == _OK:
             if not any_token:
                 code = _BLANK
@@ -166,19 +185,40 @@ def _parse(data, key_hash, small_keys, key_kind, key_index, dense_start, dense_c
                         break
         if code != _OK:
             ntok = first_tok  # drop the ids of a bad or blank line
+        else:
+            row += 1
         status[line] = code
         line += 1
-        pos = eol + 1
+        pos = i + 1
     return line, ntok
 
 
 @njit(nogil=True, cache=True)
-def _group_by_slot(tok_slot, tok_val, cursor, out):
-    """Scatter ids into slot-major order, keeping their order within a slot (a counting sort)."""
+def _group_by_slot(tok_row, tok_slot, tok_val, num_slots, rows):
+    """Ids in slot-major order, keeping their order within a slot (a counting sort).
+
+    Returns:
+        ``(values, offsets [num_slots, rows + 1], starts [num_slots + 1])``: slot ``s``
+        holds ``values[starts[s]:starts[s + 1]]``, its sample ``r`` the ids
+        ``offsets[s, r]:offsets[s, r + 1]`` of that slice.
+    """
+    offsets = np.zeros((num_slots, rows + 1), np.int64)
+    for t in range(tok_slot.size):
+        offsets[tok_slot[t], tok_row[t] + 1] += 1
+    starts = np.zeros(num_slots + 1, np.int64)
+    for s in range(num_slots):
+        run = 0
+        for r in range(1, rows + 1):
+            run += offsets[s, r]
+            offsets[s, r] = run
+        starts[s + 1] = starts[s] + run
+    cursor = starts[:num_slots].copy()
+    values = np.empty(tok_slot.size, np.uint64)
     for t in range(tok_slot.size):
         s = tok_slot[t]
-        out[cursor[s]] = tok_val[t]
+        values[cursor[s]] = tok_val[t]
         cursor[s] += 1
+    return values, offsets, starts
 
 
 class _Keys:
@@ -238,33 +278,25 @@ def parse_slot_text(data: bytes, schema: Schema, *, first_line: int, file_no: in
     err_end = np.zeros(max_lines, np.int64)
     label = np.zeros(max_lines, np.float64)
     dense = np.zeros((max_lines, schema.num_dense), np.float64)
-    tok_line = np.empty(max_tokens, np.int64)
-    tok_slot = np.empty(max_tokens, np.int64)
+    tok_row = np.empty(max_tokens, np.int32)
+    tok_slot = np.empty(max_tokens, np.int32)
     tok_val = np.empty(max_tokens, np.uint64)
     extra = np.zeros((max_lines, len(schema.extra_labels)), np.float64)
     lines, ntok = _parse(
         buf, keys.hash, keys.small, keys.kind, keys.index, keys.dense_start, keys.dense_count,
-        keys.dense_cols, POW10, status, err_start, err_end, label, dense, tok_line, tok_slot,
+        keys.dense_cols, POW10, status, err_start, err_end, label, dense, tok_row, tok_slot,
         tok_val, extra,
     )  # fmt: skip
     status = status[:lines]
     ok = status == _OK
     rows = int(ok.sum())
-    row_of_line = np.cumsum(ok) - 1
-    tok_row = row_of_line[tok_line[:ntok]]
-    tok_slot = tok_slot[:ntok]
-    num_slots = len(schema.slots)
-    counts = np.bincount(tok_slot * rows + tok_row, minlength=num_slots * rows)
-    counts = counts.reshape(num_slots, rows)
-    slot_start = np.zeros(num_slots + 1, np.int64)
-    np.cumsum(counts.sum(axis=1), out=slot_start[1:])
-    values = np.empty(ntok, np.uint64)
-    _group_by_slot(tok_slot, tok_val, slot_start[:-1].copy(), values)
-    slots = {}
-    for s, name in enumerate(schema.slots):
-        offsets = np.zeros(rows + 1, np.int64)
-        np.cumsum(counts[s], out=offsets[1:])
-        slots[name] = Slot(values[slot_start[s] : slot_start[s + 1]], offsets)
+    values, offsets, starts = _group_by_slot(
+        tok_row[:ntok], tok_slot[:ntok], tok_val[:ntok], len(schema.slots), rows
+    )
+    slots = {
+        name: Slot(values[starts[s] : starts[s + 1]], offsets[s])
+        for s, name in enumerate(schema.slots)
+    }
     batch = good_rows_batch(schema, (label, dense, extra), lines, ok, slots, file_no, first_record)
     bad = np.flatnonzero(status > 0)
     examples = []
