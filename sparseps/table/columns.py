@@ -113,8 +113,12 @@ COLUMN_TYPES = {
 }
 
 
-def check_columns(op, columns, required, optional, dim, state_dim) -> dict[str, np.ndarray]:
-    """Validate export-style columns: names, dtypes, shapes, equal lengths, unique keys."""
+def check_columns(
+    op, columns, required, optional, dim, state_dim, *, values: bool = True
+) -> dict[str, np.ndarray]:
+    """Validate export-style columns: names, dtypes, shapes, equal lengths, and (unless
+    ``values`` is False: the caller's compiled pass checks them) finite values,
+    ``unseen_days >= 0`` and unique keys."""
     if not isinstance(columns, dict):
         raise InputError(f"{op}: expected a dict of numpy arrays, found {type(columns).__name__}")
     missing = [name for name in required if name not in columns]
@@ -138,8 +142,10 @@ def check_columns(op, columns, required, optional, dim, state_dim) -> dict[str, 
             result[name] = checks.check_contiguous_vector(
                 op, label, columns[name], n, COLUMN_TYPES[name]
             )
-        if result[name].dtype == np.float32 and not np.isfinite(result[name]).all():
+        if values and result[name].dtype == np.float32 and not np.isfinite(result[name]).all():
             raise InputError(f"{op}: {label} contains NaN/inf; nothing was imported")
+    if not values:
+        return result
     if "unseen_days" in result and (result["unseen_days"] < 0).any():
         raise InputError(f"{op}: columns['unseen_days'] must be >= 0; nothing was imported")
     if has_repeats(keys):

@@ -136,6 +136,38 @@ def _find_or_insert(
 
 
 @njit(nogil=True, cache=True)
+def _insert_absent(skeys, svals, sstate, keys, ids, seed):  # pragma: no cover - compiled
+    """``keys[k]`` -> ``ids[k]``, all absent. Returns (first present position or -1, empty
+    slots taken); a present key turns the keys inserted before it into tombstones."""
+    capacity = skeys.shape[0]
+    taken = 0
+    for k in range(keys.shape[0]):
+        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD, seed)
+        key = keys[k]
+        i = _home(key, capacity, seed)
+        grave = -1
+        while sstate[i] != EMPTY:
+            if sstate[i] == FULL and skeys[i] == key:
+                for j in range(k):  # undo: the live contents stay as they were
+                    s = _home(keys[j], capacity, seed)
+                    while not (sstate[s] == FULL and skeys[s] == keys[j]):
+                        s = s + 1 if s + 1 < capacity else 0
+                    sstate[s] = TOMBSTONE
+                return k, taken
+            if sstate[i] == TOMBSTONE and grave < 0:
+                grave = i
+            i = i + 1 if i + 1 < capacity else 0
+        if grave >= 0:
+            i = grave  # a reused tombstone was already a used slot
+        else:
+            taken += 1
+        sstate[i] = FULL
+        skeys[i] = key
+        svals[i] = ids[k]
+    return -1, taken
+
+
+@njit(nogil=True, cache=True)
 def _erase(skeys, svals, sstate, keys, out, free, nfree, used, size, seed):  # pragma: no cover
     capacity = skeys.shape[0]
     for k in range(keys.shape[0]):
@@ -292,6 +324,36 @@ class KeyIndex:
                 self._seed,
             )  # fmt: skip
         return out, is_new
+
+    def planned_ids(self, n: int) -> np.ndarray:
+        """The ids (int64 [n]) the next ``n`` new keys get, without taking them."""
+        take = min(self._nfree, n)
+        ids = np.empty(n, np.int64)
+        ids[:take] = self._free[self._nfree - take : self._nfree][::-1]
+        ids[take:] = np.arange(self._next_id, self._next_id + n - take, dtype=np.int64)
+        return ids
+
+    def insert_absent(self, keys: np.ndarray, ids: np.ndarray) -> int:
+        """Insert keys that must all be new, with ``ids = planned_ids(len(keys))``: one
+        compiled pass, no lookup first (a bulk load proves absence while inserting).
+
+        Returns:
+            -1, or the position of the first key already present or repeated; the index
+            is then unchanged (but for tombstones where the keys before it went).
+        """
+        n = keys.shape[0]
+        if ids.shape[0] != n:
+            raise ValueError(f"insert_absent: {n} keys but {ids.shape[0]} ids")
+        self.reserve(n)  # no rehash inside the kernel
+        at, taken = _insert_absent(self._keys, self._vals, self._state, keys, ids, self._seed)
+        self._used += taken
+        if at >= 0:
+            return int(at)
+        take = min(self._nfree, n)
+        self._nfree -= take
+        self._next_id += n - take
+        self._size += n
+        return -1
 
     def reserve(self, incoming: int, *, erasing: int = 0) -> None:
         """Grow now so that inserting ``incoming`` new keys and erasing ``erasing`` keys

@@ -14,6 +14,12 @@ Two ways in, on purpose:
 
 Every import is all-or-nothing: columns are validated and storage is reserved before the
 index or the rows change.
+
+A restore's imports are strict (each key once), so an in-memory table takes them in bulk
+(:mod:`.row_import`): one compiled pass copies and checks the rows, at ids no key owns
+yet, then one inserts the keys and finds repeated or present ones on the way; nothing is
+looked up first, sorted, or copied out of the (memory-mapped) columns. A tiered table
+takes the upsert path, whose rows go through its tiers.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from .columns import (
     write_stats,
 )
 from .push import scatter_rows
+from .row_import import NOT_FINITE, copy_new_rows
 
 __all__ = ["PENDING_WHERE", "TableFiles"]
 
@@ -116,15 +123,20 @@ class TableFiles:
         return {name: columns[name] for name in (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)}
 
     # -- merge ------------------------------------------------------------------------
-    def import_rows(self, columns: dict, *, strict: bool = False) -> None:
+    def import_rows(
+        self, columns: dict, *, strict: bool = False, select: np.ndarray | None = None
+    ) -> None:
         """Upsert rows from :meth:`export_rows` columns (bit-exact round trip).
 
         A key that was pending becomes a row (its pending counters are dropped).
 
         Args:
-            columns: the columns.
+            columns: the columns (may be read-only, e.g. views of a mapped shard file).
             strict: refuse keys the table already holds as rows (a checkpoint holds each
-                key once; used while restoring).
+                key once; used while restoring). An in-memory table then takes the bulk
+                path: one compiled pass copies and checks the rows, one inserts the keys.
+            select: int64 positions of the rows to import (the keys a server owns in a
+                file saved on another number of servers); None imports every row.
 
         Raises:
             InputError: a missing or unknown column, a wrong dtype/shape (e.g. an
@@ -134,8 +146,16 @@ class TableFiles:
             ResourceError: out of memory; nothing is imported.
         """
         layout = self.layout
+        bulk = strict and self._tier is None
         cols = check_columns("import_rows", columns, ROW_COLUMNS, OPTIONAL_ROW_COLUMNS,
-                             layout.dim, layout.state_dim)  # fmt: skip
+                             layout.dim, layout.state_dim, values=not bulk)  # fmt: skip
+        if select is not None:
+            select = _check_select(select, cols["key"].size)
+        if bulk:
+            self._import_new_rows(cols, select)
+            return
+        if select is not None:
+            cols = {name: np.ascontiguousarray(values[select]) for name, values in cols.items()}
         keys = cols["key"]
         n = keys.size
         if n == 0:
@@ -157,6 +177,35 @@ class TableFiles:
             assert staged is not None
             tier.write(ids, staged, "import_rows")
         self._pending_index.erase(keys)
+
+    def _import_new_rows(self, cols: dict, select: np.ndarray | None) -> None:
+        """import_rows(strict=True) of an in-memory table: rows first, at ids no key owns
+        yet (a bad value leaves them unreachable), then the keys (a present or repeated
+        key undoes its batch's inserts), so a failure changes nothing."""
+        keys = cols["key"] if select is None else cols["key"][select]
+        n = keys.size
+        if n == 0:
+            return
+        pending = len(self._pending_index) > 0  # a restore imports rows before pending
+        self._grow("import_rows", n, 0, pending_erases=n if pending else 0)
+        ids = self._index.planned_ids(n)
+        problem, at = copy_new_rows(self._rows, ids, cols, self._where, select)
+        if problem:
+            what = "NaN/inf" if problem == NOT_FINITE else "unseen_days < 0"
+            raise InputError(
+                f"import_rows into table {self.config.name!r}: a row contains {what} (first "
+                f"at key {int(keys[at])}, position {at}); nothing was imported"
+            )
+        at = self._index.insert_absent(np.ascontiguousarray(keys), ids)
+        if at >= 0:
+            if self._index.find(keys[at : at + 1])[0] >= 0:
+                self._refuse_present("import_rows", keys, self._index.find(keys))
+            raise InputError(
+                f"import_rows: columns['key'] has repeated keys (first {int(keys[at])}); "
+                "nothing was imported"
+            )
+        if pending:
+            self._pending_index.erase(keys)
 
     def import_pending(self, columns: dict, *, strict: bool = False) -> None:
         """Upsert pending counters from :meth:`export_pending` columns.
@@ -245,3 +294,12 @@ class TableFiles:
         for columns in pending:
             fresh.import_pending(columns, strict=True)
         self.adopt(fresh)
+
+
+def _check_select(select: object, n: int) -> np.ndarray:
+    """Row positions for ``import_rows(select=)``: int64, 1-D, each in ``[0, n)``."""
+    if not isinstance(select, np.ndarray) or select.dtype != np.int64 or select.ndim != 1:
+        raise InputError(f"import_rows: select must be a 1-D int64 array, found {select!r:.80}")
+    if select.size and (int(select.min()) < 0 or int(select.max()) >= n):
+        raise InputError(f"import_rows: select holds positions outside [0, {n})")
+    return np.ascontiguousarray(select)
