@@ -8,12 +8,17 @@ Every function takes ``timeout`` (seconds): the trainer passes
 :class:`~sparseps.errors.DeadlineError` naming that setting instead of a silent hang.
 ``None`` leaves the process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``).
 
+Every collective this process issues is counted by operation (:func:`counts`): sync mode's
+collectives per step are a figure the tests pin and the benchmarks report.
+
 Before a timeout is raised, the stacks of every role of the job are dumped
 (:func:`sparseps.core.deadline.wait_collective`, in a launched job) and the error names
 the folder: who was stuck where when this worker gave up.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import torch
@@ -28,11 +33,20 @@ __all__ = [
     "all_to_all_rows",
     "barrier",
     "broadcast_array",
+    "counts",
     "diagnosed",
     "world_size",
 ]
 
 SETTING = "Strategy.collective_timeout"
+
+_counts: Counter[str] = Counter()  # collectives issued by this process, by operation
+
+
+def counts() -> dict[str, int]:
+    """How many collectives this process has issued, by operation (a copy; with a group
+    of one nothing is issued, so nothing is counted)."""
+    return dict(_counts)
 
 
 def world_size() -> int:
@@ -41,6 +55,7 @@ def world_size() -> int:
 
 def _run(op: str, timeout: float | None, call) -> None:
     """``call(async_op)`` then wait, at most ``timeout`` seconds when given."""
+    _counts[op] += 1
     if timeout is None:
         call(False)
         return
@@ -76,26 +91,47 @@ def broadcast_array(array: np.ndarray, src: int = 0, *, timeout: float | None = 
     return tensor.numpy()
 
 
-def all_gather_arrays(array: np.ndarray, *, timeout: float | None = None) -> list[np.ndarray]:
+def all_gather_arrays(
+    array: np.ndarray, *, sizes: np.ndarray | None = None, timeout: float | None = None
+) -> list[np.ndarray]:
     """Gather a first-axis-variable array from every worker (rank order).
 
     Arrays of the same dtype and trailing shape; sizes may differ (padded on the wire).
     uint64 travels as int64 (torch has no uint64 collectives) and is viewed back.
+    Two collectives (the sizes, then the padded arrays), one when the caller already
+    knows every worker's first-axis size (``sizes``, in rank order).
+
+    Raises:
+        ValueError: ``sizes`` does not give this worker's own size (the workers would
+            read each other's arrays wrong).
     """
     if world_size() == 1:
         return [array]
     dtype = array.dtype
     wire = array.view(np.int64) if dtype == np.uint64 else array
-    sizes = torch.zeros(world_size(), dtype=torch.int64)
-    mine = torch.tensor([wire.shape[0]], dtype=torch.int64)
-    _run("all_gather", timeout, lambda a: dist.all_gather_into_tensor(sizes, mine, async_op=a))
-    longest = int(sizes.max())
+    rank = dist.get_rank()
+    if sizes is None:
+        wire_sizes = torch.zeros(world_size(), dtype=torch.int64)
+        mine = torch.tensor([wire.shape[0]], dtype=torch.int64)
+        _run(
+            "all_gather",
+            timeout,
+            lambda a: dist.all_gather_into_tensor(wire_sizes, mine, async_op=a),
+        )
+        known = [int(n) for n in wire_sizes.tolist()]
+    else:
+        known = [int(n) for n in sizes]
+        if known[rank] != wire.shape[0]:
+            raise ValueError(
+                f"all_gather: worker {rank} announced {known[rank]} rows but sends {wire.shape[0]}"
+            )
+    longest = max(known)
     padded = np.zeros((longest, *wire.shape[1:]), dtype=wire.dtype)
     padded[: wire.shape[0]] = wire
     out = [torch.empty_like(torch.from_numpy(padded)) for _ in range(world_size())]
     source = torch.from_numpy(padded)
     _run("all_gather", timeout, lambda a: dist.all_gather(out, source, async_op=a))
-    parts = [o.numpy()[: int(n)] for o, n in zip(out, sizes, strict=True)]
+    parts = [o.numpy()[:n] for o, n in zip(out, known, strict=True)]
     return [p.view(np.uint64) if dtype == np.uint64 else p for p in parts]
 
 

@@ -36,7 +36,7 @@ from ..files.dense_file import load_dense_file, save_dense_file
 from ..table import DenseTable, SparseTable
 from .dense_params import DenseParams
 from .pipeline import PushQueue
-from .sync_exchange import gather_sparse_grads
+from .sync_exchange import exchange_headers, gather_sparse_grads, step_header
 
 __all__ = [
     "AsyncMode",
@@ -226,6 +226,12 @@ class SyncMode(TrainingMode):
     the sparse gradients are all-gathered and each worker pushes the share of keys that
     hashes to its rank, the dense gradients are all-reduced and applied by the same dense
     rule on every worker (so dense parameters stay identical without a broadcast).
+
+    Three collectives per step (:mod:`~sparseps.worker.sync_exchange`): the step's header,
+    every table's sparse gradients in one buffer, the dense all-reduce. No barrier ends a
+    step: a worker joins the next header only once its pushes are applied, and pulls
+    after it, so no pull sees a step half applied (a callback between steps, such as
+    ``on_batch``, may run before the other workers' pushes of that step are applied).
     """
 
     def __init__(self, *args, **kwargs):
@@ -238,6 +244,8 @@ class SyncMode(TrainingMode):
             else None
         )
         self.global_batch = 0
+        self._dims = {config.name: config.dim for config in self.tables}
+        self._buffer_sizes: np.ndarray | None = None  # this step's, from its header
 
     def save_dense(self, directory) -> str:
         arrays = (
@@ -260,15 +268,12 @@ class SyncMode(TrainingMode):
         iterator = iter(source)
         while True:
             item = next(iterator, None)
-            local = np.array(
-                [0 if item is None else 1, 0 if item is None else len(item[0])], np.int64
+            header = step_header(item, self._dims)
+            active, self.global_batch, self._buffer_sizes = exchange_headers(
+                header, timeout=self.collective_timeout
             )
-            active, global_batch = (
-                int(v) for v in collectives.all_reduce_sum(local, timeout=self.collective_timeout)
-            )
-            if active == 0:
+            if not active:
                 return
-            self.global_batch = global_batch
             yield item
 
     def loss_scale(self, batch_size: int) -> float:
@@ -276,11 +281,17 @@ class SyncMode(TrainingMode):
 
     def apply(self, grads: list, dense_grad: np.ndarray) -> None:
         world, timeout = collectives.world_size(), self.collective_timeout
-        handles = []
+        # the sizes the header announced (a step run outside steps() exchanges them first)
+        sizes, self._buffer_sizes = self._buffer_sizes, None
+        handles, routed = [], None
         for table, all_keys, all_grads, all_shows, all_clicks in gather_sparse_grads(
-            grads, timeout=timeout
+            grads, sizes=sizes, timeout=timeout
         ):
-            mine = server_of(all_keys, world) == self.rank if world > 1 else slice(None)
+            # tables read through one slot union (wide&deep's two) have the same keys:
+            # routed once (comparing costs a hundredth of hashing)
+            if routed is None or not np.array_equal(routed[0], all_keys):
+                routed = (all_keys, server_of(all_keys, world) == self.rank if world > 1 else None)
+            mine = routed[1] if routed[1] is not None else slice(None)
             handles.append(
                 self.client.push(
                     table,
@@ -296,8 +307,6 @@ class SyncMode(TrainingMode):
             self.dense.set(self.local_dense.pull())
         for handle in handles:
             handle.wait()
-        # every worker's share is applied before anybody pulls the next step's rows
-        collectives.barrier(timeout=timeout)
         self.step += 1
 
 

@@ -29,7 +29,9 @@ def test_two_workers_buffers_unpack_to_their_arrays_in_rank_order(monkeypatch):
     workers = [_grads(rng, [(t, n, d) for (t, d), n in zip(tables, sizes, strict=True)])
                for sizes in ((5, 3), (0, 7))]  # fmt: skip
     packed = [sync_exchange._pack(sorted(w, key=lambda g: g[0])) for w in workers]
-    monkeypatch.setattr(sync_exchange.collectives, "all_gather_arrays", lambda b, timeout: packed)
+    monkeypatch.setattr(
+        sync_exchange.collectives, "all_gather_arrays", lambda b, sizes, timeout: packed
+    )
     merged = sync_exchange.gather_sparse_grads(workers[0], timeout=1.0)
     assert [m[0] for m in merged] == ["deep", "wide"]  # by name on every worker
     for table, *arrays in merged:
