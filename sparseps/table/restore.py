@@ -42,7 +42,7 @@ from .columns import (
     write_stats,
 )
 from .push import scatter_rows
-from .row_import import NOT_FINITE, copy_new_rows
+from .row_import import NOT_FINITE, advise_huge_pages, copy_new_rows
 
 __all__ = ["PENDING_WHERE", "TableFiles"]
 
@@ -189,6 +189,8 @@ class TableFiles:
         pending = len(self._pending_index) > 0  # a restore imports rows before pending
         self._grow("import_rows", n, 0, pending_erases=n if pending else 0)
         ids = self._index.planned_ids(n)
+        high_water = self._index.high_water
+        advise_huge_pages(self._rows[high_water : high_water + n])  # the rows past it are new
         problem, at = copy_new_rows(self._rows, ids, cols, self._where, select)
         if problem:
             what = "NaN/inf" if problem == NOT_FINITE else "unseen_days < 0"

@@ -14,12 +14,51 @@ water), so a check that fails here leaves the table as it was.
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
+
 import numpy as np
 from numba import njit
 
-__all__ = ["BAD_UNSEEN", "NOT_FINITE", "copy_new_rows"]
+__all__ = ["BAD_UNSEEN", "NOT_FINITE", "advise_huge_pages", "copy_new_rows"]
 
 NOT_FINITE, BAD_UNSEEN = 1, 2  # what copy_new_rows found wrong
+_MADV_HUGEPAGE = 14  # Linux
+_HUGE = 2 << 20
+
+
+def _madvise():
+    if not sys.platform.startswith("linux"):  # pragma: no cover - the hint is Linux's
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):  # pragma: no cover - no C library by that name
+        return None
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return function
+
+
+_MADVISE = _madvise()
+
+
+def advise_huge_pages(rows: np.ndarray) -> None:
+    """Ask for transparent huge pages under ``rows`` (a C-contiguous block not written yet).
+
+    A load writes hundreds of MB of fresh rows: with 4 KB pages their first-touch faults
+    took 3/4 of the copy (0.33 of 0.44 s for 5M rows here), with 2 MB pages 1/512 as
+    many. numpy asks the same for its own large arrays (so ``np.fromfile``, the bench's
+    baseline, gets them); the C allocator the table's rows come from does not. Only a
+    hint: where the kernel has THP off, or the call fails, nothing changes.
+    """
+    if _MADVISE is None or rows.nbytes < 2 * _HUGE:
+        return
+    address = rows.ctypes.data
+    start = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (address + rows.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > start:
+        _MADVISE(start, end - start, _MADV_HUGEPAGE)
 
 
 @njit(nogil=True, cache=True)
