@@ -53,7 +53,7 @@ class Strategy:
             ``SPARSEPS_RPC_TIMEOUT`` or 60 s); also how long a full push queue may block
             and a flush may go without progress.
         collective_timeout: seconds a worker waits in a worker-to-worker collective (the
-            gloo all-reduce/all-gather/barrier of sync mode, of a pass end and of a save)
+            gloo all-gathers and all-reduce of a sync step, of a pass end and of a save)
             and for the next batch from its data reader, before raising ``DeadlineError``.
             The process group's own limit (``SPARSEPS_COLLECTIVE_TIMEOUT_S``, 1800 s)
             still applies when it is lower.
