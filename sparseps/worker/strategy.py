@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..core.validate import check_float, check_int
 from ..errors import ConfigError
+from . import geo_mode as _geo  # noqa: F401 - registers mode "geo"
 from . import gpups as _gpups  # noqa: F401 - registers mode "gpups"
 from . import heter_mode as _heter  # noqa: F401 - registers mode "heter"
 from .modes import mode_names

@@ -10,7 +10,8 @@ import sparseps as sps
 from sparseps.config import TableConfig
 from sparseps.table import SparseTable
 from sparseps.worker.dense_params import DenseParams
-from sparseps.worker.modes import AsyncMode, GeoMode
+from sparseps.worker.geo_mode import GeoMode
+from sparseps.worker.modes import AsyncMode
 
 
 class _Done:
