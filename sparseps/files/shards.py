@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import mmap
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -62,11 +61,8 @@ def file_name(table: str, kind: str, rank: int, num_servers: int) -> str:
 def sha256_of(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        if os.fstat(handle.fileno()).st_size == 0:  # an empty file cannot be mapped
-            return digest.hexdigest()
-        # hashed straight from the page cache: no read() copy (~8% faster than 1 MB reads)
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            digest.update(mapped)
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
     return digest.hexdigest()
 
 
