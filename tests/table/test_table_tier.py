@@ -397,8 +397,19 @@ def test_prefetch_beside_concurrent_ops_changes_no_result(disk):
         thread.join(timeout=30)
     assert not errors, errors
     stats = tiered.stats()
-    assert stats.prefetched > 500, stats
+    # the thread's plans met the pushes: each was installed or found stale (both are the
+    # paths under test). How many of each depends on scheduling: a loaded CI box once
+    # left all 300 stale, so no count of installs is asserted here ...
+    assert stats.prefetched + stats.prefetch_stale > 0, stats
     assert _checkpoint_digests(tiered, disk / "b") == _checkpoint_digests(memory, disk / "a")
+    # ... but a plan nothing raced installs every row it read, and they pull equal
+    keys = np.ascontiguousarray(np.unique(np.concatenate(batches))[::31])  # ~130 of 3,900
+    plan = tiered.plan_prefetch(keys)
+    assert plan is not None, "every probed row in memory: probe other keys"
+    plan.read()
+    assert tiered.install_prefetch(plan) > 0
+    assert tiered.stats().prefetched > stats.prefetched
+    np.testing.assert_array_equal(tiered.pull(keys), memory.pull(keys))
 
 
 def test_prefetched_rows_are_pulled_from_memory(disk):
