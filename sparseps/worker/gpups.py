@@ -69,8 +69,12 @@ log = logging.getLogger(__name__)
 _pass_keys = pass_keys  # the name the tests know
 
 
-def resolve_device(device: str, rank: int = 0) -> torch.device:
-    """The torch device of ``Strategy.device`` for worker ``rank`` (GPUs shared round-robin).
+def resolve_device(
+    device: str, rank: int = 0, *, setting: str = "Strategy.device", role: str = "worker"
+) -> torch.device:
+    """The torch device of ``Strategy.device`` for worker ``rank`` (GPUs shared round-robin);
+    ``setting`` and ``role`` name the knob and the process in the error (heter workers:
+    ``--heter-device``, ``heter_worker``).
 
     Raises:
         ConfigError: ``device="cuda"`` and no CUDA device is visible.
@@ -81,7 +85,7 @@ def resolve_device(device: str, rank: int = 0) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError(
-            f"Strategy.device='cuda': no CUDA device is visible to worker {rank} "
+            f"{setting}='cuda': no CUDA device is visible to {role} {rank} "
             "(torch.cuda.is_available() is False: no GPU, no driver, a CPU-only torch, or "
             "CUDA_VISIBLE_DEVICES hides them); use device='cpu', or 'auto' to take a GPU "
             "only when there is one"

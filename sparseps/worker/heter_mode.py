@@ -70,8 +70,6 @@ class HeterMode(AsyncMode):
         """``(item, (grads, dense_grad, loss, out))`` per step, ``heter_window`` in flight."""
         window: collections.deque = collections.deque()
         for item in items:
-            if item is None:  # (async steps never idle; kept for the protocol)
-                continue
             window.append(self._send(item, binder))
             if len(window) >= self.strategy.heter_window:
                 yield self._finish(window.popleft(), binder)

@@ -37,6 +37,7 @@ from ..rpc import transport
 from ..rpc.protocol import Limits, Request, decode_request, encode_reply, peek_request_id
 from ..rpc.security import Security, security_from_key_dir
 from .dense_params import DenseParams
+from .gpups import resolve_device
 from .heter_ops import HETER_OPS
 from .heter_wire import check_shapes, join, split
 from .modes import DENSE_TABLE
@@ -119,7 +120,7 @@ class HeterService:
     ) -> None:
         self.rank, self.endpoint, self.job_id = rank, endpoint, job_id
         self.security, self.limits, self.client = security, limits or Limits(), client
-        self.device = _device(device, rank)
+        self.device = resolve_device(device, rank, setting="--heter-device", role="heter_worker")
         self.model = trainer.model.to(self.device)
         self.loss = trainer.loss
         self.strategy = trainer.strategy
@@ -311,19 +312,6 @@ def _error_reply(request_id, exc: BaseException) -> list:
     return encode_reply(
         request_id, error={"type": type(exc).__name__, "message": str(exc), "traceback": ""}
     )
-
-
-def _device(name: str, rank: int) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            f"--heter-device cuda: no CUDA device is visible to heter worker {rank}; use "
-            "--heter-device cpu (or auto)"
-        )
-    return torch.device("cuda", rank % torch.cuda.device_count())
 
 
 def serve_from_env(trainer: TrainerParts) -> None:
