@@ -31,6 +31,9 @@ def test_the_sampler_turns_counters_into_plots_and_the_online_pass(tmp_path, mon
     scrape = status_module.scrape
     monkeypatch.setattr(status_module, "scrape", lambda host, port: scrape(host, port, 30.0))
 
+    # serve_metrics is idempotent per process: an endpoint an earlier test of this process
+    # left (e.g. on another host address) would be returned and the scrapes fail; start ours
+    stop_serving_metrics()
     port = serve_metrics(free_ports("127.0.0.1", 1)[0])
     metrics = worker_metrics()
     log = tmp_path / "worker.0.log"
