@@ -55,13 +55,17 @@ RAY_OPTIONS = ("--backend", "ray", "--no-secure", "--server-resources", '{"CPU":
                "--worker-resources", '{"CPU": 0.5}')  # fmt: skip
 
 
-def _sparseps(folder: Path, out: Path, options: tuple[str, ...] = ()) -> dict:
+def _sparseps(
+    folder: Path, out: Path, options: tuple[str, ...] = (), job_options: tuple[str, ...] = ()
+) -> dict:
+    """The demo job launched with launcher ``options``; ``job_options`` go to the job
+    script after its defaults (``--mode async``), so they override them."""
     job = Path(__file__).resolve().parents[1] / "sparseps" / "jobs" / "wide_deep_job.py"
     result = out / "result.json"
     cmd = [
         sys.executable, "-m", "sparseps.cli", "launch", *options, "--server-num", "1",
         "--worker-num", "2", "--log-dir", str(out / "log"), str(job), "--train", str(folder / "train"),
-        "--test", str(folder / "test"), "--result", str(result), "--mode", "async",
+        "--test", str(folder / "test"), "--result", str(result), "--mode", "async", *job_options,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)

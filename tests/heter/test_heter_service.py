@@ -40,10 +40,23 @@ def _model() -> WideDeep:
     return WideDeep(CRITEO.slots, len(CRITEO.dense), emb_dim=4, hidden=(16, 8))
 
 
+# the CUDA path runs where a GPU is visible (CI has none)
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),
+]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
 @pytest.fixture
-def service():
-    """A HeterService on a free port in a thread, with the dense table on a real server;
-    yields (service, a Channel to it, the pushed dense gradients)."""
+def service(device):
+    """A HeterService on a free port in a thread (its network on ``device``), with the
+    dense table on a real server; yields (service, a Channel to it, the pushed dense
+    gradients)."""
     model = _model()
     with (
         local_cluster(servers=1, timeout=30, job_id="job-a") as cluster,
@@ -53,7 +66,9 @@ def service():
         client.create_dense(DENSE_TABLE, dense.size, sps.optim.SGD(lr=1e-12), init=dense.values())
         trainer = sps.Trainer(model, client=client)
         endpoint = f"127.0.0.1:{free_port()}"
-        svc = HeterService(trainer, client, rank=0, endpoint=endpoint, job_id="job-a")
+        svc = HeterService(
+            trainer, client, rank=0, endpoint=endpoint, job_id="job-a", device=device
+        )
         pushed: list[np.ndarray] = []
         push = svc._push_dense
         svc._push_dense = lambda grad: (pushed.append(grad.copy()), push(grad))[1]

@@ -41,14 +41,25 @@ def _train(prefix: str, strategy: sps.Strategy, batches, passes: int = 2):
 
 
 def _dense(model) -> np.ndarray:
-    return np.concatenate([p.detach().numpy().ravel() for p in model.head.parameters()])
+    return np.concatenate([p.detach().cpu().numpy().ravel() for p in model.head.parameters()])
 
 
-def test_gpups_passes_equal_sync_passes_and_survive_a_checkpoint(local_worker, planted, tmp_path):
+# the CUDA path runs where a GPU is visible (CI has none; bench/RESULTS.md names the GPU
+# of the last run there)
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gpups_passes_equal_sync_passes_and_survive_a_checkpoint(
+    local_worker, planted, tmp_path, device
+):
     batches = planted(5, 8, 32, slots=SLOTS, vocab=40)
     keys = np.unique(np.concatenate([s.values for b in batches for s in b.slots.values()]))
     sync, sync_model, _ = _train("s", sps.Strategy(mode="sync"), batches)
-    gpups, gpups_model, result = _train("g", sps.Strategy(mode="gpups", device="cpu"), batches)
+    gpups, gpups_model, result = _train("g", sps.Strategy(mode="gpups", device=device), batches)
     try:
         assert result.timings["build_s"] > 0 and result.samples == 8 * 32
         assert gpups._mode.last_build["keys"] == {"g_deep": keys.size, "g_wide": keys.size}
