@@ -21,6 +21,8 @@ Why this order:
 - ``rpc`` is the wire and the client; ``server`` uses its protocol; ``launch`` starts
   processes and talks to servers through the client; ``role`` wires a process into a job
   (local mode starts a server through ``launch``, ``run_server`` runs ``server``).
+- ``elastic`` (placement-routed clients, live moves of virtual shards) drives servers
+  through the client, beside ``launch``, which starts the servers a scale-up adds.
 - ``checkpoint`` coordinates saves and loads through the client and the worker
   collectives; the ``worker`` (trainer) offers ``save_checkpoint`` on top of it.
 - ``models``/``recall`` build on the worker, ``online`` drives jobs, ``serving`` answers
@@ -45,7 +47,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("files",),
     ("rpc",),
     ("server",),
-    ("launch",),
+    ("launch", "elastic"),
     ("role",),
     ("checkpoint",),
     ("worker", "nn"),

@@ -38,11 +38,13 @@ from .hashing import draw_seed, mix64, mix64_array, seeded_hash
 __all__ = [
     "dense_server_of",
     "group_by_server",
+    "group_by_table",
     "misrouted",
     "owner_of",
     "routing_hash",
     "server_of",
     "split_by_server",
+    "vshard_of",
 ]
 
 ROUTING_SALT = np.uint64(0x5DEECE66DA5A5A5A)
@@ -114,8 +116,15 @@ def dense_server_of(name: str, num_servers: int) -> int:
     return xxhash.xxh64_intdigest(name.encode("utf-8"), seed=0) % num_servers
 
 
+@njit(nogil=True, cache=True, inline="always")
+def vshard_of(key, vshards):  # pragma: no cover - compiled
+    """Virtual shard of one key: the same mix as :func:`owner_of`, ranged onto ``vshards``."""
+    z = mix64(key ^ ROUTING_SALT)
+    return np.int64(((z >> np.uint64(32)) * np.uint64(vshards)) >> np.uint64(32))
+
+
 @njit(nogil=True, cache=True)
-def _group(keys, num_servers, seed):  # pragma: no cover - compiled
+def _group(keys, num_servers, seed, vshards, table):  # pragma: no cover - compiled
     n = keys.shape[0]
     bits = 4
     while (1 << bits) < 2 * n:
@@ -141,7 +150,10 @@ def _group(keys, num_servers, seed):  # pragma: no cover - compiled
                 slot_index[s] = u
                 slot_keys[s] = key
                 unique[u] = key
-                owner[u] = owner_of(key, num_servers) if num_servers > 1 else 0
+                if vshards > 0:  # a placement: virtual shard -> rank (core.placement)
+                    owner[u] = table[vshard_of(key, vshards)]
+                else:
+                    owner[u] = owner_of(key, num_servers) if num_servers > 1 else 0
                 first[i] = u
                 u += 1
                 break
@@ -182,7 +194,19 @@ def group_by_server(
         ``grouped[offsets[s]:offsets[s + 1]]`` (first-occurrence order within a server),
         and ``inverse`` such that ``grouped[inverse] == keys``.
     """
-    return _group(keys, num_servers, draw_seed())
+    return _group(keys, num_servers, draw_seed(), 0, _NO_TABLE)
+
+
+_NO_TABLE = np.zeros(1, np.int64)
+
+
+def group_by_table(
+    keys: np.ndarray, num_ranks: int, owners: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`group_by_server` with owners from a placement table: key -> virtual shard
+    ``vshard_of(key, len(owners))`` -> rank ``owners[vshard]`` (int64, each in
+    ``0..num_ranks-1``, validated by :class:`sparseps.core.placement.Placement`)."""
+    return _group(keys, num_ranks, draw_seed(), len(owners), owners)
 
 
 @njit(nogil=True, cache=True)

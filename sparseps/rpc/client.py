@@ -312,6 +312,13 @@ class PSClient(ClientRows):
                 out.append((shard, self._shard_request(shard, op, table, bufs, every=every)))
         return out
 
+    def request(self, rank: int, op: str, table: str | None = None, bufs=(),
+                args: dict | None = None) -> Handle:  # fmt: skip
+        """One raw request to server ``rank`` (tools: the elastic driver);
+        ``wait()`` -> ``(result, buffers)``."""
+        call = self._channel.submit(rank, op, table, tuple(bufs), args)
+        return Handle(self._channel, [call], lambda replies: (replies[0].result, replies[0].bufs))
+
     # -- sparse tables -----------------------------------------------------------------
 
     def create_table(self, config: TableConfig) -> None:

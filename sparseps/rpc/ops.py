@@ -46,6 +46,7 @@ _KEYS = BufSpec("keys", "uint64", 1)
 _SHOWS = BufSpec("shows", "float32", 1)
 _CLICKS = BufSpec("clicks", "float32", 1)
 _VEC = BufSpec("values", "float32", 1)
+_VSHARDS = BufSpec("vshards", "int64", 1)
 _NONE = type(None)
 
 OPS: dict[str, OpSchema] = {
@@ -102,6 +103,30 @@ OPS: dict[str, OpSchema] = {
     "shard_info": OpSchema(),
     "replicate": OpSchema(args={"directory": ((str,), True), "rank": ((int,), True)}),
     "replicate_done": OpSchema(args={"rank": ((int,), True), "epoch": ((int,), True)}),
+    # elastic jobs (sparseps.server.elastic_ops): placement over virtual shards, live moves
+    "get_placement": OpSchema(),
+    "set_placement": OpSchema(
+        bufs=(BufSpec("owners", "int64", 1),),
+        args={"version": ((int,), True), "endpoints": ((list,), True)},
+    ),
+    "move_begin": OpSchema(bufs=(_VSHARDS,)),
+    "move_freeze": OpSchema(bufs=(_VSHARDS,)),
+    "move_export": OpSchema(table=True, bufs=(_VSHARDS,), args={"dirty": ((bool,), True)}),
+    "move_import": OpSchema(
+        table=True,
+        bufs=(
+            BufSpec("r_key", "uint64", 1), BufSpec("r_embedding", "float32", 2),
+            BufSpec("r_state", "float32", 2), BufSpec("r_show", "float32", 1),
+            BufSpec("r_click", "float32", 1), BufSpec("r_unseen_days", "int32", 1),
+            BufSpec("r_delta_score", "float32", 1), BufSpec("r_touched", "uint8", 1),
+            BufSpec("p_key", "uint64", 1), BufSpec("p_show", "float32", 1),
+            BufSpec("p_click", "float32", 1), BufSpec("p_unseen_days", "int32", 1),
+            BufSpec("p_touched", "uint8", 1),
+        ),
+        same_rows=("r_key", "r_embedding", "r_state", "r_show", "r_click", "r_unseen_days",
+                   "r_delta_score", "r_touched"),
+    ),
+    "move_drop": OpSchema(table=True, bufs=(_VSHARDS,)),
 }
 
 # Ops that change a table by adding to it (write_rows: its counters): sent with (client, seq) and applied once per

@@ -114,6 +114,9 @@ class FileOps:
         rule), the other files of that save none of them. A save made on another number
         of servers is filtered key by key (one vectorised pass).
         """
+        placement = getattr(self, "_placement", None)
+        if placement is not None:  # an elastic job: the placement decides, file by file
+            return np.flatnonzero(placement.owner_of(keys) == self.rank) if len(keys) else None
         if self.num_servers == 1:
             return None
         if meta.get("num_servers") == self.num_servers and isinstance(meta.get("rank"), int):

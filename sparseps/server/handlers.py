@@ -37,6 +37,7 @@ from ..rpc.ops import UPDATE_OPS
 from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
 from .applied import AppliedUpdates
 from .disk_dir import DiskDir
+from .elastic_ops import ElasticOps
 from .file_guard import FILE_ARGS, FileGuard
 from .file_ops import FileOps
 from .heap import return_large_frees
@@ -112,7 +113,7 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     return out
 
 
-class ServerState(FileOps, ReplicaOps, RowOps):
+class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
     """The tables of one server and the op handlers.
 
     Args:
@@ -165,6 +166,7 @@ class ServerState(FileOps, ReplicaOps, RowOps):
         self._counters = {"requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
         self._counter_lock = threading.Lock()
         self.prefetcher = RowPrefetcher(self.log_budget)
+        self._init_elastic()
         self._ops: dict[str, Callable[[Request], tuple[object, list]]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
         }
@@ -271,6 +273,9 @@ class ServerState(FileOps, ReplicaOps, RowOps):
 
     def _check_routed(self, request: Request, keys: np.ndarray) -> None:
         """Keys must route here; a client with a different server list would corrupt shards."""
+        if self._placement is not None:  # an elastic job: its placement decides
+            self._check_placed(request, keys)
+            return
         wrong, first = misrouted(keys, self.num_servers, self.rank)
         if wrong:
             raise InputError(
@@ -394,8 +399,8 @@ class ServerState(FileOps, ReplicaOps, RowOps):
     def _push(self, request: Request, method: str, values: str):
         entry = self._sparse_entry(request)
         bufs = request.bufs
-        self._check_routed(request, bufs["keys"])
-        with entry.lock.write():
+        with entry.lock.write():  # checked inside: a migration's freeze orders pushes
+            self._check_routed(request, bufs["keys"])
             getattr(entry.table, method)(
                 bufs["keys"], bufs[values], shows=bufs.get("shows"), clicks=bufs.get("clicks")
             )

@@ -55,7 +55,7 @@ class RowOps:
                 f"(embedding dim {layout.dim} + {layout.state_dim} optimizer state columns of "
                 f"{entry.table.config.rule.name!r}); nothing was written"
             )
-        self._check_routed(request, keys)
-        with entry.lock.write():
+        with entry.lock.write():  # checked inside: a migration's freeze orders writes
+            self._check_routed(request, keys)
             entry.table.write_rows(keys, rows, shows=bufs.get("shows"), clicks=bufs.get("clicks"))
         return None, []

@@ -443,6 +443,16 @@ class SparseTable(TableFiles, FullRows):
         skeys, svals, sstate = self._pending_index.slots()
         decay_slots(sstate, svals, self._pending, 0, 2, float(rate))
 
+    def drop(self, keys: np.ndarray) -> int:
+        """Delete these keys' rows and pending counters (absent keys are ignored): the rows
+        of a virtual shard that moved to another server. Returns the rows deleted."""
+        keys = checks.check_key_array("drop", keys)
+        freed = self._index.erase(keys)
+        if self._tier is not None:
+            self._tier.forget(freed[freed >= 0])
+        self._pending_index.erase(keys)
+        return int(np.count_nonzero(freed >= 0))
+
     def shrink(self) -> np.ndarray:
         """Delete rows with ``score < shrink_score`` or ``unseen_days > shrink_unseen_days``.
 

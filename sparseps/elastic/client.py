@@ -1,0 +1,156 @@
+"""``ElasticClient``: pull and push routed by the servers' placement, resent across moves.
+
+Keys are deduplicated and grouped by owner with the placement's table (compiled, as
+:class:`~sparseps.rpc.client.PSClient` groups them), one request per owner in parallel.
+A server that no longer owns a key's virtual shard, or is handing it over, refuses the
+whole request (nothing applied: :mod:`sparseps.server.elastic_ops`); the client then
+fetches the newest placement from the servers and resends the refused part only, with a
+short back-off, until ``retry_for`` seconds have passed. So a push is applied exactly
+once, by the owner of the moment, and training only waits out a cut-over.
+
+Example::
+
+    with ElasticClient(endpoints) as client:
+        client.create_table(TableConfig(name="emb", dim=8))
+        rows = client.pull("emb", keys)
+        client.push("emb", keys, grads)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..config import TableConfig
+from ..core.placement import Placement
+from ..core.validate import check_key_array
+from ..errors import DeadlineError, InputError
+from ..rpc.batching import merge_by_group
+from ..rpc.client_checks import check_counts_or_none, check_finite_rows
+from .peers import Peers, is_placement_error
+
+__all__ = ["ElasticClient"]
+
+
+class ElasticClient:
+    """Pull/push on an elastic job (its servers hold a placement: :func:`install_placement`).
+
+    Args:
+        endpoints: any addresses of the job's servers (the placement names the rest).
+        timeout: seconds per request.
+        job_id: the job's id, if its servers check one.
+        retry_for: seconds a refused request is resent for before the call fails.
+    """
+
+    def __init__(self, endpoints: Sequence[str], *, timeout: float = 30.0,
+                 job_id: str | None = None, retry_for: float = 60.0) -> None:  # fmt: skip
+        self.peers = Peers(timeout=timeout, job_id=job_id)
+        self.retry_for = float(retry_for)
+        self.refreshes = 0
+        placement = self.peers.newest(list(endpoints))
+        if placement is None:
+            self.peers.close()
+            raise InputError(f"ElasticClient: the servers {list(endpoints)} hold no placement; "
+                             "install one with sparseps.elastic.install_placement")  # fmt: skip
+        self.placement: Placement = placement
+
+    def __enter__(self) -> ElasticClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.peers.close()
+
+    def refresh(self) -> Placement:
+        """Take the newest placement any server of the current one holds."""
+        newest = self.peers.newest(self.placement.endpoints[r] for r in self.placement.live_ranks())
+        if newest is not None and newest.version > self.placement.version:
+            self.placement = newest
+        self.refreshes += 1
+        return self.placement
+
+    def create_table(self, config: TableConfig) -> None:
+        """Create the table on every server of the placement (idempotent)."""
+        for rank in self.placement.live_ranks():
+            self.peers.client(self.placement.endpoints[rank]).create_table(config)
+
+    def _routed(self, what: str, keys: np.ndarray, send, receive) -> None:
+        """Send ``keys`` (unique) by owner; resend what a server refused, after a refresh."""
+        todo = np.arange(len(keys))
+        deadline = time.monotonic() + self.retry_for
+        pause = 0.002
+        while True:
+            placement = self.placement
+            owners = placement.owner_of(keys[todo])
+            order = np.argsort(owners, kind="stable")
+            ranks, starts = np.unique(owners[order], return_index=True)
+            bounds = [*starts[1:], len(order)]
+            sent = []
+            for rank, lo, hi in zip(ranks, starts, bounds, strict=True):
+                positions = todo[order[lo:hi]]
+                sent.append((positions, send(placement.endpoints[rank], positions)))
+            refused = []
+            for positions, handle in sent:
+                try:
+                    receive(positions, handle.wait())
+                except Exception as exc:
+                    if not is_placement_error(exc):
+                        raise
+                    refused.append(positions)
+            if not refused:
+                return
+            if time.monotonic() > deadline:
+                raise DeadlineError(
+                    f"{what}: servers kept refusing {sum(map(len, refused))} keys for "
+                    f"{self.retry_for:g} s (placement version {placement.version}); raise "
+                    "ElasticClient(retry_for=...) if a migration takes longer",
+                    op=what, seconds=self.retry_for, setting="ElasticClient(retry_for=...)",
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            self.refresh()
+            todo = np.concatenate(refused)
+
+    def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
+        """Rows of ``keys`` (duplicates allowed): float32 ``[len(keys), dim]``."""
+        keys = check_key_array(f"pull {table!r}", keys, contiguous=False)
+        unique, inverse = np.unique(keys, return_inverse=True)
+        out: list = [None]
+
+        def send(endpoint, positions):
+            return self.peers.client(endpoint).pull(table, unique[positions])
+
+        def receive(positions, rows):
+            if out[0] is None:
+                out[0] = np.empty((len(unique), rows.shape[1]), np.float32)
+            out[0][positions] = rows
+
+        self._routed(f"pull {table!r}", unique, send, receive)
+        if out[0] is None:
+            out[0] = np.empty((0, 0), np.float32)
+        return out[0][inverse]
+
+    def push(self, table: str, keys: np.ndarray, grads: np.ndarray,
+             shows: np.ndarray | None = None, clicks: np.ndarray | None = None) -> None:  # fmt: skip
+        """Apply gradients with the table's rule (each key once, by its owner)."""
+        what = f"push {table!r}"
+        keys = check_key_array(what, keys, contiguous=False)
+        grads = check_finite_rows(grads, "grads", what, len(keys))
+        shows = check_counts_or_none(shows, "shows", what, len(keys))
+        clicks = check_counts_or_none(clicks, "clicks", what, len(keys))
+        if not len(keys):
+            return
+        unique, inverse = np.unique(keys, return_inverse=True)
+        merged, m_shows, m_clicks = merge_by_group(inverse.astype(np.int64), len(unique),
+                                                   grads, shows, clicks)  # fmt: skip
+
+        def send(endpoint, positions):
+            return self.peers.client(endpoint).push(
+                table, unique[positions], merged[positions], m_shows[positions], m_clicks[positions]
+            )
+
+        self._routed(what, unique, send, lambda positions, _: None)

@@ -1,0 +1,74 @@
+"""One connection per server address, for the elastic client and the migration driver.
+
+An elastic job's server list grows and shrinks, while a :class:`PSClient`'s is fixed:
+each address gets a one-server client, and requests are routed here by placement (the
+servers check it: :mod:`sparseps.server.elastic_ops`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..core.placement import Placement
+from ..errors import RemoteError
+from ..rpc.client import PSClient
+from ..rpc.handle import Handle  # noqa: TC001 - the return annotation
+
+__all__ = ["Peers", "is_placement_error"]
+
+
+def is_placement_error(exc: BaseException) -> bool:
+    """Whether a server refused a request for a placement reason (resend after refresh)."""
+    return isinstance(exc, RemoteError) and exc.remote_type == "PlacementError"
+
+
+class Peers:
+    """``address -> PSClient([address])``, opened on first use; ``close()`` closes all."""
+
+    def __init__(self, *, timeout: float = 30.0, job_id: str | None = None) -> None:
+        self.timeout = timeout
+        self.job_id = job_id
+        self._clients: dict[str, PSClient] = {}
+        self._lock = threading.Lock()
+
+    def client(self, endpoint: str) -> PSClient:
+        with self._lock:
+            found = self._clients.get(endpoint)
+            if found is None:
+                found = PSClient([endpoint], timeout=self.timeout, job_id=self.job_id)
+                self._clients[endpoint] = found
+            return found
+
+    def submit(self, endpoint: str, op: str, table: str | None = None, bufs=(),
+               args: dict | None = None) -> Handle:  # fmt: skip
+        """Send one raw op; ``wait()`` -> ``(result, bufs)``."""
+        return self.client(endpoint).request(0, op, table, bufs, args)
+
+    def call(self, endpoint: str, op: str, table: str | None = None, bufs=(),
+             args: dict | None = None, timeout: float | None = None):  # fmt: skip
+        return self.submit(endpoint, op, table, bufs, args).wait(timeout)
+
+    def placement(self, endpoint: str) -> tuple[Placement | None, dict]:
+        """The placement a server holds (None before any) and its tables' configs."""
+        result, bufs = self.call(endpoint, "get_placement")
+        if not result["version"]:
+            return None, result["tables"]
+        return Placement.from_wire(result, bufs[0]), result["tables"]
+
+    def newest(self, endpoints) -> Placement | None:
+        """The newest placement any of ``endpoints`` holds (asked in parallel)."""
+        handles = [self.submit(e, "get_placement") for e in endpoints]
+        best = None
+        for handle in handles:
+            result, bufs = handle.wait()
+            if result["version"] and (best is None or result["version"] > best.version):
+                best = Placement.from_wire(result, np.array(bufs[0]))
+        return best
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()

@@ -1,0 +1,200 @@
+"""Placement and live migration ops (issue 23), mixed into the server state.
+
+A server with a placement (:mod:`sparseps.core.placement`) checks each key's virtual
+shard against it instead of ``server_of(key, S)``, and refuses keys of shards it does not
+own, or is handing over, with :class:`~sparseps.core.placement.PlacementError` (the
+client refreshes its placement and resends; nothing of the refused request is applied).
+
+The ops, in the order the migration driver (:mod:`sparseps.elastic.migrate`) sends them:
+
+- ``get_placement`` / ``set_placement``: read / install (only a newer version replaces
+  the current one; installing one ends any hand-over this server was in).
+- ``move_begin(vshards)``: from now on, remember the keys pushed into these shards
+  (the *dirty* keys), per table.
+- ``move_export(table, vshards, dirty)``: the rows (embedding, optimizer state and
+  counters) and the pending admission counters of the shards' keys, all of them or only
+  the dirty ones.
+- ``move_freeze(vshards)``: refuse requests for these shards from now on; answers once
+  every push that was already past its check has been applied.
+- ``move_import(table, columns)``: upsert exported rows (no routing check: the shards are
+  not this server's until the placement that gives them to it is installed).
+- ``move_drop(table, vshards)``: delete the rows of shards this server no longer owns.
+
+Pushes check their keys *inside* the table's write lock, so a freeze orders them: each
+push is either applied before the final (dirty) export or refused and resent to the new
+owner. Never both, never neither.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..core.placement import Placement, PlacementError, vshards_of
+from ..errors import InputError
+from ..rpc.ops import UPDATE_OPS
+
+if TYPE_CHECKING:
+    from ..rpc.protocol import Request
+
+__all__ = ["ROW_BUFS", "PENDING_BUFS", "ElasticOps"]
+
+# move_export's reply buffers and move_import's request buffers, in order
+ROW_BUFS = ("key", "embedding", "state", "show", "click", "unseen_days", "delta_score", "touched")
+PENDING_BUFS = ("key", "show", "click", "unseen_days", "touched")
+
+
+class ElasticOps:
+    """``_op_get_placement`` ... ``_op_move_drop`` of :class:`~sparseps.server.handlers.ServerState`."""
+
+    if TYPE_CHECKING:  # what ServerState, the class this is mixed into, provides
+        rank: int
+        replicas: int
+        _sparse: dict
+
+        def _sparse_entry(self, request: Request): ...
+
+    def _init_elastic(self) -> None:
+        self._placement: Placement | None = None
+        self._elastic_lock = threading.Lock()
+        self._frozen: np.ndarray | None = None  # bool [V]: refused while handed over
+        self._moving: np.ndarray | None = None  # bool [V]: dirty keys are remembered
+        self._dirty: dict[str, list[np.ndarray]] = {}
+
+    # -- the check every keyed op makes ----------------------------------------------
+    def _check_placed(self, request: Request, keys: np.ndarray) -> None:
+        placement = self._placement
+        assert placement is not None  # called only with one installed
+        if not len(keys):
+            return
+        vs = vshards_of(keys, placement.vshards)
+        refused = placement.owners[vs] != self.rank
+        frozen = self._frozen
+        if frozen is not None:
+            refused |= frozen[vs]
+        if refused.any():
+            first = int(np.argmax(refused))
+            raise PlacementError(
+                f"server {self.rank}: {int(refused.sum())} of {len(keys)} keys of {request.op} "
+                f"{request.table!r} are in virtual shards it does not own at placement version "
+                f"{placement.version} (first key {int(keys[first])}, virtual shard {int(vs[first])}"
+                f"{', being handed over' if frozen is not None and frozen[vs[first]] else ''}); "
+                "refresh the placement and resend"
+            )
+        moving = self._moving
+        if moving is not None and request.op in UPDATE_OPS:
+            mask = moving[vs]
+            if mask.any():
+                with self._elastic_lock:
+                    self._dirty.setdefault(request.table, []).append(keys[mask].copy())
+
+    # -- placement --------------------------------------------------------------------
+    def _op_get_placement(self, request: Request):
+        tables = {name: entry.table.config.to_dict() for name, entry in list(self._sparse.items())}
+        placement = self._placement
+        if placement is None:
+            return {"version": 0, "tables": tables}, []
+        args, owners = placement.to_wire()
+        return {**args, "tables": tables}, [owners]
+
+    def _op_set_placement(self, request: Request):
+        if self.replicas:
+            raise InputError(f"server {self.rank}: placements (elastic jobs) do not support replicas yet")
+        new = Placement.from_wire(request.args, request.bufs["owners"])
+        with self._elastic_lock:
+            current = self._placement
+            if current is not None:
+                if new.vshards != current.vshards:
+                    raise InputError(
+                        f"server {self.rank}: placement version {new.version} has {new.vshards} "
+                        f"virtual shards, the job has {current.vshards} (fixed per job)"
+                    )
+                if new.version <= current.version:
+                    return {"version": current.version, "installed": False}, []
+            self._placement = new
+            self._frozen = self._moving = None
+            self._dirty = {}
+        return {"version": new.version, "installed": True}, []
+
+    def _vshard_mask(self, request: Request) -> np.ndarray:
+        placement = self._placement
+        if placement is None:
+            raise InputError(f"server {self.rank}: {request.op} needs a placement (set_placement first)")
+        vshards = request.bufs["vshards"]
+        if len(vshards) and (vshards.min() < 0 or vshards.max() >= placement.vshards):
+            raise InputError(
+                f"server {self.rank}: {request.op}: virtual shards must be in 0..{placement.vshards - 1}"
+            )
+        mask = np.zeros(placement.vshards, bool)
+        mask[vshards] = True
+        return mask
+
+    def _op_move_begin(self, request: Request):
+        mask = self._vshard_mask(request)
+        with self._elastic_lock:
+            self._moving = mask if self._moving is None else (self._moving | mask)
+        return None, []
+
+    def _op_move_freeze(self, request: Request):
+        mask = self._vshard_mask(request)
+        with self._elastic_lock:
+            self._frozen = mask if self._frozen is None else (self._frozen | mask)
+        for entry in list(self._sparse.values()):  # wait out pushes already past the check
+            with entry.lock.write():
+                pass
+        return None, []
+
+    # -- rows -------------------------------------------------------------------------
+    def _op_move_export(self, request: Request):
+        entry = self._sparse_entry(request)
+        mask = self._vshard_mask(request)
+        vshards = len(mask)
+        dirty = None
+        if request.args["dirty"]:
+            with self._elastic_lock:
+                parts = self._dirty.get(request.table, [])
+                dirty = np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+        with entry.lock.read():
+            rows = entry.table.export_rows()
+            pending = entry.table.export_pending()
+        out = []
+        counts = []
+        for columns, names in ((rows, ROW_BUFS), (pending, PENDING_BUFS)):
+            keys = columns["key"]
+            take = mask[vshards_of(keys, vshards)] if len(keys) else np.zeros(0, bool)
+            if dirty is not None:
+                take &= np.isin(keys, dirty)
+            counts.append(int(take.sum()))
+            out += [np.ascontiguousarray(columns[name][take]) for name in names]
+        return {"rows": counts[0], "pending": counts[1]}, out
+
+    def _op_move_import(self, request: Request):
+        entry = self._sparse_entry(request)
+        bufs = request.bufs
+        rows = {name: bufs[f"r_{name}"] for name in ROW_BUFS}
+        pending = {name: bufs[f"p_{name}"] for name in PENDING_BUFS}
+        with entry.lock.write():
+            if len(rows["key"]):
+                entry.table.import_rows(rows)
+            if len(pending["key"]):
+                entry.table.import_pending(pending)
+        return {"rows": len(rows["key"]), "pending": len(pending["key"])}, []
+
+    def _op_move_drop(self, request: Request):
+        entry = self._sparse_entry(request)
+        mask = self._vshard_mask(request)
+        placement = self._placement
+        assert placement is not None
+        owned = mask & (placement.owners == self.rank)
+        if owned.any():
+            raise InputError(
+                f"server {self.rank}: move_drop {request.table!r}: virtual shard "
+                f"{int(np.argmax(owned))} is still this server's at version {placement.version}"
+            )
+        with entry.lock.write():
+            keys = np.concatenate([entry.table.keys(), entry.table.export_pending()["key"]])
+            gone = keys[mask[vshards_of(keys, len(mask))]] if len(keys) else keys
+            dropped = entry.table.drop(np.ascontiguousarray(gone))
+        return {"rows": dropped}, []
