@@ -312,8 +312,8 @@ class PSClient(ClientRows):
                 out.append((shard, self._shard_request(shard, op, table, bufs, every=every)))
         return out
 
-    def request(self, rank: int, op: str, table: str | None = None, bufs=(),
-                args: dict | None = None) -> Handle:  # fmt: skip
+    def request(self, rank: int, op: str, table: str | None = None,
+                bufs: Sequence[np.ndarray] = (), args: dict | None = None) -> Handle:  # fmt: skip
         """One raw request to server ``rank`` (tools: the elastic driver);
         ``wait()`` -> ``(result, buffers)``."""
         call = self._channel.submit(rank, op, table, tuple(bufs), args)

@@ -111,7 +111,7 @@ OPS: dict[str, OpSchema] = {
     ),
     "move_begin": OpSchema(bufs=(_VSHARDS,)),
     "move_freeze": OpSchema(bufs=(_VSHARDS,)),
-    "move_export": OpSchema(table=True, bufs=(_VSHARDS,), args={"dirty": ((bool,), True)}),
+    "move_export": OpSchema(table=True, bufs=(_VSHARDS,), args={"dirty": ((int, bool), True)}),
     "move_import": OpSchema(
         table=True,
         bufs=(

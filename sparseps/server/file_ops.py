@@ -43,6 +43,9 @@ class FileOps:
             "rank": self.rank,
             "num_servers": self.num_servers,
         }
+        placement = getattr(self, "_placement", None)
+        if placement is not None:  # an elastic job: rows are where the placement put them
+            meta["placement_version"] = placement.version
         directory = request.args["directory"]
         records = []
 
@@ -119,7 +122,11 @@ class FileOps:
             return np.flatnonzero(placement.owner_of(keys) == self.rank) if len(keys) else None
         if self.num_servers == 1:
             return None
-        if meta.get("num_servers") == self.num_servers and isinstance(meta.get("rank"), int):
+        if (
+            meta.get("num_servers") == self.num_servers
+            and isinstance(meta.get("rank"), int)
+            and "placement_version" not in meta  # an elastic save: filtered key by key
+        ):
             return None if meta["rank"] == self.rank else np.empty(0, np.int64)
         if not len(keys):
             return None
