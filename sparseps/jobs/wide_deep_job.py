@@ -31,7 +31,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train", required=True, help="train file or folder (Criteo TSV)")
     p.add_argument("--test", required=True, help="test file or folder (Criteo TSV)")
     p.add_argument("--result", required=True, help="JSON result written by worker 0")
-    p.add_argument("--mode", default="async", choices=["sync", "async", "geo", "gpups"])
+    p.add_argument("--mode", default="async", choices=["sync", "async", "geo", "gpups", "hybrid"])
+    p.add_argument(
+        "--push-merge", default="off", choices=["off", "on", "auto"],
+        help="async/hybrid: merge sparse pushes over a window of steps (Strategy.push_merge)",
+    )  # fmt: skip
+    p.add_argument("--push-merge-window", type=int, default=8, help="Strategy.push_merge_window")
     p.add_argument(
         "--device", default="auto", help="gpups mode: cuda, cpu or auto (Strategy.device)"
     )
@@ -130,7 +135,13 @@ def main(argv=None) -> int:
         dense_optimizer=parse_rule(args.dense_rule)
         if args.dense_rule
         else sps.optim.Adam(lr=args.lr),
-        strategy=sps.Strategy(mode=args.mode, prefetch=not args.no_prefetch, device=args.device),
+        strategy=sps.Strategy(
+            mode=args.mode,
+            prefetch=not args.no_prefetch,
+            device=args.device,
+            push_merge=args.push_merge,
+            push_merge_window=args.push_merge_window,
+        ),  # fmt: skip
     )
     prior = None
     if args.bias_init == "prior":

@@ -35,6 +35,7 @@ from ..files.dense_file import load_dense_file, save_dense_file
 from ..table import DenseTable
 from .dense_params import DenseParams
 from .pipeline import PushQueue
+from .push_merge import policy_of
 from .sync_exchange import exchange_headers, gather_sparse_grads, step_header
 
 __all__ = [
@@ -161,8 +162,9 @@ class AsyncMode(TrainingMode):
             timeout = self.client.timeout
             setting = "Strategy.rpc_timeout (default: the client's timeout, SPARSEPS_RPC_TIMEOUT)"
         self.queue = PushQueue(
-            self.client, maxsize=self.strategy.push_queue_size, timeout=timeout, setting=setting
-        )
+            self.client, maxsize=self.strategy.push_queue_size, timeout=timeout, setting=setting,
+            merge=policy_of(self.strategy),
+        )  # fmt: skip
         self._dense_push = None
         self._dense_pull = None
         self._create_dense_on_servers()

@@ -6,6 +6,8 @@
 - :class:`PushQueue` sends pushes from a background thread, through a bounded queue;
   pushes of the same table waiting in the queue are merged into one request (the client
   merges duplicate keys), and :meth:`PushQueue.flush` waits until every push is applied.
+  With a :class:`~sparseps.worker.push_merge.MergePolicy` it also holds pushes over a
+  window of steps and sends them merged (:mod:`.push_merge`).
 
 Both re-raise a background failure in the calling thread at the next call, so an error
 is never lost in a thread.
@@ -23,12 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DeadlineError
+from .push_merge import MergePolicy, PushMerger
 
 __all__ = ["PushQueue", "PushStats", "Prefetcher"]
 
 log = logging.getLogger(__name__)
 
 _END = object()
+_FLUSH = object()  # merging queue: send what is held now
 
 
 class _Failure:
@@ -114,6 +118,8 @@ class PushStats:
     merged_requests: int
     pending: int
     push_seconds: float
+    held_rows: int = 0  # merging: rows put, and rows sent after merging them
+    sent_rows: int = 0
 
 
 class PushQueue:
@@ -127,6 +133,8 @@ class PushQueue:
             or the client's timeout: a queue that stops draining means a server stopped
             answering pushes).
         setting: the name of the setting that changes ``timeout``, for its error message.
+        merge: hold pushes over a window of steps and send them merged (None: send
+            what is queued as soon as the previous send is done).
     """
 
     def __init__(
@@ -136,6 +144,7 @@ class PushQueue:
         maxsize: int = 8,
         timeout: float = 60.0,
         setting: str = "PushQueue(timeout=...)",
+        merge: MergePolicy | None = None,
     ) -> None:
         self._client = client
         self._queue: queue.Queue = queue.Queue(maxsize=maxsize)
@@ -146,12 +155,16 @@ class PushQueue:
         self._merged = 0
         self._seconds = 0.0
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="sparseps-push", daemon=True)
+        self._merger = None if merge is None else PushMerger(merge)
+        run = self._run if merge is None else self._run_merging
+        self._thread = threading.Thread(target=run, name="sparseps-push", daemon=True)
         self._thread.start()
 
     def put_sparse(
         self, table: str, keys, grads, shows=None, clicks=None, *, delta: bool = False
     ) -> None:
+        if self._merger is not None:
+            self._merger.note_step(table)
         self._put((table, delta, keys, grads, shows, clicks))
 
     def _put(self, item) -> None:
@@ -200,6 +213,37 @@ class PushQueue:
             if len(done) != len(items):
                 return
 
+    def _run_merging(self) -> None:
+        merger, held = self._merger, 0  # held: queue items not yet task_done
+        while True:
+            wait = merger.time_left()
+            try:
+                item = self._queue.get(timeout=wait) if wait != 0.0 else self._queue.get_nowait()
+            except queue.Empty:  # the deadline of what is held passed
+                item = None
+            items = [] if item is None else self._drain(item)
+            held += len(items)
+            end = any(i is _END for i in items)
+            for i in items:
+                if i is not _END and i is not _FLUSH:
+                    merger.add(i)
+            if held and (end or merger.due() or any(i is _FLUSH for i in items)):
+                try:
+                    merged = merger.take()
+                    if self._error is None and merged:
+                        start = time.perf_counter()
+                        self._send(merged)
+                        merger.note_send(time.perf_counter() - start)
+                except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                    self._error = exc
+                    log.error("background push failed: %s", exc)
+                finally:
+                    for _ in range(held):
+                        self._queue.task_done()
+                    held = 0
+            if end:
+                return
+
     def _send(self, items: list) -> None:
         start = time.perf_counter()
         groups: dict[tuple, list] = {}
@@ -227,6 +271,8 @@ class PushQueue:
                 queue of slow pushes is fine as long as they keep completing).
             the background failure of an earlier push, if one failed.
         """
+        if self._merger is not None and self._queue.unfinished_tasks:
+            self._put(_FLUSH)  # what is held goes now, not at its deadline
         left = self._queue.unfinished_tasks
         deadline = time.monotonic() + self._timeout
         while left:
@@ -247,7 +293,12 @@ class PushQueue:
         self._raise_if_failed()
 
     def stats(self) -> PushStats:
-        return PushStats(self._pushed, self._merged, self._queue.qsize(), self._seconds)
+        merger = self._merger
+        return PushStats(
+            self._pushed, self._merged, self._queue.qsize(), self._seconds,
+            held_rows=0 if merger is None else merger.held_rows,
+            sent_rows=0 if merger is None else merger.sent_rows,
+        )  # fmt: skip
 
     def close(self) -> None:
         if self._closed:

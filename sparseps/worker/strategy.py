@@ -9,7 +9,9 @@ from ..errors import ConfigError
 from . import geo_mode as _geo  # noqa: F401 - registers mode "geo"
 from . import gpups as _gpups  # noqa: F401 - registers mode "gpups"
 from . import heter_mode as _heter  # noqa: F401 - registers mode "heter"
+from . import hybrid_mode as _hybrid  # noqa: F401 - registers mode "hybrid"
 from .modes import mode_names
+from .push_merge import MERGE_MODES
 
 __all__ = ["DEVICES", "MODES", "Strategy"]
 
@@ -19,6 +21,7 @@ MODES = (
     "geo",
     "gpups",
     "heter",
+    "hybrid",
 )  # the built-in modes; more with modes.register_mode
 DEVICES = ("cuda", "cpu", "auto")
 
@@ -39,6 +42,10 @@ class Strategy:
             ``"heter"``: async mode with the dense network on heter workers (a job
             launched with ``--heter-worker-num`` promotes ``"async"`` to it;
             docs/heterps.md).
+            ``"hybrid"``: PERSIA's split: dense gradients all-reduced among workers every
+            step and applied on each (identical dense parameters, as in sync mode; dense
+            optimizer state on the workers), sparse gradients pushed in the background
+            and rows pulled ahead, as in async mode (docs/training.md, "Hybrid").
         k_steps: geo mode: local steps between two delta pushes.
         dense_pull_interval: async mode: pull fresh dense parameters every this many steps
             (the pull overlaps the next batch's preparation; stale dense parameters hurt
@@ -67,6 +74,15 @@ class Strategy:
             None: no limit.
         heter_window: heter mode: steps a trainer has in flight to its heter worker
             (it prepares and pools the next batches while the heter worker computes).
+        push_merge: async and hybrid modes: ``"on"`` holds the sparse pushes of
+            ``push_merge_window`` steps (or until 50 ms passed) and sends them as one,
+            each key's gradients, shows and clicks summed; ``"auto"`` sizes the window
+            from the measured push latency and step interval (1 step when the servers
+            keep up); ``"off"`` sends each step's pushes as soon as the previous send is
+            done. Merging applies one optimizer update with the summed gradient where
+            there were several (docs/training.md, "Push merging", has its measured
+            throughput and AUC).
+        push_merge_window: steps ``push_merge="on"`` holds (``"auto"``: at most).
     """
 
     mode: str = "async"
@@ -80,6 +96,8 @@ class Strategy:
     device: str = "auto"
     gpups_memory_bytes: int | None = None
     heter_window: int = 2
+    push_merge: str = "off"
+    push_merge_window: int = 8
 
     def __post_init__(self) -> None:
         if self.mode not in mode_names():
@@ -105,3 +123,8 @@ class Strategy:
             raise ConfigError(f"Strategy.device: expected one of {DEVICES}, got {self.device!r}")
         if self.gpups_memory_bytes is not None:
             check_int("Strategy", "gpups_memory_bytes", self.gpups_memory_bytes, ge=1)
+        if self.push_merge not in MERGE_MODES:
+            raise ConfigError(
+                f"Strategy.push_merge: expected one of {MERGE_MODES}, got {self.push_merge!r}"
+            )
+        check_int("Strategy", "push_merge_window", self.push_merge_window, ge=1)

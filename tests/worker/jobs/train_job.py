@@ -21,6 +21,9 @@ p.add_argument("--mode", default="sync")
 p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--passes", type=int, default=1)
 p.add_argument("--k-steps", type=int, default=5)
+p.add_argument("--push-merge", default="off")
+p.add_argument("--push-merge-window", type=int, default=8)
+p.add_argument("--dense-out", default="", help="every worker: its dense vector, DIR/RANK.npy")
 p.add_argument("--load", default="")
 p.add_argument("--save", default="")
 p.add_argument("--infer-check", action="store_true")
@@ -58,7 +61,13 @@ model = WideDeep(
     wide_rule=sps.optim.Adagrad(lr=0.05),
     lifecycle=sps.Lifecycle(shrink_score=args.shrink_score),
 )
-strategy = sps.Strategy(mode=args.mode, k_steps=args.k_steps, dense_pull_interval=1)
+strategy = sps.Strategy(
+    mode=args.mode,
+    k_steps=args.k_steps,
+    dense_pull_interval=1,
+    push_merge=args.push_merge,
+    push_merge_window=args.push_merge_window,
+)
 dump = (
     sps.metrics.DumpConfig(
         args.dump, fields=("sample_id", "label", "pred", "C1"), params=("head.wide_dense.weight",)
@@ -178,6 +187,11 @@ if args.infer_check:
         summary["change_detected"] = files_changed != files_after and any(
             not np.array_equal(v, columns_after[k]) for k, v in columns_changed.items()
         )
+if args.dense_out:
+    import pathlib
+
+    pathlib.Path(args.dense_out).mkdir(parents=True, exist_ok=True)
+    np.save(f"{args.dense_out}/{sps.worker_index()}.npy", DenseParams(model).values())
 if sps.worker_index() == 0:
     arrays = {f"table.{t}": v for t, v in before.items()}
     arrays["dense"] = DenseParams(model).values()
