@@ -67,7 +67,7 @@ class _Pusher(threading.Thread):
         grads = rng.standard_normal((BATCH, DIM)).astype(np.float32) * 0.01
         try:
             while not self.stop.is_set():
-                self.client.push("bench", rng.choice(self.universe, BATCH), grads)
+                self.client.push("bench", rng.choice(self.universe, BATCH), grads).wait()
                 self.done.append(time.monotonic())
         except BaseException as exc:
             self.error = exc
@@ -97,7 +97,7 @@ def run(quick: bool) -> list[BenchRecord]:
                 zeros = np.zeros((BATCH, DIM), np.float32)
                 for at in range(0, rows, BATCH):
                     chunk = universe[at : at + BATCH]
-                    client.push("bench", chunk, zeros[: len(chunk)])
+                    client.push("bench", chunk, zeros[: len(chunk)]).wait()
                 pusher = _Pusher(client, universe)
                 pusher.start()
                 time.sleep(2.0 if quick else 4.0)

@@ -12,8 +12,8 @@ Example::
 
     with ElasticClient(endpoints) as client:
         client.create_table(TableConfig(name="emb", dim=8))
-        rows = client.pull("emb", keys)
-        client.push("emb", keys, grads)
+        rows = client.pull("emb", keys).wait()
+        client.push("emb", keys, grads).wait()
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..rpc.batching import merge_by_group
 from ..rpc.client_checks import check_counts_or_none, check_finite_rows
 from .peers import Peers, is_placement_error
 
-__all__ = ["ElasticClient"]
+__all__ = ["ElasticClient", "RoutedHandle"]
 
 
 class ElasticClient:
@@ -78,45 +78,11 @@ class ElasticClient:
         for rank in self.placement.live_ranks():
             self.peers.client(self.placement.endpoints[rank]).create_table(config)
 
-    def _routed(self, what: str, keys: np.ndarray, send, receive) -> None:
-        """Send ``keys`` (unique) by owner; resend what a server refused, after a refresh."""
-        todo = np.arange(len(keys))
-        deadline = time.monotonic() + self.retry_for
-        pause = 0.002
-        while True:
-            placement = self.placement
-            owners = placement.owner_of(keys[todo])
-            order = np.argsort(owners, kind="stable")
-            ranks, starts = np.unique(owners[order], return_index=True)
-            bounds = [*starts[1:], len(order)]
-            sent = []
-            for rank, lo, hi in zip(ranks, starts, bounds, strict=True):
-                positions = todo[order[lo:hi]]
-                sent.append((positions, send(placement.endpoints[rank], positions)))
-            refused = []
-            for positions, handle in sent:
-                try:
-                    receive(positions, handle.wait())
-                except Exception as exc:
-                    if not is_placement_error(exc):
-                        raise
-                    refused.append(positions)
-            if not refused:
-                return
-            if time.monotonic() > deadline:
-                raise DeadlineError(
-                    f"{what}: servers kept refusing {sum(map(len, refused))} keys for "
-                    f"{self.retry_for:g} s (placement version {placement.version}); raise "
-                    "ElasticClient(retry_for=...) if a migration takes longer",
-                    op=what, seconds=self.retry_for, setting="ElasticClient(retry_for=...)",
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
-            self.refresh()
-            todo = np.concatenate(refused)
+    def _routed(self, what: str, keys: np.ndarray, send, receive, finish) -> RoutedHandle:
+        return RoutedHandle(self, what, keys, send, receive, finish)
 
-    def pull(self, table: str, keys: np.ndarray) -> np.ndarray:
-        """Rows of ``keys`` (duplicates allowed): float32 ``[len(keys), dim]``."""
+    def pull(self, table: str, keys: np.ndarray) -> RoutedHandle:
+        """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``."""
         keys = check_key_array(f"pull {table!r}", keys, contiguous=False)
         unique, inverse = np.unique(keys, return_inverse=True)
         out: list = [None]
@@ -129,21 +95,24 @@ class ElasticClient:
                 out[0] = np.empty((len(unique), rows.shape[1]), np.float32)
             out[0][positions] = rows
 
-        self._routed(f"pull {table!r}", unique, send, receive)
-        if out[0] is None:
-            out[0] = np.empty((0, 0), np.float32)
-        return out[0][inverse]
+        def finish():
+            if out[0] is None:
+                return np.empty((0, 0), np.float32)
+            return out[0][inverse]
+
+        return self._routed(f"pull {table!r}", unique, send, receive, finish)
 
     def push(self, table: str, keys: np.ndarray, grads: np.ndarray,
-             shows: np.ndarray | None = None, clicks: np.ndarray | None = None) -> None:  # fmt: skip
-        """Apply gradients with the table's rule (each key once, by its owner)."""
+             shows: np.ndarray | None = None, clicks: np.ndarray | None = None) -> RoutedHandle:  # fmt: skip
+        """Apply gradients with the table's rule (each key once, by its owner);
+        ``wait()`` -> None."""
         what = f"push {table!r}"
         keys = check_key_array(what, keys, contiguous=False)
         grads = check_finite_rows(grads, "grads", what, len(keys))
         shows = check_counts_or_none(shows, "shows", what, len(keys))
         clicks = check_counts_or_none(clicks, "clicks", what, len(keys))
         if not len(keys):
-            return
+            return self._routed(what, keys, None, None, lambda: None)
         unique, inverse = np.unique(keys, return_inverse=True)
         merged, m_shows, m_clicks = merge_by_group(inverse.astype(np.int64), len(unique),
                                                    grads, shows, clicks)  # fmt: skip
@@ -153,4 +122,67 @@ class ElasticClient:
                 table, unique[positions], merged[positions], m_shows[positions], m_clicks[positions]
             )
 
-        self._routed(what, unique, send, lambda positions, _: None)
+        return self._routed(what, unique, send, lambda positions, _: None, lambda: None)
+
+
+class RoutedHandle:
+    """The requests of one call, one per owner, sent at once; ``wait()`` resends what a
+    server refused for a placement reason (after a refresh) and returns the result."""
+
+    def __init__(self, client: ElasticClient, what: str, keys: np.ndarray, send, receive,
+                 finish) -> None:  # fmt: skip
+        self._client, self._what, self._keys = client, what, keys
+        self._send, self._receive, self._finish = send, receive, finish
+        self._sent = self._dispatch(np.arange(len(keys))) if len(keys) else []
+        self._done = False
+        self._value = None
+
+    def _dispatch(self, todo: np.ndarray) -> list:
+        placement = self._client.placement
+        owners = placement.owner_of(self._keys[todo])
+        order = np.argsort(owners, kind="stable")
+        ranks, starts = np.unique(owners[order], return_index=True)
+        bounds = [*starts[1:], len(order)]
+        sent = []
+        for rank, lo, hi in zip(ranks, starts, bounds, strict=True):
+            positions = todo[order[lo:hi]]
+            sent.append((positions, self._send(placement.endpoints[rank], positions)))
+        return sent
+
+    def wait(self, timeout: float | None = None):
+        """The result; resends refused parts for up to the client's ``retry_for`` seconds.
+
+        Raises:
+            DeadlineError: servers kept refusing keys for ``retry_for`` seconds.
+            RemoteError / DeadlineError: as :meth:`PSClient.pull` / ``push`` otherwise.
+        """
+        if self._done:
+            return self._value
+        client = self._client
+        deadline = time.monotonic() + client.retry_for
+        pause = 0.002
+        while self._sent:
+            refused = []
+            for positions, handle in self._sent:
+                try:
+                    self._receive(positions, handle.wait(timeout))
+                except Exception as exc:
+                    if not is_placement_error(exc):
+                        raise
+                    refused.append(positions)
+            self._sent = []
+            if not refused:
+                break
+            if time.monotonic() > deadline:
+                raise DeadlineError(
+                    f"{self._what}: servers kept refusing {sum(map(len, refused))} keys for "
+                    f"{client.retry_for:g} s (placement version {client.placement.version}); "
+                    "raise ElasticClient(retry_for=...) if a migration takes longer",
+                    op=self._what, seconds=client.retry_for, setting="ElasticClient(retry_for=...)",
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            client.refresh()
+            self._sent = self._dispatch(np.concatenate(refused))
+        self._value, self._done = self._finish(), True
+        return self._value

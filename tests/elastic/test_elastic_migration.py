@@ -9,13 +9,10 @@ import threading
 import time
 
 import numpy as np
-import pytest
-
 from sparseps.config import TableConfig
 from sparseps.core.placement import Placement
 from sparseps.elastic import ElasticClient, install_placement, scale
 from sparseps.elastic.peers import Peers
-from sparseps.errors import InputError, RemoteError, SparsePSError
 from sparseps.optim import Adagrad
 from sparseps.server.elastic_ops import ROW_BUFS
 from sparseps.table import SparseTable
@@ -65,7 +62,7 @@ class _Pusher(threading.Thread):
             step = 0
             while step < self.stop_at:
                 keys, grads, clicks = _batch(step)
-                self.client.push("emb", keys, grads, clicks=clicks)
+                self.client.push("emb", keys, grads, clicks=clicks).wait()
                 self.oracle.push(keys, grads, clicks=clicks)
                 self.done.append(time.monotonic())
                 step += 1
@@ -115,7 +112,7 @@ def test_grow_2_to_3_and_back_mid_training_rows_equal_the_oracle():
                 assert grown.vshards_moved == shrunk.vshards_moved == VSHARDS // 3
                 assert middle[2] > 0 and middle[0] > 0 and middle[1] > 0  # the new server took rows
                 assert client.placement.version == 3
-                np.testing.assert_array_equal(client.pull("emb", POOL), oracle.pull(POOL))
+                np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
             final = [_rows_of(peers, endpoints[r]) for r in range(3)]
             assert len(final[2]["key"]) == 0  # drained
             placement = peers.placement(endpoints[0])[0]
@@ -125,42 +122,5 @@ def test_grow_2_to_3_and_back_mid_training_rows_equal_the_oracle():
             want = _sorted(oracle.export_rows())
             for name in ROW_BUFS:
                 np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-        finally:
-            peers.close()
-
-
-def test_bad_elastic_messages_are_refused_and_the_server_lives_on():
-    with local_cluster(servers=2, timeout=30) as cluster:
-        endpoints = list(cluster.endpoints)
-        peers = Peers(timeout=30)
-        try:
-            with pytest.raises(InputError, match="hold no placement"):
-                ElasticClient(endpoints)
-            with pytest.raises(RemoteError, match="needs a placement"):
-                peers.call(endpoints[0], "move_begin", None, [np.arange(3)])
-            bad_owner = {"version": 1, "endpoints": endpoints}
-            with pytest.raises(RemoteError, match="not a rank"):
-                peers.call(endpoints[0], "set_placement", None, [np.array([0, 7])], bad_owner)
-            install_placement(peers, Placement.default(endpoints, 8))
-            with pytest.raises(RemoteError, match="0..7"):
-                peers.call(endpoints[0], "move_freeze", None, [np.array([8])])
-            with pytest.raises(RemoteError, match="virtual shards"):  # V is fixed per job
-                peers.call(endpoints[0], "set_placement", None, [np.zeros(16, np.int64)],
-                           {"version": 2, "endpoints": endpoints})  # fmt: skip
-            for endpoint in endpoints:
-                peers.client(endpoint).create_table(_config())
-            with pytest.raises(RemoteError, match="still this server's"):
-                peers.call(endpoints[0], "move_drop", "emb", [np.array([0])])
-            with pytest.raises(SparsePSError):  # wrong dtype: refused at the frame boundary
-                peers.call(endpoints[0], "move_begin", None, [np.array([0.5])])
-            with pytest.raises(SparsePSError):  # columns of different lengths
-                peers.call(endpoints[0], "move_import", "emb", [
-                    np.arange(2, dtype=np.uint64), np.zeros((3, DIM), np.float32),
-                ])  # fmt: skip
-            # a client of the old routing is refused by placement, not silently applied
-            with pytest.raises(RemoteError, match="PlacementError|placement version"):
-                peers.client(endpoints[1]).push("emb", POOL[:50], np.ones((50, DIM), np.float32)).wait()
-            for endpoint in endpoints:
-                assert peers.call(endpoint, "ping")[0]["pid"] > 0
         finally:
             peers.close()
