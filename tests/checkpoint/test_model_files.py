@@ -118,41 +118,64 @@ def _args(data: Path, *more: str) -> list[str]:
     ]
 
 
-def test_save_with_two_servers_load_with_three_is_bit_identical(data, tmp_path):
-    first, again = tmp_path / "ckpt2", tmp_path / "ckpt3"
-    launch(tmp_path / "a", *_args(data, "--mode", "async", "--save", str(first)), servers=2)
-    launch(
-        tmp_path / "b",
-        *_args(
-            data, "--mode", "async", "--passes", "0", "--load", str(first), "--save", str(again)
-        ),
-        servers=3,
-    )
+@pytest.fixture(scope="module")
+def save_jobs(data, tmp_path_factory):
+    """The jobs of the two tests below, started together as three chains of launches (the
+    checks of both tests are of saved values, none of timing; sync mode makes what the
+    resume test's jobs save independent of timing): each launch keeps about one of two
+    cores busy, and one after another they were ~50 s of this module. Returns
+    name -> future of the chain's checkpoint folders."""
+    root = tmp_path_factory.mktemp("saves")
+
+    def two_then_three():  # async: the dense model lives on the servers too
+        first, again = root / "ckpt2", root / "ckpt3"
+        launch(root / "a", *_args(data, "--mode", "async", "--save", str(first)), servers=2)
+        launch(
+            root / "b",
+            *_args(
+                data, "--mode", "async", "--passes", "0", "--load", str(first), "--save",
+                str(again),
+            ),
+            servers=3,
+        )  # fmt: skip
+        return first, again
+
+    def straight():
+        folder = root / "straight"
+        launch(root / "c", *_args(data, "--mode", "sync", "--passes", "4", "--save", str(folder)))
+        return folder
+
+    def half_then_resumed():
+        half, resumed = root / "half", root / "resumed"
+        launch(root / "d", *_args(data, "--mode", "sync", "--passes", "2", "--save", str(half)))
+        launch(
+            root / "e",
+            *_args(
+                data, "--mode", "sync", "--passes", "2", "--load", str(half), "--save",
+                str(resumed),
+            ),
+        )  # fmt: skip
+        return resumed
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        yield {
+            "two_then_three": pool.submit(two_then_three),
+            "straight": pool.submit(straight),
+            "resumed": pool.submit(half_then_resumed),
+        }
+
+
+def test_save_with_two_servers_load_with_three_is_bit_identical(save_jobs):
+    first, again = save_jobs["two_then_three"].result()
     saved, reloaded = read_checkpoint(first), read_checkpoint(again)
     assert saved["deep_emb.shard.key"].size > 1000
     assert_same(saved, reloaded)
     assert mf.read_manifest(again)["tables"]["deep_emb"]["servers"] == 3
 
 
-def test_resume_equals_uninterrupted_training(data, tmp_path):
-    straight, half, resumed = tmp_path / "straight", tmp_path / "half", tmp_path / "resumed"
-    # the two first jobs are independent: run side by side (sync mode: what each saves does
-    # not depend on timing; each job keeps about one of two cores busy)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = [
-            pool.submit(launch, tmp_path / "a",
-                        *_args(data, "--mode", "sync", "--passes", "4", "--save", str(straight))),
-            pool.submit(launch, tmp_path / "b",
-                        *_args(data, "--mode", "sync", "--passes", "2", "--save", str(half))),
-        ]  # fmt: skip
-        for job in jobs:
-            job.result()
-    launch(
-        tmp_path / "c",
-        *_args(
-            data, "--mode", "sync", "--passes", "2", "--load", str(half), "--save", str(resumed)
-        ),
-    )
+def test_resume_equals_uninterrupted_training(save_jobs):
+    # 4 passes straight, against 2 passes saved, loaded by a fresh job and trained 2 more
+    straight, resumed = save_jobs["straight"].result(), save_jobs["resumed"].result()
     assert_same(read_checkpoint(straight), read_checkpoint(resumed))
     assert mf.read_manifest(resumed)["state"]["passes"] == 4
 

@@ -4,10 +4,13 @@ chain (base + deltas) reproduces the trainer after every pass."""
 from __future__ import annotations
 
 import subprocess
+import time
 
 import numpy as np
 import pytest
 from _onlinetools import (
+    clean_env,
+    online_argv,
     run_online,
     write_config,
 )
@@ -30,7 +33,31 @@ def test_online_beats_frozen_on_drift_and_inference_matches(tmp_path):
     online = write_config(tmp_path / "online.yaml", data_root=data, model_dir=tmp_path / "online",
                           days=3, passes_per_day=2,
                           save={"keep_checkpoints": 10, "check_inference": True})  # fmt: skip
-    _ok(run_online(online))
+    # The frozen job (below) needs only the online job's checkpoint of the end of day 1:
+    # it starts once that checkpoint is complete and runs beside the rest of the online
+    # job (both are sync mode: their results do not depend on timing).
+    day1 = tmp_path / "online/checkpoints/000001-20240101-001"
+    frozen = write_config(tmp_path / "frozen.yaml", data_root=data, model_dir=tmp_path / "frozen",
+                          days=2, passes_per_day=2, start_day="20240102",
+                          schedule={"evaluate_only": True},
+                          model={"init_checkpoint": str(day1)})  # fmt: skip
+    out, err = tmp_path / "online.out", tmp_path / "online.err"  # files: no pipe to fill
+    with out.open("w") as stdout, err.open("w") as stderr:
+        job = subprocess.Popen(online_argv(online), env=clean_env(), cwd=tmp_path, text=True,
+                               stdout=stdout, stderr=stderr)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 150
+        # a checkpoint folder appears complete (written aside, then renamed into place)
+        while not (day1 / "MANIFEST.json").is_file() and job.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint of day 1 within 150 s"
+            time.sleep(0.2)
+        frozen_run = run_online(frozen) if (day1 / "MANIFEST.json").is_file() else None
+        job.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    _ok(subprocess.CompletedProcess(job.args, job.returncode, out.read_text(), err.read_text()))
     passes = Ledger.of(tmp_path / "online").passes()
     assert [(r["day"], r["pass"]) for r in passes] == [
         (d, p) for d in ("20240101", "20240102", "20240103") for p in (0, 1)
@@ -63,12 +90,8 @@ def test_online_beats_frozen_on_drift_and_inference_matches(tmp_path):
     ]  # fmt: skip
     assert [p.name for p in chain(model.inference)] == ["base-00005"]
 
-    day1 = tmp_path / "online/checkpoints/000001-20240101-001"
-    frozen = write_config(tmp_path / "frozen.yaml", data_root=data, model_dir=tmp_path / "frozen",
-                          days=2, passes_per_day=2, start_day="20240102",
-                          schedule={"evaluate_only": True},
-                          model={"init_checkpoint": str(day1)})  # fmt: skip
-    _ok(run_online(frozen))
+    assert frozen_run is not None, "the online job finished without a checkpoint of day 1"
+    _ok(frozen_run)
     frozen_passes = Ledger.of(tmp_path / "frozen").passes()
     assert len(frozen_passes) == 4 and not any(r["trained"] for r in frozen_passes)
     assert not (tmp_path / "frozen/checkpoints").exists()
