@@ -4,8 +4,9 @@ Consecutive batches of CTR data repeat many keys (the frequent values of every s
 the pushes of W steps summed per key are far fewer rows than W pushes. A
 :class:`PushMerger` holds the pushes a :class:`~sparseps.worker.pipeline.PushQueue`
 takes, per ``(table, delta)``, and says when to send them: once ``window`` steps are
-held, or ``deadline_s`` after the first one was (so a stalled worker does not sit on
-updates). Sending merges each group with :func:`merge_pushes`: the keys' gradients, shows
+held, or once the first held push waited twice as long as the window should take at the
+measured step interval (at least 50 ms), so a worker that stalls (a slow read, an
+evaluation) does not sit on its updates. Sending merges each group with :func:`merge_pushes`: the keys' gradients, shows
 and clicks summed, exactly what the client does with repeated keys of one push.
 
 The window: ``Strategy(push_merge="on")`` holds ``push_merge_window`` steps;
@@ -34,7 +35,7 @@ from ..rpc.batching import merge_by_group
 __all__ = ["MERGE_MODES", "MergePolicy", "PushMerger", "merge_pushes", "policy_of"]
 
 MERGE_MODES = ("off", "on", "auto")
-DEADLINE_S = 0.05  # the longest a held push waits for its window to fill
+MIN_DEADLINE_S = 0.05  # the shortest a held push may wait for its window to fill
 _EMA = 0.2  # weight of a new measurement in the running means
 
 
@@ -45,17 +46,20 @@ class MergePolicy:
     Args:
         window: steps held before a send (``auto``: the most it may grow to).
         auto: size the window from measured push latency and step interval.
-        deadline_s: seconds the first held push may wait before everything held is sent.
+        deadline_s: seconds the first held push may wait before everything held is sent;
+            None: twice the window's steps at the measured step interval, at least 50 ms.
     """
 
     window: int = 8
     auto: bool = True
-    deadline_s: float = DEADLINE_S
+    deadline_s: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ConfigError(f"MergePolicy.window: expected an integer >= 1, got {self.window!r}")
-        if not (isinstance(self.deadline_s, int | float) and 0 < self.deadline_s < math.inf):
+        if self.deadline_s is not None and not (
+            isinstance(self.deadline_s, int | float) and 0 < self.deadline_s < math.inf
+        ):
             raise ConfigError(
                 f"MergePolicy.deadline_s: expected seconds > 0, got {self.deadline_s!r}"
             )
@@ -162,11 +166,18 @@ class PushMerger:
         self._steps = max(self._steps, len(group))
         self.held_rows += len(item[2])
 
+    @property
+    def deadline_s(self) -> float:
+        """Seconds the first held push may wait, now."""
+        if self.policy.deadline_s is not None:
+            return self.policy.deadline_s
+        return max(MIN_DEADLINE_S, 2.0 * self.window * (self._interval or 0.0))
+
     def time_left(self) -> float | None:
         """Seconds until the held pushes are due by deadline (None: nothing held)."""
         if self._first is None:
             return None
-        return max(0.0, self._first + self.policy.deadline_s - self._clock())
+        return max(0.0, self._first + self.deadline_s - self._clock())
 
     def due(self) -> bool:
         """The window filled or the deadline passed."""

@@ -164,7 +164,9 @@ def test_auto_window_from_measured_latency_and_step_interval():
     for _ in range(50):
         merger.note_send(1.0)  # very slow servers: capped at the policy's window
     assert merger.window == 8
-    fixed = PushMerger(MergePolicy(window=5, auto=False), clock=clock)
+    # the deadline: twice the window's steps at the measured interval, at least 50 ms
+    assert merger.deadline_s == pytest.approx(2 * 8 * 0.010)
+    fixed = PushMerger(MergePolicy(window=5, auto=False, deadline_s=0.05), clock=clock)
     assert fixed.window == 5
     # the deadline counts from the first held push
     fixed.add(("t", False, np.ones(1, np.uint64), np.ones((1, 1), np.float32), None, None))
@@ -177,6 +179,7 @@ def test_auto_window_from_measured_latency_and_step_interval():
 def test_strategy_push_merge_knobs():
     assert policy_of(Strategy()) is None
     assert policy_of(Strategy(push_merge="auto", push_merge_window=4)) == MergePolicy(4, True)
+    assert PushMerger(MergePolicy(4, False)).deadline_s == 0.05  # no interval measured yet
     assert policy_of(Strategy(push_merge="on")) == MergePolicy(8, False)
     with pytest.raises(ConfigError, match="Strategy.push_merge"):
         Strategy(push_merge="yes")

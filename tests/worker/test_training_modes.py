@@ -312,3 +312,47 @@ def test_sync_mode_names_collective_timeout_when_a_worker_never_joins(tmp_path):
     assert "raise Strategy.collective_timeout" in got["message"]
     # the strategy's limit, not the process group's 1800 s: load can add a little
     assert 1.9 <= got["waited"] < 6.0, got
+
+
+# Hybrid mode and async mode with push merging on the same job: like async they are a
+# draw (which pushes a pull sees depends on timing), anchored on sync's deterministic AUC
+# by the issue's bound (not worse by 0.005) and by async's (not above by 0.01). Measured
+# on the 2-core machine (one launch per run): hybrid 0.7691, 0.7689, 0.7691 (sync +
+# 0.0011 .. + 0.0013); async with push_merge="on", window 4: 0.7677, 0.7669, 0.7659
+# (sync - 0.0001 .. - 0.0020; window 8: - 0.0023, - 0.0025: one Adagrad step with the
+# summed gradient of several steps, and later rows, cost a little AUC).
+MERGED_BELOW, MERGED_ABOVE = 0.005, CONVERGE_TOLERANCE["async"]
+
+
+def test_hybrid_mode_trains_like_sync_with_identical_dense_on_every_worker(
+    planted_data, sync_auc, tmp_path
+):
+    folder, _ = planted_data
+    got = launch(
+        tmp_path, "--train", str(folder / "train"), "--test", str(folder / "test"), "--keys",
+        str(folder / "keys.npy"), "--mode", "hybrid", "--batch-size", "64", "--dense-out",
+        str(tmp_path / "dense"), servers=1,
+    )["summary"]  # fmt: skip
+    auc = got["test_auc"]
+    print(f"hybrid: test AUC {auc:.4f}, sync {sync_auc:.4f}, timings {got['timings']}")
+    assert -MERGED_BELOW < auc - sync_auc < MERGED_ABOVE, (auc, sync_auc)
+    # the dense all-reduce kept both workers' dense parameters bit-identical (a worker
+    # whose data ran out first kept stepping with empty steps until the other's did)
+    first, second = (np.load(tmp_path / "dense" / f"{rank}.npy") for rank in range(2))
+    np.testing.assert_array_equal(first, second)
+    assert got["timings"]["push_s"] > 0  # the sparse gradients went through the push queue
+
+
+def test_async_mode_with_push_merging_trains_like_sync(planted_data, sync_auc, tmp_path):
+    folder, _ = planted_data
+    got = launch(
+        tmp_path, "--train", str(folder / "train"), "--test", str(folder / "test"), "--keys",
+        str(folder / "keys.npy"), "--mode", "async", "--batch-size", "64", "--push-merge", "on",
+        "--push-merge-window", "4", servers=1,
+    )["summary"]  # fmt: skip
+    auc, pushed = got["test_auc"], got["push_rows"]
+    print(f"async + push merging: test AUC {auc:.4f}, sync {sync_auc:.4f}, rows {pushed}")
+    assert -MERGED_BELOW < auc - sync_auc < MERGED_ABOVE, (auc, sync_auc)
+    # the pushes were merged: repeated keys of 4 steps went out as one row each
+    held, sent = pushed
+    assert 0 < sent < 0.8 * held, pushed

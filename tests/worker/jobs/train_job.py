@@ -93,6 +93,9 @@ for _ in range(args.passes):
 if args.save:
     trainer.save_checkpoint(args.save)
 summary = {"train_auc": results, "timings": timings}
+push_queue = getattr(trainer.state.mode, "queue", None)  # async and hybrid modes
+if push_queue is not None:
+    summary["push_rows"] = [push_queue.stats().held_rows, push_queue.stats().sent_rows]
 if args.save_stalled:
     import pathlib
     import time
