@@ -67,7 +67,8 @@ class ElasticClient:
 
     def refresh(self) -> Placement:
         """Take the newest placement any server of the current one holds."""
-        newest = self.peers.newest(self.placement.endpoints[r] for r in self.placement.live_ranks())
+        live = [self.placement.endpoints[r] for r in self.placement.live_ranks()]
+        newest = self.peers.newest(live, timeout=min(self.peers.timeout, 5.0))
         if newest is not None and newest.version > self.placement.version:
             self.placement = newest
         self.refreshes += 1

@@ -12,7 +12,7 @@ import threading
 import numpy as np
 
 from ..core.placement import Placement
-from ..errors import RemoteError
+from ..errors import RemoteError, SparsePSError
 from ..rpc.client import PSClient
 from ..rpc.handle import Handle  # noqa: TC001 - the return annotation
 
@@ -57,14 +57,26 @@ class Peers:
             return None, result["tables"]
         return Placement.from_wire(result, bufs[0]), result["tables"]
 
-    def newest(self, endpoints) -> Placement | None:
-        """The newest placement any of ``endpoints`` holds (asked in parallel)."""
+    def newest(self, endpoints, timeout: float | None = None) -> Placement | None:
+        """The newest placement any of ``endpoints`` holds (asked in parallel). A server
+        that does not answer (stopped after a drain) is skipped while another answers.
+
+        Raises:
+            SparsePSError: no server answered (the first server's error).
+        """
         handles = [self.submit(e, "get_placement") for e in endpoints]
-        best = None
+        best, answered, first_error = None, False, None
         for handle in handles:
-            result, bufs = handle.wait()
+            try:
+                result, bufs = handle.wait(timeout)
+            except SparsePSError as exc:
+                first_error = first_error or exc
+                continue
+            answered = True
             if result["version"] and (best is None or result["version"] > best.version):
                 best = Placement.from_wire(result, np.array(bufs[0]))
+        if not answered and first_error is not None:
+            raise first_error
         return best
 
     def close(self) -> None:
