@@ -35,15 +35,22 @@ import numpy as np
 from ..core.placement import Placement, PlacementError, vshards_of
 from ..errors import InputError
 from ..rpc.ops import UPDATE_OPS
+from ..table.columns import (
+    OPTIONAL_PENDING_COLUMNS,
+    OPTIONAL_ROW_COLUMNS,
+    PENDING_COLUMNS,
+    ROW_COLUMNS,
+)
 
 if TYPE_CHECKING:
     from ..rpc.protocol import Request
 
 __all__ = ["ROW_BUFS", "PENDING_BUFS", "ElasticOps"]
 
-# move_export's reply buffers and move_import's request buffers, in order
-ROW_BUFS = ("key", "embedding", "state", "show", "click", "unseen_days", "delta_score", "touched")
-PENDING_BUFS = ("key", "show", "click", "unseen_days", "touched")
+# move_export's reply buffers and move_import's request buffers (r_/p_ prefixed), in order:
+# the table's export columns (their dtypes are listed in rpc/ops.py)
+ROW_BUFS = (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)
+PENDING_BUFS = (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)
 
 
 class ElasticOps:

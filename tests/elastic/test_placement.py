@@ -52,3 +52,11 @@ def test_rebalance_and_placement_refuse_bad_input():
     with pytest.raises(InputError, match="virtual shards"):
         start.moves(Placement.default(["h:0", "h:1"], 16))
     assert not start.owners.flags.writeable
+
+
+def test_move_import_schema_lists_the_tables_export_columns():
+    from sparseps.rpc.ops import OPS
+    from sparseps.server.elastic_ops import PENDING_BUFS, ROW_BUFS
+
+    names = [b.name for b in OPS["move_import"].bufs]
+    assert names == [f"r_{n}" for n in ROW_BUFS] + [f"p_{n}" for n in PENDING_BUFS]
