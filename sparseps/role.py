@@ -250,6 +250,16 @@ def server_endpoints() -> list[str]:
     return list(_current().env.servers)
 
 
+def worker_store():
+    """The workers' rendezvous store (a ``torch.distributed.Store``) when this process is
+    one worker of several; None otherwise (before :func:`init`, local mode, a server).
+    Work-stealing datasets claim files on it (:mod:`sparseps.data.steal`)."""
+    session = _session
+    if session is None or session.store is None or session.env.worker_num < 2:
+        return None
+    return session.store
+
+
 def run_server() -> None:
     """Serve this process's shard until the job stops it (a stop request or SIGTERM).
 

@@ -6,6 +6,10 @@ and parse them chunk by chunk; parsed chunks go through one bounded queue
 ``batch_size`` without copying (slices of the chunk; only a batch that spans two chunks
 is copied). With ``threads=1`` the order of samples is the order of the files and
 lines; with more threads chunks of different files interleave.
+
+Which files: ``split="static"`` (default) reads ``files[rank::world]``; ``split="steal"``
+takes files one at a time from a queue shared by the job (:mod:`sparseps.data.steal`,
+which also describes ``journal=``, the record that lets a resumed pass skip finished files).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import os
 import queue
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +28,17 @@ from ..errors import ConfigError
 from .schema import Batch, Schema
 from .sources import Format, expand_files, guess_format, parse_format, read_file, shard
 from .stats import MAX_BAD_RATIO, DatasetStats, PassCounter
+from .steal import (
+    Journal,
+    Split,
+    TrainedTracker,
+    WorkQueue,
+    agree_on_resume,
+    dataset_key,
+    job_store,
+    list_digest,
+    parse_split,
+)
 
 __all__ = ["DatasetOptions", "rebatch"]
 
@@ -49,6 +65,8 @@ class DatasetOptions:
     queue_size: int
     pipe_timeout: float
     max_bad_ratio: float = MAX_BAD_RATIO
+    split: Split = Split.STATIC
+    journal: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.schema, Schema):
@@ -75,7 +93,8 @@ class DatasetOptions:
         batch_size: int, threads: int, pipe_command: str | None, *,
         format: str | Format | None, rank: int | None, world: int | None, drop_last: bool,
         strict: bool, queue_size: int, pipe_timeout: float,
-        max_bad_ratio: float = MAX_BAD_RATIO,
+        max_bad_ratio: float = MAX_BAD_RATIO, split: str | Split = Split.STATIC,
+        journal: str | os.PathLike | None = None,
     ) -> DatasetOptions:  # fmt: skip
         """Expand the inputs and resolve rank/world (from the environment when None)."""
         if (rank is None) != (world is None):
@@ -110,6 +129,7 @@ class DatasetOptions:
             format=parse_format(format, pipe_command), rank=rank, world=world,
             drop_last=bool(drop_last), strict=bool(strict), queue_size=queue_size,
             pipe_timeout=float(pipe_timeout), max_bad_ratio=max_bad_ratio,
+            split=parse_split(split), journal=None if journal is None else os.fspath(journal),
         )  # fmt: skip
 
     def my_files(self) -> list[tuple[int, str]]:
@@ -118,6 +138,13 @@ class DatasetOptions:
 
 class _Done:
     pass
+
+
+class _Last:
+    """A file's last chunk (split="steal": taking it frees a claim permit)."""
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
 
 
 class _Failed:
@@ -129,19 +156,42 @@ class DatasetBase:
     """Options, stats and the reader threads (the public classes add iteration; their
     constructor is this one, documented on :class:`~sparseps.data.QueueDataset`)."""
 
+    _journals = True  # whether journal= is accepted (a file read is a file trained)
+
     def __init__(self, files: str | os.PathLike | Sequence[str | os.PathLike], schema: Schema,
                  batch_size: int, threads: int = 1, pipe_command: str | None = None, *,
                  format: str | Format | None = None, rank: int | None = None,
                  world: int | None = None, drop_last: bool = False, strict: bool = False,
                  queue_size: int = 16, pipe_timeout: float = 300.0,
-                 max_bad_ratio: float = MAX_BAD_RATIO) -> None:  # fmt: skip
+                 max_bad_ratio: float = MAX_BAD_RATIO, split: str = "static",
+                 journal: str | os.PathLike | None = None, store=None) -> None:  # fmt: skip
         self.options = DatasetOptions.build(
             files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
             world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
-            pipe_timeout=pipe_timeout, max_bad_ratio=max_bad_ratio,
+            pipe_timeout=pipe_timeout, max_bad_ratio=max_bad_ratio, split=split,
+            journal=journal,
         )  # fmt: skip
         self._passes: list[PassCounter] = []
-        if not self.options.my_files():
+        opts = self.options
+        if opts.journal is not None and not self._journals:
+            raise ConfigError(
+                f"journal: {type(self).__name__} trains from memory after loading, so a file "
+                f"read is not a file trained; use QueueDataset(..., journal=...)"
+            )
+        stealing = opts.split is Split.STEAL
+        self._key = dataset_key(opts.files, opts.rank) if stealing or opts.journal else ""
+        self._journal = (
+            None
+            if opts.journal is None
+            else Journal(opts.journal, opts.rank, list_digest(opts.files))
+        )
+        self._store = store
+        self._next_pass: int | None = None  # agreed on at the first pass (journal resume)
+        self._skip: frozenset[int] = frozenset()  # finished files of the pass to resume
+        self._read_files: list[int] = []  # file numbers this worker read in its latest pass
+        self._tracker: TrainedTracker | None = None  # the latest pass's (with a journal)
+        self._reported = False  # the next pass's trained rows come from trained_callback()
+        if not stealing and not self.options.my_files():
             log.warning(
                 "%s: worker %d of %d has no file to read (%d files in all)",
                 type(self).__name__, self.options.rank, self.options.world, len(self.options.files),
@@ -157,7 +207,10 @@ class DatasetBase:
 
     @property
     def files(self) -> list[str]:
-        """The files this worker reads (its share of the job's sorted file list)."""
+        """The files this worker reads (its share of the job's sorted file list); with
+        ``split="steal"``, the files it took in its latest pass (so far)."""
+        if self.options.split is Split.STEAL:
+            return [self.options.files[no] for no in sorted(self._read_files)]
         return [path for _, path in self.options.my_files()]
 
     def stats(self) -> DatasetStats:
@@ -165,9 +218,83 @@ class DatasetBase:
         return DatasetStats(
             rows=sum(p.rows for p in passes),
             bad_lines=sum(p.bad_lines for p in passes),
-            files=len(self.options.my_files()),
+            files=len(self.files),
             passes=passes,
         )
+
+    def trained_callback(self):
+        """For a trainer: the next pass's files count as finished (``journal=``) only
+        once it reports their rows trained, by calling the returned function with each
+        trained batch (instead of when the consumer asks for the following batch)."""
+        self._reported = True
+        return self._batch_trained
+
+    def _batch_trained(self, batch: Batch) -> None:
+        tracker = self._tracker
+        if tracker is not None:
+            tracker.trained(batch.ids)
+
+    def _shared_store(self):
+        return self._store if self._store is not None else job_store()
+
+    def _pass_source(self):
+        """This pass's number and a ``claim() -> (file_no, path) | None`` for its files."""
+        opts = self.options
+        if self._next_pass is None:
+            mine = self._journal.latest() if self._journal is not None else (-1, [])
+            store = self._shared_store() if opts.journal else None
+            self._next_pass, self._skip = agree_on_resume(
+                store, self._key, opts.rank, opts.world, mine, len(opts.files)
+            )
+            if self._skip:
+                log.info("%s: resuming pass %d, %d of %d files already finished",
+                         type(self).__name__, self._next_pass, len(self._skip), len(opts.files))  # fmt: skip
+        pass_no, skip = self._next_pass, self._skip
+        self._next_pass, self._skip = pass_no + 1, frozenset()
+        store = self._shared_store() if opts.split is Split.STEAL else None
+        if store is not None:
+            tickets = WorkQueue(
+                store, f"sparseps/steal/{self._key}/{pass_no}", len(opts.files), skip
+            )
+
+            def claim():
+                no = tickets.claim()
+                return None if no is None else (no, opts.files[no])
+
+            return pass_no, claim
+        if opts.split is Split.STEAL and opts.world > 1:
+            log.warning("%s: split='steal' without a process group of workers: reading "
+                        "files[rank::world] instead", type(self).__name__)  # fmt: skip
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for item in opts.my_files():
+            if item[0] not in skip:
+                todo.put(item)
+
+        def claim_static():
+            try:
+                return todo.get_nowait()
+            except queue.Empty:
+                return None
+
+        return pass_no, claim_static
+
+    def _tracked(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """``batches``, reporting trained rows to the pass's tracker (with a journal)."""
+        if self._journal is None:
+            yield from batches
+            return
+        reported, self._reported = self._reported, False
+        yielded: Counter[int] = Counter()
+        for batch in batches:
+            by_file = TrainedTracker.rows_by_file(batch.ids)
+            yielded.update(by_file)
+            yield batch
+            if not reported:  # the consumer came back for more: this batch is done
+                self._tracker.add_trained(by_file)
+        tracker = self._tracker
+        if tracker is not None:  # rows a drop_last left out count as done
+            dropped = {no: rows - yielded[no] for no, rows in tracker.read_rows().items()}
+            tracker.add_trained({no: n for no, n in dropped.items() if n > 0})
 
     def _read_chunks(self) -> Iterator[Batch]:
         """One pass over this worker's files: parsed chunks from the reader threads."""
@@ -179,9 +306,12 @@ class DatasetBase:
             guess=(lambda data: guess_format(data, opts.schema, opts.format)) if text else None,
         )  # fmt: skip
         self._passes.append(counter)
-        todo: queue.SimpleQueue = queue.SimpleQueue()
-        for item in opts.my_files():
-            todo.put(item)
+        pass_no, claim = self._pass_source()
+        self._read_files = read_files = []
+        journal = self._journal
+        tracker = self._tracker = (
+            None if journal is None else TrainedTracker(lambda no: journal.finished(pass_no, no))
+        )
         out: queue.Queue = queue.Queue(maxsize=opts.queue_size)
         stop = threading.Event()
 
@@ -194,20 +324,52 @@ class DatasetBase:
                     continue
             return False
 
+        # split="steal": a reader claims a file only when a permit is free; the consumer
+        # hands one back when it comes back for rows after a file's last chunk (every
+        # batch of the file but a short tail handed out), so a worker holds at most
+        # `threads` files not yet handed out, and a slow consumer claims less. With
+        # threads=1 the parse of a file's first chunk is then not overlapped with training
+        # (a prefetching trainer still overlaps it); threads=2 overlaps it and claims one
+        # file ahead.
+        ahead = threading.Semaphore(opts.threads) if opts.split is Split.STEAL else None
+
+        def permit() -> bool:
+            while not stop.is_set():
+                if ahead is None or ahead.acquire(timeout=_POLL_S):
+                    return True
+            return False
+
         def reader() -> None:
             try:
-                while not stop.is_set():
-                    try:
-                        file_no, path = todo.get_nowait()
-                    except queue.Empty:
+                while permit():
+                    claimed = claim()
+                    if claimed is None:
                         break
+                    file_no, path = claimed
+                    read_files.append(file_no)
+                    rows, held = 0, None  # held: the latest chunk, put once the next exists
                     for parsed in read_file(path, file_no, opts.schema, opts.format,
                                             pipe_command=opts.pipe_command,
                                             pipe_timeout=opts.pipe_timeout):  # fmt: skip
                         counter.add(path, parsed)
-                        if len(parsed.batch) and not put(parsed.batch):
-                            return
+                        rows += len(parsed.batch)
+                        if not len(parsed.batch):
+                            continue
+                        if ahead is None:
+                            if not put(parsed.batch):
+                                return
+                        else:
+                            if held is not None and not put(held):
+                                return
+                            held = parsed.batch
                     counter.file_done()
+                    if tracker is not None:
+                        tracker.read_done(file_no, rows)
+                    if ahead is not None:
+                        if held is None:
+                            ahead.release()
+                        elif not put(_Last(held)):
+                            return
             except BaseException as exc:  # handed to the consumer, which re-raises it
                 put(_Failed(exc))
             finally:
@@ -215,7 +377,11 @@ class DatasetBase:
 
         threads = [
             threading.Thread(target=reader, name=f"sparseps-reader-{i}", daemon=True)
-            for i in range(min(opts.threads, max(len(opts.my_files()), 1)))
+            for i in range(
+                opts.threads
+                if opts.split is Split.STEAL
+                else min(opts.threads, max(len(opts.my_files()), 1))
+            )
         ]
         for t in threads:
             t.start()
@@ -232,6 +398,9 @@ class DatasetBase:
                     done += 1
                 elif isinstance(item, _Failed):
                     raise item.exc
+                elif isinstance(item, _Last):
+                    yield item.batch
+                    ahead.release()  # type: ignore[union-attr]  # only with split="steal"
                 else:
                     yield item
             counter.finish()

@@ -1,5 +1,8 @@
 """InMemoryDataset: load this worker's share once, shuffle it, iterate it many times.
 
+With ``split="steal"`` the workers take files from a shared queue while loading, so a
+worker that reads slowly loads fewer files (its share of the samples is then smaller).
+
 Storage is columnar: one :class:`~sparseps.data.schema.Batch` holding every sample
 (labels, extra labels, the dense matrix, per-slot values + offsets, ids), never one
 Python object per sample; every shuffle moves each sample's columns together. Iterating yields slices of it (views, no copies).
@@ -37,6 +40,7 @@ class InMemoryDataset(DatasetBase):
         ds.release_memory()
     """
 
+    _journals = False
     # filled in by load_into_memory / preload_into_memory (None until then)
     _data: Batch | None = None
     _preload: threading.Thread | None = None

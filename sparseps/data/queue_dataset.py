@@ -40,6 +40,14 @@ class QueueDataset(DatasetBase):
         queue_size: parsed chunks (about 8 MB of text each) buffered between the
             readers and the consumer.
         pipe_timeout: seconds a pipe command may stay silent before it is killed.
+        split: ``"static"`` (default): worker ``rank`` reads ``files[rank::world]``;
+            ``"steal"``: its reader threads take the next file from a queue shared by the
+            job, so a slow worker reads fewer files (see :mod:`sparseps.data.steal`).
+        journal: a folder where each worker records the files it finished (every row
+            trained), so that a pass run again after a crash skips them (see
+            :mod:`sparseps.data.steal` for the exact guarantee); None: no record.
+        store: the ``torch.distributed.Store`` that ``split="steal"`` claims files on
+            and ``journal`` agrees on; default the job's rendezvous store.
         max_bad_ratio: the share of a pass's lines (on this worker) that may be bad and
             skipped, default 0.01; above it, or when every line is bad, the pass raises
             :class:`~sparseps.errors.InputError` (see :mod:`sparseps.data.stats`).
@@ -51,7 +59,9 @@ class QueueDataset(DatasetBase):
     """
 
     def __iter__(self) -> Iterator[Batch]:
-        return rebatch(self._read_chunks(), self.options.batch_size, self.options.drop_last)
+        return self._tracked(
+            rebatch(self._read_chunks(), self.options.batch_size, self.options.drop_last)
+        )
 
     def __repr__(self) -> str:
         o = self.options

@@ -308,6 +308,9 @@ class Trainer:
         extra, stats = self._task_metrics(), UserStats()
         start = time.perf_counter()
         mode.begin_pass(dataset, self._binder.lookups, self.passes)
+        # a dataset that journals finished files (sparseps.data.steal) hears of trained rows
+        trained = getattr(dataset, "trained_callback", None)
+        trained = None if trained is None else trained()
         prefetcher = self._iterate(
             dataset, pulls_ahead=mode.prefetch_pulls and self.strategy.prefetch
         )
@@ -325,6 +328,8 @@ class Trainer:
                 split.step(0 if out is None else out.predictions.shape[0])
                 if out is None:
                     continue
+                if trained is not None:
+                    trained(item[0])
                 preds, labels = out.predictions[:, 0], out.labels[:, 0]
                 batches += 1
                 samples += preds.size

@@ -1,0 +1,250 @@
+"""Work stealing for file-based data: workers take files from a shared queue.
+
+With ``split="static"`` (the default) worker ``rank`` of ``world`` reads
+``files[rank::world]``, so a worker that is 3x slower than the others sets the pace of the
+pass. With ``split="steal"`` every worker's reader threads take the next file of the pass
+from one queue shared by the job, so a slow worker simply takes fewer files.
+
+Why a ticket counter on the rendezvous store: the workers already share one store
+(worker 0 hosts it at ``SPARSEPS_MASTER``; gloo and the barriers run on it), and its
+``add(key, 1)`` is atomic. Every worker sorts the same file list; ticket ``t`` (the value
+``add`` returned, minus one) is file ``t`` of that list, so each file goes to exactly one
+worker, with one small round trip per *file* (never per batch or row) and no new service.
+The key is namespaced by dataset and pass (``sparseps/steal/<dataset>/<pass>/next``), so
+two datasets, or two passes of one, never share a counter; ``<dataset>`` is a digest of
+the sorted file list plus how many stealing datasets over the same list this worker made
+before (workers build their datasets in the same order, as they already must for every
+collective).
+
+Granularity is one file: split a big file into several to balance finer.
+
+Exactly-once and resume (``journal=DIR``): an item (file) is *finished* once every row
+read from it has been trained: reported by the :class:`~sparseps.worker.Trainer` after
+the step that applied its gradients (pushes handed to the push queue, which sends them
+asynchronously and flushes them at the end of the pass), or, when a plain loop iterates
+the dataset, once the consumer asked for the batch after the one holding the file's last
+rows. Each worker appends ``{"key", "pass", "item"}`` lines for its finished files to
+``DIR/worker-<rank>.jsonl`` (keyed by the file list's digest; fsync per line, before the file counts as finished). A job
+started again with the same ``journal`` agrees, through the store, on the latest pass any
+worker journaled: if the union of the files finished in it covers every file, the next
+iteration is the pass after it; otherwise it is that pass again, and the files already
+finished are skipped (no ticket gives them out). Guarantee: a finished file is never read
+again in its pass; a file claimed but not finished at a crash is read again, from its
+start, on resume (its rows trained before the crash are trained twice: at-least-once
+inside one file, exactly-once for finished files). Passes are job-wide sequential: a
+worker starts pass p+1 only after every worker has finished pass p (the Trainer's end of
+pass reduces metrics over every worker, which is such a barrier).
+
+Without a store (no process group: local mode, or ``rank``/``world`` given by hand) a
+stealing dataset reads what a static one would: everything with ``world=1``,
+``files[rank::world]`` otherwise (with a warning), never a file twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections import Counter
+from enum import StrEnum
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from .schema import ID_FILE_SHIFT
+
+__all__ = [
+    "Journal",
+    "Split",
+    "TrainedTracker",
+    "WorkQueue",
+    "dataset_key",
+    "job_store",
+    "list_digest",
+]
+
+log = logging.getLogger(__name__)
+
+_made: Counter[tuple[str, int]] = Counter()  # stealing datasets made here, by (digest, rank)
+_made_lock = threading.Lock()
+
+
+class Split(StrEnum):
+    """How a dataset's files are shared among workers."""
+
+    STATIC = "static"  # files[rank::world]
+    STEAL = "steal"  # the next file from a queue shared by the job
+
+
+def parse_split(value: str | Split) -> Split:
+    try:
+        return Split(value)
+    except ValueError:
+        raise ConfigError(
+            f"split={value!r} is not one of {', '.join(s.value for s in Split)}"
+        ) from None
+
+
+def list_digest(files: tuple[str, ...]) -> str:
+    """A short digest of a sorted file list (names a dataset's journal entries)."""
+    return hashlib.sha1("\n".join(files).encode()).hexdigest()[:12]
+
+
+def dataset_key(files: tuple[str, ...], rank: int) -> str:
+    """A name for a stealing dataset, equal on every worker that builds the same ones in
+    the same order (see the module docstring). Counted per rank, so that tests may play
+    several workers in one process."""
+    digest = list_digest(files)
+    with _made_lock:
+        number = _made[digest, rank]
+        _made[digest, rank] += 1
+    return f"{digest}-{number}"
+
+
+def job_store():
+    """The workers' rendezvous store, or None when there is no process group of several."""
+    from .. import role
+
+    return role.worker_store()
+
+
+class WorkQueue:
+    """One pass's files, claimed by ticket from a shared store (thread- and process-safe).
+
+    Args:
+        store: a ``torch.distributed.Store`` shared by every claimer (``add`` is atomic).
+        namespace: the pass's key prefix (dataset and pass, see the module docstring).
+        items: how many items the pass has (tickets ``0..items-1``).
+        skip: items already finished (a resumed pass): never handed out.
+    """
+
+    def __init__(self, store, namespace: str, items: int, skip: frozenset[int] = frozenset()):
+        self._store, self._key, self._items, self._skip = store, f"{namespace}/next", items, skip
+
+    def claim(self) -> int | None:
+        """The next unclaimed item, or None when every item has been taken."""
+        while True:
+            ticket = int(self._store.add(self._key, 1)) - 1
+            if ticket >= self._items:
+                return None
+            if ticket not in self._skip:
+                return ticket
+
+
+class Journal:
+    """Append-only record of the files this worker finished (``DIR/worker-<rank>.jsonl``)."""
+
+    def __init__(self, directory: str | os.PathLike, rank: int, key: str) -> None:
+        self.path = Path(directory) / f"worker-{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._key = key
+        self._lock = threading.Lock()
+
+    def latest(self) -> tuple[int, list[int]]:
+        """The latest pass this worker journaled and the items it finished in it
+        (``(-1, [])`` when none)."""
+        if not self.path.exists():
+            return -1, []
+        by_pass: dict[int, list[int]] = {}
+        for line in self.path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line cut by a crash: not finished
+                continue
+            if entry.get("key") == self._key:
+                by_pass.setdefault(int(entry["pass"]), []).append(int(entry["item"]))
+        if not by_pass:
+            return -1, []
+        last = max(by_pass)
+        return last, sorted(by_pass[last])
+
+    def finished(self, pass_no: int, item: int) -> None:
+        line = json.dumps({"key": self._key, "pass": pass_no, "item": item}) + "\n"
+        with self._lock, open(self.path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def agree_on_resume(store, key: str, rank: int, world: int, mine: tuple[int, list[int]],
+                    items: int) -> tuple[int, frozenset[int]]:  # fmt: skip
+    """The pass to run next and the items already finished in it, the same on every worker.
+
+    Each worker publishes its journal's latest pass and items; the latest pass over all
+    workers is resumed with the union of its finished items, or, when that covers every
+    item, the pass after it starts afresh.
+    """
+    prefix = f"sparseps/steal/{key}/resume"
+    if store is not None and world > 1:
+        store.set(f"{prefix}/{rank}", json.dumps({"pass": mine[0], "items": mine[1]}))
+        published = [json.loads(store.get(f"{prefix}/{r}")) for r in range(world)]
+    else:
+        published = [{"pass": mine[0], "items": mine[1]}]
+    last = max(p["pass"] for p in published)
+    if last < 0:
+        return 0, frozenset()
+    done = frozenset(i for p in published if p["pass"] == last for i in p["items"])
+    if len(done) >= items:
+        return last + 1, frozenset()
+    return last, done
+
+
+class TrainedTracker:
+    """Which of a pass's files are finished: every row read from them trained.
+
+    The readers report each file's row count when they reach its end (:meth:`read_done`);
+    the consumer reports trained batches (:meth:`trained`; the file of each row comes
+    from its sample id). A file is finished when both sides agree; ``on_finished`` is then
+    called once with its number.
+    """
+
+    def __init__(self, on_finished) -> None:
+        self._read: dict[int, int] = {}  # file_no -> rows, once its reader reached the end
+        self._trained: Counter[int] = Counter()
+        self._finished: set[int] = set()
+        self._on_finished = on_finished
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def rows_by_file(ids: np.ndarray) -> dict[int, int]:
+        files, counts = np.unique(ids >> np.int64(ID_FILE_SHIFT), return_counts=True)
+        return dict(zip(files.tolist(), counts.tolist(), strict=True))
+
+    def read_done(self, file_no: int, rows: int) -> None:
+        with self._lock:
+            self._read[file_no] = rows
+        self._check(file_no)
+
+    def trained(self, ids: np.ndarray) -> None:
+        by_file = self.rows_by_file(ids)
+        with self._lock:
+            self._trained.update(by_file)
+        for file_no in by_file:
+            self._check(file_no)
+
+    def add_trained(self, by_file: dict[int, int]) -> None:
+        with self._lock:
+            self._trained.update(by_file)
+        for file_no in by_file:
+            self._check(file_no)
+
+    def read_rows(self) -> dict[int, int]:
+        """Rows read from each file whose end the readers reached."""
+        with self._lock:
+            return dict(self._read)
+
+    def _check(self, file_no: int) -> None:
+        with self._lock:
+            rows = self._read.get(file_no)
+            if rows is None or file_no in self._finished or self._trained[file_no] < rows:
+                return
+            self._finished.add(file_no)
+        self._on_finished(file_no)
+
+    @property
+    def finished(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._finished)
