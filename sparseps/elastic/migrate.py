@@ -7,6 +7,8 @@
 2. **begin**: each source remembers the keys pushed into its leaving shards (dirty keys);
 3. **copy**: every row of the leaving shards (embedding, optimizer state, counters,
    pending admission counters) goes to its new owner; pushes keep landing at the source;
+   then the rows pushed since the previous export, again and again (each export restarts
+   the dirty set), until a round copies few rows (``settle_rows``) or ``max_rounds``;
 4. **freeze**: each source refuses requests for its leaving shards (clients back off and
    resend) and answers once the pushes already past their check are applied;
 5. **copy the dirty rows** again (the rows pushed since 2: now final);
@@ -88,8 +90,16 @@ def _copy(peers: Peers, src: str, dst: str, table: str, vshards: np.ndarray, *, 
     return result["rows"] + result["pending"], sum(b.nbytes for b in bufs)
 
 
-def migrate(peers: Peers, new: Placement) -> MigrationReport:
+def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4,
+            settle_rows: int = 20_000) -> MigrationReport:  # fmt: skip
     """Move the job from the placement its servers hold to ``new`` (module docstring).
+
+    Args:
+        peers: connections to the servers.
+        new: the next placement (version + 1).
+        max_rounds: dirty copies before the freeze, at most.
+        settle_rows: a dirty copy that moves fewer rows than this ends the pre-copy: the
+            freeze then waits for about as many rows.
 
     Raises:
         InputError: ``new`` is not the next version of the servers' placement, or
@@ -120,6 +130,15 @@ def migrate(peers: Peers, new: Placement) -> MigrationReport:
         for table in tables:
             r, b = _copy(peers, current.endpoints[src], new.endpoints[dst], table, vshards, dirty=False)
             rows, nbytes = rows + r, nbytes + b
+    for _ in range(max_rounds):  # 3b. pre-copy what was pushed meanwhile
+        moved = 0
+        for (src, dst), vshards in moves.items():
+            for table in tables:
+                r, b = _copy(peers, current.endpoints[src], new.endpoints[dst], table, vshards,
+                             dirty=True)  # fmt: skip
+                rows, nbytes, moved = rows + r, nbytes + b, moved + r
+        if moved < settle_rows:
+            break
     copied = time.perf_counter()
     for src, vshards in leaving.items():  # 4. freeze
         peers.call(current.endpoints[src], "move_freeze", None, [vshards])
@@ -137,10 +156,12 @@ def migrate(peers: Peers, new: Placement) -> MigrationReport:
                            copied - start, cut - copied, end - start)  # fmt: skip
 
 
-def scale(peers: Peers, endpoints: Sequence[str], ranks: Sequence[int]) -> MigrationReport:
+def scale(peers: Peers, endpoints: Sequence[str], ranks: Sequence[int],
+          **options) -> MigrationReport:  # fmt: skip
     """Spread the virtual shards over ``ranks`` of ``endpoints`` (new servers already
-    running at the added addresses); a rank left out is drained (it may be stopped after)."""
+    running at the added addresses); a rank left out is drained (it may be stopped after).
+    ``options`` go to :func:`migrate`."""
     current = peers.newest(endpoints)
     if current is None:
         raise InputError(f"scale: the servers {list(endpoints)} hold no placement")
-    return migrate(peers, rebalance(current, ranks, endpoints))
+    return migrate(peers, rebalance(current, ranks, endpoints), **options)

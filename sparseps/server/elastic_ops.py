@@ -13,7 +13,8 @@ The ops, in the order the migration driver (:mod:`sparseps.elastic.migrate`) sen
   (the *dirty* keys), per table.
 - ``move_export(table, vshards, dirty)``: the rows (embedding, optimizer state and
   counters) and the pending admission counters of the shards' keys, all of them or only
-  the dirty ones.
+  the dirty ones; the dirty keys of these shards restart from the export's snapshot (the
+  driver repeats dirty exports until few keys are dirty, then freezes).
 - ``move_freeze(vshards)``: refuse requests for these shards from now on; answers once
   every push that was already past its check has been applied.
 - ``move_import(table, columns)``: upsert exported rows (no routing check: the shards are
@@ -154,28 +155,34 @@ class ElasticOps:
         return None, []
 
     # -- rows -------------------------------------------------------------------------
+    def _take_dirty(self, table: str, mask: np.ndarray) -> np.ndarray:
+        """The dirty keys of ``table`` in the shards of ``mask``, forgotten (the caller
+        holds the table's lock, so no push records one meanwhile)."""
+        with self._elastic_lock:
+            parts = self._dirty.pop(table, [])
+            keys = np.concatenate(parts) if parts else np.empty(0, np.uint64)
+            inside = mask[vshards_of(keys, len(mask))] if len(keys) else np.zeros(0, bool)
+            if not inside.all():
+                self._dirty[table] = [keys[~inside]]  # other destinations' shards
+        return np.unique(keys[inside])
+
     def _op_move_export(self, request: Request):
+        """All rows of the shards (``dirty`` 0), or those pushed since the last export of
+        these shards (``dirty`` 1); either way the dirty keys restart from this snapshot."""
         entry = self._sparse_entry(request)
         mask = self._vshard_mask(request)
-        vshards = len(mask)
-        dirty = None
-        if request.args["dirty"]:
-            with self._elastic_lock:
-                parts = self._dirty.get(request.table, [])
-                dirty = np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+        table = entry.table
         with entry.lock.read():
-            rows = entry.table.export_rows()
-            pending = entry.table.export_pending()
-        out = []
-        counts = []
-        for columns, names in ((rows, ROW_BUFS), (pending, PENDING_BUFS)):
-            keys = columns["key"]
-            take = mask[vshards_of(keys, vshards)] if len(keys) else np.zeros(0, bool)
-            if dirty is not None:
-                take &= np.isin(keys, dirty)
-            counts.append(int(take.sum()))
-            out += [np.ascontiguousarray(columns[name][take]) for name in names]
-        return {"rows": counts[0], "pending": counts[1]}, out
+            if request.args["dirty"]:
+                keys = self._take_dirty(request.table, mask)
+            else:
+                self._take_dirty(request.table, mask)
+                keys = np.concatenate([table.keys(), table.export_pending()["key"]])
+                keys = keys[mask[vshards_of(keys, len(mask))]] if len(keys) else keys
+            rows, pending = table.export_keys(keys)
+        out = [np.ascontiguousarray(rows[name]) for name in ROW_BUFS]
+        out += [np.ascontiguousarray(pending[name]) for name in PENDING_BUFS]
+        return {"rows": len(rows["key"]), "pending": len(pending["key"])}, out
 
     def _op_move_import(self, request: Request):
         entry = self._sparse_entry(request)

@@ -115,6 +115,26 @@ class TableFiles:
                 self._tier.drop_pages()
                 yield {name: columns[name] for name in names}
 
+    def export_keys(self, keys: np.ndarray) -> tuple[dict, dict]:
+        """:meth:`export_rows` and :meth:`export_pending` columns of ``keys`` only (uint64,
+        unique; keys that are neither are skipped): the rows of a virtual shard that moves
+        to another server (:mod:`sparseps.server.elastic_ops`)."""
+        keys = np.ascontiguousarray(keys, np.uint64)
+        if self._tier is None:
+            ids = self._index.find(keys)
+            keep = ids >= 0
+            columns = gather_columns(self._rows, keys[keep], ids[keep], self._where)
+            rows = {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
+        else:  # one sequential read of the disk copies, then the selection
+            every = self.export_rows()
+            keep = np.isin(every["key"], keys)
+            rows = {name: values[keep] for name, values in every.items()}
+        ids = self._pending_index.find(keys)
+        keep = ids >= 0
+        columns = gather_columns(self._pending, keys[keep], ids[keep], PENDING_WHERE)
+        pending = {name: columns[name] for name in (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)}
+        return rows, pending
+
     def export_pending(self) -> dict[str, np.ndarray]:
         """Admission counters of keys not admitted yet: ``key``, ``show``, ``click``
         (+ ``unseen_days`` int32 and ``touched`` uint8, optional on import)."""
