@@ -18,7 +18,6 @@ import logging
 import os
 import queue
 import threading
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -28,17 +27,7 @@ from ..errors import ConfigError
 from .schema import Batch, Schema
 from .sources import Format, expand_files, guess_format, parse_format, read_file, shard
 from .stats import MAX_BAD_RATIO, DatasetStats, PassCounter
-from .steal import (
-    Journal,
-    Split,
-    TrainedTracker,
-    WorkQueue,
-    agree_on_resume,
-    dataset_key,
-    job_store,
-    list_digest,
-    parse_split,
-)
+from .steal import FileShare, Split, parse_split
 
 __all__ = ["DatasetOptions", "rebatch"]
 
@@ -179,18 +168,8 @@ class DatasetBase:
                 f"read is not a file trained; use QueueDataset(..., journal=...)"
             )
         stealing = opts.split is Split.STEAL
-        self._key = dataset_key(opts.files, opts.rank) if stealing or opts.journal else ""
-        self._journal = (
-            None
-            if opts.journal is None
-            else Journal(opts.journal, opts.rank, list_digest(opts.files))
-        )
-        self._store = store
-        self._next_pass: int | None = None  # agreed on at the first pass (journal resume)
-        self._skip: frozenset[int] = frozenset()  # finished files of the pass to resume
-        self._read_files: list[int] = []  # file numbers this worker read in its latest pass
-        self._tracker: TrainedTracker | None = None  # the latest pass's (with a journal)
-        self._reported = False  # the next pass's trained rows come from trained_callback()
+        self._share = FileShare(opts.files, opts.rank, opts.world, stealing=stealing,
+                                journal=opts.journal, store=store, name=type(self).__name__)  # fmt: skip
         if not stealing and not self.options.my_files():
             log.warning(
                 "%s: worker %d of %d has no file to read (%d files in all)",
@@ -210,7 +189,7 @@ class DatasetBase:
         """The files this worker reads (its share of the job's sorted file list); with
         ``split="steal"``, the files it took in its latest pass (so far)."""
         if self.options.split is Split.STEAL:
-            return [self.options.files[no] for no in sorted(self._read_files)]
+            return [self.options.files[no] for no in sorted(self._share.read_files)]
         return [path for _, path in self.options.my_files()]
 
     def stats(self) -> DatasetStats:
@@ -226,75 +205,10 @@ class DatasetBase:
         """For a trainer: the next pass's files count as finished (``journal=``) only
         once it reports their rows trained, by calling the returned function with each
         trained batch (instead of when the consumer asks for the following batch)."""
-        self._reported = True
-        return self._batch_trained
-
-    def _batch_trained(self, batch: Batch) -> None:
-        tracker = self._tracker
-        if tracker is not None:
-            tracker.trained(batch.ids)
-
-    def _shared_store(self):
-        return self._store if self._store is not None else job_store()
-
-    def _pass_source(self):
-        """This pass's number and a ``claim() -> (file_no, path) | None`` for its files."""
-        opts = self.options
-        if self._next_pass is None:
-            mine = self._journal.latest() if self._journal is not None else (-1, [])
-            store = self._shared_store() if opts.journal else None
-            self._next_pass, self._skip = agree_on_resume(
-                store, self._key, opts.rank, opts.world, mine, len(opts.files)
-            )
-            if self._skip:
-                log.info("%s: resuming pass %d, %d of %d files already finished",
-                         type(self).__name__, self._next_pass, len(self._skip), len(opts.files))  # fmt: skip
-        pass_no, skip = self._next_pass, self._skip
-        self._next_pass, self._skip = pass_no + 1, frozenset()
-        store = self._shared_store() if opts.split is Split.STEAL else None
-        if store is not None:
-            tickets = WorkQueue(
-                store, f"sparseps/steal/{self._key}/{pass_no}", len(opts.files), skip
-            )
-
-            def claim():
-                no = tickets.claim()
-                return None if no is None else (no, opts.files[no])
-
-            return pass_no, claim
-        if opts.split is Split.STEAL and opts.world > 1:
-            log.warning("%s: split='steal' without a process group of workers: reading "
-                        "files[rank::world] instead", type(self).__name__)  # fmt: skip
-        todo: queue.SimpleQueue = queue.SimpleQueue()
-        for item in opts.my_files():
-            if item[0] not in skip:
-                todo.put(item)
-
-        def claim_static():
-            try:
-                return todo.get_nowait()
-            except queue.Empty:
-                return None
-
-        return pass_no, claim_static
+        return self._share.trained_callback()
 
     def _tracked(self, batches: Iterator[Batch]) -> Iterator[Batch]:
-        """``batches``, reporting trained rows to the pass's tracker (with a journal)."""
-        if self._journal is None:
-            yield from batches
-            return
-        reported, self._reported = self._reported, False
-        yielded: Counter[int] = Counter()
-        for batch in batches:
-            by_file = TrainedTracker.rows_by_file(batch.ids)
-            yielded.update(by_file)
-            yield batch
-            if not reported:  # the consumer came back for more: this batch is done
-                self._tracker.add_trained(by_file)
-        tracker = self._tracker
-        if tracker is not None:  # rows a drop_last left out count as done
-            dropped = {no: rows - yielded[no] for no, rows in tracker.read_rows().items()}
-            tracker.add_trained({no: n for no, n in dropped.items() if n > 0})
+        return self._share.tracked(batches)
 
     def _read_chunks(self) -> Iterator[Batch]:
         """One pass over this worker's files: parsed chunks from the reader threads."""
@@ -306,12 +220,8 @@ class DatasetBase:
             guess=(lambda data: guess_format(data, opts.schema, opts.format)) if text else None,
         )  # fmt: skip
         self._passes.append(counter)
-        pass_no, claim = self._pass_source()
-        self._read_files = read_files = []
-        journal = self._journal
-        tracker = self._tracker = (
-            None if journal is None else TrainedTracker(lambda no: journal.finished(pass_no, no))
-        )
+        claim, tracker = self._share.begin_pass(opts.my_files)
+        read_files = self._share.read_files
         out: queue.Queue = queue.Queue(maxsize=opts.queue_size)
         stop = threading.Event()
 

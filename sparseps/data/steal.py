@@ -46,15 +46,17 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import threading
 from collections import Counter
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import ConfigError
-from .schema import ID_FILE_SHIFT
+from .schema import ID_FILE_SHIFT, Batch
 
 __all__ = [
     "Journal",
@@ -248,3 +250,104 @@ class TrainedTracker:
     def finished(self) -> frozenset[int]:
         with self._lock:
             return frozenset(self._finished)
+
+
+Claim = Callable[[], "tuple[int, str] | None"]
+
+
+class FileShare:
+    """Which files one worker reads, pass after pass (what a dataset delegates to).
+
+    ``begin_pass`` gives a pass's ``claim()`` (the static share or tickets on the shared
+    store, less the files a resumed pass already finished) and, with a journal, the
+    pass's :class:`TrainedTracker`; ``tracked`` reports a pass's consumed batches to it.
+    """
+
+    def __init__(self, files: tuple[str, ...], rank: int, world: int, *, stealing: bool,
+                 journal: str | None, store, name: str) -> None:  # fmt: skip
+        self._files, self._rank, self._world, self._stealing = files, rank, world, stealing
+        self._key = dataset_key(files, rank) if stealing or journal else ""
+        self._journal = None if journal is None else Journal(journal, rank, list_digest(files))
+        self._store, self._name = store, name
+        self._next_pass: int | None = None  # agreed on at the first pass (journal resume)
+        self._skip: frozenset[int] = frozenset()  # finished files of the pass to resume
+        self.read_files: list[int] = []  # file numbers read in the latest pass (readers add)
+        self._tracker: TrainedTracker | None = None  # the latest pass's (with a journal)
+        self._reported = False  # the next pass's trained rows come from trained_callback()
+
+    def _shared_store(self):
+        return self._store if self._store is not None else job_store()
+
+    def begin_pass(self, static_share: Callable[[], list[tuple[int, str]]]):
+        """``(claim, tracker)`` for a new pass; ``static_share()`` is ``files[rank::world]``."""
+        if self._next_pass is None:
+            mine = self._journal.latest() if self._journal is not None else (-1, [])
+            store = self._shared_store() if self._journal is not None else None
+            self._next_pass, self._skip = agree_on_resume(
+                store, self._key, self._rank, self._world, mine, len(self._files)
+            )
+            if self._skip:
+                log.info("%s: resuming pass %d, %d of %d files already finished",
+                         self._name, self._next_pass, len(self._skip), len(self._files))  # fmt: skip
+        pass_no, skip = self._next_pass, self._skip
+        self._next_pass, self._skip = pass_no + 1, frozenset()
+        self.read_files = []
+        journal = self._journal
+        self._tracker = (
+            None if journal is None else TrainedTracker(lambda no: journal.finished(pass_no, no))
+        )
+        return self._claim(pass_no, skip, static_share), self._tracker
+
+    def _claim(self, pass_no: int, skip: frozenset[int], static_share) -> Claim:
+        files = self._files
+        store = self._shared_store() if self._stealing else None
+        if store is not None:
+            tickets = WorkQueue(store, f"sparseps/steal/{self._key}/{pass_no}", len(files), skip)
+
+            def claim():
+                no = tickets.claim()
+                return None if no is None else (no, files[no])
+
+            return claim
+        if self._stealing and self._world > 1:
+            log.warning("%s: split='steal' without a process group of workers: reading "
+                        "files[rank::world] instead", self._name)  # fmt: skip
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for item in static_share():
+            if item[0] not in skip:
+                todo.put(item)
+
+        def claim_static():
+            try:
+                return todo.get_nowait()
+            except queue.Empty:
+                return None
+
+        return claim_static
+
+    def trained_callback(self) -> Callable[[Batch], None]:
+        self._reported = True
+        return self._batch_trained
+
+    def _batch_trained(self, batch: Batch) -> None:
+        tracker = self._tracker
+        if tracker is not None:
+            tracker.trained(batch.ids)
+
+    def tracked(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """``batches``, reporting consumed rows to the pass's tracker (with a journal)."""
+        if self._journal is None:
+            yield from batches
+            return
+        reported, self._reported = self._reported, False
+        yielded: Counter[int] = Counter()
+        for batch in batches:
+            by_file = TrainedTracker.rows_by_file(batch.ids)
+            yielded.update(by_file)
+            yield batch
+            if not reported and self._tracker is not None:  # the consumer came back
+                self._tracker.add_trained(by_file)
+        tracker = self._tracker
+        if tracker is not None:  # rows a drop_last left out count as done
+            dropped = {no: rows - yielded[no] for no, rows in tracker.read_rows().items()}
+            tracker.add_trained({no: n for no, n in dropped.items() if n > 0})

@@ -179,6 +179,18 @@ def test_in_memory_dataset_steals_while_loading(tmp_path):
         QueueDataset(str(folder), CRITEO, batch_size=8, split="dynamic")
 
 
+def test_each_pass_has_its_own_queue(tmp_path):
+    folder = _write(tmp_path / "data", files=4, rows=4)
+    store = dist.HashStore()
+    a, b = (
+        QueueDataset(str(folder), CRITEO, batch_size=8, rank=r, world=2, split="steal", store=store)
+        for r in range(2)
+    )
+    assert sum(len(x) for x in a) == 16 and sum(len(x) for x in b) == 0  # a took pass 0
+    assert sum(len(x) for x in b) == 16 and len(b.files) == 4  # b's pass 1: everything
+    assert sum(len(x) for x in a) == 0 and a.files == []  # a's pass 1: nothing left
+
+
 # -- resume ---------------------------------------------------------------------------------
 
 
