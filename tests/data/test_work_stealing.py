@@ -248,3 +248,49 @@ def test_launched_slow_worker_reads_a_third(tmp_path):
         for line in f.read_text().splitlines()
     ]
     assert sorted(finished) == list(range(24))
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_trainer_reports_trained_files_and_resume_skips_them(tmp_path):
+    """A Trainer (local mode) cut after 5 of 12 batches: files count as finished only once
+    trained (the prefetcher has read past them: reading is not enough); the pass run
+    again trains exactly the rows of the other files."""
+    import torch
+
+    import sparseps as sps
+    from sparseps.models import WideDeep
+
+    folder = _write(tmp_path / "data", files=6, rows=16)  # 2 batches of 8 per file
+    journal = tmp_path / "journal"
+    sps.init()
+    try:
+        torch.manual_seed(0)
+        model = WideDeep(CRITEO.slots, len(CRITEO.dense), emb_dim=4, hidden=(8,))
+        trainer = sps.Trainer(model, sps.optim.Adam(lr=0.01), sps.Strategy(mode="async"))
+        trained: list[np.ndarray] = []
+
+        def on_batch(step, stats, crash_at=None):
+            trained.append(np.asarray(step.batch.ids).copy())
+            if len(trained) == crash_at:
+                raise _Crash
+
+        ds = QueueDataset(str(folder), CRITEO, batch_size=8, split="steal", journal=journal)
+        with pytest.raises(_Crash):
+            trainer.train_from_dataset(ds, print_period=0, on_batch=lambda s, t: on_batch(s, t, 5))
+        finished = {
+            json.loads(line)["item"]
+            for line in (journal / "worker-0.jsonl").read_text().splitlines()
+        }
+        assert finished == {0, 1}  # file 2 was read and half trained: not finished
+        trained.clear()
+        again = QueueDataset(str(folder), CRITEO, batch_size=8, split="steal", journal=journal)
+        trainer.train_from_dataset(again, print_period=0, on_batch=on_batch)
+        rows = np.concatenate(trained)
+        assert len(rows) == len(np.unique(rows)) == 4 * 16
+        assert _files_of(rows) == {2, 3, 4, 5}
+        trainer.stop()
+    finally:
+        sps.stop()
