@@ -3,8 +3,9 @@
 ``sparseps bench modes``: the job of ``bench e2e`` and ``sparseps demo`` (wide&deep,
 400-400-400 MLP, dim-8 embeddings, batch 512, one pass, 1 server + 2 workers) on the
 same generated Criteo-format rows, once per configuration, in this order: sync, async,
-hybrid, async with ``push_merge="auto"``, async with ``push_merge="on"`` (window 8),
-hybrid with ``push_merge="auto"``. Records, per configuration other than async:
+hybrid (its default: the pushes of 2 steps merged, one per worker), hybrid with
+``push_merge="off"``, async with ``push_merge="auto"``, async with ``push_merge="on"``
+(window 8). Records, per configuration other than async:
 
 - ``<config>_samples_per_s``: training throughput (baseline: async in this run);
 - ``<config>_test_auc`` (async's too): held-out AUC (baseline: sync in this run, whose AUC does not
@@ -28,9 +29,9 @@ CONFIGS = {
     "sync": ("--mode", "sync"),
     "async": ("--mode", "async"),
     "hybrid": ("--mode", "hybrid"),
+    "hybrid_merge_off": ("--mode", "hybrid", "--push-merge", "off"),
     "async_merge_auto": ("--mode", "async", "--push-merge", "auto"),
     "async_merge_on": ("--mode", "async", "--push-merge", "on", "--push-merge-window", "8"),
-    "hybrid_merge_auto": ("--mode", "hybrid", "--push-merge", "auto"),
 }
 
 

@@ -33,8 +33,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--result", required=True, help="JSON result written by worker 0")
     p.add_argument("--mode", default="async", choices=["sync", "async", "geo", "gpups", "hybrid"])
     p.add_argument(
-        "--push-merge", default="off", choices=["off", "on", "auto"],
-        help="async/hybrid: merge sparse pushes over a window of steps (Strategy.push_merge)",
+        "--push-merge", default=None, choices=["off", "on", "auto"],
+        help="async/hybrid: merge sparse pushes over a window of steps (Strategy.push_merge; "
+        "default: the mode's)",
     )  # fmt: skip
     p.add_argument("--push-merge-window", type=int, default=8, help="Strategy.push_merge_window")
     p.add_argument(

@@ -65,9 +65,12 @@ class MergePolicy:
             )
 
 
-def policy_of(strategy) -> MergePolicy | None:
-    """The merge policy of ``Strategy(push_merge=..., push_merge_window=...)``; None: off."""
-    mode = getattr(strategy, "push_merge", "off")
+def policy_of(strategy, default: MergePolicy | None = None) -> MergePolicy | None:
+    """The merge policy of ``Strategy(push_merge=..., push_merge_window=...)`` (None: off);
+    ``default``: the mode's, for ``push_merge=None``."""
+    mode = getattr(strategy, "push_merge", None)
+    if mode is None:
+        return default
     if mode == "off":
         return None
     return MergePolicy(window=strategy.push_merge_window, auto=mode == "auto")

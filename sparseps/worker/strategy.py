@@ -81,7 +81,9 @@ class Strategy:
             keep up); ``"off"`` sends each step's pushes as soon as the previous send is
             done. Merging applies one optimizer update with the summed gradient where
             there were several (docs/training.md, "Push merging", has its measured
-            throughput and AUC).
+            throughput and AUC). None: the mode's default: off in async mode; in hybrid
+            mode the pushes of as many steps as there are workers, so a key gets as many
+            optimizer updates per sample as in sync mode.
         push_merge_window: steps ``push_merge="on"`` holds (``"auto"``: at most).
     """
 
@@ -96,7 +98,7 @@ class Strategy:
     device: str = "auto"
     gpups_memory_bytes: int | None = None
     heter_window: int = 2
-    push_merge: str = "off"
+    push_merge: str | None = None
     push_merge_window: int = 8
 
     def __post_init__(self) -> None:
@@ -123,8 +125,9 @@ class Strategy:
             raise ConfigError(f"Strategy.device: expected one of {DEVICES}, got {self.device!r}")
         if self.gpups_memory_bytes is not None:
             check_int("Strategy", "gpups_memory_bytes", self.gpups_memory_bytes, ge=1)
-        if self.push_merge not in MERGE_MODES:
+        if self.push_merge is not None and self.push_merge not in MERGE_MODES:
             raise ConfigError(
-                f"Strategy.push_merge: expected one of {MERGE_MODES}, got {self.push_merge!r}"
+                f"Strategy.push_merge: expected None or one of {MERGE_MODES}, "
+                f"got {self.push_merge!r}"
             )
         check_int("Strategy", "push_merge_window", self.push_merge_window, ge=1)
