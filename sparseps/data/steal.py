@@ -16,7 +16,15 @@ the sorted file list plus how many stealing datasets over the same list this wor
 before (workers build their datasets in the same order, as they already must for every
 collective).
 
-Granularity is one file: split a big file into several to balance finer.
+Pacing: a worker's reader claims a file only when its consumer has taken every batch of
+the previous one (a permit per reader thread, handed back by the consumer), so the files
+a worker holds and has not handed out are at most ``threads``; a trainer's prefetch adds
+a couple of batches. Claiming ahead of that would let a slow worker hoard files, which
+is what stealing is meant to prevent. Granularity is one file: split a big file into
+several to balance finer.
+
+Not done: a worker that leaves mid-pass keeps its claimed, unfinished file (nobody else
+reads it in that pass; with a journal the next start of the pass does).
 
 Exactly-once and resume (``journal=DIR``): an item (file) is *finished* once every row
 read from it has been trained: reported by the :class:`~sparseps.worker.Trainer` after
