@@ -63,9 +63,11 @@ class MigrationReport:
         return self.bytes / self.total_s if self.total_s else 0.0
 
 
-def install_placement(peers: Peers, placement: Placement, order: Sequence[int] | None = None) -> None:
-    """Install ``placement`` on every server it names (``order``: these ranks first)."""
-    ranks = list(range(len(placement.endpoints)))
+def install_placement(peers: Peers, placement: Placement, order: Sequence[int] | None = None,
+                      ranks: Sequence[int] | None = None) -> None:  # fmt: skip
+    """Install ``placement`` on ``ranks`` (default: every server it names), ``order``
+    first (each of those answers before the next is asked)."""
+    ranks = list(range(len(placement.endpoints))) if ranks is None else sorted(set(ranks))
     if order is not None:
         ranks = [*order, *(r for r in ranks if r not in set(order))]
     args, owners = placement.to_wire()
@@ -119,7 +121,7 @@ def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4,
             client.create_table(TableConfig.from_dict(config))
         if peers.placement(new.endpoints[dst])[0] is None:  # a new server: the old placement
             install_placement(peers, Placement(current.version, new.endpoints, current.owners),
-                              order=[dst])  # fmt: skip
+                              order=[dst], ranks=[dst])  # fmt: skip
     leaving: dict[int, np.ndarray] = {}
     for (src, _), vshards in moves.items():
         leaving[src] = np.union1d(leaving.get(src, np.empty(0, np.int64)), vshards)
@@ -146,7 +148,10 @@ def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4,
         for table in tables:
             r, b = _copy(peers, current.endpoints[src], new.endpoints[dst], table, vshards, dirty=True)
             rows, nbytes = rows + r, nbytes + b
-    install_placement(peers, new, order=receivers)  # 6. bump
+    # 6. bump, on the servers that own shards before or after (not on drained ones: they
+    # may be stopped)
+    install_placement(peers, new, order=receivers,
+                      ranks={*current.live_ranks(), *new.live_ranks()})  # fmt: skip
     cut = time.perf_counter()
     for src, vshards in leaving.items():  # 7. drop
         for table in tables:
