@@ -124,6 +124,11 @@ def run(quick: bool) -> list[BenchRecord]:
         BenchRecord("migration_bytes_per_s", nbytes / seconds, "bytes/s", None, params),
         BenchRecord("migration_cutover_s", max(r.cutover_s for r in reports), "s", None, params),
         BenchRecord("migration_longest_push_gap_s", gap, "s", None, params),
-        BenchRecord("migration_push_keys_per_s", during, "keys/s", before,
-                    {**params, "migration_s": t1 - t0}),  # fmt: skip
+        BenchRecord(
+            "migration_push_keys_per_s",
+            during,
+            "keys/s",
+            before,
+            {**params, "migration_s": t1 - t0},
+        ),  # fmt: skip
     ]

@@ -71,7 +71,6 @@ def vshards_of(keys: np.ndarray, vshards: int) -> np.ndarray:
     return ((high * np.uint64(vshards)) >> np.uint64(32)).astype(np.int64)
 
 
-
 @dataclass(frozen=True)
 class Placement:
     """Which server rank owns each virtual shard.
@@ -94,7 +93,9 @@ class Placement:
         if owners.ndim != 1 or owners.size < 1:
             raise InputError(f"Placement: owners must be a non-empty 1-D array, got {owners.shape}")
         if not self.endpoints or not all(isinstance(e, str) and e for e in self.endpoints):
-            raise InputError(f"Placement: endpoints must be non-empty strings, got {self.endpoints!r}")
+            raise InputError(
+                f"Placement: endpoints must be non-empty strings, got {self.endpoints!r}"
+            )
         bad = (owners < 0) | (owners >= len(self.endpoints))
         if bad.any():
             raise InputError(
@@ -179,7 +180,9 @@ def rebalance(placement: Placement, ranks: Sequence[int],
                          f"({placement.endpoints} -> {endpoints})")  # fmt: skip
     ranks = sorted(set(int(r) for r in ranks))
     if not ranks or ranks[0] < 0 or ranks[-1] >= len(endpoints):
-        raise InputError(f"rebalance: ranks {ranks} must be non-empty ranks of {len(endpoints)} endpoints")
+        raise InputError(
+            f"rebalance: ranks {ranks} must be non-empty ranks of {len(endpoints)} endpoints"
+        )
     owners = placement.owners.copy()
     V, n = owners.size, len(ranks)
     counts = {r: int(np.count_nonzero(owners == r)) for r in ranks}

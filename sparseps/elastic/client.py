@@ -179,7 +179,9 @@ class RoutedHandle:
                     f"{self._what}: servers kept refusing {sum(map(len, refused))} keys for "
                     f"{client.retry_for:g} s (placement version {client.placement.version}); "
                     "raise ElasticClient(retry_for=...) if a migration takes longer",
-                    op=self._what, seconds=client.retry_for, setting="ElasticClient(retry_for=...)",
+                    op=self._what,
+                    seconds=client.retry_for,
+                    setting="ElasticClient(retry_for=...)",
                 )
             time.sleep(pause)
             pause = min(pause * 2, 0.05)

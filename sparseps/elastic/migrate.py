@@ -73,7 +73,9 @@ def install_placement(peers: Peers, placement: Placement, order: Sequence[int] |
     args, owners = placement.to_wire()
     handles = []
     for rank in ranks:
-        handles.append(peers.submit(placement.endpoints[rank], "set_placement", None, [owners], args))
+        handles.append(
+            peers.submit(placement.endpoints[rank], "set_placement", None, [owners], args)
+        )
         if order is not None and rank in order:
             handles.pop().wait()  # the receivers hold it before anyone else does
     for handle in handles:
@@ -130,7 +132,9 @@ def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4,
     rows = nbytes = 0
     for (src, dst), vshards in moves.items():  # 3. copy
         for table in tables:
-            r, b = _copy(peers, current.endpoints[src], new.endpoints[dst], table, vshards, dirty=False)
+            r, b = _copy(
+                peers, current.endpoints[src], new.endpoints[dst], table, vshards, dirty=False
+            )
             rows, nbytes = rows + r, nbytes + b
     for _ in range(max_rounds):  # 3b. pre-copy what was pushed meanwhile
         moved = 0
@@ -146,12 +150,14 @@ def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4,
         peers.call(current.endpoints[src], "move_freeze", None, [vshards])
     for (src, dst), vshards in moves.items():  # 5. dirty rows
         for table in tables:
-            r, b = _copy(peers, current.endpoints[src], new.endpoints[dst], table, vshards, dirty=True)
+            r, b = _copy(
+                peers, current.endpoints[src], new.endpoints[dst], table, vshards, dirty=True
+            )
             rows, nbytes = rows + r, nbytes + b
     # 6. bump, on the servers that own shards before or after (not on drained ones: they
     # may be stopped)
     install_placement(peers, new, order=receivers,
-                      ranks={*current.live_ranks(), *new.live_ranks()})  # fmt: skip
+                      ranks=sorted({*current.live_ranks(), *new.live_ranks()}))  # fmt: skip
     cut = time.perf_counter()
     for src, vshards in leaving.items():  # 7. drop
         for table in tables:

@@ -96,7 +96,7 @@ class ElasticOps:
             mask = moving[vs]
             if mask.any():
                 with self._elastic_lock:
-                    self._dirty.setdefault(request.table, []).append(keys[mask].copy())
+                    self._dirty.setdefault(str(request.table), []).append(keys[mask].copy())
 
     # -- placement --------------------------------------------------------------------
     def _op_get_placement(self, request: Request):
@@ -109,7 +109,9 @@ class ElasticOps:
 
     def _op_set_placement(self, request: Request):
         if self.replicas:
-            raise InputError(f"server {self.rank}: placements (elastic jobs) do not support replicas yet")
+            raise InputError(
+                f"server {self.rank}: placements (elastic jobs) do not support replicas yet"
+            )
         new = Placement.from_wire(request.args, request.bufs["owners"])
         with self._elastic_lock:
             current = self._placement
@@ -129,7 +131,9 @@ class ElasticOps:
     def _vshard_mask(self, request: Request) -> np.ndarray:
         placement = self._placement
         if placement is None:
-            raise InputError(f"server {self.rank}: {request.op} needs a placement (set_placement first)")
+            raise InputError(
+                f"server {self.rank}: {request.op} needs a placement (set_placement first)"
+            )
         vshards = request.bufs["vshards"]
         if len(vshards) and (vshards.min() < 0 or vshards.max() >= placement.vshards):
             raise InputError(
@@ -174,9 +178,9 @@ class ElasticOps:
         table = entry.table
         with entry.lock.read():
             if request.args["dirty"]:
-                keys = self._take_dirty(request.table, mask)
+                keys = self._take_dirty(str(request.table), mask)
             else:
-                self._take_dirty(request.table, mask)
+                self._take_dirty(str(request.table), mask)
                 keys = np.concatenate([table.keys(), table.export_pending()["key"]])
                 keys = keys[mask[vshards_of(keys, len(mask))]] if len(keys) else keys
             rows, pending = table.export_keys(keys)

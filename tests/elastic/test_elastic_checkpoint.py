@@ -84,7 +84,9 @@ def test_elastic_save_reloads_after_a_shrink_and_bad_messages_are_refused(tmp_pa
             _bad_messages(peers, endpoints)
             with ElasticClient(endpoints) as client:
                 client.push("emb", KEYS, grads).wait()
-                scale(peers, endpoints, [0, 1, 2])  # rows now where server_of(k, 3) does not put them
+                scale(
+                    peers, endpoints, [0, 1, 2]
+                )  # rows now where server_of(k, 3) does not put them
                 client.push("emb", KEYS[::2], grads[::2]).wait()
                 want = client.pull("emb", KEYS).wait()
                 files = [r for e in endpoints for r in peers.client(e).save("emb", str(tmp_path))]

@@ -9,6 +9,7 @@ import threading
 import time
 
 import numpy as np
+
 from sparseps.config import TableConfig
 from sparseps.core.placement import Placement
 from sparseps.elastic import ElasticClient, install_placement, scale
@@ -38,7 +39,9 @@ def _batch(step: int):
 
 
 def _rows_of(peers: Peers, endpoint: str) -> dict[str, np.ndarray]:
-    result, bufs = peers.call(endpoint, "move_export", "emb", [np.arange(VSHARDS)], {"dirty": False})
+    result, bufs = peers.call(
+        endpoint, "move_export", "emb", [np.arange(VSHARDS)], {"dirty": False}
+    )
     return dict(zip(ROW_BUFS, bufs[: len(ROW_BUFS)], strict=True))
 
 
@@ -105,7 +108,11 @@ def test_grow_2_to_3_and_back_mid_training_rows_equal_the_oracle():
                 assert pusher.error is None, pusher.error
                 done = np.array(pusher.done)
                 window = done[(done >= t0) & (done <= t1 + GAP_BOUND_S)]
-                gap = float(np.max(np.diff(np.concatenate([[t0], window])))) if len(window) else t1 - t0
+                gap = (
+                    float(np.max(np.diff(np.concatenate([[t0], window]))))
+                    if len(window)
+                    else t1 - t0
+                )
                 print(f"\nelastic: grow {grown}\nelastic: shrink {shrunk}\n"
                       f"elastic: {len(done)} pushes, longest gap during migration {gap * 1000:.1f} ms, "
                       f"client placement refreshes {client.refreshes}")  # fmt: skip
