@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--test", help="Criteo TSV file or folder to test on (with --train)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON last")
-    parser.add_argument("--mode", default="async", choices=["sync", "async", "geo"])
+    parser.add_argument("--mode", default="async", choices=["sync", "async", "geo", "hybrid"])
     parser.add_argument(
         "--gpups", action="store_true",
         help="train in GPUPS mode: each pass's rows in device tables sharded over the "
