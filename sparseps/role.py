@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import env as _env
+from .core import worker_store
 from .core.validate import check_float
 from .env import Role, RoleEnv
 from .errors import ConfigError, SparsePSError
@@ -178,6 +179,8 @@ def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
     env = session.env
     timeout_s = _env.float_setting(_env.RENDEZVOUS_TIMEOUT, _RENDEZVOUS_TIMEOUT_S, environ)
     session.store = connect_store(env, timeout_s=timeout_s, setting=_env.RENDEZVOUS_TIMEOUT)
+    if env.worker_num > 1:  # work-stealing datasets claim files on it (sparseps.data.steal)
+        worker_store.register(session.store)
     # A barrier of our own before gloo's: if a worker never comes, it is named.
     store_barrier(
         session.store,
@@ -248,16 +251,6 @@ def server_num() -> int:
 def server_endpoints() -> list[str]:
     """``host:port`` of every server; index = server rank."""
     return list(_current().env.servers)
-
-
-def worker_store():
-    """The workers' rendezvous store (a ``torch.distributed.Store``) when this process is
-    one worker of several; None otherwise (before :func:`init`, local mode, a server).
-    Work-stealing datasets claim files on it (:mod:`sparseps.data.steal`)."""
-    session = _session
-    if session is None or session.store is None or session.env.worker_num < 2:
-        return None
-    return session.store
 
 
 def run_server() -> None:
@@ -344,6 +337,7 @@ def _teardown(session: _Session, *, wait_for_peers: bool) -> None:
             if dist.is_initialized():
                 dist.destroy_process_group()
     finally:
+        worker_store.register(None)
         session.store = None  # worker 0: closes the store's server
         if session.local_server is not None:
             session.local_server.close()

@@ -6,6 +6,8 @@
   by server, the misrouting check) and which server holds a dense table;
 - :mod:`.validate`: argument checks with one name per meaning (config fields, key arrays);
 - :mod:`.deadline`: how a worker-to-worker collective's wait turns into a named timeout.
+- :mod:`.worker_store`: the workers' rendezvous store as :func:`sparseps.init` registered
+  it (work-stealing datasets claim files on it).
 
 Modules here import only the standard library, numpy, numba, xxhash and
 :mod:`sparseps.errors`; the layer order is declared in :mod:`sparseps.layers`.

@@ -63,6 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core import worker_store
 from ..errors import ConfigError
 from .schema import ID_FILE_SHIFT, Batch
 
@@ -115,10 +116,8 @@ def dataset_key(files: tuple[str, ...], rank: int) -> str:
 
 
 def job_store():
-    """The workers' rendezvous store, or None when there is no process group of several."""
-    from .. import role
-
-    return role.worker_store()
+    """The workers' rendezvous store, or None when there is no job of several workers."""
+    return worker_store.current()
 
 
 class WorkQueue:
