@@ -84,12 +84,20 @@ class ElasticClient:
 
     def pull(self, table: str, keys: np.ndarray) -> RoutedHandle:
         """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``."""
-        keys = check_key_array(f"pull {table!r}", keys, contiguous=False)
+        return self._rows("pull", table, keys)
+
+    def pull_full(self, table: str, keys: np.ndarray) -> RoutedHandle:
+        """Embedding and optimizer state of ``keys``; ``wait()`` -> float32
+        ``[len(keys), dim + state_dim]`` (as :meth:`PSClient.pull_full`)."""
+        return self._rows("pull_full", table, keys)
+
+    def _rows(self, op: str, table: str, keys: np.ndarray) -> RoutedHandle:
+        keys = check_key_array(f"{op} {table!r}", keys, contiguous=False)
         unique, inverse = np.unique(keys, return_inverse=True)
         out: list = [None]
 
         def send(endpoint, positions):
-            return self.peers.client(endpoint).pull(table, unique[positions])
+            return getattr(self.peers.client(endpoint), op)(table, unique[positions])
 
         def receive(positions, rows):
             if out[0] is None:
@@ -101,13 +109,44 @@ class ElasticClient:
                 return np.empty((0, 0), np.float32)
             return out[0][inverse]
 
-        return self._routed(f"pull {table!r}", unique, send, receive, finish)
+        return self._routed(f"{op} {table!r}", unique, send, receive, finish)
 
     def push(self, table: str, keys: np.ndarray, grads: np.ndarray,
              shows: np.ndarray | None = None, clicks: np.ndarray | None = None) -> RoutedHandle:  # fmt: skip
         """Apply gradients with the table's rule (each key once, by its owner);
         ``wait()`` -> None."""
-        what = f"push {table!r}"
+        return self._push("push", table, keys, grads, shows, clicks)
+
+    def push_delta(self, table: str, keys: np.ndarray, deltas: np.ndarray,
+                   shows: np.ndarray | None = None,
+                   clicks: np.ndarray | None = None) -> RoutedHandle:  # fmt: skip
+        """Add ``deltas`` to the rows (as :meth:`PSClient.push_delta`); ``wait()`` -> None."""
+        return self._push("push_delta", table, keys, deltas, shows, clicks)
+
+    def write_rows(self, table: str, keys: np.ndarray, rows: np.ndarray,
+                   shows: np.ndarray | None = None,
+                   clicks: np.ndarray | None = None) -> RoutedHandle:  # fmt: skip
+        """Overwrite embedding and state of ``keys`` (unique), add show/click (as
+        :meth:`PSClient.write_rows`); ``wait()`` -> None."""
+        what = f"write_rows {table!r}"
+        keys = check_key_array(what, keys, contiguous=False)
+        rows = check_finite_rows(rows, "rows", what, len(keys))
+        shows = check_counts_or_none(shows, "shows", what, len(keys))
+        clicks = check_counts_or_none(clicks, "clicks", what, len(keys))
+
+        def part(values, positions):
+            return None if values is None else values[positions]
+
+        def send(endpoint, positions):
+            return self.peers.client(endpoint).write_rows(
+                table, keys[positions], rows[positions], part(shows, positions),
+                part(clicks, positions),
+            )  # fmt: skip
+
+        return self._routed(what, keys, send, lambda positions, _: None, lambda: None)
+
+    def _push(self, op: str, table: str, keys, grads, shows, clicks) -> RoutedHandle:
+        what = f"{op} {table!r}"
         keys = check_key_array(what, keys, contiguous=False)
         grads = check_finite_rows(grads, "grads", what, len(keys))
         shows = check_counts_or_none(shows, "shows", what, len(keys))
@@ -119,7 +158,7 @@ class ElasticClient:
                                                    grads, shows, clicks)  # fmt: skip
 
         def send(endpoint, positions):
-            return self.peers.client(endpoint).push(
+            return getattr(self.peers.client(endpoint), op)(
                 table, unique[positions], merged[positions], m_shows[positions], m_clicks[positions]
             )
 

@@ -95,5 +95,11 @@ def test_elastic_save_reloads_after_a_shrink_and_bad_messages_are_refused(tmp_pa
                 loaded = sum(peers.client(e).load("emb", files)["rows"] for e in endpoints)
                 assert loaded == len(KEYS)
                 np.testing.assert_array_equal(client.pull("emb", KEYS).wait(), want)
+                # the whole-row ops and push_delta route by placement too
+                rows = client.pull_full("emb", KEYS).wait() + np.float32(1)
+                client.write_rows("emb", KEYS, rows).wait()
+                np.testing.assert_array_equal(client.pull_full("emb", KEYS).wait(), rows)
+                client.push_delta("emb", KEYS, np.ones((len(KEYS), 4), np.float32)).wait()
+                np.testing.assert_array_equal(client.pull("emb", KEYS).wait(), rows[:, :4] + 1)
         finally:
             peers.close()
