@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from sparseps.cli import main as cli_main
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "fixtures" / "criteo_sample.csv"
 ROWS = 20000  # see demo()
@@ -66,23 +68,31 @@ def test_demo_json_summary(demo):
     assert Path(summary["checkpoint"]).is_dir() and Path(summary["inference_model"]).is_dir()
 
 
-def test_inspect_verifies_both_model_directories(demo):
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    """``sparseps ARGS`` run in this process: its exit code and stdout (inspect and predict
+    read files only; a fresh interpreter per call cost seconds of imports, 5 calls here)."""
+    capsys.readouterr()
+    code = cli_main(list(args))
+    return code, capsys.readouterr().out
+
+
+def test_inspect_verifies_both_model_directories(demo, capsys):
     _, summary = demo
     for directory in (summary["checkpoint"], summary["inference_model"]):
-        done = sparseps("inspect", directory)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert "deep_emb" in done.stdout and "verified" in done.stdout
+        code, out = _cli(capsys, "inspect", directory)
+        assert code == 0, out
+        assert "deep_emb" in out and "verified" in out
 
 
-def test_predict_runs_on_the_criteo_sample(demo):
+def test_predict_runs_on_the_criteo_sample(demo, capsys):
     _, summary = demo
-    done = sparseps("predict", summary["inference_model"], "--data", str(SAMPLE))
-    assert done.returncode == 0, done.stderr
-    predictions = [float(x) for x in done.stdout.split()]
+    code, out = _cli(capsys, "predict", summary["inference_model"], "--data", str(SAMPLE))
+    assert code == 0, out
+    predictions = [float(x) for x in out.split()]
     assert len(predictions) == 200 and all(0.0 < p < 1.0 for p in predictions)
 
 
-def test_flipping_one_byte_of_a_shard_fails_inspect_naming_the_file(demo, tmp_path):
+def test_flipping_one_byte_of_a_shard_fails_inspect_naming_the_file(demo, tmp_path, capsys):
     import shutil
 
     _, summary = demo
@@ -93,9 +103,9 @@ def test_flipping_one_byte_of_a_shard_fails_inspect_naming_the_file(demo, tmp_pa
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0xFF
         shard.write_bytes(bytes(data))
-        done = sparseps("inspect", str(copy))
-        assert done.returncode != 0
-        assert shard.name in done.stdout + done.stderr
+        code, out = _cli(capsys, "inspect", str(copy))
+        assert code != 0
+        assert shard.name in out, out
 
 
 def test_demo_with_a_memory_budget_keeps_most_rows_on_disk(demo, tmp_path):

@@ -240,20 +240,25 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(
     assert any(half.glob("deep_emb.shard-*.arrow")) and not (half / mf.MANIFEST).exists()
     if same_folder:
         assert (good / mf.MANIFEST).read_bytes() == good_manifest
-    else:
-        # reported as an interrupted save by inspect and by a trainer's load, not loaded
-        code, out = _inspect(capsys, target)
-        assert code != 0 and "interrupted" in out, out
-        [error] = _load_errors(tmp_path / "c", data, target)
-        assert str(target) in error and "interrupted" in error and half.name in error
-    # the previous one verifies and loads into a fresh job with another server count
-    code, out = _inspect(capsys, good)
-    assert code == 0, out
-    launch(
-        tmp_path / "b",
-        *_args(data, "--mode", "async", "--passes", "0", "--load", str(good)),
-        servers=3,
-    )
+    # the previous one loads into a fresh job with another server count: that job reads
+    # the good checkpoint only, so it runs beside the checks below
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        loaded = pool.submit(
+            launch,
+            tmp_path / "b",
+            *_args(data, "--mode", "async", "--passes", "0", "--load", str(good)),
+            servers=3,
+        )
+        if not same_folder:
+            # reported as an interrupted save by inspect and by a trainer's load, not loaded
+            code, out = _inspect(capsys, target)
+            assert code != 0 and "interrupted" in out, out
+            [error] = _load_errors(tmp_path / "c", data, target)
+            assert str(target) in error and "interrupted" in error and half.name in error
+        # ... and verifies
+        code, out = _inspect(capsys, good)
+        assert code == 0, out
+        loaded.result()
 
 
 def _inspect(capsys, folder: Path) -> tuple[int, str]:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -64,10 +65,18 @@ def test_two_servers_two_workers_push_pull_and_check_values(tmp_path):
 
 
 def test_example_runs_alone_and_under_the_launcher(tmp_path):
-    alone = subprocess.run(
-        [sys.executable, str(MINIMAL), "--out", str(tmp_path / "alone")],
-        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
+    # the two runs share nothing (each its folder, ports and processes): side by side
+    log = tmp_path / "log"
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        launching = pool.submit(
+            run_launch, "--server-num", "1", "--worker-num", "2", "--log-dir", str(log),
+            str(MINIMAL), "--out", str(tmp_path / "launched"), cwd=tmp_path,
+        )  # fmt: skip
+        alone = subprocess.run(
+            [sys.executable, str(MINIMAL), "--out", str(tmp_path / "alone")],
+            cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=90,
+        )  # fmt: skip
+        launched = launching.result()
     assert alone.returncode == 0, alone.stdout + alone.stderr
     assert "local mode" in alone.stderr
     server_pid = int(re.search(r"background server \(pid (\d+)", alone.stderr).group(1))
@@ -80,11 +89,6 @@ def test_example_runs_alone_and_under_the_launcher(tmp_path):
         atol=1e-4,
     )
 
-    log = tmp_path / "log"
-    launched = run_launch(
-        "--server-num", "1", "--worker-num", "2", "--log-dir", str(log), str(MINIMAL),
-        "--out", str(tmp_path / "launched"), cwd=tmp_path,
-    )  # fmt: skip
     assert launched.returncode == 0, launched.stdout + launched.stderr
     assert all(r["ok"] and r["world"] == 2 for r in _results(tmp_path / "launched", 2))
     _assert_all_gone(log)

@@ -47,28 +47,17 @@ def _auc(output: str) -> float:
     return json.loads(summary[-1])["test_auc"]
 
 
-def _run_jobs(jobs: dict[str, tuple[Path, tuple]], data: Path, probe) -> tuple[dict, object]:
-    """Run the jobs of ``jobs`` (name -> (folder, launcher options)) side by side, and
-    ``probe`` on the server 0 of the last one while it runs. Returns (name -> test AUC,
-    what the probe returned).
-
-    The jobs share nothing but the data (each its ports, keys and folder): together they
-    took ~60% of the time of one after the other on 2 cores (each job leaves a core idle
-    part of the time: imports, rendezvous, the servers' start and stop)."""
-    started = {
-        name: start_two_launchers(folder, SCRIPT, *_train_args(data), options=options)
-        for name, (folder, options) in jobs.items()
-    }
-    first_log = list(started.values())[-1][0][1]  # the last job's first node
-    wait_for(lambda: "running server" in _text(first_log / "server.0.log"), 120, "server 0")
-    probed = probe(_server_endpoint(first_log))
-    procs = [proc for nodes in started.values() for _, _, proc in nodes]
-    outputs = finish(procs, timeout=400)
-    assert [proc.returncode for proc in procs] == [0] * len(procs), "\n\n".join(
-        o[-3000:] for o in outputs
-    )
-    # the first node's output of each job (its worker 0 prints the summary)
-    return {name: _auc(outputs[2 * i]) for i, name in enumerate(started)}, probed
+def _run_job(tmp_path: Path, data: Path, options: tuple, probe=None) -> tuple[float, object]:
+    nodes = start_two_launchers(tmp_path, SCRIPT, *_train_args(data), options=options)
+    probed = None
+    if probe is not None:
+        first_log = nodes[0][1]
+        wait_for(lambda: "running server" in _text(first_log / "server.0.log"), 120, "server 0")
+        probed = probe(_server_endpoint(first_log))
+    outputs = finish([proc for _, _, proc in nodes], timeout=400)
+    codes = [proc.returncode for _, _, proc in nodes]
+    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    return _auc(outputs[0]), probed
 
 
 def _text(path: Path) -> str:
@@ -113,16 +102,11 @@ def test_secure_two_host_job_matches_plain_and_refuses_a_wrong_key(tmp_path):
     write_job_keys(other)
 
     (tmp_path / "plain").mkdir()
+    plain_auc, _ = _run_job(tmp_path / "plain", data, ())
     (tmp_path / "secure").mkdir()
-    aucs, (probe, elapsed, keyless) = _run_jobs(
-        {
-            "plain": (tmp_path / "plain", ()),
-            "secure": (tmp_path / "secure", ("--secure", "--key-dir", str(keys))),
-        },
-        data,
-        _wrong_key_client(other),
+    secure_auc, (probe, elapsed, keyless) = _run_job(
+        tmp_path / "secure", data, ("--secure", "--key-dir", str(keys)), _wrong_key_client(other)
     )
-    plain_auc, secure_auc = aucs["plain"], aucs["secure"]
 
     print(f"\ntest AUC: plain {plain_auc:.4f}, secure {secure_auc:.4f}")
     assert plain_auc > 0.7 and secure_auc > 0.7

@@ -2,13 +2,14 @@
 
 Both workers start a trainer (2 s RPC timeout; the server only serves). Then worker 1
 never reaches the barriers: it sleeps in ``never_arrive`` until DIR/release exists. Worker
-0 calls a gloo barrier (``collectives.barrier``) and a worker barrier
-(``sps.barrier_worker``), each with a 2 s timeout, then stops the server (SIGSTOP) and
-trains a pass, whose pulls time out; then, outside a training pass, runs an inference pass
-and a direct client call (``stats``), which time out too (SIGCONT follows). Last it
-computes global pass metrics (their all-reduce times out: worker 1 never takes part). It
-writes each timeout's message to DIR/errors.json, then waits for DIR/release too (so that
-the test can run ``sparseps diagnose`` on the live job). Both wait at most 120 s.
+0 calls a gloo barrier (``collectives.barrier``, 2 s timeout: worker 1 may still be on its
+way to ``never_arrive`` when it begins) and a worker barrier (``sps.barrier_worker``, 1 s:
+worker 1 waits by then), then stops the server (SIGSTOP) and trains a pass, whose pulls
+time out; then, outside a training pass, runs an inference pass and a direct client call
+(``stats``), which time out too (SIGCONT follows). Last it computes global pass metrics
+(their all-reduce times out after 1 s: worker 1 never takes part). It writes each
+timeout's message to DIR/errors.json, then waits for DIR/release too (so that the test can
+run ``sparseps diagnose`` on the live job). Both wait at most 120 s.
 """
 
 import argparse
@@ -60,7 +61,7 @@ if sps.worker_index() == 1:
 errors = {}
 for name, call in (
     ("collective", lambda: collectives.barrier(timeout=2.0)),
-    ("barrier", lambda: sps.barrier_worker(timeout=2.0)),
+    ("barrier", lambda: sps.barrier_worker(timeout=1.0)),
 ):
     try:
         call()
@@ -84,7 +85,7 @@ try:
 finally:
     os.kill(server_pid, signal.SIGCONT)
 try:
-    CTRMetrics().compute(global_=True, timeout=2.0)
+    CTRMetrics().compute(global_=True, timeout=1.0)
     errors["metrics"] = None
 except DeadlineError as exc:
     errors["metrics"] = str(exc)
