@@ -45,6 +45,7 @@ __all__ = [
     "make_mode",
     "mode_names",
     "register_mode",
+    "register_variant",
 ]
 
 log = logging.getLogger(__name__)
@@ -322,6 +323,18 @@ def register_mode(name: str, cls: type[TrainingMode]) -> None:
     _MODES[name] = cls
 
 
+# (applies(strategy), cls) per mode name: a class that replaces the mode's own when its
+# knob is set (sync with backup workers, async with a staleness bound)
+_VARIANTS: dict[str, list] = {}
+
+
+def register_variant(name: str, applies, cls: type[TrainingMode]) -> None:
+    """Make ``Strategy(mode=name)`` train with ``cls`` when ``applies(strategy)`` is true."""
+    if not (isinstance(cls, type) and issubclass(cls, TrainingMode)):
+        raise TypeError(f"register_variant: {cls!r} is not a TrainingMode subclass")
+    _VARIANTS.setdefault(name, []).append((applies, cls))
+
+
 def mode_names() -> tuple[str, ...]:
     """Names ``Strategy.mode`` accepts."""
     return tuple(_MODES)
@@ -330,4 +343,9 @@ def mode_names() -> tuple[str, ...]:
 def make_mode(
     strategy, client, dense: DenseParams, dense_rule, rank: int, *, tables: list
 ) -> TrainingMode:
-    return _MODES[strategy.mode](client, dense, dense_rule, strategy, rank, tables)
+    cls = _MODES[strategy.mode]
+    for applies, variant in _VARIANTS.get(strategy.mode, ()):
+        if applies(strategy):
+            cls = variant
+            break
+    return cls(client, dense, dense_rule, strategy, rank, tables)

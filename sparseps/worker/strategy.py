@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 from ..core.validate import check_float, check_int
 from ..errors import ConfigError
+from . import backup_sync as _backup  # noqa: F401 - sync with backup_workers
 from . import geo_mode as _geo  # noqa: F401 - registers mode "geo"
 from . import gpups as _gpups  # noqa: F401 - registers mode "gpups"
 from . import heter_mode as _heter  # noqa: F401 - registers mode "heter"
 from . import hybrid_mode as _hybrid  # noqa: F401 - registers mode "hybrid"
+from . import staleness as _staleness  # noqa: F401 - async with max_staleness
 from .modes import mode_names
 from .push_merge import MERGE_MODES
 
@@ -85,6 +87,15 @@ class Strategy:
             mode the pushes of as many steps as there are workers, so a key gets as many
             optimizer updates per sample as in sync mode.
         push_merge_window: steps ``push_merge="on"`` holds (``"auto"``: at most).
+        max_staleness: async mode: a worker may run at most this many steps ahead of the
+            slowest worker (it waits otherwise; one whose data ran out never holds the
+            others back); the measured staleness of each pass is in
+            ``PassResult.timings`` (``staleness_max``, ``staleness_mean``). None: unbounded
+            (docs/training.md, "Stragglers").
+        backup_workers: sync mode: each step goes on with the first
+            ``worker count - backup_workers`` workers' gradients; later ones are dropped
+            (``PassResult.timings["late_dropped"]``) and their worker catches up. 0: every
+            worker's gradients make every step (plain sync). Must be below the worker count.
     """
 
     mode: str = "async"
@@ -100,6 +111,8 @@ class Strategy:
     heter_window: int = 2
     push_merge: str | None = None
     push_merge_window: int = 8
+    max_staleness: int | None = None
+    backup_workers: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in mode_names():
@@ -131,3 +144,14 @@ class Strategy:
                 f"got {self.push_merge!r}"
             )
         check_int("Strategy", "push_merge_window", self.push_merge_window, ge=1)
+        if self.max_staleness is not None:
+            check_int("Strategy", "max_staleness", self.max_staleness, ge=0)
+            if self.mode != "async":
+                raise ConfigError(
+                    f"Strategy.max_staleness: bounds async mode only, got mode={self.mode!r}"
+                )
+        check_int("Strategy", "backup_workers", self.backup_workers, ge=0)
+        if self.backup_workers and self.mode != "sync":
+            raise ConfigError(
+                f"Strategy.backup_workers: applies to sync mode only, got mode={self.mode!r}"
+            )
