@@ -45,6 +45,9 @@ RUNS = [
      "base": "async", "limit": 10},
     {"name": "loose_slow", "mode": "async", "max_staleness": 10**6, "slow": True,
      "base": "async", "limit": 10},
+    # uneven data: worker 0 stops after 2 batches; the others must not wait for it
+    {"name": "bounded_uneven", "mode": "async", "max_staleness": K, "limits": {"0": 2}},
+    {"name": "backup_uneven", "mode": "sync", "backup_workers": 1, "limits": {"0": 2}},
 ]  # fmt: skip
 
 
@@ -74,6 +77,7 @@ def runs(tmp_path_factory):
         # rows read: trained, or dropped by a late or catching-up worker
         rows = sum(r[name]["samples"] + r[name]["timings"].get("dropped_rows", 0) for r in per_rank)
         figures[name] = {
+            "batches": [r[name]["batches"] for r in per_rank],
             "rows_per_s": rows / seconds,
             "dense": {r[name]["dense"] for r in per_rank},
             "seconds": seconds,
@@ -140,3 +144,12 @@ def test_strategy_accepts_the_knobs():
     assert sps.Strategy(mode="async", max_staleness=0).max_staleness == 0
     assert sps.Strategy(mode="sync", backup_workers=2).backup_workers == 2
     assert sps.Strategy().max_staleness is None and sps.Strategy().backup_workers == 0
+
+
+def test_a_worker_out_of_data_holds_nobody_back(runs):
+    bounded, backup = runs["bounded_uneven"], runs["backup_uneven"]
+    print(f"uneven: bounded batches {bounded['batches']}, backup batches {backup['batches']}")
+    full = runs["async"]["batches"][1]
+    assert bounded["batches"] == [2, full, full]  # every batch of workers 1 and 2 trained
+    assert max(t["staleness_max"] for t in bounded["timings"]) <= K
+    assert backup["batches"][0] <= 2 and len(backup["dense"]) == 1

@@ -1,7 +1,8 @@
 """Straggler runs for tests/worker/test_stragglers.py (run by ``sparseps launch``).
 
 Trains one pass per entry of --runs (a JSON list of ``{"name", "mode", "backup_workers",
-"max_staleness", "slow", "factor", "base", "limit", "eval"}``), each with a fresh WideDeep on its own tables, in this one job.
+"max_staleness", "slow", "factor", "base", "limit", "limits", "eval"}``;
+``limits``: ``{rank: batches}`` for uneven data), each with a fresh WideDeep on its own tables, in this one job.
 Each run measures this worker's seconds per step; in a run with ``"slow": true`` worker
 --slow-rank sleeps ``factor`` (default --slow-factor) times the step of run ``base``
 (default: the first run) after each step.
@@ -81,7 +82,8 @@ for run in json.loads(args.runs):
         if slow:
             time.sleep(pause)
 
-    data = Limited(train, run["limit"]) if run.get("limit") else train
+    limit = run.get("limits", {}).get(str(rank), run.get("limit"))  # uneven: per rank
+    data = Limited(train, limit) if limit else train
     result = trainer.train_from_dataset(data, print_period=0, on_batch=on_batch)
     step_s = result.seconds / max(result.batches, 1)
     auc = trainer.evaluate(test).auc if run.get("eval") else None
