@@ -60,7 +60,7 @@ def _env() -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stragglers")
-    write_dataset(tmp / "data", rows=24000, seed=7, files=3, test_rows=20000)
+    write_dataset(tmp / "data", rows=36000, seed=7, files=3, test_rows=20000)
     out = tmp / "out"
     cmd = [
         sys.executable, "-m", "sparseps.cli", "launch", "--server-num", "1", "--worker-num",
