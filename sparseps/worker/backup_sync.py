@@ -23,7 +23,8 @@ After a late step a worker reads how many steps were opened (``head``); when it 
 it applies the dense updates of the steps it missed, drops a batch of its data for each
 (so it reads at the others' pace) and joins the newest. A worker whose data
 ran out keeps filling slots of the steps the others open with empty gradients (so ``A``
-contributions keep arriving) until every worker is out of data. The last reader of a step
+contributions keep arriving) until every worker is out of data; while the workers still
+reading could make a step alone, it first gives them about a step's time. The last reader of a step
 deletes its keys.
 
 What it gives up against plain sync: there is no barrier between steps, so a worker may
@@ -154,15 +155,31 @@ class BackupSyncMode(SyncMode):
     def _drain(self) -> None:
         """Out of data: fill the steps the others open with empty gradients until every
         worker is out of data (so ``need`` contributions keep arriving)."""
-        self._add("finished", 1)
+        finished = self._add("finished", 1)
         start, pause = time.perf_counter(), 0.0005
+        interval, last = 0.05, start  # a step's duration, as seen from here (moving mean)
+        opened = None  # when this worker saw step self.s open
         while True:
             if self.s < self._add("head", 0):
+                now = time.perf_counter()
+                opened = now if opened is None else opened
+                # while the active workers alone can make the step, give them about a
+                # step's time first: an empty slot would push one's gradients out
+                if (
+                    self.world - finished >= self.need
+                    and now - opened < interval
+                    and self._add(f"{self.s}/n", 0) < self.need
+                ):
+                    time.sleep(min(pause, interval))
+                    finished = self._add("finished", 0)
+                    continue
                 ticket = self._add(f"{self.s}/n", 1)
                 if ticket <= self.need:
                     self._timed(self.store.set, f"{self._prefix}/{self.s}/g{ticket}", b"")
                 self._apply_step(self.s)
-                start, pause = time.perf_counter(), 0.0005
+                now = time.perf_counter()
+                interval, last, opened = 0.8 * interval + 0.2 * (now - last), now, None
+                start, pause = now, 0.0005
                 continue
             # finished first, head second: once all are out of data no step opens any more
             if self._add("finished", 0) >= self.world and self.s >= self._add("head", 0):

@@ -153,3 +153,6 @@ def test_a_worker_out_of_data_holds_nobody_back(runs):
     assert bounded["batches"] == [2, full, full]  # every batch of workers 1 and 2 trained
     assert max(t["staleness_max"] for t in bounded["timings"]) <= K
     assert backup["batches"][0] <= 2 and len(backup["dense"]) == 1
+    # the drained worker gives the two still reading a step's time before filling a slot:
+    # most of their batches make it (47 of 47 here; 37 of 47 when it filled at once)
+    assert min(backup["batches"][1:]) >= 0.8 * full
