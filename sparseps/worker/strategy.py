@@ -47,7 +47,9 @@ class Strategy:
             ``"hybrid"``: PERSIA's split: dense gradients all-reduced among workers every
             step and applied on each (identical dense parameters, as in sync mode; dense
             optimizer state on the workers), sparse gradients pushed in the background
-            and rows pulled ahead, as in async mode (docs/training.md, "Hybrid").
+            and rows pulled ahead, as in async mode, scaled as sync mode scales them and
+            merged over as many steps as there are workers (``push_merge``), so a key
+            gets sync's number of updates (docs/training.md, "Hybrid").
         k_steps: geo mode: local steps between two delta pushes.
         dense_pull_interval: async mode: pull fresh dense parameters every this many steps
             (the pull overlaps the next batch's preparation; stale dense parameters hurt
