@@ -215,6 +215,7 @@ class PushQueue:
 
     def _run_merging(self) -> None:
         merger, held = self._merger, 0  # held: queue items not yet task_done
+        assert merger is not None  # this loop runs only for a merging queue
         while True:
             wait = merger.time_left()
             try:
