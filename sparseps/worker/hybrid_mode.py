@@ -32,29 +32,20 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ..core import collectives
-from ..files.dense_file import load_dense_file, save_dense_file
-from ..table import DenseTable
-from .modes import DENSE_TABLE, TrainingMode, register_mode
+from .modes import WorkerDenseMode, register_mode
 from .pipeline import PushQueue
 from .push_merge import MergePolicy, policy_of
 
 __all__ = ["HybridMode"]
 
 
-class HybridMode(TrainingMode):
+class HybridMode(WorkerDenseMode):
     """``Strategy(mode="hybrid")``: dense all-reduced per step, sparse pushed async."""
 
     prefetch_pulls = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        values = collectives.broadcast_array(self.dense.values(), timeout=self.collective_timeout)
-        self.dense.set(values)
-        self.local_dense = (
-            DenseTable(DENSE_TABLE, self.dense.size, rule=self.dense_rule, init=values)
-            if self.dense.size
-            else None
-        )
         self.world = collectives.world_size()
         self.queue = _push_queue(self.client, self.strategy, self.world)
         self._push_seen = 0.0
@@ -103,23 +94,6 @@ class HybridMode(TrainingMode):
     def quiesce(self) -> None:
         self.queue.flush()
         collectives.barrier(timeout=self.collective_timeout)
-
-    def save_dense(self, directory) -> str:
-        arrays = (
-            self.local_dense.export()
-            if self.local_dense is not None
-            else {"values": self.dense.values()}
-        )
-        return save_dense_file(directory, arrays)
-
-    def load_dense(self, path) -> None:
-        pass  # every worker holds the dense optimizer: see load_dense_local
-
-    def load_dense_local(self, path) -> None:
-        arrays = load_dense_file(path)
-        if self.local_dense is not None:
-            self.local_dense.import_(arrays)
-            self.dense.set(self.local_dense.pull())
 
     def close(self) -> None:
         self.queue.flush()

@@ -42,6 +42,7 @@ __all__ = [
     "AsyncMode",
     "SyncMode",
     "TrainingMode",
+    "WorkerDenseMode",
     "make_mode",
     "mode_names",
     "register_mode",
@@ -220,20 +221,11 @@ class AsyncMode(TrainingMode):
         return {"push_s": round(spent, 4)}
 
 
-class SyncMode(TrainingMode):
-    """Lock-step: the servers apply the sum of all workers' gradients once per step.
-
-    Every worker contributes to each step (an empty contribution once its data ran out),
-    the sparse gradients are all-gathered and each worker pushes the share of keys that
-    hashes to its rank, the dense gradients are all-reduced and applied by the same dense
-    rule on every worker (so dense parameters stay identical without a broadcast).
-
-    Three collectives per step (:mod:`~sparseps.worker.sync_exchange`): the step's header,
-    every table's sparse gradients in one buffer, the dense all-reduce. No barrier ends a
-    step: a worker joins the next header only once its pushes are applied, and pulls
-    after it, so no pull sees a step half applied (a callback between steps, such as
-    ``on_batch``, may run before the other workers' pushes of that step are applied).
-    """
+class WorkerDenseMode(TrainingMode):
+    """A mode whose dense parameters live on the workers (sync, hybrid): worker 0's values
+    are broadcast at the start, every worker applies the dense rule to its own copy with
+    the same gradients, so the copies stay identical; a checkpoint saves worker 0's
+    values and optimizer state, and a load gives them to every worker."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -244,9 +236,6 @@ class SyncMode(TrainingMode):
             if self.dense.size
             else None
         )
-        self.global_batch = 0
-        self._dims = {config.name: config.dim for config in self.tables}
-        self._buffer_sizes: np.ndarray | None = None  # this step's, from its header
 
     def save_dense(self, directory) -> str:
         arrays = (
@@ -264,6 +253,28 @@ class SyncMode(TrainingMode):
         if self.local_dense is not None:
             self.local_dense.import_(arrays)
             self.dense.set(self.local_dense.pull())
+
+
+class SyncMode(WorkerDenseMode):
+    """Lock-step: the servers apply the sum of all workers' gradients once per step.
+
+    Every worker contributes to each step (an empty contribution once its data ran out),
+    the sparse gradients are all-gathered and each worker pushes the share of keys that
+    hashes to its rank, the dense gradients are all-reduced and applied by the same dense
+    rule on every worker (so dense parameters stay identical without a broadcast).
+
+    Three collectives per step (:mod:`~sparseps.worker.sync_exchange`): the step's header,
+    every table's sparse gradients in one buffer, the dense all-reduce. No barrier ends a
+    step: a worker joins the next header only once its pushes are applied, and pulls
+    after it, so no pull sees a step half applied (a callback between steps, such as
+    ``on_batch``, may run before the other workers' pushes of that step are applied).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.global_batch = 0
+        self._dims = {config.name: config.dim for config in self.tables}
+        self._buffer_sizes: np.ndarray | None = None  # this step's, from its header
 
     def steps(self, source: Iterable) -> Iterator:
         iterator = iter(source)
