@@ -87,7 +87,7 @@ def _claim_in_process(port: int, items: int, results) -> None:
 
 def test_queue_processes_claim_each_item_once():
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("spawn")  # fork copies locks held by this process's threads
     results = ctx.Queue()
     procs = [
         ctx.Process(target=_claim_in_process, args=(store.port, 300, results)) for _ in range(3)
