@@ -12,16 +12,12 @@ import threading
 import numpy as np
 
 from ..core.placement import Placement
-from ..errors import RemoteError, SparsePSError
+from ..errors import SparsePSError
 from ..rpc.client import PSClient
 from ..rpc.handle import Handle  # noqa: TC001 - the return annotation
+from ..rpc.placed import is_placement_error
 
 __all__ = ["Peers", "is_placement_error"]
-
-
-def is_placement_error(exc: BaseException) -> bool:
-    """Whether a server refused a request for a placement reason (resend after refresh)."""
-    return isinstance(exc, RemoteError) and exc.remote_type == "PlacementError"
 
 
 class Peers:
@@ -37,7 +33,8 @@ class Peers:
         with self._lock:
             found = self._clients.get(endpoint)
             if found is None:
-                found = PSClient([endpoint], timeout=self.timeout, job_id=self.job_id)
+                found = PSClient([endpoint], timeout=self.timeout, job_id=self.job_id,
+                                 follow_placement=False)  # fmt: skip
                 self._clients[endpoint] = found
             return found
 

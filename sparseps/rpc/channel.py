@@ -161,6 +161,9 @@ class Channel:
             self._monitors.append(monitor)
         # ranks a caller asked to reconnect (revive), served by the I/O thread
         self._revive: collections.deque[tuple[int, threading.Event]] = collections.deque()
+        # endpoints a caller asked to add (an elastic job's new servers: grow)
+        self._growth: collections.deque[tuple[list[str], threading.Event]] = collections.deque()
+        self._grow_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="sparseps-client-io", daemon=True)
         self._thread.start()
 
@@ -257,6 +260,56 @@ class Channel:
                 op="revive", role=self.role, rank=rank, address=self.endpoints[rank],
                 seconds=timeout, setting="Channel.revive(timeout=...)",
             )  # fmt: skip
+
+    def grow(self, endpoints: Sequence[str], timeout: float = 10.0) -> list[int]:
+        """The ranks of ``endpoints`` on this channel, connecting to the ones it does not
+        have yet as new ranks (an elastic job's new servers; the I/O thread connects).
+
+        Raises:
+            ConfigError: a malformed ``host:port``.
+            DeadlineError: the I/O thread did not get to it within ``timeout``.
+        """
+        from ..env import parse_endpoint
+
+        with self._grow_lock:
+            new = [e for e in dict.fromkeys(endpoints) if e not in self.endpoints]
+            for endpoint in new:
+                parse_endpoint(endpoint, what="placement endpoint")
+            if new:
+                done = threading.Event()
+                self._growth.append((new, done))
+                if not done.wait(timeout):
+                    raise DeadlineError(
+                        f"connecting to new {self.role}s {new} took over {timeout:g} s",
+                        op="grow", role=self.role, address=new[0], seconds=timeout,
+                        setting="Channel.grow(timeout=...)",
+                    )  # fmt: skip
+            index = {e: i for i, e in enumerate(self.endpoints)}
+        return [index[e] for e in endpoints]
+
+    def _serve_growth(self) -> None:
+        while self._growth:
+            new, done = self._growth.popleft()
+            for endpoint in new:
+                if endpoint in self.endpoints:
+                    continue
+                rank = len(self.endpoints)
+                self._lost.append(None)
+                self._refused.append(None)
+                self._was_connected.append(False)
+                self._why_lost.append("")
+                self._state.append("connecting")
+                self._backlog.append(collections.deque())
+                self.endpoints = (*self.endpoints, endpoint)
+                dealer, monitor = self._connect(rank)
+                self._dealers.append(dealer)
+                self._monitors.append(monitor)
+                self._rank_of[dealer], self._monitor_of[monitor] = rank, rank
+                self._poller.register(dealer, zmq.POLLIN)
+                self._poller.register(monitor, zmq.POLLIN)
+                log.info("%s %d at %s: connecting (a new server of the job)", self.role, rank,
+                         endpoint)  # fmt: skip
+            done.set()
 
     def mark_lost(self, rank: int, why: str) -> None:
         """Treat server ``rank`` as lost (it answered that it cannot serve: a replacement
@@ -382,6 +435,7 @@ class Channel:
         try:
             while not self._closing.is_set():
                 self._serve_revivals()
+                self._serve_growth()
                 for sock, _ in poller.poll(_POLL_MS):
                     if sock.closed:  # a lost server's, closed earlier in this round
                         continue

@@ -56,6 +56,7 @@ from .client_checks import (
 from .client_rows import ClientRows
 from .handle import Handle, completed
 from .ops import SHARD_WRITE_OPS, UPDATE_OPS
+from .placed import DEFAULT_PLACEMENT_RETRY_S, PlacementRouting, RoutedHandle, rows_of
 from .protocol import JOB_ID, Limits
 from .replicated import ShardRequest
 from .security import Security, security_from_env
@@ -81,11 +82,15 @@ def _check_seconds(name: str, value) -> None:
         raise ConfigError(f"PSClient: {name} must be a finite number of seconds > 0, got {value!r}")
 
 
+def _none(_replies) -> None:
+    return None
+
+
 # per-table figures PSClient.stats() sums over servers
 _TABLE_TOTALS = ("rows", "pending", "bytes_used", "memory_rows", "disk_rows")
 
 
-class PSClient(ClientRows):
+class PSClient(ClientRows, PlacementRouting):
     """A connection to every server of one job.
 
     Args:
@@ -111,6 +116,11 @@ class PSClient(ClientRows):
             ``SPARSEPS_REPLICAS``, else 0). With replicas, updates go to every live copy
             of a shard, reads to the first, and a server whose connection drops is routed
             around (see :mod:`sparseps.rpc.replicated`, docs/replication.md).
+        follow_placement: route by the servers' placement once they hold one (an elastic
+            job, :mod:`sparseps.rpc.placed`; default True). False pins the client to its
+            endpoint list (the migration driver's one-server clients).
+        placement_retry_s: seconds a request refused for a placement reason (a virtual
+            shard moving between servers) is resent for before the call fails (default 60).
 
     Raises:
         ConfigError: empty or malformed endpoints, a timeout that is not a finite number
@@ -130,6 +140,8 @@ class PSClient(ClientRows):
         file_timeout: float | None = None,
         update_retries: int = 0,
         replicas: int | None = None,
+        follow_placement: bool = True,
+        placement_retry_s: float = DEFAULT_PLACEMENT_RETRY_S,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
@@ -149,6 +161,7 @@ class PSClient(ClientRows):
         if file_timeout is None:
             file_timeout = env.float_setting(env.FILE_TIMEOUT, DEFAULT_FILE_TIMEOUT)
         _check_seconds("file_timeout", file_timeout)
+        _check_seconds("placement_retry_s", placement_retry_s)
         if job_id is not None and not (isinstance(job_id, str) and JOB_ID.fullmatch(job_id)):
             raise ConfigError(
                 f"PSClient: job_id must be 1-128 characters from [A-Za-z0-9_.:-], got {job_id!r}"
@@ -190,6 +203,7 @@ class PSClient(ClientRows):
             update_retries=update_retries,
             detect_loss=self.replicas > 0,
         )
+        self._init_placement(follow=follow_placement, retry_s=placement_retry_s)
 
     @property
     def num_servers(self) -> int:
@@ -217,6 +231,8 @@ class PSClient(ClientRows):
     ) -> list:
         """Send one per-server request to every server (or to ``ranks``) and wait for all
         results (with replicas, lost servers are left out when ``ranks`` is None)."""
+        if ranks is None:
+            ranks = self._table_ranks()
         if ranks is None:
             ranks = [r for r in range(self.num_servers) if self._channel.lost(r) is None]
         calls = [self._channel.submit(rank, op, table, (), args) for rank in ranks]
@@ -285,32 +301,16 @@ class PSClient(ClientRows):
         timeout: float | None = None,
         shards=None,
     ) -> list:
-        """One request per shard (or per shard of ``shards``); the results in shard order."""
+        """One request per shard (or per shard of ``shards``); the results in shard order.
+        An elastic job: one per live server of the placement (asked for first)."""
+        if shards is None:
+            self._probe_placement()
+            shards = self._table_ranks()
         shards = range(self.num_servers) if shards is None else shards
         requests = [self._shard_request(s, op, table, (), args, every=every) for s in shards]
         return Handle(self._channel, requests, lambda replies: [r.result for r in replies]).wait(
             timeout
         )
-
-    def _send_grouped(
-        self,
-        op: str,
-        table: str,
-        grouped: np.ndarray,
-        offsets: np.ndarray,
-        columns,
-        *,
-        every: bool = False,
-    ) -> list:
-        """One request per shard that owns keys (shard 0 when there are none):
-        ``[(shard, ShardRequest)]``."""
-        out = []
-        for shard in range(self.num_servers):
-            lo, hi = offsets[shard], offsets[shard + 1]
-            if hi > lo or (shard == 0 and not len(grouped)):
-                bufs = [grouped[lo:hi], *(c[lo:hi] for c in columns)]
-                out.append((shard, self._shard_request(shard, op, table, bufs, every=every)))
-        return out
 
     def request(self, rank: int, op: str, table: str | None = None,
                 bufs: Sequence[np.ndarray] = (), args: dict | None = None) -> Handle:  # fmt: skip
@@ -330,38 +330,27 @@ class PSClient(ClientRows):
         """
         self._each_shard("create_table", config.name, {"config": config.to_dict()}, every=True)
 
-    def pull(self, table: str, keys: np.ndarray) -> Handle:
+    def pull(self, table: str, keys: np.ndarray) -> RoutedHandle:
         """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``."""
         keys = check_key_array(f"pull {table!r}", keys, contiguous=False)
-        grouped, offsets, inverse = group_by_server(keys, self.num_servers)
-        calls = self._send_grouped("pull", table, grouped, offsets, ())
+        group = self._group(keys, group_by_server)
+        return self._keyed("pull", table, group, (), rows_of(len(group[0]), group[2]))
 
-        def finish(replies) -> np.ndarray:
-            if len(replies) == 1:
-                return np.take(replies[0].bufs[0], inverse, axis=0)
-            rows = np.empty((len(grouped), replies[0].bufs[0].shape[1]), dtype=np.float32)
-            for (shard, _), reply in zip(calls, replies, strict=True):
-                rows[offsets[shard] : offsets[shard + 1]] = reply.bufs[0]
-            return np.take(rows, inverse, axis=0)
-
-        return Handle(self._channel, [c for _, c in calls], finish)
-
-    def prefetch(self, table: str, keys: np.ndarray) -> Handle:
+    def prefetch(self, table: str, keys: np.ndarray) -> Handle | RoutedHandle:
         """Tell the servers the keys of coming pulls; ``wait()`` -> distinct keys queued (each
         server answers once it queued them). Tiered tables (``memory_rows``) promote the
         rows that are only on disk in the background; in-memory tables ignore it."""
         keys = check_key_array(f"prefetch {table!r}", keys, contiguous=False)
         if not len(keys):
             return completed(0)
-        grouped, offsets, _ = group_by_server(keys, self.num_servers)
-        calls = self._send_grouped("prefetch", table, grouped, offsets, ())
-        return Handle(
-            self._channel,
-            [c for _, c in calls],
-            lambda replies: sum(r.result["queued"] for r in replies),
+        group = self._group(keys, group_by_server)
+        return self._keyed(
+            "prefetch", table, group, (), lambda got: sum(r.result["queued"] for _, r in got)
         )
 
-    def _push(self, op: str, table: str, keys, values, name: str, shows, clicks) -> Handle:
+    def _push(
+        self, op: str, table: str, keys, values, name: str, shows, clicks
+    ) -> Handle | RoutedHandle:
         what = f"{op} {table!r}"
         keys = check_key_array(what, keys, contiguous=False)
         values = check_finite_rows(values, name, what, len(keys))
@@ -369,12 +358,12 @@ class PSClient(ClientRows):
         clicks = check_counts_or_none(clicks, "clicks", what, len(keys))
         if not len(keys):
             return completed(None)
-        grouped, offsets, inverse = group_by_server(keys, self.num_servers)
+        group = self._group(keys, group_by_server)
+        grouped, inverse = group[0], group[2]
         merged, shows, clicks = merge_by_group(inverse, len(grouped), values, shows, clicks)
         if len(grouped) < len(keys):  # only sums of duplicates can overflow
             check_merged(what, grouped, merged, shows, clicks)
-        calls = self._send_grouped(op, table, grouped, offsets, (merged, shows, clicks), every=True)
-        return Handle(self._channel, [c for _, c in calls], lambda _: None)
+        return self._keyed(op, table, group, (merged, shows, clicks), _none, every=True)
 
     def push(
         self,
@@ -383,7 +372,7 @@ class PSClient(ClientRows):
         grads: np.ndarray,
         shows: np.ndarray | None = None,
         clicks: np.ndarray | None = None,
-    ) -> Handle:
+    ) -> Handle | RoutedHandle:
         """Apply gradients with the table's rule; ``wait()`` -> None.
 
         Args:
@@ -401,7 +390,7 @@ class PSClient(ClientRows):
         deltas: np.ndarray,
         shows: np.ndarray | None = None,
         clicks: np.ndarray | None = None,
-    ) -> Handle:
+    ) -> Handle | RoutedHandle:
         """Geo mode: add ``deltas`` to the rows (no optimizer rule); else like :meth:`push`."""
         return self._push("push_delta", table, keys, deltas, "deltas", shows, clicks)
 
@@ -411,9 +400,11 @@ class PSClient(ClientRows):
 
     def shrink(self, table: str) -> np.ndarray:
         """Delete rows per the lifecycle policy; returns the deleted keys (sorted uint64)."""
+        self._probe_placement()
+        ranks = self._table_ranks()
         calls = [
             self._shard_request(shard, "shrink", table, every=True)
-            for shard in range(self.num_servers)
+            for shard in (range(self.num_servers) if ranks is None else ranks)
         ]
         parts = Handle(self._channel, calls, lambda replies: [r.bufs[0] for r in replies]).wait()
         return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
@@ -545,9 +536,17 @@ class PSClient(ClientRows):
         Raises:
             ConfigError: a server has another rank or server count than this client expects.
         """
-        ranks = list(range(self.num_servers)) if ranks is None else list(ranks)
+        elastic = self._table_ranks()
+        if ranks is None:
+            ranks = list(range(self.num_servers)) if elastic is None else elastic
+        ranks = list(ranks)
         answers = self._all("ping", timeout=timeout, ranks=ranks)
         for rank, answer in zip(ranks, answers, strict=True):
+            if elastic is not None:  # a placement names every server; new ones list more
+                if answer.get("rank") != rank:
+                    raise ConfigError(f"server at {self._channel.endpoints[rank]} is rank "
+                                      f"{answer.get('rank')}, its placement says {rank}")  # fmt: skip
+                continue
             if answer.get("rank") != rank or answer.get("num_servers") != self.num_servers:
                 raise ConfigError(
                     f"server at {self.endpoints[rank]} is rank {answer.get('rank')} of {answer.get('num_servers')}, "
@@ -573,11 +572,13 @@ class PSClient(ClientRows):
             for key in ("requests", "bad_messages", "failed", "duplicates"):
                 total[key] += server.get(key, 0)
         by_rank = {server["rank"]: server for server in servers}
-        for shard in range(self.num_servers):
+        elastic = self._table_ranks()
+        for shard in range(self.num_servers) if elastic is None else elastic:
             # a shard counts once, from its acting primary (its first live copy)
-            holder = next(
-                (r for r in chain(shard, self.num_servers, self.replicas) if r in by_rank), None
+            copies = (
+                (shard,) if elastic is not None else chain(shard, self.num_servers, self.replicas)
             )
+            holder = next((r for r in copies if r in by_rank), None)
             if holder is None:
                 continue
             server = by_rank[holder]

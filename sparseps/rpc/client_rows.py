@@ -27,6 +27,7 @@ from ..core.validate import check_key_array
 from ..errors import InputError
 from .client_checks import check_counts_or_none, check_finite_rows
 from .handle import Handle, completed
+from .placed import RoutedHandle, rows_of
 
 __all__ = ["ClientRows"]
 
@@ -41,25 +42,16 @@ class ClientRows:
 
         @property
         def num_servers(self) -> int: ...
-        def _send_grouped(self, op: str, table: str, grouped: np.ndarray,
-                          offsets: np.ndarray, columns, *, every: bool = False) -> list: ...  # fmt: skip
+        def _group(self, keys: np.ndarray, group_by_server) -> tuple: ...
+        def _keyed(self, op: str, table: str, group: tuple, columns, finish, *,
+                   every: bool = False) -> RoutedHandle: ...  # fmt: skip
 
-    def pull_full(self, table: str, keys: np.ndarray) -> Handle:
+    def pull_full(self, table: str, keys: np.ndarray) -> RoutedHandle:
         """Embedding and optimizer state of ``keys``; ``wait()`` -> float32
         ``[len(keys), dim + state_dim]`` in the caller's order."""
         keys = check_key_array(f"pull_full {table!r}", keys, contiguous=False)
-        grouped, offsets, inverse = group_by_server(keys, self.num_servers)
-        calls = self._send_grouped("pull_full", table, grouped, offsets, ())
-
-        def finish(replies) -> np.ndarray:
-            if len(replies) == 1:
-                return np.take(replies[0].bufs[0], inverse, axis=0)
-            rows = np.empty((len(grouped), replies[0].bufs[0].shape[1]), dtype=np.float32)
-            for (shard, _), reply in zip(calls, replies, strict=True):
-                rows[offsets[shard] : offsets[shard + 1]] = reply.bufs[0]
-            return np.take(rows, inverse, axis=0)
-
-        return Handle(self._channel, [c for _, c in calls], finish)
+        group = self._group(keys, group_by_server)
+        return self._keyed("pull_full", table, group, (), rows_of(len(group[0]), group[2]))
 
     def write_rows(
         self,
@@ -68,7 +60,7 @@ class ClientRows:
         rows: np.ndarray,
         shows: np.ndarray | None = None,
         clicks: np.ndarray | None = None,
-    ) -> Handle:
+    ) -> Handle | RoutedHandle:
         """Overwrite the embedding and state of ``keys`` (unique), add show/click;
         ``wait()`` -> None (module docstring).
 
@@ -88,12 +80,12 @@ class ClientRows:
             raise InputError(
                 f"{what}: keys must be unique (each row is written once); nothing was sent"
             )
-        grouped, offsets, inverse = group_by_server(keys, self.num_servers)
+        group = self._group(keys, group_by_server)
+        inverse = group[2]
         order = np.empty(len(keys), np.int64)
         order[inverse] = np.arange(len(keys))  # grouped[i] == keys[order[i]]
         columns = [np.ascontiguousarray(rows[order])]
         columns += [np.ascontiguousarray(c[order]) for c in (shows, clicks) if c is not None]
         if shows is None and clicks is not None:  # clicks alone: shows take their default
             columns.insert(1, np.ones(len(keys), np.float32))
-        calls = self._send_grouped("write_rows", table, grouped, offsets, columns, every=True)
-        return Handle(self._channel, [c for _, c in calls], lambda _: None)
+        return self._keyed("write_rows", table, group, columns, lambda _: None, every=True)

@@ -62,8 +62,9 @@ INLINE_OPS = frozenset(
         "stats",
     }
 )
-# Answered inline even while a long op runs: they take no table lock.
-ALWAYS_INLINE_OPS = frozenset({"ping", "stop"})
+# Answered inline even while a long op runs: they take no table lock (get_placement: a
+# client asks it before every table-wide op of a job that may be elastic).
+ALWAYS_INLINE_OPS = frozenset({"ping", "stop", "get_placement"})
 
 READY = b"\x00READY"
 POLL_MS = 100
