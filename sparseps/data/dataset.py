@@ -153,7 +153,8 @@ class DatasetBase:
                  world: int | None = None, drop_last: bool = False, strict: bool = False,
                  queue_size: int = 16, pipe_timeout: float = 300.0,
                  max_bad_ratio: float = MAX_BAD_RATIO, split: str = "static",
-                 journal: str | os.PathLike | None = None, store=None) -> None:  # fmt: skip
+                 journal: str | os.PathLike | None = None, store=None,
+                 steal_key: str | None = None) -> None:  # fmt: skip
         self.options = DatasetOptions.build(
             files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
             world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
@@ -169,7 +170,8 @@ class DatasetBase:
             )
         stealing = opts.split is Split.STEAL
         self._share = FileShare(opts.files, opts.rank, opts.world, stealing=stealing,
-                                journal=opts.journal, store=store, name=type(self).__name__)  # fmt: skip
+                                journal=opts.journal, store=store, name=type(self).__name__,
+                                key=steal_key)  # fmt: skip
         if not stealing and not self.options.my_files():
             log.warning(
                 "%s: worker %d of %d has no file to read (%d files in all)",

@@ -48,6 +48,11 @@ class QueueDataset(DatasetBase):
             :mod:`sparseps.data.steal` for the exact guarantee); None: no record.
         store: the ``torch.distributed.Store`` that ``split="steal"`` claims files on
             and ``journal`` agrees on; default the job's rendezvous store.
+        steal_key: a name for the dataset's file queue (and journal entries), equal on
+            every worker that reads it together; default: the file list's digest and how
+            many stealing datasets over it this worker made before (so workers must build
+            their datasets in the same order). Give one when workers do not (a worker
+            that joined the job later, a load dropped and made again).
         max_bad_ratio: the share of a pass's lines (on this worker) that may be bad and
             skipped, default 0.01; above it, or when every line is bad, the pass raises
             :class:`~sparseps.errors.InputError` (see :mod:`sparseps.data.stats`).

@@ -271,9 +271,12 @@ class FileShare:
     """
 
     def __init__(self, files: tuple[str, ...], rank: int, world: int, *, stealing: bool,
-                 journal: str | None, store, name: str) -> None:  # fmt: skip
+                 journal: str | None, store, name: str, key: str | None = None) -> None:  # fmt: skip
         self._files, self._rank, self._world, self._stealing = files, rank, world, stealing
-        self._key = dataset_key(files, rank) if stealing or journal else ""
+        if key is not None:
+            self._key = f"{key}-{list_digest(files)}"
+        else:
+            self._key = dataset_key(files, rank) if stealing or journal else ""
         self._journal = None if journal is None else Journal(journal, rank, list_digest(files))
         self._store, self._name = store, name
         self._next_pass: int | None = None  # agreed on at the first pass (journal resume)

@@ -159,6 +159,9 @@ class DataConfig:
         shuffle_seed: base seed of the per-pass global shuffle (``None``: no shuffle).
         preload: load the next pass in the background while the current one trains
             (``false``: load each pass when its turn comes, holding one pass in memory).
+        split: how a pass's files are shared among the workers: ``static`` (worker ``r``
+            of ``w`` reads ``files[r::w]``) or ``steal`` (each worker takes the next file
+            from a queue shared by the pass's workers, docs/data.md §6.1).
     """
 
     root: str = ""
@@ -174,6 +177,7 @@ class DataConfig:
     max_bad_ratio: float = MAX_BAD_RATIO
     shuffle_seed: int | None = 0
     preload: bool = True
+    split: str = "static"
     pipe_command: str | None = None
     schema: str | dict | None = None
 
@@ -214,6 +218,7 @@ class DataConfig:
         if self.shuffle_seed is not None:
             check_int("data.shuffle_seed", self.shuffle_seed, 0)
         check_bool("data.preload", self.preload)
+        check_choice("data.split", self.split, ("static", "steal"))
 
     def _check_schema(self):
         value = self.schema
@@ -256,11 +261,12 @@ class DataConfig:
 
     def dataset_options(self) -> dict:
         """The keyword arguments every dataset of the job is built with (besides files,
-        schema, batch size and threads): format, pipe_command, max_bad_ratio."""
+        schema, batch size and threads): format, pipe_command, max_bad_ratio, split."""
         return {
             "pipe_command": self.pipe_command,
             "format": self.format,
             "max_bad_ratio": self.max_bad_ratio,
+            "split": self.split,
         }
 
     def dataset_schema(self) -> Schema:

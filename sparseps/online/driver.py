@@ -34,6 +34,13 @@ An optional ``on_phase`` hook is called at named points of this loop
 Restart: the newest complete checkpoint is loaded and the loop continues with the pass
 after it (the ledger's rule, see :mod:`sparseps.online.ledger`).
 
+Workers joining and leaving (async mode, :mod:`sparseps.online.membership`): at each
+pass boundary the workers take worker 0's decision on who trains the next pass; a changed
+membership re-forms the gloo group, discards a pass preloaded for the old one (its share
+was cut for the old world) and loads it again; a worker whose rank is beyond the new world
+leaves after the pass's ledger line (exit 0), and a newcomer joins with the state worker
+0 put in the decision (last pass, trained passes, whether a base exists).
+
 Before any of it, worker 0 takes the model directory's lock
 (:mod:`sparseps.online.lock`; already held for it when ``sparseps online`` launched the
 job): a second job on the same folder stops here, before it deletes or writes anything.
@@ -59,6 +66,7 @@ from .config import OnlineConfig
 from .layout import DataLayout, PassId
 from .ledger import Ledger
 from .lock import ModelDirLock
+from .membership import Membership
 from .model_dir import ModelDir
 from .phases import CountingDataset, PhaseEvent, PhaseHook
 from .schedule import plan_pass
@@ -81,11 +89,15 @@ class _Loader:
         layout: DataLayout,
         pass_id: PassId,
         make_dataset: Callable[[list[Path]], InMemoryDataset],
+        version: int = 0,
     ) -> None:
         self.pass_id = pass_id
+        self.version = version  # the membership it loads a share for
         self.seconds = 0.0  # wait for the markers + load, set when the thread ends
         self._result: tuple[list[Path], InMemoryDataset] | None = None
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._done = self._dropped = False
         self._thread = threading.Thread(
             target=self._run, args=(layout, make_dataset), name=f"online-load-{pass_id.seq}",
             daemon=True,
@@ -104,6 +116,23 @@ class _Loader:
         except BaseException as exc:  # re-raised in get()
             self._error = exc
         self.seconds = time.perf_counter() - start
+        with self._lock:
+            self._done = True
+            if self._dropped:
+                self._release()
+
+    def discard(self) -> None:
+        """Nobody will take this load (the workers changed): free it once it is done,
+        without waiting for it (it may still wait for its pass's done-markers)."""
+        with self._lock:
+            self._dropped = True
+            if self._done:
+                self._release()
+
+    def _release(self) -> None:
+        if self._result is not None:
+            self._result[1].release_memory()
+            self._result = None
 
     def get(self, timeout: float) -> tuple[list[Path], InMemoryDataset]:
         """``(folders, dataset)`` once loaded; raises the loader's error."""
@@ -130,11 +159,16 @@ class OnlineDriver:
             phase of the loop (see :mod:`sparseps.online.phases`); ``None``: no calls.
         save_hooks: a :class:`~sparseps.checkpoint.hooks.SaveHooks` handed to every
             checkpoint and inference save (fault injection for tests); ``None``: none.
+        members: the worker's :class:`~sparseps.online.membership.Membership` (workers
+            join and leave at pass boundaries); ``None``: the workers are fixed.
+        newcomer: this worker was started for a scale-up: it waits for the boundary that
+            admits it (``members`` required).
     """
 
     def __init__(
         self, config: OnlineConfig, trainer, *, rank: int, world: int,
         on_phase: PhaseHook | None = None, save_hooks: SaveHooks | None = None,
+        members: Membership | None = None, newcomer: bool = False,
     ) -> None:  # fmt: skip
         self.config = config
         self.trainer = trainer
@@ -147,6 +181,10 @@ class OnlineDriver:
         self.save_hooks = save_hooks
         self._last_checkpoint: str | None = None
         self._has_base = False
+        self.members = members
+        self.newcomer = newcomer
+        if newcomer and members is None:
+            raise ConfigError("OnlineDriver(newcomer=True) needs members=")
 
     def _phase(self, phase: str, pass_id: PassId) -> None:
         if self.on_phase is not None:
@@ -154,15 +192,35 @@ class OnlineDriver:
 
     # -- data --------------------------------------------------------------------------
 
-    def _dataset(self, folders, *, queue: bool = False):
+    def _dataset(self, folders, *, queue: bool = False, world: int | None = None,
+                 steal_key: str | None = None):  # fmt: skip
+        """A dataset of ``folders`` for ``world`` workers (default: the current pass's);
+        ``steal_key`` names its file queue with ``data.split: steal`` (equal on every
+        worker of the pass; default: the datasets' own count)."""
         from ..data import InMemoryDataset, QueueDataset
 
         data = self.config.data
         kind, threads = (QueueDataset, 1) if queue else (InMemoryDataset, data.threads)
+        options = data.dataset_options()
+        if queue:  # prediction and checks read a fixed share: no queue shared with others
+            options["split"] = "static"
+        elif steal_key is not None and options.get("split") == "steal":
+            options["steal_key"] = steal_key
         return kind(
             [str(f) for f in folders], data.dataset_schema(), data.batch_size, threads,
-            rank=self.rank, world=self.world, **data.dataset_options(),
+            rank=self.rank, world=self.world if world is None else world, **options,
         )  # fmt: skip
+
+    def _loader(self, pass_id: PassId) -> _Loader:
+        """Start loading ``pass_id``'s share for the current membership."""
+        world = self.world
+        version = 0 if self.members is None else self.members.version
+        key = f"online/{pass_id.seq}/v{version}"
+
+        def make(folders):
+            return self._dataset(folders, world=world, steal_key=key)
+
+        return _Loader(self.layout, pass_id, make, version)
 
     def _load_timeout(self) -> float:
         return self.config.data.wait_timeout_s + self.config.job.collective_timeout_s
@@ -227,35 +285,93 @@ class OnlineDriver:
             self.lock.release()
 
     def _run(self) -> list[dict]:
-        last_seq = self.resume()
+        if self.newcomer:
+            last_seq = self._join()
+            if last_seq is None:
+                return []
+        else:
+            last_seq = self.resume()
+            if self.members is not None:
+                self.members.start()
         todo = [p for p in self.layout.passes() if p.seq > last_seq]
         records = []
         if self.rank == 0:
             self.dir.write_status("running", next=str(todo[0]) if todo else None)
         preload = self.config.data.preload
-        loader = _Loader(self.layout, todo[0], self._dataset) if todo and preload else None
+        loader = self._loader(todo[0]) if todo and preload else None
         for i, pass_id in enumerate(todo):
             if loader is None:
-                loader = _Loader(self.layout, pass_id, self._dataset)
+                loader = self._loader(pass_id)
             start = time.perf_counter()
             folders, dataset = loader.get(self._load_timeout())
             # collective, so also the barrier the shuffle needs: every worker holds its data
-            timing = self._slowest([loader.seconds, time.perf_counter() - start])
+            timing, rows = self._gather_load(loader.seconds, time.perf_counter() - start, dataset)
             loader = None
             if preload and i + 1 < len(todo):
-                loader = _Loader(self.layout, todo[i + 1], self._dataset)
-            records.append(self._run_pass(pass_id, folders, dataset, timing))
+                loader = self._loader(todo[i + 1])
+            records.append(self._run_pass(pass_id, folders, dataset, timing, rows))
             dataset.release_memory()
+            if self.members is not None and i + 1 < len(todo):
+                stays, loader = self._boundary(pass_id, loader)
+                if not stays:
+                    return records
+        if self.members is not None:
+            self.members.end(self._state(todo[-1].seq if todo else last_seq))
         if self.rank == 0:
             self.dir.write_status("completed", passes=len(self.ledger.passes()))
         return records
 
-    def _slowest(self, values: list[float]) -> list[float]:
-        """Element-wise max over workers (a pass starts when the slowest worker has data)."""
-        mine = np.array([values], np.float64)
-        return np.max(np.concatenate(collectives.all_gather_arrays(mine)), axis=0).tolist()
+    # -- workers joining and leaving (async mode) ----------------------------------------
 
-    def _run_pass(self, pass_id: PassId, folders, dataset, timing: list[float]) -> dict:
+    def _state(self, seq: int) -> dict:
+        """What a newcomer needs to go on after pass ``seq`` (worker 0's view)."""
+        return {"seq": seq, "passes": self.trainer.passes, "has_base": self._has_base,
+                "last_checkpoint": self._last_checkpoint}  # fmt: skip
+
+    def _boundary(self, pass_id: PassId, loader: _Loader | None) -> tuple[bool, _Loader | None]:
+        """The pass boundary after ``pass_id``: agree on the next pass's workers. Returns
+        whether this worker stays and the next pass's loader (None: load it now)."""
+        members = self.members
+        assert members is not None, "only called with members"
+        decision = members.decide(self._state(pass_id.seq))
+        stays = members.apply(decision)
+        if loader is not None and loader.version != members.version:
+            # loaded for the old membership: its share (or its file queue) is the old one's
+            loader.discard()
+            loader = None
+        self.world = members.world
+        return stays, loader
+
+    def _join(self) -> int | None:
+        """A newcomer: wait for the boundary that admits it; the last seq done before it
+        (None: not needed, leave)."""
+        members = self.members
+        assert members is not None, "a newcomer has members"
+        decision = members.join()
+        if decision is None:
+            return None
+        state = decision.state
+        # the trainer connects before the group forms: its start's barrier is a group of
+        # one, and the dense values it pulls are those the members' last pass left
+        self.trainer.client  # noqa: B018 - starts the trainer
+        self.trainer.passes = int(state["passes"])
+        self._has_base = bool(state["has_base"])
+        self._last_checkpoint = state["last_checkpoint"]
+        members.form()
+        self.world = members.world
+        log.info("worker %d joined at boundary %d: %d workers from the pass after seq %d",
+                 self.rank, decision.boundary, self.world, state["seq"])  # fmt: skip
+        return int(state["seq"])
+
+    def _gather_load(self, load_s: float, wait_s: float, dataset) -> tuple[list[float], list[int]]:
+        """The slowest worker's load and wait (a pass starts when the slowest worker has
+        data) and every worker's loaded rows, in rank order (one collective)."""
+        mine = np.array([[load_s, wait_s, len(dataset)]], np.float64)
+        every = np.concatenate(collectives.all_gather_arrays(mine))
+        return np.max(every[:, :2], axis=0).tolist(), every[:, 2].astype(np.int64).tolist()
+
+    def _run_pass(self, pass_id: PassId, folders, dataset, timing: list[float],
+                  rows: list[int]) -> dict:  # fmt: skip
         trainer, config, save = self.trainer, self.config, self.config.save
         start = time.perf_counter()
         online_pass().set(pass_id.seq)
@@ -267,6 +383,7 @@ class OnlineDriver:
             "kind": "pass", "seq": pass_id.seq, "day": pass_id.day, "pass": pass_id.index,
             "splits": [str(f) for f in folders], "eval": progressive.to_dict(),
             "load_s": round(timing[0], 4), "data_wait_s": round(timing[1], 4),
+            "workers": len(rows), "worker_rows": rows,
         }  # fmt: skip
         self._phase("evaluated", pass_id)
         if config.schedule.evaluate_only:

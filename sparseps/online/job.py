@@ -89,6 +89,50 @@ def build_trainer(config):
     )  # fmt: skip
 
 
+def follows_workers(config) -> bool:
+    """Whether the job can follow workers joining and leaving between passes: async mode.
+    Sync keeps its dense parameters on the workers and geo averages dense deltas over a
+    worker count fixed at its start, so both run with the workers they were launched with
+    (and do not set ``elastic/accepts_workers``: ``sparseps scale --workers`` refuses)."""
+    return config.job.mode == "async"
+
+
+def _newcomer(config) -> bool:
+    """A worker started for a scale-up (before ``sps.init()``, which it must not let join
+    the launch's group: it gets a group of one, replaced when it joins)."""
+    from sparseps import env as sps_env
+    from sparseps.online import membership
+
+    role = sps_env.from_environ()
+    if role is None or role.role is not sps_env.Role.WORKER or not follows_workers(config):
+        return False
+    timeout = sps_env.float_setting(sps_env.RENDEZVOUS_TIMEOUT, 300.0)
+    if not membership.is_newcomer(role, timeout_s=timeout):
+        return False
+    log.info("worker %d: started for a scale-up; joins at the next pass boundary", role.rank)
+    membership.single_group()
+    return True
+
+
+def _members(config, rank: int, newcomer: bool):
+    """The worker's membership (None: the workers are fixed)."""
+    import sparseps as sps
+    from sparseps.core import worker_store
+    from sparseps.online.membership import Membership
+
+    store = worker_store.current()
+    if store is None or not follows_workers(config):
+        if rank == 0 and store is not None:
+            log.info("job.mode %s: workers are fixed for the run (scaling workers needs "
+                     "async mode); sparseps scale --workers is refused", config.job.mode)  # fmt: skip
+        return None
+    data, job = config.data, config.job
+    world = 0 if newcomer else sps.worker_num()
+    return Membership(store, rank, version=0, world=world,
+                      collective_timeout_s=job.collective_timeout_s,
+                      wait_s=data.wait_timeout_s + job.collective_timeout_s)  # fmt: skip
+
+
 def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> int:
     """Run this process's role of the job of ``argv == [CONFIG.yaml]``; the exit code.
 
@@ -106,6 +150,7 @@ def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> in
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = load_config(argv[0])
+    newcomer = _newcomer(config)
     sps.init()
     if sps.is_server():
         sps.run_server()
@@ -119,7 +164,7 @@ def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> in
     try:
         OnlineDriver(
             config, trainer, rank=rank, world=sps.worker_num(), on_phase=on_phase,
-            save_hooks=save_hooks,
+            save_hooks=save_hooks, members=_members(config, rank, newcomer), newcomer=newcomer,
         ).run()  # fmt: skip
     except SparsePSError as exc:
         log.error("online job stopped: %s", exc)

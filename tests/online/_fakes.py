@@ -110,7 +110,7 @@ class FakeDriver(OnlineDriver):
         super().__init__(config, trainer, rank=0, world=1, **kw)
         self.load_s, self.batches = load_s, batches
 
-    def _dataset(self, folders):
+    def _dataset(self, folders, **_):
         return FakeDataset(folders, load_s=self.load_s, batches=self.batches)
 
 

@@ -122,7 +122,8 @@ def test_data_config_takes_every_format_and_checks_max_bad_ratio():
     for fmt in Format:
         data = OnlineConfig.from_dict({**base, "data": {"root": "d", "format": fmt.value}}).data
         assert data.dataset_options() == {"pipe_command": None, "format": fmt.value,
-                                          "max_bad_ratio": MAX_BAD_RATIO}  # fmt: skip
+                                          "max_bad_ratio": MAX_BAD_RATIO,
+                                          "split": "static"}  # fmt: skip
     assert {f.value for f in Format} >= {"multislot", "multislot_string"}
     for value in (1.5, -0.1, "x", True, float("nan")):
         with pytest.raises(ConfigError, match="data.max_bad_ratio"):

@@ -1,0 +1,316 @@
+"""Which workers train each pass of an online job: membership agreed at pass boundaries.
+
+The launcher's contract (``sparseps scale LOG_DIR --workers N``, docs/elastic.md): the
+workers' rendezvous store holds ``elastic/workers`` = ``{"version": v, "world": n}``
+(absent: the launch's worker count); a scale writes it with ``v + 1`` and starts a worker
+process for each new rank ``r`` in ``[old, n)`` whose ``SPARSEPS_WORKER_NUM`` is ``n``.
+The launcher accepts ``--workers`` only once ``elastic/accepts_workers`` exists, which
+worker 0 sets when its job can follow membership changes (async mode).
+
+Why worker 0 decides and the others read: every member must use the same world for a
+pass, and the request may change at any moment. At each pass boundary worker 0 alone
+reads ``elastic/workers`` once and writes the *decision* for boundary ``k``
+(``sparseps/online/members/decision/<k>``: version, world, the previous world and the
+driver state a newcomer needs), then ``.../latest = k``; every member reads decision
+``k`` (members count boundaries in lockstep). When the version changed, every member
+leaves the gloo group, those with ``rank < world`` form a new one on the store under
+``.../group/<version>`` (a fresh prefix, so no key of an old group is reused) and the
+others leave the job (exit 0). A newcomer (started mid-pass, rank beyond the running
+group) waits, polling ``.../latest``, for the first decision of its scale's version or a
+newer one: it joins when the decision's world includes its rank, and exits 0 when it
+does not (scaled down again before it joined), when its rank was already a member's
+(a scale down and up within one pass: the running process keeps the rank), or at the
+job's end (``end`` decision). Members block in the group's rendezvous until the
+newcomers arrive, so a newcomer only ever needs the latest decision.
+
+Collectives count the group's members, so barriers, metric all-reduces and the global
+shuffle of a pass use the pass's world. Before the role layer's own gloo set-up, a
+newcomer is detected (:func:`is_newcomer`) and given a group of one, so that
+``sps.init()`` does not try to join a group of ``n`` that nobody else forms.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from ..errors import DeadlineError
+
+__all__ = [
+    "ACCEPTS_KEY",
+    "ELASTIC_KEY",
+    "Decision",
+    "Membership",
+    "is_newcomer",
+    "requested_workers",
+]
+
+log = logging.getLogger(__name__)
+
+ELASTIC_KEY = "elastic/workers"  # written by the launcher (sparseps scale --workers)
+ACCEPTS_KEY = "elastic/accepts_workers"  # written by worker 0 of a job that can follow
+PREFIX = "sparseps/online/members"
+MAX_WORKERS = 64  # as job.worker_num
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Worker 0's decision at one pass boundary (JSON on the store).
+
+    Fields:
+        boundary: the boundary's number (1 after the first pass of this run, ...).
+        version: the membership version the next pass runs with.
+        world: how many workers train the next pass (ranks ``0..world-1``).
+        previous: the world of the pass before the boundary.
+        state: what a newcomer needs of the driver (last seq, passes, has_base, ...).
+        end: the job has no pass left (waiting newcomers exit).
+    """
+
+    boundary: int
+    version: int
+    world: int
+    previous: int
+    state: dict[str, Any] = field(default_factory=dict)
+    end: bool = False
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def loads(cls, raw: bytes | str) -> Decision:
+        return cls(**json.loads(raw))
+
+
+def requested_workers(store, default: tuple[int, int]) -> tuple[int, int]:
+    """``(version, world)`` of ``elastic/workers``, or ``default`` when absent or malformed
+    (a malformed value is logged and ignored: the job keeps its workers)."""
+    if not store.check([ELASTIC_KEY]):
+        return default
+    raw = store.get(ELASTIC_KEY)
+    try:
+        value = json.loads(raw)
+        version, world = value["version"], value["world"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (version, world)):
+            raise TypeError("version and world must be integers")
+        if version < 0 or not 1 <= world <= MAX_WORKERS:
+            raise ValueError(f"version >= 0 and 1 <= world <= {MAX_WORKERS}")
+    except (ValueError, TypeError, KeyError) as exc:
+        log.error("%s holds %r (%s); ignored, the workers stay as they are", ELASTIC_KEY, raw, exc)
+        return default
+    return version, world
+
+
+def _published(store) -> tuple[int, int] | None:
+    """``(version, world)`` of the running group, as worker 0 last published it."""
+    key = f"{PREFIX}/current"
+    if not store.check([key]):
+        return None
+    value = json.loads(store.get(key))
+    return int(value["version"]), int(value["world"])
+
+
+def is_newcomer(env, *, timeout_s: float) -> bool:
+    """Whether this worker was started for a scale-up of a running online job: its rank
+    is beyond the group worker 0 published. Asked before ``sps.init()`` (which would
+    otherwise wait for a gloo group of ``SPARSEPS_WORKER_NUM`` workers that nobody forms);
+    worker 0 never is one."""
+    if env.rank == 0 or env.local:
+        return False
+    from ..env import RENDEZVOUS_TIMEOUT
+    from ..launch.rendezvous import connect_store
+
+    store = connect_store(env, timeout_s=timeout_s, setting=RENDEZVOUS_TIMEOUT)
+    try:
+        current = _published(store)
+    finally:
+        store.close()
+    return current is not None and env.rank >= current[1]
+
+
+def single_group() -> None:
+    """A gloo group of one (this process), so that ``sps.init()`` keeps it instead of
+    joining the launch's group; :meth:`Membership.join` replaces it."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+class Membership:
+    """The membership of one worker of an online job, boundary after boundary.
+
+    Args:
+        store: the workers' rendezvous store.
+        rank: this worker.
+        version, world: the running group's membership (at the job's start: 0 and the
+            launch's worker count).
+        collective_timeout_s: the timeout of the groups it forms (``job.collective_timeout_s``).
+        wait_s: how long a newcomer waits for a boundary that admits it, and a member for
+            worker 0's decision.
+        poll_s: how often a newcomer looks for a new decision.
+    """
+
+    def __init__(self, store, rank: int, *, version: int, world: int,
+                 collective_timeout_s: float, wait_s: float, poll_s: float = 0.05) -> None:  # fmt: skip
+        self.store, self.rank = store, rank
+        self.version, self.world = version, world
+        self.boundary = 0
+        self.collective_timeout_s, self.wait_s, self.poll_s = collective_timeout_s, wait_s, poll_s
+
+    def start(self) -> None:
+        """Worker 0, at the job's start: publish the group and accept worker scaling."""
+        if self.rank == 0:
+            self._publish()
+            self.store.set(ACCEPTS_KEY, "1")
+
+    def _publish(self) -> None:
+        value = json.dumps({"version": self.version, "world": self.world})
+        self.store.set(f"{PREFIX}/current", value)
+
+    # -- members ------------------------------------------------------------------------
+
+    def decide(self, state: dict[str, Any]) -> Decision:
+        """The decision of the next boundary (worker 0 makes it, every member reads it)."""
+        k = self.boundary + 1
+        key = f"{PREFIX}/decision/{k}"
+        if self.rank == 0:
+            version, world = requested_workers(self.store, (self.version, self.world))
+            if version <= self.version:  # nothing new (or an older request): keep the group
+                version, world = self.version, self.world
+            decision = Decision(k, version, world, self.world, state)
+            self.store.set(key, decision.dumps())
+            self.store.set(f"{PREFIX}/latest", str(k))
+            if version != self.version:
+                log.info("pass boundary %d: workers %d -> %d (membership version %d)",
+                         k, self.world, world, version)  # fmt: skip
+            return decision
+        return Decision.loads(self._get(key))
+
+    def apply(self, decision: Decision) -> bool:
+        """Follow ``decision``: re-form the group when its version changed. Returns
+        whether this worker trains the next pass (False: it leaves the job)."""
+        self.boundary = decision.boundary
+        if decision.version == self.version:
+            return True
+        self._leave_group()
+        self.version, self.world = decision.version, decision.world
+        if self.rank >= decision.world:
+            log.info("worker %d leaves the job at boundary %d (workers now %d)",
+                     self.rank, decision.boundary, decision.world)  # fmt: skip
+            return False
+        self._form_group()
+        if self.rank == 0:
+            self._publish()
+        return True
+
+    def end(self, state: dict[str, Any]) -> None:
+        """Worker 0, after the last pass: newcomers still waiting exit."""
+        if self.rank != 0:
+            return
+        k = self.boundary + 1
+        decision = Decision(k, self.version, self.world, self.world, state, end=True)
+        self.store.set(f"{PREFIX}/decision/{k}", decision.dumps())
+        self.store.set(f"{PREFIX}/latest", str(k))
+
+    # -- newcomers ----------------------------------------------------------------------
+
+    def join(self) -> Decision | None:
+        """A newcomer: wait for the boundary that admits it, then join the group there.
+        Returns the decision it joined at, or None when it is not needed (exit 0)."""
+        first = self._latest()  # may predate this worker's scale (the launcher writes first)
+        deadline = time.monotonic() + self.wait_s
+        seen = -1
+        while True:
+            latest = self._latest()
+            if latest > seen and latest > 0:
+                seen = latest
+                decision = Decision.loads(self.store.get(f"{PREFIX}/decision/{latest}"))
+                verdict = self._verdict(decision, fresh=latest > first)
+                if verdict is not None:
+                    if not verdict:
+                        return None
+                    self.boundary = decision.boundary
+                    self.version, self.world = decision.version, decision.world
+                    return decision
+            if time.monotonic() > deadline:
+                raise DeadlineError(
+                    f"online worker {self.rank}: no pass boundary admitted it within "
+                    f"{self.wait_s:.0f} s (a pass takes longer, or worker 0 is gone); raise "
+                    "data.wait_timeout_s / job.collective_timeout_s",
+                    op="join", role="worker", rank=self.rank, seconds=self.wait_s,
+                    setting="data.wait_timeout_s / job.collective_timeout_s",
+                )  # fmt: skip
+            time.sleep(self.poll_s)
+
+    def _verdict(self, decision: Decision, *, fresh: bool) -> bool | None:
+        """True: join at ``decision``; False: exit; None: not this one, keep waiting.
+
+        ``fresh``: the decision was made after this worker started, so after the scale
+        that started it; an older one may be a boundary of an earlier membership.
+        """
+        if decision.end:
+            log.info("worker %d: the job ended before it could join", self.rank)
+            return False
+        if decision.previous <= self.rank < decision.world:
+            # the members wait for this rank; one process takes it (an older process of
+            # the same rank may have taken this slot already: then wait for a newer one)
+            slot = f"{PREFIX}/joined/{decision.boundary}/{self.rank}"
+            return True if int(self.store.add(slot, 1)) == 1 else None
+        if not fresh:
+            return None
+        if self.rank >= decision.world:
+            log.info("worker %d: scaled down to %d workers before it joined; leaving",
+                     self.rank, decision.world)  # fmt: skip
+        else:
+            log.info("worker %d: rank %d is held by a running worker; leaving",
+                     self.rank, self.rank)  # fmt: skip
+        return False
+
+    def form(self) -> None:
+        """A newcomer admitted by :meth:`join`: leave its group of one, join the job's."""
+        self._leave_group()
+        self._form_group()
+
+    def _latest(self) -> int:
+        key = f"{PREFIX}/latest"
+        return int(self.store.get(key)) if self.store.check([key]) else 0
+
+    def _get(self, key: str) -> bytes:
+        deadline = time.monotonic() + self.wait_s
+        while not self.store.check([key]):
+            if time.monotonic() > deadline:
+                raise DeadlineError(
+                    f"online worker {self.rank}: worker 0's membership decision {key} did not "
+                    f"come within {self.wait_s:.0f} s; check worker 0's log",
+                    op="membership", role="worker", rank=0, seconds=self.wait_s,
+                    setting="job.collective_timeout_s",
+                )  # fmt: skip
+            time.sleep(self.poll_s)
+        return self.store.get(key)
+
+    # -- the gloo group -----------------------------------------------------------------
+
+    @staticmethod
+    def _leave_group() -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _form_group(self) -> None:
+        import torch.distributed as dist
+
+        start = time.perf_counter()
+        dist.init_process_group(
+            backend="gloo",
+            store=dist.PrefixStore(f"{PREFIX}/group/{self.version}", self.store),
+            rank=self.rank,
+            world_size=self.world,
+            timeout=timedelta(seconds=self.collective_timeout_s),
+        )
+        log.info("worker %d of %d: group of membership version %d formed in %.2f s",
+                 self.rank, self.world, self.version, time.perf_counter() - start)  # fmt: skip
