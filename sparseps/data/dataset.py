@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from .schema import Batch, Schema
 from .sources import Format, expand_files, guess_format, parse_format, read_file, shard
 from .stats import MAX_BAD_RATIO, DatasetStats, PassCounter
-from .steal import FileShare, Split, parse_split
+from .steal import FileShare, Lease, Split, parse_split
 
 __all__ = ["DatasetOptions", "rebatch"]
 
@@ -132,8 +132,8 @@ class _Done:
 class _Last:
     """A file's last chunk (split="steal": taking it frees a claim permit)."""
 
-    def __init__(self, batch: Batch) -> None:
-        self.batch = batch
+    def __init__(self, batch: Batch, file_no: int) -> None:
+        self.batch, self.file_no = batch, file_no
 
 
 class _Failed:
@@ -154,7 +154,7 @@ class DatasetBase:
                  queue_size: int = 16, pipe_timeout: float = 300.0,
                  max_bad_ratio: float = MAX_BAD_RATIO, split: str = "static",
                  journal: str | os.PathLike | None = None, store=None,
-                 steal_key: str | None = None) -> None:  # fmt: skip
+                 steal_key: str | None = None, lease_s: float | None = None) -> None:  # fmt: skip
         self.options = DatasetOptions.build(
             files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
             world=world, drop_last=drop_last, strict=strict, queue_size=queue_size,
@@ -171,7 +171,8 @@ class DatasetBase:
         stealing = opts.split is Split.STEAL
         self._share = FileShare(opts.files, opts.rank, opts.world, stealing=stealing,
                                 journal=opts.journal, store=store, name=type(self).__name__,
-                                key=steal_key)  # fmt: skip
+                                key=steal_key,
+                                lease=None if lease_s is None else Lease(lease_s))  # fmt: skip
         if not stealing and not self.options.my_files():
             log.warning(
                 "%s: worker %d of %d has no file to read (%d files in all)",
@@ -279,8 +280,9 @@ class DatasetBase:
                         tracker.read_done(file_no, rows)
                     if ahead is not None:
                         if held is None:
+                            self._share.handed_out(file_no)
                             ahead.release()
-                        elif not put(_Last(held)):
+                        elif not put(_Last(held, file_no)):
                             return
             except BaseException as exc:  # handed to the consumer, which re-raises it
                 put(_Failed(exc))
@@ -312,6 +314,7 @@ class DatasetBase:
                     raise item.exc
                 elif isinstance(item, _Last):
                     yield item.batch
+                    self._share.handed_out(item.file_no)
                     ahead.release()  # type: ignore[union-attr]  # only with split="steal"
                 else:
                     yield item

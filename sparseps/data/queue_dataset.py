@@ -53,6 +53,11 @@ class QueueDataset(DatasetBase):
             many stealing datasets over it this worker made before (so workers must build
             their datasets in the same order). Give one when workers do not (a worker
             that joined the job later, a load dropped and made again).
+        lease_s: with ``split="steal"``, a worker silent this long (no heartbeat on the
+            store) is taken for dead and its claimed files not yet handed out are read by
+            the others; a worker whose tickets ran out then waits until every file is
+            handed out (not with a sync-mode trainer; see :mod:`sparseps.data.steal`).
+            None (default): no lease.
         max_bad_ratio: the share of a pass's lines (on this worker) that may be bad and
             skipped, default 0.01; above it, or when every line is bad, the pass raises
             :class:`~sparseps.errors.InputError` (see :mod:`sparseps.data.stats`).
