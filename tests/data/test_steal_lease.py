@@ -132,3 +132,36 @@ def test_lease_is_checked():
     for bad in (0, -1.0):
         with pytest.raises(ConfigError, match="lease_s"):
             Lease(bad)
+
+
+def test_steal_key_shares_a_queue_whatever_was_built_before(tmp_path):
+    """Datasets named by ``steal_key`` share their file queue even when the workers built
+    a different number of stealing datasets before (a worker that joined later)."""
+    import threading
+
+    import torch.distributed as dist
+
+    from sparseps.data import CRITEO, QueueDataset
+
+    folder = _write(tmp_path / "data")
+    store = dist.HashStore()
+    QueueDataset(str(folder), CRITEO, batch_size=BATCH, rank=1, world=2, split="steal",
+                 store=store)  # fmt: skip  # built by worker 1 only: the counts differ
+    got: list[dict[int, int]] = [{}, {}]
+
+    def read(rank: int) -> None:
+        ds = QueueDataset(str(folder), CRITEO, batch_size=BATCH, rank=rank, world=2,
+                          split="steal", store=store, steal_key="online/7/v1")  # fmt: skip
+        for batch in ds:
+            for f, n in zip(*np.unique(batch.ids >> np.int64(ID_FILE_SHIFT), return_counts=True),
+                            strict=True):  # fmt: skip
+                got[rank][int(f)] = got[rank].get(int(f), 0) + int(n)
+
+    threads = [threading.Thread(target=read, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not set(got[0]) & set(got[1])  # no file read twice
+    assert sorted([*got[0], *got[1]]) == list(range(FILES))
+    assert all(n == ROWS for g in got for n in g.values())
