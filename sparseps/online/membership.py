@@ -16,12 +16,17 @@ driver state a newcomer needs), then ``.../latest = k``; every member reads deci
 leaves the gloo group, those with ``rank < world`` form a new one on the store under
 ``.../group/<version>`` (a fresh prefix, so no key of an old group is reused) and the
 others leave the job (exit 0). A newcomer (started mid-pass, rank beyond the running
-group) waits, polling ``.../latest``, for the first decision of its scale's version or a
-newer one: it joins when the decision's world includes its rank, and exits 0 when it
-does not (scaled down again before it joined), when its rank was already a member's
-(a scale down and up within one pass: the running process keeps the rank), or at the
-job's end (``end`` decision). Members block in the group's rendezvous until the
-newcomers arrive, so a newcomer only ever needs the latest decision.
+group) polls ``.../latest``. It joins at a decision whose new ranks include its own
+(``previous <= rank < world``), taking the slot ``.../joined/<k>/<rank>`` with an atomic
+``add`` (a second process of the same rank finds it taken and waits). It leaves (exit 0)
+at a decision made after it started that does not include it: scaled down again before
+it joined, or its rank still held by a running member (a scale down and up within one
+pass: the running process keeps the rank), and at the job's ``end`` decision. A decision
+that existed when it started may predate its scale (the launcher writes the request,
+then starts the process), so only its admission counts. Members block in the new
+group's rendezvous until the newcomers arrive, so a newcomer only needs the latest
+decision; a newcomer that never comes fails the members' rendezvous after
+``job.collective_timeout_s``.
 
 Collectives count the group's members, so barriers, metric all-reduces and the global
 shuffle of a pass use the pass's world. Before the role layer's own gloo set-up, a
