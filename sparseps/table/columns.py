@@ -22,6 +22,7 @@ from numba import njit
 
 from ..core.keysets import has_repeats
 from ..errors import InputError
+from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
 from . import input_checks as checks
 
 __all__ = [
@@ -41,8 +42,60 @@ OPTIONAL_ROW_COLUMNS = ("touched",)
 OPTIONAL_PENDING_COLUMNS = ("unseen_days", "touched")
 
 
+@njit(nogil=True, cache=True)
+def _gather_rows(storage, ids, emb, state, show, click, delta, unseen, touched, stat0):
+    # pragma: no cover - compiled
+    dim = emb.shape[1]
+    sdim = state.shape[1]
+    n = ids.shape[0]
+    for k in range(n):
+        if k + PREFETCH_AHEAD < n:
+            prefetch_row(storage, ids[k + PREFETCH_AHEAD], 0, stat0 + 4)
+        r = ids[k]
+        for j in range(dim):
+            emb[k, j] = storage[r, j]
+        for j in range(sdim):
+            state[k, j] = storage[r, dim + j]
+        show[k] = storage[r, stat0]
+        click[k] = storage[r, stat0 + 1]
+        delta[k] = storage[r, stat0 + 2]
+        u = storage[r, stat0 + 3]  # -1: pushed since the last decay (the touched mark)
+        unseen[k] = np.int32(u) if u > 0 else 0
+        touched[k] = 1 if u < 0 else 0
+
+
+def _gather_row_columns(storage, keys, ids, where: dict[str, int]) -> dict[str, np.ndarray]:
+    """:func:`gather_columns` of full rows in one compiled pass over ``ids`` (a numpy
+    gather per column read every row seven times: 2.7 s of a 5M-row save)."""
+    n, dim, stat0 = ids.shape[0], where["dim"], where["show"]
+    columns = {
+        "key": keys,
+        "embedding": np.empty((n, dim), np.float32),
+        "state": np.empty((n, stat0 - dim), np.float32),
+        "show": np.empty(n, np.float32),
+        "click": np.empty(n, np.float32),
+        "delta_score": np.empty(n, np.float32),
+        "unseen_days": np.empty(n, np.int32),
+        "touched": np.empty(n, np.uint8),
+    }
+    _gather_rows(storage, ids, columns["embedding"], columns["state"], columns["show"],
+                 columns["click"], columns["delta_score"], columns["unseen_days"],
+                 columns["touched"], stat0)  # fmt: skip
+    return columns
+
+
 def gather_columns(storage, keys, ids, where: dict[str, int]) -> dict[str, np.ndarray]:
     """Gather the columns named in ``where`` (name -> first storage column) for ``ids``."""
+    stats = [where.get(name) for name in ("show", "click", "delta_score", "unseen")]
+    if (
+        where.get("dim")
+        and stats[0] is not None
+        and stats == [stats[0] + i for i in range(4)]
+        and type(storage) is np.ndarray  # not a memory map of the disk tier
+        and storage.dtype == np.float32
+        and storage.ndim == 2
+    ):
+        return _gather_row_columns(storage, keys, np.asarray(ids), where)
     columns = {"key": keys}
     dim = where.get("dim", 0)
     if dim:

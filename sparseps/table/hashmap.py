@@ -136,6 +136,17 @@ def _find_or_insert(
 
 
 @njit(nogil=True, cache=True)
+def _tombstone_first(skeys, sstate, keys, count, seed):  # pragma: no cover - compiled
+    """Turn the slots of ``keys[:count]`` (all present) into tombstones."""
+    capacity = skeys.shape[0]
+    for j in range(count):
+        s = _home(keys[j], capacity, seed)
+        while not (sstate[s] == FULL and skeys[s] == keys[j]):
+            s = s + 1 if s + 1 < capacity else 0
+        sstate[s] = TOMBSTONE
+
+
+@njit(nogil=True, cache=True)
 def _insert_absent(skeys, svals, sstate, keys, ids, seed):  # pragma: no cover - compiled
     """``keys[k]`` -> ``ids[k]``, all absent. Returns (first present position or -1, empty
     slots taken); a present key turns the keys inserted before it into tombstones."""
@@ -148,11 +159,7 @@ def _insert_absent(skeys, svals, sstate, keys, ids, seed):  # pragma: no cover -
         grave = -1
         while sstate[i] != EMPTY:
             if sstate[i] == FULL and skeys[i] == key:
-                for j in range(k):  # undo: the live contents stay as they were
-                    s = _home(keys[j], capacity, seed)
-                    while not (sstate[s] == FULL and skeys[s] == keys[j]):
-                        s = s + 1 if s + 1 < capacity else 0
-                    sstate[s] = TOMBSTONE
+                _tombstone_first(skeys, sstate, keys, k, seed)  # the live contents as they were
                 return k, taken
             if sstate[i] == TOMBSTONE and grave < 0:
                 grave = i
@@ -354,6 +361,17 @@ class KeyIndex:
         self._next_id += n - take
         self._size += n
         return -1
+
+    def undo_insert_absent(self, keys: np.ndarray, free_ids_before: int) -> None:
+        """Take back a successful :meth:`insert_absent` of ``keys`` (nothing changed the
+        index since; ``free_ids_before`` = :attr:`free_ids` before it): the keys are gone,
+        their ids planned again, and only tombstones remain where they went."""
+        n = keys.shape[0]
+        take = min(free_ids_before, n)
+        _tombstone_first(self._keys, self._state, keys, n, self._seed)
+        self._nfree += take  # the free stack's entries were only uncounted, not changed
+        self._next_id -= n - take
+        self._size -= n
 
     def reserve(self, incoming: int, *, erasing: int = 0) -> None:
         """Grow now so that inserting ``incoming`` new keys and erasing ``erasing`` keys

@@ -17,8 +17,9 @@ index or the rows change.
 
 A restore's imports are strict (each key once), so an in-memory table takes them in bulk
 (:mod:`.row_import`): one compiled pass copies and checks the rows, at ids no key owns
-yet, then one inserts the keys and finds repeated or present ones on the way; nothing is
-looked up first, sorted, or copied out of the (memory-mapped) columns. A tiered table
+yet, while another (on a second thread, for 64k rows or more) inserts the keys and finds
+repeated or present ones on the way; nothing is looked up first, sorted, or copied out of
+the (memory-mapped) columns. A tiered table
 takes the upsert path, whose rows go through its tiers.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,6 +52,8 @@ log = logging.getLogger(__name__)
 
 # pending storage columns: no embedding, state or delta_score
 PENDING_WHERE = {"show": 0, "click": 1, "unseen": 2}
+# a strict import of at least this many rows copies them and inserts their keys at once
+_PARALLEL_ROWS = 1 << 16
 
 
 class TableFiles:
@@ -144,7 +148,12 @@ class TableFiles:
 
     # -- merge ------------------------------------------------------------------------
     def import_rows(
-        self, columns: dict, *, strict: bool = False, select: np.ndarray | None = None
+        self,
+        columns: dict,
+        *,
+        strict: bool = False,
+        select: np.ndarray | None = None,
+        parallel: bool = True,
     ) -> None:
         """Upsert rows from :meth:`export_rows` columns (bit-exact round trip).
 
@@ -157,6 +166,9 @@ class TableFiles:
                 path: one compiled pass copies and checks the rows, one inserts the keys.
             select: int64 positions of the rows to import (the keys a server owns in a
                 file saved on another number of servers); None imports every row.
+            parallel: a large bulk import copies the rows and inserts the keys on two
+                threads; False keeps it on one (when another thread already needs the
+                second core, e.g. a SHA-256 verification beside the import).
 
         Raises:
             InputError: a missing or unknown column, a wrong dtype/shape (e.g. an
@@ -172,7 +184,7 @@ class TableFiles:
         if select is not None:
             select = _check_select(select, cols["key"].size)
         if bulk:
-            self._import_new_rows(cols, select)
+            self._import_new_rows(cols, select, parallel=parallel)
             return
         if select is not None:
             cols = {name: np.ascontiguousarray(values[select]) for name, values in cols.items()}
@@ -198,27 +210,41 @@ class TableFiles:
             tier.write(ids, staged, "import_rows")
         self._pending_index.erase(keys)
 
-    def _import_new_rows(self, cols: dict, select: np.ndarray | None) -> None:
-        """import_rows(strict=True) of an in-memory table: rows first, at ids no key owns
-        yet (a bad value leaves them unreachable), then the keys (a present or repeated
-        key undoes its batch's inserts), so a failure changes nothing."""
+    def _import_new_rows(self, cols: dict, select: np.ndarray | None, *, parallel: bool) -> None:
+        """import_rows(strict=True) of an in-memory table: the rows, at ids no key owns
+        yet (a bad value leaves them unreachable), and the keys (a present or repeated key
+        undoes its batch's inserts; a bad row found by the copy, too), so a failure
+        changes nothing. A large import runs the two passes on two threads."""
         keys = cols["key"] if select is None else cols["key"][select]
         n = keys.size
         if n == 0:
             return
         pending = len(self._pending_index) > 0  # a restore imports rows before pending
         self._grow("import_rows", n, 0, pending_erases=n if pending else 0)
-        ids = self._index.planned_ids(n)
-        high_water = self._index.high_water
+        index = self._index
+        ids = index.planned_ids(n)
+        high_water, free_ids = index.high_water, index.free_ids
         advise_huge_pages(self._rows[high_water : high_water + n])  # the rows past it are new
-        problem, at = copy_new_rows(self._rows, ids, cols, self._where, select)
+        keys = np.ascontiguousarray(keys)
+        # The copy (rows at ids no key owns yet) and the insert (the index) touch disjoint
+        # memory and release the GIL: on two threads a large import takes the longer of the
+        # two instead of their sum. A copy that finds a bad row takes the insert back.
+        if parallel and n >= _PARALLEL_ROWS:
+            with ThreadPoolExecutor(1, thread_name_prefix="sparseps-import") as pool:
+                copied = pool.submit(copy_new_rows, self._rows, ids, cols, self._where, select)
+                at = index.insert_absent(keys, ids)
+                problem, bad = copied.result()
+            if problem and at < 0:  # the keys went in: take them back
+                index.undo_insert_absent(keys, free_ids)
+        else:
+            problem, bad = copy_new_rows(self._rows, ids, cols, self._where, select)
+            at = -1 if problem else index.insert_absent(keys, ids)
         if problem:
             what = "NaN/inf" if problem == NOT_FINITE else "unseen_days < 0"
             raise InputError(
                 f"import_rows into table {self.config.name!r}: a row contains {what} (first "
-                f"at key {int(keys[at])}, position {at}); nothing was imported"
+                f"at key {int(keys[bad])}, position {bad}); nothing was imported"
             )
-        at = self._index.insert_absent(np.ascontiguousarray(keys), ids)
         if at >= 0:
             if self._index.find(keys[at : at + 1])[0] >= 0:
                 self._refuse_present("import_rows", keys, self._index.find(keys))
