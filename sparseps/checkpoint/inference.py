@@ -268,7 +268,7 @@ def _write_save(trainer, folder: Path, mode: str, sequence: int, hooks: SaveHook
         if tombstones.size:
             records = [*records, write_tombstones(folder, name, tombstones)]
         for record in records:
-            files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
+            files[record["name"]] = mf.entry_of(record)
         tables[name] = {
             "config": config.to_dict(),
             "rows": sum(r["rows"] for r in records if r["kind"] == mode),

@@ -61,7 +61,7 @@ def _write_files(trainer, folder: Path, state: dict, hooks: SaveHooks) -> dict:
     for name, config in trainer.tables.items():
         records = trainer.state.client.save(name, str(folder))
         for record in records:
-            files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
+            files[record["name"]] = mf.entry_of(record)
         hooks.after_table_saved(name)
         tables[name] = {
             "config": config.to_dict(),
@@ -76,7 +76,7 @@ def _write_files(trainer, folder: Path, state: dict, hooks: SaveHooks) -> dict:
         tombstones = trainer.state.tombstones(name)
         if tombstones.size:
             record = ck.write_tombstones(folder, name, tombstones)
-            files[record["name"]] = {"size": record["bytes"], "sha256": record["sha256"]}
+            files[record["name"]] = mf.entry_of(record)
             tables[name]["tombstones"] = {"file": record["name"], "keys": record["rows"]}
     name = trainer.state.save_dense(folder)
     files[name] = mf.file_record(folder / name)
@@ -112,10 +112,8 @@ def _load_on_servers(trainer, directory: Path, manifest: dict) -> None:
     tombstones = {}
     for name in trainer.tables:
         entry = manifest["tables"][name]
-        specs = [
-            {"path": str(directory / f), "sha256": manifest["files"][f]["sha256"]}
-            for f in entry["files"]
-        ]
+        # every checksum the manifest has: a server verifies the fastest (xxh3_128)
+        specs = [{**manifest["files"][f], "path": str(directory / f)} for f in entry["files"]]
         trainer.state.client.load(name, specs)
         if "tombstones" in entry:
             tombstones[name] = ck.read_tombstones(directory / entry["tombstones"]["file"])

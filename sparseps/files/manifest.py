@@ -1,7 +1,7 @@
 """``MANIFEST.json``: what a model directory holds, written last and atomically.
 
 A model directory (checkpoint or inference model) is valid only if its manifest exists
-and every file it lists has the recorded size and SHA-256. The manifest is written to a
+and every file it lists has the recorded size and checksum. The manifest is written to a
 temporary file, fsynced and renamed into place, so a folder has either no manifest (it
 reports as incomplete) or a complete one — never a manifest that points at half-written
 files. Saves go one step further: they write into a hidden staging folder and move it to
@@ -11,7 +11,8 @@ Layout (version 1) of a checkpoint (``trainer.save_checkpoint``)::
 
     {
       "format": "sparseps-checkpoint", "version": 1, "created": "2026-11-22T08:00:00Z",
-      "files": {"deep_emb.shard-00000-of-00002.arrow": {"size": 123, "sha256": "..."}, ...},
+      "files": {"deep_emb.shard-00000-of-00002.arrow":
+                    {"size": 123, "sha256": "...", "xxh3_128": "..."}, ...},
       "tables": {"deep_emb": {
           "config": {...},                       # TableConfig.to_dict() when saved
           "layout": {"rule": "adagrad", "dim": 8, "state_dim": 8,
@@ -23,6 +24,11 @@ Layout (version 1) of a checkpoint (``trainer.save_checkpoint``)::
       "dense": {"size": 1919, "rule": {...}, "file": "dense.npz"},
       "state": {"passes": 3, "mode": "sync", ...}   # plus what the caller passed
     }
+
+Each file's record has its size, ``sha256`` and (saves since issue 30) ``xxh3_128``, the
+checksums :func:`sparseps.files.shards.checksums_of` computes in one read. Verifying
+(:func:`verify`, a server's load) checks ``xxh3_128`` when the record has it, else
+``sha256``: a manifest written before has only ``sha256`` and still verifies.
 
 ``layout`` is what a load compares (:func:`sparseps.checkpoint.checkpoint.layout_of`);
 ``tombstones`` lists keys shrink deleted since the last inference save. An inference
@@ -47,11 +53,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import CheckpointError
-from .shards import sha256_of
+from .shards import CHECKSUMS, checksums_of, pick_checksum, sha256_of
 
 __all__ = [
     "MANIFEST",
     "check_names",
+    "entry_of",
     "file_record",
     "read_manifest",
     "sha256_of",
@@ -66,7 +73,14 @@ FORMATS = ("sparseps-checkpoint", "sparseps-inference")
 
 
 def file_record(path: Path) -> dict:
-    return {"size": path.stat().st_size, "sha256": sha256_of(path)}
+    """The manifest record of a file: ``{"size", "sha256", "xxh3_128"}`` (one read)."""
+    return {"size": path.stat().st_size, **checksums_of(path)}
+
+
+def entry_of(record: dict) -> dict:
+    """The manifest record of a file from the record its writer returned
+    (:func:`sparseps.files.shards.write_shard`, a server's ``save``)."""
+    return {"size": record["bytes"], **{k: record[k] for k in CHECKSUMS if k in record}}
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -138,7 +152,9 @@ def check_names(directory: Path, manifest: dict) -> None:
     path = Path(directory) / MANIFEST
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(isinstance(r, dict) for r in files.values()):
-        raise CheckpointError(f"{path}: 'files' must map file names to {{size, sha256}} records")
+        raise CheckpointError(
+            f"{path}: 'files' must map file names to {{size, sha256[, xxh3_128]}} records"
+        )
     root = Path(directory).resolve()
     for where, name in _file_names(manifest):
         problem = _name_problem(name)
@@ -190,7 +206,8 @@ def _name_problem(name: object) -> str | None:
 def verify(
     directory: Path, manifest: dict | None = None, *, names: Iterable[str] | None = None
 ) -> dict:
-    """Check size and SHA-256 of every listed file (or of ``names``).
+    """Check size and checksum of every listed file (or of ``names``): ``xxh3_128`` where
+    the record has it, else ``sha256``.
 
     Raises:
         CheckpointError: naming the first file that is missing, truncated or altered, or
@@ -212,6 +229,19 @@ def verify(
         size = path.stat().st_size
         if size != record["size"]:
             raise CheckpointError(f"{path}: size {size} bytes, manifest says {record['size']}")
-        if sha256_of(path) != record["sha256"]:
-            raise CheckpointError(f"{path}: checksum mismatch (the file was altered or corrupted)")
+        try:
+            expected = pick_checksum(record)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{directory / MANIFEST}: file {name}: {exc}") from None
+        if expected is None:
+            raise CheckpointError(
+                f"{directory / MANIFEST}: file {name} has no checksum (expected one of "
+                f"{', '.join(CHECKSUMS)}); the manifest is damaged"
+            )
+        kind, digest = expected
+        if checksums_of(path, (kind,))[kind] != digest.lower():
+            raise CheckpointError(
+                f"{path}: checksum mismatch ({kind}: the file was altered or corrupted); "
+                "restore it from a good copy or use an earlier save"
+            )
     return manifest

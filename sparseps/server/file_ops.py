@@ -83,11 +83,13 @@ class FileOps:
         loaded = {"rows": 0, "pending": 0, "files": 0}
         specs = [_file_spec(spec) for spec in request.args["files"]]
         fresh = entry.table.empty_like()
-        for path, checksum in specs:
+        for path, checksums in specs:
             # every file is read and verified, also those holding none of this server's
             # keys: a corrupt file then fails the load on every server alike. The checksum
-            # is computed while the rows are imported, and checked before the next file
-            with shards.verified_shard(path, sha256=checksum) as (meta, columns):
+            # (xxh3_128 when the record has it, else sha256) is computed while the rows are
+            # imported, and checked before the next file
+            verifier = (shards.pick_checksum(checksums) or ("none",))[0]
+            with shards.verified_shard(path, **checksums) as (meta, columns):
                 _check_compatible(path, meta, entry.table)
                 loaded["files"] += 1
                 select = self._owned_rows(meta, columns["key"])
@@ -96,7 +98,10 @@ class FileOps:
                 kind = meta.get("kind")
                 try:
                     if kind == "rows":
-                        fresh.import_rows(columns, strict=True, select=select)
+                        # SHA-256 (a file saved before xxh3_128) keeps a core busy for the
+                        # whole import: the import then stays on one thread
+                        fresh.import_rows(columns, strict=True, select=select,
+                                          parallel=verifier != "sha256")  # fmt: skip
                     else:
                         if select is not None:
                             columns = {name: np.ascontiguousarray(values[select])
@@ -143,12 +148,8 @@ class FileOps:
         os.makedirs(folder, exist_ok=True)
         name = save_dense_file(folder, arrays)
         path = os.path.join(folder, name)
-        record = {
-            "name": name,
-            "path": path,
-            "bytes": os.path.getsize(path),
-            "sha256": shards.sha256_of(path),
-        }
+        record = {"name": name, "path": path, "bytes": os.path.getsize(path),
+                  **shards.checksums_of(path)}  # fmt: skip
         return record, []
 
     def _op_load_dense(self, request: Request):
@@ -219,13 +220,28 @@ class FileOps:
         return None, []
 
 
-def _file_spec(spec) -> tuple[str, str | None]:
-    """A load entry is a path or a save record ``{"path", "sha256", ...}``."""
+def _file_spec(spec) -> tuple[str, dict[str, str]]:
+    """A load entry is a path or a save record ``{"path", "sha256", "xxh3_128", ...}``:
+    ``(path, the record's checksums by kind)``.
+
+    Raises:
+        InputError: not a path or a record with a path, or a checksum that is not a string.
+    """
     if isinstance(spec, str):
-        return spec, None
+        return spec, {}
     if isinstance(spec, dict) and isinstance(spec.get("path"), str):
-        checksum = spec.get("sha256")
-        return spec["path"], checksum if isinstance(checksum, str) else None
+        checksums = {}
+        for kind in shards.CHECKSUMS:
+            digest = spec.get(kind)
+            if digest is None:
+                continue
+            if not isinstance(digest, str):
+                raise InputError(
+                    f"load: {spec['path']!r:.200}: checksum {kind!r} must be a hex string, "
+                    f"got {digest!r:.80}"
+                )
+            checksums[kind] = digest
+        return spec["path"], checksums
     raise InputError(
         f"load: each file must be a path or a save record with 'path', got {spec!r:.80}"
     )

@@ -167,11 +167,15 @@ def _snapshot(table: SparseTable) -> dict:
             **{f"pending.{k}": v for k, v in _sorted(table.export_pending()).items()}}  # fmt: skip
 
 
+# 150k rows: the copy and the insert run on two threads, so a bad row found by the copy
+# must take back keys the insert already put in
+@pytest.mark.parametrize("rows", [20_000, 150_000])
 @pytest.mark.parametrize("fault", ["repeat", "present", "nan", "inf", "unseen"])
-def test_bad_input_is_refused_and_changes_nothing(fault):
+def test_bad_input_is_refused_and_changes_nothing(fault, rows):
     table = _trained()
     before = _snapshot(table)
-    columns = _columns(20_000, seed=6)
+    ids_before = (table._index.high_water, table._index.free_ids)
+    columns = _columns(rows, seed=6)
     last = columns["key"].size - 1
     if fault == "repeat":
         columns["key"][last] = columns["key"][5]
@@ -188,6 +192,7 @@ def test_bad_input_is_refused_and_changes_nothing(fault):
     with pytest.raises(InputError, match=match):
         table.import_rows(columns, strict=True)
     _assert_same(_snapshot(table), before, by_key=False)
+    assert (table._index.high_water, table._index.free_ids) == ids_before  # no id lost
     parts = [columns]
     if fault == "present":  # a restore starts empty: two parts that overlap
         parts.append({name: values[:1] for name, values in columns.items()})
@@ -251,21 +256,29 @@ def test_shard_files_reload_onto_1_2_and_3_servers(tmp_path):
             assert len(states[1]._sparse["emb"].table) == 0
 
 
+@pytest.mark.parametrize("kind", ["xxh3_128", "sha256"])
 @pytest.mark.parametrize("value", [b"\x00", b"\xff"])
-def test_a_changed_byte_fails_the_load_even_though_the_import_ran_beside_the_hash(tmp_path, value):
+def test_a_changed_byte_fails_the_load_even_though_the_import_ran_beside_the_hash(
+    tmp_path, value, kind
+):
     """The checksum is verified while the rows are imported into the table aside: a file
     whose import succeeds (or fails: 0xff bytes make NaNs) but whose bytes changed fails
-    with the checksum error, and the live table is unchanged."""
+    with the checksum error, and the live table is unchanged. ``xxh3_128``: a save's
+    record as is (the load verifies it, not SHA-256); ``sha256``: a record of a file saved
+    before xxh3_128 was recorded."""
     (state,) = _servers(1)
     table = state._sparse["emb"].table
     table.import_rows(_columns(20_000, seed=9))
     records, _ = state.handle(_request("save", "emb", directory=str(tmp_path)))
     table.push(np.arange(1, 100, dtype=np.uint64), np.ones((99, 5), np.float32))
     before = _snapshot(state._sparse["emb"].table)
+    assert all(r["sha256"] and r["xxh3_128"] for r in records)
+    if kind == "sha256":
+        records = [{k: v for k, v in r.items() if k != "xxh3_128"} for r in records]
     rows = next(r for r in records if r["kind"] == "rows")
     with open(rows["path"], "r+b") as handle:  # the middle of the file: column data
         handle.seek(rows["bytes"] // 2)
         handle.write(value * 4)
-    with pytest.raises(CheckpointError, match="sha256 does not match"):
+    with pytest.raises(CheckpointError, match=f"{kind} does not match"):
         state.handle(_request("load", "emb", files=records))
     _assert_same(_snapshot(state._sparse["emb"].table), before, by_key=False)
