@@ -1,155 +1,25 @@
 """Must-show of issue 23 (workers): an online job continues across worker count changes
 between passes with a consistent ledger.
 
-The test plays the launcher's part of the contract itself (docs/elastic.md, "Workers
-joining and leaving"): it starts a server and workers 0, 1 of an async online job with the
-launcher's environment, writes ``elastic/workers`` on the workers' store and starts worker
-2 with ``SPARSEPS_WORKER_NUM=3``, then writes the shrink back to 2. The passes' done-markers
-are written by the test, so each change lands at a known boundary: pass 0 and 1 run on 2
-workers, pass 2 on 3, pass 3 on 2 again. Each pass is in the ledger once, its samples
-are exactly its rows, worker 2 loaded its static share of pass 2 (``files[2::3]``), and
-every process exits 0 (worker 2 at the boundary after pass 2).
+The launcher's part is played by the test (``_elastic_jobs.grow_and_shrink``): pass 0 and
+1 run on 2 workers, pass 2 on 3, pass 3 on 2 again. Each pass is in the ledger once, its
+samples are exactly its rows, worker 2 loaded its static share of pass 2
+(``files[2::3]``), and every process exits 0 (worker 2 at the boundary after pass 2).
+The launched version (``sparseps scale LOG_DIR --workers N``) is
+test_online_scale_workers.py; ``split: steal`` is test_online_workers_steal.py.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
-from _onlinetools import ROOT, clean_env, write_config
-
-from sparseps.online import DataLayout, Ledger, load_config, write_stream
-from sparseps.rpc.transport import free_port
+from _elastic_jobs import FILES_PER_SPLIT, ROWS_PER_FILE, grow_and_shrink
 
 pytestmark = pytest.mark.timeout(180)
 
-ROWS_PER_FILE, FILES_PER_SPLIT = 150, 3
-MEMBERS = "sparseps/online/members"
-
-
-_MAIN = (
-    "import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1); "
-    "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-)
-
-
-def _env(role: str, rank: int, workers: int, servers: str, master: str, log_dir: Path) -> dict:
-    env = clean_env()
-    env.update(SPARSEPS_ROLE=role, SPARSEPS_RANK=str(rank), SPARSEPS_SERVERS=servers,
-               SPARSEPS_WORKER_NUM=str(workers), SPARSEPS_MASTER=master,
-               SPARSEPS_LOG_DIR=str(log_dir), SPARSEPS_JOB_ID="workers-change",
-               SPARSEPS_RENDEZVOUS_TIMEOUT_S="60")  # fmt: skip
-    return env
-
-
-class Job:
-    """The processes of one job, started as the launcher starts them."""
-
-    def __init__(self, config: Path, log_dir: Path) -> None:
-        self.config, self.log_dir = config, log_dir
-        self.servers = f"127.0.0.1:{free_port()}"
-        self.master = f"127.0.0.1:{free_port()}"
-        self.procs: dict[str, subprocess.Popen] = {}
-        log_dir.mkdir(parents=True, exist_ok=True)
-
-    def start(self, role: str, rank: int, workers: int) -> None:
-        name = f"{role}.{rank}"
-        out = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the job
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-c", _MAIN, str(ROOT / "sparseps/online/job.py"), str(self.config)],
-            env=_env(role, rank, workers, self.servers, self.master, self.log_dir),
-            stdout=out, stderr=subprocess.STDOUT, cwd=self.config.parent,
-        )  # fmt: skip
-
-    def wait(self, name: str, timeout: float) -> int:
-        return self.procs[name].wait(timeout)
-
-    def log(self, name: str) -> str:
-        return (self.log_dir / f"{name}.log").read_text()[-4000:]
-
-    def kill(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-
-
-def _store(master: str):
-    from sparseps.launch.store import ZmqStore
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            return ZmqStore(master, timeout_s=10, setting="test", what="the workers' store")
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
-def _wait_key(store, key: str, job: Job, timeout: float = 90) -> bytes:
-    deadline = time.monotonic() + timeout
-    while not store.check([key]):
-        dead = {n: p.returncode for n, p in job.procs.items() if p.poll() not in (None, 0)}
-        assert not dead, f"{dead}: {[job.log(n) for n in dead]}"
-        assert time.monotonic() < deadline, f"{key} did not appear: {job.log('worker.0')}"
-        time.sleep(0.05)
-    return store.get(key)
-
-
-def _ready(layout: DataLayout, seq: int) -> None:
-    for folder in layout.splits(layout.passes()[seq]):
-        (folder / "_SUCCESS").touch()
-
 
 def test_online_job_grows_and_shrinks_between_passes(tmp_path):
-    stream = tmp_path / "stream"
-    write_stream(stream, start_day="20240101", days=1, splits_per_day=4,
-                 rows_per_split=ROWS_PER_FILE * FILES_PER_SPLIT, files_per_split=FILES_PER_SPLIT,
-                 skip=tuple(("20240101", s) for s in range(4)), seed=5)  # fmt: skip
-    path = write_config(tmp_path / "job.yaml", data_root=stream, model_dir=tmp_path / "model",
-                        days=1, passes_per_day=4, job={"mode": "async", "worker_num": 2},
-                        save={"delta_every": 1, "checkpoint_every": 2})  # fmt: skip
-    layout = DataLayout(load_config(path))
-    job = Job(path, tmp_path / "log")
-    try:
-        job.start("server", 0, 2)
-        job.start("worker", 0, 2)
-        job.start("worker", 1, 2)
-        _ready(layout, 0)
-        store = _store(job.master)
-        # boundary 1 (after pass 0) decided with the launch's 2 workers: now grow to 3
-        assert json.loads(_wait_key(store, f"{MEMBERS}/decision/1", job))["world"] == 2
-        assert store.check(["elastic/accepts_workers"])  # worker 0 accepts worker scaling
-        store.set("elastic/workers", json.dumps({"version": 1, "world": 3}))
-        job.start("worker", 2, 3)
-        _ready(layout, 1)
-        # boundary 2 (after pass 1) admits worker 2; then shrink back to 2
-        assert json.loads(_wait_key(store, f"{MEMBERS}/decision/2", job))["world"] == 3
-        store.set("elastic/workers", json.dumps({"version": 2, "world": 2}))
-        _ready(layout, 2)
-        _ready(layout, 3)
-        assert job.wait("worker.2", 90) == 0, job.log("worker.2")
-        for name in ("worker.0", "worker.1"):
-            assert job.wait(name, 90) == 0, job.log(name)
-        store.close()
-    finally:
-        job.kill()
-
-    passes = Ledger.of(tmp_path / "model").passes()
-    records = [r for r in Ledger.of(tmp_path / "model").records() if r["kind"] == "pass"]
-    assert [r["seq"] for r in records] == [0, 1, 2, 3]  # each pass trained and recorded once
-    assert [r["seq"] for r in passes] == [0, 1, 2, 3]
-    assert [r["workers"] for r in passes] == [2, 2, 3, 2]
-    per_pass = ROWS_PER_FILE * FILES_PER_SPLIT
-    for record in passes:
-        assert record["samples"] == per_pass, record  # rows of each pass counted exactly
-        assert record["eval"]["count"] == per_pass
-        assert sum(record["worker_rows"]) == per_pass
+    passes = grow_and_shrink(tmp_path, "static")
+    assert FILES_PER_SPLIT == 3
     # static split: worker r of w loaded files[r::w] of the pass; worker 2 took its third
     assert passes[2]["worker_rows"] == [ROWS_PER_FILE] * 3
     assert passes[1]["worker_rows"] == [2 * ROWS_PER_FILE, ROWS_PER_FILE]
