@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "an HTTP prediction service that follows an inference model's chain",
     ),
     "launch": ("sparseps.launch.launch_cli", "start servers and workers, like fleetrun"),
+    "scale": (
+        "sparseps.launch.scale_cli",
+        "grow or shrink a running launched job's servers (and workers) while it trains",
+    ),
     "k8s": ("sparseps.launch.k8s", "Kubernetes manifests of a job (Indexed Jobs, a Service)"),
     "diagnose": (
         "sparseps.observe.diagnose",

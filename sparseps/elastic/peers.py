@@ -23,9 +23,11 @@ __all__ = ["Peers", "is_placement_error"]
 class Peers:
     """``address -> PSClient([address])``, opened on first use; ``close()`` closes all."""
 
-    def __init__(self, *, timeout: float = 30.0, job_id: str | None = None) -> None:
+    def __init__(self, *, timeout: float = 30.0, job_id: str | None = None,
+                 security=None) -> None:  # fmt: skip
         self.timeout = timeout
         self.job_id = job_id
+        self.security = security
         self._clients: dict[str, PSClient] = {}
         self._lock = threading.Lock()
 
@@ -34,7 +36,7 @@ class Peers:
             found = self._clients.get(endpoint)
             if found is None:
                 found = PSClient([endpoint], timeout=self.timeout, job_id=self.job_id,
-                                 follow_placement=False)  # fmt: skip
+                                 security=self.security, follow_placement=False)  # fmt: skip
                 self._clients[endpoint] = found
             return found
 

@@ -7,8 +7,25 @@ Nothing here starts at import time; heavy modules (torch) are imported inside fu
 
 from __future__ import annotations
 
+import os
+
 from .spec import DEFAULT_MASTER_PORT, ClusterSpec, free_ports, make_spec
 from .supervisor import ChildSpec, Failure, Outcome, Supervisor, SupervisorConfig
+
+
+def scale_job(
+    log_dir: str | os.PathLike,
+    *,
+    servers: int | None = None,
+    workers: int | None = None,
+    timeout_s: float = 600.0,
+) -> dict:
+    """Resize a running launched job (``sparseps scale``): see
+    :func:`sparseps.launch.scale_cli.scale_job`."""
+    from .scale_cli import scale_job as scale
+
+    return scale(log_dir, servers=servers, workers=workers, timeout_s=timeout_s)
+
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
@@ -20,4 +37,5 @@ __all__ = [
     "SupervisorConfig",
     "free_ports",
     "make_spec",
+    "scale_job",
 ]

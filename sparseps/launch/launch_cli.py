@@ -96,9 +96,7 @@ def _children(
     """This node's processes. Each runs the script through :mod:`sparseps.observe.child`
     (stack dumps on SIGUSR1; ``/metrics`` on a free port when ``metrics``)."""
     from .spec import free_ports
-    from .supervisor import ChildSpec
 
-    log_dir = Path(spec.log_dir)
     children = []
     local = [
         (Role.SERVER, spec.local_servers()),
@@ -109,47 +107,86 @@ def _children(
     ports = iter(free_ports(spec.host, count) if metrics else [None] * count)
     for role, ranks in local:
         for rank in ranks:
-            port = next(ports)
-            observe = ("--metrics-port", str(port), "--metrics-host", spec.host) if port else ()
-            argv = (
-                sys.executable, "-u", "-m", "sparseps.observe.child", *observe, script,
-                *script_args,
-            )  # fmt: skip
-            env = child_environ(
-                {**spec.role_env(role, rank).to_environ(), "PYTHONUNBUFFERED": "1", **extra}
-            )
-            children.append(
-                ChildSpec(
-                    role=role,
-                    rank=rank,
-                    argv=argv,
-                    env=env,
-                    log_path=log_dir / f"{role.value}.{rank}.log",
-                    echo=role is Role.WORKER and rank == 0,
-                    metrics_port=port,
-                )
-            )
+            children.append(_child(spec, role, rank, script, script_args, extra, next(ports)))
     return children
 
 
+def _child(spec, role: Role, rank: int, script: str, script_args: list[str],
+           extra: dict[str, str], port: int | None):  # fmt: skip
+    """One process of the job: ``role`` ``rank`` of ``spec`` (its §2.2 environment)."""
+    from .supervisor import ChildSpec
+
+    observe = ("--metrics-port", str(port), "--metrics-host", spec.host) if port else ()
+    argv = (
+        sys.executable, "-u", "-m", "sparseps.observe.child", *observe, script, *script_args,
+    )  # fmt: skip
+    env = child_environ(
+        {**spec.role_env(role, rank).to_environ(), "PYTHONUNBUFFERED": "1", **extra}
+    )
+    return ChildSpec(
+        role=role,
+        rank=rank,
+        argv=argv,
+        env=env,
+        log_path=Path(spec.log_dir) / f"{role.value}.{rank}.log",
+        echo=role is Role.WORKER and rank == 0,
+        metrics_port=port,
+    )
+
+
+def _scaler(args: argparse.Namespace, spec, script: Path, supervisor, security):
+    """What serves ``sparseps scale`` on this one-node launch (:mod:`.scaling`)."""
+    from dataclasses import replace
+
+    from .scaling import JobScaler
+    from .spec import free_ports
+
+    def port() -> int | None:
+        return free_ports(spec.host, 1)[0] if args.metrics else None
+
+    def new_server(rank: int, endpoints: list[str]):
+        grown = replace(spec, servers=tuple(endpoints))
+        return _child(grown, Role.SERVER, rank, str(script), list(args.script_args),
+                      _job_env(args), port())  # fmt: skip
+
+    def new_worker(rank: int, world: int):
+        hosts = spec.workers + (spec.host,) * max(0, world - len(spec.workers))
+        child = _child(replace(spec, workers=hosts), Role.WORKER, rank, str(script),
+                       list(args.script_args), _job_env(args), port())  # fmt: skip
+        return replace(child, env={**child.env, MASTER: master()}, echo=False)
+
+    def master() -> str:  # the rendezvous of the running generation
+        return supervisor.worker_env().get(MASTER, spec.master)
+
+    return JobScaler(
+        supervisor=supervisor, endpoints=list(spec.servers), new_server=new_server,
+        new_worker=new_worker, host=spec.host, job_id=spec.job_id, security=security,
+        replicas=args.replicas, master=master,
+    )  # fmt: skip
+
+
 def _server_stopper(
-    endpoints: tuple[str, ...],
-    ranks: list[int],
+    endpoints: tuple[str, ...] | Callable[[], list[str]],
+    ranks: list[int] | Callable[[], list[int]],
     timeout_s: float,
     job_id: str,
     security=None,
     lost: Callable[[], set[int]] = set,
 ):
     """Ask this node's servers (``ranks`` of the job's ``endpoints``, less the ``lost()``
-    ones of a replicated job) to stop."""
+    ones of a replicated job) to stop. ``endpoints`` and ``ranks`` may be callables (a
+    scaled job: its servers now)."""
 
     def stop() -> None:
         from ..rpc.client import PSClient
 
-        live = [rank for rank in ranks if rank not in lost()]
+        now = ranks() if callable(ranks) else ranks
+        listed = endpoints() if callable(endpoints) else endpoints
+        live = [rank for rank in now if rank not in lost()]
         with PSClient(
-            list(endpoints), timeout=timeout_s, job_id=job_id, security=security
-        ) as client:
+            list(listed), timeout=timeout_s, job_id=job_id, security=security,
+            follow_placement=False,
+        ) as client:  # fmt: skip
             client.stop_servers(ranks=live)
 
     return stop
@@ -287,13 +324,14 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
         spec, str(script), list(args.script_args), _job_env(args), metrics=args.metrics
     )
     extra_record: dict[str, object] = {}  # written to pids.json once run() starts
+    scaler = None
     supervisor = Supervisor(
         children=children,
         config=config,
         coordinator=coordinator,
         stop_servers=_server_stopper(
-            spec.servers,
-            local_servers,
+            lambda: spec.servers if scaler is None else scaler.endpoints,
+            lambda: local_servers if scaler is None else scaler.live,
             config.server_stop_s,
             spec.job_id,
             security,
@@ -309,7 +347,20 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
         restart_env=None if spec.multi_node else _fresh_master(spec.host),
         extra_record=extra_record,
     )
-    return _run_observed(args, spec, supervisor, extra_record)
+    service = None
+    if not spec.multi_node:  # `sparseps scale` serves one-node launches
+        from .scaling import ScaleService
+
+        scaler = _scaler(args, spec, script, supervisor, security)
+        service = ScaleService(scaler, spec.host, security=security, workers=len(spec.workers))
+        extra_record["control"] = service.address
+        if spec.key_dir:
+            extra_record["key_dir"] = spec.key_dir
+    try:
+        return _run_observed(args, spec, supervisor, extra_record)
+    finally:
+        if service is not None:
+            service.close()
 
 
 def _run_observed(args: argparse.Namespace, spec, supervisor, extra_record: dict) -> Outcome:

@@ -43,6 +43,7 @@ is what the status page shows; ``sparseps_launcher_role_up`` and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -131,6 +132,10 @@ class Supervisor:
 
         self._metrics = launcher_metrics()
         self._running: list[_Child] = []
+        self._lock = threading.RLock()  # starts from a scale request's thread; pids.json
+        # (role, rank) of servers stopped by a scale-down: a planned exit, not a failure
+        self.retired: set[tuple[str, int]] = set()
+        self._workers_left: set[int] = set()
         # ranks of servers lost and tolerated (replicas): left out of the final stop
         self.lost_servers: set[int] = set()
         self._replacements = 0  # replacement servers started (bounded by max_restarts)
@@ -146,6 +151,10 @@ class Supervisor:
     # -- starting ----------------------------------------------------------------------
 
     def _start(self, spec: ChildSpec, attempt: int) -> _Child:
+        with self._lock:
+            return self._start_locked(spec, attempt)
+
+    def _start_locked(self, spec: ChildSpec, attempt: int) -> _Child:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "ab") as f:
             if attempt:  # the worker group's restart generation
@@ -203,6 +212,54 @@ class Supervisor:
                         console = None  # console closed; the log still has everything
         stdout.close()
 
+    # -- a running job's membership (sparseps scale: sparseps.launch.scaling) ----------
+
+    def add_child(self, spec: ChildSpec) -> _Child:
+        """Start one more process while the job runs (a new server, or a new worker: it
+        joins the workers the job waits for, and a worker group restart restarts it)."""
+        with self._lock:
+            if spec.role is Role.WORKER:  # a rank that joins again replaces its old spec
+                self.children[:] = [
+                    c for c in self.children if not (c.role is Role.WORKER and c.rank == spec.rank)
+                ]
+                self.children.append(spec)
+                self._workers_left.add(spec.rank)
+            return self._start(
+                spec, self._coordinator.generation if spec.role is Role.WORKER else 0
+            )
+
+    def retire(self, role: Role, rank: int) -> None:
+        """Plan the exit of a process (a drained server): it neither fails the job nor is
+        asked to stop at the end."""
+        self.retired.add((role.value, rank))
+
+    def wait_retired(self, timeout: float) -> None:
+        """Wait for the retired processes to exit; SIGTERM/SIGKILL the ones still running."""
+        procs = [c.proc for c in list(self._running) if self._is_retired(c)]
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        stop_groups([p for p in procs if p.poll() is None], self.config.grace_s)
+
+    def set_world(self, count: int) -> None:
+        """The job's worker count is now ``count`` (workers of higher ranks exit 0 by
+        themselves; the job completes when every worker ever started exited 0)."""
+        if isinstance(self._coordinator, LocalCoordinator):
+            self._coordinator.worker_num = len(
+                {c.rank for c in self.children if c.role is Role.WORKER}
+            )
+
+    def worker_env(self) -> dict[str, str]:
+        """The environment of a running worker of the current generation (empty if none)."""
+        for child in reversed(list(self._running)):
+            if child.spec.role is Role.WORKER and child.proc.poll() is None:
+                return dict(child.spec.env)
+        return {}
+
+    def _is_retired(self, child: _Child) -> bool:
+        return (child.spec.role.value, child.spec.rank) in self.retired
+
     def _write_pids(self) -> None:
         if self.pids_path is None:
             return
@@ -212,9 +269,10 @@ class Supervisor:
             **self.extra_record,
             "children": self._history,
         }
-        tmp = self.pids_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, self.pids_path)
+        with self._lock:
+            tmp = self.pids_path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(record, indent=1))
+            os.replace(tmp, self.pids_path)
 
     def roles(self) -> list[dict]:
         """Every role of this node as it stands now (the status page's rows): role, rank,
@@ -270,8 +328,8 @@ class Supervisor:
         return previous
 
     def _loop(self) -> Outcome:
-        workers = [c for c in self.children if c.role is Role.WORKER]
-        workers_left = {c.rank for c in workers}
+        self._workers_left = {c.rank for c in self.children if c.role is Role.WORKER}
+        workers_left = self._workers_left
         reported = False
         while True:
             if self._signal is not None:
@@ -307,10 +365,15 @@ class Supervisor:
                 failed = self._restart_workers(*restart)
                 if failed is not None:
                     return failed
-                workers_left, reported = {c.rank for c in workers}, False
+                self._workers_left = {c.rank for c in self.children if c.role is Role.WORKER}
+                workers_left, reported = self._workers_left, False
                 continue
             if not workers_left and not reported:
-                self._coordinator.report_workers_done(len(workers))
+                with self._lock:  # a scale request may be adding a worker
+                    if workers_left:
+                        continue
+                    count = len({c.rank for c in self.children if c.role is Role.WORKER})
+                self._coordinator.report_workers_done(count)
                 reported = True
             if reported and self._coordinator.all_workers_done():
                 self._stop_servers()
@@ -342,6 +405,8 @@ class Supervisor:
                     continue
                 if child.exit_code is None:
                     child.exit_code = child.proc.poll()
+                if child.exit_code is not None and self._is_retired(child):
+                    continue  # drained by a scale-down and stopped: planned
                 if child.exit_code is not None and not self._tolerated(child):
                     return child
         return None
@@ -485,7 +550,9 @@ class Supervisor:
             if child.spec.role is Role.HETER_WORKER and child.proc.poll() is None:
                 child.proc.terminate()
         servers = [
-            c for c in self._running if c.spec.role is not Role.WORKER and c.proc.poll() is None
+            c
+            for c in self._running
+            if c.spec.role is not Role.WORKER and c.proc.poll() is None and not self._is_retired(c)
         ]
         if not servers:
             return

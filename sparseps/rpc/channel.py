@@ -335,6 +335,10 @@ class Channel:
                 log.info("server %d at %s: connecting again", rank, self.endpoints[rank])
             done.set()
 
+    def connected(self, rank: int) -> bool:
+        """Whether the connection to server ``rank`` is up (as its monitor last said)."""
+        return self._state[rank] == "connected"
+
     def lost(self, rank: int) -> str | None:
         """Why server ``rank`` is lost (``detect_loss``), or None."""
         return self._lost[rank]

@@ -57,6 +57,9 @@ _PROBE_TIMEOUT_S = 5.0
 # After one server answered get_placement, how long the others may still take (a missed
 # newer version only costs another refusal and refresh).
 _STRAGGLER_S = 0.25
+# How often a wait looks whether its server's connection dropped (a drained server that
+# was stopped before this client saw the placement without it).
+_DOWN_POLL_S = 0.25
 
 
 def is_placement_error(exc: BaseException) -> bool:
@@ -138,6 +141,19 @@ class PlacementRouting:
         if routing is None:
             return None
         return [int(routing[1][r]) for r in routing[0].live_ranks()]
+
+    def _left_behind(self, request, deadline: float) -> bool:
+        """Wait for ``request``'s reply while its server's connection is up; when it is
+        down, whether the server was drained out of the job (then the request is dropped
+        and its part resent). A plain-routed request is only waited for by the caller."""
+        if self._routing is None or isinstance(request, ShardRequest):
+            return False
+        channel = self._channel
+        while not request.event.wait(_DOWN_POLL_S) and time.monotonic() < deadline:
+            if not channel.connected(request.rank) and self._gone(request):
+                channel.forget(request)
+                return True
+        return False
 
     def _gone(self, request) -> bool:
         """After ``request`` got no answer: whether its server was drained out of the job
@@ -261,6 +277,9 @@ class RoutedHandle:
             while True:
                 refused = []
                 for positions, request in parts:
+                    if client._left_behind(request, deadline):
+                        refused.append(_indices(positions))  # a drained server, stopped
+                        continue
                     try:
                         got.append((positions, _wait(channel, request, deadline, limit)))
                     except RemoteError as exc:

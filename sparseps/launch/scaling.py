@@ -1,0 +1,313 @@
+"""``sparseps scale`` on a running one-node launch: the launcher's side (issue 23).
+
+The launcher hosts a small *control store* (a :class:`~sparseps.launch.store.StoreServer`
+on its host, its address in ``LOG_DIR/pids.json`` as ``control``). ``sparseps scale``
+(:mod:`sparseps.launch.scale_cli`) takes the lock ``scale/busy`` (an ``add`` that must
+answer 1: one scale at a time), writes ``scale/request`` = JSON ``{"id", "servers",
+"workers"}`` and waits for ``scale/result/<id>``; :class:`ScaleService` serves it here.
+
+Servers (:meth:`JobScaler.servers`), growing S -> N:
+
+1. start server processes for the new ranks on free ports (recorded in ``pids.json``,
+   logs ``server.R.log``), their ``SPARSEPS_SERVERS`` the job's list plus the new ones;
+2. wait until each answers a ping;
+3. on the first scale, install the default placement on the job's servers (it routes
+   exactly as ``server_of(key, S)``: no row moves);
+4. rebalance over the live ranks and migrate (:func:`sparseps.elastic.scale`) while the
+   workers keep training; their clients follow the new placement (:mod:`sparseps.rpc.placed`).
+
+Shrinking N < S drains the highest live ranks (refused when one holds a dense table:
+dense tables stay on ``dense_server_of(name, S_start)``), waits ``DRAIN_LINGER_S`` so
+training clients see the drained servers' refusals and move on, then stops them: their
+exit is planned (:meth:`Supervisor.retire`), and the job's final stop skips them.
+
+Workers (:meth:`JobScaler.workers`): see docs/elastic.md "Workers joining and leaving"
+for the contract with the workers' side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..core.placement import Placement, rebalance
+from ..elastic import install_placement, migrate
+from ..elastic.peers import Peers
+from ..env import Role
+from ..errors import SparsePSError
+from .store import ZmqStore
+from .store_server import StoreServer
+
+__all__ = [
+    "ACCEPTS_WORKERS_KEY",
+    "DRAIN_LINGER_S",
+    "WORKERS_KEY",
+    "JobScaler",
+    "ScaleError",
+    "ScaleService",
+]
+
+log = logging.getLogger(__name__)
+
+# Seconds a drained server keeps refusing requests before it is stopped: clients that
+# are training meet a refusal, refresh their placement and never wait on a dead server.
+DRAIN_LINGER_S = 1.0
+SERVER_READY_S = 60.0
+WORKERS_KEY = "elastic/workers"
+ACCEPTS_WORKERS_KEY = "elastic/accepts_workers"
+
+
+class ScaleError(SparsePSError):
+    """A scale request that cannot be done; the message says what, where and how to fix."""
+
+
+@dataclass
+class JobScaler:
+    """Adds and removes servers and workers of a running one-node launch.
+
+    Args:
+        supervisor: the launch's supervisor (starts children, plans server exits).
+        endpoints: the job's server endpoints at start (rank order).
+        new_server: builds the :class:`ChildSpec` of server ``rank`` given the endpoint
+            list it joins.
+        new_worker: builds the ChildSpec of worker ``rank`` in a world of ``N`` workers.
+        host: where new servers listen.
+        job_id, security: the job's (for the clients that drive the servers).
+        replicas: the job's ``--replicas`` (placements refuse them).
+        master: the workers' rendezvous store now (``host:port``), for the membership key.
+    """
+
+    supervisor: object
+    endpoints: list[str]
+    new_server: Callable[[int, list[str]], object]
+    new_worker: Callable[[int, int], object]
+    host: str
+    job_id: str = ""
+    security: object = None
+    replicas: int = 0
+    master: Callable[[], str] | None = None
+    start_servers: int = field(init=False, default=0)
+    workers_world: int | None = None
+
+    def __post_init__(self) -> None:
+        self.endpoints = list(self.endpoints)
+        self.start_servers = len(self.endpoints)
+        self.live = list(range(len(self.endpoints)))
+
+    # -- servers -------------------------------------------------------------------------
+
+    def _peers(self) -> Peers:
+        return Peers(timeout=30.0, job_id=self.job_id or None, security=self.security)
+
+    def servers(self, count: int) -> dict:
+        """Grow or shrink to ``count`` live servers; returns the report (module docstring)."""
+        if count < 1:
+            raise ScaleError(f"scale --servers {count}: a job needs at least one server")
+        if self.replicas:
+            raise ScaleError(
+                f"scale --servers: this job runs with --replicas {self.replicas}; elastic "
+                "placements do not support replicas yet (start the job without --replicas)"
+            )
+        before = len(self.live)
+        start = time.perf_counter()
+        report: dict = {"servers_before": before, "servers_after": count, "started": [],
+                        "stopped": [], "vshards_moved": 0, "rows_moved": 0,
+                        "longest_cutover_s": 0.0}  # fmt: skip
+        if count == before:
+            report["seconds"] = 0.0
+            return report
+        peers = self._peers()
+        try:
+            if count > before:
+                new = self._start_servers(count - before)
+                report["started"] = new
+                ranks = [*self.live, *new]
+            else:
+                ranks = sorted(self.live)[:count]
+                removed = sorted(self.live)[count:]
+                self._check_dense(peers, removed)
+            current = self._placement(peers)
+            moved = migrate(peers, rebalance(current, ranks, self.endpoints))
+            report.update(vshards_moved=moved.vshards_moved, rows_moved=moved.rows,
+                          longest_cutover_s=moved.cutover_s, version=moved.version)  # fmt: skip
+            self.live = sorted(ranks)
+            if count < before:
+                time.sleep(DRAIN_LINGER_S)
+                self._stop_servers(peers, removed)
+                report["stopped"] = removed
+        finally:
+            peers.close()
+        report["seconds"] = time.perf_counter() - start
+        report["endpoints"] = [self.endpoints[r] for r in self.live]
+        return report
+
+    def _start_servers(self, count: int) -> list[int]:
+        from .spec import free_ports
+
+        ranks = list(range(len(self.endpoints), len(self.endpoints) + count))
+        endpoints = [*self.endpoints, *(f"{self.host}:{p}" for p in free_ports(self.host, count))]
+        children = [self.supervisor.add_child(self.new_server(r, endpoints)) for r in ranks]  # type: ignore[attr-defined]
+        self.endpoints = endpoints
+        deadline = time.monotonic() + SERVER_READY_S
+        peers = self._peers()
+        try:
+            for rank, child in zip(ranks, children, strict=True):
+                while True:
+                    if child.proc.poll() is not None:
+                        raise ScaleError(
+                            f"scale: new server {rank} (pid {child.proc.pid}) exited with code "
+                            f"{child.proc.returncode} while starting; see {child.spec.log_path}"
+                        )
+                    try:
+                        peers.call(endpoints[rank], "ping", timeout=1.0)
+                        break
+                    except SparsePSError:
+                        if time.monotonic() > deadline:
+                            raise ScaleError(
+                                f"scale: new server {rank} at {endpoints[rank]} did not answer "
+                                f"within {SERVER_READY_S:g} s; see {child.spec.log_path}"
+                            ) from None
+                        time.sleep(0.1)
+        finally:
+            peers.close()
+        return ranks
+
+    def _placement(self, peers: Peers) -> Placement:
+        """The servers' placement; on the first scale, today's routing installed as one."""
+        current = peers.newest([self.endpoints[r] for r in self.live])  # not the stopped
+        if current is None:
+            current = Placement.default(self.endpoints[: self.start_servers])
+            install_placement(peers, current)
+        return current
+
+    def _check_dense(self, peers: Peers, removed: list[int]) -> None:
+        for rank in removed:
+            stats = peers.call(self.endpoints[rank], "stats")[0]
+            if stats.get("dense"):
+                raise ScaleError(
+                    f"scale: server {rank} at {self.endpoints[rank]} holds dense table(s) "
+                    f"{sorted(stats['dense'])} (dense tables stay on the server "
+                    f"dense_server_of(name, {self.start_servers}) of the start count); keep at "
+                    f"least {rank + 1} servers, or move the dense part to the workers"
+                )
+
+    def _stop_servers(self, peers: Peers, ranks: list[int]) -> None:
+        for rank in ranks:
+            self.supervisor.retire(Role.SERVER, rank)  # type: ignore[attr-defined]
+            try:
+                peers.call(self.endpoints[rank], "stop", timeout=10.0)
+            except SparsePSError as exc:  # the supervisor's SIGTERM below still stops it
+                log.warning("scale: stop request to server %d failed: %s", rank, exc)
+        self.supervisor.wait_retired(timeout=15.0)  # type: ignore[attr-defined]
+
+    # -- workers -------------------------------------------------------------------------
+
+    def workers(self, count: int, current: int) -> dict:
+        """Announce a world of ``count`` workers and start the new ranks (the contract in
+        docs/elastic.md); ``current`` is the world before."""
+        if count < 1:
+            raise ScaleError(f"scale --workers {count}: a job needs at least one worker")
+        if self.master is None:
+            raise ScaleError("scale --workers: this launcher does not know the workers' store")
+        master = self.master()
+        try:
+            store = ZmqStore(master, timeout_s=5.0, setting="-", what="rendezvous store",
+                             security=self.security)  # fmt: skip
+        except SparsePSError as exc:
+            raise ScaleError(f"scale --workers: the workers' store at {master} does not answer "
+                             f"({exc}); are the workers running?") from None  # fmt: skip
+        try:
+            if not store.check([ACCEPTS_WORKERS_KEY]):
+                raise ScaleError(
+                    "scale --workers: worker scaling needs a job whose workers follow "
+                    "membership changes, i.e. `sparseps online`; this job's workers did not "
+                    f"set {ACCEPTS_WORKERS_KEY!r} in their store at {master}"
+                )
+            old = current
+            version = 0
+            if store.check([WORKERS_KEY]):
+                held = json.loads(store.get(WORKERS_KEY))
+                old, version = int(held["world"]), int(held["version"])
+            store.set(WORKERS_KEY, json.dumps({"version": version + 1, "world": count}).encode())
+        finally:
+            store.close()
+        started = list(range(old, count))
+        for rank in started:
+            self.supervisor.add_child(self.new_worker(rank, count))  # type: ignore[attr-defined]
+        self.supervisor.set_world(count)  # type: ignore[attr-defined]
+        return {"workers_before": old, "workers_after": count, "workers_started": started,
+                "version": version + 1}  # fmt: skip
+
+
+class ScaleService:
+    """Serves ``sparseps scale`` requests from the control store (module docstring).
+
+    Args:
+        scaler: does the work.
+        host: where the control store listens (the launcher's host).
+        security: the job's CURVE keys (None: plain).
+        workers: the launch's worker count (the world before any ``--workers``).
+    """
+
+    def __init__(self, scaler: JobScaler, host: str, *, security=None, workers: int) -> None:
+        self.scaler = scaler
+        self.world = workers
+        self._server = StoreServer(host, 0, security=security)
+        self.address = self._server.address
+        self._store = ZmqStore(self.address, timeout_s=10.0, setting="-", what="control store",
+                               security=security)  # fmt: skip
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparseps-scale", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                if not self._store.check(["scale/request"]):
+                    continue
+                raw = self._store.get("scale/request")
+                self._store.delete_key("scale/request")
+                request = json.loads(raw)
+            except SparsePSError as exc:  # the store is in this process: only at close
+                log.debug("control store: %s", exc)
+                continue
+            except ValueError:
+                request = None
+            if not isinstance(request, dict) or not isinstance(request.get("id"), str):
+                log.warning("control store: a malformed scale request was dropped")
+                continue
+            result = self._serve(request)
+            try:
+                self._store.set(f"scale/result/{request.get('id')}", json.dumps(result).encode())
+                self._store.set("scale/busy", b"0")
+            except SparsePSError as exc:
+                log.warning("control store: %s", exc)
+
+    def _serve(self, request: dict) -> dict:
+        out: dict = {"ok": True}
+        try:
+            servers, workers = request.get("servers"), request.get("workers")
+            if workers is not None:  # checked first: it may refuse without changing anything
+                out.update(self.scaler.workers(int(workers), self.world))
+                self.world = int(workers)
+            if servers is not None:
+                log.info("scale: servers %d -> %d", len(self.scaler.live), int(servers))
+                out.update(self.scaler.servers(int(servers)))
+                log.info("scale: %s", out)
+        except SparsePSError as exc:
+            log.error("scale failed: %s", exc)
+            return {"ok": False, "error": str(exc), **{k: v for k, v in out.items() if k != "ok"}}
+        except Exception as exc:  # never kill the launcher; the CLI shows it
+            log.exception("scale failed")
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        self._store.close()
+        self._server.close()

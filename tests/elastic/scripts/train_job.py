@@ -1,0 +1,99 @@
+"""A small sync-mode training job for tests/elastic/test_scale_launched.py (run it with
+``sparseps launch``): wide&deep on planted data, per-step timestamps, a checkpoint.
+
+Usage: train_job.py OUT [--steps N] [--gate FILE] [--step-sleep S]. Each worker trains
+``--steps`` batches of its own planted data (one pass) and records the wall time of every
+step in ``OUT/steps.R.json``. Worker 0 sleeps ``--step-sleep`` after each step while the
+gate FILE does not exist, and waits at step ``steps - 5`` until it does (the test opens
+the gate once it has scaled the job, so the scales happen mid-training; the wait is
+recorded and left out of the stall). Neither changes what is trained. Worker 0 saves a
+checkpoint to ``OUT/ckpt`` and every dense parameter to ``OUT/dense.npz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import sparseps as sps
+from sparseps.data import Batch, Slot
+from sparseps.models import WideDeep
+
+SLOTS = ("C1", "C2", "C3")
+BATCH = 64
+VOCAB = 400
+
+
+def batches(seed: int, count: int) -> list[Batch]:
+    rng = np.random.default_rng(seed)
+    weights = np.random.default_rng(1000).normal(0.0, 1.5, (len(SLOTS), VOCAB))
+    out = []
+    for b in range(count):
+        logit = np.zeros(BATCH)
+        columns = {}
+        for s, name in enumerate(SLOTS):
+            lengths = rng.integers(0, 3, BATCH)
+            offsets = np.zeros(BATCH + 1, np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            ids = rng.integers(0, VOCAB, int(offsets[-1]))
+            logit += np.bincount(np.repeat(np.arange(BATCH), lengths), weights[s, ids],
+                                 minlength=BATCH)  # fmt: skip
+            columns[name] = Slot((ids + (s + 1) * 1_000_000).astype(np.uint64), offsets)
+        dense = rng.normal(0.0, 1.0, (BATCH, 2)).astype(np.float32)
+        label = (rng.random(BATCH) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+        out.append(Batch(label, dense, columns, np.arange(b * BATCH, (b + 1) * BATCH)))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--gate", default="")
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="worker 0, per step")
+    args = parser.parse_args()
+    sps.init()
+    if sps.is_server():
+        sps.run_server()
+        return 0
+    torch.manual_seed(0)
+    rank = sps.worker_index()
+    model = WideDeep(SLOTS, 2, emb_dim=4, hidden=(8,))
+    trainer = sps.Trainer(model, strategy=sps.Strategy(mode="sync"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    times: list[float] = []
+    gate = {"step": args.steps - 5, "waited_s": 0.0}
+
+    def on_batch(step, stats) -> None:  # noqa: ARG001 - the callback's signature
+        times.append(time.time())
+        if rank == 0 and len(times) == 10:
+            (out / "progress").write_text("10")  # the test scales from here on
+        if rank == 0 and args.step_sleep and not (args.gate and Path(args.gate).exists()):
+            time.sleep(args.step_sleep)  # a longer pass until the gate opens (sync: both wait)
+        if rank == 0 and args.gate and len(times) == gate["step"]:
+            start = time.time()
+            (out / "at_gate").write_text(str(start))
+            deadline = time.monotonic() + 120
+            while not Path(args.gate).exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            gate["waited_s"] = time.time() - start
+
+    trainer.train_from_dataset(batches(rank, args.steps), print_period=0, on_batch=on_batch)
+    (out / f"steps.{rank}.json").write_text(json.dumps({"times": times, "gate": gate}))
+    trainer.save_checkpoint(out / "ckpt")
+    if rank == 0:
+        np.savez(
+            out / "dense.npz", **{k: v.detach().numpy() for k, v in model.state_dict().items()}
+        )
+    trainer.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

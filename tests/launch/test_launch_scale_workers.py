@@ -1,0 +1,104 @@
+"""The supervisor side of worker membership (``sparseps scale --workers N``, issue 23),
+with plain Python children instead of an online job: the launcher announces the world in
+the workers' store (``elastic/workers`` = ``{"version", "world"}``), starts the new ranks
+with the worker count set to N (recorded in pids.json), counts any worker's exit 0 as
+done, and completes the job only once every worker ever started has exited 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sparseps.env import MASTER, WORKER_NUM, Role
+from sparseps.launch.records import ChildSpec, SupervisorConfig
+from sparseps.launch.scaling import ACCEPTS_WORKERS_KEY, WORKERS_KEY, JobScaler
+from sparseps.launch.store import ZmqStore
+from sparseps.launch.store_server import StoreServer
+from sparseps.launch.supervisor import Supervisor
+
+# a worker: note its rank and world, wait for its release file, exit 0
+WORKER = """
+import os, sys, time, pathlib
+folder = pathlib.Path(sys.argv[1]); rank = sys.argv[2]
+(folder / f"seen.{rank}").write_text(os.environ["SPARSEPS_WORKER_NUM"])
+deadline = time.monotonic() + 60
+while not (folder / f"release.{rank}").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+"""
+
+
+def _worker(folder: Path, rank: int, world: int, master: str) -> ChildSpec:
+    env = {**os.environ, WORKER_NUM: str(world), MASTER: master}
+    return ChildSpec(role=Role.WORKER, rank=rank, argv=(sys.executable, "-c", WORKER,
+                     str(folder), str(rank)), env=env,
+                     log_path=folder / f"worker.{rank}.log")  # fmt: skip
+
+
+def _wait(predicate, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_new_workers_start_with_the_new_world_and_the_job_waits_for_them(tmp_path):
+    with StoreServer("127.0.0.1", 0) as server:
+        master = server.address
+        supervisor = Supervisor(
+            children=[_worker(tmp_path, r, 2, master) for r in range(2)],
+            config=SupervisorConfig(poll_s=0.05),
+            pids_path=tmp_path / "pids.json",
+        )
+        scaler = JobScaler(
+            supervisor=supervisor, endpoints=["127.0.0.1:1"], new_server=None,  # type: ignore[arg-type]
+            new_worker=lambda rank, world: _worker(tmp_path, rank, world, master),
+            host="127.0.0.1", master=lambda: master,
+        )  # fmt: skip
+        outcome: list = []
+        thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
+        thread.start()
+        with ZmqStore(master, timeout_s=5, setting="-") as store:
+            _wait(lambda: (tmp_path / "seen.1").exists(), "the workers to start")
+            store.set(ACCEPTS_WORKERS_KEY, b"1")  # what the online driver sets
+            report = scaler.workers(3, 2)
+            assert report == {"workers_before": 2, "workers_after": 3, "workers_started": [2],
+                              "version": 1}  # fmt: skip
+            assert json.loads(store.get(WORKERS_KEY)) == {"version": 1, "world": 3}
+            _wait(lambda: (tmp_path / "seen.2").exists(), "the new worker")
+            assert (tmp_path / "seen.2").read_text() == "3"  # its worker count is the new world
+            children = json.loads((tmp_path / "pids.json").read_text())["children"]
+            assert [(c["role"], c["rank"], c["attempt"]) for c in children] == [
+                ("worker", 0, 0), ("worker", 1, 0), ("worker", 2, 0)]  # fmt: skip
+            # the world shrinks back: rank 2 leaves by itself (exit 0), counted as done
+            assert scaler.workers(2, 3)["workers_started"] == []
+            assert json.loads(store.get(WORKERS_KEY)) == {"version": 2, "world": 2}
+            (tmp_path / "release.2").write_text("")
+            (tmp_path / "release.0").write_text("")
+            time.sleep(0.5)
+            assert thread.is_alive() and not outcome  # worker 1 is still running
+            (tmp_path / "release.1").write_text("")
+            thread.join(30)
+        assert outcome and outcome[0].exit_code == 0 and outcome[0].reason == "completed"
+
+
+def test_a_new_worker_that_fails_fails_the_job(tmp_path):
+    with StoreServer("127.0.0.1", 0) as server:
+        master = server.address
+        supervisor = Supervisor(
+            children=[_worker(tmp_path, 0, 1, master)],
+            config=SupervisorConfig(poll_s=0.05),
+            pids_path=tmp_path / "pids.json",
+        )
+        failing = ChildSpec(role=Role.WORKER, rank=1, argv=(sys.executable, "-c", "exit(3)"),
+                            env=dict(os.environ), log_path=tmp_path / "worker.1.log")  # fmt: skip
+        outcome: list = []
+        thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
+        thread.start()
+        _wait(lambda: (tmp_path / "seen.0").exists(), "worker 0")
+        supervisor.add_child(failing)
+        thread.join(30)
+        assert outcome and outcome[0].exit_code == 3 and outcome[0].failure.rank == 1
