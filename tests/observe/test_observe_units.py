@@ -53,8 +53,11 @@ def test_the_sampler_turns_counters_into_plots_and_the_online_pass(tmp_path, mon
     finally:
         stop_serving_metrics()
     assert status["roles"][0]["last_line"] == "the last line" == last_line(log)
-    point = status["series"][-1]
-    assert point["samples_per_s"] > 0 and point["train"] == 0.75
+    # the page's own sampler also samples once as it starts, racing the two samples above:
+    # on a loaded box it can land between the increment and the second sample, leaving the
+    # last point at 0 samples/s; the rate shows in one of the points either way
+    assert max(point["samples_per_s"] for point in status["series"]) > 0
+    assert status["series"][-1]["train"] == 0.75
     assert status["online"] == {"pass_seq": 7}
     assert 'src="/static/status.js"' in html and "http" not in html.split("<body>")[1]  # no CDN
     assert script.status_code == 200 and 'fetch("/api/status"' in script.text
