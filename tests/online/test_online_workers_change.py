@@ -1,12 +1,12 @@
-"""Must-show of issue 23 (workers): an online job continues across worker count changes
-between passes with a consistent ledger.
+"""Issue 23 (workers): an online job continues across worker count changes between
+passes with a consistent ledger, at exactly known boundaries.
 
 The launcher's part is played by the test (``_elastic_jobs.grow_and_shrink``): pass 0 and
 1 run on 2 workers, pass 2 on 3, pass 3 on 2 again. Each pass is in the ledger once, its
 samples are exactly its rows, worker 2 loaded its static share of pass 2
 (``files[2::3]``), and every process exits 0 (worker 2 at the boundary after pass 2).
-The launched version (``sparseps scale LOG_DIR --workers N``) is
-test_online_scale_workers.py; ``split: steal`` is test_online_workers_steal.py.
+The launched Must-show (``sparseps scale LOG_DIR --workers N`` on ``sparseps online``)
+is test_online_scale_workers.py; ``split: steal`` is test_online_workers_steal.py.
 """
 
 from __future__ import annotations
