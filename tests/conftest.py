@@ -1,0 +1,82 @@
+"""How the suite shares the machine's two cores under ``pytest -n 2 --dist loadgroup``.
+
+The README's test command runs two pytest-xdist workers. Most test files are short and use
+one core, so they are spread over both workers, each file kept whole on one worker (its
+module fixtures are set up once). The files below launch whole training jobs (a server and
+two workers use both cores) or bound what they measure in time: they form one group that
+one worker runs in order, first, while the other worker takes the short files beside it.
+Two launched jobs never run at once, so their timing bounds see at most one short test's
+load beside them. Without ``-n`` (a developer running one file) nothing changes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# files whose tests launch jobs or measure time; the rest are short and share the cores
+HEAVY_FILES = frozenset(
+    {
+        "checkpoint/test_load_restores.py",
+        "checkpoint/test_model_files.py",
+        "checkpoint/test_resume_equals_fresh_load.py",
+        "checkpoint/test_trainer_model_files.py",
+        "data/test_data_paddle_port.py",
+        "data/test_work_stealing.py",
+        "elastic/test_elastic_migration.py",
+        "heter/test_heter_launch.py",
+        "launch/test_launch_jobs.py",
+        "launch/test_launch_paddle_env.py",
+        "launch/test_launch_restart.py",
+        "launch/test_launch_server_exit.py",
+        "launch/test_ray_backend.py",
+        "metrics/test_metrics_distributed.py",
+        "metrics/test_metrics_fleet.py",
+        "observe/test_hang_diagnosis.py",
+        "observe/test_job_observability.py",
+        "online/test_online_drift.py",
+        "online/test_online_extra_labels.py",
+        "online/test_online_missing.py",
+        "online/test_online_predict.py",
+        "online/test_online_resume.py",
+        "recall/test_recall.py",
+        "replication/test_replica_failover.py",
+        "replication/test_replica_launch.py",
+        "replication/test_replica_recovery.py",
+        "rpc/test_rpc_cluster.py",
+        "rpc/test_rpc_hardening.py",
+        "security/test_secure_job.py",
+        "security/test_unauthenticated_peer.py",
+        "server/test_server_disk_tier.py",
+        "serving/test_hot_reload.py",
+        "test_bench_quality.py",
+        "test_clone.py",
+        "test_demo.py",
+        "worker/test_esmm_example.py",
+        "worker/test_example.py",
+        "worker/test_gpups_cluster.py",
+        "worker/test_hybrid_steps.py",
+        "worker/test_stragglers.py",
+        "worker/test_sync_collectives.py",
+        "worker/test_training_modes.py",
+        "worker/test_wide_deep_lr.py",
+    }
+)
+HEAVY_GROUP = "launched-jobs"
+_TESTS = Path(__file__).parent
+
+
+def _relative(item: pytest.Item) -> str:
+    return Path(item.path).relative_to(_TESTS).as_posix()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    heavy = [item for item in items if _relative(item) in HEAVY_FILES]
+    light = [item for item in items if _relative(item) not in HEAVY_FILES]
+    for item in heavy:
+        item.add_marker(pytest.mark.xdist_group(HEAVY_GROUP))
+    for item in light:
+        item.add_marker(pytest.mark.xdist_group(_relative(item)))
+    # the heavy group first: the worker that takes it starts on it at once
+    items[:] = heavy + light
