@@ -116,13 +116,19 @@ def scale_job(log_dir: str | os.PathLike, *, servers: int | None = None,
             raise
         key = f"scale/result/{token}"
         deadline = time.monotonic() + timeout_s
-        while not store.check([key]):
-            if time.monotonic() > deadline:
-                raise ScaleError(f"scale: the launcher did not answer within {timeout_s:g} s "
-                                 "(it goes on; see launcher.log); raise --timeout-s")  # fmt: skip
-            time.sleep(0.1)
-        result = json.loads(store.get(key))
-        store.delete_key(key)
+        try:
+            while not store.check([key]):
+                if time.monotonic() > deadline:
+                    raise ScaleError(f"scale: the launcher did not answer within {timeout_s:g} s "
+                                     "(it goes on; see launcher.log); raise --timeout-s")  # fmt: skip
+                time.sleep(0.1)
+            result = json.loads(store.get(key))
+            store.delete_key(key)
+        except ScaleError:
+            raise
+        except SparsePSError as exc:
+            raise ScaleError(f"scale: the launcher of {log_dir} stopped answering while it "
+                             f"scaled (did the job end? see its launcher.log): {exc}") from None  # fmt: skip
     finally:
         store.close()
     if not result.get("ok"):
