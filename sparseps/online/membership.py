@@ -213,13 +213,17 @@ class Membership:
         return True
 
     def end(self, state: dict[str, Any]) -> None:
-        """Worker 0, after the last pass: newcomers still waiting exit."""
-        if self.rank != 0:
-            return
-        k = self.boundary + 1
-        decision = Decision(k, self.version, self.world, self.world, state, end=True)
-        self.store.set(f"{PREFIX}/decision/{k}", decision.dumps())
-        self.store.set(f"{PREFIX}/latest", str(k))
+        """After the last pass (its ledger barrier was the last collective): worker 0 tells
+        newcomers still waiting to exit. A member that joined later leaves its group now:
+        worker 0 closes the store once the launch's workers stopped, and a gloo group
+        over a closed store must not outlive it to the interpreter's exit."""
+        if self.rank == 0:
+            k = self.boundary + 1
+            decision = Decision(k, self.version, self.world, self.world, state, end=True)
+            self.store.set(f"{PREFIX}/decision/{k}", decision.dumps())
+            self.store.set(f"{PREFIX}/latest", str(k))
+        elif self.version > 0:
+            self._leave_group()
 
     # -- newcomers ----------------------------------------------------------------------
 
