@@ -102,13 +102,16 @@ def _ready(layout: DataLayout, seq: int) -> None:
         (folder / "_SUCCESS").touch()
 
 
-def grow_and_shrink(tmp_path: Path, split: str) -> list[dict]:
+def grow_and_shrink(tmp_path: Path, split: str, *, shrink: bool = True) -> list[dict]:
+    """Run the job (2, 2, 3, then 2 workers again, or 3 with ``shrink=False``: the job
+    ends grown and every process still exits 0); the effective ledger."""
     stream = tmp_path / "stream"
     write_stream(stream, start_day="20240101", days=1, splits_per_day=4,
                  rows_per_split=ROWS_PER_FILE * FILES_PER_SPLIT, files_per_split=FILES_PER_SPLIT,
                  skip=tuple(("20240101", s) for s in range(4)), seed=5)  # fmt: skip
     path = write_config(tmp_path / "job.yaml", data_root=stream, model_dir=tmp_path / "model",
-                        days=1, passes_per_day=4, job={"mode": "async", "worker_num": 2}, data={"split": split},
+                        days=1, passes_per_day=4, job={"mode": "async", "worker_num": 2},
+                        data={"split": split},
                         save={"delta_every": 1, "checkpoint_every": 2})  # fmt: skip
     layout = DataLayout(load_config(path))
     job = Job(path, tmp_path / "log")
@@ -126,7 +129,8 @@ def grow_and_shrink(tmp_path: Path, split: str) -> list[dict]:
         _ready(layout, 1)
         # boundary 2 (after pass 1) admits worker 2; then shrink back to 2
         assert json.loads(_wait_key(store, f"{MEMBERS}/decision/2", job))["world"] == 3
-        store.set("elastic/workers", json.dumps({"version": 2, "world": 2}))
+        if shrink:
+            store.set("elastic/workers", json.dumps({"version": 2, "world": 2}))
         _ready(layout, 2)
         _ready(layout, 3)
         assert job.wait("worker.2", 90) == 0, job.log("worker.2")
@@ -140,7 +144,7 @@ def grow_and_shrink(tmp_path: Path, split: str) -> list[dict]:
     records = [r for r in Ledger.of(tmp_path / "model").records() if r["kind"] == "pass"]
     assert [r["seq"] for r in records] == [0, 1, 2, 3]  # each pass trained and recorded once
     assert [r["seq"] for r in passes] == [0, 1, 2, 3]
-    assert [r["workers"] for r in passes] == [2, 2, 3, 2]
+    assert [r["workers"] for r in passes] == [2, 2, 3, 2 if shrink else 3]
     per_pass = ROWS_PER_FILE * FILES_PER_SPLIT
     for record in passes:
         assert record["samples"] == per_pass, record  # rows of each pass counted exactly
