@@ -347,13 +347,15 @@ class OnlineDriver:
         (None: not needed, leave)."""
         members = self.members
         assert members is not None, "a newcomer has members"
+        # the trainer connects while the running pass goes on (its start's barrier is in
+        # this worker's group of one), so the members wait for the group alone
+        self.trainer.client  # noqa: B018 - starts the trainer
         decision = members.join()
         if decision is None:
             return None
         state = decision.state
-        # the trainer connects before the group forms: its start's barrier is a group of
-        # one, and the dense values it pulls are those the members' last pass left
-        self.trainer.client  # noqa: B018 - starts the trainer
+        # the dense values the members' last pass left (pulled from the servers)
+        self.trainer.state.load_dense_local(None)
         self.trainer.passes = int(state["passes"])
         self._has_base = bool(state["has_base"])
         self._last_checkpoint = state["last_checkpoint"]
