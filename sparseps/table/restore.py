@@ -233,7 +233,12 @@ class TableFiles:
             with ThreadPoolExecutor(1, thread_name_prefix="sparseps-import") as pool:
                 copied = pool.submit(copy_new_rows, self._rows, ids, cols, self._where, select)
                 at = index.insert_absent(keys, ids)
-                problem, bad = copied.result()
+                try:
+                    problem, bad = copied.result()
+                except BaseException:  # the copy broke (out of memory?): nothing imported
+                    if at < 0:
+                        index.undo_insert_absent(keys, free_ids)
+                    raise
             if problem and at < 0:  # the keys went in: take them back
                 index.undo_insert_absent(keys, free_ids)
         else:

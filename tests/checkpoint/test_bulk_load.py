@@ -282,3 +282,26 @@ def test_a_changed_byte_fails_the_load_even_though_the_import_ran_beside_the_has
     with pytest.raises(CheckpointError, match=f"{kind} does not match"):
         state.handle(_request("load", "emb", files=records))
     _assert_same(_snapshot(state._sparse["emb"].table), before, by_key=False)
+
+
+def test_a_copy_that_breaks_beside_the_insert_takes_the_keys_back(monkeypatch):
+    """On two threads the insert may finish before the copy fails (here: out of memory):
+    the inserted keys are taken back, the table is as before and still takes imports."""
+    from sparseps.table import restore
+
+    table = _trained()
+    before = _snapshot(table)
+    ids_before = (table._index.high_water, table._index.free_ids)
+    columns = _columns(150_000, seed=11)
+
+    def broken_copy(*args, **kwargs):
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(restore, "copy_new_rows", broken_copy)
+    with pytest.raises(MemoryError, match="injected"):
+        table.import_rows(columns, strict=True)
+    _assert_same(_snapshot(table), before, by_key=False)
+    assert (table._index.high_water, table._index.free_ids) == ids_before
+    monkeypatch.undo()
+    table.import_rows(columns, strict=True)
+    assert len(table) == len(before["rows.key"]) + 150_000
