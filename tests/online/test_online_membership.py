@@ -1,7 +1,7 @@
 """Membership decisions at pass boundaries (sparseps.online.membership), on an in-process
 store: what worker 0 decides from ``elastic/workers`` and what a newcomer does with each
 decision (join, wait, leave). The processes, the groups and the ledger are in
-test_online_workers_change.py."""
+test_online_scale_workers.py (launched) and test_online_workers_steal.py."""
 
 from __future__ import annotations
 
