@@ -1,12 +1,12 @@
-"""How the suite shares the machine's two cores under ``pytest -n 2 --dist loadgroup``.
+"""How the suite shares the machine's two cores under ``pytest -n 2`` (pytest-xdist).
 
-The README's test command runs two pytest-xdist workers. Most test files are short and use
-one core, so they are spread over both workers, each file kept whole on one worker (its
-module fixtures are set up once). The files below launch whole training jobs (a server and
-two workers use both cores) or bound what they measure in time: they form one group that
-one worker runs in order, first, while the other worker takes the short files beside it.
-Two launched jobs never run at once, so their timing bounds see at most one short test's
-load beside them. Without ``-n`` (a developer running one file) nothing changes.
+The README's test command runs two xdist workers with the scheduler below. Most test files
+are short and use one core: each is one unit of work (its module fixtures set up once),
+spread over both workers. The files in HEAVY_FILES launch whole training jobs (a server and
+two workers use both cores) or bound what they measure in time: they are one unit, run in
+order by one worker, first, while the other worker takes the short files beside it. Two
+launched jobs never run at once, so their timing bounds see at most one short test's load
+beside them. Without ``-n`` (a developer running one file) nothing changes.
 """
 
 from __future__ import annotations
@@ -77,12 +77,25 @@ def _relative(item: pytest.Item) -> str:
     return Path(item.path).relative_to(_TESTS).as_posix()
 
 
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]  # "tests/<file>"
+    return HEAVY_GROUP if path.removeprefix("tests/") in HEAVY_FILES else path
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own choice of scheduler
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HeavyGroupFirst(LoadScopeScheduling):
+        """Work units: the heavy group, and every other file on its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return HeavyGroupFirst(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    heavy = [item for item in items if _relative(item) in HEAVY_FILES]
-    light = [item for item in items if _relative(item) not in HEAVY_FILES]
-    for item in heavy:
-        item.add_marker(pytest.mark.xdist_group(HEAVY_GROUP))
-    for item in light:
-        item.add_marker(pytest.mark.xdist_group(_relative(item)))
     # the heavy group first: the worker that takes it starts on it at once
-    items[:] = heavy + light
+    heavy = [item for item in items if _relative(item) in HEAVY_FILES]
+    items[:] = heavy + [item for item in items if _relative(item) not in HEAVY_FILES]
