@@ -19,6 +19,10 @@ entrypoint of ``ray job submit``):
    ``--max-restarts`` whole-group worker restarts, servers stopped by a ``stop`` request
    once every worker exited 0, SIGINT/SIGTERM stop everything.
 
+``sparseps scale LOG_DIR --servers N`` resizes the running job (``ray_scale.py``: a new
+placement group and actor per added server; the migration is ``scaling.py``'s, shared
+with the local launcher).
+
 The actors are not detached: Ray ends them when the driver exits or dies, and their
 children die with them (``ray_actor.py``). ``LOG_DIR/pids.json`` lists every process
 (``node`` names the host it runs on).
@@ -34,6 +38,7 @@ import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -84,6 +89,11 @@ class RayJob:
         self.pg = None
         self.spec: ClusterSpec | None = None
         self.security: Any = None  # a sparseps.rpc.security.Security when secure
+        # sparseps scale (ray_scale.py): roles and pids.json change from its thread
+        self.lock = threading.RLock()
+        self.retired: set[tuple[Role, int]] = set()  # drained servers: planned exits
+        self.extra_record: dict[str, Any] = {}  # pids.json: the control store's address
+        self.scaler: Any = None  # a sparseps.launch.scaling.JobScaler once served
 
     # -- placement and wiring -------------------------------------------------------------
     def place(self) -> None:
@@ -130,9 +140,12 @@ class RayJob:
         return "\n".join(lines)
 
     # -- processes ------------------------------------------------------------------------
-    def _env(self, r: RoleHandle, master: str | None = None) -> dict[str, str]:
-        assert self.spec is not None
-        role_env = self.spec.role_env(r.role, r.rank)
+    def _env(
+        self, r: RoleHandle, master: str | None = None, spec: ClusterSpec | None = None
+    ) -> dict[str, str]:
+        spec = spec or self.spec
+        assert spec is not None
+        role_env = spec.role_env(r.role, r.rank)
         if r.role is Role.WORKER:
             role_env = dataclasses.replace(
                 role_env, restart_count=r.attempt, master=master or role_env.master
@@ -144,26 +157,33 @@ class RayJob:
             env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
         return env
 
-    def start(self, roles: list[RoleHandle], master: str | None = None) -> None:
+    def start(
+        self, roles: list[RoleHandle], master: str | None = None, spec: ClusterSpec | None = None
+    ) -> None:
+        """Start ``roles``' processes (``spec``: a scaled job's grown server list)."""
         calls = []
         for r in roles:
             metrics = r.ports[-1] if self.args.metrics else None
             observe = ["--metrics-port", str(metrics), "--metrics-host", r.host] if metrics else []
             argv = [*observe, str(self.script), *self.args.script_args]
             calls.append(
-                r.actor.start.remote(argv, self._env(r, master), cwd=os.getcwd(), attempt=r.attempt)
+                r.actor.start.remote(
+                    argv, self._env(r, master, spec), cwd=os.getcwd(), attempt=r.attempt
+                )
             )
-        for r, pid in zip(roles, self._get(calls, "start"), strict=True):
-            r.pid, r.code, r.running = pid, None, True
-            r.last_output = r.warned_at = time.monotonic()
-            self.history.append({"role": r.role.value, "rank": r.rank, "pid": pid,
-                                 "attempt": r.attempt, "node": r.host,
-                                 **({"metrics_port": r.ports[-1]} if self.args.metrics else {})})  # fmt: skip
-        record = {"job_id": self.job_id, "launcher": os.getpid(), "backend": "ray",
-                  "children": self.history}  # fmt: skip
-        tmp = self.log_dir / "pids.json.tmp"
-        tmp.write_text(json.dumps(record, indent=1))
-        tmp.replace(self.log_dir / "pids.json")
+        pids = self._get(calls, "start")
+        with self.lock:
+            for r, pid in zip(roles, pids, strict=True):
+                r.pid, r.code, r.running = pid, None, True
+                r.last_output = r.warned_at = time.monotonic()
+                self.history.append({"role": r.role.value, "rank": r.rank, "pid": pid,
+                                     "attempt": r.attempt, "node": r.host,
+                                     **({"metrics_port": r.ports[-1]} if self.args.metrics else {})})  # fmt: skip
+            record = {"job_id": self.job_id, "launcher": os.getpid(), "backend": "ray",
+                      **self.extra_record, "children": self.history}  # fmt: skip
+            tmp = self.log_dir / "pids.json.tmp"
+            tmp.write_text(json.dumps(record, indent=1))
+            tmp.replace(self.log_dir / "pids.json")
 
     def poll(self, roles: list[RoleHandle]) -> None:
         """One round: exit codes and new log bytes of ``roles`` (until drained)."""
@@ -219,13 +239,16 @@ class RayJob:
 
     # -- supervision ----------------------------------------------------------------------
     def supervise(self) -> Outcome:
-        servers = [r for r in self.roles if r.role is Role.SERVER]
         workers = [r for r in self.roles if r.role is Role.WORKER]
         while True:
+            with self.lock:  # a scale adds servers and retires them
+                roles = list(self.roles)
+                servers = [r for r in roles
+                           if r.role is Role.SERVER and (r.role, r.rank) not in self.retired]  # fmt: skip
             if self.signum is not None:
-                self.stop(self.roles)
+                self.stop(roles)
                 return Outcome(128 + self.signum, "interrupted")
-            self.poll(self.roles)
+            self.poll(roles)
             dead_server = next((r for r in servers if not r.running), None)
             if dead_server is not None:
                 return self._fail(dead_server, note=SERVER_EXIT_NOTE)
@@ -245,7 +268,7 @@ class RayJob:
         """Name a running role that has written nothing for ``--quiet-warn-s`` (again every
         period), as the local launcher does: a hung role shows before any timeout."""
         now, period = time.monotonic(), self.config.quiet_warn_s
-        for r in self.roles:
+        for r in list(self.roles):
             last = max(r.last_output, r.warned_at)
             if r.running and now - last >= period:
                 r.warned_at = now
@@ -253,7 +276,7 @@ class RayJob:
                             r.name, r.pid, r.host, now - r.last_output)  # fmt: skip
 
     def _fail(self, r: RoleHandle, note: str = "") -> Outcome:
-        self.stop(self.roles)
+        self.stop(list(self.roles))
         code = r.code if r.code is not None else 0
         died = "(its Ray actor died: node lost or actor killed)" if r.actor_died else ""
         left = ""
@@ -288,10 +311,14 @@ class RayJob:
         from ..rpc.client import PSClient
 
         assert self.spec is not None
+        endpoints, ranks = list(self.spec.servers), None
+        if self.scaler is not None:  # a scaled job: its live servers only
+            with self.lock:
+                endpoints, ranks = list(self.scaler.endpoints), list(self.scaler.live)
         try:
-            with PSClient(list(self.spec.servers), timeout=self.config.server_stop_s,
-                          job_id=self.job_id, security=self.security) as client:  # fmt: skip
-                client.stop_servers()
+            with PSClient(endpoints, timeout=self.config.server_stop_s, job_id=self.job_id,
+                          security=self.security, follow_placement=False) as client:  # fmt: skip
+                client.stop_servers(ranks=ranks)
         except Exception as exc:  # noqa: BLE001 - SIGTERM below stops them anyway
             log.warning("stop request to the servers failed (%s); sending SIGTERM", exc)
         deadline = time.monotonic() + self.config.server_stop_s
@@ -301,7 +328,10 @@ class RayJob:
         self.stop(servers)
 
     def close(self) -> None:
-        release(self.ray, self.pg, self.roles)
+        release(self.ray, self.pg, list(self.roles))
+        if self.scaler is not None:  # the added servers' own placement groups
+            for group in self.scaler.supervisor.groups.values():
+                release(self.ray, group, [])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -321,6 +351,7 @@ def run(args: argparse.Namespace) -> int:
     out = LauncherLog(log_dir / "launcher.log")
     ray.init(address=args.address, log_to_driver=False, logging_level=logging.WARNING)
     job = RayJob(args, script, out)
+    service = None
     previous = {
         s: signal.signal(s, lambda signum, frame: setattr(job, "signum", signum))  # noqa: ARG005
         for s in (signal.SIGINT, signal.SIGTERM)
@@ -329,6 +360,9 @@ def run(args: argparse.Namespace) -> int:
         job.place()
         job.wire()
         out.say(job.banner(), sys.stdout)
+        from .ray_scale import scale_service
+
+        service = scale_service(job)  # sparseps scale LOG_DIR (before pids.json is written)
         job.start([r for r in job.roles if r.role is Role.SERVER])
         job.start([r for r in job.roles if r.role is Role.WORKER])
         outcome = job.supervise()
@@ -345,6 +379,8 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"sparseps launch: error: {exc}")
         raise
     finally:
+        if service is not None:
+            service.close()
         job.close()
         for s, handler in previous.items():
             signal.signal(s, handler)

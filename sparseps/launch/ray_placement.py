@@ -31,9 +31,13 @@ __all__ = [
     "call",
     "check_args",
     "key_dir_rule",
+    "new_actor",
     "parse_resources",
     "place_roles",
+    "prepare_roles",
     "release",
+    "role_paths",
+    "role_resources",
 ]
 
 DEFAULT_RESOURCES = '{"CPU": 1}'
@@ -59,6 +63,14 @@ def parse_resources(flag: str, text: str) -> dict[str, float]:
         if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
             raise ConfigError(f"{flag}: {name!r} must be a number > 0, got {amount!r}")
     return {str(k): float(v) for k, v in value.items()}
+
+
+def role_resources(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
+    """The bundles of a server and of a worker (``--server-resources``/``--worker-resources``)."""
+    return (
+        parse_resources("--server-resources", args.server_resources or DEFAULT_RESOURCES),
+        parse_resources("--worker-resources", args.worker_resources or DEFAULT_RESOURCES),
+    )
 
 
 def actor_options(resources: dict[str, float]) -> dict[str, Any]:
@@ -134,12 +146,8 @@ def place_roles(
             or a path is missing on a node (named with the node and the path).
     """
     from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from .ray_actor import RoleActor
-
-    server_res = parse_resources("--server-resources", args.server_resources or DEFAULT_RESOURCES)
-    worker_res = parse_resources("--worker-resources", args.worker_resources or DEFAULT_RESOURCES)
+    server_res, worker_res = role_resources(args)
     layout = [(Role.SERVER, r, server_res) for r in range(args.server_num or 1)] + [
         (Role.WORKER, r, worker_res) for r in range(args.worker_num or 1)
     ]
@@ -153,38 +161,59 @@ def place_roles(
         )
     roles: list[RoleHandle] = []
     try:
-        remote = ray.remote(RoleActor)
         for i, (role, rank, res) in enumerate(layout):
-            strategy = PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=i
-            )
-            actor = remote.options(
-                **actor_options(res), scheduling_strategy=strategy, max_restarts=0,
-                name=f"{job_id}-{role.value}-{rank}", max_concurrency=1,
-            ).remote(role.value, rank, job_id)  # fmt: skip
-            path = log_dir / f"{role.value}.{rank}.log"
-            roles.append(RoleHandle(role, rank, actor, path))
-        paths = {"script": str(script), "working folder": os.getcwd()}
-        for i, root in enumerate(args.file_roots or ()):
-            paths[f"--file-root {i}"] = os.path.abspath(root)
-        if args.key_dir:
-            paths["--key-dir"] = os.path.abspath(args.key_dir)
+            actor = new_actor(ray, role, rank, job_id, res, pg, i)
+            roles.append(RoleHandle(role, rank, actor, log_dir / f"{role.value}.{rank}.log"))
         metrics = 1 if args.metrics else 0
         wants = [1 + metrics if r.role is Role.SERVER or r.rank == 0 else metrics for r in roles]
-        infos = call(
-            ray,
-            [r.actor.prepare.remote(paths, n) for r, n in zip(roles, wants, strict=True)],
-            "prepare",
-        )
-        for r, info in zip(roles, infos, strict=True):
-            if info["error"]:
-                raise ConfigError(f"--backend ray: {info['error']}")
-            r.host, r.ports = info["host"], list(info["ports"])
+        prepare_roles(ray, roles, role_paths(args, script), wants)
     except BaseException:
         release(ray, pg, roles)
         raise
 
     return pg, roles
+
+
+def new_actor(ray, role: Role, rank: int, job_id: str, resources: dict[str, float], pg,
+              index: int):  # fmt: skip
+    """A :class:`RoleActor` for ``role`` ``rank`` in bundle ``index`` of ``pg``."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from .ray_actor import RoleActor
+
+    strategy = PlacementGroupSchedulingStrategy(
+        placement_group=pg, placement_group_bundle_index=index
+    )
+    return ray.remote(RoleActor).options(
+        **actor_options(resources), scheduling_strategy=strategy, max_restarts=0,
+        name=f"{job_id}-{role.value}-{rank}", max_concurrency=1,
+    ).remote(role.value, rank, job_id)  # fmt: skip
+
+
+def role_paths(args: argparse.Namespace, script: Path) -> dict[str, str]:
+    """What -> path for every path a role needs on its node."""
+    paths = {"script": str(script), "working folder": os.getcwd()}
+    for i, root in enumerate(args.file_roots or ()):
+        paths[f"--file-root {i}"] = os.path.abspath(root)
+    if args.key_dir:
+        paths["--key-dir"] = os.path.abspath(args.key_dir)
+    return paths
+
+
+def prepare_roles(ray, roles: list[RoleHandle], paths: dict[str, str], ports: list[int]) -> None:
+    """Check ``paths`` on each role's node and pick its ``ports``; sets ``host``/``ports``.
+
+    Raises:
+        ConfigError: a path is missing on a node (named with the node and the path).
+    """
+    infos = call(
+        ray, [r.actor.prepare.remote(paths, n) for r, n in zip(roles, ports, strict=True)],
+        "prepare",
+    )  # fmt: skip
+    for r, info in zip(roles, infos, strict=True):
+        if info["error"]:
+            raise ConfigError(f"--backend ray: {info['error']}")
+        r.host, r.ports = info["host"], list(info["ports"])
 
 
 def key_dir_rule(args: argparse.Namespace, nodes: tuple[str, ...], here: str, log_dir: Path) -> str:

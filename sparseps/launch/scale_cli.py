@@ -66,7 +66,8 @@ def _control(log_dir: Path) -> tuple[str, str]:
     if not isinstance(control, str):
         raise ScaleError(
             f"scale: {path} names no control store: scaling serves one-node local launches "
-            "(not multi-node or --backend ray jobs, nor jobs launched by an older sparseps)"
+            "and --backend ray jobs (not multi-node launches, nor jobs launched by an older "
+            "sparseps)"
         )
     return control, str(record.get("key_dir") or "")
 

@@ -1,6 +1,8 @@
-"""``sparseps scale`` on a running one-node launch: the launcher's side (issue 23).
+"""``sparseps scale`` on a running launch: the launcher's side (issue 23).
 
-The launcher hosts a small *control store* (a :class:`~sparseps.launch.store.StoreServer`
+One-node local launches and ``--backend ray`` jobs share this module: they differ only
+in how a new server starts (:attr:`JobScaler.launch_servers`; the Ray backend places an
+actor per new server, ``RayJob.add_servers``). The launcher hosts a small *control store* (a :class:`~sparseps.launch.store.StoreServer`
 on its host, its address in ``LOG_DIR/pids.json`` as ``control``). ``sparseps scale``
 (:mod:`sparseps.launch.scale_cli`) takes the lock ``scale/busy`` (an ``add`` that must
 answer 1: one scale at a time), writes ``scale/request`` = JSON ``{"id", "servers",
@@ -8,8 +10,9 @@ answer 1: one scale at a time), writes ``scale/request`` = JSON ``{"id", "server
 
 Servers (:meth:`JobScaler.servers`), growing S -> N:
 
-1. start server processes for the new ranks on free ports (recorded in ``pids.json``,
-   logs ``server.R.log``), their ``SPARSEPS_SERVERS`` the job's list plus the new ones;
+1. start server processes for the new ranks (locally on free ports; under Ray on the
+   port the new actor picked on its node; recorded in ``pids.json``, logs
+   ``server.R.log``), their ``SPARSEPS_SERVERS`` the job's list plus the new ones;
 2. wait until each answers a ping;
 3. on the first scale, install the default placement on the job's servers (it routes
    exactly as ``server_of(key, S)``: no row moves);
@@ -47,6 +50,7 @@ __all__ = [
     "DRAIN_LINGER_S",
     "WORKERS_KEY",
     "JobScaler",
+    "NewServer",
     "ScaleError",
     "ScaleService",
 ]
@@ -65,17 +69,39 @@ class ScaleError(SparsePSError):
     """A scale request that cannot be done; the message says what, where and how to fix."""
 
 
-@dataclass
-class JobScaler:
-    """Adds and removes servers and workers of a running one-node launch.
+@dataclass(frozen=True)
+class NewServer:
+    """A server a launcher started for a scale: where it listens, and whether it died.
 
     Args:
-        supervisor: the launch's supervisor (starts children, plans server exits).
+        endpoint: ``host:port`` it listens on (chosen where it runs).
+        exited: None while it runs; once it exited, what happened (pid, exit code, log).
+        log_path: its log, named when it does not answer in time.
+    """
+
+    endpoint: str
+    exited: Callable[[], str | None]
+    log_path: str = ""
+
+
+@dataclass
+class JobScaler:
+    """Adds and removes servers and workers of a running launch: one implementation for
+    the local launcher and the Ray backend, which differ only in how a server starts.
+
+    Args:
+        supervisor: the launch's supervisor (starts children, plans server exits: it
+            has ``retire(role, rank)`` and ``wait_retired(timeout)``; ``add_child`` and
+            ``set_world`` where it serves workers).
         endpoints: the job's server endpoints at start (rank order).
         new_server: builds the :class:`ChildSpec` of server ``rank`` given the endpoint
             list it joins.
         new_worker: builds the ChildSpec of worker ``rank`` in a world of ``N`` workers.
-        host: where new servers listen.
+        host: where new servers listen (the local launcher's own start).
+        launch_servers: starts servers ``ranks`` that join ``endpoints`` (the job's list
+            so far) some other way and returns them in rank order (the Ray backend:
+            ``RayJob.add_servers``); None: ``new_server`` processes through ``supervisor``.
+        workers_refused: why ``--workers`` is refused by this launcher ("" if served).
         job_id, security: the job's (for the clients that drive the servers).
         replicas: the job's ``--replicas`` (placements refuse them).
         master: the workers' rendezvous store now (``host:port``), for the membership key.
@@ -83,13 +109,15 @@ class JobScaler:
 
     supervisor: object
     endpoints: list[str]
-    new_server: Callable[[int, list[str]], object]
-    new_worker: Callable[[int, int], object]
-    host: str
+    new_server: Callable[[int, list[str]], object] | None = None
+    new_worker: Callable[[int, int], object] | None = None
+    host: str = "127.0.0.1"
     job_id: str = ""
     security: object = None
     replicas: int = 0
     master: Callable[[], str] | None = None
+    launch_servers: Callable[[list[int], list[str]], list[NewServer]] | None = None
+    workers_refused: str = ""
     start_servers: int = field(init=False, default=0)
     workers_world: int | None = None
 
@@ -146,35 +174,50 @@ class JobScaler:
         return report
 
     def _start_servers(self, count: int) -> list[int]:
-        from .spec import free_ports
-
         ranks = list(range(len(self.endpoints), len(self.endpoints) + count))
-        endpoints = [*self.endpoints, *(f"{self.host}:{p}" for p in free_ports(self.host, count))]
-        children = [self.supervisor.add_child(self.new_server(r, endpoints)) for r in ranks]  # type: ignore[attr-defined]
-        self.endpoints = endpoints
+        launch = self.launch_servers or self._launch_local
+        started = launch(ranks, list(self.endpoints))
+        self.endpoints = [*self.endpoints, *(s.endpoint for s in started)]
         deadline = time.monotonic() + SERVER_READY_S
         peers = self._peers()
         try:
-            for rank, child in zip(ranks, children, strict=True):
+            for rank, server in zip(ranks, started, strict=True):
                 while True:
-                    if child.proc.poll() is not None:
-                        raise ScaleError(
-                            f"scale: new server {rank} (pid {child.proc.pid}) exited with code "
-                            f"{child.proc.returncode} while starting; see {child.spec.log_path}"
-                        )
+                    exited = server.exited()
+                    if exited is not None:
+                        raise ScaleError(f"scale: new server {rank} {exited} while starting")
                     try:
-                        peers.call(endpoints[rank], "ping", timeout=1.0)
+                        peers.call(server.endpoint, "ping", timeout=1.0)
                         break
                     except SparsePSError:
                         if time.monotonic() > deadline:
                             raise ScaleError(
-                                f"scale: new server {rank} at {endpoints[rank]} did not answer "
-                                f"within {SERVER_READY_S:g} s; see {child.spec.log_path}"
+                                f"scale: new server {rank} at {server.endpoint} did not answer "
+                                f"within {SERVER_READY_S:g} s; see {server.log_path}"
                             ) from None
                         time.sleep(0.1)
         finally:
             peers.close()
         return ranks
+
+    def _launch_local(self, ranks: list[int], endpoints: list[str]) -> list[NewServer]:
+        """New server processes of a one-node launch, on free ports of ``host``."""
+        from .spec import free_ports
+
+        if self.new_server is None:
+            raise ScaleError("scale --servers: this launcher cannot start servers")
+        grown = [*endpoints, *(f"{self.host}:{p}" for p in free_ports(self.host, len(ranks)))]
+        started = []
+        for rank in ranks:
+            child = self.supervisor.add_child(self.new_server(rank, grown))  # type: ignore[attr-defined]
+
+            def exited(proc=child.proc, log_path=child.spec.log_path) -> str | None:
+                if proc.poll() is None:
+                    return None
+                return f"(pid {proc.pid}) exited with code {proc.returncode}; see {log_path}"
+
+            started.append(NewServer(grown[rank], exited, str(child.spec.log_path)))
+        return started
 
     def _placement(self, peers: Peers) -> Placement:
         """The servers' placement; on the first scale, today's routing installed as one."""
@@ -211,6 +254,8 @@ class JobScaler:
         docs/elastic.md); ``current`` is the world before."""
         if count < 1:
             raise ScaleError(f"scale --workers {count}: a job needs at least one worker")
+        if self.workers_refused:
+            raise ScaleError(f"scale --workers: {self.workers_refused}")
         if self.master is None:
             raise ScaleError("scale --workers: this launcher does not know the workers' store")
         master = self.master()
@@ -227,6 +272,8 @@ class JobScaler:
                     "membership changes, i.e. `sparseps online`; this job's workers did not "
                     f"set {ACCEPTS_WORKERS_KEY!r} in their store at {master}"
                 )
+            if self.new_worker is None:
+                raise ScaleError("scale --workers: this launcher cannot start workers")
             old = current
             version = 0
             if store.check([WORKERS_KEY]):
@@ -236,8 +283,10 @@ class JobScaler:
         finally:
             store.close()
         started = list(range(old, count))
+        new_worker = self.new_worker
+        assert new_worker is not None  # checked above, before anything was announced
         for rank in started:
-            self.supervisor.add_child(self.new_worker(rank, count))  # type: ignore[attr-defined]
+            self.supervisor.add_child(new_worker(rank, count))  # type: ignore[attr-defined]
         self.supervisor.set_world(count)  # type: ignore[attr-defined]
         return {"workers_before": old, "workers_after": count, "workers_started": started,
                 "version": version + 1}  # fmt: skip

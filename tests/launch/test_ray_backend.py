@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _launchtools import (
     JOB,
@@ -282,5 +283,128 @@ def test_killing_the_driver_leaves_no_actor_or_process_behind(ray_cluster, tmp_p
         assert job_processes(record["job_id"]) == []
     finally:
         if driver.poll() is None:
+            driver.kill()
+            driver.wait(timeout=10)
+
+
+def _scale_helpers():
+    """tests/elastic/test_scale_launched.py's job script and table readers (one home)."""
+    import importlib.util
+
+    path = ROOT / "tests" / "elastic" / "test_scale_launched.py"
+    spec = importlib.util.spec_from_file_location("_scale_launched_helpers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_job(
+    ray_cluster, tmp_path, capsys
+):
+    # A Ray job (2 servers, workers on node_b, sync mode) is grown to 3 servers and back
+    # to 2 through `sparseps scale` while it trains; the same job under the local
+    # launcher, never scaled, runs beside it: every saved row and dense parameter equal.
+    helpers = _scale_helpers()
+    start = time.time()
+    gate = tmp_path / "go"
+    job = [str(helpers.JOB), "--steps", "220", "--step-sleep", "0.05", "--gate", str(gate)]
+    for name in ("ray", "plain"):
+        (tmp_path / name).mkdir()
+    log, out = tmp_path / "ray" / "log", tmp_path / "ray" / "out"
+    with open(tmp_path / "ray" / "launch.out", "wb") as console:
+        scaled = subprocess.Popen(
+            _ray_launch(ray_cluster, log, "--server-num", "2", "--worker-num", "2",
+                        "--server-resources", ANYWHERE, "--worker-resources", ON_B,
+                        "--no-metrics", job[0], str(out), *job[1:]),
+            cwd=tmp_path, env=_env(ray_cluster), stdout=console, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    with open(tmp_path / "plain" / "launch.out", "wb") as console:
+        plain = subprocess.Popen(
+            launch_argv("--server-num", "2", "--worker-num", "2", "--no-metrics", "--log-dir",
+                        str(tmp_path / "plain" / "log"), job[0], str(tmp_path / "plain" / "out"),
+                        *job[1:]),
+            cwd=tmp_path, env=clean_env(), stdout=console, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: (out / "progress").exists() or scaled.poll() is not None, 90,
+                 "the Ray job to train")  # fmt: skip
+        assert scaled.poll() is None, read_text(tmp_path / "ray" / "launch.out")[-3000:]
+        t0 = time.time()
+        grown = helpers._scale(log, "--servers", "3", capsys=capsys)
+        t_mid = time.time()
+        shrunk = helpers._scale(log, "--servers", "2", capsys=capsys)
+        t1 = time.time()
+        gate.write_text("go")
+        assert scaled.wait(90) == 0, read_text(tmp_path / "ray" / "launch.out")[-3000:]
+        assert plain.wait(90) == 0, read_text(tmp_path / "plain" / "launch.out")[-3000:]
+    finally:
+        gate.write_text("go")
+        for proc in (scaled, plain):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    assert (grown["servers_before"], grown["servers_after"], grown["started"]) == (2, 3, [2])
+    assert grown["vshards_moved"] > 0 and grown["rows_moved"] > 0
+    assert shrunk["stopped"] == [2] and shrunk["vshards_moved"] == grown["vshards_moved"]
+    # the third server ran through Ray (an actor on a node, its log pulled back), and
+    # pids.json lists it; its exit was planned: the job completed (exit 0 above)
+    record = json.loads((log / "pids.json").read_text())
+    third = [c for c in record["children"] if (c["role"], c["rank"]) == ("server", 2)]
+    assert len(third) == 1 and third[0]["node"] in (HEAD, NODE_B), record
+    assert "running server with rank id: 2" in read_text(log / "server.2.log")
+    assert not any(alive(c["pid"]) for c in record["children"])
+    assert job_processes(record["job_id"]) == []
+    times = helpers._steps(out)
+    for lo, hi, what in ((t0, t_mid, "grown"), (t_mid, t1, "shrunk")):
+        steps = np.count_nonzero((times >= lo) & (times <= hi))
+        assert steps > 5, f"training did not go on while the job was {what} ({steps} steps)"
+    gate_at = float((out / "at_gate").read_text())
+    window = np.concatenate([[t0], times[(times >= t0) & (times <= min(t1, gate_at))]])
+    stall = float(np.max(np.diff(window)))
+    with capsys.disabled():
+        print(f"\nray scale: grow {grown['seconds']:.2f} s (cut-over "
+              f"{grown['longest_cutover_s'] * 1000:.1f} ms), shrink {shrunk['seconds']:.2f} s "
+              f"(cut-over {shrunk['longest_cutover_s'] * 1000:.1f} ms); longest step gap "
+              f"while scaled {stall * 1000:.0f} ms; test wall {time.time() - start:.1f} s")  # fmt: skip
+    assert stall < helpers.STALL_BOUND_S
+    want = helpers._tables(tmp_path / "plain" / "out" / "ckpt")
+    got = helpers._tables(out / "ckpt")
+    assert sorted(got) == sorted(want) and want["deep_emb.shard"]["key"].size > 0
+    for kind in want:
+        assert sorted(got[kind]) == sorted(want[kind]), kind
+        for column in want[kind]:
+            np.testing.assert_array_equal(got[kind][column], want[kind][column],
+                                          err_msg=f"{kind}.{column}")  # fmt: skip
+    dense_want = np.load(tmp_path / "plain" / "out" / "dense.npz")
+    dense_got = np.load(out / "dense.npz")
+    for name in dense_want.files:
+        np.testing.assert_array_equal(dense_got[name], dense_want[name], err_msg=name)
+
+
+def test_sparseps_scale_workers_on_a_ray_job_is_refused_and_changes_nothing(ray_cluster, tmp_path):
+    from sparseps.launch import scale_job
+    from sparseps.launch.scaling import ScaleError
+
+    log = tmp_path / "log"
+    driver = subprocess.Popen(
+        _ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "1", "--no-metrics",
+                    "--server-resources", ANYWHERE, "--worker-resources", ANYWHERE,
+                    str(JOB), "sleep", "--dir", str(tmp_path)),
+        cwd=tmp_path, env=_env(ray_cluster), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        record = wait_for(lambda: _started(log, 2), 120, "the job's 2 processes to start")
+        assert isinstance(record["control"], str)
+        with pytest.raises(ScaleError, match="not supported with --backend ray"):
+            scale_job(log, workers=2, timeout_s=30)
+        assert len(json.loads((log / "pids.json").read_text())["children"]) == 2
+        assert all(alive(c["pid"]) for c in record["children"])
+    finally:
+        driver.send_signal(signal.SIGTERM)
+        try:
+            driver.wait(timeout=30)
+        except subprocess.TimeoutExpired:
             driver.kill()
             driver.wait(timeout=10)
