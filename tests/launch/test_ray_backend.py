@@ -308,7 +308,7 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
     helpers = _scale_helpers()
     start = time.time()
     gate = tmp_path / "go"
-    job = [str(helpers.JOB), "--steps", "220", "--step-sleep", "0.05", "--gate", str(gate)]
+    job = [str(helpers.JOB), "--steps", "160", "--step-sleep", "0.08", "--gate", str(gate)]
     for name in ("ray", "plain"):
         (tmp_path / name).mkdir()
     log, out = tmp_path / "ray" / "log", tmp_path / "ray" / "out"
@@ -319,29 +319,35 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
                         "--no-metrics", job[0], str(out), *job[1:]),
             cwd=tmp_path, env=_env(ray_cluster), stdout=console, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    with open(tmp_path / "plain" / "launch.out", "wb") as console:
-        plain = subprocess.Popen(
-            launch_argv("--server-num", "2", "--worker-num", "2", "--no-metrics", "--log-dir",
-                        str(tmp_path / "plain" / "log"), job[0], str(tmp_path / "plain" / "out"),
-                        *job[1:]),
-            cwd=tmp_path, env=clean_env(), stdout=console, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    plain = None
     try:
         wait_for(lambda: (out / "progress").exists() or scaled.poll() is not None, 90,
                  "the Ray job to train")  # fmt: skip
         assert scaled.poll() is None, read_text(tmp_path / "ray" / "launch.out")[-3000:]
+        # the reference starts now (it shares the two cores with the Ray job's start
+        # otherwise); no gate or step sleep: they change the timing, not what is trained
+        with open(tmp_path / "plain" / "launch.out", "wb") as console:
+            plain = subprocess.Popen(
+                launch_argv("--server-num", "2", "--worker-num", "2", "--no-metrics",
+                            "--log-dir", str(tmp_path / "plain" / "log"), job[0],
+                            str(tmp_path / "plain" / "out"), "--steps", job[2]),
+                cwd=tmp_path, env=clean_env(), stdout=console, stderr=subprocess.STDOUT,
+            )  # fmt: skip
         t0 = time.time()
         grown = helpers._scale(log, "--servers", "3", capsys=capsys)
         t_mid = time.time()
+        assert len(_actor_pids()) == 5  # the new server's own actor
         shrunk = helpers._scale(log, "--servers", "2", capsys=capsys)
         t1 = time.time()
+        wait_for(lambda: len(_actor_pids()) == 4, 20, "the retired server's actor to end")
         gate.write_text("go")
         assert scaled.wait(90) == 0, read_text(tmp_path / "ray" / "launch.out")[-3000:]
         assert plain.wait(90) == 0, read_text(tmp_path / "plain" / "launch.out")[-3000:]
+        t_done = time.time()
     finally:
         gate.write_text("go")
         for proc in (scaled, plain):
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
     assert (grown["servers_before"], grown["servers_after"], grown["started"]) == (2, 3, [2])
@@ -366,7 +372,9 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
         print(f"\nray scale: grow {grown['seconds']:.2f} s (cut-over "
               f"{grown['longest_cutover_s'] * 1000:.1f} ms), shrink {shrunk['seconds']:.2f} s "
               f"(cut-over {shrunk['longest_cutover_s'] * 1000:.1f} ms); longest step gap "
-              f"while scaled {stall * 1000:.0f} ms; test wall {time.time() - start:.1f} s")  # fmt: skip
+              f"while scaled {stall * 1000:.0f} ms; test wall {time.time() - start:.1f} s "
+              f"(training from {t0 - start:.1f} s, scaled by {t1 - start:.1f} s, both jobs "
+              f"done at {t_done - start:.1f} s)")  # fmt: skip
     assert stall < helpers.STALL_BOUND_S
     want = helpers._tables(tmp_path / "plain" / "out" / "ckpt")
     got = helpers._tables(out / "ckpt")
