@@ -361,6 +361,7 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
     assert "running server with rank id: 2" in read_text(log / "server.2.log")
     assert not any(alive(c["pid"]) for c in record["children"])
     assert job_processes(record["job_id"]) == []
+    wait_for(lambda: not _actor_pids(), 20, "the role actors to exit")
     times = helpers._steps(out)
     for lo, hi, what in ((t0, t_mid, "grown"), (t_mid, t1, "shrunk")):
         steps = np.count_nonzero((times >= lo) & (times <= hi))
@@ -390,15 +391,18 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
         np.testing.assert_array_equal(dense_got[name], dense_want[name], err_msg=name)
 
 
-def test_sparseps_scale_workers_on_a_ray_job_is_refused_and_changes_nothing(ray_cluster, tmp_path):
+def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_path):
+    # --workers is refused under Ray; a server Ray cannot place (each needs 0.6 of
+    # node_b's 1.0) is refused after --rendezvous-timeout-s: no process, the job runs on
     from sparseps.launch import scale_job
     from sparseps.launch.scaling import ScaleError
 
     log = tmp_path / "log"
     driver = subprocess.Popen(
         _ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "1", "--no-metrics",
-                    "--server-resources", ANYWHERE, "--worker-resources", ANYWHERE,
-                    str(JOB), "sleep", "--dir", str(tmp_path)),
+                    "--server-resources", '{"CPU": 0.5, "node_b": 0.6}', "--worker-resources",
+                    ANYWHERE, "--rendezvous-timeout-s", "2", str(JOB), "sleep", "--dir",
+                    str(tmp_path)),
         cwd=tmp_path, env=_env(ray_cluster), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
@@ -407,8 +411,11 @@ def test_sparseps_scale_workers_on_a_ray_job_is_refused_and_changes_nothing(ray_
         assert isinstance(record["control"], str)
         with pytest.raises(ScaleError, match="not supported with --backend ray"):
             scale_job(log, workers=2, timeout_s=30)
+        with pytest.raises(ScaleError, match=r"could not place server 1 .* within 2 s"):
+            scale_job(log, servers=2, timeout_s=30)
         assert len(json.loads((log / "pids.json").read_text())["children"]) == 2
-        assert all(alive(c["pid"]) for c in record["children"])
+        assert all(alive(c["pid"]) for c in record["children"]) and driver.poll() is None
+        assert len(_actor_pids()) == 2
     finally:
         driver.send_signal(signal.SIGTERM)
         try:
