@@ -20,26 +20,44 @@ Training waits only between 4 and 6 for the moving shards (the *cut-over*); the 
 measures it. A push is applied once: at the source before the freeze (and then copied in
 step 5), or refused and resent to the new owner after the bump.
 
-Not handled yet: decay/shrink during a move (run them between moves), replicas, and
-a driver that dies mid-move (the servers keep the old placement with shards frozen;
-re-running the same migration completes it).
+Every step can be repeated, so a driver that died mid-move is recovered by running the
+same migration again (``migrate(peers, new)`` or :func:`scale` with the same ranks):
+
+- before any server holds ``new``: the whole migration runs again. ``move_begin`` is an
+  OR of masks; the destinations first drop what an interrupted copy left of their
+  incoming shards (``move_begin(..., receive=1)``), then the full copy (an upsert from
+  sources that are frozen or still serving) and the rest follow; a freeze repeats;
+- once a server holds ``new`` (the bump reached the receivers: they may have applied
+  pushes since, so nothing is copied again): ``new`` goes to every server that answers,
+  then each drops the rows of shards it does not own (:func:`finish`).
+
+Servers in a move refuse table-wide ops (decay, shrink, save, ...) until the bump; the
+clients wait and send them again (:mod:`sparseps.server.elastic_ops`). Not handled:
+replicas.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import TableConfig
 from ..core.placement import Placement, rebalance
-from ..errors import InputError
+from ..errors import InputError, SparsePSError
 from ..server.elastic_ops import PENDING_BUFS, ROW_BUFS
 from .peers import Peers
 
-__all__ = ["MigrationReport", "install_placement", "migrate", "scale"]
+__all__ = ["STEPS", "MigrationReport", "finish", "install_placement", "migrate", "scale"]
+
+# migrate's steps, in order: ``on_step(name)`` is called after each (tests stop the driver
+# there to check that a re-run completes the move)
+STEPS = ("create", "begin", "copy", "precopy", "freeze", "final_copy", "bump_receivers",
+         "bump", "drop")  # fmt: skip
+# how long a finishing driver waits for a server that may have been stopped after a drain
+_FINISH_PROBE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -94,29 +112,78 @@ def _copy(peers: Peers, src: str, dst: str, table: str, vshards: np.ndarray, *, 
     return result["rows"] + result["pending"], sum(b.nbytes for b in bufs)
 
 
-def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4,
-            settle_rows: int = 20_000) -> MigrationReport:  # fmt: skip
-    """Move the job from the placement its servers hold to ``new`` (module docstring).
+def finish(peers: Peers, new: Placement) -> int:
+    """Complete a migration to ``new`` whose bump reached some servers: install ``new``
+    on every server of it that answers, then each drops the rows of the shards it does
+    not own. Returns the rows dropped. A server that does not answer within a few
+    seconds (a drained one, stopped) is skipped."""
+    args, owners = new.to_wire()
+    alive = []
+    for rank, endpoint in enumerate(new.endpoints):
+        try:
+            peers.call(endpoint, "set_placement", None, [owners], args,
+                       timeout=None if rank in new.live_ranks() else _FINISH_PROBE_S)  # fmt: skip
+        except SparsePSError:
+            if rank in new.live_ranks():
+                raise
+            continue
+        alive.append(rank)
+    return _drop_foreign(peers, new, alive)
+
+
+def _drop_foreign(peers: Peers, placement: Placement, ranks) -> int:
+    """Each server of ``ranks`` drops the rows of shards it does not own (rows a driver
+    that died before its drop left behind)."""
+    dropped = 0
+    for rank in ranks:
+        endpoint = placement.endpoints[rank]
+        foreign = np.flatnonzero(placement.owners != rank)
+        _, tables = peers.placement(endpoint)
+        for table in tables:
+            dropped += int(peers.call(endpoint, "move_drop", table, [foreign])[0]["rows"])
+    return dropped
+
+
+def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4, settle_rows: int = 20_000,
+            on_step: Callable[[str], None] | None = None) -> MigrationReport:  # fmt: skip
+    """Move the job from the placement its servers hold to ``new`` (module docstring);
+    run it again after a driver that died mid-move, and it completes that move.
 
     Args:
         peers: connections to the servers.
-        new: the next placement (version + 1).
+        new: the next placement (version + 1), or the one an interrupted migration was
+            installing.
         max_rounds: dirty copies before the freeze, at most.
         settle_rows: a dirty copy that moves fewer rows than this ends the pre-copy: the
             freeze then waits for about as many rows.
+        on_step: called with each name of :data:`STEPS` once that step is done.
 
     Raises:
-        InputError: ``new`` is not the next version of the servers' placement, or
-            changes the number of virtual shards.
+        InputError: ``new`` is not the next version of the servers' placement (nor the
+            one they are being moved to), or changes the number of virtual shards.
     """
     start = time.perf_counter()
+    step = on_step or (lambda name: None)
     current, tables = peers.placement(new.endpoints[0])
+    if current is not None and current.version == new.version:
+        if not np.array_equal(current.owners, new.owners) or current.endpoints != new.endpoints:
+            raise InputError(f"migrate: the servers hold placement version {new.version} "
+                             "with other owners or endpoints than the new one")  # fmt: skip
+        finish(peers, new)  # an interrupted migration's bump reached server 0: complete it
+        end = time.perf_counter()
+        return MigrationReport(new.version, 0, 0, 0, 0.0, 0.0, end - start)
     if current is None or new.version != current.version + 1:
         raise InputError(f"migrate: the servers hold placement version "
                          f"{None if current is None else current.version}; the new one must be the next "
                          f"(got {new.version})")  # fmt: skip
     moves = current.moves(new)
     receivers = sorted({dst for _, dst in moves})
+    for dst in receivers:  # an interrupted migration whose bump reached receivers only
+        held = peers.placement(new.endpoints[dst])[0]
+        if held is not None and held.version == new.version:
+            finish(peers, new)
+            end = time.perf_counter()
+            return MigrationReport(new.version, 0, 0, 0, 0.0, 0.0, end - start)
     for dst in receivers:  # 1. create
         client = peers.client(new.endpoints[dst])
         for config in tables.values():
@@ -124,11 +191,17 @@ def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4,
         if peers.placement(new.endpoints[dst])[0] is None:  # a new server: the old placement
             install_placement(peers, Placement(current.version, new.endpoints, current.owners),
                               order=[dst], ranks=[dst])  # fmt: skip
+    step("create")
     leaving: dict[int, np.ndarray] = {}
-    for (src, _), vshards in moves.items():
+    arriving: dict[int, np.ndarray] = {}
+    for (src, dst), vshards in moves.items():
         leaving[src] = np.union1d(leaving.get(src, np.empty(0, np.int64)), vshards)
-    for src, vshards in leaving.items():  # 2. begin
+        arriving[dst] = np.union1d(arriving.get(dst, np.empty(0, np.int64)), vshards)
+    for dst, vshards in arriving.items():  # 2. begin: receivers first (they drop leftovers)
+        peers.call(new.endpoints[dst], "move_begin", None, [vshards], {"receive": 1})
+    for src, vshards in leaving.items():
         peers.call(current.endpoints[src], "move_begin", None, [vshards])
+    step("begin")
     rows = nbytes = 0
     for (src, dst), vshards in moves.items():  # 3. copy
         for table in tables:
@@ -136,6 +209,7 @@ def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4,
                 peers, current.endpoints[src], new.endpoints[dst], table, vshards, dirty=False
             )
             rows, nbytes = rows + r, nbytes + b
+    step("copy")
     for _ in range(max_rounds):  # 3b. pre-copy what was pushed meanwhile
         moved = 0
         for (src, dst), vshards in moves.items():
@@ -145,23 +219,32 @@ def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4,
                 rows, nbytes, moved = rows + r, nbytes + b, moved + r
         if moved < settle_rows:
             break
+    step("precopy")
     copied = time.perf_counter()
     for src, vshards in leaving.items():  # 4. freeze
         peers.call(current.endpoints[src], "move_freeze", None, [vshards])
+    step("freeze")
     for (src, dst), vshards in moves.items():  # 5. dirty rows
         for table in tables:
             r, b = _copy(
                 peers, current.endpoints[src], new.endpoints[dst], table, vshards, dirty=True
             )
             rows, nbytes = rows + r, nbytes + b
+    step("final_copy")
     # 6. bump, on the servers that own shards before or after (not on drained ones: they
-    # may be stopped)
-    install_placement(peers, new, order=receivers,
-                      ranks=sorted({*current.live_ranks(), *new.live_ranks()}))  # fmt: skip
+    # may be stopped); the receivers first, one after the other
+    install_placement(peers, new, order=receivers, ranks=receivers)
+    step("bump_receivers")
+    others = sorted({*current.live_ranks(), *new.live_ranks()} - set(receivers))
+    install_placement(peers, new, ranks=others)
     cut = time.perf_counter()
+    step("bump")
     for src, vshards in leaving.items():  # 7. drop
         for table in tables:
             peers.call(current.endpoints[src], "move_drop", table, [vshards])
+    if not moves:  # nothing moved (a re-run?): rows a driver that died before its drop
+        finish(peers, new)  # left, also on drained servers (a stopped one costs seconds)
+    step("drop")
     end = time.perf_counter()
     return MigrationReport(new.version, int(sum(len(v) for v in moves.values())), rows, nbytes,
                            copied - start, cut - copied, end - start)  # fmt: skip
@@ -175,4 +258,16 @@ def scale(peers: Peers, endpoints: Sequence[str], ranks: Sequence[int],
     current = peers.newest(endpoints)
     if current is None:
         raise InputError(f"scale: the servers {list(endpoints)} hold no placement")
+    if _bumped_partly(peers, current):  # a migration's bump was cut short: complete it
+        finish(peers, current)
     return migrate(peers, rebalance(current, ranks, endpoints), **options)
+
+
+def _bumped_partly(peers: Peers, newest: Placement) -> bool:
+    """Whether server 0 or a live server of ``newest`` still holds an older version (an
+    interrupted bump that reached the receivers, not every server)."""
+    for rank in sorted({0, *newest.live_ranks()}):
+        held = peers.placement(newest.endpoints[rank])[0]
+        if held is None or held.version != newest.version:
+            return True
+    return False

@@ -305,7 +305,8 @@ class PSClient(ClientRows, PlacementRouting):
         An elastic job: one per live server of the placement (asked for first)."""
         if shards is None:
             self._probe_placement()
-            shards = self._table_ranks()
+            if self._routing is not None:  # elastic: servers in a move refuse, sent again
+                return self._table_wide(op, table, args, timeout, lambda reply: reply.result)
         shards = range(self.num_servers) if shards is None else shards
         requests = [self._shard_request(s, op, table, (), args, every=every) for s in shards]
         return Handle(self._channel, requests, lambda replies: [r.result for r in replies]).wait(
@@ -401,12 +402,13 @@ class PSClient(ClientRows, PlacementRouting):
     def shrink(self, table: str) -> np.ndarray:
         """Delete rows per the lifecycle policy; returns the deleted keys (sorted uint64)."""
         self._probe_placement()
-        ranks = self._table_ranks()
-        calls = [
-            self._shard_request(shard, "shrink", table, every=True)
-            for shard in (range(self.num_servers) if ranks is None else ranks)
-        ]
-        parts = Handle(self._channel, calls, lambda replies: [r.bufs[0] for r in replies]).wait()
+        if self._routing is not None:  # elastic: servers in a move refuse, sent again
+            parts = self._table_wide("shrink", table, None, None, lambda reply: reply.bufs[0])
+        else:
+            calls = [self._shard_request(shard, "shrink", table, every=True)
+                     for shard in range(self.num_servers)]  # fmt: skip
+            parts = Handle(self._channel, calls,
+                           lambda replies: [r.bufs[0] for r in replies]).wait()  # fmt: skip
         return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
 
     def save(

@@ -109,7 +109,7 @@ OPS: dict[str, OpSchema] = {
         bufs=(BufSpec("owners", "int64", 1),),
         args={"version": ((int,), True), "endpoints": ((list,), True)},
     ),
-    "move_begin": OpSchema(bufs=(_VSHARDS,)),
+    "move_begin": OpSchema(bufs=(_VSHARDS,), args={"receive": ((int, bool), False)}),
     "move_freeze": OpSchema(bufs=(_VSHARDS,)),
     "move_export": OpSchema(table=True, bufs=(_VSHARDS,), args={"dirty": ((int, bool), True)}),
     "move_import": OpSchema(

@@ -17,7 +17,11 @@ client then:
 
 Table-wide calls (create_table, save, load, decay, shrink, stats, save_inference, ...)
 first ask the servers for the newest placement, then go to every live server of it (a
-drained server is not contacted). Dense tables stay on ``dense_server_of(name, S)`` of
+drained server is not contacted). A server in a move refuses decay, shrink, save, load,
+save_inference and commit_inference (``MoveInProgressError``, nothing applied): the
+client sends them again, after a refresh, to the servers that refused and to servers that
+became live meanwhile (the rows that moved went only between servers of the move, which
+all refused), with the same back-off, for up to ``placement_retry_s`` seconds. Dense tables stay on ``dense_server_of(name, S)`` of
 the client's endpoint list (the job's start count). Placements and ``--replicas`` do not
 mix (servers refuse to install one), so the placement path never meets replicas.
 
@@ -48,6 +52,7 @@ __all__ = [
     "DEFAULT_PLACEMENT_RETRY_S",
     "PlacementRouting",
     "RoutedHandle",
+    "is_move_in_progress",
     "is_placement_error",
     "rows_of",
 ]
@@ -60,6 +65,15 @@ _STRAGGLER_S = 0.25
 # How often a wait looks whether its server's connection dropped (a drained server that
 # was stopped before this client saw the placement without it).
 _DOWN_POLL_S = 0.25
+
+
+# the remote type of sparseps.server.elastic_ops.MoveInProgressError (no import upwards)
+MOVE_IN_PROGRESS = "MoveInProgressError"
+
+
+def is_move_in_progress(exc: BaseException) -> bool:
+    """Whether a server refused a table-wide op because it is in a move (send it again)."""
+    return isinstance(exc, RemoteError) and exc.remote_type == MOVE_IN_PROGRESS
 
 
 def is_placement_error(exc: BaseException) -> bool:
@@ -84,6 +98,7 @@ class PlacementRouting:
         self._follow = bool(follow)
         self.placement_retry_s = float(retry_s)
         self.refreshes = 0
+        self.move_waits = 0  # table-wide ops sent again after a refusal during a move
         self._placement_lock = threading.Lock()
         # (placement, channel rank of each placement rank); read as one attribute
         self._routing: tuple[Placement, np.ndarray] | None = None
@@ -141,6 +156,59 @@ class PlacementRouting:
         if routing is None:
             return None
         return [int(routing[1][r]) for r in routing[0].live_ranks()]
+
+    def _table_wide(self, op: str, table: str | None, args: dict | None,
+                    timeout: float | None, pick: Callable) -> list:  # fmt: skip
+        """Send a table-wide op to every live server of the placement; servers that refuse
+        it while in a move get it again (with servers that became live meanwhile) once
+        the move ended. ``pick(reply)`` of each server that applied it, in no set order.
+
+        Raises:
+            DeadlineError: servers kept refusing for ``placement_retry_s`` seconds.
+        """
+        channel = self._channel
+        todo = self._table_ranks() or []
+        contacted: set[int] = set()
+        out: list = []
+        retry_until, pause = None, 0.002
+        while True:
+            limit = channel.timeout if timeout is None else float(timeout)
+            deadline = time.monotonic() + limit
+            calls = [(rank, channel.submit(rank, op, table, (), args)) for rank in todo]
+            contacted.update(todo)
+            refused, error = [], None
+            for rank, call in calls:
+                try:
+                    out.append(pick(channel.wait(call, deadline, limit)))
+                except SparsePSError as exc:
+                    channel.forget(call)
+                    if is_move_in_progress(exc):
+                        refused.append(rank)
+                    elif error is None:
+                        error = exc
+            if error is not None:
+                raise error
+            if not refused:
+                return out
+            self.move_waits += 1
+            now = time.monotonic()
+            retry_until = now + self.placement_retry_s if retry_until is None else retry_until
+            if now > retry_until:
+                raise DeadlineError(
+                    f"{op} {table!r}: servers {refused} kept refusing it for "
+                    f"{self.placement_retry_s:g} s while moving virtual shards (a migration "
+                    "that does not end: re-run it); raise PSClient(placement_retry_s=...) "
+                    "if a migration takes longer",
+                    op=op, seconds=self.placement_retry_s,
+                    setting="PSClient(placement_retry_s=...)",
+                )  # fmt: skip
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            self.refresh_placement()
+            live = set(self._table_ranks() or [])
+            # a refused server drained by the move holds nothing now: its rows went to
+            # servers of the move, which refused too or were not live before
+            todo = sorted((set(refused) & live) | (live - contacted))
 
     def _left_behind(self, request, deadline: float) -> bool:
         """Wait for ``request``'s reply while its server's connection is up; when it is

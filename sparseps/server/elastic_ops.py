@@ -10,7 +10,9 @@ The ops, in the order the migration driver (:mod:`sparseps.elastic.migrate`) sen
 - ``get_placement`` / ``set_placement``: read / install (only a newer version replaces
   the current one; installing one ends any hand-over this server was in).
 - ``move_begin(vshards)``: from now on, remember the keys pushed into these shards
-  (the *dirty* keys), per table.
+  (the *dirty* keys), per table. ``move_begin(vshards, receive=1)`` (sent to a
+  destination before any row is copied): rows of these shards left over from an
+  interrupted move are dropped, and the server is *receiving* until the bump.
 - ``move_export(table, vshards, dirty)``: the rows (embedding, optimizer state and
   counters) and the pending admission counters of the shards' keys, all of them or only
   the dirty ones; the dirty keys of these shards restart from the export's snapshot (the
@@ -24,6 +26,14 @@ The ops, in the order the migration driver (:mod:`sparseps.elastic.migrate`) sen
 Pushes check their keys *inside* the table's write lock, so a freeze orders them: each
 push is either applied before the final (dirty) export or refused and resent to the new
 owner. Never both, never neither.
+
+A server in a move (a source from ``move_begin``, a destination from ``move_begin(...,
+receive=1)``, until ``set_placement`` installs a newer version) refuses the table-wide
+ops that read or rewrite every row (decay, shrink, save, load, save_inference,
+commit_inference) with :class:`MoveInProgressError`, checked inside the table's lock; the
+client waits for the move to end and sends them again (:mod:`sparseps.rpc.placed`). A
+save, an inference save and a shrink's answer keep only the rows of shards the server
+owns (a source still holds the moved rows between the bump and ``move_drop``).
 """
 
 from __future__ import annotations
@@ -46,12 +56,17 @@ from ..table.columns import (
 if TYPE_CHECKING:
     from ..rpc.protocol import Request
 
-__all__ = ["ROW_BUFS", "PENDING_BUFS", "ElasticOps"]
+__all__ = ["ROW_BUFS", "PENDING_BUFS", "ElasticOps", "MoveInProgressError"]
 
 # move_export's reply buffers and move_import's request buffers (r_/p_ prefixed), in order:
 # the table's export columns (their dtypes are listed in rpc/ops.py)
 ROW_BUFS = (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)
 PENDING_BUFS = (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)
+
+
+class MoveInProgressError(InputError):
+    """A table-wide op reached a server while it hands over or receives virtual shards:
+    nothing was applied; send it again once the move ended (PSClient does)."""
 
 
 class ElasticOps:
@@ -69,6 +84,7 @@ class ElasticOps:
         self._elastic_lock = threading.Lock()
         self._frozen: np.ndarray | None = None  # bool [V]: refused while handed over
         self._moving: np.ndarray | None = None  # bool [V]: dirty keys are remembered
+        self._receiving: np.ndarray | None = None  # bool [V]: rows arrive (destination)
         self._dirty: dict[str, list[np.ndarray]] = {}
 
     # -- the check every keyed op makes ----------------------------------------------
@@ -124,7 +140,7 @@ class ElasticOps:
                 if new.version <= current.version:
                     return {"version": current.version, "installed": False}, []
             self._placement = new
-            self._frozen = self._moving = None
+            self._frozen = self._moving = self._receiving = None
             self._dirty = {}
         return {"version": new.version, "installed": True}, []
 
@@ -145,9 +161,43 @@ class ElasticOps:
 
     def _op_move_begin(self, request: Request):
         mask = self._vshard_mask(request)
+        if not request.args.get("receive"):
+            with self._elastic_lock:
+                self._moving = mask if self._moving is None else (self._moving | mask)
+            return None, []
+        self._refuse_owned(request, mask)
         with self._elastic_lock:
-            self._moving = mask if self._moving is None else (self._moving | mask)
-        return None, []
+            self._receiving = mask if self._receiving is None else (self._receiving | mask)
+        dropped = 0  # rows an interrupted move left here: the copy starts from nothing
+        for entry in list(self._sparse.values()):
+            with entry.lock.write():
+                dropped += self._drop_rows(entry.table, mask)
+        return {"rows": dropped}, []
+
+    # -- table-wide ops during a move --------------------------------------------------
+    def _in_move(self) -> bool:
+        return self._placement is not None and (
+            self._moving is not None or self._receiving is not None or self._frozen is not None
+        )
+
+    def _refuse_during_move(self, request: Request) -> None:
+        """Raise :class:`MoveInProgressError` while this server is in a move (the caller
+        holds the table's lock: a copy then sees the op's effect, or the op waits)."""
+        if self._in_move():
+            role = "receives" if self._receiving is not None else "hands over"
+            raise MoveInProgressError(
+                f"server {self.rank}: {request.op} {request.table!r} refused: this server "
+                f"{role} virtual shards (a migration to placement version "
+                f"{self._placement.version + 1 if self._placement else '?'} runs); "
+                "send it again once the migration ended"
+            )
+
+    def _owned_mask(self, keys: np.ndarray) -> np.ndarray | None:
+        """Which of ``keys`` this server owns under its placement (None: no placement)."""
+        placement = self._placement
+        if placement is None:
+            return None
+        return placement.owner_of(keys) == self.rank if len(keys) else np.zeros(0, bool)
 
     def _op_move_freeze(self, request: Request):
         mask = self._vshard_mask(request)
@@ -203,16 +253,24 @@ class ElasticOps:
     def _op_move_drop(self, request: Request):
         entry = self._sparse_entry(request)
         mask = self._vshard_mask(request)
+        self._refuse_owned(request, mask)
+        with entry.lock.write():
+            dropped = self._drop_rows(entry.table, mask)
+        return {"rows": dropped}, []
+
+    def _refuse_owned(self, request: Request, mask: np.ndarray) -> None:
         placement = self._placement
-        assert placement is not None
+        assert placement is not None  # _vshard_mask checked it
         owned = mask & (placement.owners == self.rank)
         if owned.any():
             raise InputError(
-                f"server {self.rank}: move_drop {request.table!r}: virtual shard "
+                f"server {self.rank}: {request.op} {request.table or ''!r}: virtual shard "
                 f"{int(np.argmax(owned))} is still this server's at version {placement.version}"
             )
-        with entry.lock.write():
-            keys = np.concatenate([entry.table.keys(), entry.table.export_pending()["key"]])
-            gone = keys[mask[vshards_of(keys, len(mask))]] if len(keys) else keys
-            dropped = entry.table.drop(np.ascontiguousarray(gone))
-        return {"rows": dropped}, []
+
+    @staticmethod
+    def _drop_rows(table, mask: np.ndarray) -> int:
+        """Delete the rows and pending counters of the shards of ``mask`` (write lock held)."""
+        keys = np.concatenate([table.keys(), table.export_pending()["key"]])
+        gone = keys[mask[vshards_of(keys, len(mask))]] if len(keys) else keys
+        return table.drop(np.ascontiguousarray(gone))

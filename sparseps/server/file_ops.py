@@ -58,13 +58,14 @@ class FileOps:
 
         part_rows = max(1, self.save_part_bytes // (4 * table.layout.width))
         with entry.lock.read():
-            pending = table.export_pending()
+            self._refuse_during_move(request)  # elastic: rows would be saved twice or never
+            pending = self._owned_columns(table.export_pending())
             if table.disk_path is None:
-                rows = table.export_rows()
+                rows = self._owned_columns(table.export_rows())
             else:  # streamed: one part in memory at a time, all under the lock
                 rows = None
                 for part, columns in enumerate(table.export_row_parts(part_rows)):
-                    write("rows", columns, part)
+                    write("rows", self._owned_columns(columns), part)
         if rows is not None:  # in memory: the files are written outside the lock
             write("rows", rows)
         write("pending", pending)
@@ -80,6 +81,7 @@ class FileOps:
         fails (corrupt, wrong table, overlapping keys) leaves the table as it was.
         """
         entry = self._sparse_entry(request)
+        self._refuse_during_move(request)  # early, before reading files (again at the swap)
         loaded = {"rows": 0, "pending": 0, "files": 0}
         specs = [_file_spec(spec) for spec in request.args["files"]]
         fresh = entry.table.empty_like()
@@ -111,8 +113,17 @@ class FileOps:
                     raise CheckpointError(f"shard file {path}: {exc}") from exc
                 loaded[kind] += len(columns["key"]) if select is None else select.size
         with entry.lock.write():
+            self._refuse_during_move(request)  # elastic: copied rows would be replaced
             entry.table.adopt(fresh)
         return loaded, []
+
+    def _owned_columns(self, columns: dict) -> dict:
+        """An elastic server's own rows of ``columns``: a source still holds the rows it
+        handed over until ``move_drop``, and they are the new owner's to save."""
+        owned = self._owned_mask(columns["key"])
+        if owned is None or owned.all():
+            return columns
+        return {name: np.ascontiguousarray(values[owned]) for name, values in columns.items()}
 
     def _owned_rows(self, meta: dict, keys: np.ndarray) -> np.ndarray | None:
         """Which rows of a shard file this server owns: None for all of them.
@@ -187,7 +198,8 @@ class FileOps:
         kept_keys, kept_embeddings = [], []
         part_rows = max(1, self.save_part_bytes // (4 * table.layout.width))
         with entry.lock.read():  # in parts: a tiered table's rows never all in memory
-            for rows in table.export_row_parts(part_rows):
+            self._refuse_during_move(request)
+            for rows in map(self._owned_columns, table.export_row_parts(part_rows)):
                 if mode == "base":
                     lifecycle = config.lifecycle
                     keep = score(rows["show"], rows["click"], lifecycle) >= lifecycle.base_score
@@ -216,6 +228,7 @@ class FileOps:
         """An inference save is in place: restart the changed-rows marker (delta_score)."""
         entry = self._sparse_entry(request)
         with entry.lock.write():
+            self._refuse_during_move(request)
             entry.table.reset_delta_score()
         return None, []
 

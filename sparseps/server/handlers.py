@@ -415,13 +415,18 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
     def _op_decay(self, request: Request):
         entry = self._sparse_entry(request)
         with entry.lock.write():
+            self._refuse_during_move(request)  # elastic: a copied row would miss it
             entry.table.decay(request.args.get("rate"))
         return None, []
 
     def _op_shrink(self, request: Request):
         entry = self._sparse_entry(request)
         with entry.lock.write():
+            self._refuse_during_move(request)  # elastic: a copied row would survive it
             deleted = entry.table.shrink()
+        owned = self._owned_mask(deleted)  # not the moved rows a source holds until drop
+        if owned is not None:
+            deleted = deleted[owned]
         return None, [np.ascontiguousarray(deleted, dtype=np.uint64)]
 
     # -- dense tables ------------------------------------------------------------------

@@ -10,9 +10,10 @@ import time
 
 import numpy as np
 
-from sparseps.config import TableConfig
-from sparseps.core.placement import Placement
-from sparseps.elastic import ElasticClient, install_placement, scale
+from sparseps.config import Lifecycle, TableConfig
+from sparseps.core.placement import Placement, rebalance
+from sparseps.elastic import ElasticClient, install_placement, migrate, scale
+from sparseps.elastic.migrate import STEPS
 from sparseps.elastic.peers import Peers
 from sparseps.optim import Adagrad
 from sparseps.server.elastic_ops import ROW_BUFS
@@ -137,6 +138,197 @@ def test_grow_2_to_3_and_back_mid_training_rows_equal_the_oracle():
                 keys, grads, clicks = _batch(10**6)
                 client.push("emb", keys, grads, clicks=clicks).wait()
                 oracle.push(keys, grads, clicks=clicks)
+                np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
+        finally:
+            peers.close()
+
+
+# -- table-wide ops during a move, and a driver that dies mid-move ---------------------------
+
+
+def _lifecycle_config() -> TableConfig:
+    # decay halves show/click; shrink deletes rows seen about once without a click
+    return TableConfig(name="emb", dim=DIM, rule=Adagrad(lr=0.1),
+                       lifecycle=Lifecycle(decay_rate=0.5, shrink_score=0.2))  # fmt: skip
+
+
+def _assert_rows_equal(peers: Peers, endpoints: list[str], want: dict) -> None:
+    """Every row of every server equals ``want`` (bit for bit), each on its owner only."""
+    placement = peers.placement(endpoints[0])[0]
+    found = [_rows_of(peers, endpoint) for endpoint in endpoints]
+    for rank, rows in enumerate(found):
+        assert (placement.owner_of(rows["key"]) == rank).all(), f"server {rank}: foreign rows"
+    got = _sorted({n: np.concatenate([f[n] for f in found]) for n in ROW_BUFS})
+    want = _sorted(want)
+    for name in ROW_BUFS:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def _wait_for(predicate, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+class _Paused:
+    """``on_step`` of a migration that stops at one step until released (bounded)."""
+
+    def __init__(self, step: str, then=None) -> None:
+        self.step, self.then = step, then
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def __call__(self, name: str) -> None:
+        if name == self.step:
+            self.reached.set()
+            assert self.go.wait(60), f"migration paused at {name} was never released"
+        if self.then is not None:
+            self.then(name)
+
+
+def _in_thread(target) -> tuple[threading.Thread, list]:
+    out: list = []
+
+    def run() -> None:
+        try:
+            out.append(("ok", target()))
+        except BaseException as exc:  # re-raised by the test
+            out.append(("error", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _result(thread: threading.Thread, out: list):
+    thread.join(60)
+    assert out, "the thread did not finish"
+    kind, value = out[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+def test_decay_shrink_and_save_while_shards_move_equal_the_oracle(tmp_path):
+    """A decay issued after the first copy and a shrink issued at the freeze wait for the
+    move (the servers in it refuse them) and then apply once to every row; a save taken
+    between the bump and the drop (the sources still hold the moved rows) holds each row
+    once and loads back equal."""
+    oracle = SparseTable(_lifecycle_config())
+    with local_cluster(servers=3, timeout=30) as cluster:
+        endpoints = list(cluster.endpoints)
+        peers = Peers(timeout=30)
+        try:
+            install_placement(peers, Placement.default(endpoints, VSHARDS, ranks=[0, 1]))
+            with ElasticClient(endpoints[:2], retry_for=60) as client:
+                client.create_table(_lifecycle_config())
+                for step in range(12):
+                    keys, grads, clicks = _batch(step)
+                    client.push("emb", keys, grads, clicks=clicks).wait()
+                    oracle.push(keys, grads, clicks=clicks)
+                saved: dict = {}
+
+                def save_at_bump(name: str) -> None:
+                    if name == "bump":  # sources still hold the moved rows (no drop yet)
+                        _result(*decayed)
+                        with ElasticClient(endpoints[:2]) as other:
+                            saved["files"] = other.save("emb", tmp_path / "ckpt")
+                        saved["rows"] = oracle.export_rows()
+
+                # grow 2 -> 3: decay while server 2 holds copies of rows 0 and 1 still own
+                paused = _Paused("copy", then=save_at_bump)
+                grow = _in_thread(lambda: scale(peers, endpoints, [0, 1, 2], on_step=paused))
+                assert paused.reached.wait(60)
+                keys, grads, clicks = _batch(100)  # lands at the sources, copied as dirty
+                client.push("emb", keys, grads, clicks=clicks).wait()
+                oracle.push(keys, grads, clicks=clicks)
+                waits = client.move_waits
+
+                def decay():
+                    client.decay("emb")
+                    oracle.decay()
+
+                decayed = _in_thread(decay)
+                _wait_for(lambda: client.move_waits > waits, "the decay to be refused")
+                paused.go.set()
+                _result(*grow)
+                assert "files" in saved
+                _assert_rows_equal(peers, endpoints, oracle.export_rows())
+
+                # shrink 3 -> 2: a shrink while the source is frozen
+                paused = _Paused("freeze")
+                back = _in_thread(lambda: scale(peers, endpoints, [0, 1], on_step=paused))
+                assert paused.reached.wait(60)
+                waits = client.move_waits
+                shrunk = _in_thread(lambda: client.shrink("emb"))
+                _wait_for(lambda: client.move_waits > waits, "the shrink to be refused")
+                paused.go.set()
+                _result(*back)
+                deleted = _result(*shrunk)
+                want_deleted = oracle.shrink()
+                assert len(want_deleted) > 0
+                np.testing.assert_array_equal(deleted, np.sort(want_deleted))
+                _assert_rows_equal(peers, endpoints, oracle.export_rows())
+
+                # the save made mid-move loads back to exactly its rows
+                client.load("emb", saved["files"])
+                _assert_rows_equal(peers, endpoints, saved["rows"])
+        finally:
+            peers.close()
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash_after(step: str):
+    def on_step(name: str) -> None:
+        if name == step:
+            raise _Crash(step)
+
+    return on_step
+
+
+def test_a_driver_stopped_after_each_step_is_completed_by_running_it_again():
+    """The driver dies after each step in turn (grow and shrink alternately); a push and
+    a decay issued meanwhile wait, running the migration again (``migrate`` with the same
+    placement, or ``scale`` with the same ranks) completes it: rows equal the oracle, each
+    on its owner, and no server keeps refusing (table-wide ops and pushes go through)."""
+    oracle = SparseTable(_lifecycle_config())
+    with local_cluster(servers=3, timeout=30) as cluster:
+        endpoints = list(cluster.endpoints)
+        peers = Peers(timeout=30)
+        try:
+            install_placement(peers, Placement.default(endpoints, VSHARDS, ranks=[0, 1]))
+            with ElasticClient(endpoints[:2], retry_for=60) as client:
+                client.create_table(_lifecycle_config())
+                ranks = [0, 1]
+                for index, step in enumerate(STEPS):
+                    keys, grads, clicks = _batch(1000 + index)
+                    client.push("emb", keys, grads, clicks=clicks).wait()
+                    oracle.push(keys, grads, clicks=clicks)
+                    ranks = [0, 1] if len(ranks) == 3 else [0, 1, 2]
+                    new = rebalance(peers.newest(endpoints), ranks, endpoints)
+                    try:
+                        migrate(peers, new, on_step=_crash_after(step))
+                    except _Crash:
+                        pass
+                    else:
+                        raise AssertionError(f"the driver was not stopped after {step}")
+                    keys, grads, clicks = _batch(2000 + index)  # may wait for a frozen shard
+                    pushed = _in_thread(
+                        lambda k=keys, g=grads, c=clicks: client.push("emb", k, g, clicks=c).wait()
+                    )
+                    # the same call again: migrate, or scale with the same ranks
+                    report = scale(peers, endpoints, ranks) if index % 2 else migrate(peers, new)
+                    _result(*pushed)
+                    oracle.push(keys, grads, clicks=clicks)
+                    client.decay("emb", 0.9)
+                    oracle.decay(0.9)
+                    placement = peers.newest(endpoints)
+                    assert placement.live_ranks() == ranks, (step, placement.live_ranks())
+                    assert report.version >= new.version
+                    _assert_rows_equal(peers, endpoints, oracle.export_rows())
                 np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
         finally:
             peers.close()
