@@ -9,6 +9,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from sparseps.config import Lifecycle, TableConfig
 from sparseps.core.placement import Placement, rebalance
@@ -16,6 +17,7 @@ from sparseps.elastic import ElasticClient, install_placement, migrate, scale
 from sparseps.elastic.migrate import STEPS
 from sparseps.elastic.peers import Peers
 from sparseps.optim import Adagrad
+from sparseps.rpc.placed import MoveRaceError
 from sparseps.server.elastic_ops import ROW_BUFS
 from sparseps.table import SparseTable
 from sparseps.testing import local_cluster
@@ -330,5 +332,55 @@ def test_a_driver_stopped_after_each_step_is_completed_by_running_it_again():
                     assert report.version >= new.version
                     _assert_rows_equal(peers, endpoints, oracle.export_rows())
                 np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
+        finally:
+            peers.close()
+
+
+def _begin_receiving(peers: Peers, current: Placement, new: Placement) -> None:
+    """What the driver does first: the destinations of ``current -> new`` start receiving."""
+    for (_, dst), vshards in current.moves(new).items():
+        peers.call(new.endpoints[dst], "move_begin", None, [vshards], {"receive": 1})
+
+
+def test_a_table_wide_op_racing_the_start_of_a_move_is_redone_or_refused(tmp_path):
+    """The destinations of a 3 -> 2 shrink already receive (they refuse) while the source
+    has not begun (it applies): a save is sent again whole after the move and loads back
+    equal (each row once); a decay raises MoveRaceError instead of applying twice."""
+    oracle = SparseTable(_lifecycle_config())
+    with local_cluster(servers=3, timeout=30) as cluster:
+        endpoints = list(cluster.endpoints)
+        peers = Peers(timeout=30)
+        try:
+            install_placement(peers, Placement.default(endpoints, VSHARDS, ranks=[0, 1, 2]))
+            with ElasticClient(endpoints, retry_for=60) as client:
+                client.create_table(_lifecycle_config())
+                for step in range(6):
+                    keys, grads, clicks = _batch(step)
+                    client.push("emb", keys, grads, clicks=clicks).wait()
+                    oracle.push(keys, grads, clicks=clicks)
+                for index, (op, done) in enumerate(
+                    [
+                        ("save", lambda: client.save("emb", tmp_path / "ckpt")),
+                        ("decay", lambda: client.decay("emb")),
+                    ]
+                ):
+                    if index:
+                        scale(peers, endpoints, [0, 1, 2])  # back to 3: shrink again
+                    current = peers.newest(endpoints)
+                    new = rebalance(current, [0, 1], endpoints)
+                    _begin_receiving(peers, current, new)
+                    waits = client.move_waits
+                    running = _in_thread(done)
+                    _wait_for(lambda w=waits: client.move_waits > w, f"the {op} to be refused")
+                    migrate(peers, new)
+                    if op == "save":
+                        files = _result(*running)
+                        assert sorted({f["rank"] for f in files}) == [0, 1]  # sent again
+                        assert client.move_waits >= waits + 2
+                        client.load("emb", files)
+                        _assert_rows_equal(peers, endpoints, oracle.export_rows())
+                    else:
+                        with pytest.raises(MoveRaceError, match="raced the start"):
+                            _result(*running)
         finally:
             peers.close()
