@@ -16,6 +16,7 @@ from sparseps.core.placement import Placement, rebalance
 from sparseps.elastic import ElasticClient, install_placement, migrate, scale
 from sparseps.elastic.migrate import STEPS
 from sparseps.elastic.peers import Peers
+from sparseps.errors import DeadlineError, ProtocolError, RemoteError
 from sparseps.optim import Adagrad
 from sparseps.rpc.placed import MoveRaceError
 from sparseps.server.elastic_ops import ROW_BUFS
@@ -382,5 +383,37 @@ def test_a_table_wide_op_racing_the_start_of_a_move_is_redone_or_refused(tmp_pat
                     else:
                         with pytest.raises(MoveRaceError, match="raced the start"):
                             _result(*running)
+        finally:
+            peers.close()
+
+
+def test_a_move_that_never_ends_fails_table_wide_ops_in_time_and_bad_begins_are_refused():
+    """A driver that died after the begin and is never re-run: a decay fails after the
+    client's placement_retry_s with the setting named (the servers apply nothing); a
+    receive-begin of shards the server owns, or with a malformed flag, is refused and the
+    server lives on; re-running the migration then unblocks the decay."""
+    with local_cluster(servers=2, timeout=30) as cluster:
+        endpoints = list(cluster.endpoints)
+        peers = Peers(timeout=30)
+        try:
+            current = Placement.default(endpoints, VSHARDS, ranks=[0, 1])
+            install_placement(peers, current)
+            with ElasticClient(endpoints, retry_for=0.5) as client:
+                client.create_table(_lifecycle_config())
+                new = rebalance(current, [0], endpoints)
+                with pytest.raises(_Crash):
+                    migrate(peers, new, on_step=_crash_after("begin"))
+                t0 = time.monotonic()
+                with pytest.raises(DeadlineError, match=r"placement_retry_s"):
+                    client.decay("emb")
+                assert time.monotonic() - t0 < 10
+                owned = np.flatnonzero(current.owners == 0)[:3]
+                with pytest.raises(RemoteError, match="still this server's"):
+                    peers.call(endpoints[0], "move_begin", None, [owned], {"receive": 1})
+                with pytest.raises(ProtocolError, match="receive"):
+                    peers.call(endpoints[0], "move_begin", None, [owned], {"receive": "yes"})
+                assert sorted(p["rank"] for p in client.ping()) == [0, 1]  # both live on
+                migrate(peers, new)
+                client.decay("emb")
         finally:
             peers.close()
