@@ -14,10 +14,6 @@ the xxh3-128 (in a thread beside the import), so ``xxh3_128_mb_per_s`` (the same
 same run) is a floor under its time on 2 cores. ``load_sha256_mb_per_s`` loads the same
 files from records without ``xxh3_128`` (a save made before it was recorded: verified by
 SHA-256, ``sha256_mb_per_s`` on one core), beside the same numpy baseline.
-
-The load is sent as the raw ``load`` op with the save's records: ``PSClient.load``
-(sparseps/rpc/client.py) forwards only their ``sha256`` for now, which would measure the
-SHA-256 verification of old files instead.
 """
 
 from __future__ import annotations
@@ -94,14 +90,14 @@ def run(quick: bool = False) -> list[BenchRecord]:
             )
             for _ in range(REPEATS):  # a load replaces: each one restores the checkpoint
                 start = time.perf_counter()
-                loaded, _ = client.request(0, "load", "emb2", args={"files": records}).wait(600)
+                loaded = client.load("emb2", records)
                 load_s = min(load_s, time.perf_counter() - start)
                 assert loaded["rows"] == rows, loaded
                 np_load_s = min(np_load_s, _numpy_load(columns, folder / "npy"))
                 # the same files as a save made before xxh3_128 records them: SHA-256
                 old_style = [{k: v for k, v in r.items() if k != "xxh3_128"} for r in records]
                 start = time.perf_counter()
-                client.request(0, "load", "emb2", args={"files": old_style}).wait(600)
+                client.load("emb2", old_style)
                 old_load_s = min(old_load_s, time.perf_counter() - start)
         shard = next(r for r in records if r["kind"] == "rows")
         checksum_mb_per_s = {}

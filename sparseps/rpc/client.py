@@ -417,8 +417,8 @@ class PSClient(ClientRows, PlacementRouting):
         """Every server writes its shard of ``table`` into ``directory`` (seen by the servers).
 
         Returns:
-            one record per file: ``name``, ``path``, ``bytes``, ``sha256``, ``rows``,
-            ``kind`` (``rows``/``pending``) and ``rank``.
+            one record per file: ``name``, ``path``, ``bytes``, ``sha256``, ``xxh3_128``,
+            ``rows``, ``kind`` (``rows``/``pending``) and ``rank``.
         """
         folder = os.path.abspath(os.fspath(directory))
         return [
@@ -449,7 +449,8 @@ class PSClient(ClientRows, PlacementRouting):
                 specs.append(
                     {
                         "path": os.path.abspath(spec["path"]),
-                        **({"sha256": spec["sha256"]} if "sha256" in spec else {}),
+                        # the checksums the record has (xxh3-128 is verified when present)
+                        **{key: spec[key] for key in ("sha256", "xxh3_128") if key in spec},
                     }
                 )
             else:

@@ -91,8 +91,18 @@ def test_load_verifies_checksums(tmp_path):
         client.create_table(CONFIG)
         _train(client)
         saved = client.save("emb", tmp_path)
-        tampered = [{**r, "sha256": "0" * 64} for r in saved]
+        # the client forwards both checksums and the servers check xxh3-128 when given: a
+        # wrong SHA-256 beside a right xxh3-128 loads, a wrong xxh3-128 does not
+        assert all("xxh3_128" in r for r in saved)
+        wrong_sha = [{**r, "sha256": "0" * 64} for r in saved]
+        assert client.load("emb", wrong_sha)["rows"] == sum(
+            r["rows"] for r in saved if r["kind"] == "rows"
+        )
+        with pytest.raises(RemoteError, match="xxh3_128 does not match"):
+            client.load("emb", [{**r, "xxh3_128": "0" * 32} for r in saved])
+        # a record saved before xxh3-128 was recorded is checked by its SHA-256
+        old_style = [{k: v for k, v in r.items() if k != "xxh3_128"} for r in wrong_sha]
         with pytest.raises(RemoteError, match="sha256 does not match"):
-            client.load("emb", tampered)
+            client.load("emb", old_style)
         with pytest.raises(RemoteError, match="does not exist"):
             client.load("emb", [str(tmp_path / "nope.arrow")])
