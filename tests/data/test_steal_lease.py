@@ -43,8 +43,13 @@ def _write(folder: Path) -> Path:
 
 
 def _worker(address: str, folder: str, out: str, rank: int, pause: float, kill: int) -> None:
-    """Read the pass, logging each batch's rows per file (flushed, so a kill keeps them)."""
+    """Read the pass, logging each batch's rows per file (flushed, so a kill keeps them).
+
+    The survivors hold after their first batch until the victim has its second file: on a
+    loaded box the victim's process could start so late that the survivors read every file
+    first and the victim never reached its kill (it then exited 0)."""
     import time
+    from datetime import timedelta
 
     from sparseps.data import CRITEO, QueueDataset
     from sparseps.launch.store import ZmqStore
@@ -60,8 +65,12 @@ def _worker(address: str, folder: str, out: str, rank: int, pause: float, kill: 
                 json.dumps({"rows": dict(zip(files.tolist(), rows.tolist(), strict=True))}) + "\n"
             )
             log.flush()
+            if kill and n == kill - 1:  # the first batch of its second file: claimed
+                store.set("victim-has-its-second-file", "1")
             if n == kill:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if not kill and n == 1:
+                store.wait(["victim-has-its-second-file"], timedelta(seconds=90))
             time.sleep(pause)
         log.write(json.dumps({"taken_over": ds._share.taken_over}) + "\n")
     store.close()
