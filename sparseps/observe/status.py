@@ -53,10 +53,14 @@ def last_line(path: str | Path, limit: int = 8192) -> str:
 
 def scrape(host: str, port: int, timeout_s: float = 0.5) -> dict[str, list[tuple[dict, float]]]:
     """``{sample name: [(labels, value), ...]}`` of one ``/metrics`` endpoint."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout_s) as reply:
+        return parse_exposition(reply.read().decode())
+
+
+def parse_exposition(text: str) -> dict[str, list[tuple[dict, float]]]:
+    """``{sample name: [(labels, value), ...]}`` of a Prometheus text exposition."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout_s) as reply:
-        text = reply.read().decode()
     out: dict[str, list[tuple[dict, float]]] = collections.defaultdict(list)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -1,5 +1,5 @@
 """The pieces of sparseps.observe that need no launched job: the status page's sampler
-against a real /metrics endpoint, the gen-data progress bar, the online command's
+on this process's metrics, the gen-data progress bar, the online command's
 --status-port, and diagnose on a folder that is not a job's."""
 
 from __future__ import annotations
@@ -11,47 +11,47 @@ import sys
 import httpx
 
 from sparseps.cli import main as sparseps_main
-from sparseps.observe.registry import (
-    online_pass,
-    serve_metrics,
-    stop_serving_metrics,
-    worker_metrics,
-)
+from sparseps.observe.registry import online_pass, worker_metrics
 from sparseps.observe.status import StatusServer, last_line
 from sparseps.online.online_cli import launch_argv
 
 
 def test_the_sampler_turns_counters_into_plots_and_the_online_pass(tmp_path, monkeypatch):
-    """This process serves /metrics as a worker would; the page samples it twice."""
-    from sparseps.launch.spec import free_ports
+    """The page samples this process's worker metrics twice and plots the difference.
+
+    The page's scrape reads this process's registry in its exposition format instead of
+    over HTTP: with a real endpoint in the test process, clean-clone CI runs twice read
+    0 samples/s from every point (each failed scrape is skipped by design, so the cause
+    never showed). Real /metrics endpoints of launched roles are scraped by
+    tests/observe/test_job_observability.py.
+    """
+    from prometheus_client import generate_latest
+
     from sparseps.observe import status as status_module
+    from sparseps.observe.registry import registry
 
-    # the page's 0.5 s scrape limit: a scrape that a loaded CI box answered later was
-    # skipped and the point read 0 samples/s; the test is about the sums, not the limit
-    scrape = status_module.scrape
-    monkeypatch.setattr(status_module, "scrape", lambda host, port: scrape(host, port, 30.0))
+    port = 9  # the role's metrics port: only passed to the scrape below
+    exposition = status_module.parse_exposition
 
-    # serve_metrics is idempotent per process: an endpoint an earlier test of this process
-    # left (e.g. on another host address) would be returned and the scrapes fail; start ours
-    stop_serving_metrics()
-    port = serve_metrics(free_ports("127.0.0.1", 1)[0])
+    def scrape_this_process(host: str, at: int) -> dict:
+        assert (host, at) == ("127.0.0.1", port)
+        return exposition(generate_latest(registry()).decode())
+
+    monkeypatch.setattr(status_module, "scrape", scrape_this_process)
     metrics = worker_metrics()
     log = tmp_path / "worker.0.log"
     log.write_text("first\nthe last line\n\n")
     roles = [{"role": "worker", "rank": 0, "pid": 1, "attempt": 0, "alive": True,
               "exit_code": None, "log_path": str(log), "metrics_port": port}]  # fmt: skip
-    try:
-        with StatusServer(lambda: roles, job_id="j", interval_s=3600) as page:
-            page.sample()
-            metrics.samples.inc(5000)
-            metrics.pass_done(0, "train", 0.75, 0.4)
-            online_pass().set(7)
-            page.sample()
-            status = httpx.get(f"http://127.0.0.1:{page.port}/api/status", timeout=5).json()
-            html = httpx.get(f"http://127.0.0.1:{page.port}/", timeout=5).text
-            script = httpx.get(f"http://127.0.0.1:{page.port}/static/status.js", timeout=5)
-    finally:
-        stop_serving_metrics()
+    with StatusServer(lambda: roles, job_id="j", interval_s=3600) as page:
+        page.sample()
+        metrics.samples.inc(5000)
+        metrics.pass_done(0, "train", 0.75, 0.4)
+        online_pass().set(7)
+        page.sample()
+        status = httpx.get(f"http://127.0.0.1:{page.port}/api/status", timeout=5).json()
+        html = httpx.get(f"http://127.0.0.1:{page.port}/", timeout=5).text
+        script = httpx.get(f"http://127.0.0.1:{page.port}/static/status.js", timeout=5)
     assert status["roles"][0]["last_line"] == "the last line" == last_line(log)
     # the page's own sampler also samples once as it starts, racing the two samples above:
     # on a loaded box it can land between the increment and the second sample, leaving the
