@@ -77,7 +77,7 @@ def _relative(item: pytest.Item) -> str:
     return Path(item.path).relative_to(_TESTS).as_posix()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own choice of scheduler
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own; optional: -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     # xdist's --dist loadgroup marks do not reach pytest 9's node ids, and loadfile
     # reorders the units by their number of tests: ours keeps the collection order

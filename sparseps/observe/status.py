@@ -101,6 +101,9 @@ class StatusServer:
         self.metrics_host = metrics_host
         self.interval_s = interval_s
         self._lock = threading.Lock()
+        # one sample at a time: a sample's time and the counters it read must not
+        # interleave with another's (the sampler thread against a caller's sample)
+        self._sampling = threading.Lock()
         self._series: collections.deque[dict] = collections.deque(maxlen=HISTORY)
         self._tables: dict[str, dict] = {}
         self._online: dict = {}
@@ -147,6 +150,10 @@ class StatusServer:
 
     def sample(self) -> None:
         """Scrape every live role once and add a point to the history."""
+        with self._sampling:
+            self._sample()
+
+    def _sample(self) -> None:
         now = time.time()
         samples = 0.0
         auc: dict[str, float] = {}

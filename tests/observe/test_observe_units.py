@@ -19,10 +19,8 @@ from sparseps.online.online_cli import launch_argv
 def test_the_sampler_turns_counters_into_plots_and_the_online_pass(tmp_path, monkeypatch):
     """The page samples this process's worker metrics twice and plots the difference.
 
-    The page's scrape reads this process's registry in its exposition format instead of
-    over HTTP: with a real endpoint in the test process, clean-clone CI runs twice read
-    0 samples/s from every point (each failed scrape is skipped by design, so the cause
-    never showed). Real /metrics endpoints of launched roles are scraped by
+    The page's scrape reads this process's registry in its exposition format, not over
+    HTTP: real /metrics endpoints of launched roles are scraped by
     tests/observe/test_job_observability.py.
     """
     from prometheus_client import generate_latest
@@ -53,14 +51,49 @@ def test_the_sampler_turns_counters_into_plots_and_the_online_pass(tmp_path, mon
         html = httpx.get(f"http://127.0.0.1:{page.port}/", timeout=5).text
         script = httpx.get(f"http://127.0.0.1:{page.port}/static/status.js", timeout=5)
     assert status["roles"][0]["last_line"] == "the last line" == last_line(log)
-    # the page's own sampler also samples once as it starts, racing the two samples above:
-    # on a loaded box it can land between the increment and the second sample, leaving the
-    # last point at 0 samples/s; the rate shows in one of the points either way
+    # the page's own sampler also samples once as it starts: it can land between the
+    # increment and the second sample, leaving the last point at 0 samples/s
     assert max(point["samples_per_s"] for point in status["series"]) > 0
     assert status["series"][-1]["train"] == 0.75
     assert status["online"] == {"pass_seq": 7}
     assert 'src="/static/status.js"' in html and "http" not in html.split("<body>")[1]  # no CDN
     assert script.status_code == 200 and 'fetch("/api/status"' in script.text
+
+
+def test_a_sample_racing_the_sampler_thread_keeps_its_time_and_counters_together(monkeypatch):
+    """The sampler thread's sample takes its time, then scrapes; a caller's sample and an
+    increment land in between. Unserialised, the thread's early time with the later count
+    became the baseline and the rate was lost (0 samples/s in three clean-clone CI runs)."""
+    import threading
+
+    from prometheus_client import generate_latest
+
+    from sparseps.observe import status as status_module
+    from sparseps.observe.registry import registry
+
+    thread_scraping, incremented, thread_read = (threading.Event() for _ in range(3))
+
+    def scrape(host: str, port: int) -> dict:
+        if threading.current_thread().name == "sparseps-status-sampler":
+            thread_scraping.set()
+            incremented.wait(1.0)  # serialised samples: times out, the caller waits on it
+            text = generate_latest(registry()).decode()
+            thread_read.set()
+            return status_module.parse_exposition(text)
+        return status_module.parse_exposition(generate_latest(registry()).decode())
+
+    monkeypatch.setattr(status_module, "scrape", scrape)
+    metrics = worker_metrics()
+    roles = [{"role": "worker", "rank": 0, "pid": 1, "alive": True, "metrics_port": 9}]
+    with StatusServer(lambda: roles, job_id="j", interval_s=3600) as page:
+        assert thread_scraping.wait(10.0)
+        page.sample()
+        metrics.samples.inc(3000)
+        incremented.set()
+        assert thread_read.wait(10.0)
+        page.sample()
+        series = page.status()["series"]
+    assert series and series[-1]["samples_per_s"] > 0, series
 
 
 def test_gen_data_progress_bar_only_on_a_terminal_or_when_asked(tmp_path, capsys):
