@@ -13,18 +13,27 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeadlineError
 from ..observe.diagnose import diagnosed
 from .channel import Call, Channel
 from .replicated import ShardRequest
 
+if TYPE_CHECKING:
+    from .protocol import Reply
+
 __all__ = ["Handle", "completed"]
 
 
 class Handle:
-    """The pending result of an asynchronous call; ``wait()`` returns it or raises."""
+    """The pending result of an asynchronous call; ``wait()`` returns it or raises.
+
+    The outcome is kept: every ``wait()`` after the first returns (or raises) the same.
+    A subclass changes how the outcome is collected (:meth:`_collect`) and whether
+    waiting threads take turns (:meth:`_settle`), e.g.
+    :class:`~sparseps.rpc.placed.RoutedHandle`.
+    """
 
     def __init__(
         self,
@@ -60,16 +69,23 @@ class Handle:
             ProtocolError: a server rejected the request as malformed.
         """
         if not self._done:
-            # Threads wait without holding a lock (each within its own timeout); the
-            # first to finish records the outcome, later ones keep it.
-            value, error = self._collect(timeout)
-            with self._lock:
-                if not self._done:
-                    self._value, self._error, self._done = value, error, True
-                    self._calls = []
+            self._settle(timeout)
         if self._error is not None:
             raise self._error
         return self._value
+
+    def _settle(self, timeout: float | None) -> None:
+        # Threads wait without holding a lock (each within its own timeout); the first to
+        # finish records the outcome, later ones keep it.
+        value, error = self._collect(timeout)
+        with self._lock:
+            self._keep(value, error)
+
+    def _keep(self, value: object, error: BaseException | None) -> None:
+        """Record the outcome unless one is recorded (call holding ``_lock``)."""
+        if not self._done:
+            self._value, self._error, self._done = value, error, True
+            self._calls = []
 
     def _collect(self, timeout: float | None) -> tuple[object, BaseException | None]:
         calls = self._calls
@@ -80,25 +96,34 @@ class Handle:
         limit = channel.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
         try:
-            replies = [
-                call.wait(channel, deadline, limit)
-                if isinstance(call, ShardRequest)
-                else channel.wait(call, deadline, limit)
-                for call in calls
-            ]
+            replies = [self._reply(channel, call, deadline, limit) for call in calls]
             return self._finish(replies), None
         except Exception as exc:
-            for call in calls:
-                if isinstance(call, ShardRequest):
-                    call.forget(channel)
-                else:
-                    channel.forget(call)
-            if isinstance(exc, DeadlineError):
-                found = diagnosed(exc)
-                if found is not exc:
-                    found.__cause__ = exc
-                return None, found
-            return None, exc
+            return None, self._failed(channel, calls, exc)
+
+    @staticmethod
+    def _reply(channel: Channel, call: Call | ShardRequest, deadline: float, limit: float) -> Reply:
+        if isinstance(call, ShardRequest):
+            return call.wait(channel, deadline, limit)
+        return channel.wait(call, deadline, limit)
+
+    @staticmethod
+    def _failed(
+        channel: Channel, calls: Sequence[Call | ShardRequest], exc: Exception
+    ) -> BaseException:
+        """Forget ``calls`` (late replies are dropped); the error a wait raises for ``exc``
+        (a DeadlineError diagnosed: in a launched job, after the stacks are dumped)."""
+        for call in calls:
+            if isinstance(call, ShardRequest):
+                call.forget(channel)
+            else:
+                channel.forget(call)
+        if isinstance(exc, DeadlineError):
+            found = diagnosed(exc)
+            if found is not exc:
+                found.__cause__ = exc
+            return found
+        return exc
 
 
 def completed(value: object) -> Handle:

@@ -38,13 +38,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.placement import Placement
 from ..errors import DeadlineError, RemoteError, SparsePSError, UnavailableError
-from ..observe.diagnose import diagnosed
+from .handle import Handle
 from .replicated import ShardRequest
 
 if TYPE_CHECKING:
@@ -351,31 +351,23 @@ class PlacementRouting:
         return grouped, offsets, inverse, routing
 
 
-class RoutedHandle:
+class RoutedHandle(Handle):
     """The requests of one keyed call, one per owner; ``wait()`` resends what a server
     refused for a placement reason (after a refresh) and returns the call's result.
 
     Waiting is serialised (one thread drives the resends; the others then read the
-    cached result), so a refused part is sent again once.
+    kept result), so a refused part is sent again once.
     """
 
     def __init__(self, client: PlacementRouting, op: str, table: str, keys: np.ndarray,
                  columns: Sequence[np.ndarray], parts: list,
                  finish: Callable[[list], object]) -> None:  # fmt: skip
+        super().__init__(client._channel, [request for _, request in parts], finish)
         self._client, self._op, self._table = client, op, table
         self._keys, self._columns = keys, columns
-        self._parts = parts
-        self._finish = finish
-        self._lock = threading.Lock()
-        self._done = False
-        self._value: object = None
-        self._error: BaseException | None = None
+        self._positions = [positions for positions, _ in parts]
 
-    def done(self) -> bool:
-        """True when every server answered (``wait`` will not block on them)."""
-        return self._done or all(_answered(request) for _, request in list(self._parts))
-
-    def wait(self, timeout: float | None = None):
+    def wait(self, timeout: float | None = None) -> Any:
         """The result (rows for a pull, None for a push).
 
         Raises:
@@ -383,13 +375,13 @@ class RoutedHandle:
                 keys for ``placement_retry_s`` seconds.
             RemoteError / ProtocolError: as :meth:`Handle.wait <sparseps.rpc.handle.Handle.wait>`.
         """
+        return super().wait(timeout)
+
+    def _settle(self, timeout: float | None) -> None:
+        # One thread at a time: the first drives the resends, later ones keep its outcome.
         with self._lock:
             if not self._done:
-                self._value, self._error = self._collect(timeout)
-                self._done, self._parts = True, []
-        if self._error is not None:
-            raise self._error
-        return self._value
+                self._keep(*self._collect(timeout))
 
     def _collect(self, timeout: float | None) -> tuple[object, BaseException | None]:
         client = self._client
@@ -397,7 +389,8 @@ class RoutedHandle:
         limit = channel.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
         got: list[tuple[object, Reply]] = []
-        parts, retry_until, pause = self._parts, None, 0.002
+        parts = list(zip(self._positions, self._calls, strict=True))
+        retry_until, pause = None, 0.002
         try:
             while True:
                 refused = []
@@ -406,7 +399,7 @@ class RoutedHandle:
                         refused.append(_indices(positions))  # a drained server, stopped
                         continue
                     try:
-                        got.append((positions, _wait(channel, request, deadline, limit)))
+                        got.append((positions, self._reply(channel, request, deadline, limit)))
                     except RemoteError as exc:
                         if not (client._follow and is_placement_error(exc)):
                             raise
@@ -437,39 +430,13 @@ class RoutedHandle:
                                        np.concatenate(refused))  # fmt: skip
                 deadline = time.monotonic() + limit
         except Exception as exc:
-            for _, request in parts:
-                _forget(channel, request)
-            if isinstance(exc, DeadlineError):
-                found = diagnosed(exc)
-                if found is not exc:
-                    found.__cause__ = exc
-                return None, found
-            return None, exc
+            return None, self._failed(channel, [request for _, request in parts], exc)
 
 
 def _indices(positions) -> np.ndarray:
     if isinstance(positions, slice):
         return np.arange(positions.start, positions.stop, dtype=np.int64)
     return positions
-
-
-def _wait(channel: Channel, request: Call | ShardRequest, deadline: float, limit: float) -> Reply:
-    if isinstance(request, ShardRequest):
-        return request.wait(channel, deadline, limit)
-    return channel.wait(request, deadline, limit)
-
-
-def _forget(channel: Channel, request: Call | ShardRequest) -> None:
-    if isinstance(request, ShardRequest):
-        request.forget(channel)
-    else:
-        channel.forget(request)
-
-
-def _answered(request: Call | ShardRequest) -> bool:
-    if isinstance(request, ShardRequest):
-        return request.done()
-    return request.event.is_set()
 
 
 def rows_of(count: int, inverse: np.ndarray) -> Callable[[list], np.ndarray]:
