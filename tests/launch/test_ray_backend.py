@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from _launchtools import (
     JOB,
@@ -288,11 +287,11 @@ def test_killing_the_driver_leaves_no_actor_or_process_behind(ray_cluster, tmp_p
 
 
 def _scale_helpers():
-    """tests/elastic/test_scale_launched.py's job script and table readers (one home)."""
+    """tests/elastic/_scaletools.py: the scaled-job tests' job script and checks (one home)."""
     import importlib.util
 
-    path = ROOT / "tests" / "elastic" / "test_scale_launched.py"
-    spec = importlib.util.spec_from_file_location("_scale_launched_helpers", path)
+    path = ROOT / "tests" / "elastic" / "_scaletools.py"
+    spec = importlib.util.spec_from_file_location("_scaletools", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -334,10 +333,10 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
                 cwd=tmp_path, env=clean_env(), stdout=console, stderr=subprocess.STDOUT,
             )  # fmt: skip
         t0 = time.time()
-        grown = helpers._scale(log, "--servers", "3", capsys=capsys)
+        grown = helpers.scale(log, "--servers", "3", capsys=capsys)
         t_mid = time.time()
         assert len(_actor_pids()) == 5  # the new server's own actor
-        shrunk = helpers._scale(log, "--servers", "2", capsys=capsys)
+        shrunk = helpers.scale(log, "--servers", "2", capsys=capsys)
         t1 = time.time()
         wait_for(lambda: len(_actor_pids()) == 4, 20, "the retired server's actor to end")
         gate.write_text("go")
@@ -362,13 +361,7 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
     assert not any(alive(c["pid"]) for c in record["children"])
     assert job_processes(record["job_id"]) == []
     wait_for(lambda: not _actor_pids(), 20, "the role actors to exit")
-    times = helpers._steps(out)
-    for lo, hi, what in ((t0, t_mid, "grown"), (t_mid, t1, "shrunk")):
-        steps = np.count_nonzero((times >= lo) & (times <= hi))
-        assert steps > 5, f"training did not go on while the job was {what} ({steps} steps)"
-    gate_at = float((out / "at_gate").read_text())
-    window = np.concatenate([[t0], times[(times >= t0) & (times <= min(t1, gate_at))]])
-    stall = float(np.max(np.diff(window)))
+    stall, _ = helpers.stall_while_scaled(out, t0, t_mid, t1)
     with capsys.disabled():
         print(f"\nray scale: grow {grown['seconds']:.2f} s (cut-over "
               f"{grown['longest_cutover_s'] * 1000:.1f} ms), shrink {shrunk['seconds']:.2f} s "
@@ -377,18 +370,7 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
               f"(training from {t0 - start:.1f} s, scaled by {t1 - start:.1f} s, both jobs "
               f"done at {t_done - start:.1f} s)")  # fmt: skip
     assert stall < helpers.STALL_BOUND_S
-    want = helpers._tables(tmp_path / "plain" / "out" / "ckpt")
-    got = helpers._tables(out / "ckpt")
-    assert sorted(got) == sorted(want) and want["deep_emb.shard"]["key"].size > 0
-    for kind in want:
-        assert sorted(got[kind]) == sorted(want[kind]), kind
-        for column in want[kind]:
-            np.testing.assert_array_equal(got[kind][column], want[kind][column],
-                                          err_msg=f"{kind}.{column}")  # fmt: skip
-    dense_want = np.load(tmp_path / "plain" / "out" / "dense.npz")
-    dense_got = np.load(out / "dense.npz")
-    for name in dense_want.files:
-        np.testing.assert_array_equal(dense_got[name], dense_want[name], err_msg=name)
+    helpers.assert_same_training(tmp_path / "plain" / "out", out)
 
 
 def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_path):

@@ -1,0 +1,87 @@
+"""Helpers of the scaled-job tests (tests/elastic/test_scale_launched.py under the local
+launcher, tests/launch/test_ray_backend.py under Ray): the job script, ``sparseps scale``
+through the command line, and the check that a scaled job saved what the unscaled one did.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+JOB = Path(__file__).resolve().parent / "scripts" / "train_job.py"
+# The longest a training step may wait while servers join or leave: a step waits only for
+# the cut-over of the shards it touches (measured: tens to a few hundred ms on this box).
+STALL_BOUND_S = 5.0
+
+
+def scale(log_dir: Path, *args: str, capsys) -> dict:
+    """``sparseps scale LOG_DIR ARGS --json`` through the command line's entry point."""
+    from sparseps.cli import main
+
+    capsys.readouterr()
+    code = main(["scale", str(log_dir), *args, "--json"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out + printed.err
+    with capsys.disabled():
+        print(printed.out.splitlines()[0])
+    return json.loads(printed.out.splitlines()[-1])
+
+
+def step_times(out: Path) -> np.ndarray:
+    """The wall times of worker 0's training steps (the job's ``OUT/steps.0.json``)."""
+    return np.array(json.loads((out / "steps.0.json").read_text())["times"])
+
+
+def stall_while_scaled(out: Path, t0: float, t_mid: float, t1: float) -> tuple[float, int]:
+    """The longest gap between two of worker 0's steps from the first scale's start
+    (``t0``) to the second's end (``t1``) or the gate, whichever came first, and how many
+    steps that window holds; asserts that training went on while the job was grown
+    (``t0``..``t_mid``) and while it was shrunk (``t_mid``..``t1``)."""
+    times = step_times(out)
+    for lo, hi, what in ((t0, t_mid, "grown"), (t_mid, t1, "shrunk")):
+        steps = np.count_nonzero((times >= lo) & (times <= hi))
+        assert steps > 5, f"training did not go on while the job was {what} ({steps} steps)"
+    gate_at = float((out / "at_gate").read_text())
+    inside = times[(times >= t0) & (times <= min(t1, gate_at))]
+    window = np.concatenate([[t0], inside])
+    return float(np.max(np.diff(window))), len(inside)
+
+
+def tables(ckpt: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every saved sparse file kind (``deep_emb.shard`` ...), its rows sorted by key."""
+    parts: dict[str, list] = {}
+    for path in sorted(ckpt.glob("*.arrow")):
+        with pa.memory_map(str(path)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        parts.setdefault(path.name.rsplit("-", 3)[0], []).append(table)
+    out = {}
+    for kind, kind_tables in parts.items():
+        table = pa.concat_tables(kind_tables)
+        order = np.argsort(table.column("key").to_numpy())
+        out[kind] = {
+            name: np.stack(table.column(name).to_numpy(zero_copy_only=False))[order]
+            if pa.types.is_fixed_size_list(table.schema.field(name).type)
+            or pa.types.is_list(table.schema.field(name).type)
+            else table.column(name).to_numpy()[order]
+            for name in table.column_names
+        }
+    return out
+
+
+def assert_same_training(want: Path, got: Path) -> None:
+    """The job that wrote ``got`` (its OUT folder) saved what the one that wrote ``want``
+    did, bit for bit: every row of every saved table (embedding, optimizer state,
+    counters; pending admission counters too) and every dense parameter."""
+    want_rows, got_rows = tables(want / "ckpt"), tables(got / "ckpt")
+    assert sorted(got_rows) == sorted(want_rows) and want_rows["deep_emb.shard"]["key"].size > 0
+    for kind in want_rows:
+        assert sorted(got_rows[kind]) == sorted(want_rows[kind]), kind
+        for column in want_rows[kind]:
+            np.testing.assert_array_equal(got_rows[kind][column], want_rows[kind][column],
+                                          err_msg=f"{kind}.{column}")  # fmt: skip
+    dense_want, dense_got = np.load(want / "dense.npz"), np.load(got / "dense.npz")
+    for name in dense_want.files:
+        np.testing.assert_array_equal(dense_got[name], dense_want[name], err_msg=name)
