@@ -84,27 +84,27 @@ def test_newcomer_joins_the_boundary_that_admits_it_even_after_a_later_request()
         assert again.result(5) is None
 
 
-def test_newcomer_waits_through_old_boundaries_and_leaves_when_scaled_down_first():
+def _scaled_down_first(store, leader: Membership) -> None:
+    _request(store, 2, 2)
+    _boundary(leader, 1)
+
+
+def _job_ends(store, leader: Membership) -> None:
+    leader.end({"seq": 1})
+
+
+@pytest.mark.parametrize("ending", [_scaled_down_first, _job_ends],
+                         ids=["scaled_down_first", "at_the_end_of_the_job"])  # fmt: skip
+def test_newcomer_waits_through_old_boundaries_and_leaves(ending):
     store = dist.HashStore()
     leader = _member(store, 0)
     _boundary(leader, 0)  # a boundary of the launch's 2 workers, before the scale
     _request(store, 1, 3)
     # the decision present at its start predates its scale: it waits for the next one,
-    # which (scaled down again meanwhile) does not include it: it leaves
+    # which does not include it (scaled down again meanwhile), or for the job's end: it
+    # leaves
     with ThreadPoolExecutor(1) as pool:
         newcomer = _joining(pool, _member(store, 2, world=0))
         assert not newcomer.done()
-        _request(store, 2, 2)
-        _boundary(leader, 1)
-        assert newcomer.result(5) is None
-
-
-def test_newcomer_leaves_at_the_end_of_the_job():
-    store = dist.HashStore()
-    leader = _member(store, 0)
-    _boundary(leader, 0)
-    _request(store, 1, 3)
-    with ThreadPoolExecutor(1) as pool:
-        newcomer = _joining(pool, _member(store, 2, world=0))
-        leader.end({"seq": 1})
+        ending(store, leader)
         assert newcomer.result(5) is None
