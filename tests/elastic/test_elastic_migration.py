@@ -5,8 +5,11 @@ longest wait between two completed pushes stays under a stated bound."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -21,7 +24,7 @@ from sparseps.optim import Adagrad
 from sparseps.rpc.placed import MoveRaceError
 from sparseps.server.elastic_ops import ROW_BUFS
 from sparseps.table import SparseTable
-from sparseps.testing import local_cluster
+from sparseps.testing import LocalCluster, local_cluster
 
 DIM = 4
 VSHARDS = 256
@@ -52,6 +55,51 @@ def _rows_of(peers: Peers, endpoint: str) -> dict[str, np.ndarray]:
 def _sorted(columns: dict) -> dict:
     order = np.argsort(columns["key"])
     return {name: np.asarray(columns[name])[order] for name in ROW_BUFS}
+
+
+def _assert_rows_equal(peers: Peers, endpoints: list[str], want: dict) -> None:
+    """Every row of every server equals ``want`` (bit for bit), each on its owner only."""
+    placement = peers.placement(endpoints[0])[0]
+    found = [_rows_of(peers, endpoint) for endpoint in endpoints]
+    for rank, rows in enumerate(found):
+        assert (placement.owner_of(rows["key"]) == rank).all(), f"server {rank}: foreign rows"
+    got = _sorted({n: np.concatenate([f[n] for f in found]) for n in ROW_BUFS})
+    want = _sorted(want)
+    for name in ROW_BUFS:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+@dataclass
+class _Job:
+    """Local servers with a placement installed, the Peers that migrate their shards, and
+    the in-process oracle of their table."""
+
+    cluster: LocalCluster
+    endpoints: list[str]
+    peers: Peers
+    placement: Placement  # the one installed at the start
+    oracle: SparseTable
+
+    def push(self, client: ElasticClient, seed: int) -> None:
+        """``_batch(seed)`` through ``client`` (acknowledged), then into the oracle."""
+        keys, grads, clicks = _batch(seed)
+        client.push("emb", keys, grads, clicks=clicks).wait()
+        self.oracle.push(keys, grads, clicks=clicks)
+
+
+@contextlib.contextmanager
+def _elastic_job(config: TableConfig, *, servers: int, ranks: list[int]) -> Iterator[_Job]:
+    """``servers`` local servers, the default placement over ``ranks`` installed."""
+    oracle = SparseTable(config)
+    with local_cluster(servers=servers, timeout=30) as cluster:
+        endpoints = list(cluster.endpoints)
+        peers = Peers(timeout=30)
+        try:
+            placement = Placement.default(endpoints, VSHARDS, ranks=ranks)
+            install_placement(peers, placement)
+            yield _Job(cluster, endpoints, peers, placement, oracle)
+        finally:
+            peers.close()
 
 
 class _Pusher(threading.Thread):
@@ -86,64 +134,45 @@ class _Pusher(threading.Thread):
 
 
 def test_grow_2_to_3_and_back_mid_training_rows_equal_the_oracle():
-    oracle = SparseTable(_config())
-    with local_cluster(servers=3, timeout=30) as cluster:
-        endpoints = list(cluster.endpoints)
-        peers = Peers(timeout=30)
-        try:
-            install_placement(peers, Placement.default(endpoints, VSHARDS, ranks=[0, 1]))
-            with ElasticClient(endpoints[:2]) as client:
-                client.create_table(_config())
-                pusher = _Pusher(client, oracle)
-                pusher.start()
-                try:
-                    pusher.wait_steps(10)
-                    t0 = time.monotonic()
-                    grown = scale(peers, endpoints, [0, 1, 2])
-                    pusher.wait_steps(10)
-                    middle = {r: len(_rows_of(peers, endpoints[r])["key"]) for r in range(3)}
-                    # every pre-copy round runs (none settles): rows copied 4 times
-                    shrunk = scale(peers, endpoints, [0, 1], settle_rows=0, max_rounds=3)
-                    t1 = time.monotonic()
-                    pusher.wait_steps(10)
-                finally:
-                    pusher.stop_at = 0
-                    pusher.join(60)
-                assert pusher.error is None, pusher.error
-                done = np.array(pusher.done)
-                window = done[(done >= t0) & (done <= t1 + GAP_BOUND_S)]
-                gap = (
-                    float(np.max(np.diff(np.concatenate([[t0], window]))))
-                    if len(window)
-                    else t1 - t0
-                )
-                print(f"\nelastic: grow {grown}\nelastic: shrink {shrunk}\n"
-                      f"elastic: {len(done)} pushes, longest gap during migration {gap * 1000:.1f} ms, "
-                      f"client placement refreshes {client.refreshes}")  # fmt: skip
-                assert gap < GAP_BOUND_S
-                assert grown.vshards_moved == shrunk.vshards_moved == VSHARDS // 3
-                assert middle[2] > 0 and middle[0] > 0 and middle[1] > 0  # the new server took rows
-                assert client.placement.version == 3
-                np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
-            final = [_rows_of(peers, endpoints[r]) for r in range(3)]
-            assert len(final[2]["key"]) == 0  # drained
-            placement = peers.placement(endpoints[0])[0]
-            for rank, rows in enumerate(final):  # each row on its owner only
-                assert (placement.owner_of(rows["key"]) == rank).all()
-            got = _sorted({n: np.concatenate([f[n] for f in final]) for n in ROW_BUFS})
-            want = _sorted(oracle.export_rows())
-            for name in ROW_BUFS:
-                np.testing.assert_array_equal(got[name], want[name], err_msg=name)
-            # the drained server can go: the job goes on without it
-            peers.call(endpoints[2], "stop")
-            cluster.processes[2].wait(30)
-            with ElasticClient(endpoints[:2]) as client:  # the placement no longer names server 2
-                keys, grads, clicks = _batch(10**6)
-                client.push("emb", keys, grads, clicks=clicks).wait()
-                oracle.push(keys, grads, clicks=clicks)
-                np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
-        finally:
-            peers.close()
+    with _elastic_job(_config(), servers=3, ranks=[0, 1]) as job:
+        endpoints, peers, oracle = job.endpoints, job.peers, job.oracle
+        with ElasticClient(endpoints[:2]) as client:
+            client.create_table(_config())
+            pusher = _Pusher(client, oracle)
+            pusher.start()
+            try:
+                pusher.wait_steps(10)
+                t0 = time.monotonic()
+                grown = scale(peers, endpoints, [0, 1, 2])
+                pusher.wait_steps(10)
+                middle = {r: len(_rows_of(peers, endpoints[r])["key"]) for r in range(3)}
+                # every pre-copy round runs (none settles): rows copied 4 times
+                shrunk = scale(peers, endpoints, [0, 1], settle_rows=0, max_rounds=3)
+                t1 = time.monotonic()
+                pusher.wait_steps(10)
+            finally:
+                pusher.stop_at = 0
+                pusher.join(60)
+            assert pusher.error is None, pusher.error
+            done = np.array(pusher.done)
+            window = done[(done >= t0) & (done <= t1 + GAP_BOUND_S)]
+            gap = float(np.max(np.diff(np.concatenate([[t0], window])))) if len(window) else t1 - t0
+            print(f"\nelastic: grow {grown}\nelastic: shrink {shrunk}\n"
+                  f"elastic: {len(done)} pushes, longest gap during migration {gap * 1000:.1f} ms, "
+                  f"client placement refreshes {client.refreshes}")  # fmt: skip
+            assert gap < GAP_BOUND_S
+            assert grown.vshards_moved == shrunk.vshards_moved == VSHARDS // 3
+            assert middle[2] > 0 and middle[0] > 0 and middle[1] > 0  # the new server took rows
+            assert client.placement.version == 3
+            np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
+        assert len(_rows_of(peers, endpoints[2])["key"]) == 0  # drained
+        _assert_rows_equal(peers, endpoints, oracle.export_rows())
+        # the drained server can go: the job goes on without it
+        peers.call(endpoints[2], "stop")
+        job.cluster.processes[2].wait(30)
+        with ElasticClient(endpoints[:2]) as client:  # the placement no longer names server 2
+            job.push(client, 10**6)
+            np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
 
 
 # -- table-wide ops during a move, and a driver that dies mid-move ---------------------------
@@ -153,18 +182,6 @@ def _lifecycle_config() -> TableConfig:
     # decay halves show/click; shrink deletes rows seen about once without a click
     return TableConfig(name="emb", dim=DIM, rule=Adagrad(lr=0.1),
                        lifecycle=Lifecycle(decay_rate=0.5, shrink_score=0.2))  # fmt: skip
-
-
-def _assert_rows_equal(peers: Peers, endpoints: list[str], want: dict) -> None:
-    """Every row of every server equals ``want`` (bit for bit), each on its owner only."""
-    placement = peers.placement(endpoints[0])[0]
-    found = [_rows_of(peers, endpoint) for endpoint in endpoints]
-    for rank, rows in enumerate(found):
-        assert (placement.owner_of(rows["key"]) == rank).all(), f"server {rank}: foreign rows"
-    got = _sorted({n: np.concatenate([f[n] for f in found]) for n in ROW_BUFS})
-    want = _sorted(want)
-    for name in ROW_BUFS:
-        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 def _wait_for(predicate, what: str, timeout: float = 30.0) -> None:
@@ -217,67 +234,57 @@ def test_decay_shrink_and_save_while_shards_move_equal_the_oracle(tmp_path):
     move (the servers in it refuse them) and then apply once to every row; a save taken
     between the bump and the drop (the sources still hold the moved rows) holds each row
     once and loads back equal."""
-    oracle = SparseTable(_lifecycle_config())
-    with local_cluster(servers=3, timeout=30) as cluster:
-        endpoints = list(cluster.endpoints)
-        peers = Peers(timeout=30)
-        try:
-            install_placement(peers, Placement.default(endpoints, VSHARDS, ranks=[0, 1]))
-            with ElasticClient(endpoints[:2], retry_for=60) as client:
-                client.create_table(_lifecycle_config())
-                for step in range(12):
-                    keys, grads, clicks = _batch(step)
-                    client.push("emb", keys, grads, clicks=clicks).wait()
-                    oracle.push(keys, grads, clicks=clicks)
-                saved: dict = {}
+    with _elastic_job(_lifecycle_config(), servers=3, ranks=[0, 1]) as job:
+        endpoints, peers, oracle = job.endpoints, job.peers, job.oracle
+        with ElasticClient(endpoints[:2], retry_for=60) as client:
+            client.create_table(_lifecycle_config())
+            for step in range(12):
+                job.push(client, step)
+            saved: dict = {}
 
-                def save_at_bump(name: str) -> None:
-                    if name == "bump":  # sources still hold the moved rows (no drop yet)
-                        _result(*decayed)
-                        with ElasticClient(endpoints[:2]) as other:
-                            saved["files"] = other.save("emb", tmp_path / "ckpt")
-                        saved["rows"] = oracle.export_rows()
+            def save_at_bump(name: str) -> None:
+                if name == "bump":  # sources still hold the moved rows (no drop yet)
+                    _result(*decayed)
+                    with ElasticClient(endpoints[:2]) as other:
+                        saved["files"] = other.save("emb", tmp_path / "ckpt")
+                    saved["rows"] = oracle.export_rows()
 
-                # grow 2 -> 3: decay while server 2 holds copies of rows 0 and 1 still own
-                paused = _Paused("copy", then=save_at_bump)
-                grow = _in_thread(lambda: scale(peers, endpoints, [0, 1, 2], on_step=paused))
-                assert paused.reached.wait(60)
-                keys, grads, clicks = _batch(100)  # lands at the sources, copied as dirty
-                client.push("emb", keys, grads, clicks=clicks).wait()
-                oracle.push(keys, grads, clicks=clicks)
-                waits = client.move_waits
+            # grow 2 -> 3: decay while server 2 holds copies of rows 0 and 1 still own
+            paused = _Paused("copy", then=save_at_bump)
+            grow = _in_thread(lambda: scale(peers, endpoints, [0, 1, 2], on_step=paused))
+            assert paused.reached.wait(60)
+            job.push(client, 100)  # lands at the sources, copied as dirty
+            waits = client.move_waits
 
-                def decay():
-                    client.decay("emb")
-                    oracle.decay()
+            def decay():
+                client.decay("emb")
+                oracle.decay()
 
-                decayed = _in_thread(decay)
-                _wait_for(lambda: client.move_waits > waits, "the decay to be refused")
-                paused.go.set()
-                _result(*grow)
-                assert "files" in saved
-                _assert_rows_equal(peers, endpoints, oracle.export_rows())
+            decayed = _in_thread(decay)
+            _wait_for(lambda: client.move_waits > waits, "the decay to be refused")
+            paused.go.set()
+            _result(*grow)
+            assert "files" in saved
+            _assert_rows_equal(peers, endpoints, oracle.export_rows())
 
-                # shrink 3 -> 2: a shrink while the source is frozen
-                paused = _Paused("freeze")
-                back = _in_thread(lambda: scale(peers, endpoints, [0, 1], on_step=paused))
-                assert paused.reached.wait(60)
-                waits = client.move_waits
-                shrunk = _in_thread(lambda: client.shrink("emb"))
-                _wait_for(lambda: client.move_waits > waits, "the shrink to be refused")
-                paused.go.set()
-                _result(*back)
-                deleted = _result(*shrunk)
-                want_deleted = oracle.shrink()
-                assert len(want_deleted) > 0
-                np.testing.assert_array_equal(deleted, np.sort(want_deleted))
-                _assert_rows_equal(peers, endpoints, oracle.export_rows())
+            # shrink 3 -> 2: a shrink while the source is frozen
+            paused = _Paused("freeze")
+            back = _in_thread(lambda: scale(peers, endpoints, [0, 1], on_step=paused))
+            assert paused.reached.wait(60)
+            waits = client.move_waits
+            shrunk = _in_thread(lambda: client.shrink("emb"))
+            _wait_for(lambda: client.move_waits > waits, "the shrink to be refused")
+            paused.go.set()
+            _result(*back)
+            deleted = _result(*shrunk)
+            want_deleted = oracle.shrink()
+            assert len(want_deleted) > 0
+            np.testing.assert_array_equal(deleted, np.sort(want_deleted))
+            _assert_rows_equal(peers, endpoints, oracle.export_rows())
 
-                # the save made mid-move loads back to exactly its rows
-                client.load("emb", saved["files"])
-                _assert_rows_equal(peers, endpoints, saved["rows"])
-        finally:
-            peers.close()
+            # the save made mid-move loads back to exactly its rows
+            client.load("emb", saved["files"])
+            _assert_rows_equal(peers, endpoints, saved["rows"])
 
 
 class _Crash(Exception):
@@ -297,44 +304,36 @@ def test_a_driver_stopped_after_each_step_is_completed_by_running_it_again():
     a decay issued meanwhile wait, running the migration again (``migrate`` with the same
     placement, or ``scale`` with the same ranks) completes it: rows equal the oracle, each
     on its owner, and no server keeps refusing (table-wide ops and pushes go through)."""
-    oracle = SparseTable(_lifecycle_config())
-    with local_cluster(servers=3, timeout=30) as cluster:
-        endpoints = list(cluster.endpoints)
-        peers = Peers(timeout=30)
-        try:
-            install_placement(peers, Placement.default(endpoints, VSHARDS, ranks=[0, 1]))
-            with ElasticClient(endpoints[:2], retry_for=60) as client:
-                client.create_table(_lifecycle_config())
-                ranks = [0, 1]
-                for index, step in enumerate(STEPS):
-                    keys, grads, clicks = _batch(1000 + index)
-                    client.push("emb", keys, grads, clicks=clicks).wait()
-                    oracle.push(keys, grads, clicks=clicks)
-                    ranks = [0, 1] if len(ranks) == 3 else [0, 1, 2]
-                    new = rebalance(peers.newest(endpoints), ranks, endpoints)
-                    try:
-                        migrate(peers, new, on_step=_crash_after(step))
-                    except _Crash:
-                        pass
-                    else:
-                        raise AssertionError(f"the driver was not stopped after {step}")
-                    keys, grads, clicks = _batch(2000 + index)  # may wait for a frozen shard
-                    pushed = _in_thread(
-                        lambda k=keys, g=grads, c=clicks: client.push("emb", k, g, clicks=c).wait()
-                    )
-                    # the same call again: migrate, or scale with the same ranks
-                    report = scale(peers, endpoints, ranks) if index % 2 else migrate(peers, new)
-                    _result(*pushed)
-                    oracle.push(keys, grads, clicks=clicks)
-                    client.decay("emb", 0.9)
-                    oracle.decay(0.9)
-                    placement = peers.newest(endpoints)
-                    assert placement.live_ranks() == ranks, (step, placement.live_ranks())
-                    assert report.version >= new.version
-                    _assert_rows_equal(peers, endpoints, oracle.export_rows())
-                np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
-        finally:
-            peers.close()
+    with _elastic_job(_lifecycle_config(), servers=3, ranks=[0, 1]) as job:
+        endpoints, peers, oracle = job.endpoints, job.peers, job.oracle
+        with ElasticClient(endpoints[:2], retry_for=60) as client:
+            client.create_table(_lifecycle_config())
+            ranks = [0, 1]
+            for index, step in enumerate(STEPS):
+                job.push(client, 1000 + index)
+                ranks = [0, 1] if len(ranks) == 3 else [0, 1, 2]
+                new = rebalance(peers.newest(endpoints), ranks, endpoints)
+                try:
+                    migrate(peers, new, on_step=_crash_after(step))
+                except _Crash:
+                    pass
+                else:
+                    raise AssertionError(f"the driver was not stopped after {step}")
+                keys, grads, clicks = _batch(2000 + index)  # may wait for a frozen shard
+                pushed = _in_thread(
+                    lambda k=keys, g=grads, c=clicks: client.push("emb", k, g, clicks=c).wait()
+                )
+                # the same call again: migrate, or scale with the same ranks
+                report = scale(peers, endpoints, ranks) if index % 2 else migrate(peers, new)
+                _result(*pushed)
+                oracle.push(keys, grads, clicks=clicks)
+                client.decay("emb", 0.9)
+                oracle.decay(0.9)
+                placement = peers.newest(endpoints)
+                assert placement.live_ranks() == ranks, (step, placement.live_ranks())
+                assert report.version >= new.version
+                _assert_rows_equal(peers, endpoints, oracle.export_rows())
+            np.testing.assert_array_equal(client.pull("emb", POOL).wait(), oracle.pull(POOL))
 
 
 def _begin_receiving(peers: Peers, current: Placement, new: Placement) -> None:
@@ -347,44 +346,36 @@ def test_a_table_wide_op_racing_the_start_of_a_move_is_redone_or_refused(tmp_pat
     """The destinations of a 3 -> 2 shrink already receive (they refuse) while the source
     has not begun (it applies): a save is sent again whole after the move and loads back
     equal (each row once); a decay raises MoveRaceError instead of applying twice."""
-    oracle = SparseTable(_lifecycle_config())
-    with local_cluster(servers=3, timeout=30) as cluster:
-        endpoints = list(cluster.endpoints)
-        peers = Peers(timeout=30)
-        try:
-            install_placement(peers, Placement.default(endpoints, VSHARDS, ranks=[0, 1, 2]))
-            with ElasticClient(endpoints, retry_for=60) as client:
-                client.create_table(_lifecycle_config())
-                for step in range(6):
-                    keys, grads, clicks = _batch(step)
-                    client.push("emb", keys, grads, clicks=clicks).wait()
-                    oracle.push(keys, grads, clicks=clicks)
-                for index, (op, done) in enumerate(
-                    [
-                        ("save", lambda: client.save("emb", tmp_path / "ckpt")),
-                        ("decay", lambda: client.decay("emb")),
-                    ]
-                ):
-                    if index:
-                        scale(peers, endpoints, [0, 1, 2])  # back to 3: shrink again
-                    current = peers.newest(endpoints)
-                    new = rebalance(current, [0, 1], endpoints)
-                    _begin_receiving(peers, current, new)
-                    waits = client.move_waits
-                    running = _in_thread(done)
-                    _wait_for(lambda w=waits: client.move_waits > w, f"the {op} to be refused")
-                    migrate(peers, new)
-                    if op == "save":
-                        files = _result(*running)
-                        assert sorted({f["rank"] for f in files}) == [0, 1]  # sent again
-                        assert client.move_waits >= waits + 2
-                        client.load("emb", files)
-                        _assert_rows_equal(peers, endpoints, oracle.export_rows())
-                    else:
-                        with pytest.raises(MoveRaceError, match="raced the start"):
-                            _result(*running)
-        finally:
-            peers.close()
+    with _elastic_job(_lifecycle_config(), servers=3, ranks=[0, 1, 2]) as job:
+        endpoints, peers, oracle = job.endpoints, job.peers, job.oracle
+        with ElasticClient(endpoints, retry_for=60) as client:
+            client.create_table(_lifecycle_config())
+            for step in range(6):
+                job.push(client, step)
+            for index, (op, done) in enumerate(
+                [
+                    ("save", lambda: client.save("emb", tmp_path / "ckpt")),
+                    ("decay", lambda: client.decay("emb")),
+                ]
+            ):
+                if index:
+                    scale(peers, endpoints, [0, 1, 2])  # back to 3: shrink again
+                current = peers.newest(endpoints)
+                new = rebalance(current, [0, 1], endpoints)
+                _begin_receiving(peers, current, new)
+                waits = client.move_waits
+                running = _in_thread(done)
+                _wait_for(lambda w=waits: client.move_waits > w, f"the {op} to be refused")
+                migrate(peers, new)
+                if op == "save":
+                    files = _result(*running)
+                    assert sorted({f["rank"] for f in files}) == [0, 1]  # sent again
+                    assert client.move_waits >= waits + 2
+                    client.load("emb", files)
+                    _assert_rows_equal(peers, endpoints, oracle.export_rows())
+                else:
+                    with pytest.raises(MoveRaceError, match="raced the start"):
+                        _result(*running)
 
 
 def test_a_move_that_never_ends_fails_table_wide_ops_in_time_and_bad_begins_are_refused():
@@ -392,28 +383,23 @@ def test_a_move_that_never_ends_fails_table_wide_ops_in_time_and_bad_begins_are_
     client's placement_retry_s with the setting named (the servers apply nothing); a
     receive-begin of shards the server owns, or with a malformed flag, is refused and the
     server lives on; re-running the migration then unblocks the decay."""
-    with local_cluster(servers=2, timeout=30) as cluster:
-        endpoints = list(cluster.endpoints)
-        peers = Peers(timeout=30)
-        try:
-            current = Placement.default(endpoints, VSHARDS, ranks=[0, 1])
-            install_placement(peers, current)
-            with ElasticClient(endpoints, retry_for=0.5) as client:
-                client.create_table(_lifecycle_config())
-                new = rebalance(current, [0], endpoints)
-                with pytest.raises(_Crash):
-                    migrate(peers, new, on_step=_crash_after("begin"))
-                t0 = time.monotonic()
-                with pytest.raises(DeadlineError, match=r"placement_retry_s"):
-                    client.decay("emb")
-                assert time.monotonic() - t0 < 10
-                owned = np.flatnonzero(current.owners == 0)[:3]
-                with pytest.raises(RemoteError, match="still this server's"):
-                    peers.call(endpoints[0], "move_begin", None, [owned], {"receive": 1})
-                with pytest.raises(ProtocolError, match="receive"):
-                    peers.call(endpoints[0], "move_begin", None, [owned], {"receive": "yes"})
-                assert sorted(p["rank"] for p in client.ping()) == [0, 1]  # both live on
-                migrate(peers, new)
+    with _elastic_job(_lifecycle_config(), servers=2, ranks=[0, 1]) as job:
+        endpoints, peers = job.endpoints, job.peers
+        current = job.placement
+        with ElasticClient(endpoints, retry_for=0.5) as client:
+            client.create_table(_lifecycle_config())
+            new = rebalance(current, [0], endpoints)
+            with pytest.raises(_Crash):
+                migrate(peers, new, on_step=_crash_after("begin"))
+            t0 = time.monotonic()
+            with pytest.raises(DeadlineError, match=r"placement_retry_s"):
                 client.decay("emb")
-        finally:
-            peers.close()
+            assert time.monotonic() - t0 < 10
+            owned = np.flatnonzero(current.owners == 0)[:3]
+            with pytest.raises(RemoteError, match="still this server's"):
+                peers.call(endpoints[0], "move_begin", None, [owned], {"receive": 1})
+            with pytest.raises(ProtocolError, match="receive"):
+                peers.call(endpoints[0], "move_begin", None, [owned], {"receive": "yes"})
+            assert sorted(p["rank"] for p in client.ping()) == [0, 1]  # both live on
+            migrate(peers, new)
+            client.decay("emb")
