@@ -3,9 +3,9 @@
 sparseps side: ``sparseps launch --server-num 1 --worker-num 2`` running the demo job
 (wide&deep, dim-8 embeddings, 400-400-400 MLP, Adam, batch 512, one pass) on generated
 Criteo-format rows. Baseline, measured in the same run on the same files: one process,
-the same model head with the embeddings in ``nn.EmbeddingBag`` tables held in memory
-(ids hashed into 2**22 rows), sparse Adam for them, the same batch size, the same
-reader. Records:
+the same model head (torch threads: the cores it may run on) with the embeddings in
+``nn.EmbeddingBag`` tables held in memory (ids hashed into 2**22 rows), sparse Adam for
+them, the same batch size, the same reader. Records:
 
 - ``samples_per_s``: training throughput (value: sparseps, baseline: PyTorch alone);
 - ``test_auc``: held-out AUC after one pass (value: sparseps, baseline: PyTorch alone);
@@ -81,6 +81,9 @@ def _baseline(folder: Path) -> dict:
     from sparseps.metrics import CTRMetrics
     from sparseps.models.wide_deep import WideDeepHead
 
+    # every core this process may run on (torch's default counts the machine's cores, which
+    # oversubscribes a run pinned with taskset to fewer)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     torch.manual_seed(0)
     slots = len(CRITEO.slots)
     head = WideDeepHead(slots, len(CRITEO.dense), 8, (400, 400, 400))
