@@ -47,6 +47,7 @@ HEAVY_FILES = frozenset(
         "online/test_online_resume.py",
         "online/test_online_scale_workers.py",
         "online/test_online_workers_steal.py",
+        "online/test_online_worker_dies.py",
         "recall/test_recall.py",
         "replication/test_replica_failover.py",
         "replication/test_replica_launch.py",

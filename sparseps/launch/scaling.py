@@ -63,6 +63,8 @@ DRAIN_LINGER_S = 1.0
 SERVER_READY_S = 60.0
 WORKERS_KEY = "elastic/workers"
 ACCEPTS_WORKERS_KEY = "elastic/accepts_workers"
+LEAVES_KEY = "elastic/leave_on_death"  # sparseps.online.leaving.LEAVES_KEY
+FIXED_KEY = "elastic/fixed_workers"  # why an online job's workers are fixed (sync, geo)
 
 
 class ScaleError(SparsePSError):
@@ -279,6 +281,13 @@ class JobScaler:
             if store.check([WORKERS_KEY]):
                 held = json.loads(store.get(WORKERS_KEY))
                 old, version = int(held["world"]), int(held["version"])
+                if held.get("left"):
+                    raise ScaleError(
+                        f"scale --workers: worker(s) {held['left']} of this job died and "
+                        "left it (their ranks are gone from the running group); scaling "
+                        "workers after a worker's death is not supported yet: stop the job "
+                        "after a pass and run it again with job.worker_num"
+                    )
             store.set(WORKERS_KEY, json.dumps({"version": version + 1, "world": count}).encode())
         finally:
             store.close()
@@ -290,6 +299,50 @@ class JobScaler:
         self.supervisor.set_world(count)  # type: ignore[attr-defined]
         return {"workers_before": old, "workers_after": count, "workers_started": started,
                 "version": version + 1}  # fmt: skip
+
+    def worker_died(self, rank: int, current: int) -> str | None:
+        """Record that worker ``rank`` died as a leave: ``elastic/workers`` gets version
+        + 1, ``members`` without it and ``left`` with it (:mod:`sparseps.online.leaving`).
+        Returns "" when recorded, else why the job cannot go on without it (nothing is
+        written), or None when its workers do not follow membership at all (not an
+        online job: nothing to say). ``current`` is the world when no scale was recorded
+        yet."""
+        if rank == 0 or self.master is None:
+            # worker 0 hosts the workers' store (and an online job's ledger): its death
+            # ends the job as it always did
+            return None
+        master = self.master()
+        try:
+            store = ZmqStore(master, timeout_s=2.0, setting="-", what="rendezvous store",
+                             security=self.security)  # fmt: skip
+        except SparsePSError as exc:
+            return f"the workers' store at {master} does not answer ({exc})"
+        try:
+            if store.check([FIXED_KEY]):  # an online job in sync or geo mode
+                return store.get(FIXED_KEY).decode(errors="replace")
+            if not store.check([LEAVES_KEY]):
+                if not store.check([ACCEPTS_WORKERS_KEY]):
+                    return None  # not a job that follows membership: fails as it always did
+                return (
+                    "this async online job does not take a worker's death as a leave: that "
+                    "needs data.split: steal and data.lease_s; rerun the job to resume from "
+                    "its newest checkpoint"
+                )
+            held: dict = {"version": 0, "world": current}
+            if store.check([WORKERS_KEY]):
+                held = json.loads(store.get(WORKERS_KEY))
+            members = [int(r) for r in held.get("members", range(int(held["world"])))]
+            members = [r for r in members if r != rank]
+            left = sorted({*(int(r) for r in held.get("left", [])), rank})
+            record = {"version": int(held["version"]) + 1, "world": len(members),
+                      "members": members, "left": left}  # fmt: skip
+            store.set(WORKERS_KEY, json.dumps(record).encode())
+        except (SparsePSError, ValueError, KeyError, TypeError) as exc:
+            return f"recording its leave in the workers' store at {master} failed ({exc})"
+        finally:
+            store.close()
+        log.warning("worker %d died: recorded as a leave (%s = %s)", rank, WORKERS_KEY, record)
+        return ""
 
 
 class ScaleService:
@@ -310,6 +363,11 @@ class ScaleService:
         self._store = ZmqStore(self.address, timeout_s=10.0, setting="-", what="control store",
                                security=security)  # fmt: skip
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # a scale request and a worker's death, one at a time
+        from .supervisor import Supervisor
+
+        if isinstance(scaler.supervisor, Supervisor):  # a dead worker of an online job leaves
+            scaler.supervisor.worker_left = self.worker_died
         self._thread = threading.Thread(target=self._run, name="sparseps-scale", daemon=True)
         self._thread.start()
 
@@ -329,7 +387,8 @@ class ScaleService:
             if not isinstance(request, dict) or not isinstance(request.get("id"), str):
                 log.warning("control store: a malformed scale request was dropped")
                 continue
-            result = self._serve(request)
+            with self._lock:
+                result = self._serve(request)
             try:
                 self._store.set(f"scale/result/{request.get('id')}", json.dumps(result).encode())
                 self._store.set("scale/busy", b"0")
@@ -354,6 +413,14 @@ class ScaleService:
             log.exception("scale failed")
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         return out
+
+    def worker_died(self, rank: int, code: int) -> str | None:  # noqa: ARG002 - the supervisor's hook
+        """The supervisor's ``worker_left``: record a dead worker's leave (or say why not)."""
+        with self._lock:
+            why = self.scaler.worker_died(rank, self.world)
+            if not why:
+                self.world -= 1
+            return why
 
     def close(self) -> None:
         self._stop.set()

@@ -115,6 +115,11 @@ class Supervisor:
             (e.g. ``{"SPARSEPS_MASTER": <a fresh port>}``). Every worker gets
             ``SPARSEPS_RESTART_COUNT`` = its generation.
         extra_record: more top-level fields of ``pids.json`` (the launcher's ports).
+        worker_left: asked when worker ``rank`` exits with a non-zero ``code``: records
+            its death as a leave and returns "" (the others go on without it: no failure,
+            no restart), or says why the job cannot go on without it, or None when the
+            job's workers do not follow membership (both: it fails or restarts as usual). Set by :class:`sparseps.launch.scaling.ScaleService` for
+            jobs that follow membership (an online job's workers: docs/elastic.md).
     """
 
     children: list[ChildSpec]
@@ -126,6 +131,7 @@ class Supervisor:
     node: str = ""
     restart_env: Callable[[int], Mapping[str, str]] | None = None
     extra_record: Mapping[str, object] = field(default_factory=dict)
+    worker_left: Callable[[int, int], str | None] | None = None
 
     def __post_init__(self) -> None:
         from ..observe.registry import launcher_metrics
@@ -349,6 +355,8 @@ class Supervisor:
                     log.info("worker %d finished", child.spec.rank)
                 elif (server := self._exited_server(settle=True)) is not None:
                     return self._fail(server)  # the worker failed because a server died
+                elif self._left(child):
+                    continue
                 elif self._restarts_left():
                     restart = (child, "")
                     break
@@ -381,6 +389,35 @@ class Supervisor:
             self._warn_quiet()
             self.roles()  # keeps sparseps_launcher_role_up current
             time.sleep(self.config.poll_s)
+
+    def _left(self, child: _Child) -> bool:
+        """Whether a worker that exited non-zero left the job (``worker_left``): its spec
+        is dropped (a group restart would not start it again) and the job completes
+        without it."""
+        if self.worker_left is None:
+            return False
+        rank, code = child.spec.rank, child.exit_code
+        assert code is not None, "asked once it exited"
+        try:
+            why = self.worker_left(rank, code)
+        except Exception as exc:  # never kill the launcher; the job fails as before
+            why = f"recording its leave failed: {type(exc).__name__}: {exc}"
+        if why is None:
+            return False
+        if why:
+            log.error("%s (pid %d) exited with code %d and the job cannot go on without it: "
+                      "%s", child.spec.name, child.proc.pid, code, why)  # fmt: skip
+            return False
+        with self._lock:
+            self.children[:] = [
+                c for c in self.children if not (c.role is Role.WORKER and c.rank == rank)
+            ]
+            self._workers_left.discard(rank)
+            self.set_world(0)
+        log.warning("%s (pid %d) exited with code %d: it LEFT the job (recorded in the "
+                    "workers' membership); the other workers finish its pass and go on "
+                    "without it", child.spec.name, child.proc.pid, code)  # fmt: skip
+        return True
 
     def _interrupted(self, signum: int) -> Outcome:
         name = signal.Signals(signum).name

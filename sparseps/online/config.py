@@ -162,6 +162,12 @@ class DataConfig:
         split: how a pass's files are shared among the workers: ``static`` (worker ``r``
             of ``w`` reads ``files[r::w]``) or ``steal`` (each worker takes the next file
             from a queue shared by the pass's workers, docs/data.md §6.1).
+        lease_s: with ``split: steal``, a worker silent this long loses its claimed file
+            to the others (docs/data.md §6.1); in an async job a worker that dies while it
+            trains then *leaves*: the others re-read its files and finish the pass
+            (docs/online.md, "Workers joining and leaving"). Each worker then shuffles its
+            own files' rows (no global shuffle), so a dead worker's rows are its files'.
+            ``null`` (default): no lease, a worker's death fails the pass.
     """
 
     root: str = ""
@@ -178,6 +184,7 @@ class DataConfig:
     shuffle_seed: int | None = 0
     preload: bool = True
     split: str = "static"
+    lease_s: float | None = None
     pipe_command: str | None = None
     schema: str | dict | None = None
 
@@ -219,6 +226,11 @@ class DataConfig:
             check_int("data.shuffle_seed", self.shuffle_seed, 0)
         check_bool("data.preload", self.preload)
         check_choice("data.split", self.split, ("static", "steal"))
+        if self.lease_s is not None:
+            check_float("data.lease_s", self.lease_s, 0.0, open_lo=True)
+            if self.split != "steal":
+                raise ConfigError("data.lease_s: needs data.split: steal (a lease hands a "
+                                  "claimed file to the others)")  # fmt: skip
 
     def _check_schema(self):
         value = self.schema
@@ -267,6 +279,7 @@ class DataConfig:
             "format": self.format,
             "max_bad_ratio": self.max_bad_ratio,
             "split": self.split,
+            **({"lease_s": self.lease_s} if self.lease_s is not None else {}),
         }
 
     def dataset_schema(self) -> Schema:

@@ -41,6 +41,12 @@ was cut for the old world) and loads it again; a worker whose rank is beyond the
 leaves after the pass's ledger line (exit 0), and a newcomer joins with the state worker
 0 put in the decision (last pass, trained passes, whether a base exists).
 
+A worker that dies mid-pass (async, ``data.split: steal``, ``data.lease_s``): each
+worker trains its own files' rows (a local shuffle), its training data ends at a fence on
+the store where the survivors learn of the death, re-form their group and re-read the
+dead worker's files before the pass's metrics are reduced (:mod:`sparseps.online.leaving`);
+the record gets ``left``, ``rows_reread`` and ``rows_trained``.
+
 Before any of it, worker 0 takes the model directory's lock
 (:mod:`sparseps.online.lock`; already held for it when ``sparseps online`` launched the
 job): a second job on the same folder stops here, before it deletes or writes anything.
@@ -64,6 +70,7 @@ from ..errors import CheckpointError, ConfigError, DeadlineError
 from ..observe.registry import online_pass
 from .config import OnlineConfig
 from .layout import DataLayout, PassId
+from .leaving import Fence, LeaveAware
 from .ledger import Ledger
 from .lock import ModelDirLock
 from .membership import Membership
@@ -193,7 +200,7 @@ class OnlineDriver:
     # -- data --------------------------------------------------------------------------
 
     def _dataset(self, folders, *, queue: bool = False, world: int | None = None,
-                 steal_key: str | None = None):  # fmt: skip
+                 steal_key: str | None = None, rank: int | None = None):  # fmt: skip
         """A dataset of ``folders`` for ``world`` workers (default: the current pass's);
         ``steal_key`` names its file queue with ``data.split: steal`` (equal on every
         worker of the pass; default: the datasets' own count)."""
@@ -204,16 +211,35 @@ class OnlineDriver:
         options = data.dataset_options()
         if queue:  # prediction and checks read a fixed share: no queue shared with others
             options["split"] = "static"
+            options.pop("lease_s", None)
+            # the share of the group rank (launch ranks need not be contiguous once a
+            # worker left: sparseps.online.leaving)
+            rank = self._group_rank() if rank is None else rank
         elif steal_key is not None and options.get("split") == "steal":
             options["steal_key"] = steal_key
         return kind(
             [str(f) for f in folders], data.dataset_schema(), data.batch_size, threads,
-            rank=self.rank, world=self.world if world is None else world, **options,
+            rank=self.rank if rank is None else rank,
+            world=self.world if world is None else world, **options,
         )  # fmt: skip
+
+    def _group_rank(self) -> int:
+        return self.rank if self.members is None else self.members.group_rank
+
+    @property
+    def leaves(self) -> bool:
+        """Whether a worker that dies mid-pass leaves (the others finish the pass):
+        members, ``data.split: steal`` and ``data.lease_s`` (:mod:`.leaving`)."""
+        data = self.config.data
+        return self.members is not None and data.split == "steal" and data.lease_s is not None
 
     def _loader(self, pass_id: PassId) -> _Loader:
         """Start loading ``pass_id``'s share for the current membership."""
         world = self.world
+        if self.members is not None and self.config.data.split == "steal":
+            # a queue's claimer is named by its launch rank, which must be < world; once a
+            # worker left, launch ranks are not 0..world-1 (sparseps.online.leaving)
+            world = max(max(self.members.members) + 1, world)
         version = 0 if self.members is None else self.members.version
         key = f"online/{pass_id.seq}/v{version}"
 
@@ -292,7 +318,7 @@ class OnlineDriver:
         else:
             last_seq = self.resume()
             if self.members is not None:
-                self.members.start()
+                self.members.start(leaves=self.leaves)
         todo = [p for p in self.layout.passes() if p.seq > last_seq]
         records = []
         if self.rank == 0:
@@ -379,7 +405,11 @@ class OnlineDriver:
         online_pass().set(pass_id.seq)
         self._phase("pass_start", pass_id)
         if config.data.shuffle_seed is not None:
-            dataset.global_shuffle(seed=config.data.shuffle_seed * 1_000_003 + pass_id.seq)
+            seed = config.data.shuffle_seed * 1_000_003 + pass_id.seq
+            if self.leaves:  # each worker trains its own files' rows (re-read if it dies)
+                dataset.local_shuffle(seed=seed * 64 + self.rank)
+            else:
+                dataset.global_shuffle(seed=seed)
         progressive = trainer.evaluate(dataset)
         record = {
             "kind": "pass", "seq": pass_id.seq, "day": pass_id.day, "pass": pass_id.index,
@@ -396,10 +426,21 @@ class OnlineDriver:
             pass_id.index, self.layout.per_day, delta_every=save.delta_every,
             checkpoint_every=save.checkpoint_every, has_base=self._has_base,
         )  # fmt: skip
+        fence = None
+        if self.leaves:
+            assert self.members is not None, "leaves needs members"
+            fence = Fence(self.members, pass_id.seq, timeout_s=config.job.collective_timeout_s)
+            dataset = LeaveAware(dataset, list(dataset.files), fence, self._reread)
         if self.on_phase is not None:
             dataset = CountingDataset(dataset, self.on_phase, pass_id, self.rank)
         result = trainer.train_from_dataset(dataset, print_period=0)
         record.update(trained=True, train=result.metrics.to_dict(), samples=result.metrics.count)
+        if fence is not None and fence.departed:  # workers died and left (leaving.py)
+            assert self.members is not None, "a fence has members"
+            self.world = len(self.members.members)
+            record.update(fence.summary(), workers_after=self.world,
+                          members=list(self.members.members))  # fmt: skip
+            record["rows_trained"] = record["samples"] + record["rows_reread"]
         saved = record["saved"] = {}
         if plan.end_of_day:
             trainer.decay(config.model.decay_rate)
@@ -455,6 +496,10 @@ class OnlineDriver:
             log.info("online pass record: %s", json.dumps(record, sort_keys=True))
             self._phase("ledger_written", pass_id)
         collectives.barrier()
+
+    def _reread(self, files: list[str]):
+        """A departed worker's files, read from their start (this survivor's share)."""
+        return self._dataset(files, queue=True, world=1, rank=0)
 
     def _predicts(self, pass_id: PassId, end_of_day: bool) -> bool:
         predict = self.config.predict

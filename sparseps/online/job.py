@@ -118,6 +118,7 @@ def _members(config, rank: int, newcomer: bool):
     """The worker's membership (None: the workers are fixed)."""
     import sparseps as sps
     from sparseps.core import worker_store
+    from sparseps.online.leaving import FIXED_KEY
     from sparseps.online.membership import Membership
 
     store = worker_store.current()
@@ -125,6 +126,11 @@ def _members(config, rank: int, newcomer: bool):
         if rank == 0 and store is not None:
             log.info("job.mode %s: workers are fixed for the run (scaling workers needs "
                      "async mode); sparseps scale --workers is refused", config.job.mode)  # fmt: skip
+            # what the launcher says when one of them dies (sparseps.online.leaving)
+            store.set(FIXED_KEY, f"job.mode {config.job.mode} trains with a fixed set of "
+                      "workers, so a worker's death fails the job (a worker that dies leaves "
+                      "only an async job with data.split: steal and data.lease_s); rerun it to "
+                      "resume from its newest checkpoint")  # fmt: skip
         return None
     data, job = config.data, config.job
     world = 0 if newcomer else sps.worker_num()

@@ -28,6 +28,12 @@ group's rendezvous until the newcomers arrive, so a newcomer only needs the late
 decision; a newcomer that never comes fails the members' rendezvous after
 ``job.collective_timeout_s``.
 
+A worker that dies mid-pass (async, ``data.split: steal`` and ``data.lease_s``) leaves:
+the launcher adds ``members`` (the launch ranks that remain) and ``left`` (the dead ones)
+to ``elastic/workers``, and the group ranks the members by their sorted launch ranks
+(:attr:`Membership.group_rank`); the pass's survivors re-form at once
+(:meth:`Membership.regroup`, :mod:`sparseps.online.leaving`).
+
 Collectives count the group's members, so barriers, metric all-reduces and the global
 shuffle of a pass use the pass's world. Before the role layer's own gloo set-up, a
 newcomer is detected (:func:`is_newcomer`) and given a group of one, so that
@@ -73,6 +79,9 @@ class Decision:
         previous: the world of the pass before the boundary.
         state: what a newcomer needs of the driver (last seq, passes, has_base, ...).
         end: the job has no pass left (waiting newcomers exit).
+        members: the launch ranks that train the next pass, when they are not
+            ``0..world-1`` (a worker died and left: :mod:`sparseps.online.leaving`); the
+            gloo group ranks them in this order.
     """
 
     boundary: int
@@ -81,6 +90,12 @@ class Decision:
     previous: int
     state: dict[str, Any] = field(default_factory=dict)
     end: bool = False
+    members: list[int] | None = None
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The launch ranks of the next pass's workers, in group-rank order."""
+        return tuple(range(self.world)) if self.members is None else tuple(self.members)
 
     def dumps(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -109,13 +124,43 @@ def requested_workers(store, default: tuple[int, int]) -> tuple[int, int]:
     return version, world
 
 
-def _published(store) -> tuple[int, int] | None:
-    """``(version, world)`` of the running group, as worker 0 last published it."""
+def requested_members(store, version: int, members: tuple[int, ...]
+                      ) -> tuple[int, tuple[int, ...], tuple[int, ...]]:  # fmt: skip
+    """``(version, members, left)`` of ``elastic/workers``: the launch ranks that should
+    train (its ``members`` list, else ``0..world-1``) and the ranks whose process died and
+    left (``left``, written by the launcher: :mod:`sparseps.online.leaving`). The given
+    ``version`` and ``members`` when the key is absent or malformed (logged, ignored)."""
+    default = (version, tuple(members), ())
+    if not store.check([ELASTIC_KEY]):
+        return default
+    raw = store.get(ELASTIC_KEY)
+    try:
+        value = json.loads(raw)
+        got, world = value["version"], value["world"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (got, world)):
+            raise TypeError("version and world must be integers")
+        if got < 0 or not 1 <= world <= MAX_WORKERS:
+            raise ValueError(f"version >= 0 and 1 <= world <= {MAX_WORKERS}")
+        listed = value.get("members")
+        ranks = tuple(range(world)) if listed is None else tuple(sorted(int(r) for r in listed))
+        if len(set(ranks)) != world or min(ranks) < 0:
+            raise ValueError(f"members {listed!r} do not name {world} distinct ranks")
+        left = tuple(sorted(int(r) for r in value.get("left", [])))
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.error("%s holds %r (%s); ignored, the workers stay as they are", ELASTIC_KEY, raw, exc)
+        return default
+    return got, ranks, left
+
+
+def _published(store) -> tuple[int, tuple[int, ...]] | None:
+    """``(version, members)`` of the running group, as worker 0 last published it."""
     key = f"{PREFIX}/current"
     if not store.check([key]):
         return None
     value = json.loads(store.get(key))
-    return int(value["version"]), int(value["world"])
+    members = value.get("members")
+    ranks = tuple(range(int(value["world"]))) if members is None else tuple(members)
+    return int(value["version"]), ranks
 
 
 def is_newcomer(env, *, timeout_s: float) -> bool:
@@ -133,7 +178,7 @@ def is_newcomer(env, *, timeout_s: float) -> bool:
         current = _published(store)
     finally:
         store.close()
-    return current is not None and env.rank >= current[1]
+    return current is not None and env.rank not in current[1]
 
 
 def single_group() -> None:
@@ -163,18 +208,48 @@ class Membership:
                  collective_timeout_s: float, wait_s: float, poll_s: float = 0.05) -> None:  # fmt: skip
         self.store, self.rank = store, rank
         self.version, self.world = version, world
+        self._listed: tuple[int, ...] | None = None  # members when not 0..world-1
         self.boundary = 0
         self.collective_timeout_s, self.wait_s, self.poll_s = collective_timeout_s, wait_s, poll_s
 
-    def start(self) -> None:
-        """Worker 0, at the job's start: publish the group and accept worker scaling."""
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The launch ranks of the running group, in group-rank order: ``0..world-1``
+        until a worker died and left (:mod:`sparseps.online.leaving`)."""
+        listed = self._listed
+        return (
+            listed if listed is not None and len(listed) == self.world else tuple(range(self.world))
+        )
+
+    @members.setter
+    def members(self, ranks: tuple[int, ...]) -> None:
+        ranks = tuple(sorted(ranks))
+        self.world = len(ranks)
+        self._listed = None if ranks == tuple(range(len(ranks))) else ranks
+
+    @property
+    def group_rank(self) -> int:
+        """This worker's rank in the running gloo group (its launch rank until a worker
+        left: then its place among the members)."""
+        return self.members.index(self.rank)
+
+    def start(self, *, leaves: bool = False) -> None:
+        """Worker 0, at the job's start: publish the group and accept worker scaling;
+        ``leaves``: a worker's death is a leave (``elastic/leave_on_death``, read by the
+        launcher: :mod:`sparseps.online.leaving`)."""
         if self.rank == 0:
             self._publish()
             self.store.set(ACCEPTS_KEY, "1")
+            if leaves:
+                from .leaving import LEAVES_KEY
+
+                self.store.set(LEAVES_KEY, "1")
 
     def _publish(self) -> None:
-        value = json.dumps({"version": self.version, "world": self.world})
-        self.store.set(f"{PREFIX}/current", value)
+        value: dict[str, Any] = {"version": self.version, "world": self.world}
+        if self.members != tuple(range(self.world)):
+            value["members"] = list(self.members)
+        self.store.set(f"{PREFIX}/current", json.dumps(value))
 
     # -- members ------------------------------------------------------------------------
 
@@ -183,10 +258,12 @@ class Membership:
         k = self.boundary + 1
         key = f"{PREFIX}/decision/{k}"
         if self.rank == 0:
-            version, world = requested_workers(self.store, (self.version, self.world))
+            version, members, _ = requested_members(self.store, self.version, self.members)
             if version <= self.version:  # nothing new (or an older request): keep the group
-                version, world = self.version, self.world
-            decision = Decision(k, version, world, self.world, state)
+                version, members = self.version, self.members
+            world = len(members)
+            listed = None if members == tuple(range(world)) else list(members)
+            decision = Decision(k, version, world, self.world, state, members=listed)
             self.store.set(key, decision.dumps())
             self.store.set(f"{PREFIX}/latest", str(k))
             if version != self.version:
@@ -203,7 +280,8 @@ class Membership:
             return True
         self._leave_group()
         self.version, self.world = decision.version, decision.world
-        if self.rank >= decision.world:
+        self.members = decision.ranks
+        if self.rank not in self.members:
             log.info("worker %d leaves the job at boundary %d (workers now %d)",
                      self.rank, decision.boundary, decision.world)  # fmt: skip
             return False
@@ -222,7 +300,12 @@ class Membership:
             decision = Decision(k, self.version, self.world, self.world, state, end=True)
             self.store.set(f"{PREFIX}/decision/{k}", decision.dumps())
             self.store.set(f"{PREFIX}/latest", str(k))
-        elif self.version > 0:
+            # workers that died and left (sparseps.online.leaving) never reach the exit
+            # barrier worker 0 waits on before it closes the store (sparseps.role): their
+            # leave stands for it
+            for rank in requested_members(self.store, self.version, self.members)[2]:
+                self.store.set(f"sparseps/exit/{rank}", "1")
+        elif self.version > 0 or self.members != tuple(range(len(self.members))):
             self._leave_group()
 
     # -- newcomers ----------------------------------------------------------------------
@@ -244,6 +327,7 @@ class Membership:
                         return None
                     self.boundary = decision.boundary
                     self.version, self.world = decision.version, decision.world
+                    self.members = decision.ranks
                     return decision
             if time.monotonic() > deadline:
                 raise DeadlineError(
@@ -310,16 +394,27 @@ class Membership:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def _form_group(self) -> None:
+    def _form_group(self, prefix: str | None = None) -> None:
         import torch.distributed as dist
 
         start = time.perf_counter()
         dist.init_process_group(
             backend="gloo",
-            store=dist.PrefixStore(f"{PREFIX}/group/{self.version}", self.store),
-            rank=self.rank,
-            world_size=self.world,
+            store=dist.PrefixStore(prefix or f"{PREFIX}/group/{self.version}", self.store),
+            rank=self.group_rank,
+            world_size=len(self.members),
             timeout=timedelta(seconds=self.collective_timeout_s),
         )
-        log.info("worker %d of %d: group of membership version %d formed in %.2f s",
-                 self.rank, self.world, self.version, time.perf_counter() - start)  # fmt: skip
+        log.info("worker %d (group rank %d of %d): group of membership version %d formed "
+                 "in %.2f s", self.rank, self.group_rank, len(self.members), self.version,
+                 time.perf_counter() - start)  # fmt: skip
+
+    def regroup(self, members: tuple[int, ...], prefix: str) -> None:
+        """Mid-pass, after a member died (:mod:`sparseps.online.leaving`): leave the gloo
+        group and form one of ``members`` (launch ranks, group order) under ``prefix``.
+        The version stays: the launcher's record of the leave (a newer version) is taken
+        at the next boundary, which re-forms the group once more and drops a pass
+        preloaded with the dead worker."""
+        self._leave_group()
+        self.members, self.world = tuple(members), len(members)
+        self._form_group(prefix)
