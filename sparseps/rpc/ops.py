@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["OPS", "SHARD_WRITE_OPS", "UPDATE_OPS", "BufSpec", "OpSchema"]
+__all__ = ["OPS", "PLACED_OPS", "SHARD_WRITE_OPS", "UPDATE_OPS", "BufSpec", "OpSchema"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,11 @@ _VEC = BufSpec("values", "float32", 1)
 _VSHARDS = BufSpec("vshards", "int64", 1)
 _NONE = type(None)
 
+# The table-wide ops of an elastic job carry the placement version the client sent them
+# under: a server of another version refuses them (sparseps.server.elastic_ops), so a
+# server that applies one did so under the placement the client knows.
+_PLACED: dict = {"placement_version": ((int,), False)}
+
 OPS: dict[str, OpSchema] = {
     "ping": OpSchema(),
     "stop": OpSchema(),
@@ -77,10 +82,10 @@ OPS: dict[str, OpSchema] = {
         optional=(_SHOWS, _CLICKS),
         same_rows=("keys", "rows", "shows", "clicks"),
     ),
-    "decay": OpSchema(table=True, args={"rate": ((float, int, _NONE), False)}),
-    "shrink": OpSchema(table=True),
-    "save": OpSchema(table=True, args={"directory": ((str,), True)}),
-    "load": OpSchema(table=True, args={"files": ((list,), True)}),
+    "decay": OpSchema(table=True, args={"rate": ((float, int, _NONE), False), **_PLACED}),
+    "shrink": OpSchema(table=True, args=_PLACED),
+    "save": OpSchema(table=True, args={"directory": ((str,), True), **_PLACED}),
+    "load": OpSchema(table=True, args={"files": ((list,), True), **_PLACED}),
     "create_dense": OpSchema(
         table=True,
         optional=(_VEC,),
@@ -95,9 +100,9 @@ OPS: dict[str, OpSchema] = {
         table=True, args={"path": ((str,), True), "sha256": ((str, _NONE), False)}
     ),
     "save_inference": OpSchema(
-        table=True, args={"directory": ((str,), True), "mode": ((str,), True)}
+        table=True, args={"directory": ((str,), True), "mode": ((str,), True), **_PLACED}
     ),
-    "commit_inference": OpSchema(table=True),
+    "commit_inference": OpSchema(table=True, args=_PLACED),
     # replicated shards (sparseps.server.replica_ops): a shard's epoch and live copies; a
     # copy paused and saved for a replacement server; the replacement is in sync
     "shard_info": OpSchema(),
@@ -143,6 +148,8 @@ OPS: dict[str, OpSchema] = {
     "move_drop": OpSchema(table=True, bufs=(_VSHARDS,)),
 }
 
+# The table-wide ops that a server in a move refuses, sent with the client's placement version.
+PLACED_OPS = frozenset(op for op, schema in OPS.items() if "placement_version" in schema.args)
 # Ops that change a table by adding to it (write_rows: its counters): sent with (client, seq) and applied once per
 # seq, so that a request sent again after a timeout cannot be applied twice.
 UPDATE_OPS = frozenset({"push", "push_delta", "write_rows", "push_dense", "push_dense_delta"})

@@ -45,6 +45,7 @@ import numpy as np
 from ..core.placement import Placement
 from ..errors import DeadlineError, RemoteError, SparsePSError, UnavailableError
 from .handle import Handle
+from .ops import PLACED_OPS
 from .replicated import ShardRequest
 
 if TYPE_CHECKING:
@@ -213,7 +214,12 @@ class PlacementRouting:
             limit = channel.timeout if timeout is None else float(timeout)
             deadline = time.monotonic() + limit
             sent_at = self.placement
-            calls = [(rank, channel.submit(rank, op, table, (), args)) for rank in todo]
+            # sent with its placement version: a server of another version refuses it, so
+            # each server that applies it does so under ``sent_at`` (see _raced)
+            placed = dict(args or {})
+            if sent_at is not None and op in PLACED_OPS:
+                placed["placement_version"] = sent_at.version
+            calls = [(rank, channel.submit(rank, op, table, (), placed)) for rank in todo]
             contacted.update(todo)
             refused, error = [], None
             for rank, call in calls:

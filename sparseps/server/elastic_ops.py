@@ -191,6 +191,15 @@ class ElasticOps:
                 f"{self._placement.version + 1 if self._placement else '?'} runs); "
                 "send it again once the migration ended"
             )
+        sent = request.args.get("placement_version")
+        if sent is not None and self._placement is not None and sent != self._placement.version:
+            # the sender's placement is not this server's (a bump just landed here or is
+            # about to): applied now, the client could not tell which shards it reached
+            raise MoveInProgressError(
+                f"server {self.rank}: {request.op} {request.table!r} refused: sent for "
+                f"placement version {sent}, this server has version {self._placement.version}; "
+                "send it again with the newest placement"
+            )
 
     def _owned_mask(self, keys: np.ndarray) -> np.ndarray | None:
         """Which of ``keys`` this server owns under its placement (None: no placement)."""

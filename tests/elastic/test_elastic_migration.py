@@ -287,6 +287,40 @@ def test_decay_shrink_and_save_while_shards_move_equal_the_oracle(tmp_path):
             _assert_rows_equal(peers, endpoints, saved["rows"])
 
 
+def test_a_decay_sent_under_an_old_placement_is_refused_and_sent_again(monkeypatch):
+    """A bump lands on the servers between the client's placement refresh and its send
+    (as when a migration ends while a decay waits for it): the servers refuse the decay,
+    whose placement version is not theirs, and get it again under the new placement, so
+    the rows moved to the new server get it too. Applied under the old placement, the
+    new server was never asked (rows without the decay) or, with a refusal in the same
+    call, the client took it for a race with a move's start (a MoveRaceError in a
+    clean-clone CI run)."""
+    with _elastic_job(_lifecycle_config(), servers=3, ranks=[0, 1]) as job:
+        endpoints, peers, oracle = job.endpoints, job.peers, job.oracle
+        with ElasticClient(endpoints[:2], retry_for=60) as client:
+            client.create_table(_lifecycle_config())
+            for step in range(6):
+                job.push(client, step)
+            assert client.placement.version == job.placement.version
+            scale(peers, endpoints, [0, 1, 2])  # the client sees none of it
+            refresh, skipped = client.refresh_placement, []
+
+            def stale_first(*args, **kwargs):  # the bump lands just after this refresh
+                if not skipped:
+                    skipped.append(client.placement.version)
+                    return client.placement
+                return refresh(*args, **kwargs)
+
+            monkeypatch.setattr(client, "refresh_placement", stale_first)
+            waits = client.move_waits
+            client.decay("emb")
+            oracle.decay()
+            assert skipped == [job.placement.version]
+            assert client.move_waits > waits  # refused once for its old version
+            assert client.placement.version > job.placement.version
+            _assert_rows_equal(peers, endpoints, oracle.export_rows())
+
+
 class _Crash(Exception):
     pass
 
