@@ -77,7 +77,8 @@ def scale_job(log_dir: str | os.PathLike, *, servers: int | None = None,
     """Resize the running job launched with ``--log-dir log_dir``; returns the launcher's
     report (``servers_before``, ``servers_after``, ``started``, ``stopped``,
     ``vshards_moved``, ``rows_moved``, ``seconds``, ``longest_cutover_s``; with workers
-    ``workers_before``, ``workers_after``, ``workers_started``).
+    ``workers_before``, ``workers_after``, ``workers_started``, and ``members``, ``left``
+    once a worker died and left: the launch ranks that train, the dead ones).
 
     Raises:
         ConfigError: neither ``servers`` nor ``workers``, or a count < 1.
@@ -152,7 +153,9 @@ def _describe(report: dict) -> str:
     if "workers_before" in report:
         lines.append(f"workers {report['workers_before']} -> {report['workers_after']}"
                      + (f"; started workers {report['workers_started']}"
-                        if report.get("workers_started") else ""))  # fmt: skip
+                        if report.get("workers_started") else "")
+                     + (f"; members {report['members']} (left: {report['left']})"
+                        if report.get("members") else ""))  # fmt: skip
     return "\n".join(lines)
 
 

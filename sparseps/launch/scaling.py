@@ -53,6 +53,7 @@ __all__ = [
     "NewServer",
     "ScaleError",
     "ScaleService",
+    "plan_workers",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,36 @@ WORKERS_KEY = "elastic/workers"
 ACCEPTS_WORKERS_KEY = "elastic/accepts_workers"
 LEAVES_KEY = "elastic/leave_on_death"  # sparseps.online.leaving.LEAVES_KEY
 FIXED_KEY = "elastic/fixed_workers"  # why an online job's workers are fixed (sync, geo)
+
+
+def plan_workers(held: dict, count: int) -> tuple[list[int], list[int], dict]:
+    """The members after a scale to ``count`` workers, from ``held`` (``elastic/workers``
+    as it stands: ``{"version", "world"}`` and, once a worker died and left, ``members``
+    and ``left``). Returns ``(members, left, record)``, ``record`` being the new value of
+    ``elastic/workers`` (version + 1).
+
+    A shrink keeps the lowest ``count`` member ranks (the highest leave at their next pass
+    boundary). A grow starts the lowest ranks that are neither members nor in ``left``:
+    ``old..count-1`` while no worker died; a dead worker's rank is never used again (a
+    launch rank names one process for the job's life: the fence takes a member named in
+    ``left`` for dead, and logs, steal heartbeats and file owners keep meaning one
+    process). ``members`` and ``left`` stay in the record once a worker left.
+    """
+    members = sorted(int(r) for r in held.get("members", range(int(held["world"]))))
+    left = sorted(int(r) for r in held.get("left", []))
+    if count <= len(members):
+        members = members[:count]
+    else:
+        taken, rank = {*members, *left}, 0
+        while len(members) < count:
+            if rank not in taken:
+                members.append(rank)
+            rank += 1
+        members.sort()
+    record: dict = {"version": int(held["version"]) + 1, "world": count}
+    if left or members != list(range(count)):
+        record.update(members=members, left=left)
+    return members, left, record
 
 
 class ScaleError(SparsePSError):
@@ -276,29 +307,29 @@ class JobScaler:
                 )
             if self.new_worker is None:
                 raise ScaleError("scale --workers: this launcher cannot start workers")
-            old = current
-            version = 0
+            held: dict = {"version": 0, "world": current}
             if store.check([WORKERS_KEY]):
                 held = json.loads(store.get(WORKERS_KEY))
-                old, version = int(held["world"]), int(held["version"])
-                if held.get("left"):
-                    raise ScaleError(
-                        f"scale --workers: worker(s) {held['left']} of this job died and "
-                        "left it (their ranks are gone from the running group); scaling "
-                        "workers after a worker's death is not supported yet: stop the job "
-                        "after a pass and run it again with job.worker_num"
-                    )
-            store.set(WORKERS_KEY, json.dumps({"version": version + 1, "world": count}).encode())
+            version = int(held["version"])
+            members, left, record = plan_workers(held, count)
+            store.set(WORKERS_KEY, json.dumps(record).encode())
         finally:
             store.close()
-        started = list(range(old, count))
+        old = [int(r) for r in held.get("members", range(int(held["world"])))]
+        started = [r for r in members if r not in old]
         new_worker = self.new_worker
         assert new_worker is not None  # checked above, before anything was announced
+        # a launch rank need not be below the world once a worker left: the new process's
+        # worker count covers the highest member (SPARSEPS_RANK < SPARSEPS_WORKER_NUM)
+        worker_num = max(members) + 1
         for rank in started:
-            self.supervisor.add_child(new_worker(rank, count))  # type: ignore[attr-defined]
+            self.supervisor.add_child(new_worker(rank, worker_num))  # type: ignore[attr-defined]
         self.supervisor.set_world(count)  # type: ignore[attr-defined]
-        return {"workers_before": old, "workers_after": count, "workers_started": started,
-                "version": version + 1}  # fmt: skip
+        report = {"workers_before": len(old), "workers_after": count, "workers_started": started,
+                  "version": version + 1}  # fmt: skip
+        if "members" in record:
+            report.update(members=members, left=left)
+        return report
 
     def worker_died(self, rank: int, current: int) -> str | None:
         """Record that worker ``rank`` died as a leave: ``elastic/workers`` gets version

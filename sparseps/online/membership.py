@@ -10,14 +10,14 @@ worker 0 sets when its job can follow membership changes (async mode).
 Why worker 0 decides and the others read: every member must use the same world for a
 pass, and the request may change at any moment. At each pass boundary worker 0 alone
 reads ``elastic/workers`` once and writes the *decision* for boundary ``k``
-(``sparseps/online/members/decision/<k>``: version, world, the previous world and the
-driver state a newcomer needs), then ``.../latest = k``; every member reads decision
+(``sparseps/online/members/decision/<k>``: version, world, the previous world, their
+launch ranks when they are not ``0..world-1``, and the driver state a newcomer needs), then ``.../latest = k``; every member reads decision
 ``k`` (members count boundaries in lockstep). When the version changed, every member
 leaves the gloo group, those with ``rank < world`` form a new one on the store under
 ``.../group/<version>`` (a fresh prefix, so no key of an old group is reused) and the
 others leave the job (exit 0). A newcomer (started mid-pass, rank beyond the running
 group) polls ``.../latest``. It joins at a decision whose new ranks include its own
-(``previous <= rank < world``), taking the slot ``.../joined/<k>/<rank>`` with an atomic
+(in the decision's ranks, not in the previous pass's), taking the slot ``.../joined/<k>/<rank>`` with an atomic
 ``add`` (a second process of the same rank finds it taken and waits). It leaves (exit 0)
 at a decision made after it started that does not include it: scaled down again before
 it joined, or its rank still held by a running member (a scale down and up within one
@@ -82,6 +82,9 @@ class Decision:
         members: the launch ranks that train the next pass, when they are not
             ``0..world-1`` (a worker died and left: :mod:`sparseps.online.leaving`); the
             gloo group ranks them in this order.
+        previous_members: the launch ranks of the pass before, when they are not
+            ``0..previous-1``; a newcomer joins when its rank is in :attr:`ranks` and not
+            in :attr:`previous_ranks`.
     """
 
     boundary: int
@@ -91,11 +94,18 @@ class Decision:
     state: dict[str, Any] = field(default_factory=dict)
     end: bool = False
     members: list[int] | None = None
+    previous_members: list[int] | None = None
 
     @property
     def ranks(self) -> tuple[int, ...]:
         """The launch ranks of the next pass's workers, in group-rank order."""
         return tuple(range(self.world)) if self.members is None else tuple(self.members)
+
+    @property
+    def previous_ranks(self) -> tuple[int, ...]:
+        """The launch ranks of the pass before the boundary."""
+        listed = self.previous_members
+        return tuple(range(self.previous)) if listed is None else tuple(listed)
 
     def dumps(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -263,7 +273,10 @@ class Membership:
                 version, members = self.version, self.members
             world = len(members)
             listed = None if members == tuple(range(world)) else list(members)
-            decision = Decision(k, version, world, self.world, state, members=listed)
+            before = self.members
+            previous = None if before == tuple(range(len(before))) else list(before)
+            decision = Decision(k, version, world, len(before), state, members=listed,
+                                previous_members=previous)  # fmt: skip
             self.store.set(key, decision.dumps())
             self.store.set(f"{PREFIX}/latest", str(k))
             if version != self.version:
@@ -348,14 +361,14 @@ class Membership:
         if decision.end:
             log.info("worker %d: the job ended before it could join", self.rank)
             return False
-        if decision.previous <= self.rank < decision.world:
+        if self.rank in decision.ranks and self.rank not in decision.previous_ranks:
             # the members wait for this rank; one process takes it (an older process of
             # the same rank may have taken this slot already: then wait for a newer one)
             slot = f"{PREFIX}/joined/{decision.boundary}/{self.rank}"
             return True if int(self.store.add(slot, 1)) == 1 else None
         if not fresh:
             return None
-        if self.rank >= decision.world:
+        if self.rank not in decision.ranks:
             log.info("worker %d: scaled down to %d workers before it joined; leaving",
                      self.rank, decision.world)  # fmt: skip
         else:

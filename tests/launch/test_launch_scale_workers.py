@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sparseps.env import MASTER, WORKER_NUM, Role
 from sparseps.launch.records import ChildSpec, SupervisorConfig
-from sparseps.launch.scaling import ACCEPTS_WORKERS_KEY, WORKERS_KEY, JobScaler
+from sparseps.launch.scaling import ACCEPTS_WORKERS_KEY, WORKERS_KEY, JobScaler, plan_workers
 from sparseps.launch.store import ZmqStore
 from sparseps.launch.store_server import StoreServer
 from sparseps.launch.supervisor import Supervisor
@@ -102,3 +102,58 @@ def test_a_new_worker_that_fails_fails_the_job(tmp_path):
         supervisor.add_child(failing)
         thread.join(30)
         assert outcome and outcome[0].exit_code == 3 and outcome[0].failure.rank == 1
+
+
+def test_plan_workers_after_a_leave_skips_the_dead_ranks_and_shrinks_from_the_top():
+    plain = {"version": 2, "world": 2}
+    assert plan_workers(plain, 3) == ([0, 1, 2], [], {"version": 3, "world": 3})
+    assert plan_workers(plain, 1) == ([0], [], {"version": 3, "world": 1})
+    died = {"version": 4, "world": 2, "members": [0, 2], "left": [1]}
+    # a grow starts the lowest ranks that are neither members nor dead: 1 is never reused
+    grown = {"version": 5, "world": 4, "members": [0, 2, 3, 4], "left": [1]}
+    assert plan_workers(died, 4) == ([0, 2, 3, 4], [1], grown)
+    # a shrink removes the highest members; the record keeps the dead ranks
+    assert plan_workers(grown, 2) == ([0, 2], [1], {**died, "version": 6})
+    assert plan_workers(grown, 1) == ([0], [1], {"version": 6, "world": 1, "members": [0],
+                                                 "left": [1]})  # fmt: skip
+    # a rank shrunk away (not dead) may be started again, as without a death
+    assert plan_workers({"version": 6, "world": 1, "members": [0], "left": [1]}, 2)[0] == [0, 2]
+
+
+def test_a_grow_after_a_worker_left_starts_a_new_rank_with_a_worker_count_above_it(tmp_path):
+    with StoreServer("127.0.0.1", 0) as server:
+        master = server.address
+        supervisor = Supervisor(
+            children=[_worker(tmp_path, r, 3, master) for r in (0, 2)],
+            config=SupervisorConfig(poll_s=0.05),
+            pids_path=tmp_path / "pids.json",
+        )
+        scaler = JobScaler(
+            supervisor=supervisor, endpoints=["127.0.0.1:1"], new_server=None,  # type: ignore[arg-type]
+            new_worker=lambda rank, world: _worker(tmp_path, rank, world, master),
+            host="127.0.0.1", master=lambda: master,
+        )  # fmt: skip
+        outcome: list = []
+        thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
+        thread.start()
+        with ZmqStore(master, timeout_s=5, setting="-") as store:
+            _wait(lambda: (tmp_path / "seen.2").exists(), "the workers to start")
+            store.set(ACCEPTS_WORKERS_KEY, b"1")
+            # what the launcher wrote when worker 1 died (ScaleService.worker_died)
+            store.set(WORKERS_KEY, json.dumps({"version": 1, "world": 2, "members": [0, 2],
+                                               "left": [1]}).encode())  # fmt: skip
+            report = scaler.workers(3, 2)
+            assert report == {"workers_before": 2, "workers_after": 3, "workers_started": [3],
+                              "version": 2, "members": [0, 2, 3], "left": [1]}  # fmt: skip
+            assert json.loads(store.get(WORKERS_KEY)) == {
+                "version": 2, "world": 3, "members": [0, 2, 3], "left": [1]}  # fmt: skip
+            _wait(lambda: (tmp_path / "seen.3").exists(), "the new worker")
+            assert (tmp_path / "seen.3").read_text() == "4"  # SPARSEPS_RANK 3 < 4
+            # shrink back: the highest member (3) leaves by itself at its boundary
+            assert scaler.workers(2, 3)["workers_started"] == []
+            assert json.loads(store.get(WORKERS_KEY)) == {
+                "version": 3, "world": 2, "members": [0, 2], "left": [1]}  # fmt: skip
+            for rank in (0, 2, 3):
+                (tmp_path / f"release.{rank}").write_text("")
+            thread.join(30)
+        assert outcome and outcome[0].exit_code == 0 and outcome[0].reason == "completed"

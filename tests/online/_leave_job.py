@@ -14,6 +14,7 @@ import signal
 import sys
 
 import sparseps as sps
+from sparseps import env as sps_env
 from sparseps.online import job
 from sparseps.online.phases import PhaseEvent
 
@@ -31,8 +32,11 @@ class KillAt:
 
 if __name__ == "__main__":
     config, rank, seq, batches = sys.argv[1:]
-    sps.init()
-    if sps.is_server():  # served before job.main imports torch (as _crash_job.py)
+    role = sps_env.from_environ()
+    if role is not None and role.role is sps_env.Role.SERVER:
+        sps.init()  # served before job.main imports torch (as _crash_job.py)
         sps.run_server()
         sys.exit(0)
+    # a worker's sps.init() is job.main's: a worker started by a scale must be known as a
+    # newcomer before it (sparseps.online.membership.is_newcomer)
     sys.exit(job.main([config], on_phase=KillAt(int(rank), int(seq), int(batches))))

@@ -203,3 +203,25 @@ def test_the_supervisor_takes_a_killed_worker_as_a_leave_only_when_the_job_follo
         assert not store.check([WORKERS_KEY])
         said = "cannot go on without it: job.mode sync trains with a fixed set" in caplog.text
         assert said == (job == "sync"), caplog.text
+
+
+def test_a_newcomer_after_a_leave_joins_with_a_rank_above_the_world():
+    with StoreServer("127.0.0.1", 0) as server, ZmqStore(server.address, timeout_s=5,
+                                                         setting="-") as store:  # fmt: skip
+        zero = Membership(store, 0, version=1, world=3, collective_timeout_s=5, wait_s=5,
+                          poll_s=0.01)  # fmt: skip
+        zero.members = (0, 2)  # after the fence of the pass worker 1 died in
+        # the launcher's leave, then `sparseps scale --workers 3`: rank 3, never rank 1
+        store.set(WORKERS_KEY, json.dumps({"version": 3, "world": 3, "members": [0, 2, 3],
+                                           "left": [1]}))  # fmt: skip
+        newcomer = Membership(store, 3, version=0, world=0, collective_timeout_s=5,
+                              wait_s=5, poll_s=0.01)  # fmt: skip
+        decision = zero.decide({"seq": 0})
+        assert (decision.ranks, decision.previous_ranks) == ((0, 2, 3), (0, 2))
+        assert Decision.loads(decision.dumps()) == decision
+        assert newcomer.join() == decision
+        assert newcomer.members == (0, 2, 3) and newcomer.group_rank == 2
+        # a process of a rank that stays a member is not admitted (it holds the rank)
+        two = Membership(store, 2, version=0, world=0, collective_timeout_s=5, wait_s=0.3,
+                         poll_s=0.01)  # fmt: skip
+        assert two._verdict(decision, fresh=True) is False

@@ -10,6 +10,11 @@ batch 2 of its file (``_leave_job.py``). The survivors meet at the pass's fence,
 waits for the launcher's record of the leave, re-form their group, re-read worker 1's
 file from its start and finish the pass. The ledger: each pass once, every row of every
 file trained at least once, ``rows_reread`` = the 2 batches worker 1 had taken.
+
+Then the job grows back: once the launcher has recorded the leave, ``sparseps scale
+--workers 3`` starts rank 3 (rank 1 is never used again) while every later file read waits
+for a second gate (so pass 0 cannot end before the scale), and pass 1 runs on workers 0, 2
+and 3.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 import pytest
 from _onlinetools import clean_env, write_config
 
+from sparseps.launch import scale_job
 from sparseps.online import DataLayout, Ledger, load_config, write_stream
 from sparseps.online.online_cli import launch_argv
 
@@ -38,11 +44,16 @@ def _rows(path: Path) -> int:
 
 def test_a_worker_killed_mid_pass_leaves_and_the_survivors_finish_every_pass(tmp_path):
     stream, claims, gate = tmp_path / "stream", tmp_path / "claims", tmp_path / "gate"
+    regrown = tmp_path / "gate2"
     claims.mkdir()
     write_stream(stream, start_day="20240101", days=1, splits_per_day=PASSES,
                  rows_per_split=ROWS_PER_FILE * FILES, files_per_split=FILES, seed=7)  # fmt: skip
-    pipe = (f"touch {shlex.quote(str(claims))}/$$; "
-            f"while [ ! -e {shlex.quote(str(gate))} ]; do sleep 0.02; done; cat")  # fmt: skip
+    # pass 0's first 3 claims wait for `gate`, every later one (the re-read of worker 1's
+    # file, pass 1's) for `gate2`, opened once the scale after the death is done
+    folder = shlex.quote(str(claims))
+    pipe = (f"mktemp {folder}/c.XXXXXX >/dev/null; g={shlex.quote(str(gate))}; "
+            f"if [ $(ls {folder} | wc -l) -gt {FILES} ]; then g={shlex.quote(str(regrown))}; fi; "
+            "while [ ! -e $g ]; do sleep 0.02; done; cat")  # fmt: skip
     path = write_config(
         tmp_path / "job.yaml", data_root=stream, model_dir=tmp_path / "model", days=1,
         passes_per_day=PASSES, job={"mode": "async", "worker_num": 3},
@@ -66,6 +77,14 @@ def test_a_worker_killed_mid_pass_leaves_and_the_survivors_finish_every_pass(tmp
             assert time.monotonic() < deadline, "the workers did not claim pass 0's files"
             time.sleep(0.05)
         gate.touch()
+        while "LEFT the job" not in out.read_text():  # the launcher recorded the leave
+            assert job.poll() is None, out.read_text()[-3000:]
+            assert time.monotonic() < deadline, "worker 1's death was not recorded"
+            time.sleep(0.05)
+        report = scale_job(config.log_dir, workers=3, timeout_s=60)
+        assert report["workers_started"] == [3] and report["members"] == [0, 2, 3], report
+        assert report["left"] == [1] and report["workers_before"] == 2, report
+        regrown.touch()
         assert job.wait(150) == 0, out.read_text()[-4000:]
     finally:
         if job.poll() is None:
@@ -91,12 +110,12 @@ def test_a_worker_killed_mid_pass_leaves_and_the_survivors_finish_every_pass(tmp
     assert first["eval"]["count"] == per_pass
     assert first["rows_trained"] == per_pass + partial
     assert first["workers_after"] == 2 and first["members"] == [0, 2]
-    # pass 1: the two survivors, every row once, nobody left
-    assert second["workers"] == 2 and second["samples"] == per_pass, second
+    # pass 1: the two survivors and rank 3 (grown back), every row once, nobody left
+    assert second["workers"] == 3 and second["samples"] == per_pass, second
     assert "left" not in second and "rows_reread" not in second
     assert [r["passes"] for r in (first, second)] == [1, 2]
     launcher = out.read_text()
     assert "LEFT the job" in launcher, launcher[-3000:]
     pids = json.loads((config.log_dir / "pids.json").read_text())["children"]
-    assert [c["rank"] for c in pids if c["role"] == "worker"] == [0, 1, 2]  # no restart
+    assert [c["rank"] for c in pids if c["role"] == "worker"] == [0, 1, 2, 3]  # no restart
     print(f"worker death: job of {PASSES} passes done in {seconds:.1f} s")
