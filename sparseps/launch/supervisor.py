@@ -31,7 +31,11 @@ stopped and all of them start again as generation ``k`` with a fresh rendezvous 
 running: their tables survive, and a script that loads its last checkpoint resumes.
 Across nodes the coordinator makes every launcher stop its workers before any starts
 generation ``k`` (see ``node_sync.py``). ``max_restarts`` bounds the group restarts
-of the whole job.
+of the whole job. Once ``sparseps scale --workers`` or a worker's leave changed the
+workers (a one-node launch), a restart starts the *current members* only, as ranks
+``0..n-1`` of a world of ``n`` (the new generation's rendezvous counts ``0..n-1``, and
+an online job resumes on ``SPARSEPS_WORKER_NUM`` = n): workers shrunk away or dead are
+not started again.
 
 ``LOG_DIR/pids.json`` lists every process started (restarts included) so that tools and
 tests can check that none survives the job; each entry also names the port of its
@@ -56,7 +60,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..env import MASTER, RECOVER, RESTART_COUNT, Role
+from ..env import MASTER, RANK, RECOVER, RESTART_COUNT, WORKER_NUM, Role
 from ..errors import SparsePSError
 from .node_sync import Coordinator, LocalCoordinator
 from .procutil import die_with_parent_hook, stop_groups, tail
@@ -142,6 +146,10 @@ class Supervisor:
         # (role, rank) of servers stopped by a scale-down: a planned exit, not a failure
         self.retired: set[tuple[str, int]] = set()
         self._workers_left: set[int] = set()
+        # the launch ranks of the current workers once a scale or a leave changed them
+        # (None: the launch's workers); a group restart starts these only
+        self._members: list[int] | None = None
+        self._departed: dict[int, ChildSpec] = {}  # specs of workers that died and left
         # ranks of servers lost and tolerated (replicas): left out of the final stop
         self.lost_servers: set[int] = set()
         self._replacements = 0  # replacement servers started (bounded by max_restarts)
@@ -230,6 +238,7 @@ class Supervisor:
                 ]
                 self.children.append(spec)
                 self._workers_left.add(spec.rank)
+                self._members = sorted({*self.members, spec.rank})
             return self._start(
                 spec, self._coordinator.generation if spec.role is Role.WORKER else 0
             )
@@ -248,9 +257,23 @@ class Supervisor:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         stop_groups([p for p in procs if p.poll() is None], self.config.grace_s)
 
+    @property
+    def members(self) -> list[int]:
+        """The launch ranks of the job's current workers (sorted): the launch's workers
+        until a scale or a leave changed them."""
+        if self._members is not None:
+            return list(self._members)
+        return sorted({c.rank for c in self.children if c.role is Role.WORKER})
+
     def set_world(self, count: int) -> None:
-        """The job's worker count is now ``count`` (workers of higher ranks exit 0 by
-        themselves; the job completes when every worker ever started exited 0)."""
+        """The job's worker count is now ``count``: the lowest ``count`` members stay
+        (workers of higher ranks exit 0 by themselves; the job completes when every worker
+        ever started exited 0)."""
+        with self._lock:
+            self._members = self.members[:count]
+            self._count_workers()
+
+    def _count_workers(self) -> None:
         if isinstance(self._coordinator, LocalCoordinator):
             self._coordinator.worker_num = len(
                 {c.rank for c in self.children if c.role is Role.WORKER}
@@ -409,11 +432,13 @@ class Supervisor:
                       "%s", child.spec.name, child.proc.pid, code, why)  # fmt: skip
             return False
         with self._lock:
+            self._members = [r for r in self.members if r != rank]
+            self._departed[rank] = child.spec
             self.children[:] = [
                 c for c in self.children if not (c.role is Role.WORKER and c.rank == rank)
             ]
             self._workers_left.discard(rank)
-            self.set_world(0)
+            self._count_workers()
         log.warning("%s (pid %d) exited with code %d: it LEFT the job (recorded in the "
                     "workers' membership); the other workers finish its pass and go on "
                     "without it", child.spec.name, child.proc.pid, code)  # fmt: skip
@@ -537,7 +562,7 @@ class Supervisor:
         if (server := self._exited_server()) is not None:
             return self._fail(server)  # never start a generation against a dead server
         extra = dict(self.restart_env(k)) if self.restart_env else {}
-        specs = [c for c in self.children if c.role is Role.WORKER]
+        specs = self._restart_specs()
         for spec in specs:
             self._start(replace(spec, env={**spec.env, **extra}), k)
         if specs:
@@ -547,6 +572,36 @@ class Supervisor:
                 extra.get(MASTER, specs[0].env.get(MASTER, "-")),
             )  # fmt: skip
         return None
+
+    def _restart_specs(self) -> list[ChildSpec]:
+        """The workers of a restarted generation: the launch's workers unchanged, or,
+        once a scale or a leave changed them, the current members as ranks ``0..n-1``
+        with ``SPARSEPS_WORKER_NUM`` = n (each rank's own spec: log, metrics port; the
+        ones of workers shrunk away or dead are dropped, so the job waits for the new
+        generation only)."""
+        with self._lock:
+            workers = [c for c in self.children if c.role is Role.WORKER]
+            if self._members is None:
+                return workers
+            n = len(self._members)
+            known = {**self._departed, **{c.rank: c for c in workers}}
+            if not known:
+                return workers
+            first = known.get(0) or next(iter(known.values()))
+            specs = []
+            for rank in range(n):
+                spec = known.get(rank) or replace(
+                    first, rank=rank, echo=False, metrics_port=None,
+                    log_path=first.log_path.with_name(f"{first.role.value}.{rank}.log"),
+                )  # fmt: skip
+                specs.append(replace(spec, env={**spec.env, RANK: str(rank), WORKER_NUM: str(n)}))
+            if self._members != list(range(n)):
+                log.warning("worker group restart: the current workers %s start again as "
+                            "ranks 0..%d", self._members, n - 1)  # fmt: skip
+            self.children[:] = [c for c in self.children if c.role is not Role.WORKER] + specs
+            self._members, self._departed = None, {}
+            self._count_workers()
+            return specs
 
     def _fail(self, child: _Child) -> Outcome:
         spec, exit_code = child.spec, child.exit_code

@@ -13,7 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from sparseps.env import MASTER, WORKER_NUM, Role
+import pytest
+
+from sparseps.env import MASTER, RANK, WORKER_NUM, Role
 from sparseps.launch.records import ChildSpec, SupervisorConfig
 from sparseps.launch.scaling import ACCEPTS_WORKERS_KEY, WORKERS_KEY, JobScaler, plan_workers
 from sparseps.launch.store import ZmqStore
@@ -157,3 +159,56 @@ def test_a_grow_after_a_worker_left_starts_a_new_rank_with_a_worker_count_above_
                 (tmp_path / f"release.{rank}").write_text("")
             thread.join(30)
         assert outcome and outcome[0].exit_code == 0 and outcome[0].reason == "completed"
+
+
+# a worker of a restartable group: attempt 0 does what its rank's action says, a restarted
+# one notes its rank and world and exits 0
+GROUP_WORKER = """
+import os, sys, time, pathlib
+folder, actions = pathlib.Path(sys.argv[1]), dict(a.split(":") for a in sys.argv[2].split(","))
+rank, attempt = os.environ["SPARSEPS_RANK"], os.environ["SPARSEPS_RESTART_COUNT"]
+(folder / f"seen.{rank}.{attempt}").write_text(os.environ["SPARSEPS_WORKER_NUM"])
+action = actions[rank] if attempt == "0" else "exit0"
+deadline = time.monotonic() + 60
+while action in ("wait", "fail") and time.monotonic() < deadline:
+    if action == "fail" and (folder / "go").exists():
+        sys.exit(3)
+    time.sleep(0.02)
+sys.exit(9 if action == "die" else 0)
+"""
+
+
+@pytest.mark.parametrize("change", ["shrunk", "left"])
+def test_a_group_restart_starts_the_current_members_only_as_ranks_0_to_n(tmp_path, change):
+    actions = {"shrunk": "0:wait,1:fail,2:exit0", "left": "0:fail,1:die,2:wait"}[change]
+    children = [
+        ChildSpec(
+            role=Role.WORKER,
+            rank=r,
+            argv=(sys.executable, "-c", GROUP_WORKER, str(tmp_path), actions),
+            env={**os.environ, WORKER_NUM: "3", RANK: str(r), MASTER: "127.0.0.1:1"},
+            log_path=tmp_path / f"worker.{r}.log",
+        )  # fmt: skip
+        for r in range(3)
+    ]
+    supervisor = Supervisor(children=children, config=SupervisorConfig(poll_s=0.05,
+                            max_restarts=1), pids_path=tmp_path / "pids.json")  # fmt: skip
+    if change == "left":  # worker 1's death is a leave (ScaleService.worker_died)
+        supervisor.worker_left = lambda rank, code: "" if rank == 1 else None
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
+    thread.start()
+    if change == "shrunk":  # sparseps scale --workers 2: rank 2 exits 0 by itself
+        _wait(lambda: (tmp_path / "seen.2.0").exists(), "worker 2")
+        supervisor.set_world(2)
+    else:
+        _wait(lambda: supervisor.members == [0, 2], "worker 1's leave")
+    (tmp_path / "go").write_text("")  # a member fails: the group restarts
+    thread.join(30)
+    assert outcome and outcome[0].exit_code == 0 and outcome[0].reason == "completed", outcome
+    restarted = sorted(p.name for p in tmp_path.glob("seen.*.1"))
+    assert restarted == ["seen.0.1", "seen.1.1"]  # 2 workers, ranks 0 and 1: never rank 2
+    assert {(tmp_path / name).read_text() for name in restarted} == {"2"}  # world 2
+    children = json.loads((tmp_path / "pids.json").read_text())["children"]
+    assert [(c["rank"], c["attempt"]) for c in children] == [
+        (0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]  # fmt: skip
