@@ -19,9 +19,14 @@ entrypoint of ``ray job submit``):
    ``--max-restarts`` whole-group worker restarts, servers stopped by a ``stop`` request
    once every worker exited 0, SIGINT/SIGTERM stop everything.
 
-``sparseps scale LOG_DIR --servers N`` resizes the running job (``ray_scale.py``: a new
-placement group and actor per added server; the migration is ``scaling.py``'s, shared
-with the local launcher).
+``sparseps scale LOG_DIR --servers N`` resizes the running job, and ``--workers N`` an
+online async job's workers (``ray_scale.py``: a new placement group and actor per added
+server or worker; the migration and the workers' membership are ``scaling.py``'s, shared
+with the local launcher). The driver re-reads its roles every round: an added worker is
+waited for, and the job completes once every worker ever started exited 0 (a worker
+above the new count exits 0 by itself). A worker ``r > 0`` of an online job that may
+leave (``elastic/leave_on_death``) and dies is recorded as a leave, as by the local
+launcher: the job goes on without it.
 
 The actors are not detached: Ray ends them when the driver exits or dies, and their
 children die with them (``ray_actor.py``). ``LOG_DIR/pids.json`` lists every process
@@ -94,6 +99,13 @@ class RayJob:
         self.retired: set[tuple[Role, int]] = set()  # drained servers: planned exits
         self.extra_record: dict[str, Any] = {}  # pids.json: the control store's address
         self.scaler: Any = None  # a sparseps.launch.scaling.JobScaler once served
+        self.master = ""  # the workers' rendezvous of the running generation
+        # a worker's ClusterSpec when not the launch's (added by a scale: its grown world)
+        self.worker_specs: dict[int, ClusterSpec] = {}
+        self.left: set[int] = set()  # ranks of workers that died and left (online jobs)
+        # asked when a worker exits non-zero (ScaleService.worker_died): "" = it left
+        self.worker_left: Any = None
+        self.completing = False  # every worker exited 0: no worker may be added any more
 
     # -- placement and wiring -------------------------------------------------------------
     def place(self) -> None:
@@ -112,6 +124,7 @@ class RayJob:
             job_id=self.job_id,
             log_dir=str(self.log_dir),
         )
+        self.master = spec.master
         key_dir = key_dir_rule(
             self.args, spec.nodes, str(self.ray.util.get_node_ip_address()), self.log_dir
         )
@@ -143,6 +156,8 @@ class RayJob:
     def _env(
         self, r: RoleHandle, master: str | None = None, spec: ClusterSpec | None = None
     ) -> dict[str, str]:
+        if spec is None and r.role is Role.WORKER:
+            spec = self.worker_specs.get(r.rank)
         spec = spec or self.spec
         assert spec is not None
         role_env = spec.role_env(r.role, r.rank)
@@ -160,7 +175,8 @@ class RayJob:
     def start(
         self, roles: list[RoleHandle], master: str | None = None, spec: ClusterSpec | None = None
     ) -> None:
-        """Start ``roles``' processes (``spec``: a scaled job's grown server list)."""
+        """Start ``roles``' processes (``spec``: a scaled job's grown server list, or an
+        added worker's grown world, which that worker keeps across group restarts)."""
         calls = []
         for r in roles:
             metrics = r.ports[-1] if self.args.metrics else None
@@ -173,6 +189,8 @@ class RayJob:
             )
         pids = self._get(calls, "start")
         with self.lock:
+            if spec is not None:
+                self.worker_specs.update({r.rank: spec for r in roles if r.role is Role.WORKER})
             for r, pid in zip(roles, pids, strict=True):
                 r.pid, r.code, r.running = pid, None, True
                 r.last_output = r.warned_at = time.monotonic()
@@ -238,10 +256,15 @@ class RayJob:
         return call(self.ray, refs, what, timeout, raw=raw)
 
     # -- supervision ----------------------------------------------------------------------
+    def _workers(self) -> list[RoleHandle]:
+        """The workers the job waits for now: every one started (a scale adds some), less
+        those that died and left."""
+        with self.lock:
+            return [r for r in self.roles if r.role is Role.WORKER and r.rank not in self.left]
+
     def supervise(self) -> Outcome:
-        workers = [r for r in self.roles if r.role is Role.WORKER]
         while True:
-            with self.lock:  # a scale adds servers and retires them
+            with self.lock:  # a scale adds servers and workers, and retires servers
                 roles = list(self.roles)
                 servers = [r for r in roles
                            if r.role is Role.SERVER and (r.role, r.rank) not in self.retired]  # fmt: skip
@@ -252,17 +275,52 @@ class RayJob:
             dead_server = next((r for r in servers if not r.running), None)
             if dead_server is not None:
                 return self._fail(dead_server, note=SERVER_EXIT_NOTE)
+            workers = self._workers()
             failed = next((r for r in workers if r.code not in (None, 0)), None)
             if failed is not None:
+                time.sleep(self.config.poll_s)  # a worker that failed because a server died
+                self.poll(servers)
+                dead_server = next((r for r in servers if not r.running), None)
+                if dead_server is not None:
+                    return self._fail(dead_server, note=SERVER_EXIT_NOTE)
+                if self._left(failed):
+                    continue
                 if self.restarts >= self.config.max_restarts:
                     return self._fail(failed)
                 self._restart(failed, workers)
                 continue
-            if all(r.code == 0 for r in workers):
+            with self.lock:  # a scale may be adding a worker: it is in roles before it starts
+                workers = self._workers()
+                done = all(r.code == 0 for r in workers)
+                self.completing = done
+            if done:
                 self._stop_servers(servers)
                 return Outcome(0, "completed")
             self._warn_quiet()
             time.sleep(self.config.poll_s * 2)
+
+    def _left(self, r: RoleHandle) -> bool:
+        """Whether worker ``r``, exited non-zero, left the job (``worker_left``, the local
+        supervisor's rule): the job goes on and completes without it."""
+        if self.worker_left is None:
+            return False
+        assert r.code is not None, "asked once it exited"
+        try:
+            why = self.worker_left(r.rank, r.code)
+        except Exception as exc:  # noqa: BLE001 - never kill the driver; the job fails as before
+            why = f"recording its leave failed: {type(exc).__name__}: {exc}"
+        if why is None:
+            return False
+        if why:
+            log.error("%s (pid %d) on %s exited with code %d and the job cannot go on without "
+                      "it: %s", r.name, r.pid, r.host, r.code, why)  # fmt: skip
+            return False
+        with self.lock:
+            self.left.add(r.rank)
+        log.warning("%s (pid %d) on %s exited with code %d: it LEFT the job (recorded in the "
+                    "workers' membership); the other workers finish its pass and go on "
+                    "without it", r.name, r.pid, r.host, r.code)  # fmt: skip
+        return True
 
     def _warn_quiet(self) -> None:
         """Name a running role that has written nothing for ``--quiet-warn-s`` (again every
@@ -302,6 +360,7 @@ class RayJob:
         master = f"{workers[0].host}:{port}"
         for r in workers:
             r.attempt = self.restarts
+        self.master = master
         self.start(workers, master)
         log.info("worker group restart %d of %d: started worker(s) %s, rendezvous %s",
                  self.restarts, self.config.max_restarts,

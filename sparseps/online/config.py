@@ -95,6 +95,22 @@ def resolve_ref(name: str, ref: str):
     return value
 
 
+def _resources(where: str, value: object) -> dict[str, float]:
+    """Ray resources: a mapping of resource names to amounts > 0 (``{CPU: 2, GPU: 1}``)."""
+    import json
+
+    from ..launch.ray_placement import parse_resources
+
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping of Ray resources such as "
+                          f"{{CPU: 2, GPU: 1}}, got {value!r}")  # fmt: skip
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):  # a value YAML made that JSON cannot hold
+        raise ConfigError(f"{where}: expected resource amounts > 0, got {value!r}") from None
+    return parse_resources(where, text)
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """Processes and training mode.
@@ -105,6 +121,14 @@ class JobConfig:
         log_dir: per-role logs (default ``MODEL_DIR/log``).
         job_id: id of the job's processes (default: the launcher's).
         rpc_timeout_s, collective_timeout_s: see :class:`sparseps.Strategy`.
+        backend: ``local`` (the processes start on this machine) or ``ray`` (``sparseps
+            launch --backend ray``: Ray places and starts them on its cluster,
+            docs/cluster.md).
+        ray_address: the Ray cluster (``--address``; default ``RAY_ADDRESS``, a running
+            local cluster, or a new one). ``backend: ray`` only.
+        server_resources, worker_resources: each server's / worker's Ray resources, a
+            mapping such as ``{CPU: 2, GPU: 1}`` (``--server-resources`` /
+            ``--worker-resources``; default ``{CPU: 1}``). ``backend: ray`` only.
     """
 
     server_num: int = 1
@@ -114,6 +138,10 @@ class JobConfig:
     job_id: str | None = None
     rpc_timeout_s: float = 120.0
     collective_timeout_s: float = 3600.0
+    backend: str = "local"
+    ray_address: str | None = None
+    server_resources: dict | None = None
+    worker_resources: dict | None = None
 
     def __post_init__(self) -> None:
         check_int("job.server_num", self.server_num, 1, 64)
@@ -125,6 +153,17 @@ class JobConfig:
             check_str("job.job_id", self.job_id)
         check_float("job.rpc_timeout_s", self.rpc_timeout_s, 0.0, open_lo=True)
         check_float("job.collective_timeout_s", self.collective_timeout_s, 0.0, open_lo=True)
+        check_choice("job.backend", self.backend, ("local", "ray"))
+        for key in ("ray_address", "server_resources", "worker_resources"):
+            if getattr(self, key) is not None and self.backend != "ray":
+                raise ConfigError(f"job.{key}: applies only to job.backend: ray (the backend "
+                                  f"is {self.backend!r})")  # fmt: skip
+        if self.ray_address is not None:
+            check_str("job.ray_address", self.ray_address)
+        for key in ("server_resources", "worker_resources"):
+            value = getattr(self, key)
+            if value is not None:
+                object.__setattr__(self, key, _resources(f"job.{key}", value))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """``sparseps online CONFIG.yaml``: run a streaming-training job end to end.
 
 Validates the config, then starts the job through the launcher (``job.server_num``
-servers and ``job.worker_num`` workers on this machine, each running
-:mod:`sparseps.online.job`). Re-running the same command after a crash resumes after the
+servers and ``job.worker_num`` workers, each running :mod:`sparseps.online.job`: on this
+machine, or with ``job.backend: ray`` placed on a Ray cluster by ``sparseps launch
+--backend ray``, docs/cluster.md). Re-running the same command after a crash resumes after the
 last checkpointed pass (see docs/online.md). Only one job runs on a model directory at a
 time: this process holds its lock (:mod:`sparseps.online.lock`) for the whole job, and a
 second ``sparseps online`` on the same folder exits 1 at once, naming the holder.
@@ -47,6 +48,13 @@ def launch_argv(
     ]  # fmt: skip
     if job.job_id:
         argv += ["--job-id", job.job_id]
+    if getattr(job, "backend", "local") == "ray":  # a config-like object may lack the key
+        argv += ["--backend", "ray"]
+        if job.ray_address:
+            argv += ["--address", job.ray_address]
+        for key in ("server_resources", "worker_resources"):
+            if getattr(job, key) is not None:
+                argv += [f"--{key.replace('_', '-')}", json.dumps(getattr(job, key))]
     if status_port is not None:
         argv += ["--status-port", str(status_port)]
     script = Path(script) if script is not None else Path(__file__).with_name("job.py")
@@ -63,12 +71,27 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
-    # before anything in the folder is touched (the launcher writes MODEL_DIR/log)
-    with ModelDirLock(config.model_dir):
-        parser = argparse.ArgumentParser(prog="sparseps launch")
-        launch_cli.add_arguments(parser)
-        argv = launch_argv(config, args.config, status_port=args.status_port)
+    if args.status_port is not None and config.job.backend == "ray":
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            "--status-port: not served for job.backend: ray (the Ray driver has no status "
+            "page; see LOG_DIR/pids.json and the role logs in LOG_DIR)"
+        )
+    parser = argparse.ArgumentParser(prog="sparseps launch")
+    launch_cli.add_arguments(parser)
+    argv = launch_argv(config, args.config, status_port=args.status_port)
+    if config.job.backend == "ray":
+        # worker 0 runs under a Ray actor, not as this process's child, so it cannot take
+        # over a lock held here (lock.py's accept_parent): a held lock fails the command
+        # at once, and worker 0 takes the lock for the job as it starts (a job started on
+        # the folder in between makes it fail, naming the holder)
+        ModelDirLock(config.model_dir).acquire().release()
         code = launch_cli.run(parser.parse_args(argv))
+    else:
+        # before anything in the folder is touched (the launcher writes MODEL_DIR/log)
+        with ModelDirLock(config.model_dir):
+            code = launch_cli.run(parser.parse_args(argv))
     status_path = ModelDir(config.model_dir).status_path
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
     if code != 0 and status.get("state") == "failed":

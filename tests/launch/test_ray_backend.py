@@ -72,13 +72,15 @@ def _descendants(roots: set[int]) -> set[int]:
     return found
 
 
-def _cluster_pids(temp_dir: str) -> set[int]:
-    """Every process of the Ray cluster whose session lives in ``temp_dir``."""
+def _cluster_pids(temp_dir: str, address: str) -> set[int]:
+    """Every process of the Ray cluster whose session lives in ``temp_dir``, and the head's
+    Ray client server (named by the GCS ``address`` only; re-parented to init)."""
     roots = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if temp_dir.encode() in (entry / "cmdline").read_bytes():
+                cmdline = (entry / "cmdline").read_bytes()
+                if temp_dir.encode() in cmdline or f"--address={address}".encode() in cmdline:
                     roots.add(int(entry.name))
             except OSError:
                 continue
@@ -147,7 +149,7 @@ def ray_cluster(_data_job):
         assert [p.returncode for p in starts] == [0, 0], outputs
         yield address
     finally:
-        pids = _cluster_pids(temp_dir)
+        pids = _cluster_pids(temp_dir, address)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -374,8 +376,9 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
 
 
 def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_path):
-    # --workers is refused under Ray; a server Ray cannot place (each needs 0.6 of
-    # node_b's 1.0) is refused after --rendezvous-timeout-s: no process, the job runs on
+    # --workers on a job whose workers do not follow membership (not `sparseps online`)
+    # is refused; a server Ray cannot place (each needs 0.6 of node_b's 1.0) is refused
+    # after --rendezvous-timeout-s: no process, the job runs on
     from sparseps.launch import scale_job
     from sparseps.launch.scaling import ScaleError
 
@@ -391,7 +394,7 @@ def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_pa
     try:
         record = wait_for(lambda: _started(log, 2), 120, "the job's 2 processes to start")
         assert isinstance(record["control"], str)
-        with pytest.raises(ScaleError, match="not supported with --backend ray"):
+        with pytest.raises(ScaleError, match="needs a job whose workers follow membership"):
             scale_job(log, workers=2, timeout_s=30)
         with pytest.raises(ScaleError, match=r"could not place server 1 .* within 2 s"):
             scale_job(log, servers=2, timeout_s=30)
@@ -405,3 +408,210 @@ def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_pa
         except subprocess.TimeoutExpired:
             driver.kill()
             driver.wait(timeout=10)
+
+
+def _online_helpers():
+    """tests/online/_onlinetools.py: the online tests' config writer (one home)."""
+    import importlib.util
+
+    path = ROOT / "tests" / "online" / "_onlinetools.py"
+    spec = importlib.util.spec_from_file_location("_onlinetools", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_online_job_on_ray_grows_to_3_workers_and_back(ray_cluster, tmp_path, capsys):
+    # `sparseps online` with job.backend: ray (async, workers on node_b) is grown 2 -> 3
+    # workers after pass 0 and back to 2 after pass 2 through `sparseps scale --workers`;
+    # the passes' _SUCCESS markers are written one pass at a time, so each scale lands
+    # between known passes (tests/online/test_online_scale_workers.py, under Ray)
+    from sparseps.launch import scale_job
+    from sparseps.online import DataLayout, Ledger, load_config, write_stream
+
+    rows_per_file, files, passes = 150, 3, 5
+    start = time.time()
+    stream = tmp_path / "stream"
+    write_stream(stream, start_day="20240101", days=1, splits_per_day=passes,
+                 rows_per_split=rows_per_file * files, files_per_split=files,
+                 skip=tuple(("20240101", s) for s in range(passes)), seed=5)  # fmt: skip
+    path = _online_helpers().write_config(
+        tmp_path / "job.yaml", data_root=stream, model_dir=tmp_path / "model", days=1,
+        passes_per_day=passes, save={"delta_every": 1, "checkpoint_every": 2},
+        job={"mode": "async", "worker_num": 2, "backend": "ray",
+             "server_resources": json.loads(ANYWHERE), "worker_resources": json.loads(ON_B)},
+    )  # fmt: skip
+    config = load_config(path)
+    layout, book = DataLayout(config), Ledger.of(config.model_dir)
+
+    def ready(seq: int) -> None:
+        for folder in layout.splits(layout.passes()[seq]):
+            (folder / "_SUCCESS").touch()
+
+    def wait_pass(seq: int) -> None:
+        def recorded() -> bool:
+            assert job.poll() is None, read_text(out)[-3000:]
+            return book.path.exists() and seq in {r["seq"] for r in book.passes()}
+
+        wait_for(recorded, 120, f"pass {seq} in the ledger")
+
+    out = tmp_path / "online.out"
+    with open(out, "wb") as console:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "sparseps.cli", "online", str(path)], cwd=tmp_path,
+            env=_env(ray_cluster), stdout=console, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        ready(0)
+        wait_pass(0)
+        t_grow = time.time()
+        grown = scale_job(config.log_dir, workers=3, timeout_s=120)
+        t_grown = time.time()
+        assert (grown["workers_before"], grown["workers_after"]) == (2, 3)
+        assert grown["workers_started"] == [2]
+        assert len(_actor_pids()) == 4  # the new worker's own actor
+        for seq in (1, 2):
+            ready(seq)
+            wait_pass(seq)
+        shrunk = scale_job(config.log_dir, workers=2, timeout_s=120)
+        assert (shrunk["workers_before"], shrunk["workers_after"]) == (3, 2)
+        for seq in (3, 4):
+            ready(seq)
+        assert job.wait(120) == 0, read_text(out)[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait(10)
+    records = book.passes()
+    assert [r["seq"] for r in records] == list(range(passes))
+    assert [r["seq"] for r in book.records() if r["kind"] == "pass"] == list(range(passes))
+    workers = [r["workers"] for r in records]
+    # 2 for pass 0, 3 from pass 1 or 2 on, 3 for pass 2, 2 again from pass 3 or 4 on
+    assert workers[0] == 2 and workers[2] == 3 and workers[4] == 2, workers
+    assert workers == sorted(workers[:3]) + sorted(workers[3:], reverse=True), workers
+    per_pass = rows_per_file * files
+    for record in records:
+        assert record["samples"] == per_pass, record  # each pass's rows, exactly
+        expected = {2: [2 * rows_per_file, rows_per_file], 3: [rows_per_file] * 3}
+        assert record["worker_rows"] == expected[record["workers"]]  # worker 2: its third
+    # worker 2 ran as a Ray actor on node_b, its log came back to the driver's log dir
+    record = json.loads((config.log_dir / "pids.json").read_text())
+    assert record["backend"] == "ray"
+    added = [c for c in record["children"] if (c["role"], c["rank"]) == ("worker", 2)]
+    assert len(added) == 1 and added[0]["node"] == NODE_B, record
+    assert read_text(config.log_dir / "worker.2.log")
+    assert not any(alive(c["pid"]) for c in record["children"])
+    assert job_processes(record["job_id"]) == []
+    wait_for(lambda: not _actor_pids(), 20, "the role actors to exit")
+    with capsys.disabled():
+        print(f"\nray online workers: grow to 3 answered in {t_grown - t_grow:.2f} s; test "
+              f"wall {time.time() - start:.1f} s")  # fmt: skip
+
+
+def test_a_worker_killed_in_an_online_ray_job_leaves_and_the_job_goes_on(ray_cluster, tmp_path):
+    # tests/online/test_online_worker_dies.py under Ray: 3 workers (async, split: steal,
+    # a lease), each claims one of pass 0's files behind a gate; worker 1 SIGKILLs itself
+    # at its second batch; the Ray driver records its leave (nothing stopped or restarted),
+    # the survivors re-read its file; then `sparseps scale --workers 3` starts rank 3 as a
+    # new actor (every later file read waits for a second gate, opened after the scale, so
+    # pass 0 cannot end first): pass 1 runs on workers 0, 2, 3 and the job exits 0
+    import shlex
+
+    from sparseps.launch import scale_job
+    from sparseps.online import Ledger, load_config, write_stream
+    from sparseps.online.online_cli import launch_argv as online_launch_argv
+
+    rows, files, batch = 150, 3, 32
+    start = time.time()
+    stream, claims, gate = tmp_path / "stream", tmp_path / "claims", tmp_path / "gate"
+    regrown = tmp_path / "gate2"
+    claims.mkdir()
+    write_stream(stream, start_day="20240101", days=1, splits_per_day=2,
+                 rows_per_split=rows * files, files_per_split=files, seed=7)  # fmt: skip
+    folder = shlex.quote(str(claims))
+    pipe = (f"mktemp {folder}/c.XXXXXX >/dev/null; g={shlex.quote(str(gate))}; "
+            f"if [ $(ls {folder} | wc -l) -gt {files} ]; then g={shlex.quote(str(regrown))}; fi; "
+            "while [ ! -e $g ]; do sleep 0.02; done; cat")  # fmt: skip
+    path = _online_helpers().write_config(
+        tmp_path / "job.yaml", data_root=stream, model_dir=tmp_path / "model", days=1,
+        passes_per_day=2, save={"delta_every": 1, "checkpoint_every": 1},
+        data={"split": "steal", "lease_s": 2.0, "batch_size": batch, "pipe_command": pipe},
+        job={"mode": "async", "worker_num": 3, "backend": "ray",
+             "server_resources": json.loads(ANYWHERE),
+             "worker_resources": {"CPU": 0.25, "node_b": 0.1}},  # 4 workers fit node_b
+    )  # fmt: skip
+    config = load_config(path)
+    config.model_dir.mkdir(parents=True, exist_ok=True)
+    argv = online_launch_argv(config, path, script=ROOT / "tests" / "online" / "_leave_job.py",
+                              script_args=[1, 0, 2])  # fmt: skip
+    assert argv[argv.index("--backend") + 1] == "ray"
+    out = tmp_path / "launch.out"
+    with open(out, "wb") as console:
+        job = subprocess.Popen([sys.executable, "-m", "sparseps.cli", "launch", *argv],
+                               cwd=tmp_path, env=_env(ray_cluster), stdout=console,
+                               stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_for(lambda: len(list(claims.iterdir())) >= files or job.poll() is not None, 120,
+                 "each worker to claim one of pass 0's files")  # fmt: skip
+        assert job.poll() is None, read_text(out)[-3000:]
+        gate.touch()
+        wait_for(lambda: "LEFT the job" in read_text(out) or job.poll() is not None, 60,
+                 "the driver to record worker 1's leave")  # fmt: skip
+        assert job.poll() is None, read_text(out)[-3000:]
+        report = scale_job(config.log_dir, workers=3, timeout_s=60)
+        assert report["workers_started"] == [3] and report["members"] == [0, 2, 3], report
+        assert report["left"] == [1] and report["workers_before"] == 2, report
+        regrown.touch()
+        assert job.wait(150) == 0, read_text(out)[-4000:]
+    finally:
+        gate.touch()
+        regrown.touch()
+        if job.poll() is None:
+            job.kill()
+            job.wait(10)
+    first, second = Ledger.of(config.model_dir).passes()
+    (left,) = first["left"]
+    assert left["rank"] == 1 and first["rows_reread"] == 2 * batch, first
+    assert first["samples"] == rows * files and first["members"] == [0, 2], first
+    assert second["workers"] == 3 and second["samples"] == rows * files, second
+    record = json.loads((config.log_dir / "pids.json").read_text())
+    workers = [c for c in record["children"] if c["role"] == "worker"]
+    assert [c["rank"] for c in workers] == [0, 1, 2, 3]  # no restart; rank 1 not reused
+    assert workers[3]["node"] == NODE_B  # the added worker: a Ray actor
+    assert not any(alive(c["pid"]) for c in record["children"])
+    wait_for(lambda: not _actor_pids(), 20, "the role actors to exit")
+    print(f"ray worker death: test wall {time.time() - start:.1f} s")
+
+
+def test_online_config_backend_keys_are_checked_and_reach_the_launcher(tmp_path):
+    # no cluster: job.backend / job.ray_address / job.*_resources are validated at load
+    # and become `sparseps launch --backend ray` options
+    from sparseps.errors import ConfigError
+    from sparseps.online import load_config
+    from sparseps.online.online_cli import launch_argv as online_launch_argv
+
+    def config(**job):
+        path = _online_helpers().write_config(
+            tmp_path / "job.yaml", data_root=tmp_path / "stream", model_dir=tmp_path / "m",
+            days=1, passes_per_day=1, job=job,
+        )  # fmt: skip
+        return load_config(path), path
+
+    loaded, path = config(backend="ray", ray_address="10.0.0.1:6379",
+                          worker_resources={"CPU": 2, "GPU": 1})  # fmt: skip
+    argv = online_launch_argv(loaded, path)
+    assert argv[argv.index("--backend") + 1] == "ray"
+    assert argv[argv.index("--address") + 1] == "10.0.0.1:6379"
+    assert json.loads(argv[argv.index("--worker-resources") + 1]) == {"CPU": 2.0, "GPU": 1.0}
+    assert "--server-resources" not in argv
+    assert "--backend" not in online_launch_argv(*config())  # local: the launcher's default
+    for job, message in [
+        ({"backend": "k8s"}, "job.backend: expected one of local, ray"),
+        ({"worker_resources": {"CPU": 1}}, "job.worker_resources: applies only to job.backend: ray"),
+        ({"ray_address": "x:1"}, "job.ray_address: applies only to job.backend: ray"),
+        ({"backend": "ray", "server_resources": {"CPU": 0}}, "job.server_resources: 'CPU' must be a number > 0"),
+        ({"backend": "ray", "server_resources": [1]}, "job.server_resources: expected a mapping"),
+    ]:  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            config(**job)
