@@ -48,13 +48,14 @@ def launch_argv(
     ]  # fmt: skip
     if job.job_id:
         argv += ["--job-id", job.job_id]
-    if getattr(job, "backend", "local") == "ray":  # a config-like object may lack the key
+    if job.backend == "ray":
         argv += ["--backend", "ray"]
         if job.ray_address:
             argv += ["--address", job.ray_address]
-        for key in ("server_resources", "worker_resources"):
-            if getattr(job, key) is not None:
-                argv += [f"--{key.replace('_', '-')}", json.dumps(getattr(job, key))]
+        for option, resources in (("--server-resources", job.server_resources),
+                                  ("--worker-resources", job.worker_resources)):  # fmt: skip
+            if resources is not None:
+                argv += [option, json.dumps(resources)]
     if status_port is not None:
         argv += ["--status-port", str(status_port)]
     script = Path(script) if script is not None else Path(__file__).with_name("job.py")
