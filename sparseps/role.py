@@ -179,8 +179,9 @@ def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
     env = session.env
     timeout_s = _env.float_setting(_env.RENDEZVOUS_TIMEOUT, _RENDEZVOUS_TIMEOUT_S, environ)
     session.store = connect_store(env, timeout_s=timeout_s, setting=_env.RENDEZVOUS_TIMEOUT)
-    if env.worker_num > 1:  # work-stealing datasets claim files on it (sparseps.data.steal)
-        worker_store.register(session.store)
+    # work-stealing datasets claim files on it (sparseps.data.steal, with several workers)
+    # and an online job's membership lives on it: also with one worker, whose job may grow
+    worker_store.register(session.store)
     # A barrier of our own before gloo's: if a worker never comes, it is named.
     store_barrier(
         session.store,

@@ -138,7 +138,7 @@ def dataset_key(files: tuple[str, ...], rank: int) -> str:
 
 
 def job_store():
-    """The workers' rendezvous store, or None when there is no job of several workers."""
+    """The workers' rendezvous store of a launched job (None: local mode)."""
     return worker_store.current()
 
 
@@ -472,7 +472,8 @@ class FileShare:
 
     def _claim(self, pass_no: int, skip: frozenset[int], static_share) -> Claim:
         files = self._files
-        store = self._shared_store() if self._stealing else None
+        # one worker reads its share alone (the store is there in a job of one worker too)
+        store = self._shared_store() if self._stealing and self._world > 1 else None
         if store is not None:
             namespace = f"sparseps/steal/{self._key}/{pass_no}"
             tickets = WorkQueue(store, namespace, len(files), skip, rank=self._rank,

@@ -5,7 +5,8 @@ contract played by the test (docs/elastic.md, "Workers joining and leaving").
 launcher's environment, writes ``elastic/workers`` on the workers' store and starts worker
 2 with ``SPARSEPS_WORKER_NUM=3``, then writes the shrink back to 2. The passes'
 done-markers are written by the test, so each change lands at a known boundary: pass 0
-and 1 run on 2 workers, pass 2 on 3, pass 3 on 2 again. It checks what holds for any
+and 1 run on 2 workers, pass 2 on 3, pass 3 on 2 again (``start=1``: a job launched with
+one worker grows to 2 the same way). It checks what holds for any
 split (each pass in the ledger once with exactly its rows, every process exits 0) and
 returns the effective ledger.
 """
@@ -102,40 +103,42 @@ def _ready(layout: DataLayout, seq: int) -> None:
         (folder / "_SUCCESS").touch()
 
 
-def grow_and_shrink(tmp_path: Path, split: str, *, shrink: bool = True) -> list[dict]:
+def grow_and_shrink(tmp_path: Path, split: str, *, shrink: bool = True,
+                    start: int = 2) -> list[dict]:  # fmt: skip
     """Run the job (2, 2, 3, then 2 workers again, or 3 with ``shrink=False``: the job
-    ends grown and every process still exits 0); the effective ledger."""
+    ends grown and every process still exits 0; ``start=1``: 1, 1, 2 and 1 or 2); the
+    effective ledger."""
     stream = tmp_path / "stream"
     write_stream(stream, start_day="20240101", days=1, splits_per_day=4,
                  rows_per_split=ROWS_PER_FILE * FILES_PER_SPLIT, files_per_split=FILES_PER_SPLIT,
                  skip=tuple(("20240101", s) for s in range(4)), seed=5)  # fmt: skip
     path = write_config(tmp_path / "job.yaml", data_root=stream, model_dir=tmp_path / "model",
-                        days=1, passes_per_day=4, job={"mode": "async", "worker_num": 2},
+                        days=1, passes_per_day=4, job={"mode": "async", "worker_num": start},
                         data={"split": split},
                         save={"delta_every": 1, "checkpoint_every": 2})  # fmt: skip
     layout = DataLayout(load_config(path))
     job = Job(path, tmp_path / "log")
     try:
-        job.start("server", 0, 2)
-        job.start("worker", 0, 2)
-        job.start("worker", 1, 2)
+        job.start("server", 0, start)
+        for rank in range(start):
+            job.start("worker", rank, start)
         _ready(layout, 0)
         store = _store(job.master)
-        # boundary 1 (after pass 0) decided with the launch's 2 workers: now grow to 3
-        assert json.loads(_wait_key(store, f"{MEMBERS}/decision/1", job))["world"] == 2
+        # boundary 1 (after pass 0) decided with the launch's workers: now grow by one
+        assert json.loads(_wait_key(store, f"{MEMBERS}/decision/1", job))["world"] == start
         assert store.check(["elastic/accepts_workers"])  # worker 0 accepts worker scaling
-        store.set("elastic/workers", json.dumps({"version": 1, "world": 3}))
-        job.start("worker", 2, 3)
+        store.set("elastic/workers", json.dumps({"version": 1, "world": start + 1}))
+        job.start("worker", start, start + 1)
         _ready(layout, 1)
-        # boundary 2 (after pass 1) admits worker 2; then shrink back to 2
-        assert json.loads(_wait_key(store, f"{MEMBERS}/decision/2", job))["world"] == 3
+        # boundary 2 (after pass 1) admits the new worker; then shrink back
+        assert json.loads(_wait_key(store, f"{MEMBERS}/decision/2", job))["world"] == start + 1
         if shrink:
-            store.set("elastic/workers", json.dumps({"version": 2, "world": 2}))
+            store.set("elastic/workers", json.dumps({"version": 2, "world": start}))
         _ready(layout, 2)
         _ready(layout, 3)
-        assert job.wait("worker.2", 90) == 0, job.log("worker.2")
-        for name in ("worker.0", "worker.1"):
-            assert job.wait(name, 90) == 0, job.log(name)
+        assert job.wait(f"worker.{start}", 90) == 0, job.log(f"worker.{start}")
+        for rank in range(start):
+            assert job.wait(f"worker.{rank}", 90) == 0, job.log(f"worker.{rank}")
         store.close()
     finally:
         job.kill()
@@ -144,7 +147,8 @@ def grow_and_shrink(tmp_path: Path, split: str, *, shrink: bool = True) -> list[
     records = [r for r in Ledger.of(tmp_path / "model").records() if r["kind"] == "pass"]
     assert [r["seq"] for r in records] == [0, 1, 2, 3]  # each pass trained and recorded once
     assert [r["seq"] for r in passes] == [0, 1, 2, 3]
-    assert [r["workers"] for r in passes] == [2, 2, 3, 2 if shrink else 3]
+    grown = start + 1
+    assert [r["workers"] for r in passes] == [start, start, grown, start if shrink else grown]
     per_pass = ROWS_PER_FILE * FILES_PER_SPLIT
     for record in passes:
         assert record["samples"] == per_pass, record  # rows of each pass counted exactly

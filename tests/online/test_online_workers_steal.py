@@ -1,8 +1,9 @@
 """Workers joining and leaving with ``data.split: steal``: each pass's files come from a
 queue named by the pass and the membership, so the new worker takes files from the pass
 it joins, a pass loaded for the old workers and dropped leaves no ticket behind, and
-every row of every pass is read exactly once (``_elastic_jobs.grow_and_shrink``: 2, 2, 3,
-3 workers: the job also ends grown, every process with exit 0)."""
+every row of every pass is read exactly once (``_elastic_jobs.grow_and_shrink``: 1, 1, 2,
+2 workers: a job launched with one worker grows live, and ends grown, every process with
+exit 0; the growth 2 -> 3 -> 2 is test_online_scale_workers.py's)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def test_stealing_online_job_reads_every_file_once_across_worker_changes(tmp_path):
-    passes = grow_and_shrink(tmp_path, "steal", shrink=False)
+    passes = grow_and_shrink(tmp_path, "steal", shrink=False, start=1)
     for record in passes:
         rows = record["worker_rows"]
         assert len(rows) == record["workers"]
