@@ -98,6 +98,18 @@ def plan_workers(held: dict, count: int) -> tuple[list[int], list[int], dict]:
     return members, left, record
 
 
+def _ended(store) -> bool:
+    """Whether worker 0 of an online job wrote its ``end`` decision: no pass boundary is
+    left where a new worker could join (:mod:`sparseps.online.membership`)."""
+    from ..online.membership import PREFIX
+
+    latest = f"{PREFIX}/latest"
+    if not store.check([latest]):
+        return False
+    key = f"{PREFIX}/decision/{int(store.get(latest))}"
+    return store.check([key]) and bool(json.loads(store.get(key)).get("end"))
+
+
 class ScaleError(SparsePSError):
     """A scale request that cannot be done; the message says what, where and how to fix."""
 
@@ -307,6 +319,12 @@ class JobScaler:
                 )
             if self.new_worker is None:
                 raise ScaleError("scale --workers: this launcher cannot start workers")
+            if _ended(store):
+                raise ScaleError(
+                    "scale --workers: the job is finishing: its last pass is done (worker 0 "
+                    "wrote the end decision), so no pass is left for a new worker; run the "
+                    "job again with job.worker_num to go on"
+                )
             held: dict = {"version": 0, "world": current}
             if store.check([WORKERS_KEY]):
                 held = json.loads(store.get(WORKERS_KEY))
@@ -419,12 +437,29 @@ class ScaleService:
                 log.warning("control store: a malformed scale request was dropped")
                 continue
             with self._lock:
-                result = self._serve(request)
+                result = self._gated(request)
             try:
                 self._store.set(f"scale/result/{request.get('id')}", json.dumps(result).encode())
                 self._store.set("scale/busy", b"0")
             except SparsePSError as exc:
                 log.warning("control store: %s", exc)
+
+    def _gated(self, request: dict) -> dict:
+        """Serve ``request`` unless the job is finishing; the job does not complete while
+        it is served (the supervisor's ``begin_change``/``end_change``)."""
+        from .supervisor import Supervisor
+
+        supervisor = self.scaler.supervisor
+        if not isinstance(supervisor, Supervisor):  # the Ray driver orders its own
+            return self._serve(request)
+        why = supervisor.begin_change()
+        if why:
+            log.error("scale refused: %s", why)
+            return {"ok": False, "error": f"scale: {why}"}
+        try:
+            return self._serve(request)
+        finally:
+            supervisor.end_change()
 
     def _serve(self, request: dict) -> dict:
         out: dict = {"ok": True}

@@ -150,6 +150,10 @@ class Supervisor:
         # (None: the launch's workers); a group restart starts these only
         self._members: list[int] | None = None
         self._departed: dict[int, ChildSpec] = {}  # specs of workers that died and left
+        # scale requests in flight (begin_change) and whether the job is finishing: every
+        # worker exited 0, so a change would start processes nobody waits for
+        self._changes = 0
+        self._finishing = False
         # ranks of servers lost and tolerated (replicas): left out of the final stop
         self.lost_servers: set[int] = set()
         self._replacements = 0  # replacement servers started (bounded by max_restarts)
@@ -242,6 +246,24 @@ class Supervisor:
             return self._start(
                 spec, self._coordinator.generation if spec.role is Role.WORKER else 0
             )
+
+    def begin_change(self) -> str:
+        """A scale request starts (:class:`sparseps.launch.scaling.ScaleService`): ""
+        when it may go on (the job does not complete until :meth:`end_change`), else why
+        not: the job is finishing (every worker exited 0) or finished."""
+        with self._lock:
+            if self._finishing:
+                return (
+                    "the job is finishing: every worker has exited 0 and its servers are "
+                    "being stopped, so nothing new is started (run the job again to go on)"
+                )
+            self._changes += 1
+            return ""
+
+    def end_change(self) -> None:
+        """The scale request that :meth:`begin_change` admitted is done."""
+        with self._lock:
+            self._changes -= 1
 
     def retire(self, role: Role, rank: int) -> None:
         """Plan the exit of a process (a drained server): it neither fails the job nor is
@@ -398,14 +420,19 @@ class Supervisor:
                     return failed
                 self._workers_left = {c.rank for c in self.children if c.role is Role.WORKER}
                 workers_left, reported = self._workers_left, False
+                self._finishing = False
                 continue
             if not workers_left and not reported:
                 with self._lock:  # a scale request may be adding a worker
-                    if workers_left:
-                        continue
-                    count = len({c.rank for c in self.children if c.role is Role.WORKER})
-                self._coordinator.report_workers_done(count)
-                reported = True
+                    # one in flight finishes first (it may add workers to wait for); once
+                    # finishing, new ones are refused (begin_change)
+                    done = not workers_left and not self._changes
+                    if done:
+                        self._finishing = True
+                        count = len({c.rank for c in self.children if c.role is Role.WORKER})
+                if done:
+                    self._coordinator.report_workers_done(count)
+                    reported = True
             if reported and self._coordinator.all_workers_done():
                 self._stop_servers()
                 return Outcome(0, "completed")

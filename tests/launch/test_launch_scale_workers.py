@@ -17,7 +17,14 @@ import pytest
 
 from sparseps.env import MASTER, RANK, WORKER_NUM, Role
 from sparseps.launch.records import ChildSpec, SupervisorConfig
-from sparseps.launch.scaling import ACCEPTS_WORKERS_KEY, WORKERS_KEY, JobScaler, plan_workers
+from sparseps.launch.scaling import (
+    ACCEPTS_WORKERS_KEY,
+    WORKERS_KEY,
+    JobScaler,
+    ScaleError,
+    ScaleService,
+    plan_workers,
+)
 from sparseps.launch.store import ZmqStore
 from sparseps.launch.store_server import StoreServer
 from sparseps.launch.supervisor import Supervisor
@@ -212,3 +219,54 @@ def test_a_group_restart_starts_the_current_members_only_as_ranks_0_to_n(tmp_pat
     children = json.loads((tmp_path / "pids.json").read_text())["children"]
     assert [(c["rank"], c["attempt"]) for c in children] == [
         (0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]  # fmt: skip
+
+
+def test_a_scale_in_flight_delays_completion_and_one_after_it_is_refused(tmp_path):
+    with StoreServer("127.0.0.1", 0) as server:
+        master = server.address
+        supervisor = Supervisor(children=[_worker(tmp_path, 0, 1, master)],
+                                config=SupervisorConfig(poll_s=0.05),
+                                pids_path=tmp_path / "pids.json")  # fmt: skip
+        scaler = JobScaler(supervisor=supervisor, endpoints=["127.0.0.1:1"], host="127.0.0.1",
+                           master=lambda: master)  # fmt: skip
+        service = ScaleService(scaler, "127.0.0.1", workers=1)
+        try:
+            outcome: list = []
+            thread = threading.Thread(target=lambda: outcome.append(supervisor.run()),
+                                      daemon=True)  # fmt: skip
+            thread.start()
+            _wait(lambda: (tmp_path / "seen.0").exists(), "worker 0")
+            assert supervisor.begin_change() == ""  # a scale request is being served
+            (tmp_path / "release.0").write_text("")  # the last worker exits 0 meanwhile
+            time.sleep(0.5)
+            assert thread.is_alive() and not outcome  # the job waits for the request
+            supervisor.end_change()
+            thread.join(30)
+            assert outcome and outcome[0].reason == "completed"
+            # a request after that: refused, nothing started
+            with ZmqStore(service.address, timeout_s=5, setting="-") as control:
+                control.set("scale/request", json.dumps({"id": "late", "servers": 2,
+                                                         "workers": None}).encode())  # fmt: skip
+                _wait(lambda: control.check(["scale/result/late"]), "the answer")
+                result = json.loads(control.get("scale/result/late"))
+            assert not result["ok"] and "the job is finishing" in result["error"], result
+            children = json.loads((tmp_path / "pids.json").read_text())["children"]
+            assert [(c["role"], c["rank"]) for c in children] == [("worker", 0)]
+        finally:
+            service.close()
+
+
+def test_scale_workers_after_the_last_pass_is_refused(tmp_path):
+    with StoreServer("127.0.0.1", 0) as server, ZmqStore(server.address, timeout_s=5,
+                                                         setting="-") as store:  # fmt: skip
+        started: list = []
+        scaler = JobScaler(supervisor=None, endpoints=["127.0.0.1:1"], host="127.0.0.1",
+                           new_worker=lambda rank, world: started.append(rank),
+                           master=lambda: server.address)  # fmt: skip
+        store.set(ACCEPTS_WORKERS_KEY, b"1")
+        # worker 0 of an online job wrote its end decision: no boundary left to join at
+        store.set("sparseps/online/members/decision/3", json.dumps({"end": True}).encode())
+        store.set("sparseps/online/members/latest", b"3")
+        with pytest.raises(ScaleError, match="the job is finishing: its last pass is done"):
+            scaler.workers(3, 2)
+        assert not store.check([WORKERS_KEY]) and not started  # nothing announced or started
