@@ -38,14 +38,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from typing import Any
 
 from ..env import Role
-from ..errors import SparsePSError
-from . import scaling
 from .ray_placement import (
     RoleHandle,
     new_actor,
@@ -55,8 +52,6 @@ from .ray_placement import (
     role_resources,
 )
 from .scaling import (
-    ACCEPTS_WORKERS_KEY,
-    WORKERS_KEY,
     JobScaler,
     NewServer,
     ScaleError,
@@ -264,47 +259,15 @@ class RayScaler(JobScaler):
     """:class:`JobScaler` whose ``--workers`` places the new workers' actors before the
     new world is announced (a worker that cannot be placed then changes nothing)."""
 
-    def workers(self, count: int, current: int) -> dict:
+    def _reserve_workers(self, ranks: list[int]) -> None:
         roles = self.supervisor
         assert isinstance(roles, RayRoles)
-        roles.reserve_workers(self._joining(count, current))
-        try:
-            return super().workers(count, current)
-        finally:
-            roles.release_reserved()
+        roles.reserve_workers(ranks)
 
-    def _joining(self, count: int, current: int) -> list[int]:
-        """The ranks a scale to ``count`` workers would start, or [] when the scaler will
-        refuse it anyway (it says why: no store, a job that does not follow membership).
-        The ranks are the scaler's own choice (``plan_workers`` where the scaler has it)."""
-        from .store import ZmqStore
-
-        if count < 1 or self.master is None:
-            return []
-        try:
-            store = ZmqStore(self.master(), timeout_s=5.0, setting="-",
-                             what="rendezvous store", security=self.security)  # fmt: skip
-        except SparsePSError:
-            return []
-        try:
-            if not store.check([ACCEPTS_WORKERS_KEY]):
-                return []
-            held: dict = {"version": 0, "world": current}
-            if store.check([WORKERS_KEY]):
-                held = json.loads(store.get(WORKERS_KEY))
-            old = [int(r) for r in held.get("members", range(int(held["world"])))]
-            plan = getattr(scaling, "plan_workers", None)  # the scaler's own rank choice
-            if plan is not None:
-                members = plan(held, count)[0]
-            elif held.get("left"):
-                return []  # the scaler refuses a scale after a death
-            else:
-                members = list(range(count))
-        except (SparsePSError, ValueError, KeyError, TypeError):
-            return []
-        finally:
-            store.close()
-        return [r for r in members if r not in old]
+    def _release_reserved(self) -> None:
+        roles = self.supervisor
+        assert isinstance(roles, RayRoles)
+        roles.release_reserved()
 
 
 def scale_service(job: Any) -> ScaleService:

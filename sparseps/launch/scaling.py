@@ -330,24 +330,39 @@ class JobScaler:
                 held = json.loads(store.get(WORKERS_KEY))
             version = int(held["version"])
             members, left, record = plan_workers(held, count)
-            store.set(WORKERS_KEY, json.dumps(record).encode())
+            old = [int(r) for r in held.get("members", range(int(held["world"])))]
+            started = [r for r in members if r not in old]
+            self._reserve_workers(started)  # may refuse: nothing is announced yet
+            try:
+                store.set(WORKERS_KEY, json.dumps(record).encode())
+            except BaseException:
+                self._release_reserved()
+                raise
         finally:
             store.close()
-        old = [int(r) for r in held.get("members", range(int(held["world"])))]
-        started = [r for r in members if r not in old]
         new_worker = self.new_worker
         assert new_worker is not None  # checked above, before anything was announced
         # a launch rank need not be below the world once a worker left: the new process's
         # worker count covers the highest member (SPARSEPS_RANK < SPARSEPS_WORKER_NUM)
         worker_num = max(members) + 1
-        for rank in started:
-            self.supervisor.add_child(new_worker(rank, worker_num))  # type: ignore[attr-defined]
-        self.supervisor.set_world(count)  # type: ignore[attr-defined]
+        try:
+            for rank in started:
+                self.supervisor.add_child(new_worker(rank, worker_num))  # type: ignore[attr-defined]
+            self.supervisor.set_world(count)  # type: ignore[attr-defined]
+        finally:
+            self._release_reserved()
         report = {"workers_before": len(old), "workers_after": count, "workers_started": started,
                   "version": version + 1}  # fmt: skip
         if "members" in record:
             report.update(members=members, left=left)
         return report
+
+    def _reserve_workers(self, ranks: list[int]) -> None:
+        """Before a world with new workers ``ranks`` is announced: hold what starting them
+        needs (the Ray launcher places their actors), or refuse with ScaleError."""
+
+    def _release_reserved(self) -> None:
+        """After the scale: let go of what :meth:`_reserve_workers` held and was not used."""
 
     def worker_died(self, rank: int, current: int) -> str | None:
         """Record that worker ``rank`` died as a leave: ``elastic/workers`` gets version
