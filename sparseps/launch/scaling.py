@@ -44,6 +44,13 @@ from ..env import Role
 from ..errors import SparsePSError
 from .store import ZmqStore
 from .store_server import StoreServer
+from .worker_keys import (
+    ACCEPTS_WORKERS_KEY,
+    FIXED_KEY,
+    LEAVES_KEY,
+    MEMBERS_PREFIX,
+    WORKERS_KEY,
+)
 
 __all__ = [
     "ACCEPTS_WORKERS_KEY",
@@ -62,10 +69,6 @@ log = logging.getLogger(__name__)
 # are training meet a refusal, refresh their placement and never wait on a dead server.
 DRAIN_LINGER_S = 1.0
 SERVER_READY_S = 60.0
-WORKERS_KEY = "elastic/workers"
-ACCEPTS_WORKERS_KEY = "elastic/accepts_workers"
-LEAVES_KEY = "elastic/leave_on_death"  # sparseps.online.leaving.LEAVES_KEY
-FIXED_KEY = "elastic/fixed_workers"  # why an online job's workers are fixed (sync, geo)
 
 
 def plan_workers(held: dict, count: int) -> tuple[list[int], list[int], dict]:
@@ -101,12 +104,10 @@ def plan_workers(held: dict, count: int) -> tuple[list[int], list[int], dict]:
 def _ended(store) -> bool:
     """Whether worker 0 of an online job wrote its ``end`` decision: no pass boundary is
     left where a new worker could join (:mod:`sparseps.online.membership`)."""
-    from ..online.membership import PREFIX
-
-    latest = f"{PREFIX}/latest"
+    latest = f"{MEMBERS_PREFIX}/latest"
     if not store.check([latest]):
         return False
-    key = f"{PREFIX}/decision/{int(store.get(latest))}"
+    key = f"{MEMBERS_PREFIX}/decision/{int(store.get(latest))}"
     return store.check([key]) and bool(json.loads(store.get(key)).get("end"))
 
 

@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import DeadlineError
+from ..launch.worker_keys import FIXED_KEY, LEAVES_KEY
 from .membership import PREFIX, Membership, requested_members
 
 __all__ = [
@@ -63,9 +64,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-LEAVES_KEY = "elastic/leave_on_death"  # worker 0 of a job whose workers may die and leave
-FIXED_KEY = "elastic/fixed_workers"  # worker 0 of a sync/geo job: why a death fails it
 
 
 def rank_map(members: Iterable[int]) -> dict[int, int]:

@@ -50,6 +50,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import DeadlineError
+from ..launch.worker_keys import ACCEPTS_WORKERS_KEY, LEAVES_KEY, MEMBERS_PREFIX, WORKERS_KEY
 
 __all__ = [
     "ACCEPTS_KEY",
@@ -62,9 +63,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ELASTIC_KEY = "elastic/workers"  # written by the launcher (sparseps scale --workers)
-ACCEPTS_KEY = "elastic/accepts_workers"  # written by worker 0 of a job that can follow
-PREFIX = "sparseps/online/members"
+ELASTIC_KEY = WORKERS_KEY  # written by the launcher (sparseps scale --workers)
+ACCEPTS_KEY = ACCEPTS_WORKERS_KEY  # written by worker 0 of a job that can follow
+PREFIX = MEMBERS_PREFIX
 MAX_WORKERS = 64  # as job.worker_num
 
 
@@ -251,8 +252,6 @@ class Membership:
             self._publish()
             self.store.set(ACCEPTS_KEY, "1")
             if leaves:
-                from .leaving import LEAVES_KEY
-
                 self.store.set(LEAVES_KEY, "1")
 
     def _publish(self) -> None:

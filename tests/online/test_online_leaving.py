@@ -27,7 +27,6 @@ from sparseps.launch.scaling import (
 from sparseps.launch.store import ZmqStore
 from sparseps.launch.store_server import StoreServer
 from sparseps.launch.supervisor import Supervisor
-from sparseps.online import leaving
 from sparseps.online.leaving import Fence, FenceDecision, LeaveAware, rank_map, share_of
 from sparseps.online.membership import Decision, Membership, requested_members
 
@@ -40,7 +39,6 @@ def test_rank_map_and_the_survivors_shares():
     lost = ["c", "a", "b"]
     shares = [share_of(lost, r, [0, 2]) for r in (0, 2)]
     assert shares == [["a", "c"], ["b"]]  # every lost file once, over the survivors
-    assert (leaving.LEAVES_KEY, leaving.FIXED_KEY) == (LEAVES_KEY, FIXED_KEY)  # the launcher's
 
 
 def test_requested_members_and_decisions_with_a_gap():
