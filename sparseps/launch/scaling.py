@@ -101,6 +101,14 @@ def plan_workers(held: dict, count: int) -> tuple[list[int], list[int], dict]:
     return members, left, record
 
 
+def _held(store, current: int) -> dict:
+    """``elastic/workers`` as it stands (``{"version": 0, "world": current}`` before any
+    scale or leave was recorded)."""
+    if store.check([WORKERS_KEY]):
+        return json.loads(store.get(WORKERS_KEY))
+    return {"version": 0, "world": current}
+
+
 def _ended(store) -> bool:
     """Whether worker 0 of an online job wrote its ``end`` decision: no pass boundary is
     left where a new worker could join (:mod:`sparseps.online.membership`)."""
@@ -326,9 +334,7 @@ class JobScaler:
                     "wrote the end decision), so no pass is left for a new worker; run the "
                     "job again with job.worker_num to go on"
                 )
-            held: dict = {"version": 0, "world": current}
-            if store.check([WORKERS_KEY]):
-                held = json.loads(store.get(WORKERS_KEY))
+            held = _held(store, current)
             version = int(held["version"])
             members, left, record = plan_workers(held, count)
             old = [int(r) for r in held.get("members", range(int(held["world"])))]
@@ -393,9 +399,7 @@ class JobScaler:
                     "needs data.split: steal and data.lease_s; rerun the job to resume from "
                     "its newest checkpoint"
                 )
-            held: dict = {"version": 0, "world": current}
-            if store.check([WORKERS_KEY]):
-                held = json.loads(store.get(WORKERS_KEY))
+            held = _held(store, current)
             members = [int(r) for r in held.get("members", range(int(held["world"])))]
             members = [r for r in members if r != rank]
             left = sorted({*(int(r) for r in held.get("left", [])), rank})

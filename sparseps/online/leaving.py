@@ -146,7 +146,11 @@ class Fence:
             decision = self._decide(base)
             self.store.set(f"{base}/decision", decision.dumps())
         else:
-            decision = FenceDecision.loads(self._wait(f"{base}/decision", "worker 0's decision"))
+            decision = FenceDecision.loads(
+                self.members.written_by_worker_0(
+                    f"{base}/decision", "worker 0's decision", op="fence", seconds=self.timeout_s
+                )
+            )
         for rank in decision.departed:
             self.departed[rank] = {"files": decision.files[str(rank)],
                                    "rows": decision.rows[str(rank)]}  # fmt: skip
@@ -185,19 +189,6 @@ class Fence:
                     "workers %s re-read their files %s", self.seq, waiting, rows, survivors,
                     files)  # fmt: skip
         return FenceDecision(waiting, survivors, files, rows)
-
-    def _wait(self, key: str, what: str) -> bytes:
-        deadline = time.monotonic() + self.timeout_s
-        while not self.store.check([key]):
-            if time.monotonic() > deadline:
-                raise DeadlineError(
-                    f"online worker {self.rank}: {what} ({key}) did not come within "
-                    f"{self.timeout_s:.0f} s; check worker 0's log",
-                    op="fence", role="worker", rank=0, seconds=self.timeout_s,
-                    setting="job.collective_timeout_s",
-                )  # fmt: skip
-            time.sleep(self.poll_s)
-        return self.store.get(key)
 
     def regroup(self, decision: FenceDecision) -> None:
         """Form the survivors' gloo group (each fence that saw a departure has its own)."""

@@ -385,13 +385,19 @@ class Membership:
         return int(self.store.get(key)) if self.store.check([key]) else 0
 
     def _get(self, key: str) -> bytes:
-        deadline = time.monotonic() + self.wait_s
+        return self.written_by_worker_0(key, "worker 0's membership decision",
+                                        op="membership", seconds=self.wait_s)  # fmt: skip
+
+    def written_by_worker_0(self, key: str, what: str, *, op: str, seconds: float) -> bytes:
+        """The value of ``key`` once worker 0 wrote it, polled for up to ``seconds``
+        (then a DeadlineError naming ``what`` and ``job.collective_timeout_s``)."""
+        deadline = time.monotonic() + seconds
         while not self.store.check([key]):
             if time.monotonic() > deadline:
                 raise DeadlineError(
-                    f"online worker {self.rank}: worker 0's membership decision {key} did not "
-                    f"come within {self.wait_s:.0f} s; check worker 0's log",
-                    op="membership", role="worker", rank=0, seconds=self.wait_s,
+                    f"online worker {self.rank}: {what} ({key}) did not come within "
+                    f"{seconds:.0f} s; check worker 0's log",
+                    op=op, role="worker", rank=0, seconds=seconds,
                     setting="job.collective_timeout_s",
                 )  # fmt: skip
             time.sleep(self.poll_s)
