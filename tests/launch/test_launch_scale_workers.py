@@ -47,6 +47,26 @@ def _worker(folder: Path, rank: int, world: int, master: str) -> ChildSpec:
                      log_path=folder / f"worker.{rank}.log")  # fmt: skip
 
 
+def _running(folder: Path, master: str, ranks: tuple[int, ...], *, world: int):
+    """Workers ``ranks`` (of ``world``) under a running Supervisor, and the JobScaler that
+    starts new ones: ``(supervisor, scaler, outcome, thread)``; ``outcome`` gets the
+    Outcome once the supervisor's run ends."""
+    supervisor = Supervisor(
+        children=[_worker(folder, r, world, master) for r in ranks],
+        config=SupervisorConfig(poll_s=0.05),
+        pids_path=folder / "pids.json",
+    )
+    scaler = JobScaler(
+        supervisor=supervisor, endpoints=["127.0.0.1:1"], new_server=None,  # type: ignore[arg-type]
+        new_worker=lambda rank, world: _worker(folder, rank, world, master),
+        host="127.0.0.1", master=lambda: master,
+    )  # fmt: skip
+    outcome: list = []
+    thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
+    thread.start()
+    return supervisor, scaler, outcome, thread
+
+
 def _wait(predicate, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -57,19 +77,7 @@ def _wait(predicate, what: str, timeout: float = 30.0) -> None:
 def test_new_workers_start_with_the_new_world_and_the_job_waits_for_them(tmp_path):
     with StoreServer("127.0.0.1", 0) as server:
         master = server.address
-        supervisor = Supervisor(
-            children=[_worker(tmp_path, r, 2, master) for r in range(2)],
-            config=SupervisorConfig(poll_s=0.05),
-            pids_path=tmp_path / "pids.json",
-        )
-        scaler = JobScaler(
-            supervisor=supervisor, endpoints=["127.0.0.1:1"], new_server=None,  # type: ignore[arg-type]
-            new_worker=lambda rank, world: _worker(tmp_path, rank, world, master),
-            host="127.0.0.1", master=lambda: master,
-        )  # fmt: skip
-        outcome: list = []
-        thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
-        thread.start()
+        supervisor, scaler, outcome, thread = _running(tmp_path, master, (0, 1), world=2)
         with ZmqStore(master, timeout_s=5, setting="-") as store:
             _wait(lambda: (tmp_path / "seen.1").exists(), "the workers to start")
             store.set(ACCEPTS_WORKERS_KEY, b"1")  # what the online driver sets
@@ -132,19 +140,7 @@ def test_plan_workers_after_a_leave_skips_the_dead_ranks_and_shrinks_from_the_to
 def test_a_grow_after_a_worker_left_starts_a_new_rank_with_a_worker_count_above_it(tmp_path):
     with StoreServer("127.0.0.1", 0) as server:
         master = server.address
-        supervisor = Supervisor(
-            children=[_worker(tmp_path, r, 3, master) for r in (0, 2)],
-            config=SupervisorConfig(poll_s=0.05),
-            pids_path=tmp_path / "pids.json",
-        )
-        scaler = JobScaler(
-            supervisor=supervisor, endpoints=["127.0.0.1:1"], new_server=None,  # type: ignore[arg-type]
-            new_worker=lambda rank, world: _worker(tmp_path, rank, world, master),
-            host="127.0.0.1", master=lambda: master,
-        )  # fmt: skip
-        outcome: list = []
-        thread = threading.Thread(target=lambda: outcome.append(supervisor.run()), daemon=True)
-        thread.start()
+        supervisor, scaler, outcome, thread = _running(tmp_path, master, (0, 2), world=3)
         with ZmqStore(master, timeout_s=5, setting="-") as store:
             _wait(lambda: (tmp_path / "seen.2").exists(), "the workers to start")
             store.set(ACCEPTS_WORKERS_KEY, b"1")
