@@ -35,7 +35,9 @@ of the whole job. Once ``sparseps scale --workers`` or a worker's leave changed 
 workers (a one-node launch), a restart starts the *current members* only, as ranks
 ``0..n-1`` of a world of ``n`` (the new generation's rendezvous counts ``0..n-1``, and
 an online job resumes on ``SPARSEPS_WORKER_NUM`` = n): workers shrunk away or dead are
-not started again.
+not started again. Which workers those are (the members, the ones the job waits for, the
+scale requests in flight) is :class:`~sparseps.launch.worker_world.WorkerWorld`'s to know;
+this module starts and stops the processes.
 
 ``LOG_DIR/pids.json`` lists every process started (restarts included) so that tools and
 tests can check that none survives the job; each entry also names the port of its
@@ -60,7 +62,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..env import MASTER, RANK, RECOVER, RESTART_COUNT, WORKER_NUM, Role
+from ..env import MASTER, RECOVER, RESTART_COUNT, Role
 from ..errors import SparsePSError
 from .node_sync import Coordinator, LocalCoordinator
 from .procutil import die_with_parent_hook, stop_groups, tail
@@ -72,6 +74,7 @@ from .records import (
     Outcome,
     SupervisorConfig,
 )
+from .worker_world import WorkerWorld
 
 __all__ = ["ChildSpec", "Failure", "Outcome", "Supervisor", "SupervisorConfig"]
 
@@ -145,15 +148,6 @@ class Supervisor:
         self._lock = threading.RLock()  # starts from a scale request's thread; pids.json
         # (role, rank) of servers stopped by a scale-down: a planned exit, not a failure
         self.retired: set[tuple[str, int]] = set()
-        self._workers_left: set[int] = set()
-        # the launch ranks of the current workers once a scale or a leave changed them
-        # (None: the launch's workers); a group restart starts these only
-        self._members: list[int] | None = None
-        self._departed: dict[int, ChildSpec] = {}  # specs of workers that died and left
-        # scale requests in flight (begin_change) and whether the job is finishing: every
-        # worker exited 0, so a change would start processes nobody waits for
-        self._changes = 0
-        self._finishing = False
         # ranks of servers lost and tolerated (replicas): left out of the final stop
         self.lost_servers: set[int] = set()
         self._replacements = 0  # replacement servers started (bounded by max_restarts)
@@ -163,6 +157,9 @@ class Supervisor:
         if self.coordinator is None:
             self.coordinator = LocalCoordinator(workers)
         self._coordinator: Coordinator = self.coordinator
+        # which workers the job counts (members, the ones it waits for, scale requests in
+        # flight); it edits self.children in place
+        self._world = WorkerWorld(self.children, self._lock, self._coordinator)
         if self.pids_path is None and self.children:
             self.pids_path = self.children[0].log_path.parent / "pids.json"
 
@@ -230,19 +227,15 @@ class Supervisor:
                         console = None  # console closed; the log still has everything
         stdout.close()
 
-    # -- a running job's membership (sparseps scale: sparseps.launch.scaling) ----------
+    # -- a running job's changes (sparseps scale: sparseps.launch.scaling) -------------
+    # the workers' part is the WorkerWorld's (sparseps.launch.worker_world)
 
     def add_child(self, spec: ChildSpec) -> _Child:
         """Start one more process while the job runs (a new server, or a new worker: it
         joins the workers the job waits for, and a worker group restart restarts it)."""
-        with self._lock:
-            if spec.role is Role.WORKER:  # a rank that joins again replaces its old spec
-                self.children[:] = [
-                    c for c in self.children if not (c.role is Role.WORKER and c.rank == spec.rank)
-                ]
-                self.children.append(spec)
-                self._workers_left.add(spec.rank)
-                self._members = sorted({*self.members, spec.rank})
+        with self._lock:  # joined and started as one step for the supervision loop
+            if spec.role is Role.WORKER:
+                self._world.join(spec)
             return self._start(
                 spec, self._coordinator.generation if spec.role is Role.WORKER else 0
             )
@@ -251,19 +244,23 @@ class Supervisor:
         """A scale request starts (:class:`sparseps.launch.scaling.ScaleService`): ""
         when it may go on (the job does not complete until :meth:`end_change`), else why
         not: the job is finishing (every worker exited 0) or finished."""
-        with self._lock:
-            if self._finishing:
-                return (
-                    "the job is finishing: every worker has exited 0 and its servers are "
-                    "being stopped, so nothing new is started (run the job again to go on)"
-                )
-            self._changes += 1
-            return ""
+        return self._world.begin_change()
 
     def end_change(self) -> None:
         """The scale request that :meth:`begin_change` admitted is done."""
-        with self._lock:
-            self._changes -= 1
+        self._world.end_change()
+
+    @property
+    def members(self) -> list[int]:
+        """The launch ranks of the job's current workers (sorted): the launch's workers
+        until a scale or a leave changed them."""
+        return self._world.members
+
+    def set_world(self, count: int) -> None:
+        """The job's worker count is now ``count``: the lowest ``count`` members stay
+        (workers of higher ranks exit 0 by themselves; the job completes when every worker
+        ever started exited 0)."""
+        self._world.set_world(count)
 
     def retire(self, role: Role, rank: int) -> None:
         """Plan the exit of a process (a drained server): it neither fails the job nor is
@@ -278,28 +275,6 @@ class Supervisor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         stop_groups([p for p in procs if p.poll() is None], self.config.grace_s)
-
-    @property
-    def members(self) -> list[int]:
-        """The launch ranks of the job's current workers (sorted): the launch's workers
-        until a scale or a leave changed them."""
-        if self._members is not None:
-            return list(self._members)
-        return sorted({c.rank for c in self.children if c.role is Role.WORKER})
-
-    def set_world(self, count: int) -> None:
-        """The job's worker count is now ``count``: the lowest ``count`` members stay
-        (workers of higher ranks exit 0 by themselves; the job completes when every worker
-        ever started exited 0)."""
-        with self._lock:
-            self._members = self.members[:count]
-            self._count_workers()
-
-    def _count_workers(self) -> None:
-        if isinstance(self._coordinator, LocalCoordinator):
-            self._coordinator.worker_num = len(
-                {c.rank for c in self.children if c.role is Role.WORKER}
-            )
 
     def worker_env(self) -> dict[str, str]:
         """The environment of a running worker of the current generation (empty if none)."""
@@ -379,8 +354,8 @@ class Supervisor:
         return previous
 
     def _loop(self) -> Outcome:
-        self._workers_left = {c.rank for c in self.children if c.role is Role.WORKER}
-        workers_left = self._workers_left
+        world = self._world
+        world.begin_generation()
         reported = False
         while True:
             if self._signal is not None:
@@ -396,11 +371,11 @@ class Supervisor:
                     continue
                 child.exit_code = code
                 if code == 0:
-                    workers_left.discard(child.spec.rank)
+                    world.finished(child.spec.rank)
                     log.info("worker %d finished", child.spec.rank)
                 elif (server := self._exited_server(settle=True)) is not None:
                     return self._fail(server)  # the worker failed because a server died
-                elif self._left(child):
+                elif world.leave(child.spec, child.proc.pid, code, self.worker_left):
                     continue
                 elif self._restarts_left():
                     restart = (child, "")
@@ -418,58 +393,20 @@ class Supervisor:
                 failed = self._restart_workers(*restart)
                 if failed is not None:
                     return failed
-                self._workers_left = {c.rank for c in self.children if c.role is Role.WORKER}
-                workers_left, reported = self._workers_left, False
-                self._finishing = False
+                world.begin_generation()
+                reported = False
                 continue
-            if not workers_left and not reported:
-                with self._lock:  # a scale request may be adding a worker
-                    # one in flight finishes first (it may add workers to wait for); once
-                    # finishing, new ones are refused (begin_change)
-                    done = not workers_left and not self._changes
-                    if done:
-                        self._finishing = True
-                        count = len({c.rank for c in self.children if c.role is Role.WORKER})
-                if done:
-                    self._coordinator.report_workers_done(count)
-                    reported = True
+            # once no worker is waited for: a scale request in flight finishes first (it
+            # may add workers to wait for); once finishing, new ones are refused
+            if not reported and not world.waiting and (count := world.finish()) is not None:
+                self._coordinator.report_workers_done(count)
+                reported = True
             if reported and self._coordinator.all_workers_done():
                 self._stop_servers()
                 return Outcome(0, "completed")
             self._warn_quiet()
             self.roles()  # keeps sparseps_launcher_role_up current
             time.sleep(self.config.poll_s)
-
-    def _left(self, child: _Child) -> bool:
-        """Whether a worker that exited non-zero left the job (``worker_left``): its spec
-        is dropped (a group restart would not start it again) and the job completes
-        without it."""
-        if self.worker_left is None:
-            return False
-        rank, code = child.spec.rank, child.exit_code
-        assert code is not None, "asked once it exited"
-        try:
-            why = self.worker_left(rank, code)
-        except Exception as exc:  # never kill the launcher; the job fails as before
-            why = f"recording its leave failed: {type(exc).__name__}: {exc}"
-        if why is None:
-            return False
-        if why:
-            log.error("%s (pid %d) exited with code %d and the job cannot go on without it: "
-                      "%s", child.spec.name, child.proc.pid, code, why)  # fmt: skip
-            return False
-        with self._lock:
-            self._members = [r for r in self.members if r != rank]
-            self._departed[rank] = child.spec
-            self.children[:] = [
-                c for c in self.children if not (c.role is Role.WORKER and c.rank == rank)
-            ]
-            self._workers_left.discard(rank)
-            self._count_workers()
-        log.warning("%s (pid %d) exited with code %d: it LEFT the job (recorded in the "
-                    "workers' membership); the other workers finish its pass and go on "
-                    "without it", child.spec.name, child.proc.pid, code)  # fmt: skip
-        return True
 
     def _interrupted(self, signum: int) -> Outcome:
         name = signal.Signals(signum).name
@@ -589,7 +526,7 @@ class Supervisor:
         if (server := self._exited_server()) is not None:
             return self._fail(server)  # never start a generation against a dead server
         extra = dict(self.restart_env(k)) if self.restart_env else {}
-        specs = self._restart_specs()
+        specs = self._world.restart_specs()
         for spec in specs:
             self._start(replace(spec, env={**spec.env, **extra}), k)
         if specs:
@@ -599,36 +536,6 @@ class Supervisor:
                 extra.get(MASTER, specs[0].env.get(MASTER, "-")),
             )  # fmt: skip
         return None
-
-    def _restart_specs(self) -> list[ChildSpec]:
-        """The workers of a restarted generation: the launch's workers unchanged, or,
-        once a scale or a leave changed them, the current members as ranks ``0..n-1``
-        with ``SPARSEPS_WORKER_NUM`` = n (each rank's own spec: log, metrics port; the
-        ones of workers shrunk away or dead are dropped, so the job waits for the new
-        generation only)."""
-        with self._lock:
-            workers = [c for c in self.children if c.role is Role.WORKER]
-            if self._members is None:
-                return workers
-            n = len(self._members)
-            known = {**self._departed, **{c.rank: c for c in workers}}
-            if not known:
-                return workers
-            first = known.get(0) or next(iter(known.values()))
-            specs = []
-            for rank in range(n):
-                spec = known.get(rank) or replace(
-                    first, rank=rank, echo=False, metrics_port=None,
-                    log_path=first.log_path.with_name(f"{first.role.value}.{rank}.log"),
-                )  # fmt: skip
-                specs.append(replace(spec, env={**spec.env, RANK: str(rank), WORKER_NUM: str(n)}))
-            if self._members != list(range(n)):
-                log.warning("worker group restart: the current workers %s start again as "
-                            "ranks 0..%d", self._members, n - 1)  # fmt: skip
-            self.children[:] = [c for c in self.children if c.role is not Role.WORKER] + specs
-            self._members, self._departed = None, {}
-            self._count_workers()
-            return specs
 
     def _fail(self, child: _Child) -> Outcome:
         spec, exit_code = child.spec, child.exit_code
