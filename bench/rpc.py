@@ -269,7 +269,7 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
         raise SparsePSError("bench rpc: --secure and --replicas are measured in separate runs")
     rows = 100_000 if quick else 1_000_000
     count = 20 if quick else 100
-    rounds = 2 if quick else 3
+    rounds = 2 if quick else 5
     universe = np.random.default_rng(0).choice(2**62, rows, replace=False).astype(np.uint64)
     pulls = _batches(universe, count, seed=1)
     pushes = _batches(universe, count, seed=2)

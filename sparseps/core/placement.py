@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from .routing import group_by_table, routing_hash
+from .routing import group_by_table, route_by_table, routing_hash
 
 __all__ = [
     "DEFAULT_VSHARDS",
@@ -133,9 +133,13 @@ class Placement:
         """Owner rank of each key (int64), vectorised."""
         return self.owners[vshards_of(keys, self.vshards)]
 
-    def group(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Dedup ``keys`` and group them by owner rank (compiled; as ``group_by_server``)."""
-        return group_by_table(keys, len(self.endpoints), self.owners)
+    def group(
+        self, keys: np.ndarray, *, dedup: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Group ``keys`` by owner rank, deduplicated (compiled; as ``group_by_server``) or
+        as they are (``dedup=False``: as ``route_by_server``)."""
+        group = group_by_table if dedup else route_by_table
+        return group(keys, len(self.endpoints), self.owners)
 
     def moves(self, new: Placement) -> dict[tuple[int, int], np.ndarray]:
         """``(from_rank, to_rank) -> virtual shards`` that change owner from self to new."""

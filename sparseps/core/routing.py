@@ -21,7 +21,10 @@ Dense tables live whole on one server: ``dense_server_of(name, S)`` is the xxh64
 (seed 0) of the UTF-8 name modulo ``S``.
 
 The compiled side - ``group_by_server`` (dedup a batch and group it by owner, what the
-client sends) and ``misrouted`` (what a server checks on arrival) - uses the same
+client sends for a push), ``route_by_server`` (group it by owner as it is, for a pull: a
+server pulls repeated keys at the cost of the in-process table, and the worker's keys are
+already distinct, so hashing them into a set on the client paid twice for nothing) and
+``misrouted`` (what a server checks on arrival) - uses the same
 ``owner`` function as ``server_of``, so the client, the servers, sync mode's key shares
 and the checkpoint's re-routing agree by construction.
 """
@@ -41,6 +44,8 @@ __all__ = [
     "group_by_table",
     "misrouted",
     "owner_of",
+    "route_by_server",
+    "route_by_table",
     "routing_hash",
     "server_of",
     "split_by_server",
@@ -123,13 +128,20 @@ def vshard_of(key, vshards):  # pragma: no cover - compiled
     return np.int64(((z >> np.uint64(32)) * np.uint64(vshards)) >> np.uint64(32))
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _owner(key, num_servers, vshards, table):  # pragma: no cover - compiled
+    if vshards > 0:  # a placement: virtual shard -> rank (core.placement)
+        return table[vshard_of(key, vshards)]
+    return owner_of(key, num_servers) if num_servers > 1 else np.int64(0)
+
+
 @njit(nogil=True, cache=True)
-def _group(keys, num_servers, seed, vshards, table):  # pragma: no cover - compiled
+def _group(keys, num_servers, seed, vshards, table, dedup):  # pragma: no cover - compiled
     n = keys.shape[0]
     bits = 4
-    while (1 << bits) < 2 * n:
+    while dedup and (1 << bits) < 2 * n:
         bits += 1
-    size = 1 << bits
+    size = 1 << bits  # the batch's hash set (unused without dedup)
     mask = size - 1
     shift = np.uint64(64 - bits)
     slot_keys = np.empty(size, np.uint64)
@@ -140,6 +152,12 @@ def _group(keys, num_servers, seed, vshards, table):  # pragma: no cover - compi
     u = 0
     for i in range(n):
         key = keys[i]
+        if not dedup:  # every occurrence is its own entry, in the caller's order
+            unique[u] = key
+            owner[u] = _owner(key, num_servers, vshards, table)
+            first[i] = u
+            u += 1
+            continue
         # A secret seed per call: crafted keys cannot collide on purpose (an unseeded
         # multiplicative hash is invertible, and a batch of colliding keys would make
         # this loop quadratic). The result does not depend on the seed.
@@ -150,10 +168,7 @@ def _group(keys, num_servers, seed, vshards, table):  # pragma: no cover - compi
                 slot_index[s] = u
                 slot_keys[s] = key
                 unique[u] = key
-                if vshards > 0:  # a placement: virtual shard -> rank (core.placement)
-                    owner[u] = table[vshard_of(key, vshards)]
-                else:
-                    owner[u] = owner_of(key, num_servers) if num_servers > 1 else 0
+                owner[u] = _owner(key, num_servers, vshards, table)
                 first[i] = u
                 u += 1
                 break
@@ -194,7 +209,18 @@ def group_by_server(
         ``grouped[offsets[s]:offsets[s + 1]]`` (first-occurrence order within a server),
         and ``inverse`` such that ``grouped[inverse] == keys``.
     """
-    return _group(keys, num_servers, draw_seed(), 0, _NO_TABLE)
+    return _group(keys, num_servers, draw_seed(), 0, _NO_TABLE, True)
+
+
+def route_by_server(
+    keys: np.ndarray, num_servers: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Group ``keys`` by owning server as they are (repeats kept): ``(grouped, offsets,
+    inverse)`` as :func:`group_by_server`, except that ``grouped`` holds every key once per
+    occurrence; ``inverse`` is None when ``grouped`` is ``keys`` itself (one server)."""
+    if num_servers == 1:
+        return keys, np.array([0, len(keys)], np.int64), None
+    return _group(keys, num_servers, 0, 0, _NO_TABLE, False)
 
 
 _NO_TABLE = np.zeros(1, np.int64)
@@ -206,7 +232,14 @@ def group_by_table(
     """:func:`group_by_server` with owners from a placement table: key -> virtual shard
     ``vshard_of(key, len(owners))`` -> rank ``owners[vshard]`` (int64, each in
     ``0..num_ranks-1``, validated by :class:`sparseps.core.placement.Placement`)."""
-    return _group(keys, num_ranks, draw_seed(), len(owners), owners)
+    return _group(keys, num_ranks, draw_seed(), len(owners), owners, True)
+
+
+def route_by_table(
+    keys: np.ndarray, num_ranks: int, owners: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`route_by_server` with owners from a placement table (as :func:`group_by_table`)."""
+    return _group(keys, num_ranks, 0, len(owners), owners, False)
 
 
 @njit(nogil=True, cache=True)

@@ -42,7 +42,7 @@ import numpy as np
 
 from .. import env
 from ..core.replicas import chain, check_replicas
-from ..core.routing import dense_server_of, group_by_server
+from ..core.routing import dense_server_of
 from ..core.validate import check_key_array
 from ..errors import ConfigError
 from .batching import merge_by_group
@@ -331,10 +331,17 @@ class PSClient(ClientRows, PlacementRouting):
         """
         self._each_shard("create_table", config.name, {"config": config.to_dict()}, every=True)
 
-    def pull(self, table: str, keys: np.ndarray) -> RoutedHandle:
-        """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``."""
+    def pull(self, table: str, keys: np.ndarray, *, dedup: bool = False) -> RoutedHandle:
+        """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``.
+
+        The keys go to their servers as given: a repeated key is pulled once per
+        occurrence, at a server's cost (the same as an in-process table's), which is less
+        than hashing every key into a set here when the keys are distinct, as a worker's
+        are. ``dedup=True`` sends each distinct key once: fewer bytes for keys that repeat
+        a lot (raw batch ids), one hash per key more on this side.
+        """
         keys = check_key_array(f"pull {table!r}", keys, contiguous=False)
-        group = self._group(keys, group_by_server)
+        group = self._group(keys, dedup=dedup)
         return self._keyed("pull", table, group, (), rows_of(len(group[0]), group[2]))
 
     def prefetch(self, table: str, keys: np.ndarray) -> Handle | RoutedHandle:
@@ -344,7 +351,7 @@ class PSClient(ClientRows, PlacementRouting):
         keys = check_key_array(f"prefetch {table!r}", keys, contiguous=False)
         if not len(keys):
             return completed(0)
-        group = self._group(keys, group_by_server)
+        group = self._group(keys)
         return self._keyed(
             "prefetch", table, group, (), lambda got: sum(r.result["queued"] for _, r in got)
         )
@@ -359,7 +366,7 @@ class PSClient(ClientRows, PlacementRouting):
         clicks = check_counts_or_none(clicks, "clicks", what, len(keys))
         if not len(keys):
             return completed(None)
-        group = self._group(keys, group_by_server)
+        group = self._group(keys)
         grouped, inverse = group[0], group[2]
         merged, shows, clicks = merge_by_group(inverse, len(grouped), values, shows, clicks)
         if len(grouped) < len(keys):  # only sums of duplicates can overflow

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..core.keysets import has_repeats
-from ..core.routing import group_by_server
 from ..core.validate import check_key_array
 from ..errors import InputError
 from .client_checks import check_counts_or_none, check_finite_rows
@@ -42,7 +41,7 @@ class ClientRows:
 
         @property
         def num_servers(self) -> int: ...
-        def _group(self, keys: np.ndarray, group_by_server) -> tuple: ...
+        def _group(self, keys: np.ndarray, *, dedup: bool = True) -> tuple: ...
         def _keyed(self, op: str, table: str, group: tuple, columns, finish, *,
                    every: bool = False) -> RoutedHandle: ...  # fmt: skip
 
@@ -50,7 +49,7 @@ class ClientRows:
         """Embedding and optimizer state of ``keys``; ``wait()`` -> float32
         ``[len(keys), dim + state_dim]`` in the caller's order."""
         keys = check_key_array(f"pull_full {table!r}", keys, contiguous=False)
-        group = self._group(keys, group_by_server)
+        group = self._group(keys)
         return self._keyed("pull_full", table, group, (), rows_of(len(group[0]), group[2]))
 
     def write_rows(
@@ -80,7 +79,7 @@ class ClientRows:
             raise InputError(
                 f"{what}: keys must be unique (each row is written once); nothing was sent"
             )
-        group = self._group(keys, group_by_server)
+        group = self._group(keys)
         inverse = group[2]
         order = np.empty(len(keys), np.int64)
         order[inverse] = np.arange(len(keys))  # grouped[i] == keys[order[i]]

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.placement import Placement
+from ..core.routing import group_by_server, route_by_server
 from ..errors import DeadlineError, RemoteError, SparsePSError, UnavailableError
 from .handle import Handle
 from .ops import PLACED_OPS
@@ -347,13 +348,17 @@ class PlacementRouting:
         parts = self._send_keyed(op, table, grouped, offsets, columns, routing, every=every)
         return RoutedHandle(self, op, table, grouped, columns, parts, finish)
 
-    def _group(self, keys: np.ndarray, group_by_server) -> tuple:
-        """Dedup and group ``keys`` by owner: ``(grouped, offsets, inverse, routing)``."""
+    def _group(self, keys: np.ndarray, *, dedup: bool = True) -> tuple:
+        """Group ``keys`` by owner, deduplicated or as they are: ``(grouped, offsets,
+        inverse, routing)`` (``inverse`` None: ``grouped`` is ``keys``)."""
         routing = self._routing
-        if routing is None:
+        inverse: np.ndarray | None
+        if routing is not None:
+            grouped, offsets, inverse = routing[0].group(keys, dedup=dedup)
+        elif dedup:
             grouped, offsets, inverse = group_by_server(keys, self.num_servers)
         else:
-            grouped, offsets, inverse = routing[0].group(keys)
+            grouped, offsets, inverse = route_by_server(keys, self.num_servers)
         return grouped, offsets, inverse, routing
 
 
@@ -445,15 +450,18 @@ def _indices(positions) -> np.ndarray:
     return positions
 
 
-def rows_of(count: int, inverse: np.ndarray) -> Callable[[list], np.ndarray]:
-    """The ``finish`` of a pull: every owner's rows in grouped order, then the caller's."""
+def rows_of(count: int, inverse: np.ndarray | None) -> Callable[[list], np.ndarray]:
+    """The ``finish`` of a pull: every owner's rows in grouped order, then the caller's
+    (``inverse`` None: the grouped order is the caller's). Always a new, writable array
+    (the replies are read-only views of the received frames)."""
 
     def finish(got: list) -> np.ndarray:
         if len(got) == 1 and got[0][0] == slice(0, count):
-            return np.take(got[0][1].bufs[0], inverse, axis=0)
+            rows = got[0][1].bufs[0]
+            return rows.copy() if inverse is None else np.take(rows, inverse, axis=0)
         rows = np.empty((count, got[0][1].bufs[0].shape[1]), dtype=np.float32)
         for positions, reply in got:
             rows[positions] = reply.bufs[0]
-        return np.take(rows, inverse, axis=0)
+        return rows if inverse is None else np.take(rows, inverse, axis=0)
 
     return finish

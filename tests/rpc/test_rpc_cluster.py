@@ -210,3 +210,26 @@ def test_one_client_shared_by_threads():
         # Concurrent pulls saw whole pushes of one key's row (never half of a row).
         for rows in seen:
             assert (rows == rows[:, :1]).all()
+
+
+@pytest.mark.parametrize("servers", [1, 3])
+def test_a_pull_with_or_without_dedup_gives_the_same_writable_rows(servers):
+    config = _config("always")
+    keys, shows, clicks, noise = _batch(0)  # repeated keys
+    with (
+        local_cluster(servers=servers, timeout=30) as cluster,
+        cluster.client(timeout=30) as client,
+    ):
+        client.create_table(config)
+        client.push("emb", keys, noise, shows=shows, clicks=clicks).wait()
+        repeated = client.pull("emb", keys).wait()
+        distinct = client.pull("emb", keys, dedup=True).wait()
+        np.testing.assert_array_equal(repeated, distinct)
+        assert repeated.shape == (len(keys), DIM) and repeated.flags.writeable
+        assert np.abs(repeated).sum() > 0  # the pushed rows, not fresh zeros
+        unique = np.unique(keys)
+        assert client.stats()["total"]["tables"]["emb"]["rows"] == len(unique)
+        first = {int(k): i for i, k in reversed(list(enumerate(keys)))}
+        np.testing.assert_array_equal(
+            client.pull("emb", unique).wait(), repeated[[first[int(k)] for k in unique]]
+        )

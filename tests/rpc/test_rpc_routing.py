@@ -90,3 +90,29 @@ def test_client_grouping_agrees_with_server_of(servers):
     np.add.at(expected, inverse, values)
     np.testing.assert_allclose(merged, expected, rtol=1e-5, atol=1e-6)
     assert (shows == np.bincount(inverse)).all() and not clicks.any()
+
+
+@pytest.mark.parametrize("servers", [1, 2, 3, 7])
+def test_pull_routing_keeps_every_occurrence_grouped_by_owner(servers):
+    from sparseps.core.placement import Placement
+    from sparseps.core.routing import route_by_server
+
+    rng = np.random.default_rng(servers)
+    keys = rng.integers(0, 300, 2000).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    grouped, offsets, inverse = route_by_server(keys, servers)
+    if servers == 1:
+        assert grouped is keys and inverse is None and offsets.tolist() == [0, len(keys)]
+        return
+    assert len(grouped) == len(keys) and (grouped[inverse] == keys).all()
+    assert sorted(inverse.tolist()) == list(range(len(keys)))  # a permutation: no merging
+    owner = server_of(grouped, servers)
+    for rank in range(servers):
+        part = slice(offsets[rank], offsets[rank + 1])
+        assert (owner[part] == rank).all()
+        # within a server the caller's order is kept
+        np.testing.assert_array_equal(grouped[part], keys[server_of(keys, servers) == rank])
+    placement = Placement(1, tuple(f"h:{i}" for i in range(servers)), np.arange(64) % servers)
+    grouped, offsets, inverse = placement.group(keys, dedup=False)
+    assert len(grouped) == len(keys) and (grouped[inverse] == keys).all()
+    owners = placement.owner_of(grouped)
+    assert all((owners[offsets[r] : offsets[r + 1]] == r).all() for r in range(servers))
