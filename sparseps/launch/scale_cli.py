@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError, SparsePSError
-from .scaling import ScaleError
+from .scale_error import ScaleError
 
 __all__ = ["add_arguments", "run", "scale_job"]
 

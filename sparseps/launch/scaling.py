@@ -24,8 +24,11 @@ dense tables stay on ``dense_server_of(name, S_start)``), waits ``DRAIN_LINGER_S
 training clients see the drained servers' refusals and move on, then stops them: their
 exit is planned (:meth:`Supervisor.retire`), and the job's final stop skips them.
 
-Workers (:meth:`JobScaler.workers`): see docs/elastic.md "Workers joining and leaving"
-for the contract with the workers' side.
+Workers (:meth:`JobScaler.workers`, a dead worker's leave): the other half of a scale,
+:mod:`sparseps.launch.worker_scaling`. The halves share the request, the scaler's
+settings and the supervisor, not their rules: a server scale moves rows between servers
+through placements, a worker scale only rewrites the workers' membership record and
+starts processes.
 """
 
 from __future__ import annotations
@@ -42,15 +45,11 @@ from ..elastic import install_placement, migrate
 from ..elastic.peers import Peers
 from ..env import Role
 from ..errors import SparsePSError
+from .scale_error import ScaleError
 from .store import ZmqStore
 from .store_server import StoreServer
-from .worker_keys import (
-    ACCEPTS_WORKERS_KEY,
-    FIXED_KEY,
-    LEAVES_KEY,
-    MEMBERS_PREFIX,
-    WORKERS_KEY,
-)
+from .worker_keys import ACCEPTS_WORKERS_KEY, WORKERS_KEY
+from .worker_scaling import WorkerScaling, plan_workers
 
 __all__ = [
     "ACCEPTS_WORKERS_KEY",
@@ -71,58 +70,6 @@ DRAIN_LINGER_S = 1.0
 SERVER_READY_S = 60.0
 
 
-def plan_workers(held: dict, count: int) -> tuple[list[int], list[int], dict]:
-    """The members after a scale to ``count`` workers, from ``held`` (``elastic/workers``
-    as it stands: ``{"version", "world"}`` and, once a worker died and left, ``members``
-    and ``left``). Returns ``(members, left, record)``, ``record`` being the new value of
-    ``elastic/workers`` (version + 1).
-
-    A shrink keeps the lowest ``count`` member ranks (the highest leave at their next pass
-    boundary). A grow starts the lowest ranks that are neither members nor in ``left``:
-    ``old..count-1`` while no worker died; a dead worker's rank is never used again (a
-    launch rank names one process for the job's life: the fence takes a member named in
-    ``left`` for dead, and logs, steal heartbeats and file owners keep meaning one
-    process). ``members`` and ``left`` stay in the record once a worker left.
-    """
-    members = sorted(int(r) for r in held.get("members", range(int(held["world"]))))
-    left = sorted(int(r) for r in held.get("left", []))
-    if count <= len(members):
-        members = members[:count]
-    else:
-        taken, rank = {*members, *left}, 0
-        while len(members) < count:
-            if rank not in taken:
-                members.append(rank)
-            rank += 1
-        members.sort()
-    record: dict = {"version": int(held["version"]) + 1, "world": count}
-    if left or members != list(range(count)):
-        record.update(members=members, left=left)
-    return members, left, record
-
-
-def _held(store, current: int) -> dict:
-    """``elastic/workers`` as it stands (``{"version": 0, "world": current}`` before any
-    scale or leave was recorded)."""
-    if store.check([WORKERS_KEY]):
-        return json.loads(store.get(WORKERS_KEY))
-    return {"version": 0, "world": current}
-
-
-def _ended(store) -> bool:
-    """Whether worker 0 of an online job wrote its ``end`` decision: no pass boundary is
-    left where a new worker could join (:mod:`sparseps.online.membership`)."""
-    latest = f"{MEMBERS_PREFIX}/latest"
-    if not store.check([latest]):
-        return False
-    key = f"{MEMBERS_PREFIX}/decision/{int(store.get(latest))}"
-    return store.check([key]) and bool(json.loads(store.get(key)).get("end"))
-
-
-class ScaleError(SparsePSError):
-    """A scale request that cannot be done; the message says what, where and how to fix."""
-
-
 @dataclass(frozen=True)
 class NewServer:
     """A server a launcher started for a scale: where it listens, and whether it died.
@@ -139,9 +86,11 @@ class NewServer:
 
 
 @dataclass
-class JobScaler:
+class JobScaler(WorkerScaling):
     """Adds and removes servers and workers of a running launch: one implementation for
     the local launcher and the Ray backend, which differ only in how a server starts.
+    The server half is here, the worker half (:meth:`workers`, :meth:`worker_died`) is
+    :class:`~sparseps.launch.worker_scaling.WorkerScaling`.
 
     Args:
         supervisor: the launch's supervisor (starts children, plans server exits: it
@@ -300,118 +249,6 @@ class JobScaler:
             except SparsePSError as exc:  # the supervisor's SIGTERM below still stops it
                 log.warning("scale: stop request to server %d failed: %s", rank, exc)
         self.supervisor.wait_retired(timeout=15.0)  # type: ignore[attr-defined]
-
-    # -- workers -------------------------------------------------------------------------
-
-    def workers(self, count: int, current: int) -> dict:
-        """Announce a world of ``count`` workers and start the new ranks (the contract in
-        docs/elastic.md); ``current`` is the world before."""
-        if count < 1:
-            raise ScaleError(f"scale --workers {count}: a job needs at least one worker")
-        if self.workers_refused:
-            raise ScaleError(f"scale --workers: {self.workers_refused}")
-        if self.master is None:
-            raise ScaleError("scale --workers: this launcher does not know the workers' store")
-        master = self.master()
-        try:
-            store = ZmqStore(master, timeout_s=5.0, setting="-", what="rendezvous store",
-                             security=self.security)  # fmt: skip
-        except SparsePSError as exc:
-            raise ScaleError(f"scale --workers: the workers' store at {master} does not answer "
-                             f"({exc}); are the workers running?") from None  # fmt: skip
-        try:
-            if not store.check([ACCEPTS_WORKERS_KEY]):
-                raise ScaleError(
-                    "scale --workers: worker scaling needs a job whose workers follow "
-                    "membership changes, i.e. `sparseps online`; this job's workers did not "
-                    f"set {ACCEPTS_WORKERS_KEY!r} in their store at {master}"
-                )
-            if self.new_worker is None:
-                raise ScaleError("scale --workers: this launcher cannot start workers")
-            if _ended(store):
-                raise ScaleError(
-                    "scale --workers: the job is finishing: its last pass is done (worker 0 "
-                    "wrote the end decision), so no pass is left for a new worker; run the "
-                    "job again with job.worker_num to go on"
-                )
-            held = _held(store, current)
-            version = int(held["version"])
-            members, left, record = plan_workers(held, count)
-            old = [int(r) for r in held.get("members", range(int(held["world"])))]
-            started = [r for r in members if r not in old]
-            self._reserve_workers(started)  # may refuse: nothing is announced yet
-            try:
-                store.set(WORKERS_KEY, json.dumps(record).encode())
-            except BaseException:
-                self._release_reserved()
-                raise
-        finally:
-            store.close()
-        new_worker = self.new_worker
-        assert new_worker is not None  # checked above, before anything was announced
-        # a launch rank need not be below the world once a worker left: the new process's
-        # worker count covers the highest member (SPARSEPS_RANK < SPARSEPS_WORKER_NUM)
-        worker_num = max(members) + 1
-        try:
-            for rank in started:
-                self.supervisor.add_child(new_worker(rank, worker_num))  # type: ignore[attr-defined]
-            self.supervisor.set_world(count)  # type: ignore[attr-defined]
-        finally:
-            self._release_reserved()
-        report = {"workers_before": len(old), "workers_after": count, "workers_started": started,
-                  "version": version + 1}  # fmt: skip
-        if "members" in record:
-            report.update(members=members, left=left)
-        return report
-
-    def _reserve_workers(self, ranks: list[int]) -> None:
-        """Before a world with new workers ``ranks`` is announced: hold what starting them
-        needs (the Ray launcher places their actors), or refuse with ScaleError."""
-
-    def _release_reserved(self) -> None:
-        """After the scale: let go of what :meth:`_reserve_workers` held and was not used."""
-
-    def worker_died(self, rank: int, current: int) -> str | None:
-        """Record that worker ``rank`` died as a leave: ``elastic/workers`` gets version
-        + 1, ``members`` without it and ``left`` with it (:mod:`sparseps.online.leaving`).
-        Returns "" when recorded, else why the job cannot go on without it (nothing is
-        written), or None when its workers do not follow membership at all (not an
-        online job: nothing to say). ``current`` is the world when no scale was recorded
-        yet."""
-        if rank == 0 or self.master is None:
-            # worker 0 hosts the workers' store (and an online job's ledger): its death
-            # ends the job as it always did
-            return None
-        master = self.master()
-        try:
-            store = ZmqStore(master, timeout_s=2.0, setting="-", what="rendezvous store",
-                             security=self.security)  # fmt: skip
-        except SparsePSError as exc:
-            return f"the workers' store at {master} does not answer ({exc})"
-        try:
-            if store.check([FIXED_KEY]):  # an online job in sync or geo mode
-                return store.get(FIXED_KEY).decode(errors="replace")
-            if not store.check([LEAVES_KEY]):
-                if not store.check([ACCEPTS_WORKERS_KEY]):
-                    return None  # not a job that follows membership: fails as it always did
-                return (
-                    "this async online job does not take a worker's death as a leave: that "
-                    "needs data.split: steal and data.lease_s; rerun the job to resume from "
-                    "its newest checkpoint"
-                )
-            held = _held(store, current)
-            members = [int(r) for r in held.get("members", range(int(held["world"])))]
-            members = [r for r in members if r != rank]
-            left = sorted({*(int(r) for r in held.get("left", [])), rank})
-            record = {"version": int(held["version"]) + 1, "world": len(members),
-                      "members": members, "left": left}  # fmt: skip
-            store.set(WORKERS_KEY, json.dumps(record).encode())
-        except (SparsePSError, ValueError, KeyError, TypeError) as exc:
-            return f"recording its leave in the workers' store at {master} failed ({exc})"
-        finally:
-            store.close()
-        log.warning("worker %d died: recorded as a leave (%s = %s)", rank, WORKERS_KEY, record)
-        return ""
 
 
 class ScaleService:
