@@ -21,8 +21,9 @@ import numpy as np
 import torch
 
 import sparseps as sps
-from sparseps.data import Batch, Slot
+from sparseps.data import Batch
 from sparseps.models import WideDeep
+from sparseps.testing import planted_batches
 
 SLOTS = ("C1", "C2", "C3")
 BATCH = 64
@@ -30,24 +31,8 @@ VOCAB = 400
 
 
 def batches(seed: int, count: int) -> list[Batch]:
-    rng = np.random.default_rng(seed)
-    weights = np.random.default_rng(1000).normal(0.0, 1.5, (len(SLOTS), VOCAB))
-    out = []
-    for b in range(count):
-        logit = np.zeros(BATCH)
-        columns = {}
-        for s, name in enumerate(SLOTS):
-            lengths = rng.integers(0, 3, BATCH)
-            offsets = np.zeros(BATCH + 1, np.int64)
-            np.cumsum(lengths, out=offsets[1:])
-            ids = rng.integers(0, VOCAB, int(offsets[-1]))
-            logit += np.bincount(np.repeat(np.arange(BATCH), lengths), weights[s, ids],
-                                 minlength=BATCH)  # fmt: skip
-            columns[name] = Slot((ids + (s + 1) * 1_000_000).astype(np.uint64), offsets)
-        dense = rng.normal(0.0, 1.0, (BATCH, 2)).astype(np.float32)
-        label = (rng.random(BATCH) < 1 / (1 + np.exp(-logit))).astype(np.float32)
-        out.append(Batch(label, dense, columns, np.arange(b * BATCH, (b + 1) * BATCH)))
-    return out
+    # labels from the sparse slots only: the dense features are noise to this job
+    return planted_batches(seed, count, BATCH, SLOTS, vocab=VOCAB, dense_term=False)
 
 
 def main() -> int:
