@@ -15,6 +15,8 @@ JOB = Path(__file__).resolve().parent / "scripts" / "train_job.py"
 # The longest a training step may wait while servers join or leave: a step waits only for
 # the cut-over of the shards it touches (measured: tens to a few hundred ms on this box).
 STALL_BOUND_S = 5.0
+# A step's usual length when the job made no step outside the scaled windows.
+STEP_PACE_S = 0.06
 
 
 def scale(log_dir: Path, *args: str, capsys) -> dict:
@@ -39,11 +41,25 @@ def stall_while_scaled(out: Path, t0: float, t_mid: float, t1: float) -> tuple[f
     """The longest gap between two of worker 0's steps from the first scale's start
     (``t0``) to the second's end (``t1``) or the gate, whichever came first, and how many
     steps that window holds; asserts that training went on while the job was grown
-    (``t0``..``t_mid``) and while it was shrunk (``t_mid``..``t1``)."""
+    (``t0``..``t_mid``) and while it was shrunk (``t_mid``..``t1``).
+
+    How many steps a window must hold follows the job's own pace outside the windows (a
+    loaded machine slows every step, scaled or not): a fifth of the steps that pace fits
+    in the window, at least one and at most five. A scale that held training up for the
+    whole window fails it whenever the window is two steps long or more."""
     times = step_times(out)
+    outside = np.diff(times[(times < t0) | (times > t1)])
+    pace = float(np.median(outside)) if outside.size else STEP_PACE_S
     for lo, hi, what in ((t0, t_mid, "grown"), (t_mid, t1, "shrunk")):
         steps = np.count_nonzero((times >= lo) & (times <= hi))
-        assert steps > 5, f"training did not go on while the job was {what} ({steps} steps)"
+        fits = (hi - lo) / pace
+        if fits < 2:  # too short to tell: the stall bound below still holds it
+            continue
+        need = int(min(5, max(1, fits // 5)))
+        assert steps >= need, (
+            f"training did not go on while the job was {what}: {steps} steps in "
+            f"{hi - lo:.2f} s, where its pace ({pace * 1000:.0f} ms a step) fits {fits:.0f}"
+        )
     gate_at = float((out / "at_gate").read_text())
     inside = times[(times >= t0) & (times <= min(t1, gate_at))]
     window = np.concatenate([[t0], inside])
