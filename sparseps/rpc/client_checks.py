@@ -101,8 +101,8 @@ def check_finite_vector(values, what: str) -> np.ndarray:
     """
     if not isinstance(values, np.ndarray) or values.dtype != np.float32 or values.ndim != 1:
         raise InputError(f"{what}: expected a 1-D float32 array, got {_found(values)}")
-    bad = ~np.isfinite(values)
-    if bad.any():
+    if not np.isfinite(values).all():  # one pass over a clean vector (every dense step)
+        bad = ~np.isfinite(values)
         first = int(np.argmax(bad))
         raise InputError(
             f"{what}: {int(bad.sum())} NaN/inf value(s), first {float(values[first])!r} at index "

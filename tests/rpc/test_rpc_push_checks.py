@@ -140,3 +140,21 @@ def test_merged_overflow_names_the_key():
             "push 'e'", keys, np.zeros((2, 2), np.float32), np.array([np.inf, 1], np.float32), ones
         )
     check_merged("push 'e'", keys, np.zeros((2, 2), np.float32), ones, ones)
+
+
+def test_a_bad_dense_push_is_refused_before_it_is_sent():
+    with local_cluster(servers=1, timeout=30) as cluster, cluster.client(timeout=20) as client:
+        client.create_dense("dense", 1000, optim.Adam(lr=0.01))
+        grad = np.full(1000, 0.5, np.float32)
+        client.push_dense("dense", grad).wait()
+        values, requests = (
+            client.pull_dense("dense").wait(),
+            client.stats()["servers"][0]["requests"],
+        )
+        grad[7], grad[900] = np.nan, -np.inf
+        with pytest.raises(InputError, match=r"2 NaN/inf value\(s\), first nan at index 7; "
+                           r"rejected, nothing was sent"):  # fmt: skip
+            client.push_dense("dense", grad)
+        # only the stats call itself reached the server; the values are unchanged
+        assert client.stats()["servers"][0]["requests"] == requests + 1
+        np.testing.assert_array_equal(client.pull_dense("dense").wait(), values)
