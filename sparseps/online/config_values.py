@@ -1,7 +1,11 @@
 """Value checks of the online config: each raises a ``ConfigError`` naming ``section.key``.
 
-Kept apart from :mod:`sparseps.online.config` so the dataclasses there read as the
-list of settings they are.
+Besides plain values: ``module:attribute`` references (``model.builder``, ``model.loss``:
+checked at load, imported only by the job that uses them) and Ray resource mappings
+(``job.*_resources``).
+
+Kept apart from the section modules (``config_job``, ``config_data``, ``config_model``,
+``config_schedule``) so their dataclasses read as the list of settings they are.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ __all__ = [
     "check_choice",
     "check_float",
     "check_int",
+    "check_ref",
+    "check_resources",
     "check_str",
     "parse_day",
     "reject_unknown",
+    "resolve_ref",
 ]
 
 
@@ -113,3 +120,46 @@ def reject_unknown(raw: dict, accepted: dict[str, list[str]]) -> None:
         problems.append(f"{where}: unknown key (accepted in {name}: {', '.join(accepted[name])})")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def check_ref(name: str, value: object) -> str:
+    """A ``module:attribute`` reference (imported by the job, not here)."""
+    text = check_str(name, value)
+    module, _, attribute = text.partition(":")
+    if (
+        not module
+        or not attribute
+        or not all(part.isidentifier() for part in (*module.split("."), *attribute.split(".")))
+    ):
+        raise ConfigError(f"{name}: expected 'package.module:function', got {value!r}")
+    return text
+
+
+def resolve_ref(name: str, ref: str):
+    """The object ``module:attribute`` names; ConfigError naming ``name`` if it cannot."""
+    import importlib
+
+    module, _, attribute = ref.partition(":")
+    try:
+        value = importlib.import_module(module)
+        for part in attribute.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{name}: cannot import {ref!r} ({type(exc).__name__}: {exc})") from None
+    return value
+
+
+def check_resources(where: str, value: object) -> dict[str, float]:
+    """Ray resources: a mapping of resource names to amounts > 0 (``{CPU: 2, GPU: 1}``)."""
+    import json
+
+    from ..launch.ray_placement import parse_resources
+
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping of Ray resources such as "
+                          f"{{CPU: 2, GPU: 1}}, got {value!r}")  # fmt: skip
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):  # a value YAML made that JSON cannot hold
+        raise ConfigError(f"{where}: expected resource amounts > 0, got {value!r}") from None
+    return parse_resources(where, text)

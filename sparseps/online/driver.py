@@ -2,11 +2,11 @@
 
 Per pass, in order:
 
-1. take the pass's data, loaded in the background while the previous pass trained (the
-   loader first waits for every split's done-marker, up to ``data.wait_timeout_s``;
-   ``data.preload: false`` loads it only now); the record keeps how long the load took
-   (``load_s``) and how long the pass waited for it (``data_wait_s``), both the slowest
-   worker's;
+1. take the pass's data, loaded in the background while the previous pass trained
+   (:mod:`sparseps.online.pass_loader`: it first waits for every split's done-marker, up
+   to ``data.wait_timeout_s``; ``data.preload: false`` loads it only now); the record
+   keeps how long the load took (``load_s``) and how long the pass waited for it
+   (``data_wait_s``), both the slowest worker's;
 2. global shuffle (seed = ``data.shuffle_seed`` and the pass's ``seq``: a redone pass
    sees the same order);
 3. **evaluate the new data with the current model** (progressive metrics: the model has
@@ -14,7 +14,8 @@ Per pass, in order:
 4. train one pass;
 5. the saves :func:`sparseps.online.schedule.plan_pass` plans: at the end of a day
    decay + shrink and a base inference model, otherwise a delta every
-   ``save.delta_every`` passes;
+   ``save.delta_every`` passes (``save.check_inference``: each inference save is checked
+   against the trainer, :mod:`sparseps.online.inference_check`);
 6. optionally (``predict.enabled``) distributed prediction over the pass's data (or
    ``predict.data``) into ``MODEL_DIR/predict/SEQ-DAY-PASS/``; the record lists it under
    ``saved.predict`` with its row count. The folder is named by the pass, so a pass redone
@@ -56,103 +57,30 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..checkpoint.hooks import SaveHooks
 from ..core import collectives
-from ..errors import CheckpointError, ConfigError, DeadlineError
+from ..errors import ConfigError
 from ..observe.registry import online_pass
 from .config import OnlineConfig
+from .inference_check import check_inference
 from .layout import DataLayout, PassId
 from .leaving import Fence, LeaveAware
 from .ledger import Ledger
 from .lock import ModelDirLock
 from .membership import Membership
 from .model_dir import ModelDir
+from .pass_loader import PassLoader
 from .phases import CountingDataset, PhaseEvent, PhaseHook
 from .schedule import plan_pass
-
-if TYPE_CHECKING:
-    from ..data import InMemoryDataset
 
 __all__ = ["OnlineDriver"]
 
 log = logging.getLogger(__name__)
-
-INFERENCE_TOLERANCE = 1e-6
-
-
-class _Loader:
-    """Waits for a pass's done-markers, then loads this worker's share, in a thread."""
-
-    def __init__(
-        self,
-        layout: DataLayout,
-        pass_id: PassId,
-        make_dataset: Callable[[list[Path]], InMemoryDataset],
-        version: int = 0,
-    ) -> None:
-        self.pass_id = pass_id
-        self.version = version  # the membership it loads a share for
-        self.seconds = 0.0  # wait for the markers + load, set when the thread ends
-        self._result: tuple[list[Path], InMemoryDataset] | None = None
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._done = self._dropped = False
-        self._thread = threading.Thread(
-            target=self._run, args=(layout, make_dataset), name=f"online-load-{pass_id.seq}",
-            daemon=True,
-        )  # fmt: skip
-        self._thread.start()
-
-    def _run(
-        self, layout: DataLayout, make_dataset: Callable[[list[Path]], InMemoryDataset]
-    ) -> None:
-        start = time.perf_counter()
-        try:
-            folders = layout.wait_ready(self.pass_id)
-            dataset = make_dataset(folders)
-            dataset.load_into_memory()
-            self._result = (folders, dataset)
-        except BaseException as exc:  # re-raised in get()
-            self._error = exc
-        self.seconds = time.perf_counter() - start
-        with self._lock:
-            self._done = True
-            if self._dropped:
-                self._release()
-
-    def discard(self) -> None:
-        """Nobody will take this load (the workers changed): free it once it is done,
-        without waiting for it (it may still wait for its pass's done-markers)."""
-        with self._lock:
-            self._dropped = True
-            if self._done:
-                self._release()
-
-    def _release(self) -> None:
-        if self._result is not None:
-            self._result[1].release_memory()
-            self._result = None
-
-    def get(self, timeout: float) -> tuple[list[Path], InMemoryDataset]:
-        """``(folders, dataset)`` once loaded; raises the loader's error."""
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise DeadlineError(
-                f"pass {self.pass_id}: loading its data took more than {timeout:.0f} s",
-                op="load_pass", seconds=timeout, setting="data.wait_timeout_s / job.collective_timeout_s",
-            )  # fmt: skip
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None, "the thread ended without an error, so it loaded"
-        return self._result
 
 
 class OnlineDriver:
@@ -233,7 +161,7 @@ class OnlineDriver:
         data = self.config.data
         return self.members is not None and data.split == "steal" and data.lease_s is not None
 
-    def _loader(self, pass_id: PassId) -> _Loader:
+    def _loader(self, pass_id: PassId) -> PassLoader:
         """Start loading ``pass_id``'s share for the current membership."""
         world = self.world
         if self.members is not None and self.config.data.split == "steal":
@@ -246,7 +174,7 @@ class OnlineDriver:
         def make(folders):
             return self._dataset(folders, world=world, steal_key=key)
 
-        return _Loader(self.layout, pass_id, make, version)
+        return PassLoader(self.layout, pass_id, make, version)
 
     def _load_timeout(self) -> float:
         return self.config.data.wait_timeout_s + self.config.job.collective_timeout_s
@@ -354,7 +282,9 @@ class OnlineDriver:
         return {"seq": seq, "passes": self.trainer.passes, "has_base": self._has_base,
                 "last_checkpoint": self._last_checkpoint}  # fmt: skip
 
-    def _boundary(self, pass_id: PassId, loader: _Loader | None) -> tuple[bool, _Loader | None]:
+    def _boundary(
+        self, pass_id: PassId, loader: PassLoader | None
+    ) -> tuple[bool, PassLoader | None]:
         """The pass boundary after ``pass_id``: agree on the next pass's workers. Returns
         whether this worker stays and the next pass's loader (None: load it now)."""
         members = self.members
@@ -455,7 +385,9 @@ class OnlineDriver:
             if self.rank == 0:
                 saved[plan.inference] = str(folder)
             if save.check_inference:
-                record["inference_max_diff"] = self._check_inference(folders)
+                record["inference_max_diff"] = check_inference(
+                    self.trainer, self.dir.inference, self._dataset(folders, queue=True), folders
+                )
             self._phase("inference_saved", pass_id)
         if self._predicts(pass_id, plan.end_of_day):
             saved["predict"] = record["predict"] = self._predict(pass_id, folders)
@@ -517,29 +449,6 @@ class OnlineDriver:
         if self.rank == 0:
             self.dir.prune_predictions(predict.keep)
         return {"dir": str(out), "rows": result.rows, "parts": result.parts}
-
-    def _check_inference(self, folders) -> float:
-        """Max |inference model - trainer| prediction on this pass's data (collective)."""
-        from ..checkpoint.predictor import Predictor
-
-        dataset = self._dataset(folders, queue=True)
-        mine = self.trainer.infer_from_dataset(dataset).predictions
-        # every worker holds the same inference files; each checks its own share
-        served = Predictor(self.dir.inference).predict(dataset)
-        if served.shape != mine.shape:
-            raise CheckpointError(
-                f"inference check: {served.size} predictions from the inference model, "
-                f"{mine.size} from the trainer"
-            )
-        diff = float(np.max(np.abs(served - mine))) if mine.size else 0.0
-        worst = collectives.all_gather_arrays(np.array([diff], np.float64))
-        diff = float(max(a[0] for a in worst))
-        if diff > INFERENCE_TOLERANCE:
-            raise CheckpointError(
-                f"inference check: the inference model in {self.dir.inference} differs from the "
-                f"trainer by up to {diff:.3g} (> {INFERENCE_TOLERANCE}) on {folders[0]}..."
-            )
-        return diff
 
 
 def _jsonable(record: dict) -> dict:

@@ -29,7 +29,7 @@ def build_model(config):
     import sparseps as sps
     from sparseps.errors import ConfigError
     from sparseps.models import WideDeep
-    from sparseps.online.config import resolve_ref
+    from sparseps.online.config_values import resolve_ref
 
     m = config.model
     schema = config.data.dataset_schema()
@@ -63,7 +63,7 @@ def build_model(config):
 
 def build_loss(config):
     """The loss ``model.loss`` names (None: binary cross-entropy)."""
-    from sparseps.online.config import resolve_ref
+    from sparseps.online.config_values import resolve_ref
     from sparseps.worker.losses import Loss
 
     if config.model.loss is None:

@@ -1,0 +1,91 @@
+"""The background load of one pass's data on one worker.
+
+A thread waits for the pass's done-markers (up to ``data.wait_timeout_s``), then loads this
+worker's share into memory, so the next pass loads while the current one trains
+(``data.preload``). It records how long that took; the driver takes the result with a
+deadline. A load started for a membership that has since changed is discarded: its share
+was cut for the old workers (:mod:`sparseps.online.membership`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import DeadlineError
+from .layout import DataLayout, PassId
+
+if TYPE_CHECKING:
+    from ..data import InMemoryDataset
+
+__all__ = ["PassLoader"]
+
+
+class PassLoader:
+    """Waits for a pass's done-markers, then loads this worker's share, in a thread."""
+
+    def __init__(
+        self,
+        layout: DataLayout,
+        pass_id: PassId,
+        make_dataset: Callable[[list[Path]], InMemoryDataset],
+        version: int = 0,
+    ) -> None:
+        self.pass_id = pass_id
+        self.version = version  # the membership it loads a share for
+        self.seconds = 0.0  # wait for the markers + load, set when the thread ends
+        self._result: tuple[list[Path], InMemoryDataset] | None = None
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._done = self._dropped = False
+        self._thread = threading.Thread(
+            target=self._run, args=(layout, make_dataset), name=f"online-load-{pass_id.seq}",
+            daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+
+    def _run(
+        self, layout: DataLayout, make_dataset: Callable[[list[Path]], InMemoryDataset]
+    ) -> None:
+        start = time.perf_counter()
+        try:
+            folders = layout.wait_ready(self.pass_id)
+            dataset = make_dataset(folders)
+            dataset.load_into_memory()
+            self._result = (folders, dataset)
+        except BaseException as exc:  # re-raised in get()
+            self._error = exc
+        self.seconds = time.perf_counter() - start
+        with self._lock:
+            self._done = True
+            if self._dropped:
+                self._release()
+
+    def discard(self) -> None:
+        """Nobody will take this load (the workers changed): free it once it is done,
+        without waiting for it (it may still wait for its pass's done-markers)."""
+        with self._lock:
+            self._dropped = True
+            if self._done:
+                self._release()
+
+    def _release(self) -> None:
+        if self._result is not None:
+            self._result[1].release_memory()
+            self._result = None
+
+    def get(self, timeout: float) -> tuple[list[Path], InMemoryDataset]:
+        """``(folders, dataset)`` once loaded; raises the loader's error."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise DeadlineError(
+                f"pass {self.pass_id}: loading its data took more than {timeout:.0f} s",
+                op="load_pass", seconds=timeout, setting="data.wait_timeout_s / job.collective_timeout_s",
+            )  # fmt: skip
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None, "the thread ended without an error, so it loaded"
+        return self._result
