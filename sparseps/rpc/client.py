@@ -11,6 +11,15 @@ gathers the rows back in the caller's order.
 Control calls (``create_table``, ``stats``, ``save``, ...) block until every server
 answered.
 
+This module holds what every call shares: construction, the routing of a request to a
+shard's copies, the keyed data plane (``pull``, ``prefetch``, ``push``, ``push_delta``)
+and ``close``. The other calls are grouped by what they act on, one mixin per module, so
+each reads alone: whole sparse tables (:mod:`~sparseps.rpc.client_tables`: create,
+decay, shrink, save, load, inference saves), dense tables
+(:mod:`~sparseps.rpc.client_dense`), whole rows with optimizer state
+(:mod:`~sparseps.rpc.client_rows`) and the servers as processes
+(:mod:`~sparseps.rpc.client_cluster`: ping, stats, replica status, stop).
+
 Timeouts: every wait is bounded. The default is 60 s, or ``SPARSEPS_RPC_TIMEOUT`` when
 set, or the ``timeout`` argument. A server that does not answer in time raises
 :class:`~sparseps.errors.DeadlineError` naming the op, the server's rank and address, the
@@ -33,37 +42,28 @@ Example::
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import env
 from ..core.replicas import chain, check_replicas
-from ..core.routing import dense_server_of
 from ..core.validate import check_key_array
 from ..errors import ConfigError
 from .batching import merge_by_group
 from .channel import Call, Channel
-from .client_checks import (
-    check_counts_or_none,
-    check_finite_rows,
-    check_finite_vector,
-    check_merged,
-)
+from .client_checks import check_counts_or_none, check_finite_rows, check_merged
+from .client_cluster import ClientCluster
+from .client_dense import ClientDense
 from .client_rows import ClientRows
+from .client_tables import ClientTables
 from .handle import Handle, completed
 from .ops import SHARD_WRITE_OPS, UPDATE_OPS
 from .placed import DEFAULT_PLACEMENT_RETRY_S, PlacementRouting, RoutedHandle, rows_of
 from .protocol import JOB_ID, Limits
 from .replicated import ShardRequest
 from .security import Security, security_from_env
-
-if TYPE_CHECKING:
-    from ..config import TableConfig
-    from ..optim.base import Rule
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "DEFAULT_TIMEOUT", "Handle", "PSClient"]
 
@@ -86,11 +86,7 @@ def _none(_replies) -> None:
     return None
 
 
-# per-table figures PSClient.stats() sums over servers
-_TABLE_TOTALS = ("rows", "pending", "bytes_used", "memory_rows", "disk_rows")
-
-
-class PSClient(ClientRows, PlacementRouting):
+class PSClient(ClientTables, ClientDense, ClientRows, ClientCluster, PlacementRouting):
     """A connection to every server of one job.
 
     Args:
@@ -320,16 +316,7 @@ class PSClient(ClientRows, PlacementRouting):
         call = self._channel.submit(rank, op, table, tuple(bufs), args)
         return Handle(self._channel, [call], lambda replies: (replies[0].result, replies[0].bufs))
 
-    # -- sparse tables -----------------------------------------------------------------
-
-    def create_table(self, config: TableConfig) -> None:
-        """Create a sparse table on every server (idempotent for an equal config).
-
-        Raises:
-            RemoteError: a table of that name exists with a different config (the message
-                names the differing fields and both configs).
-        """
-        self._each_shard("create_table", config.name, {"config": config.to_dict()}, every=True)
+    # -- keyed data plane -------------------------------------------------------------
 
     def pull(self, table: str, keys: np.ndarray, *, dedup: bool = False) -> RoutedHandle:
         """Rows of ``keys`` (duplicates allowed); ``wait()`` -> float32 ``[len(keys), dim]``.
@@ -401,231 +388,3 @@ class PSClient(ClientRows, PlacementRouting):
     ) -> Handle | RoutedHandle:
         """Geo mode: add ``deltas`` to the rows (no optimizer rule); else like :meth:`push`."""
         return self._push("push_delta", table, keys, deltas, "deltas", shows, clicks)
-
-    def decay(self, table: str, rate: float | None = None) -> None:
-        """End of day on every server: decay show/click, age unseen rows."""
-        self._each_shard("decay", table, {} if rate is None else {"rate": float(rate)}, every=True)
-
-    def shrink(self, table: str) -> np.ndarray:
-        """Delete rows per the lifecycle policy; returns the deleted keys (sorted uint64)."""
-        self._probe_placement()
-        if self._routing is not None:  # elastic: servers in a move refuse, sent again
-            parts = self._table_wide("shrink", table, None, None, lambda reply: reply.bufs[0])
-        else:
-            calls = [self._shard_request(shard, "shrink", table, every=True)
-                     for shard in range(self.num_servers)]  # fmt: skip
-            parts = Handle(self._channel, calls,
-                           lambda replies: [r.bufs[0] for r in replies]).wait()  # fmt: skip
-        return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
-
-    def save(
-        self, table: str, directory: str | os.PathLike, *, timeout: float | None = None
-    ) -> list[dict]:
-        """Every server writes its shard of ``table`` into ``directory`` (seen by the servers).
-
-        Returns:
-            one record per file: ``name``, ``path``, ``bytes``, ``sha256``, ``xxh3_128``,
-            ``rows``, ``kind`` (``rows``/``pending``) and ``rank``.
-        """
-        folder = os.path.abspath(os.fspath(directory))
-        return [
-            record
-            for part in self._each_shard(
-                "save",
-                table,
-                {"directory": folder},
-                every=False,
-                timeout=timeout or self.file_timeout,
-            )  # fmt: skip
-            for record in part
-        ]
-
-    def load(self, table: str, files: Sequence, *, timeout: float | None = None) -> dict:
-        """Load shard files written by any number of servers; each keeps the keys it owns.
-
-        Args:
-            table: an existing table with the same dim and rule as the saved one.
-            files: paths, or the records returned by :meth:`save` (checksums verified).
-
-        Returns:
-            totals over servers: ``{"rows", "pending", "files"}``.
-        """
-        specs = []
-        for spec in files:
-            if isinstance(spec, dict):
-                specs.append(
-                    {
-                        "path": os.path.abspath(spec["path"]),
-                        # the checksums the record has (xxh3-128 is verified when present)
-                        **{key: spec[key] for key in ("sha256", "xxh3_128") if key in spec},
-                    }
-                )
-            else:
-                specs.append(os.path.abspath(os.fspath(spec)))
-        parts = self._each_shard(
-            "load", table, {"files": specs}, every=True, timeout=timeout or self.file_timeout
-        )
-        return {key: sum(part[key] for part in parts) for key in ("rows", "pending", "files")}
-
-    # -- dense tables ------------------------------------------------------------------
-
-    def _dense_rank(self, name: str) -> int:
-        return dense_server_of(name, self.num_servers)
-
-    def create_dense(
-        self, name: str, size: int, rule: Rule, init: np.ndarray | None = None
-    ) -> None:
-        """Create a dense table of ``size`` floats on its server (idempotent when equal)."""
-        bufs = [] if init is None else [check_finite_vector(init, f"create_dense {name!r} init")]
-        args = {"size": int(size), "rule": rule.to_dict()}
-        call = self._shard_request(
-            self._dense_rank(name), "create_dense", name, bufs, args, every=True
-        )
-        Handle(self._channel, [call], lambda _: None).wait()
-
-    def pull_dense(self, name: str) -> Handle:
-        """``wait()`` -> float32 ``[size]`` (a fresh writable copy)."""
-        call = self._shard_request(self._dense_rank(name), "pull_dense", name, every=False)
-        return Handle(self._channel, [call], lambda replies: replies[0].bufs[0].copy())
-
-    def _dense_op(self, op: str, name: str, values: np.ndarray) -> Handle:
-        values = check_finite_vector(values, f"{op} {name!r}")
-        call = self._shard_request(self._dense_rank(name), op, name, [values], every=True)
-        return Handle(self._channel, [call], lambda _: None)
-
-    def push_dense(self, name: str, grad: np.ndarray) -> Handle:
-        """Apply a dense gradient with the table's rule."""
-        return self._dense_op("push_dense", name, grad)
-
-    def push_dense_delta(self, name: str, delta: np.ndarray) -> Handle:
-        """Geo mode: add ``delta`` to the dense values."""
-        return self._dense_op("push_dense_delta", name, delta)
-
-    def set_dense(self, name: str, values: np.ndarray) -> Handle:
-        """Overwrite the dense values (optimizer state is kept)."""
-        return self._dense_op("set_dense", name, values)
-
-    def save_dense(self, name: str, directory: str | os.PathLike) -> str:
-        """The owning server writes the dense table (values + optimizer state) into
-        ``directory``; returns the file name (``dense.npz``)."""
-        folder = os.path.abspath(os.fspath(directory))
-        shard = self._dense_rank(name)
-        return self._each_shard(
-            "save_dense", name, {"directory": folder}, every=False,
-            timeout=self.file_timeout, shards=[shard],
-        )[0]["name"]  # fmt: skip
-
-    def load_dense(self, name: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
-        """The owning server restores the dense table from a :meth:`save_dense` file."""
-        args = {"path": os.path.abspath(os.fspath(path)), "sha256": sha256}
-        self._each_shard(
-            "load_dense", name, args, every=True, timeout=self.file_timeout,
-            shards=[self._dense_rank(name)],
-        )  # fmt: skip
-
-    def save_inference(self, table: str, directory: str | os.PathLike, mode: str) -> list[dict]:
-        """Every server writes its embeddings for serving (``mode`` base or delta, see
-        :mod:`sparseps.checkpoint.inference`); returns one file record per server."""
-        folder = os.path.abspath(os.fspath(directory))
-        return self._each_shard(
-            "save_inference", table, {"directory": folder, "mode": mode}, every=False,
-            timeout=self.file_timeout,
-        )  # fmt: skip
-
-    # -- cluster -----------------------------------------------------------------------
-
-    def ping(
-        self, timeout: float | None = None, *, ranks: Sequence[int] | None = None
-    ) -> list[dict]:
-        """Each server's ``{"rank", "num_servers", "pid", "v"}``; checks they match this client.
-
-        Args:
-            timeout: seconds (default the client's timeout).
-            ranks: only these servers (default all).
-
-        Raises:
-            ConfigError: a server has another rank or server count than this client expects.
-        """
-        elastic = self._table_ranks()
-        if ranks is None:
-            ranks = list(range(self.num_servers)) if elastic is None else elastic
-        ranks = list(ranks)
-        answers = self._all("ping", timeout=timeout, ranks=ranks)
-        for rank, answer in zip(ranks, answers, strict=True):
-            if elastic is not None:  # a placement names every server; new ones list more
-                if answer.get("rank") != rank:
-                    raise ConfigError(f"server at {self._channel.endpoints[rank]} is rank "
-                                      f"{answer.get('rank')}, its placement says {rank}")  # fmt: skip
-                continue
-            if answer.get("rank") != rank or answer.get("num_servers") != self.num_servers:
-                raise ConfigError(
-                    f"server at {self.endpoints[rank]} is rank {answer.get('rank')} of {answer.get('num_servers')}, "
-                    f"but this client lists it as rank {rank} of {self.num_servers}; use the servers' endpoint list"
-                )
-        return answers
-
-    def stats(self) -> dict:
-        """Per-server statistics and totals.
-
-        Returns:
-            ``{"servers": [per-server dict: rank, address, pid, tables {name: TableStats
-            fields}, dense, requests, bad_messages, failed, duplicates, peak_rss_bytes],
-            "total": {"tables": {name: {"rows", "pending", "bytes_used", "memory_rows",
-            "disk_rows"}}, "requests", "bad_messages", "failed", "duplicates"}, "lost":
-            [ranks of lost servers]}`` (``duplicates``: updates sent again and applied only
-            once). With replicas each server also reports ``backups`` ({shard: tables});
-            the totals count each shard once, from its acting primary.
-        """
-        servers = self._all("stats")
-        total: dict = {"tables": {}, "requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
-        for server in servers:
-            for key in ("requests", "bad_messages", "failed", "duplicates"):
-                total[key] += server.get(key, 0)
-        by_rank = {server["rank"]: server for server in servers}
-        elastic = self._table_ranks()
-        for shard in range(self.num_servers) if elastic is None else elastic:
-            # a shard counts once, from its acting primary (its first live copy)
-            copies = (
-                (shard,) if elastic is not None else chain(shard, self.num_servers, self.replicas)
-            )
-            holder = next((r for r in copies if r in by_rank), None)
-            if holder is None:
-                continue
-            server = by_rank[holder]
-            tables = server["tables"] if holder == shard else server["backups"][str(shard)]
-            for name, table in tables.items():
-                agg = total["tables"].setdefault(name, dict.fromkeys(_TABLE_TOTALS, 0))
-                for key in agg:
-                    agg[key] += int(table.get(key, 0))
-        lost = [rank for rank in range(self.num_servers) if self._channel.lost(rank) is not None]
-        return {"servers": servers, "total": total, "lost": lost}
-
-    def replica_status(self) -> list[dict]:
-        """Per shard, what each live copy reports: ``{"shard", "copies": [{"rank", "epoch",
-        "members", "recovering"}, ...]}`` (primary first; one copy without replicas)."""
-        out = []
-        for shard in range(self.num_servers):
-            ranks = self.live_copies(shard) if self.replicas else [shard]
-            calls = [
-                self._channel.submit(
-                    rank, "shard_info", None, shard=None if rank == shard else shard
-                )
-                for rank in ranks
-            ]
-            answers = Handle(
-                self._channel, calls, lambda replies: [r.result for r in replies]
-            ).wait()
-            copies = [{"rank": rank, **answer} for rank, answer in zip(ranks, answers, strict=True)]
-            out.append({"shard": shard, "copies": copies})
-        return out
-
-    def stop_servers(
-        self, timeout: float | None = None, *, ranks: Sequence[int] | None = None
-    ) -> None:
-        """Ask every server (or ``ranks``) to stop; each replies, then exits."""
-        self._all("stop", timeout=timeout, ranks=ranks)
-
-    def commit_inference(self, table: str) -> None:
-        """After an inference save is in place: every server restarts ``table``'s
-        changed-rows marker, so the next delta holds only rows changed from now on."""
-        self._each_shard("commit_inference", table, every=True)

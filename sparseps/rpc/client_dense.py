@@ -1,0 +1,105 @@
+"""Dense tables through :class:`~sparseps.rpc.client.PSClient`.
+
+A dense table (a model's non-embedding weights: one float32 vector) lives whole on one
+server, the one :func:`sparseps.core.routing.dense_server_of` names for it, so every
+call here is one request to that server's shard (to every live copy when it changes the
+values, to the first for a read). Updates are checked finite before anything is sent: a
+NaN pushed into shared weights would spoil every worker's next pull.
+
+- ``create_dense(name, size, rule, init=None)``: blocks; idempotent for an equal table.
+- ``pull_dense`` / ``push_dense`` / ``push_dense_delta`` / ``set_dense``: a
+  :class:`~sparseps.rpc.handle.Handle` (the data plane of the dense sync).
+- ``save_dense`` / ``load_dense``: the owning server's file (``dense.npz``), under the
+  client's ``file_timeout``.
+
+Server side: :mod:`sparseps.table.dense`; the worker's dense sync:
+:mod:`sparseps.worker`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..core.routing import dense_server_of
+from .client_checks import check_finite_vector
+from .handle import Handle
+
+if TYPE_CHECKING:
+    from ..optim.base import Rule
+
+__all__ = ["ClientDense"]
+
+
+class ClientDense:
+    """The dense-table calls, mixed into :class:`~sparseps.rpc.client.PSClient`."""
+
+    if TYPE_CHECKING:  # what PSClient, the class this is mixed into, provides
+        from .channel import Channel
+        from .replicated import ShardRequest
+
+        _channel: Channel
+        file_timeout: float
+
+        @property
+        def num_servers(self) -> int: ...
+        def _shard_request(self, shard: int, op: str, table: str | None, bufs=(), args=None,
+                           *, every: bool) -> ShardRequest: ...  # fmt: skip
+        def _each_shard(self, op: str, table: str | None, args: dict | None = None, *,
+                        every: bool, timeout: float | None = None, shards=None) -> list: ...  # fmt: skip
+
+    def _dense_rank(self, name: str) -> int:
+        return dense_server_of(name, self.num_servers)
+
+    def create_dense(
+        self, name: str, size: int, rule: Rule, init: np.ndarray | None = None
+    ) -> None:
+        """Create a dense table of ``size`` floats on its server (idempotent when equal)."""
+        bufs = [] if init is None else [check_finite_vector(init, f"create_dense {name!r} init")]
+        args = {"size": int(size), "rule": rule.to_dict()}
+        call = self._shard_request(
+            self._dense_rank(name), "create_dense", name, bufs, args, every=True
+        )
+        Handle(self._channel, [call], lambda _: None).wait()
+
+    def pull_dense(self, name: str) -> Handle:
+        """``wait()`` -> float32 ``[size]`` (a fresh writable copy)."""
+        call = self._shard_request(self._dense_rank(name), "pull_dense", name, every=False)
+        return Handle(self._channel, [call], lambda replies: replies[0].bufs[0].copy())
+
+    def _dense_op(self, op: str, name: str, values: np.ndarray) -> Handle:
+        values = check_finite_vector(values, f"{op} {name!r}")
+        call = self._shard_request(self._dense_rank(name), op, name, [values], every=True)
+        return Handle(self._channel, [call], lambda _: None)
+
+    def push_dense(self, name: str, grad: np.ndarray) -> Handle:
+        """Apply a dense gradient with the table's rule."""
+        return self._dense_op("push_dense", name, grad)
+
+    def push_dense_delta(self, name: str, delta: np.ndarray) -> Handle:
+        """Geo mode: add ``delta`` to the dense values."""
+        return self._dense_op("push_dense_delta", name, delta)
+
+    def set_dense(self, name: str, values: np.ndarray) -> Handle:
+        """Overwrite the dense values (optimizer state is kept)."""
+        return self._dense_op("set_dense", name, values)
+
+    def save_dense(self, name: str, directory: str | os.PathLike) -> str:
+        """The owning server writes the dense table (values + optimizer state) into
+        ``directory``; returns the file name (``dense.npz``)."""
+        folder = os.path.abspath(os.fspath(directory))
+        shard = self._dense_rank(name)
+        return self._each_shard(
+            "save_dense", name, {"directory": folder}, every=False,
+            timeout=self.file_timeout, shards=[shard],
+        )[0]["name"]  # fmt: skip
+
+    def load_dense(self, name: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
+        """The owning server restores the dense table from a :meth:`save_dense` file."""
+        args = {"path": os.path.abspath(os.fspath(path)), "sha256": sha256}
+        self._each_shard(
+            "load_dense", name, args, every=True, timeout=self.file_timeout,
+            shards=[self._dense_rank(name)],
+        )  # fmt: skip
