@@ -2,11 +2,12 @@
 
 Data-plane calls are batch-first and asynchronous: ``pull``/``push`` take a 1-D uint64
 key array (duplicates allowed) and return a :class:`Handle` at once; ``handle.wait()``
-gives the result. The client deduplicates keys (pull) or merges duplicates (push: summed
-gradients, shows and clicks, in input order like ``SparseTable.push``) and groups them
-by owning server in one compiled pass (:mod:`sparseps.rpc.batching`, same formula as
-:func:`sparseps.core.routing.server_of`), sends one request per server in parallel and
-gathers the rows back in the caller's order.
+gives the result. The client groups the keys by owning server in one compiled pass
+(:mod:`sparseps.core.routing`, the formula of :func:`~sparseps.core.routing.server_of`):
+a pull's keys as given (``dedup=True``: each distinct key once), a push's with duplicates
+merged (summed gradients, shows and clicks, in input order like ``SparseTable.push``:
+:mod:`sparseps.rpc.batching`); it sends one request per server in parallel and puts the
+rows back in the caller's order.
 
 Control calls (``create_table``, ``stats``, ``save``, ...) block until every server
 answered.
