@@ -103,7 +103,10 @@ def _public_callables():
         if inspect.isfunction(obj):
             yield f"{owner}.{obj.__name__}", obj
         elif inspect.isclass(obj) and not issubclass(obj, BaseException):
-            for name, member in vars(obj).items():
+            # the class's own methods and those its sparseps bases give it (mixins such as
+            # PSClient's: its calls live in one module per group)
+            ours = [k for k in obj.__mro__ if k.__module__.startswith("sparseps")]
+            for name in dict.fromkeys(n for k in ours for n in vars(k)):
                 if name == "__init__" or not name.startswith("_"):
                     member = getattr(obj, name)
                     if inspect.isfunction(member) or inspect.ismethod(member):

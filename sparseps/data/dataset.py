@@ -18,8 +18,9 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import env
 from ..config import check_float
@@ -28,6 +29,9 @@ from .schema import Batch, Schema
 from .sources import Format, expand_files, guess_format, parse_format, read_file, shard
 from .stats import MAX_BAD_RATIO, DatasetStats, PassCounter
 from .steal import FileShare, Lease, Split, parse_split
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
 
 __all__ = ["DatasetOptions", "rebatch"]
 
@@ -153,7 +157,7 @@ class DatasetBase:
                  world: int | None = None, drop_last: bool = False, strict: bool = False,
                  queue_size: int = 16, pipe_timeout: float = 300.0,
                  max_bad_ratio: float = MAX_BAD_RATIO, split: str = "static",
-                 journal: str | os.PathLike | None = None, store=None,
+                 journal: str | os.PathLike | None = None, store: Store | None = None,
                  steal_key: str | None = None, lease_s: float | None = None) -> None:  # fmt: skip
         self.options = DatasetOptions.build(
             files, schema, batch_size, threads, pipe_command, format=format, rank=rank,
@@ -204,7 +208,7 @@ class DatasetBase:
             passes=passes,
         )
 
-    def trained_callback(self):
+    def trained_callback(self) -> Callable[[Batch], None]:
         """For a trainer: the next pass's files count as finished (``journal=``) only
         once it reports their rows trained, by calling the returned function with each
         trained batch (instead of when the consumer asks for the following batch)."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 import numpy as np
 
@@ -61,11 +61,22 @@ class TableFiles:
 
     if TYPE_CHECKING:  # what SparseTable, the class this is mixed into, provides
         from ..config import TableConfig
+        from .growth import Allocator, GrowableMatrix
+        from .hashmap import KeyIndex
         from .layout import RowLayout
         from .tier import RowTier
 
+        def __init__(self, config: TableConfig, *, allocator: Allocator | None = None,
+                     disk_dir: str | None = None) -> None: ...  # fmt: skip
+
         config: TableConfig
         layout: RowLayout
+        _allocator: Allocator | None
+        _disk_dir: str | None
+        _index: KeyIndex
+        _store: GrowableMatrix
+        _pending_index: KeyIndex
+        _pending_store: GrowableMatrix
         _where: dict[str, int]
         _dim: int
         _stat0: int
@@ -303,11 +314,11 @@ class TableFiles:
             )
 
     # -- restore ----------------------------------------------------------------------
-    def empty_like(self):
+    def empty_like(self) -> Self:
         """A new, empty table with this one's config and allocator (to restore into)."""
         return type(self)(self.config, allocator=self._allocator, disk_dir=self._disk_dir)
 
-    def adopt(self, other) -> None:
+    def adopt(self, other: Self) -> None:
         """Take ``other``'s contents (rows, state, counters, pending keys) in one step.
 
         ``other`` must come from :meth:`empty_like` (same layout); it is emptied. The
