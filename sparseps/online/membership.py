@@ -119,20 +119,8 @@ class Decision:
 def requested_workers(store, default: tuple[int, int]) -> tuple[int, int]:
     """``(version, world)`` of ``elastic/workers``, or ``default`` when absent or malformed
     (a malformed value is logged and ignored: the job keeps its workers)."""
-    if not store.check([ELASTIC_KEY]):
-        return default
-    raw = store.get(ELASTIC_KEY)
-    try:
-        value = json.loads(raw)
-        version, world = value["version"], value["world"]
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (version, world)):
-            raise TypeError("version and world must be integers")
-        if version < 0 or not 1 <= world <= MAX_WORKERS:
-            raise ValueError(f"version >= 0 and 1 <= world <= {MAX_WORKERS}")
-    except (ValueError, TypeError, KeyError) as exc:
-        log.error("%s holds %r (%s); ignored, the workers stay as they are", ELASTIC_KEY, raw, exc)
-        return default
-    return version, world
+    version, members, _ = requested_members(store, default[0], tuple(range(default[1])))
+    return version, len(members)
 
 
 def requested_members(store, version: int, members: tuple[int, ...]
