@@ -288,16 +288,20 @@ def test_killing_the_driver_leaves_no_actor_or_process_behind(ray_cluster, tmp_p
             driver.wait(timeout=10)
 
 
-def _scale_helpers():
-    """tests/elastic/_scaletools.py: the scaled-job tests' job script and checks (one home)."""
+def _tests_module(folder: str, name: str):
+    """``tests/FOLDER/NAME.py``, a helper module another test folder keeps (one home)."""
     import importlib.util
 
-    path = ROOT / "tests" / "elastic" / "_scaletools.py"
-    spec = importlib.util.spec_from_file_location("_scaletools", path)
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _scale_helpers():
+    """tests/elastic/_scaletools.py: the scaled-job tests' job script and checks."""
+    return _tests_module("elastic", "_scaletools")
 
 
 def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_job(
@@ -411,15 +415,8 @@ def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_pa
 
 
 def _online_helpers():
-    """tests/online/_onlinetools.py: the online tests' config writer (one home)."""
-    import importlib.util
-
-    path = ROOT / "tests" / "online" / "_onlinetools.py"
-    spec = importlib.util.spec_from_file_location("_onlinetools", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tests/online/_onlinetools.py: the online tests' config writer."""
+    return _tests_module("online", "_onlinetools")
 
 
 def test_online_job_on_ray_grows_to_3_workers_and_back(ray_cluster, tmp_path, capsys):
