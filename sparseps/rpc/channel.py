@@ -1,9 +1,22 @@
-"""A client's connection to all servers: one I/O thread, one DEALER socket per server.
+"""A client's connection to all servers: one DEALER socket per server, one I/O thread.
 
-Any thread may :meth:`Channel.submit` a request; it is handed to the I/O thread over an
-inproc socket (zero-copy) and sent to its server. Replies are matched to requests by id
-and wake the waiting thread. Many requests can be in flight at once, bounded by
-``max_in_flight``.
+Any thread may :meth:`Channel.submit` a request; the submitting thread sends it on its
+server's DEALER itself (zero-copy), under the channel's socket lock. The I/O thread
+receives: it sleeps in ``poll`` on the DEALERs' notification descriptors (``zmq.FD``;
+polling a descriptor does not touch the socket, so it needs no lock) and on the monitor
+sockets, and whoever holds the socket lock reads the replies that arrived, matches them
+to requests by id and wakes the waiting threads. Many requests can be in flight at once,
+bounded by ``max_in_flight``.
+
+Why the caller sends: handing each request to the I/O thread over an inproc socket cost a
+second wake-up of a Python thread and a GIL hand-off per request; measured on 2 cores it
+took 0.05-0.10 off a pipelined pull's throughput ratio (bench/RESULTS.md, rpc).
+
+A zmq socket is not thread-safe; the socket lock serialises every use of a DEALER (send,
+receive, ``EVENTS``, close, reconnect). ``zmq.FD`` is edge-triggered: any operation on the
+socket, a send included, may consume the notice that replies are waiting, so whoever
+operates on a DEALER drains its replies (``EVENTS`` says ``POLLIN``) before letting go of
+the lock; the I/O thread also drains every DEALER once per idle poll round.
 
 A reply whose id is not pending (its caller timed out or gave up) is dropped with a
 debug line, so a late reply never confuses a later request.
@@ -19,6 +32,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import zmq
@@ -118,9 +132,11 @@ class Channel:
         self._lost: list[str | None] = [None] * len(self.endpoints)
         self._was_connected = [False] * len(self.endpoints)
         self._why_lost: list[str] = [""] * len(self.endpoints)
-        self._rank_of: dict = {}
-        self._monitor_of: dict = {}
-        self._poller = zmq.Poller()  # the I/O thread's
+        # the I/O thread's poller: DEALER descriptors (zmq.FD) and monitor sockets
+        self._poller = zmq.Poller()
+        self._fd_of: dict[int, int] = {}  # rank -> its DEALER's descriptor
+        self._rank_of: dict[int, int] = {}  # descriptor -> rank
+        self._monitor_of: dict[zmq.Socket, int] = {}
         self.update_retries = update_retries
         # Random per client: (client_id, seq) names one update across the servers' windows.
         self.client_id = secrets.randbits(63)
@@ -136,14 +152,9 @@ class Channel:
         self._state = ["connecting"] * len(self.endpoints)
         self._closing = threading.Event()
         self._context = transport.new_context()
-        inbox = f"inproc://sparseps-client-{id(self)}"
-        self._inbox = self._context.socket(zmq.PULL)
-        self._inbox.setsockopt(zmq.LINGER, 0)
-        self._inbox.bind(inbox)
-        self._outbox = self._context.socket(zmq.PUSH)
-        self._outbox.setsockopt(zmq.LINGER, 0)
-        self._outbox.connect(inbox)
-        self._outbox_lock = threading.Lock()
+        # Every use of a DEALER (and of the lists of sockets) holds it; taken before _lock.
+        self._io = threading.Lock()
+        self._sockets_closed = False
         self.security = security
         # rank -> why its server refused our handshake (None: not refused); set and
         # cleared by the I/O thread from monitor events, read by it in _forward.
@@ -225,8 +236,13 @@ class Channel:
             raise
         with self._lock:
             self._pending[call.id] = call
-        with self._outbox_lock:
-            transport.send_frames(self._outbox, [call.rank.to_bytes(4, "little"), *frames])
+        with self._io:
+            if self._sockets_closed:
+                self._fail_closed(call)
+                return
+            self._forward(call, frames)
+            if self._lost[call.rank] is None:
+                self._drain(call.rank)
 
     def next_seq(self) -> int:
         """A fresh update sequence number (for the copies of one replicated update)."""
@@ -304,9 +320,7 @@ class Channel:
                 dealer, monitor = self._connect(rank)
                 self._dealers.append(dealer)
                 self._monitors.append(monitor)
-                self._rank_of[dealer], self._monitor_of[monitor] = rank, rank
-                self._poller.register(dealer, zmq.POLLIN)
-                self._poller.register(monitor, zmq.POLLIN)
+                self._watch(rank)
                 log.info("%s %d at %s: connecting (a new server of the job)", self.role, rank,
                          endpoint)  # fmt: skip
             done.set()
@@ -327,9 +341,7 @@ class Channel:
             elif self._lost[rank] is not None:
                 dealer, monitor = self._connect(rank)
                 self._dealers[rank], self._monitors[rank] = dealer, monitor
-                self._rank_of[dealer], self._monitor_of[monitor] = rank, rank
-                self._poller.register(dealer, zmq.POLLIN)
-                self._poller.register(monitor, zmq.POLLIN)
+                self._watch(rank)
                 self._was_connected[rank] = False
                 self._lost[rank] = None
                 log.info("server %d at %s: connecting again", rank, self.endpoints[rank])
@@ -397,6 +409,10 @@ class Channel:
             return
         self._closing.set()
         self._thread.join(timeout)
+        with self._io:
+            self._sockets_closed = True
+            for sock in [*self._monitors, *self._dealers]:
+                sock.close(linger=0)
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}
         for call in pending:
@@ -405,8 +421,6 @@ class Channel:
                 op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
             )  # fmt: skip
             call.event.set()
-        for sock in [*self._monitors, *self._dealers, self._inbox, self._outbox]:
-            sock.close(linger=0)
         self._context.term()
 
     # -- internals ---------------------------------------------------------------------
@@ -429,27 +443,46 @@ class Channel:
             rank=call.rank, address=self.endpoints[call.rank], op=call.op,
         )  # fmt: skip
 
+    def _watch(self, rank: int) -> None:
+        """Poll server ``rank``'s DEALER descriptor and monitor (I/O thread, socket lock)."""
+        fd = cast(int, self._dealers[rank].getsockopt(zmq.FD))
+        self._fd_of[rank] = fd
+        self._rank_of[fd] = rank
+        self._monitor_of[self._monitors[rank]] = rank
+        self._poller.register(fd, zmq.POLLIN)
+        self._poller.register(self._monitors[rank], zmq.POLLIN)
+
+    def _unwatch(self, rank: int) -> None:
+        fd = self._fd_of.pop(rank)
+        self._rank_of.pop(fd, None)
+        self._monitor_of.pop(self._monitors[rank], None)
+        self._poller.unregister(fd)
+        self._poller.unregister(self._monitors[rank])
+
     def _run(self) -> None:
         poller = self._poller
-        poller.register(self._inbox, zmq.POLLIN)
-        for sock in [*self._dealers, *self._monitors]:
-            poller.register(sock, zmq.POLLIN)
-        rank_of = self._rank_of = {sock: rank for rank, sock in enumerate(self._dealers)}
-        monitor_of = self._monitor_of = {sock: rank for rank, sock in enumerate(self._monitors)}
+        with self._io:
+            for rank in range(len(self._dealers)):
+                self._watch(rank)
         try:
             while not self._closing.is_set():
-                self._serve_revivals()
-                self._serve_growth()
-                for sock, _ in poller.poll(_POLL_MS):
-                    if sock.closed:  # a lost server's, closed earlier in this round
-                        continue
-                    if sock is self._inbox:
-                        self._forward(self._inbox.recv_multipart(copy=False))
-                    elif sock in rank_of:
-                        self._deliver(rank_of[sock], sock.recv_multipart(copy=False))
-                    else:
-                        self._on_event(monitor_of[sock], recv_monitor_message(sock))
-                self._flush_backlogs()
+                ready = poller.poll(_POLL_MS)
+                with self._io:
+                    self._serve_revivals()
+                    self._serve_growth()
+                    for what, _ in ready:
+                        if isinstance(what, int):  # a DEALER has news: drained below
+                            continue
+                        watched = self._monitor_of.get(what)
+                        if watched is not None and not what.closed:
+                            self._on_event(watched, recv_monitor_message(what))
+                    woken = {self._rank_of[w] for w, _ in ready if w in self._rank_of}
+                    # an idle round drains every DEALER: a notice may have been consumed
+                    # by a sender between our poll and this lock (see the module doc)
+                    for rank in woken if ready else range(len(self._dealers)):
+                        if self._lost[rank] is None:
+                            self._drain(rank)
+                    self._flush_backlogs()
         except zmq.ContextTerminated:  # pragma: no cover - close() joins first
             pass
         except Exception:  # pragma: no cover - a bug here must not hang callers silently
@@ -516,8 +549,7 @@ class Channel:
         )
         log.warning("%s", self._lost[rank])
         self._backlog[rank].clear()
-        for sock in (self._dealers[rank], self._monitors[rank]):
-            self._poller.unregister(sock)
+        self._unwatch(rank)
         self._dealers[rank].disable_monitor()
         self._monitors[rank].close(linger=0)
         self._dealers[rank].close(linger=0)
@@ -544,31 +576,45 @@ class Channel:
         )  # fmt: skip
         call.event.set()
 
-    def _forward(self, frames: list) -> None:
-        rank = int.from_bytes(frames[0].bytes, "little")
-        if self._lost[rank] is not None:
-            call_id = peek_request_id(frames[1:2])
-            with self._lock:
-                call = None if call_id is None else self._pending.pop(call_id, None)
-            if call is not None:
-                self._fail_lost(call)
-            return
-        if self._refused[rank] is not None:
+    def _forward(self, call: Call, frames: list) -> None:
+        """Send ``call``'s frames on its server's DEALER (the caller, under the socket lock)."""
+        rank = call.rank
+        if self._lost[rank] is not None or self._refused[rank] is not None:
             # Fail at once rather than queue behind a handshake that keeps failing.
-            call_id = peek_request_id(frames[1:2])
             with self._lock:
-                call = None if call_id is None else self._pending.pop(call_id, None)
-            if call is not None:
-                self._fail_refused(call)
+                waiting = self._pending.pop(call.id, None)
+            if waiting is not None:
+                (self._fail_lost if self._lost[rank] is not None else self._fail_refused)(call)
             return
         backlog = self._backlog[rank]
         if backlog:  # keep the order of requests to one server
-            backlog.append(frames[1:])
+            backlog.append(frames)
             return
         try:
-            transport.send_frames(self._dealers[rank], frames[1:], flags=zmq.NOBLOCK)
-        except zmq.Again:
-            backlog.append(frames[1:])
+            transport.send_frames(self._dealers[rank], frames, flags=zmq.NOBLOCK)
+        except zmq.Again:  # no usable connection yet: the I/O thread sends it later
+            backlog.append(frames)
+
+    def _drain(self, rank: int) -> None:
+        """Deliver every reply waiting on server ``rank``'s DEALER (socket lock held)."""
+        sock = self._dealers[rank]
+        while cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # pragma: no cover - EVENTS said a message was there
+                return
+            self._deliver(rank, frames)
+
+    def _fail_closed(self, call: Call) -> None:
+        with self._lock:
+            waiting = self._pending.pop(call.id, None)
+        if waiting is not None:
+            self._slots.release()
+            call.failure = UnavailableError(
+                f"{call.op}: the PSClient is closed",
+                op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
+            )  # fmt: skip
+            call.event.set()
 
     def _flush_backlogs(self) -> None:
         """Send what zmq could not take before; fail it if the server refused us."""
