@@ -152,6 +152,23 @@ def test_dense_tables_stay_finite_and_reject_overflowing_adds():
     assert all(dense.export()[k].tobytes() == before[k].tobytes() for k in before)
 
 
+class _UncheckedNanSGD(optim.SGD):
+    """A dense rule that writes a NaN and does not vouch for what it wrote (returns None)."""
+
+    def update(self, storage, rows, grads, dim):
+        storage[rows[0], 1] = np.nan
+
+
+def test_a_dense_step_not_vouched_for_is_checked_and_rejected():
+    # The built-in kernels vouch (True) and their step is taken without a pass over the
+    # row; any other rule's step is checked value by value before it becomes the values.
+    dense = DenseTable("head", 3, rule=_UncheckedNanSGD(lr=1.0))
+    before = dense.export()
+    with pytest.raises(InputError, match="head.push: the step would make 1 value"):
+        dense.push(np.ones(3, np.float32))
+    assert all(dense.export()[k].tobytes() == before[k].tobytes() for k in before)
+
+
 class FailingAllocator(Allocator):
     """The allocator hook: fails every allocation of ``minimum`` bytes or more once armed."""
 
