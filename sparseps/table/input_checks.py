@@ -43,12 +43,16 @@ def check_matrix(op: str, name: str, values: object, rows: int, dim: int) -> np.
 
 def check_contiguous_vector(op: str, name: str, values: object, n: int, dtype) -> np.ndarray:
     """A C-contiguous 1-D ``dtype`` array of length ``n``, else InputError."""
-    expected = f"a C-contiguous 1-D {np.dtype(dtype)} array of length {n}"
     if not isinstance(values, np.ndarray) or values.dtype != dtype or values.shape != (n,):
-        _fail(op, name, expected, values)
+        _fail(op, name, _vector_of(dtype, n), values)
     if not values.flags.c_contiguous:
-        _fail(op, name, expected, values, "pass np.ascontiguousarray(x)")
+        _fail(op, name, _vector_of(dtype, n), values, "pass np.ascontiguousarray(x)")
     return values
+
+
+def _vector_of(dtype, n: int) -> str:
+    # only on failure: naming a dtype costs more than the checks (this runs every push)
+    return f"a C-contiguous 1-D {np.dtype(dtype)} array of length {n}"
 
 
 def counts_or_default(op: str, name: str, values: object, n: int, default: float) -> np.ndarray:
