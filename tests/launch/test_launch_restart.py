@@ -117,9 +117,12 @@ def test_a_failure_on_one_node_stops_both_launchers(tmp_path):
     # node b's worker 1 exits 3; node a's launcher learns it from the control store
     assert codes == [1, 3], "\n\n".join(outputs)
     (_, log_a, _), (_, log_b, _) = nodes
-    assert ended - (log_b / "worker.1.log").stat().st_mtime < 15.0
+    # Worker 0 sleeps 120 s: a job that ended well before that was stopped by the
+    # launchers (usually ~5 s; the bound leaves room for a loaded 2-core machine, where a
+    # 15 s bound once failed).
+    assert ended - (log_b / "worker.1.log").stat().st_mtime < 60.0
     assert "another launcher of this job reported: worker 1 on" in outputs[0]
     for log in (log_a, log_b):
-        record = assert_all_gone(log, within=2.0)
+        record = assert_all_gone(log)
         assert all(c["attempt"] == 0 for c in read_pids(log)["children"])
         assert len(record["children"]) == 2
