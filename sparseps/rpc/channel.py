@@ -1,25 +1,24 @@
 """A client's connection to all servers: one DEALER socket per server, one I/O thread.
 
 Any thread may :meth:`Channel.submit` a request; the submitting thread sends it on its
-server's DEALER itself (zero-copy), under the channel's socket lock. The I/O thread
-receives: it sleeps in ``poll`` on the DEALERs' notification descriptors (``zmq.FD``;
-polling a descriptor does not touch the socket, so it needs no lock) and on the monitor
-sockets, and whoever holds the socket lock reads the replies that arrived, matches them
-to requests by id and wakes the waiting threads. Many requests can be in flight at once,
-bounded by ``max_in_flight``.
+server's DEALER itself (zero-copy), under the channel's socket lock. Replies are read by
+the threads that wait for them (:mod:`.channel_receive`: one reads, the others sleep
+until their reply is delivered), matched to requests by id. The I/O thread watches the
+connections (monitor events: connects, handshakes, lost servers), sends what zmq could
+not take yet, serves reconnects, and sweeps the DEALERs once per poll round for replies
+nobody waits for yet. Many requests can be in flight at once, bounded by
+``max_in_flight``.
 
-Why the caller sends: handing each request to the I/O thread over an inproc socket cost a
-second wake-up of a Python thread and a GIL hand-off per request; measured on 2 cores it
-took 0.05-0.10 off a pipelined pull's throughput ratio (bench/RESULTS.md, rpc).
+Why the callers do the socket work: handing each request to the I/O thread over an inproc
+socket, and each reply back, cost two wake-ups of a Python thread and two GIL hand-offs
+per request; on 2 cores the client's CPU per small pull fell by ~20% for each half
+(bench/RESULTS.md, rpc).
 
-A zmq socket is not thread-safe; the socket lock serialises every use of a DEALER (send,
-receive, ``EVENTS``, close, reconnect). ``zmq.FD`` is edge-triggered: any operation on the
-socket, a send included, may consume the notice that replies are waiting, so whoever
-operates on a DEALER drains its replies (``EVENTS`` says ``POLLIN``) before letting go of
-the lock; the I/O thread also drains every DEALER once per idle poll round.
-
-A reply whose id is not pending (its caller timed out or gave up) is dropped with a
-debug line, so a late reply never confuses a later request.
+A zmq socket is not thread-safe; the socket lock (``_io``) serialises every use of a
+DEALER (send, receive, ``EVENTS``, close, reconnect). ``zmq.FD`` is edge-triggered: any
+operation on the socket, a send included, may consume the notice that replies are
+waiting, so whoever operates on a DEALER drains its replies (``EVENTS`` says ``POLLIN``)
+before letting go of the lock.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from . import transport
+from .channel_receive import ReceivingByWaiters
 from .ops import UPDATE_OPS
 from .protocol import Limits, Reply, decode_reply, encode_request, peek_request_id
 from .security import Security, handshake_failed_events
@@ -86,7 +86,7 @@ class Call:
     epoch: int | None = None  # the sender's epoch of the shard (replicated writes)
 
 
-class Channel:
+class Channel(ReceivingByWaiters):
     """Request/reply transport to a list of servers (used by :class:`PSClient`).
 
     Args:
@@ -132,7 +132,8 @@ class Channel:
         self._lost: list[str | None] = [None] * len(self.endpoints)
         self._was_connected = [False] * len(self.endpoints)
         self._why_lost: list[str] = [""] * len(self.endpoints)
-        # the I/O thread's poller: DEALER descriptors (zmq.FD) and monitor sockets
+        # the I/O thread's poller (monitor sockets); the DEALER descriptors (zmq.FD), by
+        # rank and back, for the thread that reads replies (channel_receive)
         self._poller = zmq.Poller()
         self._fd_of: dict[int, int] = {}  # rank -> its DEALER's descriptor
         self._rank_of: dict[int, int] = {}  # descriptor -> rank
@@ -155,6 +156,7 @@ class Channel:
         # Every use of a DEALER (and of the lists of sockets) holds it; taken before _lock.
         self._io = threading.Lock()
         self._sockets_closed = False
+        self._init_receiving()
         self.security = security
         # rank -> why its server refused our handshake (None: not refused); set and
         # cleared by the I/O thread from monitor events, read by it in _forward.
@@ -208,7 +210,7 @@ class Channel:
                 rank=rank,
                 address=self.endpoints[rank],
             )
-        if not self._slots.acquire(timeout=self.timeout):
+        if not self._take_slot():
             raise DeadlineError(
                 f"{op}: {self._max_in_flight} requests still in flight after {self.timeout:.3g} s; the servers "
                 "are not answering fast enough (raise PSClient(max_in_flight=...) or wait on handles)",
@@ -223,6 +225,20 @@ class Channel:
                 call.resend = (tuple(bufs), args)
         self._send(call, bufs, args)
         return call
+
+    def _take_slot(self) -> bool:
+        """An in-flight slot within the timeout. Replies free slots; nobody may be waiting
+        for the ones that would free one, so this thread reads them meanwhile."""
+        if self._slots.acquire(blocking=False):
+            return True
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self.collect()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if self._slots.acquire(timeout=min(remaining, 0.002)):
+                return True
 
     def _send(self, call: Call, bufs: Sequence[np.ndarray], args: dict | None) -> None:
         try:
@@ -360,7 +376,7 @@ class Channel:
         retry is left or the slot for it cannot be had."""
         if not call.retries_left or call.resend is None or self._closing.is_set():
             return False
-        if not self._slots.acquire(timeout=self.timeout):
+        if not self._take_slot():
             return False
         call.retries_left -= 1
         old_id, call.id = call.id, next(self._ids)
@@ -375,7 +391,7 @@ class Channel:
 
     def wait(self, call: Call, deadline: float, timeout: float) -> Reply:
         """The reply of ``call`` by ``deadline`` (monotonic), raising the right error."""
-        while not call.event.wait(max(0.0, deadline - time.monotonic())):
+        while not self._await(call, deadline):
             self._forget(call)
             if call.event.is_set():
                 break
@@ -399,6 +415,10 @@ class Channel:
             raise self._remote_error(call, reply.error or {})
         return reply
 
+    def settled(self, call: Call, seconds: float) -> bool:
+        """Whether ``call`` is answered within ``seconds`` (reading replies meanwhile)."""
+        return self._await(call, time.monotonic() + seconds)
+
     def forget(self, call: Call) -> None:
         """Stop waiting for ``call`` (its reply, if any arrives, is dropped)."""
         self._forget(call)
@@ -420,7 +440,7 @@ class Channel:
                 f"{call.op}: the PSClient was closed before {self.role} {call.rank} answered",
                 op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
             )  # fmt: skip
-            call.event.set()
+            self._settle(call)
         self._context.term()
 
     # -- internals ---------------------------------------------------------------------
@@ -444,19 +464,20 @@ class Channel:
         )  # fmt: skip
 
     def _watch(self, rank: int) -> None:
-        """Poll server ``rank``'s DEALER descriptor and monitor (I/O thread, socket lock)."""
+        """Watch server ``rank``: its monitor here, its DEALER's descriptor for the waiting
+        threads that read replies (I/O thread, socket lock held)."""
         fd = cast(int, self._dealers[rank].getsockopt(zmq.FD))
         self._fd_of[rank] = fd
         self._rank_of[fd] = rank
+        self._fds_version += 1
         self._monitor_of[self._monitors[rank]] = rank
-        self._poller.register(fd, zmq.POLLIN)
         self._poller.register(self._monitors[rank], zmq.POLLIN)
 
     def _unwatch(self, rank: int) -> None:
         fd = self._fd_of.pop(rank)
         self._rank_of.pop(fd, None)
+        self._fds_version += 1
         self._monitor_of.pop(self._monitors[rank], None)
-        self._poller.unregister(fd)
         self._poller.unregister(self._monitors[rank])
 
     def _run(self) -> None:
@@ -471,17 +492,11 @@ class Channel:
                     self._serve_revivals()
                     self._serve_growth()
                     for what, _ in ready:
-                        if isinstance(what, int):  # a DEALER has news: drained below
-                            continue
                         watched = self._monitor_of.get(what)
                         if watched is not None and not what.closed:
                             self._on_event(watched, recv_monitor_message(what))
-                    woken = {self._rank_of[w] for w, _ in ready if w in self._rank_of}
-                    # an idle round drains every DEALER: a notice may have been consumed
-                    # by a sender between our poll and this lock (see the module doc)
-                    for rank in woken if ready else range(len(self._dealers)):
-                        if self._lost[rank] is None:
-                            self._drain(rank)
+                    # replies nobody waits for yet (see channel_receive)
+                    self._drain_all()
                     self._flush_backlogs()
         except zmq.ContextTerminated:  # pragma: no cover - close() joins first
             pass
@@ -566,7 +581,7 @@ class Channel:
             f"{call.op}: {self._lost[call.rank]}",
             op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
         )  # fmt: skip
-        call.event.set()
+        self._settle(call)
 
     def _fail_refused(self, call: Call) -> None:
         self._slots.release()
@@ -574,7 +589,7 @@ class Channel:
             f"{call.op}: {self._refused[call.rank]}",
             op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
         )  # fmt: skip
-        call.event.set()
+        self._settle(call)
 
     def _forward(self, call: Call, frames: list) -> None:
         """Send ``call``'s frames on its server's DEALER (the caller, under the socket lock)."""
@@ -614,7 +629,7 @@ class Channel:
                 f"{call.op}: the PSClient is closed",
                 op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
             )  # fmt: skip
-            call.event.set()
+            self._settle(call)
 
     def _flush_backlogs(self) -> None:
         """Send what zmq could not take before; fail it if the server refused us."""
@@ -654,7 +669,7 @@ class Channel:
             call.failure = ProtocolError(
                 f"{call.op}: malformed reply from {self.role} {rank} at {self.endpoints[rank]}: {exc}"
             )
-            call.event.set()
+            self._settle(call)
             return
         with self._lock:
             call = None if reply.id is None else self._pending.pop(reply.id, None)
@@ -665,4 +680,4 @@ class Channel:
             return
         self._slots.release()
         call.reply = reply
-        call.event.set()
+        self._settle(call)

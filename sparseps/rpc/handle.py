@@ -51,6 +51,8 @@ class Handle:
 
     def done(self) -> bool:
         """True when every server answered (``wait`` will not block)."""
+        if not self._done and self._channel is not None:
+            self._channel.collect()  # replies that arrived are delivered by their readers
         return self._done or all(
             call.done() if isinstance(call, ShardRequest) else call.event.is_set()
             for call in list(self._calls)

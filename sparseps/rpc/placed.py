@@ -281,7 +281,7 @@ class PlacementRouting:
         if self._routing is None or isinstance(request, ShardRequest):
             return False
         channel = self._channel
-        while not request.event.wait(_DOWN_POLL_S) and time.monotonic() < deadline:
+        while not channel.settled(request, _DOWN_POLL_S) and time.monotonic() < deadline:
             if not channel.connected(request.rank) and self._gone(request):
                 channel.forget(request)
                 return True

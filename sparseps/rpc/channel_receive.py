@@ -1,0 +1,160 @@
+"""How a :class:`~sparseps.rpc.channel.Channel` reads replies: the waiting threads do it.
+
+A thread that waits for a reply reads the DEALER sockets itself instead of sleeping until
+another thread hands the reply over. Only one thread reads at a time (the *leader*): it
+polls every DEALER's notification descriptor (``zmq.FD``), drains the sockets that have
+news under the socket lock and delivers every reply it finds, its own and the other
+waiters'. The other waiting threads (*followers*) sleep on a wake event of their own
+(one per thread, reused), set when their reply is delivered or when the leader steps
+down and hands the reading over to one of them.
+
+Why: when the channel's I/O thread read the replies, every reply woke two threads (the
+I/O thread, then the waiter) and moved the GIL twice; a pipelined pull cost the client
+~25% more CPU that way (bench/RESULTS.md, rpc). The I/O thread still sweeps every DEALER
+once per poll round (``_POLL_MS``), so a reply nobody waits for yet (a push whose handle
+is waited on later) is delivered within that round and frees its in-flight slot;
+:meth:`collect` reads at once without waiting (``Handle.done``).
+"""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import zmq
+
+    from .channel import Call
+
+__all__ = ["ReceivingByWaiters"]
+
+# A leader wakes at least this often (seconds) to re-read the sockets it polls.
+_LEAD_POLL_S = 0.05
+
+
+class ReceivingByWaiters:
+    """The receiving half of :class:`Channel` (a mixin; the state is set up by
+    :meth:`_init_receiving`).
+
+    Lock order: the socket lock (``_io``) before the pending-calls lock (``_lock``).
+    """
+
+    if TYPE_CHECKING:  # what it uses of Channel
+        _io: threading.Lock
+        _lock: threading.Lock
+        _dealers: list[zmq.Socket]
+        _lost: list[str | None]
+        _rank_of: dict[int, int]
+        _sockets_closed: bool
+
+        def _drain(self, rank: int) -> None: ...
+
+    def _init_receiving(self) -> None:
+        self._leading = False  # a waiter is reading the DEALERs (under _lock)
+        self._followers: dict[int, threading.Event] = {}  # call id -> its waiter's wake
+        self._wakes = threading.local()
+        # bumped (under _io) whenever the set of DEALER descriptors changes
+        self._fds_version = 0
+
+    # -- called by Channel -----------------------------------------------------------
+
+    def _settle(self, call: Call) -> None:
+        """Mark ``call`` answered (its reply or failure is set) and wake its waiter."""
+        call.event.set()
+        with self._lock:
+            wake = self._followers.get(call.id)
+        if wake is not None:
+            wake.set()
+
+    def _await(self, call: Call, deadline: float) -> bool:
+        """Wait until ``call`` is answered (True) or ``deadline`` (monotonic) passed (False),
+        reading the sockets when no other waiting thread does."""
+        wake = self._wake_event()
+        while True:
+            with self._lock:
+                if call.event.is_set():
+                    self._hand_over()
+                    return True
+                lead = not self._leading
+                if lead:
+                    self._leading = True
+                else:
+                    wake.clear()
+                    self._followers[call.id] = wake
+            if lead:
+                try:
+                    return self._lead(call, deadline)
+                finally:
+                    with self._lock:
+                        self._leading = False
+                        self._hand_over()
+            remaining = deadline - time.monotonic()
+            if remaining > 0:
+                wake.wait(remaining)
+            with self._lock:
+                self._followers.pop(call.id, None)
+                if time.monotonic() >= deadline and not call.event.is_set():
+                    self._hand_over()
+                    return False
+
+    def collect(self) -> None:
+        """Deliver the replies that already arrived, without waiting (skipped when another
+        thread is using the sockets: it delivers them)."""
+        if not self._io.acquire(blocking=False):
+            return
+        try:
+            if not self._sockets_closed:
+                self._drain_all()
+        finally:
+            self._io.release()
+
+    # -- internals -------------------------------------------------------------------
+
+    def _wake_event(self) -> threading.Event:
+        wake = getattr(self._wakes, "event", None)
+        if wake is None:
+            wake = self._wakes.event = threading.Event()
+        return wake
+
+    def _hand_over(self) -> None:
+        """Nobody reads and someone waits: wake one follower to lead (holding ``_lock``)."""
+        if not self._leading and self._followers:
+            next(iter(self._followers.values())).set()
+
+    def _drain_all(self) -> None:
+        for rank in range(len(self._dealers)):
+            if self._lost[rank] is None:
+                self._drain(rank)
+
+    def _lead(self, call: Call, deadline: float) -> bool:
+        """Read every DEALER until ``call`` is answered or ``deadline``."""
+        poller = select.poll()
+        polled: dict[int, int] = {}
+        version = -1
+        fired: set[int] | None = None  # None: drain every socket
+        while True:
+            with self._io:
+                if self._sockets_closed:
+                    return call.event.is_set()
+                if version != self._fds_version:  # a server was added, lost or revived
+                    for fd in polled:
+                        poller.unregister(fd)
+                    polled = dict(self._rank_of)
+                    for fd in polled:
+                        poller.register(fd, select.POLLIN)
+                    version, fired = self._fds_version, None
+                if fired is None:
+                    self._drain_all()
+                else:
+                    for rank in fired:
+                        if self._lost[rank] is None:
+                            self._drain(rank)
+            if call.event.is_set():
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            ready = poller.poll(min(remaining, _LEAD_POLL_S) * 1000)
+            fired = {polled[fd] for fd, _ in ready if fd in polled} if ready else None
