@@ -4,9 +4,9 @@ Any thread may :meth:`Channel.submit` a request; the submitting thread sends it 
 server's DEALER itself (zero-copy), under the channel's socket lock. Replies are read by
 the threads that wait for them (:mod:`.channel_receive`: one reads, the others sleep
 until their reply is delivered), matched to requests by id. The I/O thread watches the
-connections (monitor events: connects, handshakes, lost servers), sends what zmq could
-not take yet, serves reconnects, and sweeps the DEALERs once per poll round for replies
-nobody waits for yet. Many requests can be in flight at once, bounded by
+connections (:mod:`.channel_links`: monitor events, handshakes, lost servers, reconnects,
+new servers), sends what zmq could not take yet, and sweeps the DEALERs once per poll
+round for replies nobody waits for yet. Many requests can be in flight at once, bounded by
 ``max_in_flight``.
 
 Why the callers do the socket work: handing each request to the I/O thread over an inproc
@@ -24,8 +24,10 @@ before letting go of the lock.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import logging
+import os
 import secrets
 import threading
 import time
@@ -39,32 +41,25 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from . import transport
+from .channel_links import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, ServerLinks
 from .channel_receive import ReceivingByWaiters
 from .ops import UPDATE_OPS
 from .protocol import Limits, Reply, decode_reply, encode_request, peek_request_id
-from .security import Security, handshake_failed_events
+from .security import Security
 
-__all__ = ["Call", "Channel"]
+__all__ = ["HEARTBEAT_IVL_MS", "HEARTBEAT_TIMEOUT_MS", "Call", "Channel"]
 
 log = logging.getLogger(__name__)
 
 _POLL_MS = 50
-_EVENTS = {
-    zmq.EVENT_CONNECTED: "connected",
-    zmq.EVENT_DISCONNECTED: "connection lost",
-    zmq.EVENT_CONNECT_RETRIED: "cannot connect (refused or unresolvable), retrying",
-    zmq.EVENT_CLOSED: "closed",
-    zmq.EVENT_HANDSHAKE_SUCCEEDED: "connected",
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
-    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "handshake failed",
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "authentication failed",
-}
-_HANDSHAKE_FAILED = handshake_failed_events()
-# Replicated jobs: a server silent this long (no heartbeat answer) is lost; its zmq I/O
-# thread answers heartbeats even while its Python handlers are busy, so a slow server is
-# not mistaken for a dead one.
-HEARTBEAT_IVL_MS = 500
-HEARTBEAT_TIMEOUT_MS = 3000
+
+
+def _nudged(fd: int) -> bool:
+    """Read one batch of nudges; False when none is left."""
+    try:
+        return bool(os.read(fd, 512))
+    except BlockingIOError:
+        return False
 
 
 @dataclass(eq=False)
@@ -86,7 +81,7 @@ class Call:
     epoch: int | None = None  # the sender's epoch of the shard (replicated writes)
 
 
-class Channel(ReceivingByWaiters):
+class Channel(ServerLinks, ReceivingByWaiters):
     """Request/reply transport to a list of servers (used by :class:`PSClient`).
 
     Args:
@@ -156,6 +151,10 @@ class Channel(ReceivingByWaiters):
         # Every use of a DEALER (and of the lists of sockets) holds it; taken before _lock.
         self._io = threading.Lock()
         self._sockets_closed = False
+        # written to wake the I/O thread from its poll (see nudge)
+        self._nudge_r, self._nudge_w = os.pipe()
+        os.set_blocking(self._nudge_r, False)
+        os.set_blocking(self._nudge_w, False)
         self._init_receiving()
         self.security = security
         # rank -> why its server refused our handshake (None: not refused); set and
@@ -264,113 +263,6 @@ class Channel(ReceivingByWaiters):
         """A fresh update sequence number (for the copies of one replicated update)."""
         return next(self._seqs)
 
-    def _connect(self, rank: int) -> tuple[zmq.Socket, zmq.Socket]:
-        """A new DEALER to server ``rank`` and its monitor socket."""
-        sock = transport.new_dealer(
-            self._context, self.limits.max_message_bytes, security=self.security
-        )
-        if self.detect_loss:
-            sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        monitor = sock.get_monitor_socket(events=sum(_EVENTS))
-        sock.connect(transport.connect_address(self.endpoints[rank]))
-        return sock, monitor
-
-    def revive(self, rank: int, timeout: float = 10.0) -> None:
-        """Connect again to a lost server ``rank`` (a replacement now serves there).
-
-        Raises:
-            DeadlineError: the I/O thread did not get to it within ``timeout``.
-        """
-        if self._lost[rank] is None:
-            return
-        done = threading.Event()
-        self._revive.append((rank, done))
-        if not done.wait(timeout):
-            raise DeadlineError(
-                f"reconnecting to {self.role} {rank} at {self.endpoints[rank]} took over {timeout:g} s",
-                op="revive", role=self.role, rank=rank, address=self.endpoints[rank],
-                seconds=timeout, setting="Channel.revive(timeout=...)",
-            )  # fmt: skip
-
-    def grow(self, endpoints: Sequence[str], timeout: float = 10.0) -> list[int]:
-        """The ranks of ``endpoints`` on this channel, connecting to the ones it does not
-        have yet as new ranks (an elastic job's new servers; the I/O thread connects).
-
-        Raises:
-            ConfigError: a malformed ``host:port``.
-            DeadlineError: the I/O thread did not get to it within ``timeout``.
-        """
-        from ..env import parse_endpoint
-
-        with self._grow_lock:
-            new = [e for e in dict.fromkeys(endpoints) if e not in self.endpoints]
-            for endpoint in new:
-                parse_endpoint(endpoint, what="placement endpoint")
-            if new:
-                done = threading.Event()
-                self._growth.append((new, done))
-                if not done.wait(timeout):
-                    raise DeadlineError(
-                        f"connecting to new {self.role}s {new} took over {timeout:g} s",
-                        op="grow", role=self.role, address=new[0], seconds=timeout,
-                        setting="Channel.grow(timeout=...)",
-                    )  # fmt: skip
-            index = {e: i for i, e in enumerate(self.endpoints)}
-        return [index[e] for e in endpoints]
-
-    def _serve_growth(self) -> None:
-        while self._growth:
-            new, done = self._growth.popleft()
-            for endpoint in new:
-                if endpoint in self.endpoints:
-                    continue
-                rank = len(self.endpoints)
-                self._lost.append(None)
-                self._refused.append(None)
-                self._was_connected.append(False)
-                self._why_lost.append("")
-                self._state.append("connecting")
-                self._backlog.append(collections.deque())
-                self.endpoints = (*self.endpoints, endpoint)
-                dealer, monitor = self._connect(rank)
-                self._dealers.append(dealer)
-                self._monitors.append(monitor)
-                self._watch(rank)
-                log.info("%s %d at %s: connecting (a new server of the job)", self.role, rank,
-                         endpoint)  # fmt: skip
-            done.set()
-
-    def mark_lost(self, rank: int, why: str) -> None:
-        """Treat server ``rank`` as lost (it answered that it cannot serve: a replacement
-        still copying); done by the I/O thread."""
-        if self._lost[rank] is None:
-            self._revive.append((-1 - rank, threading.Event()))
-            self._why_lost[rank] = why
-
-    def _serve_revivals(self) -> None:
-        while self._revive:
-            rank, done = self._revive.popleft()
-            if rank < 0:  # mark_lost
-                if self._lost[-1 - rank] is None:
-                    self._lose(-1 - rank, self._why_lost[-1 - rank])
-            elif self._lost[rank] is not None:
-                dealer, monitor = self._connect(rank)
-                self._dealers[rank], self._monitors[rank] = dealer, monitor
-                self._watch(rank)
-                self._was_connected[rank] = False
-                self._lost[rank] = None
-                log.info("server %d at %s: connecting again", rank, self.endpoints[rank])
-            done.set()
-
-    def connected(self, rank: int) -> bool:
-        """Whether the connection to server ``rank`` is up (as its monitor last said)."""
-        return self._state[rank] == "connected"
-
-    def lost(self, rank: int) -> str | None:
-        """Why server ``rank`` is lost (``detect_loss``), or None."""
-        return self._lost[rank]
-
     def _retry(self, call: Call) -> bool:
         """Send a timed-out update again under a new request id (same seq); False when no
         retry is left or the slot for it cannot be had."""
@@ -428,6 +320,7 @@ class Channel(ReceivingByWaiters):
         if self._closing.is_set():
             return
         self._closing.set()
+        self.nudge()
         self._thread.join(timeout)
         with self._io:
             self._sockets_closed = True
@@ -442,6 +335,9 @@ class Channel(ReceivingByWaiters):
             )  # fmt: skip
             self._settle(call)
         self._context.term()
+        os.close(self._nudge_r)
+        os.close(self._nudge_w)
+        self._nudge_r = self._nudge_w = -1  # the numbers may be reused by other files
 
     # -- internals ---------------------------------------------------------------------
 
@@ -463,31 +359,24 @@ class Channel(ReceivingByWaiters):
             rank=call.rank, address=self.endpoints[call.rank], op=call.op,
         )  # fmt: skip
 
-    def _watch(self, rank: int) -> None:
-        """Watch server ``rank``: its monitor here, its DEALER's descriptor for the waiting
-        threads that read replies (I/O thread, socket lock held)."""
-        fd = cast(int, self._dealers[rank].getsockopt(zmq.FD))
-        self._fd_of[rank] = fd
-        self._rank_of[fd] = rank
-        self._fds_version += 1
-        self._monitor_of[self._monitors[rank]] = rank
-        self._poller.register(self._monitors[rank], zmq.POLLIN)
-
-    def _unwatch(self, rank: int) -> None:
-        fd = self._fd_of.pop(rank)
-        self._rank_of.pop(fd, None)
-        self._fds_version += 1
-        self._monitor_of.pop(self._monitors[rank], None)
-        self._poller.unregister(self._monitors[rank])
+    def nudge(self) -> None:
+        """Wake the I/O thread now (a close, a reconnect or new servers asked for)."""
+        # a full pipe: the thread is awake already; -1: the channel is closed
+        with contextlib.suppress(OSError):
+            os.write(self._nudge_w, b"\0")
 
     def _run(self) -> None:
         poller = self._poller
+        poller.register(self._nudge_r, zmq.POLLIN)
         with self._io:
             for rank in range(len(self._dealers)):
                 self._watch(rank)
         try:
             while not self._closing.is_set():
                 ready = poller.poll(_POLL_MS)
+                if any(what == self._nudge_r for what, _ in ready):
+                    while _nudged(self._nudge_r):
+                        pass
                 with self._io:
                     self._serve_revivals()
                     self._serve_growth()
@@ -502,94 +391,6 @@ class Channel(ReceivingByWaiters):
             pass
         except Exception:  # pragma: no cover - a bug here must not hang callers silently
             log.exception("sparseps client I/O thread failed; pending requests will time out")
-
-    def _on_event(self, rank: int, event: dict) -> None:
-        kind = event["event"]
-        self._state[rank] = _EVENTS.get(kind, self._state[rank])
-        if kind == zmq.EVENT_CONNECTED:
-            self._was_connected[rank] = True
-        elif (
-            kind == zmq.EVENT_DISCONNECTED
-            and self.detect_loss
-            and self._was_connected[rank]
-            and self._refused[rank] is None
-            and self._lost[rank] is None
-        ):
-            self._lose(rank)
-            return
-        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            if self._refused[rank] is not None:
-                log.info("server %d at %s accepted the handshake", rank, self.endpoints[rank])
-            self._refused[rank] = None
-        elif kind & _HANDSHAKE_FAILED:
-            first = self._refused[rank] is None
-            self._refused[rank] = self._refusal(rank, kind, event["value"])
-            if first:  # zmq retries every reconnect interval: say it once
-                log.error("%s", self._refused[rank])
-            with self._lock:
-                failed = [c for c in self._pending.values() if c.rank == rank]
-                for call in failed:
-                    del self._pending[call.id]
-            for call in failed:
-                self._fail_refused(call)
-
-    def _refusal(self, rank: int, kind: int, value: int) -> str:
-        """Why server ``rank`` refused us, and what to do about it."""
-        where = f"{self.role} {rank} at {self.endpoints[rank]}"
-        if self.security is None:
-            # A plain client meets a CURVE server: mechanism mismatch (PROTOCOL event).
-            return (
-                f"authentication failed: {where} requires the job's key (a --secure job) and "
-                f"this client has none; set SPARSEPS_SECURE=1 and SPARSEPS_KEY_DIR to the job's "
-                f"key folder, or pass PSClient(security=...) (zmq handshake event {kind:#x}, {value})"
-            )
-        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            detail = "the server refused this client's key"
-        else:  # the server could not decrypt our hello: another key, or a plain server
-            detail = "the server has another key, or runs without --secure"
-        return (
-            f"authentication failed: {where}: this client's key is not the job's key ({detail}); "
-            f"check SPARSEPS key dir {self.security.key_dir or '(in-memory keys)'} "
-            f"(SPARSEPS_KEY_DIR) holds the same keys as the job's servers "
-            f"(zmq handshake event {kind:#x}, {value})"
-        )
-
-    def _lose(self, rank: int, why: str | None = None) -> None:
-        """Server ``rank`` dropped its connection: fail what waits for it, close its socket
-        (zmq would otherwise deliver the queued requests to a later process on that port)."""
-        self._lost[rank] = f"{self.role} {rank} at {self.endpoints[rank]} is lost: " + (
-            why
-            or "its connection dropped (the process exited, or it answered no heartbeat for "
-            f"{HEARTBEAT_TIMEOUT_MS / 1000:g} s)"
-        )
-        log.warning("%s", self._lost[rank])
-        self._backlog[rank].clear()
-        self._unwatch(rank)
-        self._dealers[rank].disable_monitor()
-        self._monitors[rank].close(linger=0)
-        self._dealers[rank].close(linger=0)
-        with self._lock:
-            failed = [c for c in self._pending.values() if c.rank == rank]
-            for call in failed:
-                del self._pending[call.id]
-        for call in failed:
-            self._fail_lost(call)
-
-    def _fail_lost(self, call: Call) -> None:
-        self._slots.release()
-        call.failure = UnavailableError(
-            f"{call.op}: {self._lost[call.rank]}",
-            op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
-        )  # fmt: skip
-        self._settle(call)
-
-    def _fail_refused(self, call: Call) -> None:
-        self._slots.release()
-        call.failure = UnavailableError(
-            f"{call.op}: {self._refused[call.rank]}",
-            op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
-        )  # fmt: skip
-        self._settle(call)
 
     def _forward(self, call: Call, frames: list) -> None:
         """Send ``call``'s frames on its server's DEALER (the caller, under the socket lock)."""

@@ -53,7 +53,8 @@ class ReceivingByWaiters:
 
     def _init_receiving(self) -> None:
         self._leading = False  # a waiter is reading the DEALERs (under _lock)
-        self._followers: dict[int, threading.Event] = {}  # call id -> its waiter's wake
+        # a waiting thread's wake -> the call it waits for (two threads may wait for one)
+        self._followers: dict[threading.Event, Call] = {}
         self._wakes = threading.local()
         # bumped (under _io) whenever the set of DEALER descriptors changes
         self._fds_version = 0
@@ -64,9 +65,9 @@ class ReceivingByWaiters:
         """Mark ``call`` answered (its reply or failure is set) and wake its waiter."""
         call.event.set()
         with self._lock:
-            wake = self._followers.get(call.id)
-        if wake is not None:
-            wake.set()
+            for wake, waiting in self._followers.items():
+                if waiting is call:
+                    wake.set()
 
     def _await(self, call: Call, deadline: float) -> bool:
         """Wait until ``call`` is answered (True) or ``deadline`` (monotonic) passed (False),
@@ -82,7 +83,7 @@ class ReceivingByWaiters:
                     self._leading = True
                 else:
                     wake.clear()
-                    self._followers[call.id] = wake
+                    self._followers[wake] = call
             if lead:
                 try:
                     return self._lead(call, deadline)
@@ -94,7 +95,7 @@ class ReceivingByWaiters:
             if remaining > 0:
                 wake.wait(remaining)
             with self._lock:
-                self._followers.pop(call.id, None)
+                self._followers.pop(wake, None)
                 if time.monotonic() >= deadline and not call.event.is_set():
                     self._hand_over()
                     return False
@@ -121,7 +122,7 @@ class ReceivingByWaiters:
     def _hand_over(self) -> None:
         """Nobody reads and someone waits: wake one follower to lead (holding ``_lock``)."""
         if not self._leading and self._followers:
-            next(iter(self._followers.values())).set()
+            next(iter(self._followers)).set()
 
     def _drain_all(self) -> None:
         for rank in range(len(self._dealers)):

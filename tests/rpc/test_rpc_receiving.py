@@ -29,6 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 
 DIM = 4
 KEYS = np.arange(1, 20_001, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15 >> 8)
+DENSE = np.arange(64, dtype=np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,7 @@ def servers():
             grads = (KEYS % np.uint64(997)).astype(np.float32)[:, None] + np.zeros(DIM, np.float32)
             setup.push("emb", KEYS, grads - np.arange(DIM, dtype=np.float32)).wait()
             expected = setup.pull("emb", KEYS).wait()
+            setup.create_dense("head", 64, optim.SGD(lr=1.0), init=DENSE)
         yield cluster.endpoints, expected, [p.pid for p in cluster.processes]
 
 
@@ -47,6 +49,18 @@ def servers():
 def no_sweep(monkeypatch):
     """The I/O thread's poll round (and so its sweep for unclaimed replies) at 60 s."""
     monkeypatch.setattr(channel, "_POLL_MS", 60_000)
+
+
+@contextlib.contextmanager
+def _paused(pids):
+    """Servers stopped with SIGSTOP (their replies wait), continued on leaving."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
 
 def test_threads_waiting_at_once_each_get_their_own_replies(servers, no_sweep):
@@ -79,6 +93,32 @@ def test_threads_waiting_at_once_each_get_their_own_replies(servers, no_sweep):
     assert checked == [40] * 6
 
 
+def test_threads_waiting_for_one_handle_all_get_the_values(servers, no_sweep):
+    # (a dense pull: its handle lets threads wait at once; a sparse pull's takes turns)
+    # A thread that is never woken still returns at its deadline (the reply was delivered
+    # meanwhile), 5 s after it began: every thread must return well before that.
+    endpoints, _, pids = servers
+    got: list[tuple[np.ndarray, float]] = []
+    with PSClient(endpoints, timeout=5) as client:
+        with _paused(pids):
+            handle = client.pull_dense("head")
+
+            def wait() -> None:
+                got.append((handle.wait(), time.monotonic()))
+
+            threads = [threading.Thread(target=wait) for _ in "abc"]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.3)  # all wait (one reads) before the servers answer
+            resumed = time.monotonic()
+        for thread in threads:
+            thread.join(10)
+    assert len(got) == 3
+    for values, finished in got:
+        np.testing.assert_array_equal(values, DENSE)
+        assert finished - resumed < 3.0
+
+
 def test_a_reply_nobody_waits_for_is_read_by_done(servers, no_sweep):
     endpoints, expected, _ = servers
     with PSClient(endpoints, timeout=5) as client:
@@ -97,18 +137,6 @@ def test_requests_beyond_the_in_flight_slots_free_them_by_reading_replies(server
         handles = [client.pull("emb", KEYS[i * 100 : (i + 1) * 100]) for i in range(12)]
         for i, handle in enumerate(handles):
             np.testing.assert_array_equal(handle.wait(), expected[i * 100 : (i + 1) * 100])
-
-
-@contextlib.contextmanager
-def _paused(pids):
-    """Servers stopped with SIGSTOP (their replies wait), continued on leaving."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
 
 
 def test_the_reading_passes_to_a_waiting_thread_when_the_reader_is_answered(servers, no_sweep):
