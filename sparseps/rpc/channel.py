@@ -32,7 +32,6 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
@@ -41,6 +40,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from . import transport
+from .call import Call
 from .channel_links import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, ServerLinks
 from .channel_receive import ReceivingByWaiters
 from .ops import UPDATE_OPS
@@ -60,25 +60,6 @@ def _nudged(fd: int) -> bool:
         return bool(os.read(fd, 512))
     except BlockingIOError:
         return False
-
-
-@dataclass(eq=False)
-class Call:
-    """One request to one server, waiting for its reply."""
-
-    id: int
-    rank: int
-    op: str
-    table: str | None
-    event: threading.Event = field(default_factory=threading.Event)
-    reply: Reply | None = None
-    failure: BaseException | None = None
-    # An update keeps what it sent, to send it again (same seq) after a timeout.
-    seq: int | None = None
-    resend: tuple | None = None
-    retries_left: int = 0
-    shard: int | None = None  # a replica's shard (None: the server's own)
-    epoch: int | None = None  # the sender's epoch of the shard (replicated writes)
 
 
 class Channel(ServerLinks, ReceivingByWaiters):

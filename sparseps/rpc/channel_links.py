@@ -24,7 +24,7 @@ from . import transport
 from .security import handshake_failed_events
 
 if TYPE_CHECKING:
-    from .channel import Call
+    from .call import Call
     from .protocol import Limits
     from .security import Security
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import zmq
 
-    from .channel import Call
+    from .call import Call
 
 __all__ = ["ReceivingByWaiters"]
 
