@@ -104,7 +104,7 @@ class Channel(ServerLinks, ReceivingByWaiters):
         self.role = role
         self.job_id = job_id
         self.detect_loss = detect_loss
-        # rank -> why it is lost (None: not lost); written by the I/O thread only
+        # rank -> why it is lost (None: not lost); written by the I/O thread (socket lock)
         self._lost: list[str | None] = [None] * len(self.endpoints)
         self._was_connected = [False] * len(self.endpoints)
         self._why_lost: list[str] = [""] * len(self.endpoints)
@@ -139,7 +139,8 @@ class Channel(ServerLinks, ReceivingByWaiters):
         self._init_receiving()
         self.security = security
         # rank -> why its server refused our handshake (None: not refused); set and
-        # cleared by the I/O thread from monitor events, read by it in _forward.
+        # cleared by the I/O thread from monitor events, read by senders in _forward
+        # (both under the socket lock, as _lost and the backlogs are).
         self._refused: list[str | None] = [None] * len(self.endpoints)
         # rank -> requests zmq could not take yet (no usable connection: still connecting,
         # or torn down by a failed handshake whose monitor event has not arrived yet).
