@@ -108,10 +108,9 @@ class Channel(ServerLinks, ReceivingByWaiters):
         self._lost: list[str | None] = [None] * len(self.endpoints)
         self._was_connected = [False] * len(self.endpoints)
         self._why_lost: list[str] = [""] * len(self.endpoints)
-        # the I/O thread's poller (monitor sockets); the DEALER descriptors (zmq.FD), by
-        # rank and back, for the thread that reads replies (channel_receive)
+        # the I/O thread's poller (monitor sockets); the DEALER descriptors (zmq.FD) and
+        # their ranks, for the thread that reads replies (channel_receive)
         self._poller = zmq.Poller()
-        self._fd_of: dict[int, int] = {}  # rank -> its DEALER's descriptor
         self._rank_of: dict[int, int] = {}  # descriptor -> rank
         self._monitor_of: dict[zmq.Socket, int] = {}
         self.update_retries = update_retries
@@ -235,7 +234,7 @@ class Channel(ServerLinks, ReceivingByWaiters):
             self._pending[call.id] = call
         with self._io:
             if self._sockets_closed:
-                self._fail_closed(call)
+                self._fail_if_pending(call, "the PSClient is closed")
                 return
             self._forward(call, frames)
             if self._lost[call.rank] is None:
@@ -379,10 +378,7 @@ class Channel(ServerLinks, ReceivingByWaiters):
         rank = call.rank
         if self._lost[rank] is not None or self._refused[rank] is not None:
             # Fail at once rather than queue behind a handshake that keeps failing.
-            with self._lock:
-                waiting = self._pending.pop(call.id, None)
-            if waiting is not None:
-                (self._fail_lost if self._lost[rank] is not None else self._fail_refused)(call)
+            self._fail_if_pending(call, self._lost[rank] or self._refused[rank])
             return
         backlog = self._backlog[rank]
         if backlog:  # keep the order of requests to one server
@@ -403,17 +399,6 @@ class Channel(ServerLinks, ReceivingByWaiters):
                 return
             self._deliver(rank, frames)
 
-    def _fail_closed(self, call: Call) -> None:
-        with self._lock:
-            waiting = self._pending.pop(call.id, None)
-        if waiting is not None:
-            self._slots.release()
-            call.failure = UnavailableError(
-                f"{call.op}: the PSClient is closed",
-                op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
-            )  # fmt: skip
-            self._settle(call)
-
     def _flush_backlogs(self) -> None:
         """Send what zmq could not take before; fail it if the server refused us."""
         for rank, backlog in enumerate(self._backlog):
@@ -430,7 +415,7 @@ class Channel(ServerLinks, ReceivingByWaiters):
                     with self._lock:
                         call = self._pending.pop(call_id, None)
                     if call is not None:
-                        self._fail_refused(call)
+                        self._fail_unavailable(call, self._refused[rank])
                     continue
                 try:
                     transport.send_frames(self._dealers[rank], frames, flags=zmq.NOBLOCK)

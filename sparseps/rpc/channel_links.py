@@ -67,7 +67,6 @@ class ServerLinks:
         _dealers: list[zmq.Socket]
         _monitors: list[zmq.Socket]
         _poller: zmq.Poller
-        _fd_of: dict[int, int]
         _rank_of: dict[int, int]
         _monitor_of: dict[zmq.Socket, int]
         _fds_version: int
@@ -198,19 +197,20 @@ class ServerLinks:
     def _watch(self, rank: int) -> None:
         """Watch server ``rank``: its monitor here, its DEALER's descriptor for the waiting
         threads that read replies (I/O thread, socket lock held)."""
-        fd = cast(int, self._dealers[rank].getsockopt(zmq.FD))
-        self._fd_of[rank] = fd
-        self._rank_of[fd] = rank
+        self._rank_of[self._descriptor(rank)] = rank
         self._fds_version += 1
         self._monitor_of[self._monitors[rank]] = rank
         self._poller.register(self._monitors[rank], zmq.POLLIN)
 
     def _unwatch(self, rank: int) -> None:
-        fd = self._fd_of.pop(rank)
-        self._rank_of.pop(fd, None)
+        """Stop watching server ``rank`` (before its sockets are closed)."""
+        self._rank_of.pop(self._descriptor(rank), None)
         self._fds_version += 1
         self._monitor_of.pop(self._monitors[rank], None)
         self._poller.unregister(self._monitors[rank])
+
+    def _descriptor(self, rank: int) -> int:
+        return cast(int, self._dealers[rank].getsockopt(zmq.FD))
 
     def _on_event(self, rank: int, event: dict) -> None:
         kind = event["event"]
@@ -235,12 +235,7 @@ class ServerLinks:
             self._refused[rank] = self._refusal(rank, kind, event["value"])
             if first:  # zmq retries every reconnect interval: say it once
                 log.error("%s", self._refused[rank])
-            with self._lock:
-                failed = [c for c in self._pending.values() if c.rank == rank]
-                for call in failed:
-                    del self._pending[call.id]
-            for call in failed:
-                self._fail_refused(call)
+            self._fail_rank(rank, self._refused[rank])
 
     def _refusal(self, rank: int, kind: int, value: int) -> str:
         """Why server ``rank`` refused us, and what to do about it."""
@@ -277,25 +272,29 @@ class ServerLinks:
         self._dealers[rank].disable_monitor()
         self._monitors[rank].close(linger=0)
         self._dealers[rank].close(linger=0)
+        self._fail_rank(rank, self._lost[rank])
+
+    def _fail_rank(self, rank: int, why: str | None) -> None:
+        """Fail every call waiting for server ``rank`` as unavailable, saying ``why``."""
         with self._lock:
             failed = [c for c in self._pending.values() if c.rank == rank]
             for call in failed:
                 del self._pending[call.id]
         for call in failed:
-            self._fail_lost(call)
+            self._fail_unavailable(call, why)
 
-    def _fail_lost(self, call: Call) -> None:
+    def _fail_if_pending(self, call: Call, why: str | None) -> None:
+        """Fail ``call`` as unavailable unless it was answered or given up already."""
+        with self._lock:
+            waiting = self._pending.pop(call.id, None)
+        if waiting is not None:
+            self._fail_unavailable(call, why)
+
+    def _fail_unavailable(self, call: Call, why: str | None) -> None:
+        """(``call`` taken out of the pending ones by the caller.)"""
         self._slots.release()
         call.failure = UnavailableError(
-            f"{call.op}: {self._lost[call.rank]}",
-            op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
-        )  # fmt: skip
-        self._settle(call)
-
-    def _fail_refused(self, call: Call) -> None:
-        self._slots.release()
-        call.failure = UnavailableError(
-            f"{call.op}: {self._refused[call.rank]}",
+            f"{call.op}: {why}",
             op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
         )  # fmt: skip
         self._settle(call)
