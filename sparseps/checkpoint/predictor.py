@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..config import TableConfig
 from ..core.lookup import SlotLookup, build_lookup
+from ..core.pooling import pool_bags
 from ..errors import CheckpointError
 from ..files import manifest as mf
 from ..files import shards
@@ -235,8 +235,7 @@ class Predictor:
             slots = tuple(spec["slots"]) if spec["slots"] is not None else tuple(batch.slots)
             lookup = lookups.get(slots) or lookups.setdefault(slots, build_lookup(batch, slots))
             rows = torch.from_numpy(self.tables[spec["table"]].lookup(lookup.keys))
-            index, offsets = torch.from_numpy(lookup.index), torch.from_numpy(lookup.bag_offsets)
-            bags = F.embedding_bag(index, rows, offsets, mode=spec["pooling"] or "sum")
+            bags = pool_bags(rows, lookup, spec["pooling"] or "sum")
             pooled.append(bags.view(len(slots), len(batch), spec["dim"]).transpose(0, 1))
         dense = torch.from_numpy(np.ascontiguousarray(batch.dense, np.float32))
         with torch.no_grad():

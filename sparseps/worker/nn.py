@@ -4,8 +4,9 @@ A :class:`SparseEmbedding` declares a server table (name, dim, optimizer rule, i
 lifecycle) and, in ``forward``, pools the rows of the ids of its slots. The rows are not
 stored in the module: before each step the trainer (or the predictor) *binds* the module
 to the batch — the unique keys of the batch and a ``[U, dim]`` leaf tensor holding their
-pulled rows. ``forward`` then is a single ``F.embedding_bag`` over that tensor, and after
-``backward`` the tensor's ``.grad`` is exactly the merged per-key gradient to push.
+pulled rows. ``forward`` then pools that tensor's rows per bag
+(:func:`sparseps.core.pooling.pool_bags`), and after ``backward`` the tensor's ``.grad``
+is exactly the merged per-key gradient to push.
 
 A :class:`SparseModel` splits a model into its sparse embeddings and a dense ``head``
 taking ``(dense, *pooled)``; the head alone is what an inference model exports.
@@ -18,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import Initializer, Lifecycle, TableConfig
 from ..core.lookup import SlotLookup
+from ..core.pooling import pool_bags
 from ..errors import ConfigError, InputError
 
 if TYPE_CHECKING:
@@ -140,11 +141,9 @@ class SparseEmbedding(nn.Module):
                 f"SparseEmbedding {self.table!r} has no rows bound: run the model through "
                 "sparseps.Trainer or sparseps.Predictor, which pull the rows of each batch"
             )
-        index = torch.from_numpy(lookup.index)
-        offsets = torch.from_numpy(lookup.bag_offsets)
         if self.pooling is None:
-            return rows[index], offsets
-        pooled = F.embedding_bag(index, rows, offsets, mode=self.pooling)
+            return rows[torch.from_numpy(lookup.index)], torch.from_numpy(lookup.bag_offsets)
+        pooled = pool_bags(rows, lookup, self.pooling)
         return pooled.view(lookup.num_slots, lookup.batch_size, self.dim).transpose(0, 1)
 
     def extra_repr(self) -> str:

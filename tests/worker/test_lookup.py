@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sparseps.core.lookup import build_lookup
+from sparseps.core.pooling import pool_bags
 from sparseps.errors import InputError
 
 
@@ -35,19 +36,60 @@ def test_worked_example_from_the_docstring():
     np.testing.assert_array_equal(lk.clicks, [1, 1])
 
 
-def test_pooling_through_embedding_bag_matches_a_hand_sum():
+def test_pooling_matches_a_hand_sum():
     lk = build_lookup(_example(), ["a", "b"])
     rows = torch.tensor([[1.0, 2.0], [10.0, 20.0]])
-    pooled = (
-        torch.nn.functional.embedding_bag(
-            torch.from_numpy(lk.index), rows, torch.from_numpy(lk.bag_offsets), mode="sum"
-        )
-        .view(2, 2, 2)
-        .transpose(0, 1)
-    )
+    pooled = pool_bags(rows, lk, "sum").view(2, 2, 2).transpose(0, 1)
     # sample 0: a -> 5 + 7, b -> nothing; sample 1: a -> 5, b -> 7
     expected = torch.tensor([[[11.0, 22.0], [0.0, 0.0]], [[1.0, 2.0], [10.0, 20.0]]])
     assert torch.equal(pooled, expected)
+    mean = pool_bags(rows, lk, "mean").view(2, 2, 2).transpose(0, 1)
+    assert torch.equal(mean, torch.tensor([[[5.5, 11.0], [0.0, 0.0]], [[1.0, 2.0], [10.0, 20.0]]]))
+
+
+def _random_lookup(rng, sizes_high, size=64, slots=5):
+    """A lookup over ``slots`` slots whose bags hold 0..sizes_high-1 ids (1 if high is 2)."""
+    names = [f"s{i}" for i in range(slots)]
+    low = 1 if sizes_high == 2 else 0
+    batch_slots = {}
+    for name in names:
+        sizes = rng.integers(low, sizes_high, size)
+        values = rng.integers(0, 40, int(sizes.sum())).astype(np.uint64)
+        batch_slots[name] = _slot(values, np.concatenate([[0], np.cumsum(sizes)]))
+    label = (rng.random(size) < 0.3).astype(np.float32)
+    return build_lookup(_Batch(label=label, slots=batch_slots), names)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("sizes_high", [2, 4], ids=["one_id_per_bag", "jagged_with_empty_bags"])
+def test_pooling_and_its_gradient_match_embedding_bag(mode, sizes_high):
+    rng = np.random.default_rng(sizes_high)
+    lk = _random_lookup(rng, sizes_high)
+    weights = torch.randn(lk.keys.size, 3, dtype=torch.float32)
+    upstream = torch.randn(lk.bag_offsets.size, 3)
+    ours = weights.clone().requires_grad_(True)
+    theirs = weights.clone().requires_grad_(True)
+    pooled = pool_bags(ours, lk, mode)
+    reference = torch.nn.functional.embedding_bag(
+        torch.from_numpy(lk.index), theirs, torch.from_numpy(lk.bag_offsets), mode=mode
+    )
+    torch.testing.assert_close(pooled, reference, rtol=1e-6, atol=1e-6)
+    (pooled * upstream).sum().backward()
+    (reference * upstream).sum().backward()
+    torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_as_many_ids_as_bags_is_not_taken_for_one_id_per_bag():
+    # 3 ids in 3 bags laid out 0, 2, 1: the gather shortcut would give bag 0 one id
+    batch = _Batch(label=np.zeros(3, np.float32), slots={"a": _slot([1, 2, 3], [0, 0, 2, 3])})
+    lk = build_lookup(batch, ["a"])
+    rows = torch.tensor([[1.0], [10.0], [100.0]])
+    assert torch.equal(pool_bags(rows, lk, "sum"), torch.tensor([[0.0], [11.0], [100.0]]))
+
+
+def test_unknown_pooling_mode_is_refused():
+    with pytest.raises(ValueError, match="pooling mode 'max'"):
+        pool_bags(torch.zeros(2, 2), build_lookup(_example(), ["a", "b"]), "max")
 
 
 def test_extreme_keys_survive_dedup():
