@@ -6,7 +6,8 @@ table that reads a group of slots needs the same three things for a step:
 - ``keys``: the unique ids of the batch (one pull/push per table and server, no
   duplicates on the wire);
 - ``index`` and ``bag_offsets``: where each occurrence's row sits in the pulled ``[U, dim]``
-  matrix, laid out as ``S * B`` bags (slot-major), ready for ``F.embedding_bag``;
+  matrix, laid out as ``S * B`` bags (slot-major) for
+  :func:`sparseps.core.pooling.pool_bags`;
 - ``shows`` / ``clicks``: per unique key, how many times it occurred and how many of those
   occurrences were in positive samples (the show/click statistics the servers keep).
 
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from .keysets import unique_inverse
 
 __all__ = ["SlotLookup", "build_lookup"]
 
@@ -123,8 +125,7 @@ def build_lookup(batch, slots: Sequence[str]) -> SlotLookup:
         base += int(offsets[-1])
         bounds.append(base)
     all_values = np.concatenate(values) if values else np.empty(0, np.uint64)
-    keys, index = np.unique(all_values, return_inverse=True)
-    index = index.astype(np.int64, copy=False).reshape(-1)
+    keys, index = unique_inverse(all_values)
     shows = np.bincount(index, minlength=keys.size).astype(np.float32)
     label = np.asarray(batch.label, dtype=np.float64)
     samples = np.concatenate(occurrence_sample) if occurrence_sample else np.empty(0, np.int64)

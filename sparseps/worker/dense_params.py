@@ -32,7 +32,7 @@ class DenseParams:
             )
 
     def grads(self) -> np.ndarray:
-        """The flat gradient (zeros where a parameter got none)."""
+        """The flat gradient (zeros where a parameter got none), in a new array."""
         if not self.params:
             return np.zeros(0, np.float32)
         parts = [

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..config import Lifecycle, TableConfig
 from ..core import collectives
+from ..core.keysets import unique_inverse
 from ..table import DenseTable, SparseTable
 from .modes import DENSE_TABLE, TrainingMode, register_mode
 
@@ -96,7 +97,7 @@ class GeoMode(TrainingMode):
         for name, parts in self.touched.items():
             if not parts:
                 continue
-            keys, inverse = np.unique(np.concatenate([p[0] for p in parts]), return_inverse=True)
+            keys, inverse = unique_inverse(np.concatenate([p[0] for p in parts]))
             shows = np.bincount(inverse, np.concatenate([p[1] for p in parts]), keys.size).astype(
                 np.float32
             )

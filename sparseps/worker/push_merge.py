@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.keysets import unique_inverse
 from ..errors import ConfigError
 from ..rpc.batching import merge_by_group
 
@@ -89,10 +90,8 @@ def merge_pushes(parts: list[tuple]) -> tuple[np.ndarray, ...]:
     lengths = [len(p[0]) for p in parts]
     shows = _counts([p[2] for p in parts], lengths, 1.0)
     clicks = _counts([p[3] for p in parts], lengths, 0.0)
-    distinct, inverse = np.unique(keys, return_inverse=True)
-    merged, shows, clicks = merge_by_group(
-        inverse.astype(np.int64, copy=False), len(distinct), grads, shows, clicks
-    )
+    distinct, inverse = unique_inverse(keys)
+    merged, shows, clicks = merge_by_group(inverse, len(distinct), grads, shows, clicks)
     return distinct, merged, shows, clicks
 
 

@@ -393,7 +393,7 @@ class Trainer:
         self._timings["compute_s"] += time.perf_counter() - start
         return (
             self._binder.grads(lookups, leaves),
-            dense_params.grads().copy(),
+            dense_params.grads(),  # a fresh array: the next backward does not touch it
             float(out.loss.detach()) / max(len(batch), 1),
             out,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from torch import nn
 
 import sparseps as sps
@@ -146,3 +147,18 @@ def test_geo_dense_deltas_are_averaged_over_workers():
         mode._sync()
     assert servers.dense.tolist() == [0.5]  # summed, it would be 0.0
     assert [float(m.dense.values()[0]) for m in workers] == [0.75, 0.5]  # the last refresh
+
+
+@pytest.mark.parametrize("layers", [1, 2], ids=["one_parameter", "several"])
+def test_dense_grads_are_a_copy_the_next_backward_does_not_touch(layers):
+    # the trainer hands this array to an asynchronous push while the next step runs
+    module = nn.Sequential(*[nn.Linear(2, 2, bias=layers > 1) for _ in range(layers)])
+    params = DenseParams(module)
+    module(torch.ones(1, 2)).sum().backward()
+    grads = params.grads()
+    before = grads.copy()
+    for p in module.parameters():
+        p.grad.add_(100.0)  # what accumulating into the same .grad would do
+    params.zero_grad()
+    module(torch.ones(1, 2)).sum().backward()
+    np.testing.assert_array_equal(grads, before)
