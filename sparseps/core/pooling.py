@@ -4,11 +4,12 @@ A :class:`~sparseps.core.lookup.SlotLookup` says where each occurrence's row sit
 pulled ``[U, dim]`` matrix (``index``) and where each of the ``S * B`` bags starts
 (``bag_offsets``). :func:`pool_bags` sums (or averages) each bag's rows.
 
-Why not ``F.embedding_bag``: on the CPU its backward sorts the indices and runs per bag;
-for a batch of 512 samples and 26 slots (13k ids, dim 8) its forward and backward took
-2.4 ms of a worker's ~19 ms step, against 0.4 ms for a gather and 1.0 ms for a gather plus
-an ``index_add`` (bench/RESULTS.md, e2e). The result is the same sums; the gradient is the
-same per-row sums, added in another order (float32 rounding may differ in the last bit).
+Why not ``F.embedding_bag``: on the CPU its backward is slow. For a batch of 512 samples
+and 26 slots (13k ids, dim 8) its forward and backward took 2.4 ms of a worker's ~19 ms
+step, against 0.4 ms for a gather (bags of one id, or none: a missing feature) and 1.0 ms
+for a gather plus an ``index_add`` (longer bags). The result is the same sums; the
+gradient is the same per-row sums, added in another order (float32 rounding may differ in
+the last bit).
 """
 
 from __future__ import annotations
@@ -31,12 +32,19 @@ def pool_bags(rows: torch.Tensor, lookup: SlotLookup, mode: str) -> torch.Tensor
     """
     if mode not in _MODES:
         raise ValueError(f"pooling mode {mode!r}: expected one of {_MODES}")
-    index = torch.from_numpy(lookup.index).to(rows.device)
     bags = lookup.bag_offsets.size
     occurrences = lookup.index.size
-    if occurrences == bags and _one_per_bag(lookup.bag_offsets):
-        return rows.index_select(0, index)  # the common layout: one id per (sample, slot)
     sizes = np.diff(lookup.bag_offsets, append=occurrences)
+    if sizes.max(initial=0) <= 1:
+        if occurrences == bags:  # one id in every bag
+            return rows.index_select(0, torch.from_numpy(lookup.index).to(rows.device))
+        # at most one id per bag (a missing feature leaves its bag empty): still a gather,
+        # the empty bags read a row of zeros appended after the pulled rows
+        at = np.full(bags, rows.shape[0], np.int64)
+        at[sizes == 1] = lookup.index
+        padded = torch.cat([rows, rows.new_zeros((1, rows.shape[1]))])
+        return padded.index_select(0, torch.from_numpy(at).to(rows.device))
+    index = torch.from_numpy(lookup.index).to(rows.device)
     bag_of = torch.from_numpy(np.repeat(np.arange(bags, dtype=np.int64), sizes))
     pooled = rows.new_zeros((bags, rows.shape[1])).index_add(
         0, bag_of.to(rows.device), rows.index_select(0, index)
@@ -45,8 +53,3 @@ def pool_bags(rows: torch.Tensor, lookup: SlotLookup, mode: str) -> torch.Tensor
         divisor = torch.from_numpy(np.maximum(sizes, 1).astype(np.float32)).to(rows.device)
         pooled = pooled / divisor.unsqueeze(1)
     return pooled
-
-
-def _one_per_bag(bag_offsets: np.ndarray) -> bool:
-    """Bag ``b`` starts at occurrence ``b`` (with as many occurrences as bags: one each)."""
-    return bool(np.array_equal(bag_offsets, np.arange(bag_offsets.size, dtype=bag_offsets.dtype)))

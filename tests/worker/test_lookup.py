@@ -47,13 +47,12 @@ def test_pooling_matches_a_hand_sum():
     assert torch.equal(mean, torch.tensor([[[5.5, 11.0], [0.0, 0.0]], [[1.0, 2.0], [10.0, 20.0]]]))
 
 
-def _random_lookup(rng, sizes_high, size=64, slots=5):
-    """A lookup over ``slots`` slots whose bags hold 0..sizes_high-1 ids (1 if high is 2)."""
+def _random_lookup(rng, bag_sizes, size=64, slots=5):
+    """A lookup over ``slots`` slots whose bags hold ``bag_sizes[0]..bag_sizes[1]`` ids."""
     names = [f"s{i}" for i in range(slots)]
-    low = 1 if sizes_high == 2 else 0
     batch_slots = {}
     for name in names:
-        sizes = rng.integers(low, sizes_high, size)
+        sizes = rng.integers(bag_sizes[0], bag_sizes[1] + 1, size)
         values = rng.integers(0, 40, int(sizes.sum())).astype(np.uint64)
         batch_slots[name] = _slot(values, np.concatenate([[0], np.cumsum(sizes)]))
     label = (rng.random(size) < 0.3).astype(np.float32)
@@ -61,10 +60,12 @@ def _random_lookup(rng, sizes_high, size=64, slots=5):
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-@pytest.mark.parametrize("sizes_high", [2, 4], ids=["one_id_per_bag", "jagged_with_empty_bags"])
-def test_pooling_and_its_gradient_match_embedding_bag(mode, sizes_high):
-    rng = np.random.default_rng(sizes_high)
-    lk = _random_lookup(rng, sizes_high)
+@pytest.mark.parametrize(
+    "sizes", [(1, 1), (0, 1), (0, 3)], ids=["one_id_per_bag", "one_or_none", "jagged"]
+)
+def test_pooling_and_its_gradient_match_embedding_bag(mode, sizes):
+    rng = np.random.default_rng(sizes[1])
+    lk = _random_lookup(rng, sizes)
     weights = torch.randn(lk.keys.size, 3, dtype=torch.float32)
     upstream = torch.randn(lk.bag_offsets.size, 3)
     ours = weights.clone().requires_grad_(True)
