@@ -1,4 +1,5 @@
-"""The per-batch dedup that decides what is pulled and pushed (worked example pinned)."""
+"""The per-batch dedup that decides what is pulled and pushed (worked example pinned), and
+the pooling of the pulled rows per (sample, slot), against `F.embedding_bag`."""
 
 from types import SimpleNamespace
 
