@@ -39,6 +39,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..rpc import transport
 from .procutil import die_with_parent_hook, signal_groups
 
 __all__ = ["MAX_CHUNK", "RoleActor"]
@@ -149,16 +150,7 @@ class RoleActor:
 
     def free_ports(self, count: int) -> list[int]:
         """``count`` distinct ports free on this node's address right now."""
-        sockets = []
-        try:
-            for _ in range(count):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sockets.append(s)
-                s.bind((self.host, 0))
-            return [s.getsockname()[1] for s in sockets]
-        finally:
-            for s in sockets:
-                s.close()
+        return transport.free_ports(self.host, count)
 
     # -- the child ------------------------------------------------------------------------
     def start(

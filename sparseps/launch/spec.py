@@ -21,12 +21,12 @@ import hashlib
 import ipaddress
 import os
 import secrets
-import socket
 import time
 from dataclasses import dataclass
 
 from ..env import Role, RoleEnv, parse_endpoint
 from ..errors import ConfigError
+from ..rpc import transport
 
 __all__ = ["CONTROL_PORT_OFFSET", "DEFAULT_MASTER_PORT", "ClusterSpec", "free_ports", "make_spec"]
 
@@ -39,28 +39,18 @@ CONTROL_PORT_OFFSET = 1
 
 
 def free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct TCP ports that are free on ``host`` right now.
-
-    All sockets are bound at once so the ports differ; they are closed before returning,
-    so another process could still take one (a small window the launcher accepts).
+    """``count`` distinct TCP ports that are free on ``host`` right now
+    (:func:`sparseps.rpc.transport.free_ports`: drawn outside the ephemeral range).
 
     Raises:
         ConfigError: ``host`` is not an address of this machine.
     """
-    sockets = []
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(s)
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in sockets]
+        return transport.free_ports(host, count)
     except OSError as exc:
         raise ConfigError(
             f"--host {host!r}: cannot bind a port on it ({exc}); give an address of this machine"
         ) from None
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _split(text: str | None) -> list[str]:

@@ -6,9 +6,12 @@ protocol relies on and moves frames.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import random
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import zmq
@@ -63,11 +66,63 @@ def bind_address(endpoint: str, bind_host: str | None = None) -> str:
     return f"tcp://{bind_host}:{port}"
 
 
+# Listening ports are picked from here up to the kernel's ephemeral range (see free_ports).
+LISTEN_PORTS_FROM = 10_000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_TRIES_PER_PORT = 64
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the caller must cope with a race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port that was free a moment ago (see :func:`free_ports`)."""
+    return free_ports(host, 1)[0]
+
+
+def free_ports(host: str, count: int, *, draw: random.Random | None = None) -> list[int]:
+    """``count`` distinct TCP ports free on ``host`` right now, for servers to bind later.
+
+    Why not the kernel's choice (``bind(host, 0)``): it comes from the ephemeral range,
+    the ports every outgoing connection of every process on the machine takes its local
+    port from, so in the second or two before a server process binds its port, any new
+    connection (a test's client, a gloo mesh) could take it. These ports are drawn at
+    random below that range, where only another listener can take one; where the range
+    cannot be read (not Linux) or leaves no room below it, the kernel chooses. The ports
+    are closed before returning: the caller must still cope with a rare race.
+
+    ``draw`` picks the candidates (default: the OS's randomness; tests pass their own).
+
+    Raises:
+        OSError: ``host`` is not an address of this machine (or no port could be bound).
+    """
+    span = _listen_span()
+    draw = draw if draw is not None else random.SystemRandom()
+    sockets: list[socket.socket] = []
+    tries = 0
+    try:
+        while len(sockets) < count:
+            port = 0 if span is None or tries >= _TRIES_PER_PORT * count else draw.randrange(*span)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                sock.close()
+                if port == 0 or exc.errno != errno.EADDRINUSE:
+                    raise
+                tries += 1
+                continue
+            sockets.append(sock)  # held until all are bound, so the ports differ
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _listen_span() -> tuple[int, int] | None:
+    """``[low, high)`` of the ports below the ephemeral range, None if there are few."""
+    try:
+        first = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (LISTEN_PORTS_FROM, first) if first - LISTEN_PORTS_FROM >= 1000 else None
 
 
 def new_router(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from sparseps.rpc.transport import free_port
 
 WORKER = Path(__file__).resolve().with_name("data_shuffle_worker.py")
 
@@ -27,9 +28,7 @@ def global_shuffles(tmp_path_factory) -> dict[str, list[dict[str, np.ndarray]]]:
     root = tmp_path_factory.mktemp("global-shuffle")
     write_files(root / "plain", [300, 200, 250, 150])  # worker 0: files 0, 2; worker 1: 1, 3
     _extra_files(root / "extra", [300, 200, 250, 150])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = [
         subprocess.Popen(
             [

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from sparseps.rpc import transport
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 JOB = SCRIPTS / "job.py"
@@ -85,9 +87,7 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    return transport.free_port(host)  # drawn outside the ephemeral range (see there)
 
 
 def free_port_pair(host: str = "127.0.0.1") -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 from sparseps.metrics import CTRMetrics
+from sparseps.rpc.transport import free_port
 
 WORKER = Path(__file__).with_name("metrics_worker.py")
 WORLD = 3
@@ -32,19 +32,13 @@ def _load_worker_module():
     return module
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
     warm = CTRMetrics(num_buckets=8)  # compile (and cache) the kernels once, here, not 3 times
     warm.update([0.5], [1])
     warm.compute()
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen(
             [

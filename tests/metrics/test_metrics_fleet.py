@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,14 +17,9 @@ import numpy as np
 import pytest
 
 from sparseps.metrics import CTRMetrics, accuracy, mae, mse, rmse
+from sparseps.rpc.transport import free_port
 
 WORKER = Path(__file__).with_name("fleet_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_fleet_metrics_two_workers_equal_one_process(tmp_path):
@@ -33,7 +27,7 @@ def test_fleet_metrics_two_workers_equal_one_process(tmp_path):
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     CTRMetrics(num_buckets=8).update([0.5], [1])  # compile the kernels once, here
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen([sys.executable, str(WORKER), str(r), "2", str(port), str(tmp_path / f"{r}.json")],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

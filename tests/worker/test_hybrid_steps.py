@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from sparseps.rpc.transport import free_port
+
 JOB = Path(__file__).parent / "jobs" / "hybrid_steps_job.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _job():
@@ -34,7 +29,7 @@ def _job():
 
 
 def test_hybrid_steps_keep_uneven_workers_in_lock_step_with_identical_dense(tmp_path):
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen([sys.executable, str(JOB), str(r), str(port), str(tmp_path / f"{r}.json")],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

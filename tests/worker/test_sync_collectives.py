@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,14 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from sparseps.core.routing import server_of
+from sparseps.rpc.transport import free_port
 
 JOB = Path(__file__).parent / "jobs" / "sync_steps_job.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _job():
@@ -38,7 +32,7 @@ def _job():
 
 
 def test_a_sync_step_is_three_collectives_and_pushes_every_workers_keys(tmp_path):
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen([sys.executable, str(JOB), str(r), str(port), str(tmp_path / f"{r}.json")],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
