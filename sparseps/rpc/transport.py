@@ -20,9 +20,11 @@ from ..env import parse_endpoint
 from .security import Security
 
 __all__ = [
+    "LISTEN_PORTS_FROM",
     "bind_address",
     "connect_address",
     "free_port",
+    "free_ports",
     "new_context",
     "new_dealer",
     "new_router",
