@@ -68,8 +68,10 @@ def bind_address(endpoint: str, bind_host: str | None = None) -> str:
     return f"tcp://{bind_host}:{port}"
 
 
-# Listening ports are picked from here up to the kernel's ephemeral range (see free_ports).
-LISTEN_PORTS_FROM = 10_000
+# Listening ports are picked from here up to the kernel's ephemeral range (see free_ports);
+# below 20000 is Ray's default range for its worker processes (10002-19999), and a Ray
+# node refuses a component port in it.
+LISTEN_PORTS_FROM = 20_000
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _TRIES_PER_PORT = 64
 
