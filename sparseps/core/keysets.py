@@ -14,7 +14,7 @@ from numba import njit
 
 from .hashing import draw_seed, seeded_hash
 
-__all__ = ["has_repeats", "unique_inverse", "unique_keys"]
+__all__ = ["first_seen", "has_repeats", "unique_inverse", "unique_keys"]
 
 
 def unique_keys(keys: np.ndarray) -> np.ndarray:
@@ -44,7 +44,7 @@ def unique_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     result does not depend on the seed).
     """
     keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
-    first, inverse = _first_seen(keys, draw_seed())
+    first, inverse = first_seen(keys, draw_seed())
     order = np.argsort(first)
     rank = np.empty(order.size, np.int64)
     rank[order] = np.arange(order.size, dtype=np.int64)
@@ -52,8 +52,12 @@ def unique_inverse(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @njit(nogil=True, cache=True)
-def _first_seen(keys, seed):  # pragma: no cover - compiled
-    """Distinct keys in order of first occurrence, and each key's position among them."""
+def first_seen(keys, seed):  # pragma: no cover - compiled
+    """Distinct keys in order of first occurrence, and each key's position among them
+    (compiled; called from compiled code too: the client's routing, the table's merge).
+
+    An open-addressing hash set seeded with ``seed`` (a secret per call,
+    :func:`~sparseps.core.hashing.draw_seed`): crafted keys cannot all collide in it."""
     n = keys.shape[0]
     size = 16
     while size < 2 * n:

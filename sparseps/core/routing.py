@@ -36,7 +36,8 @@ import xxhash
 from numba import njit
 
 from ..errors import InputError
-from .hashing import draw_seed, mix64, mix64_array, seeded_hash
+from .hashing import draw_seed, mix64, mix64_array
+from .keysets import first_seen
 
 __all__ = [
     "dense_server_of",
@@ -138,44 +139,17 @@ def _owner(key, num_servers, vshards, table):  # pragma: no cover - compiled
 @njit(nogil=True, cache=True)
 def _group(keys, num_servers, seed, vshards, table, dedup):  # pragma: no cover - compiled
     n = keys.shape[0]
-    bits = 4
-    while dedup and (1 << bits) < 2 * n:
-        bits += 1
-    size = 1 << bits  # the batch's hash set (unused without dedup)
-    mask = size - 1
-    shift = np.uint64(64 - bits)
-    slot_keys = np.empty(size, np.uint64)
-    slot_index = np.full(size, -1, np.int64)
-    unique = np.empty(n, np.uint64)
-    owner = np.empty(n, np.int64)
-    first = np.empty(n, np.int64)
-    u = 0
-    for i in range(n):
-        key = keys[i]
-        if not dedup:  # every occurrence is its own entry, in the caller's order
-            unique[u] = key
-            owner[u] = _owner(key, num_servers, vshards, table)
-            first[i] = u
-            u += 1
-            continue
+    if dedup:
         # A secret seed per call: crafted keys cannot collide on purpose (an unseeded
         # multiplicative hash is invertible, and a batch of colliding keys would make
-        # this loop quadratic). The result does not depend on the seed.
-        s = np.int64(seeded_hash(key, seed) >> shift)
-        while True:
-            j = slot_index[s]
-            if j < 0:
-                slot_index[s] = u
-                slot_keys[s] = key
-                unique[u] = key
-                owner[u] = _owner(key, num_servers, vshards, table)
-                first[i] = u
-                u += 1
-                break
-            if slot_keys[s] == key:
-                first[i] = j
-                break
-            s = (s + 1) & mask
+        # the hash set quadratic). The result does not depend on the seed.
+        unique, first = first_seen(keys, seed)
+    else:  # every occurrence is its own entry, in the caller's order
+        unique, first = keys.copy(), np.arange(n)
+    u = unique.shape[0]
+    owner = np.empty(u, np.int64)
+    for j in range(u):
+        owner[j] = _owner(unique[j], num_servers, vshards, table)
     offsets = np.zeros(num_servers + 1, np.int64)
     for j in range(u):
         offsets[owner[j] + 1] += 1

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..core.hashing import draw_seed, seeded_hash
+from ..core.hashing import draw_seed
+from ..core.keysets import first_seen
 from ..optim.numerics import F32_MAX, fit32
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
 
@@ -18,44 +19,27 @@ __all__ = ["add_rows", "dedup_merge", "gather", "init_rows", "touch_rows"]
 
 @njit(nogil=True, cache=True)
 def _dedup_merge(keys, values, shows, clicks, seed):  # pragma: no cover - compiled
-    n = keys.shape[0]
+    uniq, inverse = first_seen(keys, seed)
+    u = uniq.shape[0]
     dim = values.shape[1]
-    size = 16
-    while size < 2 * n:
-        size *= 2
-    mask = np.uint64(size - 1)
-    slot_keys = np.empty(size, np.uint64)
-    slot_pos = np.empty(size, np.int64)
-    slot_used = np.zeros(size, np.bool_)
-    uniq = np.empty(n, np.uint64)
-    merged = np.empty((n, dim), np.float32)
-    merged_shows = np.empty(n, np.float32)
-    merged_clicks = np.empty(n, np.float32)
-    u = 0
-    for i in range(n):
-        key = keys[i]
-        s = np.int64(seeded_hash(key, seed) & mask)
-        while True:
-            if not slot_used[s]:
-                slot_used[s] = True
-                slot_keys[s] = key
-                slot_pos[s] = u
-                uniq[u] = key
-                for d in range(dim):
-                    merged[u, d] = values[i, d]
-                merged_shows[u] = shows[i]
-                merged_clicks[u] = clicks[i]
-                u += 1
-                break
-            if slot_keys[s] == key:
-                j = slot_pos[s]
-                for d in range(dim):
-                    merged[j, d] += values[i, d]
-                merged_shows[j] += shows[i]
-                merged_clicks[j] += clicks[i]
-                break
-            s = (s + 1) & (size - 1)
-    return uniq[:u], merged[:u], merged_shows[:u], merged_clicks[:u]
+    merged = np.empty((u, dim), np.float32)
+    merged_shows = np.empty(u, np.float32)
+    merged_clicks = np.empty(u, np.float32)
+    seen = 0
+    for i in range(keys.shape[0]):
+        j = inverse[i]
+        if j == seen:  # a key's first occurrence (the keys are numbered in that order)
+            for d in range(dim):
+                merged[j, d] = values[i, d]
+            merged_shows[j] = shows[i]
+            merged_clicks[j] = clicks[i]
+            seen += 1
+        else:
+            for d in range(dim):
+                merged[j, d] += values[i, d]
+            merged_shows[j] += shows[i]
+            merged_clicks[j] += clicks[i]
+    return uniq, merged, merged_shows, merged_clicks
 
 
 def dedup_merge(keys, values, shows, clicks):
