@@ -41,7 +41,8 @@ def stall_while_scaled(out: Path, t0: float, t_mid: float, t1: float) -> tuple[f
     """The longest gap between two of worker 0's steps from the first scale's start
     (``t0``) to the second's end (``t1``) or the gate, whichever came first, and how many
     steps that window holds; asserts that training went on while the job was grown
-    (``t0``..``t_mid``) and while it was shrunk (``t_mid``..``t1``).
+    (``t0``..``t_mid``) and while it was shrunk (``t_mid``..``t1``), each window ending
+    at the gate if worker 0 reached it first.
 
     How many steps a window must hold follows the job's own pace outside the windows (a
     loaded machine slows every step, scaled or not): a fifth of the steps that pace fits
@@ -50,7 +51,11 @@ def stall_while_scaled(out: Path, t0: float, t_mid: float, t1: float) -> tuple[f
     times = step_times(out)
     outside = np.diff(times[(times < t0) | (times > t1)])
     pace = float(np.median(outside)) if outside.size else STEP_PACE_S
+    # worker 0 waits at the gate (no steps, by design) once it gets there: on a loaded
+    # machine a slow first scale lets it get there before the second one ends
+    gate_at = float((out / "at_gate").read_text())
     for lo, hi, what in ((t0, t_mid, "grown"), (t_mid, t1, "shrunk")):
+        hi = min(hi, gate_at)
         steps = np.count_nonzero((times >= lo) & (times <= hi))
         fits = (hi - lo) / pace
         if fits < 2:  # too short to tell: the stall bound below still holds it
@@ -58,9 +63,10 @@ def stall_while_scaled(out: Path, t0: float, t_mid: float, t1: float) -> tuple[f
         need = int(min(5, max(1, fits // 5)))
         assert steps >= need, (
             f"training did not go on while the job was {what}: {steps} steps in "
-            f"{hi - lo:.2f} s, where its pace ({pace * 1000:.0f} ms a step) fits {fits:.0f}"
+            f"{hi - lo:.2f} s, where its pace ({pace * 1000:.0f} ms a step) fits {fits:.0f}; "
+            f"steps at (s from the first scale's start) {np.round(times - t0, 2).tolist()}, "
+            f"scales {t_mid - t0:.2f} and {t1 - t0:.2f}, gate {gate_at - t0:.2f}"
         )
-    gate_at = float((out / "at_gate").read_text())
     inside = times[(times >= t0) & (times <= min(t1, gate_at))]
     window = np.concatenate([[t0], inside])
     return float(np.max(np.diff(window))), len(inside)
