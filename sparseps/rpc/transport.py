@@ -17,6 +17,7 @@ import numpy as np
 import zmq
 
 from ..env import parse_endpoint
+from . import port_claims
 from .security import Security
 
 __all__ = [
@@ -89,8 +90,10 @@ def free_ports(host: str, count: int, *, draw: random.Random | None = None) -> l
     port from, so in the second or two before a server process binds its port, any new
     connection (a test's client, a gloo mesh) could take it. These ports are drawn at
     random below that range, where only another listener can take one; where the range
-    cannot be read (not Linux) or leaves no room below it, the kernel chooses. The ports
-    are closed before returning: the caller must still cope with a rare race.
+    cannot be read (not Linux) or leaves no room below it, the kernel chooses. A drawn
+    port is also claimed for this process (:mod:`.port_claims`), so that no other process
+    of this user hands it out while its server is starting. The ports are closed before
+    returning: a listener outside sparseps could still take one first.
 
     ``draw`` picks the candidates (default: the OS's randomness; tests pass their own).
 
@@ -111,6 +114,10 @@ def free_ports(host: str, count: int, *, draw: random.Random | None = None) -> l
                 sock.close()
                 if port == 0 or exc.errno != errno.EADDRINUSE:
                     raise
+                tries += 1
+                continue
+            if port and not port_claims.claims.claim(port):  # another launcher's, starting
+                sock.close()
                 tries += 1
                 continue
             sockets.append(sock)  # held until all are bound, so the ports differ
