@@ -8,7 +8,8 @@ NaN pushed into shared weights would spoil every worker's next pull.
 
 - ``create_dense(name, size, rule, init=None)``: blocks; idempotent for an equal table.
 - ``pull_dense`` / ``push_dense`` / ``push_dense_delta`` / ``set_dense``: a
-  :class:`~sparseps.rpc.handle.Handle` (the data plane of the dense sync).
+  :class:`~sparseps.rpc.handle.Handle` (the data plane of the dense sync); ``push_dense``
+  with ``pull=True`` also brings back the values after its step.
 - ``save_dense`` / ``load_dense``: the owning server's file (``dense.npz``), under the
   client's ``file_timeout``.
 
@@ -67,16 +68,19 @@ class ClientDense:
     def pull_dense(self, name: str) -> Handle:
         """``wait()`` -> float32 ``[size]`` (a fresh writable copy)."""
         call = self._shard_request(self._dense_rank(name), "pull_dense", name, every=False)
-        return Handle(self._channel, [call], lambda replies: replies[0].bufs[0].copy())
+        return Handle(self._channel, [call], _values)
 
-    def _dense_op(self, op: str, name: str, values: np.ndarray) -> Handle:
+    def _dense_op(self, op: str, name: str, values: np.ndarray, *, pull: bool = False) -> Handle:
         values = check_finite_vector(values, f"{op} {name!r}")
-        call = self._shard_request(self._dense_rank(name), op, name, [values], every=True)
-        return Handle(self._channel, [call], lambda _: None)
+        args = {"pull": True} if pull else None
+        call = self._shard_request(self._dense_rank(name), op, name, [values], args, every=True)
+        return Handle(self._channel, [call], _values if pull else _nothing)
 
-    def push_dense(self, name: str, grad: np.ndarray) -> Handle:
-        """Apply a dense gradient with the table's rule."""
-        return self._dense_op("push_dense", name, grad)
+    def push_dense(self, name: str, grad: np.ndarray, *, pull: bool = False) -> Handle:
+        """Apply a dense gradient with the table's rule. ``pull=True``: ``wait()`` -> the
+        values after this step, float32 ``[size]`` (what a ``pull_dense`` sent right
+        after would read, in the same round trip)."""
+        return self._dense_op("push_dense", name, grad, pull=pull)
 
     def push_dense_delta(self, name: str, delta: np.ndarray) -> Handle:
         """Geo mode: add ``delta`` to the dense values."""
@@ -103,3 +107,12 @@ class ClientDense:
             "load_dense", name, args, every=True, timeout=self.file_timeout,
             shards=[self._dense_rank(name)],
         )  # fmt: skip
+
+
+def _values(replies: list) -> np.ndarray:
+    """The values a dense reply carries, as a fresh writable copy."""
+    return replies[0].bufs[0].copy()
+
+
+def _nothing(replies: list) -> None:
+    return None

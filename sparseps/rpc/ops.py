@@ -92,7 +92,8 @@ OPS: dict[str, OpSchema] = {
         args={"size": ((int,), True), "rule": ((dict,), True)},
     ),
     "pull_dense": OpSchema(table=True),
-    "push_dense": OpSchema(table=True, bufs=(_VEC,)),
+    # pull: the reply carries the values after this step (one round trip for both)
+    "push_dense": OpSchema(table=True, bufs=(_VEC,), args={"pull": ((bool,), False)}),
     "push_dense_delta": OpSchema(table=True, bufs=(_VEC,)),
     "set_dense": OpSchema(table=True, bufs=(_VEC,)),
     "save_dense": OpSchema(table=True, args={"directory": ((str,), True)}),

@@ -234,12 +234,19 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
                 return self._ops[request.op](request)
             if not self._applied.begin(request.client, request.seq):
                 self.count("duplicates")
-                return {"duplicate": True}, []
+                return {"duplicate": True}, self._read_back(request)
             try:
                 return self._ops[request.op](request)
             except BaseException:
                 self._applied.failed(request.client, request.seq)
                 raise
+
+    def _read_back(self, request: Request) -> list[np.ndarray]:
+        """What a repeated update still reads: it is not applied again, but a
+        ``push_dense`` that asked for the values after its step gets the current ones."""
+        if request.op == "push_dense" and request.args.get("pull"):
+            return self._op_pull_dense(request)[1]
+        return []
 
     def _backup_of(self, request: Request) -> ServerState:
         backup = self.backups.get(request.shard)  # type: ignore[arg-type]
@@ -488,7 +495,8 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
         entry, values = self._dense_values(request)
         with entry.lock.write():
             entry.table.push(values)
-        return None, []
+            fresh = [entry.table.pull()] if request.args.get("pull") else []
+        return None, fresh
 
     def _op_push_dense_delta(self, request: Request):
         entry, values = self._dense_values(request)

@@ -195,9 +195,11 @@ class HeterService:
             return
         if self._dense_push is not None:  # one in flight: dense updates stay in order
             self._dense_push.wait()
-        self._dense_push = self.client.push_dense(DENSE_TABLE, np.ascontiguousarray(grad))
-        if self.steps % self.strategy.dense_pull_interval == 0:
-            self._dense_pull = self.client.pull_dense(DENSE_TABLE)
+        pull = self.steps % self.strategy.dense_pull_interval == 0
+        grad = np.ascontiguousarray(grad)
+        self._dense_push = self.client.push_dense(DENSE_TABLE, grad, pull=pull)
+        if pull:  # the values after this step come back with it (one round trip)
+            self._dense_pull = self._dense_push
 
     def flush(self) -> dict:
         """Every dense update sent so far is applied; busy/idle seconds since the last."""

@@ -164,10 +164,14 @@ def test_dense_tables():
         with pytest.raises(RemoteError, match="size: existing=10 requested=11"):
             client.create_dense("dense", 11, rule)
         np.testing.assert_array_equal(client.pull_dense("dense").wait(), init)
-        client.push_dense("dense", np.ones(10, np.float32)).wait()
+        assert client.push_dense("dense", np.ones(10, np.float32)).wait() is None
         np.testing.assert_allclose(client.pull_dense("dense").wait(), init - 0.5)
+        fresh = client.push_dense("dense", np.ones(10, np.float32), pull=True).wait()
+        np.testing.assert_allclose(fresh, init - 1.0)  # the values after this step
+        fresh[:] = 0  # a writable copy of its own
+        np.testing.assert_allclose(client.pull_dense("dense").wait(), init - 1.0)
         client.push_dense_delta("dense", np.full(10, 2.0, np.float32)).wait()
-        np.testing.assert_allclose(client.pull_dense("dense").wait(), init + 1.5)
+        np.testing.assert_allclose(client.pull_dense("dense").wait(), init + 1.0)
         client.set_dense("dense", np.zeros(10, np.float32)).wait()
         assert not client.pull_dense("dense").wait().any()
         with pytest.raises(RemoteError, match="got 3 values"):

@@ -116,6 +116,27 @@ def _state() -> ServerState:
     return ServerState(0, 1, "127.0.0.1:1")
 
 
+def test_a_repeated_push_dense_with_pull_is_applied_once_and_still_reads_the_values():
+    state, limits = _state(), Limits()
+    init = np.arange(4, dtype=np.float32)
+    rule = optim.SGD(lr=0.5).to_dict()
+    create = encode_request("create_dense", 1, "d", [init], {"size": 4, "rule": rule})
+    state.handle(decode_request([bytes(f) for f in create], limits))
+    frames = [bytes(f) for f in encode_request(
+        "push_dense", 2, "d", [np.ones(4, np.float32)], {"pull": True}, client=7, seq=1
+    )]  # fmt: skip
+    first = state.handle(decode_request(frames, limits))
+    again = state.handle(decode_request(frames, limits))  # a retry of the same update
+    assert first[0] is None and again[0] == {"duplicate": True}
+    np.testing.assert_array_equal(first[1][0], init - 0.5)
+    np.testing.assert_array_equal(again[1][0], init - 0.5)  # read back, not applied twice
+    plain = [bytes(f) for f in encode_request(
+        "push_dense", 3, "d", [np.ones(4, np.float32)], client=7, seq=2
+    )]  # fmt: skip
+    assert state.handle(decode_request(plain, limits)) == (None, [])  # no pull, no values
+    assert state.handle(decode_request(plain, limits)) == ({"duplicate": True}, [])
+
+
 def _ping_frames():
     return [bytes(f) for f in encode_request("ping", 9)]
 

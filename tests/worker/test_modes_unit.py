@@ -44,8 +44,11 @@ class FakeServers:
         self.calls.append(("pull_dense", 0))
         return _Done(self.dense.copy())  # the values when the pull is served
 
-    def push_dense(self, name, grad):
+    def push_dense(self, name, grad, *, pull=False):
         self.dense -= self.lr * grad
+        if pull:  # the values after this step come back with it
+            self.calls.append(("push_dense_pull", 0))
+            return _Done(self.dense.copy())
         return _Done()
 
     def push_dense_delta(self, name, delta):
@@ -81,8 +84,8 @@ def test_async_dense_values_refresh_every_interval_steps(interval):
         mode.apply([], np.ones(1, np.float32))  # every push moves the server value by -0.5
     # before step s the worker sees the pushes up to the last multiple of the interval
     assert seen == [1.0 - 0.5 * (s // interval * interval) for s in range(7)]
-    pulls = [c for c in servers.calls if c[0] == "pull_dense"]
-    assert len(pulls) == 1 + 7 // interval  # the constructor + one per interval
+    # the constructor pulls; then one pull per interval, riding on that step's push
+    assert [c[0] for c in servers.calls] == ["pull_dense"] + ["push_dense_pull"] * (7 // interval)
     mode.finish_pass()  # a pass ends with the fresh values, whatever the interval
     assert float(mode.dense.values()[0]) == 1.0 - 0.5 * 7
     mode.close()
