@@ -58,7 +58,7 @@ from sparseps import optim
 from sparseps.benchmarking import BenchRecord
 from sparseps.config import Initializer, TableConfig
 from sparseps.core.hashing import mix64_array
-from sparseps.server.handlers import RWLock
+from sparseps.server.entries import RWLock
 from sparseps.server.heap import return_large_frees
 from sparseps.server.log_budget import LogBudget
 from sparseps.server.prefetch import RowPrefetcher

@@ -6,7 +6,9 @@ placed on it. Requests arrive already validated by :func:`sparseps.rpc.protocol.
 exist, is the dim right, do the keys belong to this server) and calls the table engine.
 
 The ops that read or write files live in :mod:`sparseps.server.file_ops`, the whole-row
-ops of GPUPS in :mod:`sparseps.server.row_ops` (both mixed in).
+ops of GPUPS in :mod:`sparseps.server.row_ops`, the dense tables' in
+:mod:`sparseps.server.dense_ops` (all mixed in); a table and its lock in
+:mod:`sparseps.server.entries`.
 
 Concurrency: data-plane ops run in the server's request loop, long ops on a pool of
 threads (:mod:`sparseps.server.loop`). Each table has a reader-writer lock: pulls, stats
@@ -25,8 +27,6 @@ import os
 import resource
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,8 +36,10 @@ from ..errors import ConfigError, InputError, ProtocolError
 from ..rpc.ops import UPDATE_OPS
 from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
 from .applied import AppliedUpdates
+from .dense_ops import DenseOps
 from .disk_dir import DiskDir
 from .elastic_ops import ElasticOps
+from .entries import TableEntry, config_differences
 from .file_guard import FILE_ARGS, FileGuard
 from .file_ops import FileOps
 from .heap import return_large_frees
@@ -46,74 +48,13 @@ from .prefetch import RowPrefetcher
 from .replica_ops import ReplicaOps
 from .row_ops import RowOps
 
-__all__ = ["RWLock", "ServerState", "config_differences"]
+__all__ = ["ServerState"]
 
 # Ops about the server process, not one of its shards.
 _SERVER_OPS = frozenset({"ping", "stop", "stats"})
 
 
-class RWLock:
-    """Many readers or one writer; a waiting writer blocks new readers (no starvation)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._writer = False
-        self._waiting_writers = 0
-
-    @contextmanager
-    def read(self):
-        with self._cond:
-            while self._writer or self._waiting_writers:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
-
-    @contextmanager
-    def write(self):
-        with self._cond:
-            self._waiting_writers += 1
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._waiting_writers -= 1
-            self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
-
-
-@dataclass
-class _Entry:
-    """A table with its lock (sparse: SparseTable; dense: DenseTable + its spec)."""
-
-    table: object
-    spec: dict = field(default_factory=dict)
-    lock: RWLock = field(default_factory=RWLock)
-
-
-def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """``field: existing=X requested=Y`` for every leaf that differs between two dicts."""
-    out = []
-    for key in sorted(set(old) | set(new), key=str):
-        a, b = old.get(key), new.get(key)
-        name = f"{prefix}{key}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out.extend(config_differences(a, b, prefix=f"{name}."))
-        elif a != b:
-            out.append(f"{name}: existing={a!r} requested={b!r}")
-    return out
-
-
-class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
+class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps):
     """The tables of one server and the op handlers.
 
     Args:
@@ -160,8 +101,8 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
         self._applied = AppliedUpdates()
         self.log_budget = LogBudget(logging.getLogger("sparseps.server.loop"))
         self.stop_requested = threading.Event()
-        self._sparse: dict[str, _Entry] = {}
-        self._dense: dict[str, _Entry] = {}
+        self._sparse: dict[str, TableEntry] = {}
+        self._dense: dict[str, TableEntry] = {}
         self._registry = threading.Lock()
         self._counters = {"requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
         self._counter_lock = threading.Lock()
@@ -241,13 +182,6 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
                 self._applied.failed(request.client, request.seq)
                 raise
 
-    def _read_back(self, request: Request) -> list[np.ndarray]:
-        """What a repeated update still reads: it is not applied again, but a
-        ``push_dense`` that asked for the values after its step gets the current ones."""
-        if request.op == "push_dense" and request.args.get("pull"):
-            return self._op_pull_dense(request)[1]
-        return []
-
     def _backup_of(self, request: Request) -> ServerState:
         backup = self.backups.get(request.shard)  # type: ignore[arg-type]
         if backup is None or request.op in _SERVER_OPS:
@@ -260,21 +194,12 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
             )
         return backup
 
-    def _sparse_entry(self, request: Request) -> _Entry:
+    def _sparse_entry(self, request: Request) -> TableEntry:
         entry = self._sparse.get(request.table)
         if entry is None:
             raise InputError(
                 f"server {self.rank}: sparse table {request.table!r} does not exist "
                 f"(tables: {sorted(self._sparse) or 'none'}); create it with PSClient.create_table first"
-            )
-        return entry
-
-    def _dense_entry(self, request: Request) -> _Entry:
-        entry = self._dense.get(request.table)
-        if entry is None:
-            raise InputError(
-                f"server {self.rank}: dense table {request.table!r} does not exist "
-                f"(dense tables: {sorted(self._dense) or 'none'}); create it with PSClient.create_dense first"
             )
         return entry
 
@@ -380,7 +305,7 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
                 table = SparseTable(config, disk_dir=folder)
             except ConfigError as exc:
                 raise ConfigError(f"server {self.rank}: {exc}") from None
-            self._sparse[config.name] = _Entry(table)
+            self._sparse[config.name] = TableEntry(table)
         return {"created": True}, []
 
     def _op_pull(self, request: Request):
@@ -435,77 +360,3 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps):
         if owned is not None:
             deleted = deleted[owned]
         return None, [np.ascontiguousarray(deleted, dtype=np.uint64)]
-
-    # -- dense tables ------------------------------------------------------------------
-
-    def _op_create_dense(self, request: Request):
-        from ..optim import rule_from_dict
-        from ..table import DenseTable
-
-        size = request.args["size"]
-        # Bounded so that pull_dense/push_dense fit in one message, which also bounds the
-        # table with its optimizer state to about 3 * max_message_bytes of memory.
-        largest = request.limits.max_dense_size
-        if not 1 <= size <= largest:
-            raise ConfigError(
-                f"server {self.rank}: create_dense {request.table!r}: size must be 1..{largest} "
-                f"floats, got {size}; a dense table travels whole in one message of at most "
-                f"Limits.max_message_bytes={request.limits.max_message_bytes} bytes (raise the "
-                "servers' --max-message-bytes and the client's Limits, or split the table)"
-            )
-        rule = rule_from_dict(request.args["rule"])
-        spec = {"size": size, "rule": rule.to_dict()}
-        init = request.bufs.get("values")
-        if init is not None and init.shape != (size,):
-            raise InputError(
-                f"create_dense {request.table!r}: init has shape {init.shape}, expected ({size},)"
-            )
-        with self._registry:
-            entry = self._dense.get(request.table)
-            if entry is not None:
-                if entry.spec == spec:
-                    return {"created": False}, []
-                diff = config_differences(entry.spec, spec)
-                raise ConfigError(
-                    f"server {self.rank}: dense table {request.table!r} already exists with a different spec: "
-                    + "; ".join(diff)
-                )
-            table = DenseTable(
-                request.table, size, rule=rule, init=None if init is None else np.array(init)
-            )
-            self._dense[request.table] = _Entry(table, spec=spec)
-        return {"created": True}, []
-
-    def _dense_values(self, request: Request) -> tuple[_Entry, np.ndarray]:
-        entry = self._dense_entry(request)
-        values = request.bufs["values"]
-        if values.shape != (entry.spec["size"],):
-            raise InputError(
-                f"{request.op} {request.table!r}: got {values.shape[0]} values, the table has {entry.spec['size']}"
-            )
-        return entry, values
-
-    def _op_pull_dense(self, request: Request):
-        entry = self._dense_entry(request)
-        with entry.lock.read():
-            values = entry.table.pull()
-        return None, [values]
-
-    def _op_push_dense(self, request: Request):
-        entry, values = self._dense_values(request)
-        with entry.lock.write():
-            entry.table.push(values)
-            fresh = [entry.table.pull()] if request.args.get("pull") else []
-        return None, fresh
-
-    def _op_push_dense_delta(self, request: Request):
-        entry, values = self._dense_values(request)
-        with entry.lock.write():
-            entry.table.add(values)
-        return None, []
-
-    def _op_set_dense(self, request: Request):
-        entry, values = self._dense_values(request)
-        with entry.lock.write():
-            entry.table.set(values)
-        return None, []
