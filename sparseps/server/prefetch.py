@@ -48,7 +48,7 @@ class RowPrefetcher:
         self._thread.start()
 
     def submit(self, entry, keys: np.ndarray) -> bool:
-        """Queue ``keys`` of the table in ``entry`` (server ``_Entry``); False if dropped
+        """Queue ``keys`` of the table in ``entry`` (server ``TableEntry``); False if dropped
         because the server is stopping."""
         with self._wake:
             if self._stopping:
