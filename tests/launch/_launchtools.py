@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from sparseps.rpc import transport
+from sparseps.rpc import port_claims, transport
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -97,9 +97,10 @@ def free_port_pair(host: str = "127.0.0.1") -> int:
         try:
             with socket.socket() as s:
                 s.bind((host, port + 1))
-            return port
         except OSError:
             continue
+        if port_claims.claims.claim(port + 1):  # P is claimed; P+1 too, or draw again
+            return port
     raise AssertionError("no free pair of ports")
 
 
