@@ -40,7 +40,6 @@ import dataclasses
 import json
 import logging
 import os
-import secrets
 import signal
 import sys
 import threading
@@ -61,7 +60,7 @@ from .ray_placement import (
     release,
 )
 from .records import SERVER_EXIT_NOTE, Failure, Outcome, SupervisorConfig
-from .spec import ClusterSpec
+from .spec import ClusterSpec, new_job_id
 
 __all__ = ["RayJob", "run"]
 
@@ -84,9 +83,7 @@ class RayJob:
             max_restarts=args.max_restarts, grace_s=args.grace_s, quiet_warn_s=args.quiet_warn_s
         )
         self.log_dir = Path(os.path.abspath(args.log_dir))
-        self.job_id = (
-            args.job_id or f"sps-ray-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-        )
+        self.job_id = args.job_id or new_job_id("sps-ray")
         self.roles: list[RoleHandle] = []
         self.history: list[dict] = []
         self.restarts = 0

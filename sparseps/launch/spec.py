@@ -28,7 +28,14 @@ from ..env import Role, RoleEnv, parse_endpoint
 from ..errors import ConfigError
 from ..rpc import transport
 
-__all__ = ["CONTROL_PORT_OFFSET", "DEFAULT_MASTER_PORT", "ClusterSpec", "free_ports", "make_spec"]
+__all__ = [
+    "CONTROL_PORT_OFFSET",
+    "DEFAULT_MASTER_PORT",
+    "ClusterSpec",
+    "free_ports",
+    "make_spec",
+    "new_job_id",
+]
 
 # Rendezvous port on worker 0's host when a multi-node job gives no --master. Every node
 # must derive the same endpoint without talking to the others, hence a fixed number.
@@ -51,6 +58,12 @@ def free_ports(host: str, count: int) -> list[int]:
         raise ConfigError(
             f"--host {host!r}: cannot bind a port on it ({exc}); give an address of this machine"
         ) from None
+
+
+def new_job_id(kind: str = "sps") -> str:
+    """A fresh job id: ``KIND-YYYYmmdd-HHMMSS-`` and 6 random hex digits (a job launched
+    from one place; a multi-node job's launchers derive theirs from the layout instead)."""
+    return f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 
 
 def _split(text: str | None) -> list[str]:
@@ -330,7 +343,7 @@ def make_spec(
         )
     if job_id is None:
         if single_node:
-            job_id = f"sps-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+            job_id = new_job_id()
         else:
             layout = "|".join([",".join(server_eps), ",".join(worker_hosts), master])
             job_id = "sps-" + hashlib.sha1(layout.encode()).hexdigest()[:12]

@@ -57,11 +57,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .. import env as sps_env
 from ..checkpoint.hooks import SaveHooks
 from ..core import collectives
 from ..errors import ConfigError
@@ -232,7 +234,9 @@ class OnlineDriver:
             ModelDirBusyError: (worker 0) another job holds the model directory.
         """
         if self.rank == 0:  # worker 0 alone cleans, prunes and writes the ledger
-            self.lock.acquire(accept_parent=True)
+            # held by the `sparseps online` command of this job (local: our parent; Ray:
+            # another process tree, which recorded the job id)
+            self.lock.acquire(accept_parent=True, accept_job=os.environ.get(sps_env.JOB_ID))
         try:
             return self._run()
         finally:

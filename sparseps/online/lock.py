@@ -14,11 +14,16 @@ Who takes it:
   it creates the log folder or starts any process, and holds it until the job ended;
 - worker 0's :class:`~sparseps.online.driver.OnlineDriver` takes it before it cleans or
   reads the folder; when the holder is its own parent (the ``sparseps online`` process
-  that launched it), the lock is already held for this job and it goes on.
+  that launched it), or names the job id worker 0 runs under (``SPARSEPS_JOB_ID``: with
+  ``job.backend: ray`` worker 0 runs under a Ray actor, on any node, not as the command's
+  child), the lock is already held for this job and it goes on.
 
 Worked example of the file (one JSON object, written after the lock is taken)::
 
-    {"pid": 4242, "host": "trainer-7", "started": "2024-01-02T03:04:05", "cmd": "sparseps online"}
+    {"pid": 4242, "host": "trainer-7", "started": "2024-01-02T03:04:05", "cmd": "sparseps online",
+     "job": "sps-ray-20240102-030405-a1b2c3"}
+
+(``job`` only when the holder was given one.)
 """
 
 from __future__ import annotations
@@ -48,12 +53,17 @@ class ModelDirLock:
     Args:
         root: the model directory (created if missing: the lock file lives in it).
         what: a few words on the holder, recorded for the message another job prints.
+        job_id: the job this holder takes the lock for, recorded so that the job's worker 0
+            can accept it (:meth:`acquire`'s ``accept_job``); None: not recorded.
     """
 
-    def __init__(self, root: str | Path, *, what: str = "sparseps online") -> None:
+    def __init__(
+        self, root: str | Path, *, what: str = "sparseps online", job_id: str | None = None
+    ) -> None:
         self.root = Path(root)
         self.path = self.root / LOCK_NAME
         self.what = what
+        self.job_id = job_id
         self._fd: int | None = None
         self.inherited = False  # True: our parent holds it for this job
 
@@ -61,12 +71,17 @@ class ModelDirLock:
     def held(self) -> bool:
         return self._fd is not None or self.inherited
 
-    def acquire(self, *, accept_parent: bool = False) -> ModelDirLock:
+    def acquire(
+        self, *, accept_parent: bool = False, accept_job: str | None = None
+    ) -> ModelDirLock:
         """Take the lock without waiting.
 
         Args:
             accept_parent: a lock held by this process's parent on this host counts as
                 held for us (a launched worker of the ``sparseps online`` process).
+            accept_job: a lock held for this job id (the holder recorded it) counts as
+                held for us (worker 0 of a job whose ``sparseps online`` holds the lock
+                from another process tree: Ray); None or empty: no job is accepted.
 
         Raises:
             ModelDirBusyError: another process holds it; names the folder and the holder.
@@ -81,11 +96,12 @@ class ModelDirLock:
         except BlockingIOError:
             os.close(fd)
             holder = self.holder()
-            if (
+            parent = (
                 accept_parent
                 and holder.get("pid") == os.getppid()
                 and holder.get("host") == socket.gethostname()
-            ):
+            )
+            if parent or (accept_job and holder.get("job") == accept_job):
                 self.inherited = True
                 return self
             raise ModelDirBusyError(
@@ -103,6 +119,8 @@ class ModelDirLock:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "cmd": self.what,
         }
+        if self.job_id:
+            record["job"] = self.job_id
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         os.fsync(fd)
@@ -135,7 +153,8 @@ class ModelDirLock:
 def _describe(holder: dict) -> str:
     if not holder:
         return "holder unknown: it has not written its record yet"
+    job = f", job {holder['job']}" if holder.get("job") else ""
     return (
         f"held by {holder.get('cmd', 'a job')}, pid {holder.get('pid', '?')} on host "
-        f"{holder.get('host', '?')}, started {holder.get('started', '?')}"
+        f"{holder.get('host', '?')}, started {holder.get('started', '?')}{job}"
     )

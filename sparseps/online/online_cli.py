@@ -64,6 +64,7 @@ def launch_argv(
 
 def run(args: argparse.Namespace) -> int:
     from ..launch import launch_cli
+    from ..launch.spec import new_job_id
     from .config import load_config
     from .lock import ModelDirLock
     from .model_dir import ModelDir
@@ -82,17 +83,15 @@ def run(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog="sparseps launch")
     launch_cli.add_arguments(parser)
     argv = launch_argv(config, args.config, status_port=args.status_port)
-    if config.job.backend == "ray":
-        # worker 0 runs under a Ray actor, not as this process's child, so it cannot take
-        # over a lock held here (lock.py's accept_parent): a held lock fails the command
-        # at once, and worker 0 takes the lock for the job as it starts (a job started on
-        # the folder in between makes it fail, naming the holder)
-        ModelDirLock(config.model_dir).acquire().release()
+    job_id = config.job.job_id
+    if config.job.backend == "ray" and not job_id:
+        # worker 0 runs under a Ray actor, not as this process's child: it accepts the lock
+        # held here by the job id it runs under (lock.py), so this process names the id
+        job_id = new_job_id("sps-ray")
+        argv = ["--job-id", job_id, *argv]
+    # before anything in the folder is touched (the launcher writes MODEL_DIR/log)
+    with ModelDirLock(config.model_dir, job_id=job_id):
         code = launch_cli.run(parser.parse_args(argv))
-    else:
-        # before anything in the folder is touched (the launcher writes MODEL_DIR/log)
-        with ModelDirLock(config.model_dir):
-            code = launch_cli.run(parser.parse_args(argv))
     status_path = ModelDir(config.model_dir).status_path
     status = json.loads(status_path.read_text()) if status_path.is_file() else {}
     if code != 0 and status.get("state") == "failed":

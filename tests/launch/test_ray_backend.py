@@ -426,6 +426,7 @@ def test_online_job_on_ray_grows_to_3_workers_and_back(ray_cluster, tmp_path, ca
     # between known passes (tests/online/test_online_scale_workers.py, under Ray)
     from sparseps.launch import scale_job
     from sparseps.online import DataLayout, Ledger, load_config, write_stream
+    from sparseps.online.lock import ModelDirBusyError, ModelDirLock
 
     rows_per_file, files, passes = 150, 3, 5
     start = time.time()
@@ -462,6 +463,10 @@ def test_online_job_on_ray_grows_to_3_workers_and_back(ray_cluster, tmp_path, ca
     try:
         ready(0)
         wait_pass(0)
+        # the command holds the model directory for the whole job (worker 0 took it over
+        # by the job id it recorded): another job is refused while the passes run
+        with pytest.raises(ModelDirBusyError, match=r"sparseps online, pid \d+ .*job sps-ray-"):
+            ModelDirLock(config.model_dir).acquire()
         t_grow = time.time()
         grown = scale_job(config.log_dir, workers=3, timeout_s=120)
         t_grown = time.time()

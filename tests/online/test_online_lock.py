@@ -27,13 +27,13 @@ from sparseps.online.lock import LOCK_NAME, ModelDirBusyError, ModelDirLock
 pytestmark = pytest.mark.timeout(300)
 
 
-def _hold(model_dir: Path, *, spawn: str = "") -> subprocess.Popen:
-    """A process that takes the lock, says ``locked`` and sleeps; with ``spawn``, it then runs
-    that code in a child of its own (which prints the child's verdict)."""
+def _hold(model_dir: Path, *, spawn: str = "", job_id: str | None = None) -> subprocess.Popen:
+    """A process that takes the lock (for ``job_id``), says ``locked`` and sleeps; with
+    ``spawn``, it then runs that code in a child of its own (which prints the child's verdict)."""
     code = textwrap.dedent(f"""
         import subprocess, sys, time
         from sparseps.online.lock import ModelDirLock
-        lock = ModelDirLock({str(model_dir)!r}, what="test holder").acquire()
+        lock = ModelDirLock({str(model_dir)!r}, what="test holder", job_id={job_id!r}).acquire()
         print("locked", flush=True)
         if {spawn!r}:
             sys.exit(subprocess.run([sys.executable, "-c", {spawn!r}]).returncode)
@@ -107,6 +107,34 @@ def test_only_the_holders_own_child_may_share_its_lock(tmp_path):
     try:
         with pytest.raises(ModelDirBusyError, match=f"pid {holder.pid} "):
             ModelDirLock(tmp_path).acquire(accept_parent=True)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+def test_a_lock_held_for_a_job_is_shared_only_with_that_jobs_worker_0(tmp_path, monkeypatch):
+    # the holder is no parent of ours (a Ray job: worker 0 runs under an actor): only the
+    # job id it recorded lets worker 0 go on
+    config = fake_config(tmp_path, days=1, passes_per_day=1)
+    holder = _hold(config.model_dir, job_id="sps-ray-a")
+    try:
+        for other in (None, "", "sps-ray-b"):
+            with pytest.raises(ModelDirBusyError, match=f"pid {holder.pid} .*job sps-ray-a"):
+                ModelDirLock(config.model_dir).acquire(accept_parent=True, accept_job=other)
+        lock = ModelDirLock(config.model_dir).acquire(accept_job="sps-ray-a")
+        assert lock.inherited and lock.held
+        lock.release()
+        assert not lock.held
+        # worker 0's driver, under another job's id, refuses; under the holder's, it runs
+        monkeypatch.setenv("SPARSEPS_JOB_ID", "sps-ray-b")
+        trainer = FakeTrainer()
+        with pytest.raises(ModelDirBusyError):
+            FakeDriver(config, trainer).run()
+        assert trainer.calls == []
+        monkeypatch.setenv("SPARSEPS_JOB_ID", "sps-ray-a")
+        assert [r["seq"] for r in FakeDriver(config, FakeTrainer()).run()] == [0]
+        assert holder.poll() is None  # still the holder: worker 0 took nothing from it
+        assert json.loads((config.model_dir / LOCK_NAME).read_text())["job"] == "sps-ray-a"
     finally:
         holder.kill()
         holder.wait(timeout=10)
