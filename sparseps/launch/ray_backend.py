@@ -59,7 +59,7 @@ from .ray_placement import (
     place_roles,
     release,
 )
-from .records import SERVER_EXIT_NOTE, Failure, Outcome, SupervisorConfig
+from .records import FINISHING_NOTE, SERVER_EXIT_NOTE, Failure, Outcome, SupervisorConfig
 from .spec import ClusterSpec, new_job_id
 
 __all__ = ["RayJob", "run"]
@@ -102,7 +102,9 @@ class RayJob:
         self.left: set[int] = set()  # ranks of workers that died and left (online jobs)
         # asked when a worker exits non-zero (ScaleService.worker_died): "" = it left
         self.worker_left: Any = None
-        self.completing = False  # every worker exited 0: no worker may be added any more
+        # every worker exited 0 and no scale request is in flight: none is admitted any more
+        self.completing = False
+        self._changes = 0  # scale requests in flight (begin_change): the job waits for them
 
     # -- placement and wiring -------------------------------------------------------------
     def place(self) -> None:
@@ -288,13 +290,28 @@ class RayJob:
                 continue
             with self.lock:  # a scale may be adding a worker: it is in roles before it starts
                 workers = self._workers()
-                done = all(r.code == 0 for r in workers)
+                done = all(r.code == 0 for r in workers) and not self._changes
                 self.completing = done
             if done:
                 self._stop_servers(servers)
                 return Outcome(0, "completed")
             self._warn_quiet()
             time.sleep(self.config.poll_s * 2)
+
+    def begin_change(self) -> str:
+        """A scale request starts: "" when it may go on (the job does not complete until
+        :meth:`end_change`), else why not (the job is completing), as the local
+        launcher's :meth:`Supervisor.begin_change <sparseps.launch.supervisor.Supervisor.begin_change>`."""
+        with self.lock:
+            if self.completing:
+                return FINISHING_NOTE
+            self._changes += 1
+            return ""
+
+    def end_change(self) -> None:
+        """The scale request that :meth:`begin_change` admitted is done."""
+        with self.lock:
+            self._changes -= 1
 
     def _left(self, r: RoleHandle) -> bool:
         """Whether worker ``r``, exited non-zero, left the job (``worker_left``, the local

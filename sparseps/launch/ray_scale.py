@@ -228,13 +228,9 @@ class RayRoles:
         hosts += [h.host] * (new.world - len(hosts))
         hosts[new.rank] = h.host
         grown = dataclasses.replace(spec, workers=tuple(hosts))
-        with job.lock:  # in the driver's list before it starts: the job cannot complete
-            if job.completing:
-                release(job.ray, pg, [h])
-                raise ScaleError(
-                    f"scale --workers: the job is completing (every worker exited 0); "
-                    f"worker {new.rank} was not started"
-                )
+        # the request holds the job's completion (begin_change): the worker joins the
+        # driver's list before it starts, and the job waits for it
+        with job.lock:
             job.roles.append(h)
             h.attempt = job.restarts
         try:
@@ -248,6 +244,12 @@ class RayRoles:
         log.info("scale: started worker %d of %d on %s (rendezvous %s)", new.rank, new.world,
                  h.host, self.master())  # fmt: skip
         return h
+
+    def begin_change(self) -> str:
+        return self.job.begin_change()
+
+    def end_change(self) -> None:
+        self.job.end_change()
 
     def set_world(self, count: int) -> None:
         """The job's worker count is now ``count``: workers above it exit 0 by themselves,

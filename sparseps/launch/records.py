@@ -16,6 +16,7 @@ from ..env import Role
 from ..errors import ConfigError
 
 __all__ = [
+    "FINISHING_NOTE",
     "SERVER_EXIT_NOTE",
     "ChildSpec",
     "Failure",
@@ -26,6 +27,11 @@ __all__ = [
 
 # Why any server exit fails the job, also one with code 0 (a server given SIGTERM exits 0).
 SERVER_EXIT_NOTE = "before every worker finished (a server exit always stops the job)"
+# Why a scale request is refused once every worker has exited 0 (local launcher and Ray).
+FINISHING_NOTE = (
+    "the job is finishing: every worker has exited 0 and its servers are being stopped, so "
+    "nothing new is started (run the job again to go on)"
+)
 LOST_SHARD_NOTE = (
     "before every worker finished, and no live copy of shard(s) {shards} is left "
     "(lost servers: {lost}; --replicas {replicas} survives {replicas} lost server(s) per chain)"

@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..core.placement import Placement, rebalance
 from ..elastic import install_placement, migrate
@@ -95,7 +96,9 @@ class JobScaler(WorkerScaling):
     Args:
         supervisor: the launch's supervisor (starts children, plans server exits: it
             has ``retire(role, rank)`` and ``wait_retired(timeout)``; ``add_child`` and
-            ``set_world`` where it serves workers).
+            ``set_world`` where it serves workers; ``begin_change()`` / ``end_change()``
+            around each request, which hold the job's completion: the local
+            :class:`~sparseps.launch.supervisor.Supervisor`, or Ray's ``RayRoles``).
         endpoints: the job's server endpoints at start (rank order).
         new_server: builds the :class:`ChildSpec` of server ``rank`` given the endpoint
             list it joins.
@@ -110,7 +113,7 @@ class JobScaler(WorkerScaling):
         master: the workers' rendezvous store now (``host:port``), for the membership key.
     """
 
-    supervisor: object
+    supervisor: Any  # the local Supervisor, Ray's RayRoles, or None (tests)
     endpoints: list[str]
     new_server: Callable[[int, list[str]], object] | None = None
     new_worker: Callable[[int, int], object] | None = None
@@ -212,7 +215,7 @@ class JobScaler(WorkerScaling):
         grown = [*endpoints, *(f"{self.host}:{p}" for p in free_ports(self.host, len(ranks)))]
         started = []
         for rank in ranks:
-            child = self.supervisor.add_child(self.new_server(rank, grown))  # type: ignore[attr-defined]
+            child = self.supervisor.add_child(self.new_server(rank, grown))
 
             def exited(proc=child.proc, log_path=child.spec.log_path) -> str | None:
                 if proc.poll() is None:
@@ -243,12 +246,12 @@ class JobScaler(WorkerScaling):
 
     def _stop_servers(self, peers: Peers, ranks: list[int]) -> None:
         for rank in ranks:
-            self.supervisor.retire(Role.SERVER, rank)  # type: ignore[attr-defined]
+            self.supervisor.retire(Role.SERVER, rank)
             try:
                 peers.call(self.endpoints[rank], "stop", timeout=10.0)
             except SparsePSError as exc:  # the supervisor's SIGTERM below still stops it
                 log.warning("scale: stop request to server %d failed: %s", rank, exc)
-        self.supervisor.wait_retired(timeout=15.0)  # type: ignore[attr-defined]
+        self.supervisor.wait_retired(timeout=15.0)
 
 
 class ScaleService:
@@ -303,11 +306,10 @@ class ScaleService:
 
     def _gated(self, request: dict) -> dict:
         """Serve ``request`` unless the job is finishing; the job does not complete while
-        it is served (the supervisor's ``begin_change``/``end_change``)."""
-        from .supervisor import Supervisor
-
+        it is served (``begin_change``/``end_change`` of the local launcher's supervisor
+        or, under Ray, of the driver's job through its roles)."""
         supervisor = self.scaler.supervisor
-        if not isinstance(supervisor, Supervisor):  # the Ray driver orders its own
+        if supervisor is None:  # a scaler without a launcher (tests)
             return self._serve(request)
         why = supervisor.begin_change()
         if why:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import SparsePSError
 from .scale_error import ScaleError
@@ -100,7 +101,7 @@ class WorkerScaling:
         workers_refused: why ``--workers`` is refused by this launcher ("" if served).
     """
 
-    supervisor: object
+    supervisor: Any  # the local Supervisor, Ray's RayRoles, or None (tests)
     new_worker: Callable[[int, int], object] | None
     master: Callable[[], str] | None
     security: object
@@ -157,8 +158,8 @@ class WorkerScaling:
         worker_num = max(members) + 1
         try:
             for rank in started:
-                self.supervisor.add_child(new_worker(rank, worker_num))  # type: ignore[attr-defined]
-            self.supervisor.set_world(count)  # type: ignore[attr-defined]
+                self.supervisor.add_child(new_worker(rank, worker_num))
+            self.supervisor.set_world(count)
         finally:
             self._release_reserved()
         report = {"workers_before": len(old), "workers_after": count, "workers_started": started,

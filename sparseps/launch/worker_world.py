@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from ..env import RANK, WORKER_NUM, Role
 from .node_sync import Coordinator, LocalCoordinator
-from .records import ChildSpec
+from .records import FINISHING_NOTE, ChildSpec
 
 __all__ = ["WorkerWorld"]
 
@@ -108,10 +108,7 @@ class WorkerWorld:
         or finished."""
         with self._lock:
             if self._finishing:
-                return (
-                    "the job is finishing: every worker has exited 0 and its servers are "
-                    "being stopped, so nothing new is started (run the job again to go on)"
-                )
+                return FINISHING_NOTE
             self._changes += 1
             return ""
 

@@ -62,6 +62,14 @@ def test_the_cli_names_what_is_wrong(tmp_path, capsys):
 
 
 class _NoSupervisor:
+    """A running job's supervisor that must start nothing."""
+
+    def begin_change(self) -> str:
+        return ""  # the job runs: requests are served (and refused on their merits)
+
+    def end_change(self) -> None:
+        pass
+
     def add_child(self, spec):  # pragma: no cover - a refused scale starts nothing
         raise AssertionError(f"started {spec}")
 
