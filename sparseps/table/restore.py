@@ -54,6 +54,11 @@ log = logging.getLogger(__name__)
 PENDING_WHERE = {"show": 0, "click": 1, "unseen": 2}
 # a strict import of at least this many rows copies them and inserts their keys at once
 _PARALLEL_ROWS = 1 << 16
+# A tiered table's export of at most 1/this of its rows reads them where they are on disk,
+# a larger one the whole file in order. The file's pages are dropped after each read, so
+# count cold reads: ~25 rows share a 4 KiB page, and one random page read costs what 10-15
+# pages read in order do on an SSD: break-even near 1/250 of the rows.
+_LOCATE_FRACTION = 256
 
 
 class TableFiles:
@@ -135,12 +140,19 @@ class TableFiles:
         unique; keys that are neither are skipped): the rows of a virtual shard that moves
         to another server (:mod:`sparseps.server.elastic_ops`)."""
         keys = np.ascontiguousarray(keys, np.uint64)
+        names = (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)
+        ids = self._index.find(keys)
+        keep = ids >= 0
         if self._tier is None:
-            ids = self._index.find(keys)
-            keep = ids >= 0
             columns = gather_columns(self._rows, keys[keep], ids[keep], self._where)
-            rows = {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
-        else:  # one sequential read of the disk copies, then the selection
+            rows = {name: columns[name] for name in names}
+        elif np.count_nonzero(keep) * _LOCATE_FRACTION <= len(self._index):
+            # a few rows (a dirty round of a moving shard): read them where they are
+            order, where, disk = self._tier.locate(ids[keep], "export_keys")
+            columns = gather_columns(disk, keys[keep][order], where, self._where)
+            self._tier.drop_pages()
+            rows = {name: columns[name] for name in names}
+        else:  # most of the table: one sequential read of the disk copies, then the selection
             every = self.export_rows()
             keep = np.isin(every["key"], keys)
             rows = {name: values[keep] for name, values in every.items()}

@@ -384,6 +384,16 @@ class RowTier:
         order = np.argsort(where, kind="stable")
         return keys[order], where[order], self.disk.array
 
+    def locate(self, ids: np.ndarray, op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(order, file rows, storage)`` of rows ``ids``: their disk copies, flushed, to
+        be read in file order (``ids[order]`` sits at ``file rows``; call
+        :meth:`drop_pages` after reading). For a few rows of a large table, where
+        :meth:`scan` would read every row."""
+        self.flush(op)
+        where = self.disk.disk_of[ids]
+        order = np.argsort(where, kind="stable")
+        return order, where[order], self.disk.array
+
     def decay(self, show_col: int, unseen_col: int, rate: float) -> None:
         """The table's decay on both copies of every row: the disk copies (file order)
         and the cached ones; a clean row's copies stay equal, a dirty one's disk copy is
