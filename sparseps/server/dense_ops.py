@@ -7,7 +7,7 @@ them are file ops (:mod:`sparseps.server.file_ops`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,10 +28,10 @@ class DenseOps:
 
     if TYPE_CHECKING:  # what ServerState, the class this is mixed into, provides
         rank: int
-        _dense: dict[str, TableEntry]
+        _dense: dict[str, TableEntry[DenseTable]]
         _registry: threading.Lock
 
-    def _dense_entry(self, request: Request) -> TableEntry:
+    def _dense_entry(self, request: Request) -> TableEntry[DenseTable]:
         entry = self._dense.get(str(request.table))  # the op's schema requires a table
         if entry is None:
             raise InputError(
@@ -83,19 +83,21 @@ class DenseOps:
             self._dense[name] = TableEntry(table, spec=spec)
         return {"created": True}, []
 
-    def _dense_values(self, request: Request) -> tuple[TableEntry, DenseTable, np.ndarray]:
+    def _dense_values(
+        self, request: Request
+    ) -> tuple[TableEntry[DenseTable], DenseTable, np.ndarray]:
         entry = self._dense_entry(request)
         values = request.bufs["values"]
         if values.shape != (entry.spec["size"],):
             raise InputError(
                 f"{request.op} {request.table!r}: got {values.shape[0]} values, the table has {entry.spec['size']}"
             )
-        return entry, cast("DenseTable", entry.table), values
+        return entry, entry.table, values
 
     def _op_pull_dense(self, request: Request):
         entry = self._dense_entry(request)
         with entry.lock.read():
-            values = cast("DenseTable", entry.table).pull()
+            values = entry.table.pull()
         return None, [values]
 
     def _op_push_dense(self, request: Request):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 __all__ = ["RWLock", "TableEntry", "config_differences"]
 
@@ -48,11 +49,15 @@ class RWLock:
                 self._cond.notify_all()
 
 
-@dataclass
-class TableEntry:
-    """A table with its lock (sparse: SparseTable; dense: DenseTable + its spec)."""
+T = TypeVar("T")
 
-    table: object
+
+@dataclass
+class TableEntry(Generic[T]):
+    """A table with its lock (sparse: ``TableEntry[SparseTable]``; dense:
+    ``TableEntry[DenseTable]`` with its spec)."""
+
+    table: T
     spec: dict = field(default_factory=dict)
     lock: RWLock = field(default_factory=RWLock)
 

@@ -8,6 +8,7 @@ take seconds on large tables (:mod:`sparseps.server.loop`).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,12 +17,25 @@ from ..errors import CheckpointError, InputError
 from ..files import shards
 from ..rpc.protocol import Request
 
+if TYPE_CHECKING:
+    from ..table import DenseTable, SparseTable
+    from .entries import TableEntry
+
 __all__ = ["FileOps"]
 
 
 class FileOps:
     """The file ops of a server; needs ``rank``, ``num_servers``, ``_sparse_entry`` and
     ``_dense_entry`` from the class it is mixed into."""
+
+    if TYPE_CHECKING:  # what ServerState, the class this is mixed into, provides
+        rank: int
+        num_servers: int
+
+        def _sparse_entry(self, request: Request) -> TableEntry[SparseTable]: ...
+        def _dense_entry(self, request: Request) -> TableEntry[DenseTable]: ...
+        def _refuse_during_move(self, request: Request) -> None: ...
+        def _owned_mask(self, keys: np.ndarray) -> np.ndarray | None: ...
 
     # a tiered table is saved in parts of about this many bytes of rows (its rows may not
     # fit in memory at once); an instance attribute in tests
@@ -50,7 +64,7 @@ class FileOps:
         records = []
 
         def write(kind: str, columns: dict, part: int = 0) -> None:
-            name = shards.file_name(request.table, kind, self.rank, self.num_servers)
+            name = shards.file_name(str(request.table), kind, self.rank, self.num_servers)
             if part:
                 name = f"{name.removesuffix('.arrow')}.part-{part:05d}.arrow"
             record = shards.write_shard(directory, name, columns, {**meta, "kind": kind})
@@ -91,13 +105,14 @@ class FileOps:
             # (xxh3_128 when the record has it, else sha256) is computed while the rows are
             # imported, and checked before the next file
             verifier = (shards.pick_checksum(checksums) or ("none",))[0]
-            with shards.verified_shard(path, **checksums) as (meta, columns):
+            sha256, xxh3 = checksums.get("sha256"), checksums.get("xxh3_128")
+            with shards.verified_shard(path, sha256=sha256, xxh3_128=xxh3) as (meta, columns):
                 _check_compatible(path, meta, entry.table)
                 loaded["files"] += 1
                 select = self._owned_rows(meta, columns["key"])
                 if select is not None and select.size == 0:
                     continue
-                kind = meta.get("kind")
+                kind = str(meta["kind"])  # "rows" or "pending": checked above
                 try:
                     if kind == "rows":
                         # SHA-256 (a file saved before xxh3_128) keeps a core busy for the

@@ -27,6 +27,7 @@ import os
 import resource
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -47,6 +48,9 @@ from .log_budget import LogBudget
 from .prefetch import RowPrefetcher
 from .replica_ops import ReplicaOps
 from .row_ops import RowOps
+
+if TYPE_CHECKING:
+    from ..table import DenseTable, SparseTable
 
 __all__ = ["ServerState"]
 
@@ -101,8 +105,8 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps):
         self._applied = AppliedUpdates()
         self.log_budget = LogBudget(logging.getLogger("sparseps.server.loop"))
         self.stop_requested = threading.Event()
-        self._sparse: dict[str, TableEntry] = {}
-        self._dense: dict[str, TableEntry] = {}
+        self._sparse: dict[str, TableEntry[SparseTable]] = {}
+        self._dense: dict[str, TableEntry[DenseTable]] = {}
         self._registry = threading.Lock()
         self._counters = {"requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
         self._counter_lock = threading.Lock()
@@ -173,13 +177,15 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps):
                     return self._ops[request.op](request)
             if request.seq is None or request.op not in UPDATE_OPS:
                 return self._ops[request.op](request)
-            if not self._applied.begin(request.client, request.seq):
+            client = request.client
+            assert client is not None, "decode_request takes client and seq together"
+            if not self._applied.begin(client, request.seq):
                 self.count("duplicates")
                 return {"duplicate": True}, self._read_back(request)
             try:
                 return self._ops[request.op](request)
             except BaseException:
-                self._applied.failed(request.client, request.seq)
+                self._applied.failed(client, request.seq)
                 raise
 
     def _backup_of(self, request: Request) -> ServerState:
@@ -194,8 +200,8 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps):
             )
         return backup
 
-    def _sparse_entry(self, request: Request) -> TableEntry:
-        entry = self._sparse.get(request.table)
+    def _sparse_entry(self, request: Request) -> TableEntry[SparseTable]:
+        entry = self._sparse.get(str(request.table))  # the op's schema requires a table
         if entry is None:
             raise InputError(
                 f"server {self.rank}: sparse table {request.table!r} does not exist "
