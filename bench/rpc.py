@@ -8,6 +8,13 @@ same rows, measured in the same run, interleaved with the rpc figures round by r
 ``ratio`` = rpc / in-process; for latencies a ratio above 1 means slower. The pushes
 keep changing the rows of both tables the same way, so both keep equal contents.
 
+``rpc_pull_steady_rows_per_s`` measures the same pipelined pulls in steady state: each
+side runs 1000 pulls back to back (200 with ``--quick``), the rpc block after 50 untimed
+ones, best of 2. An rpc round that starts right after the in-process pulls and pushes
+(the interleaved figure) runs 0.1-0.2 slower on a 2-core machine than the same pulls back
+to back (bench/RESULTS.md, 2026-11-27 evening): both figures are reported, the
+interleaved one is the target's.
+
 With ``--secure`` the same servers run a second time with CURVE transport (fresh job keys,
 servers started from the launcher's environment as in a ``--secure`` job), measured in the
 same rounds, and ``rpc_secure_*`` records give secure / plain (the plain rpc figure is
@@ -50,6 +57,7 @@ from sparseps.testing import local_cluster
 BATCH = 8192
 DIM = 16
 IN_FLIGHT = 4
+STEADY_PULLS, QUICK_STEADY_PULLS = 1000, 200
 
 
 def _config() -> TableConfig:
@@ -124,6 +132,27 @@ def _measure_remote(client, pulls, pushes, grads) -> dict:
     push_s = _pipelined(lambda k: client.push("bench", k, grads), pushes, IN_FLIGHT)
     latency = _latencies(lambda k: client.pull("bench", k).wait(), pulls)
     return _figures(len(pulls), pull_s, len(pushes), push_s, latency)
+
+
+def _steady(local: _Local, client, pulls: list, rounds: int = 2) -> tuple[float, float]:
+    """Rows/s of pipelined pulls in steady state, ``(rpc, in-process)``: each side's
+    pulls back to back in a block of its own, the rpc block after 50 untimed pulls (the
+    threads of both processes placed and running), best of ``rounds``."""
+    table, remote, base = local.table, [], []
+
+    def issue(keys):
+        return client.pull("bench", keys)
+
+    for _ in range(rounds):
+        for keys in pulls[:10]:
+            table.pull(keys)
+        start = time.perf_counter()
+        for keys in pulls:
+            table.pull(keys)
+        base.append(len(pulls) * BATCH / (time.perf_counter() - start))
+        _pipelined(issue, pulls[:50], IN_FLIGHT)
+        remote.append(len(pulls) * BATCH / _pipelined(issue, pulls, IN_FLIGHT))
+    return max(remote), max(base)
 
 
 def _best(results: list[dict]) -> dict:
@@ -273,6 +302,7 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
     universe = np.random.default_rng(0).choice(2**62, rows, replace=False).astype(np.uint64)
     pulls = _batches(universe, count, seed=1)
     pushes = _batches(universe, count, seed=2)
+    steady_pulls = _batches(universe, QUICK_STEADY_PULLS if quick else STEADY_PULLS, seed=4)
     grads = np.random.default_rng(3).standard_normal((BATCH, DIM)).astype(np.float32) * 0.01
     if replicas:
         return _replicated(quick, replicas, universe, pulls, pushes, grads)
@@ -295,6 +325,7 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
                 remote.append(_measure_remote(client, pulls, pushes, grads))
                 if secure:
                     curve.append(_measure_remote(clients[1], pulls, pushes, grads))
+            steady, steady_base = _steady(local, client, steady_pulls)
         base, remote = _best(base), _best(remote)
         params = {
             "servers": servers,
@@ -310,6 +341,18 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
             BenchRecord("rpc_push_rows_per_s", remote["push"], "rows/s", base["push"], params),
             BenchRecord("rpc_pull_p50_ms", float(remote["p50"]), "ms", float(base["p50"]), params),
             BenchRecord("rpc_pull_p99_ms", float(remote["p99"]), "ms", float(base["p99"]), params),
+            BenchRecord(
+                "rpc_pull_steady_rows_per_s",
+                steady,
+                "rows/s",
+                steady_base,
+                {
+                    **params,
+                    "batches": len(steady_pulls),
+                    "rounds": 2,
+                    "order": "each side's pulls back to back",
+                },
+            ),
         ]
         if secure:
             curve = _best(curve)
