@@ -452,13 +452,21 @@ def _indices(positions) -> np.ndarray:
 
 def rows_of(count: int, inverse: np.ndarray | None) -> Callable[[list], np.ndarray]:
     """The ``finish`` of a pull: every owner's rows in grouped order, then the caller's
-    (``inverse`` None: the grouped order is the caller's). Always a new, writable array
-    (the replies are read-only views of the received frames)."""
+    (``inverse`` None: the grouped order is the caller's). Always a new, writable array:
+    one owner's rows in the caller's order are the reply's own frame, handed over (the
+    decoder marks reply buffers read-only; this call is the frame's only user, so it
+    may be written), which saves a copy of every row (~40 µs per 512 KiB)."""
 
     def finish(got: list) -> np.ndarray:
         if len(got) == 1 and got[0][0] == slice(0, count):
             rows = got[0][1].bufs[0]
-            return rows.copy() if inverse is None else np.take(rows, inverse, axis=0)
+            if inverse is not None:
+                return np.take(rows, inverse, axis=0)
+            try:
+                rows.flags.writeable = True  # a received frame's memory is the receiver's
+            except ValueError:  # a read-only buffer (not a received frame): copy it
+                return rows.copy()
+            return rows
         rows = np.empty((count, got[0][1].bufs[0].shape[1]), dtype=np.float32)
         for positions, reply in got:
             rows[positions] = reply.bufs[0]

@@ -231,6 +231,14 @@ def test_a_pull_with_or_without_dedup_gives_the_same_writable_rows(servers):
         np.testing.assert_array_equal(repeated, distinct)
         assert repeated.shape == (len(keys), DIM) and repeated.flags.writeable
         assert np.abs(repeated).sum() > 0  # the pushed rows, not fresh zeros
+        # each pull's rows are its own (one server's reply is handed over, not copied):
+        # writing them changes neither the table nor the next pull's rows
+        first_rows, second = client.pull("emb", keys).wait(), client.pull("emb", keys)
+        first_rows[:] = np.nan
+        second = second.wait()
+        assert not np.shares_memory(first_rows, second) and second.flags.writeable
+        np.testing.assert_array_equal(second, distinct)
+        np.testing.assert_array_equal(client.pull("emb", keys).wait(), distinct)
         unique = np.unique(keys)
         assert client.stats()["total"]["tables"]["emb"]["rows"] == len(unique)
         first = {int(k): i for i, k in reversed(list(enumerate(keys)))}
