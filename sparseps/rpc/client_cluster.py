@@ -14,10 +14,10 @@ Calls about the servers rather than a table's data, each one request per server:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..core.replicas import chain
 from ..errors import ConfigError
+from .client_parts import ClientParts
 from .handle import Handle
 
 __all__ = ["ClientCluster"]
@@ -26,22 +26,8 @@ __all__ = ["ClientCluster"]
 _TABLE_TOTALS = ("rows", "pending", "bytes_used", "memory_rows", "disk_rows")
 
 
-class ClientCluster:
+class ClientCluster(ClientParts):
     """The per-server calls, mixed into :class:`~sparseps.rpc.client.PSClient`."""
-
-    if TYPE_CHECKING:  # what PSClient, the class this is mixed into, provides
-        from .channel import Channel
-
-        _channel: Channel
-        endpoints: tuple[str, ...]
-        replicas: int
-
-        @property
-        def num_servers(self) -> int: ...
-        def _all(self, op: str, table: str | None = None, args: dict | None = None,
-                 timeout: float | None = None, ranks=None) -> list: ...  # fmt: skip
-        def _table_ranks(self) -> list[int] | None: ...
-        def live_copies(self, shard: int) -> list[int]: ...
 
     def ping(
         self, timeout: float | None = None, *, ranks: Sequence[int] | None = None

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..core.routing import dense_server_of
 from .client_checks import check_finite_vector
+from .client_parts import ClientParts
 from .handle import Handle
 
 if TYPE_CHECKING:
@@ -34,22 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["ClientDense"]
 
 
-class ClientDense:
+class ClientDense(ClientParts):
     """The dense-table calls, mixed into :class:`~sparseps.rpc.client.PSClient`."""
-
-    if TYPE_CHECKING:  # what PSClient, the class this is mixed into, provides
-        from .channel import Channel
-        from .replicated import ShardRequest
-
-        _channel: Channel
-        file_timeout: float
-
-        @property
-        def num_servers(self) -> int: ...
-        def _shard_request(self, shard: int, op: str, table: str | None, bufs=(), args=None,
-                           *, every: bool) -> ShardRequest: ...  # fmt: skip
-        def _each_shard(self, op: str, table: str | None, args: dict | None = None, *,
-                        every: bool, timeout: float | None = None, shards=None) -> list: ...  # fmt: skip
 
     def _dense_rank(self, name: str) -> int:
         return dense_server_of(name, self.num_servers)

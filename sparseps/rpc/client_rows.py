@@ -17,33 +17,21 @@ Server side: :mod:`sparseps.server.row_ops`, :mod:`sparseps.table.full_rows`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..core.keysets import has_repeats
 from ..core.validate import check_key_array
 from ..errors import InputError
 from .client_checks import check_counts_or_none, check_finite_rows
+from .client_parts import ClientParts
 from .handle import Handle, completed
 from .placed import RoutedHandle, rows_of
 
 __all__ = ["ClientRows"]
 
 
-class ClientRows:
+class ClientRows(ClientParts):
     """``pull_full`` / ``write_rows``, mixed into :class:`~sparseps.rpc.client.PSClient`."""
-
-    if TYPE_CHECKING:  # what PSClient, the class this is mixed into, provides
-        from .channel import Channel
-
-        _channel: Channel
-
-        @property
-        def num_servers(self) -> int: ...
-        def _group(self, keys: np.ndarray, *, dedup: bool = True) -> tuple: ...
-        def _keyed(self, op: str, table: str, group: tuple, columns, finish, *,
-                   every: bool = False) -> RoutedHandle: ...  # fmt: skip
 
     def pull_full(self, table: str, keys: np.ndarray) -> RoutedHandle:
         """Embedding and optimizer state of ``keys``; ``wait()`` -> float32

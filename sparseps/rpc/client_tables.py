@@ -17,11 +17,12 @@ once it ended, :mod:`sparseps.rpc.placed`).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .client_parts import ClientParts
 from .handle import Handle
 
 if TYPE_CHECKING:
@@ -30,27 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["ClientTables"]
 
 
-class ClientTables:
+class ClientTables(ClientParts):
     """The whole-table calls, mixed into :class:`~sparseps.rpc.client.PSClient`."""
-
-    if TYPE_CHECKING:  # what PSClient, the class this is mixed into, provides
-        from ..core.placement import Placement
-        from .channel import Channel
-        from .replicated import ShardRequest
-
-        _channel: Channel
-        _routing: tuple[Placement, np.ndarray] | None
-        file_timeout: float
-
-        @property
-        def num_servers(self) -> int: ...
-        def _shard_request(self, shard: int, op: str, table: str | None, bufs=(), args=None,
-                           *, every: bool) -> ShardRequest: ...  # fmt: skip
-        def _each_shard(self, op: str, table: str | None, args: dict | None = None, *,
-                        every: bool, timeout: float | None = None, shards=None) -> list: ...  # fmt: skip
-        def _probe_placement(self) -> None: ...
-        def _table_wide(self, op: str, table: str | None, args: dict | None,
-                        timeout: float | None, pick: Callable) -> list: ...  # fmt: skip
 
     def create_table(self, config: TableConfig) -> None:
         """Create a sparse table on every server (idempotent for an equal config).

@@ -45,12 +45,13 @@ import numpy as np
 from ..core.placement import Placement
 from ..core.routing import group_by_server, route_by_server
 from ..errors import DeadlineError, RemoteError, SparsePSError, UnavailableError
+from .client_parts import ClientParts
 from .handle import Handle
 from .ops import PLACED_OPS
 from .replicated import ShardRequest
 
 if TYPE_CHECKING:
-    from .channel import Call, Channel
+    from .channel import Call
     from .protocol import Reply
 
 __all__ = [
@@ -95,18 +96,8 @@ def is_placement_error(exc: BaseException) -> bool:
     return isinstance(exc, RemoteError) and exc.remote_type == "PlacementError"
 
 
-class PlacementRouting:
+class PlacementRouting(ClientParts):
     """Placement state and routing, mixed into :class:`~sparseps.rpc.client.PSClient`."""
-
-    if TYPE_CHECKING:  # what PSClient provides
-        _channel: Channel
-        replicas: int
-        timeout: float
-
-        @property
-        def num_servers(self) -> int: ...
-        def _shard_request(self, shard: int, op: str, table: str | None, bufs=(), args=None,
-                           *, every: bool) -> ShardRequest: ...  # fmt: skip
 
     def _init_placement(self, *, follow: bool, retry_s: float) -> None:
         self._follow = bool(follow)

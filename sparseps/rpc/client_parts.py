@@ -1,0 +1,59 @@
+"""What the parts of :class:`~sparseps.rpc.client.PSClient` use of each other, declared once.
+
+PSClient is assembled from mixins (``client_tables``, ``client_dense``, ``client_rows``,
+``client_cluster``, ``placed``), and each calls methods or reads attributes another part
+defines (the channel and the request helpers in ``client.py``, routing in ``placed.py``).
+Every mixin derives from :class:`ClientParts`, which declares those names for the type
+checker only: at run time it is an empty class, and PSClient's own definitions are the
+ones that run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..core.placement import Placement
+    from .channel import Channel
+    from .placed import RoutedHandle
+    from .replicated import ShardRequest
+
+__all__ = ["ClientParts"]
+
+
+class ClientParts:
+    """The names the PSClient mixins share (declarations only; see the module docstring)."""
+
+    if TYPE_CHECKING:
+        # client.py: the connection and its settings
+        _channel: Channel
+        endpoints: tuple[str, ...]
+        replicas: int
+        timeout: float
+        file_timeout: float
+        # placed.py: the placement this client routes by (None: plain routing)
+        _routing: tuple[Placement, np.ndarray] | None
+
+        @property
+        def num_servers(self) -> int: ...
+
+        # client.py: requests to every server, to one shard's copies, to every shard
+        def _all(self, op: str, table: str | None = None, args: dict | None = None,
+                 timeout: float | None = None, ranks=None) -> list: ...  # fmt: skip
+        def _shard_request(self, shard: int, op: str, table: str | None, bufs=(), args=None,
+                           *, every: bool) -> ShardRequest: ...  # fmt: skip
+        def _each_shard(self, op: str, table: str | None, args: dict | None = None, *,
+                        every: bool, timeout: float | None = None, shards=None) -> list: ...  # fmt: skip
+        def live_copies(self, shard: int) -> list[int]: ...
+
+        # placed.py: keyed ops and table-wide ops under a placement
+        def _group(self, keys: np.ndarray, *, dedup: bool = True) -> tuple: ...
+        def _keyed(self, op: str, table: str, group: tuple, columns, finish, *,
+                   every: bool = False) -> RoutedHandle: ...  # fmt: skip
+        def _probe_placement(self) -> None: ...
+        def _table_ranks(self) -> list[int] | None: ...
+        def _table_wide(self, op: str, table: str | None, args: dict | None,
+                        timeout: float | None, pick: Callable) -> list: ...  # fmt: skip
