@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
     from ..core.placement import Placement
     from .channel import Channel
-    from .placed import RoutedHandle
     from .replicated import ShardRequest
 
 __all__ = ["ClientParts"]
@@ -49,10 +48,9 @@ class ClientParts:
                         every: bool, timeout: float | None = None, shards=None) -> list: ...  # fmt: skip
         def live_copies(self, shard: int) -> list[int]: ...
 
-        # placed.py: keyed ops and table-wide ops under a placement
-        def _group(self, keys: np.ndarray, *, dedup: bool = True) -> tuple: ...
-        def _keyed(self, op: str, table: str, group: tuple, columns, finish, *,
-                   every: bool = False) -> RoutedHandle: ...  # fmt: skip
+        # placed.py: table-wide ops under a placement (the keyed ops' ``_group`` and
+        # ``_keyed`` are declared where they are used, client_rows.py: this module imports
+        # nothing of placed.py, which derives from it)
         def _probe_placement(self) -> None: ...
         def _table_ranks(self) -> list[int] | None: ...
         def _table_wide(self, op: str, table: str | None, args: dict | None,

@@ -17,6 +17,8 @@ Server side: :mod:`sparseps.server.row_ops`, :mod:`sparseps.table.full_rows`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..core.keysets import has_repeats
@@ -32,6 +34,12 @@ __all__ = ["ClientRows"]
 
 class ClientRows(ClientParts):
     """``pull_full`` / ``write_rows``, mixed into :class:`~sparseps.rpc.client.PSClient`."""
+
+    if TYPE_CHECKING:  # placed.PlacementRouting's keyed ops (see client_parts.py)
+
+        def _group(self, keys: np.ndarray, *, dedup: bool = True) -> tuple: ...
+        def _keyed(self, op: str, table: str, group: tuple, columns, finish, *,
+                   every: bool = False) -> RoutedHandle: ...  # fmt: skip
 
     def pull_full(self, table: str, keys: np.ndarray) -> RoutedHandle:
         """Embedding and optimizer state of ``keys``; ``wait()`` -> float32
