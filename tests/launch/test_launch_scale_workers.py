@@ -33,7 +33,9 @@ from sparseps.launch.supervisor import Supervisor
 WORKER = """
 import os, sys, time, pathlib
 folder = pathlib.Path(sys.argv[1]); rank = sys.argv[2]
-(folder / f"seen.{rank}").write_text(os.environ["SPARSEPS_WORKER_NUM"])
+# written aside, then renamed: a test that sees the file reads all of it
+(folder / f".seen.{rank}").write_text(os.environ["SPARSEPS_WORKER_NUM"])
+os.replace(folder / f".seen.{rank}", folder / f"seen.{rank}")
 deadline = time.monotonic() + 60
 while not (folder / f"release.{rank}").exists() and time.monotonic() < deadline:
     time.sleep(0.02)
