@@ -398,6 +398,10 @@ def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_pa
     try:
         record = wait_for(lambda: _started(log, 2), 120, "the job's 2 processes to start")
         assert isinstance(record["control"], str)
+        # a --workers request asks the workers' store, which worker 0 hosts once it is up
+        # (a request before that is refused for another reason: "does not answer")
+        wait_for(lambda: "worker 0 ready" in read_text(log / "worker.0.log"), 120,
+                 "worker 0 to host the workers' store")  # fmt: skip
         with pytest.raises(ScaleError, match="needs a job whose workers follow membership"):
             scale_job(log, workers=2, timeout_s=30)
         with pytest.raises(ScaleError, match=r"could not place server 1 .* within 2 s"):
