@@ -49,6 +49,7 @@ from typing import Any
 
 from ..env import FILE_ROOTS, Role
 from ..errors import ConfigError
+from .change_gate import ChangeGate
 from .procutil import tail
 from .ray_placement import (
     CALL_TIMEOUT_S,
@@ -59,7 +60,7 @@ from .ray_placement import (
     place_roles,
     release,
 )
-from .records import FINISHING_NOTE, SERVER_EXIT_NOTE, Failure, Outcome, SupervisorConfig
+from .records import SERVER_EXIT_NOTE, Failure, Outcome, SupervisorConfig
 from .spec import ClusterSpec, new_job_id
 
 __all__ = ["RayJob", "run"]
@@ -102,9 +103,9 @@ class RayJob:
         self.left: set[int] = set()  # ranks of workers that died and left (online jobs)
         # asked when a worker exits non-zero (ScaleService.worker_died): "" = it left
         self.worker_left: Any = None
-        # every worker exited 0 and no scale request is in flight: none is admitted any more
-        self.completing = False
-        self._changes = 0  # scale requests in flight (begin_change): the job waits for them
+        # scale requests in flight (begin_change): the job waits for them; once every
+        # worker exited 0 with none in flight, none is admitted any more
+        self._gate = ChangeGate(self.lock)
 
     # -- placement and wiring -------------------------------------------------------------
     def place(self) -> None:
@@ -290,28 +291,28 @@ class RayJob:
                 continue
             with self.lock:  # a scale may be adding a worker: it is in roles before it starts
                 workers = self._workers()
-                done = all(r.code == 0 for r in workers) and not self._changes
-                self.completing = done
+                done = self._gate.finish(all(r.code == 0 for r in workers))
             if done:
                 self._stop_servers(servers)
                 return Outcome(0, "completed")
             self._warn_quiet()
             time.sleep(self.config.poll_s * 2)
 
+    @property
+    def finishing(self) -> bool:
+        """Every worker exited 0 with no scale request in flight: the job completes, and
+        no request is admitted any more."""
+        return self._gate.finishing
+
     def begin_change(self) -> str:
         """A scale request starts: "" when it may go on (the job does not complete until
-        :meth:`end_change`), else why not (the job is completing), as the local
+        :meth:`end_change`), else why not (the job is finishing), as the local
         launcher's :meth:`Supervisor.begin_change <sparseps.launch.supervisor.Supervisor.begin_change>`."""
-        with self.lock:
-            if self.completing:
-                return FINISHING_NOTE
-            self._changes += 1
-            return ""
+        return self._gate.begin()
 
     def end_change(self) -> None:
         """The scale request that :meth:`begin_change` admitted is done."""
-        with self.lock:
-            self._changes -= 1
+        self._gate.end()
 
     def _left(self, r: RoleHandle) -> bool:
         """Whether worker ``r``, exited non-zero, left the job (``worker_left``, the local

@@ -2,10 +2,8 @@
 
 Rules (DESIGN §1, "launcher"):
 
-- every child runs in its own session, so a signal to its process group reaches
-  anything it spawned; on Linux it also gets SIGTERM if the launcher dies;
-- a child's stdout+stderr go to ``LOG_DIR/{role}.{rank}.log`` (worker 0's also to the
-  console) through one pump thread per child, which also notes when it last wrote;
+- how a child starts, where its output goes and ``LOG_DIR/pids.json``:
+  :mod:`sparseps.launch.children`;
 - when a worker exits non-zero and restarts are left, the whole worker *group* is
   restarted (below); when a child exits non-zero otherwise, every other child is stopped
   (SIGTERM, then SIGKILL after ``grace_s``) and the outcome names it;
@@ -37,35 +35,28 @@ workers (a one-node launch), a restart starts the *current members* only, as ran
 an online job resumes on ``SPARSEPS_WORKER_NUM`` = n): workers shrunk away or dead are
 not started again. Which workers those are (the members, the ones the job waits for, the
 scale requests in flight) is :class:`~sparseps.launch.worker_world.WorkerWorld`'s to know;
-this module starts and stops the processes.
+this module decides when processes start and stop.
 
-``LOG_DIR/pids.json`` lists every process started (restarts included) so that tools and
-tests can check that none survives the job; each entry also names the port of its
-``/metrics`` (``metrics_port``, when metrics are on), and ``extra_record`` adds the
-launcher's own ports (``launcher_metrics_port``, ``status_port``). :meth:`Supervisor.roles`
-is what the status page shows; ``sparseps_launcher_role_up`` and
-``sparseps_launcher_restarts_total`` follow the same events.
+``sparseps_launcher_restarts_total`` counts the group restarts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..env import MASTER, RECOVER, RESTART_COUNT, Role
+from ..env import MASTER, RECOVER, Role
 from ..errors import SparsePSError
+from .children import Child, Children
 from .node_sync import Coordinator, LocalCoordinator
-from .procutil import die_with_parent_hook, stop_groups, tail
+from .procutil import stop_groups, tail
 from .records import (
     LOST_SHARD_NOTE,
     SERVER_EXIT_NOTE,
@@ -79,18 +70,6 @@ from .worker_world import WorkerWorld
 __all__ = ["ChildSpec", "Failure", "Outcome", "Supervisor", "SupervisorConfig"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Child:
-    spec: ChildSpec
-    proc: subprocess.Popen[bytes]
-    attempt: int
-    pump: threading.Thread
-    last_output: float
-    warned_at: float = 0.0
-    exit_code: int | None = None
-    note: str = ""  # why its exit fails the job, when that is not the usual reason
 
 
 def _exit_note(role: Role) -> str:
@@ -144,14 +123,12 @@ class Supervisor:
         from ..observe.registry import launcher_metrics
 
         self._metrics = launcher_metrics()
-        self._running: list[_Child] = []
         self._lock = threading.RLock()  # starts from a scale request's thread; pids.json
         # (role, rank) of servers stopped by a scale-down: a planned exit, not a failure
         self.retired: set[tuple[str, int]] = set()
         # ranks of servers lost and tolerated (replicas): left out of the final stop
         self.lost_servers: set[int] = set()
         self._replacements = 0  # replacement servers started (bounded by max_restarts)
-        self._history: list[dict] = []
         self._signal: int | None = None
         workers = sum(1 for c in self.children if c.role is Role.WORKER)
         if self.coordinator is None:
@@ -162,75 +139,17 @@ class Supervisor:
         self._world = WorkerWorld(self.children, self._lock, self._coordinator)
         if self.pids_path is None and self.children:
             self.pids_path = self.children[0].log_path.parent / "pids.json"
+        self._children = Children(self._lock, self.pids_path, self.job_id, self.extra_record)
 
     # -- starting ----------------------------------------------------------------------
 
-    def _start(self, spec: ChildSpec, attempt: int) -> _Child:
-        with self._lock:
-            return self._start_locked(spec, attempt)
-
-    def _start_locked(self, spec: ChildSpec, attempt: int) -> _Child:
-        spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(spec.log_path, "ab") as f:
-            if attempt:  # the worker group's restart generation
-                f.write(f"\n----- restart attempt {attempt} -----\n".encode())
-        env = dict(spec.env)
-        if spec.role is Role.WORKER:  # the worker group's generation (env.RESTART_COUNT)
-            env[RESTART_COUNT] = str(attempt)
-        proc = subprocess.Popen(
-            list(spec.argv),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # own process group: signals reach its whole tree
-            preexec_fn=die_with_parent_hook(),
-        )
-        child = _Child(spec, proc, attempt, threading.Thread(), time.monotonic())
-        child.pump = threading.Thread(
-            target=self._pump, args=(child,), name=f"log-{spec.role.value}-{spec.rank}", daemon=True
-        )
-        child.pump.start()
-        self._running.append(child)
-        record: dict = {"role": spec.role.value, "rank": spec.rank, "pid": proc.pid}
-        record["attempt"] = attempt
-        if spec.metrics_port is not None:
-            record["metrics_port"] = spec.metrics_port
-        self._history.append(record)
-        self._metrics.role_up.labels(spec.role.value, str(spec.rank)).set(1)
-        self._write_pids()
-        log.debug("started %s (pid %d, attempt %d)", spec.name, proc.pid, attempt)
-        return child
-
-    def _pump(self, child: _Child) -> None:
-        """Copy the child's output to its log (and the console for worker 0)."""
-        stdout = child.proc.stdout
-        assert stdout is not None  # started with stdout=PIPE
-        fd = stdout.fileno()
-        console = sys.stdout.buffer if child.spec.echo else None
-        with open(child.spec.log_path, "ab") as logfile:
-            while True:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                child.last_output = time.monotonic()
-                logfile.write(chunk)
-                logfile.flush()
-                if console is not None:
-                    try:
-                        console.write(chunk)
-                        console.flush()
-                    except (OSError, ValueError):
-                        console = None  # console closed; the log still has everything
-        stdout.close()
+    def _start(self, spec: ChildSpec, attempt: int) -> Child:
+        return self._children.start(spec, attempt)
 
     # -- a running job's changes (sparseps scale: sparseps.launch.scaling) -------------
     # the workers' part is the WorkerWorld's (sparseps.launch.worker_world)
 
-    def add_child(self, spec: ChildSpec) -> _Child:
+    def add_child(self, spec: ChildSpec) -> Child:
         """Start one more process while the job runs (a new server, or a new worker: it
         joins the workers the job waits for, and a worker group restart restarts it)."""
         with self._lock:  # joined and started as one step for the supervision loop
@@ -269,7 +188,7 @@ class Supervisor:
 
     def wait_retired(self, timeout: float) -> None:
         """Wait for the retired processes to exit; SIGTERM/SIGKILL the ones still running."""
-        procs = [c.proc for c in list(self._running) if self._is_retired(c)]
+        procs = [c.proc for c in list(self._children.running) if self._is_retired(c)]
         deadline = time.monotonic() + timeout
         for proc in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -278,51 +197,15 @@ class Supervisor:
 
     def worker_env(self) -> dict[str, str]:
         """The environment of a running worker of the current generation (empty if none)."""
-        for child in reversed(list(self._running)):
-            if child.spec.role is Role.WORKER and child.proc.poll() is None:
-                return dict(child.spec.env)
-        return {}
+        return self._children.worker_env()
 
-    def _is_retired(self, child: _Child) -> bool:
+    def _is_retired(self, child: Child) -> bool:
         return (child.spec.role.value, child.spec.rank) in self.retired
 
-    def _write_pids(self) -> None:
-        if self.pids_path is None:
-            return
-        record = {
-            "job_id": self.job_id,
-            "launcher": os.getpid(),
-            **self.extra_record,
-            "children": self._history,
-        }
-        with self._lock:
-            tmp = self.pids_path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(record, indent=1))
-            os.replace(tmp, self.pids_path)
-
     def roles(self) -> list[dict]:
-        """Every role of this node as it stands now (the status page's rows): role, rank,
-        pid, attempt, ``alive``, ``exit_code`` (None while running), log path and
-        metrics port. Safe to call from another thread."""
-        out = []
-        for child in list(self._running):
-            code = child.proc.returncode if child.exit_code is None else child.exit_code
-            self._metrics.role_up.labels(child.spec.role.value, str(child.spec.rank)).set(
-                1 if code is None else 0
-            )
-            out.append(
-                {
-                    "role": child.spec.role.value,
-                    "rank": child.spec.rank,
-                    "pid": child.proc.pid,
-                    "attempt": child.attempt,
-                    "alive": code is None,
-                    "exit_code": code,
-                    "log_path": str(child.spec.log_path),
-                    "metrics_port": child.spec.metrics_port,
-                }
-            )
-        return out
+        """Every role of this node as it stands now (the status page's rows:
+        :meth:`Children.roles <sparseps.launch.children.Children.roles>`)."""
+        return self._children.roles()
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -334,8 +217,8 @@ class Supervisor:
                 self._start(spec, 0)
             return self._loop()
         finally:
-            stop_groups([c.proc for c in self._running], self.config.grace_s)
-            for child in self._running:
+            stop_groups([c.proc for c in self._children.running], self.config.grace_s)
+            for child in self._children.running:
                 child.pump.join(timeout=2.0)
             self._coordinator.close()
             for sig, handler in previous.items():
@@ -362,8 +245,8 @@ class Supervisor:
                 return self._interrupted(self._signal)
             if (server := self._exited_server()) is not None:
                 return self._fail(server)
-            restart: tuple[_Child | None, str] | None = None
-            for child in list(self._running):
+            restart: tuple[Child | None, str] | None = None
+            for child in list(self._children.running):
                 if child.spec.role is not Role.WORKER or child.exit_code is not None:
                     continue
                 code = child.proc.poll()
@@ -416,7 +299,7 @@ class Supervisor:
         )
         return Outcome(128 + signum, "interrupted")
 
-    def _exited_server(self, *, settle: bool = False) -> _Child | None:
+    def _exited_server(self, *, settle: bool = False) -> Child | None:
         """The first of this node's servers that has exited (None while all run).
 
         Args:
@@ -426,7 +309,7 @@ class Supervisor:
         for attempt in range(2 if settle else 1):
             if attempt:
                 time.sleep(self.config.poll_s)
-            for child in list(self._running):  # a lost server may be replaced meanwhile
+            for child in list(self._children.running):  # a lost server may be replaced meanwhile
                 if child.spec.role is Role.WORKER:  # servers and heter workers serve the job
                     continue
                 if child.exit_code is None:
@@ -437,7 +320,7 @@ class Supervisor:
                     return child
         return None
 
-    def _tolerated(self, server: _Child) -> bool:
+    def _tolerated(self, server: Child) -> bool:
         """Whether the job goes on without this exited server: with replicas, while
         every shard of the job keeps a live copy (:mod:`sparseps.core.replicas`)."""
         replicas, num = self.config.replicas, self.config.server_num
@@ -467,7 +350,7 @@ class Supervisor:
         )  # fmt: skip
         if self._replacements < self.config.max_restarts:
             self._replacements += 1
-            self._running.remove(server)
+            self._children.running.remove(server)
             self.lost_servers.discard(rank)
             log.warning(
                 "starting a replacement for server %d (replacement %d of %d, --max-restarts): "
@@ -482,7 +365,7 @@ class Supervisor:
     def _restarts_left(self) -> bool:
         return self._coordinator.generation < self.config.max_restarts
 
-    def _restart_workers(self, failed: _Child | None, remote: str) -> Outcome | None:
+    def _restart_workers(self, failed: Child | None, remote: str) -> Outcome | None:
         """Stop every worker of this node and start the group again as the next generation.
 
         Args:
@@ -506,12 +389,14 @@ class Supervisor:
             )  # fmt: skip
         else:
             log.warning("restarting this node's workers (restart %d of %d): %s", k, limit, remote)
-        old = [c for c in self._running if c.spec.role is Role.WORKER]
+        old = [c for c in self._children.running if c.spec.role is Role.WORKER]
         stop_groups([c.proc for c in old], self.config.grace_s)  # survivors and leftovers
         for c in old:
             c.pump.join(timeout=2.0)
             c.exit_code = c.proc.returncode
-        self._running = [c for c in self._running if c.spec.role is not Role.WORKER]
+        self._children.running = [
+            c for c in self._children.running if c.spec.role is not Role.WORKER
+        ]
         try:
             self._coordinator.restart(
                 reason if failed is not None else None,
@@ -537,7 +422,7 @@ class Supervisor:
             )  # fmt: skip
         return None
 
-    def _fail(self, child: _Child) -> Outcome:
+    def _fail(self, child: Child) -> Outcome:
         spec, exit_code = child.spec, child.exit_code
         assert exit_code is not None, "a child fails once it has exited"
         child.pump.join(timeout=2.0)  # the last lines are in the log before the tail is read
@@ -572,12 +457,12 @@ class Supervisor:
 
     def _stop_servers(self) -> None:
         """Stop the servers (their stop op) and the heter workers (SIGTERM: they exit 0)."""
-        for child in self._running:
+        for child in self._children.running:
             if child.spec.role is Role.HETER_WORKER and child.proc.poll() is None:
                 child.proc.terminate()
         servers = [
             c
-            for c in self._running
+            for c in self._children.running
             if c.spec.role is not Role.WORKER and c.proc.poll() is None and not self._is_retired(c)
         ]
         if not servers:
@@ -595,17 +480,10 @@ class Supervisor:
                 log.warning("server %d still running after the stop request", child.spec.rank)
 
     def _warn_quiet(self) -> None:
-        now = time.monotonic()
-        limit = self.config.quiet_warn_s
-        for child in self._running:
-            if child.exit_code is not None:
-                continue
-            quiet = now - child.last_output
-            if quiet > limit and now - child.warned_at > limit:
-                child.warned_at = now
-                log.warning(
-                    "%s (pid %d) has produced no output for %.0f s (--quiet-warn-s)",
-                    child.spec.name,
-                    child.proc.pid,
-                    quiet,
-                )
+        for child, quiet in self._children.newly_quiet(self.config.quiet_warn_s):
+            log.warning(
+                "%s (pid %d) has produced no output for %.0f s (--quiet-warn-s)",
+                child.spec.name,
+                child.proc.pid,
+                quiet,
+            )

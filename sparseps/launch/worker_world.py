@@ -30,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ..env import RANK, WORKER_NUM, Role
+from .change_gate import ChangeGate
 from .node_sync import Coordinator, LocalCoordinator
-from .records import FINISHING_NOTE, ChildSpec
+from .records import ChildSpec
 
 __all__ = ["WorkerWorld"]
 
@@ -63,8 +64,7 @@ class WorkerWorld:
         self._departed: dict[int, ChildSpec] = {}  # specs of workers that died and left
         # scale requests in flight (begin_change) and whether the job is finishing: every
         # worker exited 0, so a change would start processes nobody waits for
-        self._changes = 0
-        self._finishing = False
+        self._gate = ChangeGate(lock)
 
     def _worker_ranks(self) -> set[int]:
         return {c.rank for c in self._children if c.role is Role.WORKER}
@@ -83,7 +83,7 @@ class WorkerWorld:
         """A generation of workers starts (the launch's, or a group restart's): the job
         waits for every worker spec, and is no longer finishing."""
         self.waiting = self._worker_ranks()
-        self._finishing = False
+        self._gate.reopen()
 
     def finished(self, rank: int) -> None:
         """Worker ``rank`` exited 0: the job no longer waits for it."""
@@ -95,9 +95,8 @@ class WorkerWorld:
         :meth:`begin_change`). Returns the job's worker count to report done, or None
         while it is not finishing."""
         with self._lock:  # a scale request may be adding a worker
-            if self.waiting or self._changes:
+            if not self._gate.finish(not self.waiting):
                 return None
-            self._finishing = True
             return len(self._worker_ranks())
 
     # -- changes while the job runs (sparseps scale: sparseps.launch.scaling) -------------
@@ -106,16 +105,11 @@ class WorkerWorld:
         """A scale request starts: "" when it may go on (the job does not complete until
         :meth:`end_change`), else why not: the job is finishing (every worker exited 0)
         or finished."""
-        with self._lock:
-            if self._finishing:
-                return FINISHING_NOTE
-            self._changes += 1
-            return ""
+        return self._gate.begin()
 
     def end_change(self) -> None:
         """The scale request that :meth:`begin_change` admitted is done."""
-        with self._lock:
-            self._changes -= 1
+        self._gate.end()
 
     def join(self, spec: ChildSpec) -> None:
         """Worker ``spec`` is about to start while the job runs: the job waits for it and

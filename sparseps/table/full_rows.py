@@ -26,8 +26,6 @@ Worked example (dim 2, Adagrad: one accumulator per element)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..core.keysets import has_repeats
@@ -36,35 +34,13 @@ from . import input_checks as checks
 from .batch import gather, init_rows, touch_rows
 from .initializers import fill_initial
 from .push import check_staged, gather_rows, scatter_rows
+from .table_parts import TableParts
 
 __all__ = ["FullRows"]
 
 
-class FullRows:
+class FullRows(TableParts):
     """``pull_full`` / ``write_rows``, mixed into :class:`~sparseps.table.SparseTable`."""
-
-    if TYPE_CHECKING:  # what SparseTable, the class this is mixed into, provides
-        from ..config import TableConfig
-        from .hashmap import KeyIndex
-        from .layout import RowLayout
-        from .tier import RowTier
-
-        config: TableConfig
-        layout: RowLayout
-        _dim: int
-        _stat0: int
-        _always: bool
-        _state0: np.ndarray
-        _tier: RowTier | None
-        _index: KeyIndex
-        _pending_index: KeyIndex
-
-        @property
-        def _rows(self) -> np.ndarray: ...
-        @property
-        def _pending(self) -> np.ndarray: ...
-        def _grow(self, op: str, rows: int, pending: int, *, pending_erases: int = 0,
-                  exact: bool = False) -> None: ...  # fmt: skip
 
     @property
     def full_width(self) -> int:

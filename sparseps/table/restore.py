@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Self
+from typing import Self
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from .columns import (
 )
 from .push import scatter_rows
 from .row_import import NOT_FINITE, advise_huge_pages, copy_new_rows
+from .table_parts import TableParts
 
 __all__ = ["PENDING_WHERE", "TableFiles"]
 
@@ -61,38 +62,8 @@ _PARALLEL_ROWS = 1 << 16
 _LOCATE_FRACTION = 256
 
 
-class TableFiles:
+class TableFiles(TableParts):
     """Export / import / restore, mixed into :class:`~sparseps.table.SparseTable`."""
-
-    if TYPE_CHECKING:  # what SparseTable, the class this is mixed into, provides
-        from ..config import TableConfig
-        from .growth import Allocator, GrowableMatrix
-        from .hashmap import KeyIndex
-        from .layout import RowLayout
-        from .tier import RowTier
-
-        def __init__(self, config: TableConfig, *, allocator: Allocator | None = None,
-                     disk_dir: str | None = None) -> None: ...  # fmt: skip
-
-        config: TableConfig
-        layout: RowLayout
-        _allocator: Allocator | None
-        _disk_dir: str | None
-        _index: KeyIndex
-        _store: GrowableMatrix
-        _pending_index: KeyIndex
-        _pending_store: GrowableMatrix
-        _where: dict[str, int]
-        _dim: int
-        _stat0: int
-        _tier: RowTier | None
-
-        @property
-        def _rows(self) -> np.ndarray: ...
-        @property
-        def _pending(self) -> np.ndarray: ...
-        def _grow(self, op: str, rows: int, pending: int, *, pending_erases: int = 0,
-                  exact: bool = False) -> None: ...  # fmt: skip
 
     # -- export -----------------------------------------------------------------------
     def export_rows(self) -> dict[str, np.ndarray]:

@@ -35,13 +35,10 @@ Semantics pinned here:
 
 from __future__ import annotations
 
-import logging
-import numbers
-
 import numpy as np
 
 from ..config import Admission, TableConfig
-from ..errors import ConfigError, InputError, ResourceError
+from ..errors import ConfigError, ResourceError
 from . import input_checks as checks
 from .batch import add_rows, dedup_merge, gather, init_rows, touch_rows
 from .full_rows import FullRows
@@ -49,7 +46,7 @@ from .growth import Allocator, GrowableMatrix
 from .hashmap import KeyIndex
 from .initializers import fill_initial
 from .layout import STAT_COLUMNS, RowLayout
-from .lifecycle import decay_slots, shrink_select, shrink_select_rows
+from .lifecycle_ops import LifecycleOps
 from .push import PushHooks, check_rows, check_staged, gather_rows, scatter_rows, stage_pending
 from .restore import PENDING_WHERE, TableFiles
 from .stats import TableStats
@@ -57,13 +54,11 @@ from .tier import PrefetchPlan, tier_for
 
 __all__ = ["SparseTable", "TableStats"]
 
-log = logging.getLogger(__name__)
-
 INITIAL_ROWS = 256
 _NO_ROWS = np.empty(0, np.int64)
 
 
-class SparseTable(TableFiles, FullRows):
+class SparseTable(TableFiles, FullRows, LifecycleOps):
     """One shard of a sparse table.
 
     Not thread-safe for writers: the owner serialises mutating calls (the server holds a
@@ -422,66 +417,3 @@ class SparseTable(TableFiles, FullRows):
                 f"the table's {self.nbytes}; the push was rejected and the table is unchanged "
                 f"({exc})"
             ) from exc
-
-    # -- lifecycle --------------------------------------------------------------------
-    def decay(self, rate: float | None = None) -> None:
-        """End of a day: show, click *= rate; unseen_days += 1 for rows not pushed since
-        the previous decay (rows pushed since then stay at 0). Pending counters too.
-
-        Args:
-            rate: in (0, 1]; None uses ``lifecycle.decay_rate``.
-        """
-        if rate is None:
-            rate = self._policy.decay_rate
-        if isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0.0 < rate <= 1.0:
-            raise InputError(f"decay: rate must be a number in (0, 1], found {rate!r}")
-        if self._tier is None:
-            skeys, svals, sstate = self._index.slots()
-            decay_slots(sstate, svals, self._rows, self._stat0, self._where["unseen"], float(rate))
-        else:
-            self._tier.decay(self._stat0, self._where["unseen"], float(rate))
-        skeys, svals, sstate = self._pending_index.slots()
-        decay_slots(sstate, svals, self._pending, 0, 2, float(rate))
-
-    def drop(self, keys: np.ndarray) -> int:
-        """Delete these keys' rows and pending counters (absent keys are ignored): the rows
-        of a virtual shard that moved to another server. Returns the rows deleted."""
-        keys = checks.check_key_array("drop", keys)
-        freed = self._index.erase(keys)
-        if self._tier is not None:
-            self._tier.forget(freed[freed >= 0])
-        self._pending_index.erase(keys)
-        return int(np.count_nonzero(freed >= 0))
-
-    def shrink(self) -> np.ndarray:
-        """Delete rows with ``score < shrink_score`` or ``unseen_days > shrink_unseen_days``.
-
-        Pending keys matching the same rule are forgotten as well. The freed row memory is
-        reused by later inserts.
-
-        Returns:
-            The deleted rows' keys, sorted uint64 (pending keys are not listed).
-        """
-        unseen = self._where["unseen"]
-        if self._tier is None:
-            dead = shrink_select(self._index, self._rows, self._stat0, unseen, self._policy)
-            self._index.erase(dead)
-        else:  # the deleted rows leave the disk too: zeroed, their space reused
-            keys, where, disk = self._tier.scan(self._index, "shrink")
-            dead = shrink_select_rows(keys, where, disk, self._stat0, unseen, self._policy)
-            self._tier.forget(self._index.erase(dead))
-            self._tier.drop_pages()
-        forgotten = shrink_select(self._pending_index, self._pending, 0, 2, self._policy)
-        self._pending_index.erase(forgotten)
-        log.info(
-            "table %s: shrink deleted %d rows and %d pending keys; %d rows left",
-            self.config.name, dead.size, forgotten.size, len(self._index),
-        )  # fmt: skip
-        return dead
-
-    def reset_delta_score(self) -> None:
-        """Zero every row's delta_score (after a delta save)."""
-        if self._tier is None:
-            self._rows[: self._index.high_water, self._where["delta_score"]] = 0.0
-        else:
-            self._tier.set_column(self._where["delta_score"], 0.0)

@@ -59,10 +59,10 @@ def test_a_scale_in_flight_delays_a_ray_jobs_completion_and_one_after_it_is_refu
     assert roles.begin_change() == ""  # a scale request is being served
     worker.code, worker.running = 0, False  # the last worker exits 0 meanwhile
     time.sleep(0.3)
-    assert not outcome and not job.completing  # the job waits for the request
+    assert not outcome and not job.finishing  # the job waits for the request
     roles.end_change()
     _wait(lambda: outcome, "the job's completion")
-    assert outcome[0].reason == "completed" and job.completing
+    assert outcome[0].reason == "completed" and job.finishing
     # a request after that, through the job's control store: refused, nothing started
     scaler = JobScaler(supervisor=roles, endpoints=["127.0.0.1:1"], host="127.0.0.1",
                        launch_servers=lambda ranks, endpoints: pytest.fail("started a server"),
@@ -78,4 +78,4 @@ def test_a_scale_in_flight_delays_a_ray_jobs_completion_and_one_after_it_is_refu
         service.close()
     assert not result["ok"] and "the job is finishing" in result["error"], result
     assert [(r.role, r.rank) for r in job.roles] == [(Role.SERVER, 0), (Role.WORKER, 0)]
-    assert job._changes == 0
+    assert job._gate.in_flight == 0
