@@ -73,15 +73,15 @@ def test_online_beats_frozen_on_drift_and_inference_matches(tmp_path):
         ["base"],
     ]
 
-    # preload: each pass after the first was loaded while the previous one trained, so it
-    # waited for its data a small part of the load time (tests/online/test_online_driver.py
-    # measures it against preloading off with slow loads)
+    # preload: every pass records its load and how long it waited for it (the slowest
+    # worker's). Whether the wait hid the load is not asserted here: these loads take 5-20
+    # ms, less than a busy 2-core scheduler may delay the hand-off of a preloaded pass (a
+    # clean-clone CI saw a 32 ms wait after a 13 ms load), so no bound on them could tell
+    # preloading from not; tests/online/test_online_driver.py checks preloading against
+    # preloading off with loads of 0.4 s.
     timings = [(r["load_s"], r["data_wait_s"]) for r in passes]
     print(f"\n(load_s, data_wait_s) per pass: {timings}")
-    # measured on the 2-core machine while a benchmark ran beside it (3 runs, 15 preloaded
-    # passes): waits of 0 to 0.1 ms against loads of 4 to 46 ms; the 10 ms allowance covers
-    # the hand-off of the loaded pass delayed by a busy scheduler, not a load done late
-    assert all(wait <= 0.5 * load + 0.01 for load, wait in timings[1:]), timings
+    assert all(load >= 0 and wait >= 0 for load, wait in timings), timings
     # 5: inference retention (save.keep_bases: 2, the default) kept the two newest bases
     # and the delta between them; the served chain is the newest base alone
     model = ModelDir(tmp_path / "online")
