@@ -2,7 +2,7 @@
 
 On one node the launcher knows everything itself (:class:`LocalCoordinator`). Across
 nodes each launcher only sees its own share, so they meet at a small key-value store
-(:class:`StoreCoordinator`, a :class:`~sparseps.launch.store.ZmqStore`) hosted by the
+(:class:`StoreCoordinator`, a :class:`~sparseps.launch.store.StoreClient`) hosted by the
 launcher on the master host at ``ClusterSpec.control_endpoint``, bound to that address
 only and CURVE-secured when the job is:
 
@@ -30,6 +30,7 @@ from typing import Protocol
 
 from ..env import parse_endpoint
 from ..errors import DeadlineError, UnavailableError
+from .store import StoreClient, open_store
 
 __all__ = ["Coordinator", "LocalCoordinator", "StoreCoordinator"]
 
@@ -146,8 +147,6 @@ class StoreCoordinator:
         worker_nodes: tuple[str, ...] | None = None,
         security=None,
     ) -> None:
-        from .store import open_store  # imports torch: only multi-node launches
-
         self.endpoint = endpoint
         self.host_it = host_it
         self.node = node
@@ -169,6 +168,7 @@ class StoreCoordinator:
             timeout_s=timeout_s,
             setting="--rendezvous-timeout-s",
             what="launcher control store",
+            client=StoreClient,
             security=security,
             cannot_listen=lambda exc: UnavailableError(
                 f"launcher control store: cannot listen on {endpoint} ({exc}); the port "

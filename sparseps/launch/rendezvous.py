@@ -3,7 +3,7 @@
 The workers of a job find each other at ``SPARSEPS_MASTER``: worker 0 hosts a
 :class:`~sparseps.launch.store.StoreServer` there, bound to the master's host address
 only (CURVE-secured when the job is), and every worker, worker 0 included, talks to it
-through a :class:`~sparseps.launch.store.ZmqStore`. On top of the store:
+through a :class:`~sparseps.launch.torch_store.ZmqStore`. On top of the store:
 
 - :func:`store_barrier` — every rank sets ``NAME/<rank>``, then polls until all keys
   exist. Unlike ``dist.barrier()`` it can say *which* ranks are missing: it logs them
@@ -22,7 +22,8 @@ from datetime import timedelta
 from ..env import MASTER, RoleEnv, parse_endpoint
 from ..errors import DeadlineError, UnavailableError
 from ..rpc.security import JobKeys, Security
-from .store import ZmqStore, open_store
+from .store import open_store
+from .torch_store import ZmqStore
 
 __all__ = ["connect_store", "init_gloo", "store_barrier"]
 
@@ -69,6 +70,7 @@ def connect_store(env: RoleEnv, *, timeout_s: float, setting: str, security=None
             seconds=timeout_s,
             setting=setting,
         ),
+        client=ZmqStore,
     )
 
 

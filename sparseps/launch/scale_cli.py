@@ -90,7 +90,7 @@ def scale_job(log_dir: str | os.PathLike, *, servers: int | None = None,
     for name, value in (("--servers", servers), ("--workers", workers)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"scale {name} {value}: a job needs at least one")
-    from .store import ZmqStore
+    from .store import StoreClient
 
     control, key_dir = _control(Path(log_dir))
     security = None
@@ -99,7 +99,7 @@ def scale_job(log_dir: str | os.PathLike, *, servers: int | None = None,
 
         security = Security(JobKeys.load(key_dir))
     try:
-        store = ZmqStore(control, timeout_s=10.0, setting="--timeout-s", what="control store",
+        store = StoreClient(control, timeout_s=10.0, setting="--timeout-s", what="control store",
                          security=security)  # fmt: skip
     except SparsePSError as exc:
         raise ScaleError(f"scale: the launcher's control store at {control} does not answer "

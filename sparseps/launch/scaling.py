@@ -47,7 +47,7 @@ from ..elastic.peers import Peers
 from ..env import Role
 from ..errors import SparsePSError
 from .scale_error import ScaleError
-from .store import ZmqStore
+from .store import StoreClient
 from .store_server import StoreServer
 from .worker_keys import ACCEPTS_WORKERS_KEY, WORKERS_KEY
 from .worker_scaling import WorkerScaling, plan_workers
@@ -269,7 +269,7 @@ class ScaleService:
         self.world = workers
         self._server = StoreServer(host, 0, security=security)
         self.address = self._server.address
-        self._store = ZmqStore(self.address, timeout_s=10.0, setting="-", what="control store",
+        self._store = StoreClient(self.address, timeout_s=10.0, setting="-", what="control store",
                                security=security)  # fmt: skip
         self._stop = threading.Event()
         self._lock = threading.Lock()  # a scale request and a worker's death, one at a time

@@ -9,8 +9,12 @@ before, but it cannot be authenticated and listens on every interface.
   interface; all interfaces only when asked). With a :class:`~sparseps.rpc.security.Security`
   it is a CURVE server behind a ZAP handler that admits only the job's key, so a peer
   without the key cannot send it anything.
-- :class:`ZmqStore` — a ``torch.distributed.Store`` subclass (gloo accepts Python stores),
-  one DEALER socket. Every call is bounded by the store's timeout and raises
+- :class:`StoreClient` — a client with torch's ``Store`` methods (set, get, add,
+  compare_set, wait, check, delete_key, num_keys), one DEALER socket, no torch import:
+  the launcher and ``sparseps scale`` use it (importing torch was ~3 s of CPU at every
+  launch's start, before any child started). :class:`~sparseps.launch.torch_store.ZmqStore`
+  is the same client as a ``torch.distributed.Store``, for gloo's rendezvous on the
+  workers. Every call is bounded by the store's timeout and raises
   :class:`~sparseps.errors.DeadlineError` naming the op, the address, the seconds and the
   setting that changes them. A lost server or a failed CURVE handshake (wrong or missing
   key) is reported at once as :class:`~sparseps.errors.UnavailableError`, from the socket
@@ -28,9 +32,9 @@ import time
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Self, TypeVar
 
 import msgpack
-import torch.distributed as dist
 import zmq
 
 from ..errors import DeadlineError, RemoteError, UnavailableError
@@ -43,20 +47,22 @@ from .store_server import (
     tcp_endpoint,
 )
 
-__all__ = ["StoreServer", "StoreStats", "ZmqStore", "open_store"]
+__all__ = ["StoreClient", "StoreServer", "StoreStats", "open_store"]
 
 log = logging.getLogger(__name__)
+
+AnyStore = TypeVar("AnyStore", bound="StoreClient")
 
 _WAIT_GRACE_S = 1.0  # a blocked get/wait: the client waits this much past the server's deadline
 
 
-class ZmqStore(dist.Store):
-    """A client of a :class:`StoreServer`; usable wherever torch takes a ``Store``.
+class StoreClient:
+    """A client of a :class:`StoreServer`, with the methods of torch's ``Store``.
 
     Args:
         address: ``host:port`` of the server.
-        timeout_s: the store's timeout (``set_timeout`` changes it): how long every call,
-            and this constructor's first contact with the server, may wait.
+        timeout_s: the store's timeout: how long every call, and this constructor's first
+            contact with the server, may wait.
         setting: the setting that changes ``timeout_s``, named in timeout errors.
         what: what this store is, for messages (``"rendezvous store"``).
         security: a :class:`~sparseps.rpc.security.Security` to be a CURVE client of a
@@ -84,8 +90,8 @@ class ZmqStore(dist.Store):
         from ..env import parse_endpoint
         from ..rpc.security import handshake_failed_events
 
-        super().__init__()
-        self.set_timeout(timedelta(seconds=timeout_s))
+        super().__init__()  # torch's Store, for ZmqStore
+        self._seconds = float(timeout_s)
         self.address = address
         self.setting = setting
         self.what = what
@@ -120,7 +126,7 @@ class ZmqStore(dist.Store):
             self.close()
             raise
 
-    # -- torch.distributed.Store -------------------------------------------------------
+    # -- the Store methods -------------------------------------------------------------
 
     def set(self, key: str, value) -> None:
         self._call("set", self._timeout_s(), key=key, value=_as_bytes(value))
@@ -159,8 +165,7 @@ class ZmqStore(dist.Store):
     # -- the request loop --------------------------------------------------------------
 
     def _timeout_s(self) -> float:
-        # torch's stub of Store lacks `timeout` (a property of the C++ class, set_timeout's pair)
-        return self.timeout.total_seconds()  # type: ignore[attr-defined]
+        return self._seconds
 
     def _blocking(self, op: str, seconds: float, **fields):
         # The server holds the request until the keys exist or its deadline passes; we
@@ -289,14 +294,14 @@ class ZmqStore(dist.Store):
                 )
         self._finalizer()
 
-    def __enter__(self) -> ZmqStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"ZmqStore({self.address!r}, secure={self._security is not None})"
+        return f"{type(self).__name__}({self.address!r}, secure={self._security is not None})"
 
 
 def open_store(
@@ -309,7 +314,8 @@ def open_store(
     security=None,
     cannot_listen: Callable[[UnavailableError], Exception],
     no_answer: Callable[[DeadlineError], Exception],
-) -> ZmqStore:
+    client: type[AnyStore],
+) -> AnyStore:
     """Join the store at ``endpoint``, first hosting it when ``serve`` is ``(host, port)``.
 
     The one rule for "host a store, join it, and close what we hosted if the join fails"
@@ -319,9 +325,11 @@ def open_store(
         endpoint: ``host:port`` of the store.
         serve: ``(host, port)`` to listen on (the joined store then owns the server), or
             None to join another process's store.
-        timeout_s, setting, what, security: as for :class:`ZmqStore`.
+        timeout_s, setting, what, security: as for :class:`StoreClient`.
         cannot_listen: builds the error raised when the server cannot listen.
         no_answer: builds the error raised when the store did not answer in time.
+        client: the client class: :class:`StoreClient`, or
+            :class:`~sparseps.launch.torch_store.ZmqStore` where gloo takes the store.
     """
     server = None
     if serve is not None:
@@ -330,7 +338,7 @@ def open_store(
         except UnavailableError as exc:
             raise cannot_listen(exc) from None
     try:
-        return ZmqStore(
+        return client(
             endpoint, timeout_s=timeout_s, setting=setting, what=what, security=security,
             owner=server,
         )  # fmt: skip

@@ -1,7 +1,7 @@
 """The server side of the job's key-value store (see :mod:`sparseps.launch.store`).
 
 One thread with a ROUTER socket bound to ONE address, answering the requests of
-:class:`~sparseps.launch.store.ZmqStore` clients. The wire format, its bounds and the
+:class:`~sparseps.launch.store.StoreClient` clients. The wire format, its bounds and the
 request checks live here too: the server is where a message is validated.
 
 Wire format: one msgpack frame each way. A request is a map ``{"op", "id", ...fields}``

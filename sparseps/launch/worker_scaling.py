@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import SparsePSError
 from .scale_error import ScaleError
-from .store import ZmqStore
+from .store import StoreClient
 from .worker_keys import (
     ACCEPTS_WORKERS_KEY,
     FIXED_KEY,
@@ -118,7 +118,7 @@ class WorkerScaling:
             raise ScaleError("scale --workers: this launcher does not know the workers' store")
         master = self.master()
         try:
-            store = ZmqStore(master, timeout_s=5.0, setting="-", what="rendezvous store",
+            store = StoreClient(master, timeout_s=5.0, setting="-", what="rendezvous store",
                              security=self.security)  # fmt: skip
         except SparsePSError as exc:
             raise ScaleError(f"scale --workers: the workers' store at {master} does not answer "
@@ -188,7 +188,7 @@ class WorkerScaling:
             return None
         master = self.master()
         try:
-            store = ZmqStore(master, timeout_s=2.0, setting="-", what="rendezvous store",
+            store = StoreClient(master, timeout_s=2.0, setting="-", what="rendezvous store",
                              security=self.security)  # fmt: skip
         except SparsePSError as exc:
             return f"the workers' store at {master} does not answer ({exc})"

@@ -52,9 +52,9 @@ def _worker(address: str, folder: str, out: str, rank: int, pause: float, kill: 
     from datetime import timedelta
 
     from sparseps.data import CRITEO, QueueDataset
-    from sparseps.launch.store import ZmqStore
+    from sparseps.launch.store import StoreClient
 
-    store = ZmqStore(address, timeout_s=30, setting="test")
+    store = StoreClient(address, timeout_s=30, setting="test")
     store.wait(["go"])
     ds = QueueDataset(folder, CRITEO, batch_size=BATCH, rank=rank, world=3, split="steal",
                       store=store, lease_s=LEASE_S)  # fmt: skip
@@ -88,11 +88,11 @@ def _rows(path: Path) -> tuple[dict[int, int], list[int]]:
 
 
 def test_killed_workers_unfinished_file_is_read_by_another(tmp_path):
-    from sparseps.launch.store import StoreServer, ZmqStore
+    from sparseps.launch.store import StoreClient, StoreServer
 
     folder = _write(tmp_path / "data")
     server = StoreServer("127.0.0.1", 0)
-    store = ZmqStore(server.address, timeout_s=30, setting="test")
+    store = StoreClient(server.address, timeout_s=30, setting="test")
     ctx = multiprocessing.get_context("spawn")
     outs = [tmp_path / f"worker-{r}.jsonl" for r in range(3)]
     pauses, kills = [0.02, 0.02, 0.05], [0, 0, KILL_AFTER]

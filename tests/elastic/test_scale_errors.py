@@ -16,7 +16,7 @@ import pytest
 from sparseps import optim
 from sparseps.cli import main
 from sparseps.launch.scaling import WORKERS_KEY, JobScaler, ScaleService
-from sparseps.launch.store import ZmqStore
+from sparseps.launch.store import StoreClient
 from sparseps.launch.store_server import StoreServer
 from sparseps.testing import local_cluster
 
@@ -54,7 +54,7 @@ def test_the_cli_names_what_is_wrong(tmp_path, capsys):
     assert code == 1 and "--servers N" in text
     with StoreServer("127.0.0.1", 0) as server:  # a control store with a scale running
         _pids(tmp_path / "busy", launcher=os.getpid(), control=server.address)
-        with ZmqStore(server.address, timeout_s=5, setting="-") as store:
+        with StoreClient(server.address, timeout_s=5, setting="-") as store:
             store.add("scale/busy", 1)
             code, text = _scale(capsys, str(tmp_path / "busy"), "--servers", "3")
             assert code == 1 and "another scale" in text
@@ -101,7 +101,7 @@ def test_the_launcher_refuses_replicas_dense_removal_and_workers_without_members
             refused = scaler(master=lambda: store_server.address)
             with pytest.raises(Exception, match="sparseps online"):
                 refused.workers(3, 2)
-            with ZmqStore(store_server.address, timeout_s=5, setting="-") as store:
+            with StoreClient(store_server.address, timeout_s=5, setting="-") as store:
                 assert not store.check([WORKERS_KEY])  # nothing announced
 
 
@@ -111,7 +111,7 @@ def test_a_malformed_request_gets_an_error_and_the_service_lives_on():
                        replicas=1)  # type: ignore[arg-type]  # fmt: skip
     service = ScaleService(scaler, "127.0.0.1", workers=1)
     try:
-        with ZmqStore(service.address, timeout_s=5, setting="-") as store:
+        with StoreClient(service.address, timeout_s=5, setting="-") as store:
             for n, request in enumerate([b"not json", b"[1, 2]", b'{"id": "a", "servers": 2}']):
                 store.set("scale/request", request)
                 if n == 2:

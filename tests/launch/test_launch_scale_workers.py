@@ -25,7 +25,7 @@ from sparseps.launch.scaling import (
     ScaleService,
     plan_workers,
 )
-from sparseps.launch.store import ZmqStore
+from sparseps.launch.store import StoreClient
 from sparseps.launch.store_server import StoreServer
 from sparseps.launch.supervisor import Supervisor
 
@@ -80,7 +80,7 @@ def test_new_workers_start_with_the_new_world_and_the_job_waits_for_them(tmp_pat
     with StoreServer("127.0.0.1", 0) as server:
         master = server.address
         supervisor, scaler, outcome, thread = _running(tmp_path, master, (0, 1), world=2)
-        with ZmqStore(master, timeout_s=5, setting="-") as store:
+        with StoreClient(master, timeout_s=5, setting="-") as store:
             _wait(lambda: (tmp_path / "seen.1").exists(), "the workers to start")
             store.set(ACCEPTS_WORKERS_KEY, b"1")  # what the online driver sets
             report = scaler.workers(3, 2)
@@ -143,7 +143,7 @@ def test_a_grow_after_a_worker_left_starts_a_new_rank_with_a_worker_count_above_
     with StoreServer("127.0.0.1", 0) as server:
         master = server.address
         supervisor, scaler, outcome, thread = _running(tmp_path, master, (0, 2), world=3)
-        with ZmqStore(master, timeout_s=5, setting="-") as store:
+        with StoreClient(master, timeout_s=5, setting="-") as store:
             _wait(lambda: (tmp_path / "seen.2").exists(), "the workers to start")
             store.set(ACCEPTS_WORKERS_KEY, b"1")
             # what the launcher wrote when worker 1 died (ScaleService.worker_died)
@@ -242,7 +242,7 @@ def test_a_scale_in_flight_delays_completion_and_one_after_it_is_refused(tmp_pat
             thread.join(30)
             assert outcome and outcome[0].reason == "completed"
             # a request after that: refused, nothing started
-            with ZmqStore(service.address, timeout_s=5, setting="-") as control:
+            with StoreClient(service.address, timeout_s=5, setting="-") as control:
                 control.set("scale/request", json.dumps({"id": "late", "servers": 2,
                                                          "workers": None}).encode())  # fmt: skip
                 _wait(lambda: control.check(["scale/result/late"]), "the answer")
@@ -255,7 +255,7 @@ def test_a_scale_in_flight_delays_completion_and_one_after_it_is_refused(tmp_pat
 
 
 def test_scale_workers_after_the_last_pass_is_refused(tmp_path):
-    with StoreServer("127.0.0.1", 0) as server, ZmqStore(server.address, timeout_s=5,
+    with StoreServer("127.0.0.1", 0) as server, StoreClient(server.address, timeout_s=5,
                                                          setting="-") as store:  # fmt: skip
         started: list = []
         scaler = JobScaler(supervisor=None, endpoints=["127.0.0.1:1"], host="127.0.0.1",

@@ -53,6 +53,12 @@ def _server(log, rank: int) -> dict:
     return next(c for c in read_pids(log)["children"] if (c["role"], c["rank"]) == ("server", rank))
 
 
+def _maps_torch(pid: int) -> bool:
+    """Whether the process has torch's library mapped (it imported torch)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return "libtorch" in maps.read()
+
+
 def _check_named(log, err: str, pid: int, how: str) -> None:
     pattern = rf"server 0 \(pid {pid}\) {how} before every worker finished"
     assert re.search(pattern, err), err
@@ -76,6 +82,11 @@ def test_sigterm_to_a_server_stops_the_job_and_names_it(tmp_path):
                 f"worker {rank} to pull",
             )
         server = _server(log, 0)
+        # the launcher and the servers never import torch (~3 s of CPU each on 2 cores;
+        # the launcher's import came before its children's start); workers do
+        assert not _maps_torch(launcher.pid) and not _maps_torch(server["pid"])
+        worker = next(c for c in read_pids(log)["children"] if c["role"] == "worker")
+        assert _maps_torch(worker["pid"])
         os.kill(server["pid"], signal.SIGTERM)  # the server handles it and exits 0
         killed = time.monotonic()
     except BaseException:

@@ -19,7 +19,8 @@ import zmq
 from _launchtools import clean_env, free_port
 
 from sparseps.errors import ConfigError, DeadlineError, RemoteError, UnavailableError
-from sparseps.launch.store import StoreServer, ZmqStore
+from sparseps.launch.store import StoreServer
+from sparseps.launch.torch_store import ZmqStore
 from sparseps.rpc import security
 
 pytestmark = pytest.mark.timeout(60)

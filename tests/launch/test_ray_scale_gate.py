@@ -17,7 +17,7 @@ import pytest
 from sparseps.env import Role
 from sparseps.launch.records import SupervisorConfig
 from sparseps.launch.scaling import JobScaler, ScaleService
-from sparseps.launch.store import ZmqStore
+from sparseps.launch.store import StoreClient
 
 pytest.importorskip("ray")  # the [ray] extra: RayJob imports it
 
@@ -69,7 +69,7 @@ def test_a_scale_in_flight_delays_a_ray_jobs_completion_and_one_after_it_is_refu
                        new_worker=roles.new_worker, master=roles.master)  # fmt: skip
     service = ScaleService(scaler, "127.0.0.1", workers=1)
     try:
-        with ZmqStore(service.address, timeout_s=5, setting="-") as control:
+        with StoreClient(service.address, timeout_s=5, setting="-") as control:
             control.set("scale/request", json.dumps({"id": "late", "servers": 2,
                                                      "workers": 2}).encode())  # fmt: skip
             _wait(lambda: control.check(["scale/result/late"]), "the answer")

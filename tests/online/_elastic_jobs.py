@@ -76,12 +76,12 @@ class Job:
 
 
 def _store(master: str):
-    from sparseps.launch.store import ZmqStore
+    from sparseps.launch.store import StoreClient
 
     deadline = time.monotonic() + 60
     while True:
         try:
-            return ZmqStore(master, timeout_s=10, setting="test", what="the workers' store")
+            return StoreClient(master, timeout_s=10, setting="test", what="the workers' store")
         except Exception:
             if time.monotonic() > deadline:
                 raise

@@ -17,7 +17,7 @@ import pytest
 from sparseps.env import MASTER, WORKER_NUM, Role
 from sparseps.launch.records import ChildSpec, SupervisorConfig
 from sparseps.launch.scaling import JobScaler, ScaleService
-from sparseps.launch.store import ZmqStore
+from sparseps.launch.store import StoreClient
 from sparseps.launch.store_server import StoreServer
 from sparseps.launch.supervisor import Supervisor
 from sparseps.launch.worker_keys import ACCEPTS_WORKERS_KEY, FIXED_KEY, LEAVES_KEY, WORKERS_KEY
@@ -36,7 +36,7 @@ def test_rank_map_and_the_survivors_shares():
 
 
 def test_requested_members_and_decisions_with_a_gap():
-    with StoreServer("127.0.0.1", 0) as server, ZmqStore(server.address, timeout_s=5,
+    with StoreServer("127.0.0.1", 0) as server, StoreClient(server.address, timeout_s=5,
                                                          setting="-") as store:  # fmt: skip
         assert requested_members(store, 0, (0, 1, 2)) == (0, (0, 1, 2), ())
         store.set(WORKERS_KEY, json.dumps({"version": 1, "world": 2}))
@@ -63,7 +63,7 @@ def test_requested_members_and_decisions_with_a_gap():
 
 def test_the_fence_waits_for_arrivals_or_recorded_deaths_and_names_the_lost_rows():
     with StoreServer("127.0.0.1", 0) as server:
-        stores = [ZmqStore(server.address, timeout_s=5, setting="-") for _ in range(3)]
+        stores = [StoreClient(server.address, timeout_s=5, setting="-") for _ in range(3)]
         members = [Membership(s, r, version=0, world=3, collective_timeout_s=5, wait_s=5)
                    for r, s in enumerate(stores)]  # fmt: skip
         fences = [Fence(m, seq=4, timeout_s=10, poll_s=0.01) for m in members]
@@ -106,7 +106,7 @@ def test_the_fence_waits_for_arrivals_or_recorded_deaths_and_names_the_lost_rows
 def test_a_member_that_neither_arrives_nor_is_recorded_dead_fails_the_fence_in_time():
     from sparseps.errors import DeadlineError
 
-    with StoreServer("127.0.0.1", 0) as server, ZmqStore(server.address, timeout_s=5,
+    with StoreServer("127.0.0.1", 0) as server, StoreClient(server.address, timeout_s=5,
                                                          setting="-") as store:  # fmt: skip
         members = Membership(store, 0, version=0, world=2, collective_timeout_s=5, wait_s=5)
         start = time.monotonic()
@@ -172,7 +172,7 @@ def _supervised(tmp_path: Path, store) -> tuple:
 def test_the_supervisor_takes_a_killed_worker_as_a_leave_only_when_the_job_follows(
     tmp_path, caplog, job
 ):
-    with StoreServer("127.0.0.1", 0) as server, ZmqStore(server.address, timeout_s=5,
+    with StoreServer("127.0.0.1", 0) as server, StoreClient(server.address, timeout_s=5,
                                                          setting="-") as store:  # fmt: skip
         if job == "leaves":  # what an async online job with data.lease_s sets
             store.set(ACCEPTS_WORKERS_KEY, b"1")
@@ -198,7 +198,7 @@ def test_the_supervisor_takes_a_killed_worker_as_a_leave_only_when_the_job_follo
 
 
 def test_a_newcomer_after_a_leave_joins_with_a_rank_above_the_world():
-    with StoreServer("127.0.0.1", 0) as server, ZmqStore(server.address, timeout_s=5,
+    with StoreServer("127.0.0.1", 0) as server, StoreClient(server.address, timeout_s=5,
                                                          setting="-") as store:  # fmt: skip
         zero = Membership(store, 0, version=1, world=3, collective_timeout_s=5, wait_s=5,
                           poll_s=0.01)  # fmt: skip
