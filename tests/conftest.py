@@ -12,6 +12,8 @@ file) nothing changes.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,6 +94,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     config.option.loadscopereorder = False
     return FilesInOrder(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The suite starts hundreds of Python processes (servers, workers, launchers). Where
+    # bytecode writing is off (PYTHONDONTWRITEBYTECODE, as on the machines we run CI on),
+    # each of them compiled every sparseps module it imports again: ~0.5 s of CPU per
+    # process. The suite writes the checkout's bytecode (ignored by git, beside the
+    # kernels' numba caches); set here, before xdist starts its workers, every child
+    # inherits it.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
