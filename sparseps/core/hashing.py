@@ -15,7 +15,8 @@ from __future__ import annotations
 import secrets
 
 import numpy as np
-from numba import njit
+
+from .jit import njit
 
 __all__ = ["GOLDEN", "draw_seed", "mix64", "mix64_array", "seeded_hash"]
 

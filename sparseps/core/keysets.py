@@ -10,9 +10,9 @@ keys with a compiled hash set first and sorts only those (0.17 ms), same result.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from .hashing import draw_seed, seeded_hash
+from .jit import njit
 
 __all__ = ["first_seen", "has_repeats", "unique_inverse", "unique_keys"]
 

@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import numpy as np
 import xxhash
-from numba import njit
 
 from ..errors import InputError
 from .hashing import draw_seed, mix64, mix64_array
+from .jit import njit
 from .keysets import first_seen
 
 __all__ = [

@@ -10,8 +10,8 @@ quotes), and ``tests/data/test_data_formats.py`` checks that both paths agree.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit
 from .columns import Parsed, good_rows_batch
 from .hashing import slot_seed, xxh64_range
 from .numbers import POW10, parse_float

@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import xxhash
-from numba import njit
 
+from ..core.jit import njit
 from ..errors import InputError
 
 __all__ = ["hash_string_array", "hash_strings", "slot_seed", "xxh64_bytes", "xxh64_range"]

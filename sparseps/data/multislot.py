@@ -42,8 +42,8 @@ no Python code runs per line or per value.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit
 from .columns import Parsed, good_rows_batch
 from .hashing import slot_seed, xxh64_range
 from .numbers import POW10, parse_float, parse_uint64

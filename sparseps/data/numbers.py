@@ -9,7 +9,8 @@ decimal integer that fits in 64 bits.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ..core.jit import njit
 
 __all__ = ["POW10", "parse_decimal", "parse_float", "parse_uint64"]
 

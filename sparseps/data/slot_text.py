@@ -27,8 +27,8 @@ counting sort groups the ids by slot: no Python code runs per line or per token.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit
 from .columns import Parsed, good_rows_batch
 from .hashing import xxh64_bytes, xxh64_range
 from .numbers import POW10

@@ -10,8 +10,8 @@ these only spare the second pass over the bytes that finding the end first would
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit
 from .numbers import parse_float
 
 __all__ = ["ends_token", "read_id", "read_number", "same_bytes", "token_end"]

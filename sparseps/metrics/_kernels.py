@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from ..core.jit import njit
 
 FIXED_BITS = 32  # fixed-point resolution of a per-sample term: 2**-32 ~ 2.3e-10
 LIMB_BITS = 24  # low limb width; hi limb counts units of 2**(LIMB_BITS - FIXED_BITS)

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit
 from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
 from .numerics import KERNEL, fit32, settle_weight
 from .prefetch import PREFETCH_AHEAD, prefetch_row

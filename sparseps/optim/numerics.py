@@ -32,7 +32,8 @@ from __future__ import annotations
 from typing import Literal, TypedDict
 
 import numpy as np
-from numba import njit
+
+from ..core.jit import njit
 
 __all__ = ["F32_MAX", "F32_TINY", "KERNEL", "fit32"]
 

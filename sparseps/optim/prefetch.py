@@ -14,9 +14,11 @@ both the rules and the table can use it without an import cycle.
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ..core.jit import njit
 
 __all__ = ["PREFETCH_AHEAD", "prefetch", "prefetch_row"]
 

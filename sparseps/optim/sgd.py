@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit
 from ..errors import ConfigError
 from .base import Rule, check_nonnegative, check_scale, clip_args, normalise_clip, register
 from .numerics import KERNEL, settle_weight

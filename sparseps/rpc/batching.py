@@ -12,7 +12,8 @@ batch pushed through the client and one pushed into a table give bit-identical r
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from ..core.jit import njit
 
 __all__ = ["merge_by_group"]
 

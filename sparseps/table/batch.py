@@ -7,9 +7,9 @@ public methods check dtypes, shapes and finiteness first).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..core.hashing import draw_seed
+from ..core.jit import njit
 from ..core.keysets import first_seen
 from ..optim.numerics import F32_MAX, fit32
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row

@@ -18,8 +18,8 @@ Pending keys (not admitted yet) export ``key``, ``show``, ``click`` and optional
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit
 from ..core.keysets import has_repeats
 from ..errors import InputError
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row

@@ -30,9 +30,9 @@ import contextlib
 from typing import TYPE_CHECKING
 
 import numpy as np
-from numba import njit
 
 from ..core.hashing import draw_seed, seeded_hash
+from ..core.jit import njit
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch
 
 if TYPE_CHECKING:

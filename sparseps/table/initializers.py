@@ -18,10 +18,10 @@ Example (dim 4, seed 0, key 42)::
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..config import Initializer, InitKind
 from ..core.hashing import GOLDEN, mix64
+from ..core.jit import njit
 
 __all__ = ["fill_initial", "initial_values", "KIND_CODES"]
 

@@ -23,10 +23,10 @@ same two passes run over pending keys, so pending counters cannot pile up foreve
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..config import Admission, Lifecycle
 from ..core.hashing import GOLDEN, mix64
+from ..core.jit import njit
 from .hashmap import FULL
 
 __all__ = ["admit", "decay_slots", "seed_word", "shrink_select", "shrink_select_rows", "score"]

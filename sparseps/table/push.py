@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
+from ..core.jit import njit
 from ..errors import InputError
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
 from .lifecycle import admit

@@ -19,7 +19,8 @@ import mmap
 import sys
 
 import numpy as np
-from numba import njit
+
+from ..core.jit import njit
 
 __all__ = ["BAD_UNSEEN", "NOT_FINITE", "advise_huge_pages", "copy_new_rows"]
 

@@ -32,7 +32,9 @@ Kernels assume valid input and that the caller reserved free file rows and buffe
 
 from __future__ import annotations
 
-from numba import njit, types
+from numba import types
+
+from ..core.jit import njit
 
 __all__ = [
     "REF_MAX", "append", "ensure", "flush", "forget", "move_rows", "pin_hits", "plan_rows",

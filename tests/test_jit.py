@@ -1,0 +1,85 @@
+"""sparseps.core.jit: processes that start together with a cold kernel cache compile each
+cached kernel once between them; the others load it from the cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+KERNELS = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+
+    import numpy as np
+
+    from sparseps.core.jit import njit
+
+    @njit(cache=True)
+    def inner(x, i):
+        return x[i] * 0.5
+
+    @njit(cache=True)
+    def outer(x):  # compiling it types inner: a nested compile under the locks
+        total = 0.0
+        for i in range(x.shape[0]):
+            total += inner(x, i)
+        return total
+
+    go = Path(sys.argv[1])
+    Path(sys.argv[2]).touch()  # imported: ready
+    deadline = time.monotonic() + 60
+    while not go.exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    value = outer(np.arange(4, dtype=np.float64))
+    stats = [kernel.stats for kernel in (outer, inner)]
+    print(json.dumps({
+        "value": value,
+        "misses": sum(sum(s.cache_misses.values()) for s in stats),
+        "hits": sum(sum(s.cache_hits.values()) for s in stats),
+    }))
+    """
+)
+
+
+def test_processes_starting_together_compile_a_kernel_once(tmp_path):
+    (tmp_path / "kernels.py").write_text(KERNELS)
+    go = tmp_path / "go"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "kernels.py", str(go), f"ready.{i}"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for i in range(3)
+    ]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready.{i}").exists() for i in range(3)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.01)
+    go.touch()  # all three call the kernels now
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert [r["value"] for r in results] == [3.0] * 3
+    # one process compiles both kernels; the two others load outer from the cache (inner's
+    # code is linked into it). Without the locks all three miss the cold cache: 6 misses.
+    assert sorted((r["misses"], r["hits"]) for r in results) == [(0, 1), (0, 1), (2, 0)], results
