@@ -11,8 +11,8 @@ before, but it cannot be authenticated and listens on every interface.
   without the key cannot send it anything.
 - :class:`StoreClient` — a client with torch's ``Store`` methods (set, get, add,
   compare_set, wait, check, delete_key, num_keys), one DEALER socket, no torch import:
-  the launcher and ``sparseps scale`` use it (importing torch was ~3 s of CPU at every
-  launch's start, before any child started). :class:`~sparseps.launch.torch_store.ZmqStore`
+  the launcher and ``sparseps scale`` use it (importing torch cost every launch ~2 s of
+  CPU and ~3 s of wall before it started any child, on 2 cores). :class:`~sparseps.launch.torch_store.ZmqStore`
   is the same client as a ``torch.distributed.Store``, for gloo's rendezvous on the
   workers. Every call is bounded by the store's timeout and raises
   :class:`~sparseps.errors.DeadlineError` naming the op, the address, the seconds and the
