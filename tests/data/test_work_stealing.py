@@ -227,7 +227,7 @@ def test_launched_slow_worker_reads_a_third(tmp_path):
     cmd = [sys.executable, "-m", "sparseps.cli", "launch", "--server-num", "1", "--worker-num",
            "3", "--log-dir", str(tmp_path / "log"), str(JOB), "--train", str(folder), "--out",
            str(out), "--journal", str(tmp_path / "journal"), "--slow-rank", "0", "--slow-factor",
-           "3", "--pause-s", "0.06", "--batch-size", "8"]  # fmt: skip
+           "5", "--pause-s", "0.06", "--batch-size", "8"]  # fmt: skip
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     workers = [np.load(out / f"worker-{r}.npz") for r in range(3)]
