@@ -231,6 +231,16 @@ class ServerLinks:
                 log.info("server %d at %s accepted the handshake", rank, self.endpoints[rank])
             self._refused[rank] = None
         elif kind & _HANDSHAKE_FAILED:
+            if self.security is None and kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                # Not a refusal: a plain client meeting a CURVE server gets a PROTOCOL
+                # event (mechanism mismatch); NO_DETAIL carries the errno of a connection
+                # that broke mid-handshake (the server's process died as we connected).
+                # zmq reconnects as after any dropped connection; calls wait as usual.
+                log.info(
+                    "%s %d at %s: the connection broke during the handshake (errno %s); "
+                    "reconnecting", self.role, rank, self.endpoints[rank], event["value"],
+                )  # fmt: skip
+                return
             first = self._refused[rank] is None
             self._refused[rank] = self._refusal(rank, kind, event["value"])
             if first:  # zmq retries every reconnect interval: say it once

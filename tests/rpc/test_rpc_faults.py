@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import time
 
 import numpy as np
@@ -121,3 +123,29 @@ def test_server_refuses_keys_routed_for_another_cluster_size():
             keys = _keys_on_all(2)
             with pytest.raises(RemoteError, match="belong to other servers"):
                 wrong.pull("emb", keys).wait()
+
+
+def test_connection_reset_during_the_handshake_is_not_an_authentication_failure(caplog):
+    """A server that dies while a plain client connects resets the connection mid-handshake
+    (zmq: HANDSHAKE_FAILED_NO_DETAIL with ECONNRESET). That is a dead server, not a key
+    problem: calls wait and time out naming the timeout, and no "authentication failed"
+    (which, before, failed every call to that server at once with the advice to set a key)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(10)
+    port = listener.getsockname()[1]
+    with PSClient([f"127.0.0.1:{port}"], timeout=TIMEOUT) as client:
+        for _ in range(2):  # reset the first connection and the reconnection
+            conn, _ = listener.accept()
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            time.sleep(0.05)  # the client has sent its greeting: its handshake is under way
+            conn.close()  # SO_LINGER 0: a reset, not an orderly close
+        time.sleep(0.2)  # the monitor event has arrived
+        start = time.monotonic()
+        with pytest.raises(DeadlineError) as info:
+            client.stats()
+        assert time.monotonic() - start >= TIMEOUT - 0.1  # waited: not failed at once
+    listener.close()
+    assert "did not answer within" in str(info.value)
+    assert "authentication failed" not in caplog.text + str(info.value)
