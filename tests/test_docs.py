@@ -1,0 +1,243 @@
+"""The Python in the README and docs/ is checked: every ```python block runs, or, when the
+line before its fence is ``<!-- fragment: why -->`` (it uses a trainer, a batch or a
+service set up elsewhere), every sparseps name it reaches exists and every call of one
+binds its arguments.
+
+Running blocks: each in a fresh interpreter, in document order, all in one folder that
+holds the files the examples read (``data/train`` and ``data/test``, Criteo TSV), so a
+block may use what an earlier one wrote (docs/serving.md serves the README's
+``out/infer``). Checking fragments (and the running blocks too, before they run): the
+block's ``sparseps`` imports and attribute chains (``sps.metrics.ReportConfig``) must
+resolve, a call of a resolved function or class must bind its keywords and positional
+count, and so must a method call on a name known to hold an instance: assigned from a
+sparseps class's call in the block, or a name the docs use for one (``TYPICAL_NAMES``).
+A fragment's names that it does not import are looked up as the docs write them: ``sps``
+is ``sparseps``, and a bare public name (``QueueDataset``) is the front door's.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import sparseps as sps
+from sparseps.data.synthetic import write_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# names the docs use for objects made elsewhere in a job, and what they hold
+TYPICAL_NAMES = {"trainer": sps.Trainer, "client": sps.PSClient, "c": sps.PSClient}
+# where a fragment's bare names come from when it does not import them: ``sps`` and the
+# public names of the front door's packages (a name two of them export differently: none)
+_PACKAGES = ("sparseps", "sparseps.config", "sparseps.data", "sparseps.metrics",
+             "sparseps.models", "sparseps.online", "sparseps.recall", "sparseps.serving",
+             "sparseps.table")  # fmt: skip
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)```python\n(?P<code>.*?)^(?P=indent)```", re.M | re.S)
+_FRAGMENT = re.compile(r"<!--\s*fragment:\s*(?P<why>\S.*?)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    code: str
+    fragment: str | None  # why it does not run on its own (None: it runs)
+
+    def __str__(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def _blocks() -> list[Block]:
+    out = []
+    for path in DOCS:
+        text = path.read_text()
+        for match in _FENCE.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+            marker = _FRAGMENT.search(before)
+            code = textwrap.dedent(match.group("code"))
+            out.append(Block(path, line, code, marker.group("why") if marker else None))
+    return out
+
+
+BLOCKS = _blocks()
+_MISSING = object()
+
+
+def _public_names() -> dict[str, object]:
+    found: dict[str, set] = {}
+    for name in _PACKAGES:
+        module = importlib.import_module(name)
+        for attr in module.__all__:
+            found.setdefault(attr, set()).add(id(getattr(module, attr)))
+    out: dict[str, object] = {"sps": sps}
+    for name in _PACKAGES:
+        module = importlib.import_module(name)
+        out.update({a: getattr(module, a) for a in module.__all__ if len(found[a]) == 1})
+    return out
+
+
+PUBLIC_NAMES = _public_names()
+
+
+class _Names(ast.NodeVisitor):
+    """What a block's sparseps names resolve to, and what does not resolve or bind."""
+
+    def __init__(self, tree: ast.AST) -> None:
+        bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                 and isinstance(n.ctx, ast.Store)} | {a.arg for a in ast.walk(tree)
+                 if isinstance(a, ast.arg)}  # fmt: skip
+        # a name -> a module, class or function (the block's own names are its own)
+        self.values = {k: v for k, v in PUBLIC_NAMES.items() if k not in bound}
+        self.instances: dict[str, type] = dict(TYPICAL_NAMES)  # a name -> its class
+        self.problems: list[str] = []
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.name.split(".")[0] == "sparseps":
+                module = self._import(alias.name, node)
+                if module is not None:
+                    top = alias.asname or "sparseps"
+                    self.values[top] = module if alias.asname else importlib.import_module(top)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if not node.module or node.module.split(".")[0] != "sparseps":
+            return
+        module = self._import(node.module, node)
+        for alias in node.names if module is not None else ():
+            value = getattr(module, alias.name, _MISSING)
+            if value is _MISSING:
+                value = self._import(f"{node.module}.{alias.name}", node)
+            if value is not None:
+                self.values[alias.asname or alias.name] = value
+
+    def _import(self, name: str, node: ast.AST):
+        try:
+            return importlib.import_module(name)
+        except ImportError as exc:
+            self._report(f"line {node.lineno}: cannot import {name}: {exc}")
+            return None
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.visit(node.value)
+        made = self._resolve(node.value.func) if isinstance(node.value, ast.Call) else None
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                self.values.pop(target.id, None)
+                self.instances.pop(target.id, None)
+                if inspect.isclass(made):
+                    self.instances[target.id] = made
+
+    def _resolve(self, node: ast.AST):
+        """The object ``node`` (a name or an attribute chain) names; None when unknown."""
+        if isinstance(node, ast.Name):
+            return self.values.get(node.id)
+        if not isinstance(node, ast.Attribute):
+            return None
+        owner = self._resolve(node.value)
+        if owner is None:
+            return None
+        value = getattr(owner, node.attr, _MISSING)
+        if value is _MISSING:
+            where = ast.unparse(node.value)
+            self._report(f"line {node.lineno}: {where} has no attribute {node.attr!r}")
+            return None
+        return value
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        self._resolve(node)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self.generic_visit(node)
+        target, bound = self._resolve(node.func), False
+        func = node.func
+        if target is None and isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            cls = self.instances.get(func.value.id)
+            if cls is not None:
+                target = getattr(cls, func.attr, _MISSING)
+                if target is _MISSING:
+                    self._report(f"line {node.lineno}: {cls.__name__} has no method {func.attr!r}")
+                    return
+                bound = True
+        if target is None or not callable(target):
+            return
+        self._bind(node, target, bound)
+
+    def _bind(self, node: ast.Call, target, bound: bool) -> None:
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(
+            k.arg is None for k in node.keywords
+        ):
+            return  # *args / **kwargs: the count and names are not known here
+        try:
+            signature = inspect.signature(target)
+        except (TypeError, ValueError):  # a builtin without a signature
+            return
+        args = [None] * (len(node.args) + bound)
+        try:
+            signature.bind_partial(*args, **{k.arg: None for k in node.keywords})
+        except TypeError as exc:
+            self._report(f"line {node.lineno}: {ast.unparse(node.func)}(...): {exc}")
+
+    def _report(self, problem: str) -> None:
+        if problem not in self.problems:  # a call's name is resolved as a call and as a name
+            self.problems.append(problem)
+
+
+def _problems(block: Block) -> list[str]:
+    tree = ast.parse(block.code)
+    names = _Names(tree)
+    names.visit(tree)
+    return names.problems
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """Where the running blocks run, with the data files the examples read."""
+    root = tmp_path_factory.mktemp("docs")
+    write_dataset(root / "data", rows=3000, seed=1, files=2, test_rows=1000)
+    return root
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=str)
+def test_the_docs_python_runs_or_names_what_exists(block: Block, folder: Path):
+    problems = _problems(block)
+    assert not problems, f"{block}:\n" + "\n".join(problems)
+    if block.fragment is not None:
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
+    done = subprocess.run([sys.executable, "-c", block.code], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, (
+        f"{block} failed (a block that needs what it cannot have here is marked with "
+        f"'<!-- fragment: why -->' on the line before its fence):\n{done.stderr[-3000:]}"
+    )
+
+
+def test_the_checks_catch_what_they_are_for():
+    """A misspelt name, a keyword the function does not take, and a missing method are
+    each reported (so the test above can fail)."""
+    code = textwrap.dedent("""\
+        import sparseps as sps
+        from sparseps.metrics import CTRMetrics
+        sps.metrics.ReportConfg()
+        CTRMetrics(buckets=4)
+        trainer = sps.Trainer(None)
+        trainer.train_from_datasets(None)
+        """)
+    problems = _problems(Block(ROOT / "README.md", 1, code, fragment="a test"))
+    assert len(problems) == 3, problems
+    assert "no attribute 'ReportConfg'" in problems[0]
+    assert "buckets" in problems[1]
+    assert "no method 'train_from_datasets'" in problems[2]
+    assert any(b.fragment is None for b in BLOCKS) and any(b.fragment for b in BLOCKS)
