@@ -87,7 +87,20 @@ def _children_cpu_s() -> float:
 
 
 def _baseline(folder: Path) -> dict:
-    """The same model in one process: EmbeddingBag tables, sparse Adam, same reader."""
+    """The same model in one process: EmbeddingBag tables, sparse Adam, same reader; torch
+    threads: every core this process may run on (torch's default counts the machine's
+    cores, which oversubscribes a run pinned with taskset to fewer)."""
+    return plain_torch(folder, threads=len(os.sched_getaffinity(0)))
+
+
+def plain_torch(
+    folder: Path, *, hash_rows: int = HASH_ROWS, wide_lr: float = 0.05, threads: int | None = None
+) -> dict:
+    """The demo's wide&deep in one PyTorch process, one pass over ``folder/train`` and an
+    evaluation on ``folder/test``: the same head as the job, dim-8 deep and dim-1 wide
+    ``nn.EmbeddingBag`` tables of ``hash_rows`` hashed rows with ``SparseAdam`` (deep 0.01,
+    wide ``wide_lr``), dense Adam 0.001, batch 512, one reader thread. ``threads``: torch's
+    compute threads (None: torch's default). The baseline of this bench and of ``bench quality``."""
     import torch
     import torch.nn.functional as F
 
@@ -95,22 +108,23 @@ def _baseline(folder: Path) -> dict:
     from sparseps.metrics import CTRMetrics
     from sparseps.models.wide_deep import WideDeepHead
 
-    # every core this process may run on (torch's default counts the machine's cores, which
-    # oversubscribes a run pinned with taskset to fewer)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    if threads is not None:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
     slots = len(CRITEO.slots)
     head = WideDeepHead(slots, len(CRITEO.dense), 8, (400, 400, 400))
-    deep = torch.nn.EmbeddingBag(HASH_ROWS, 8, mode="sum", sparse=True)
-    wide = torch.nn.EmbeddingBag(HASH_ROWS, 1, mode="sum", sparse=True)
+    deep = torch.nn.EmbeddingBag(hash_rows, 8, mode="sum", sparse=True)
+    wide = torch.nn.EmbeddingBag(hash_rows, 1, mode="sum", sparse=True)
     torch.nn.init.uniform_(deep.weight, -0.05, 0.05)
     torch.nn.init.zeros_(wide.weight)
-    dense_opt = torch.optim.Adam(head.parameters(), lr=0.001)
-    sparse_opt = torch.optim.SparseAdam([deep.weight], lr=0.01)
-    wide_opt = torch.optim.SparseAdam([wide.weight], lr=0.05)
+    optimizers = (
+        torch.optim.Adam(head.parameters(), lr=0.001),
+        torch.optim.SparseAdam([deep.weight], lr=0.01),
+        torch.optim.SparseAdam([wide.weight], lr=wide_lr),
+    )
 
     def forward(batch):
-        index = np.concatenate([batch.slots[s].values for s in CRITEO.slots]) % np.uint64(HASH_ROWS)
+        index = np.concatenate([batch.slots[s].values for s in CRITEO.slots]) % np.uint64(hash_rows)
         starts, base = [], 0
         for s in CRITEO.slots:
             offsets = batch.slots[s].offsets
@@ -123,27 +137,30 @@ def _baseline(folder: Path) -> dict:
         w = wide(idx, off).view(slots, n, 1).transpose(0, 1)
         return head(torch.from_numpy(batch.dense), d, w).reshape(-1)
 
-    train = QueueDataset(
-        [str(folder / "train")], CRITEO, batch_size=BATCH, threads=1, rank=0, world=1
-    )
+    def reader(split: str, size: int):
+        return QueueDataset([str(folder / split)], CRITEO, batch_size=size, rank=0, world=1)
+
     start, samples = time.perf_counter(), 0
-    for batch in train:
+    for batch in reader("train", BATCH):
         loss = F.binary_cross_entropy_with_logits(forward(batch), torch.from_numpy(batch.label))
-        for opt in (dense_opt, sparse_opt, wide_opt):
+        for opt in optimizers:
             opt.zero_grad()
         loss.backward()
-        for opt in (dense_opt, sparse_opt, wide_opt):
+        for opt in optimizers:
             opt.step()
         samples += len(batch)
     seconds = time.perf_counter() - start
     metrics = CTRMetrics()
     with torch.no_grad():
-        test = QueueDataset(
-            [str(folder / "test")], CRITEO, batch_size=4096, threads=1, rank=0, world=1
-        )
-        for batch in test:
+        for batch in reader("test", 4096):
             metrics.update(torch.sigmoid(forward(batch)).numpy(), batch.label)
-    return {"samples_per_s": samples / seconds, "test_auc": metrics.compute().auc}
+    m = metrics.compute()
+    return {
+        "samples_per_s": samples / seconds,
+        "test_auc": m.auc,
+        "test_logloss": m.logloss,
+        "test_copc": m.copc,
+    }
 
 
 def _alternating(rounds: int, runners: dict[str, Callable[[Path], dict]]) -> dict[str, list]:

@@ -38,12 +38,9 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
-
-from sparseps.benchmarking import BenchRecord
+from sparseps.benchmarking import BenchRecord, load_benchmark
 
 # name -> DataKnobs fields (everything else at gen-data's defaults)
 FAMILIES: dict[str, dict] = {
@@ -65,7 +62,6 @@ TUNE_SEEDS = (101, 102)
 REPORT_SEEDS = (201,)
 ROWS, TEST_ROWS = 300_000, 300_000  # 1,500 test clicks at 0.5%: COPC to about +-3%
 QUICK_ROWS, QUICK_TEST_ROWS, QUICK_HASH_ROWS = 10_000, 4_000, 1 << 18
-BATCH = 512
 HASH_ROWS = 1 << 22
 # the demo job's defaults before issue 29, spelled out
 LEGACY_ARGS = (
@@ -110,65 +106,9 @@ def run_sparseps(folder: Path, job_args: str = "") -> dict:
 
 
 def run_torch(folder: Path, hash_rows: int = HASH_ROWS) -> dict:
-    """The same model shape in one PyTorch process (see the module docstring)."""
-    import torch
-    import torch.nn.functional as F
-
-    from sparseps.data import CRITEO, QueueDataset
-    from sparseps.metrics import CTRMetrics
-    from sparseps.models.wide_deep import WideDeepHead
-
-    torch.manual_seed(0)
-    slots = len(CRITEO.slots)
-    head = WideDeepHead(slots, len(CRITEO.dense), 8, (400, 400, 400))
-    deep = torch.nn.EmbeddingBag(hash_rows, 8, mode="sum", sparse=True)
-    wide = torch.nn.EmbeddingBag(hash_rows, 1, mode="sum", sparse=True)
-    torch.nn.init.uniform_(deep.weight, -0.05, 0.05)
-    torch.nn.init.zeros_(wide.weight)
-    optimizers = (
-        torch.optim.Adam(head.parameters(), lr=0.001),
-        torch.optim.SparseAdam([deep.weight], lr=0.01),
-        torch.optim.SparseAdam([wide.weight], lr=0.01),
-    )
-
-    def forward(batch):
-        index = np.concatenate([batch.slots[s].values for s in CRITEO.slots]) % np.uint64(hash_rows)
-        starts, base = [], 0
-        for s in CRITEO.slots:
-            offsets = batch.slots[s].offsets
-            starts.append(offsets[:-1] + base)
-            base += int(offsets[-1])
-        idx = torch.from_numpy(index.astype(np.int64))
-        off = torch.from_numpy(np.concatenate(starts))
-        n = len(batch)
-        d = deep(idx, off).view(slots, n, 8).transpose(0, 1)
-        w = wide(idx, off).view(slots, n, 1).transpose(0, 1)
-        return head(torch.from_numpy(batch.dense), d, w).reshape(-1)
-
-    def reader(split: str, size: int):
-        return QueueDataset([str(folder / split)], CRITEO, batch_size=size, rank=0, world=1)
-
-    start, samples = time.perf_counter(), 0
-    for batch in reader("train", BATCH):
-        loss = F.binary_cross_entropy_with_logits(forward(batch), torch.from_numpy(batch.label))
-        for opt in optimizers:
-            opt.zero_grad()
-        loss.backward()
-        for opt in optimizers:
-            opt.step()
-        samples += len(batch)
-    seconds = time.perf_counter() - start
-    metrics = CTRMetrics()
-    with torch.no_grad():
-        for batch in reader("test", 4096):
-            metrics.update(torch.sigmoid(forward(batch)).numpy(), batch.label)
-    m = metrics.compute()
-    return {
-        "samples_per_s": samples / seconds,
-        "test_auc": m.auc,
-        "test_logloss": m.logloss,
-        "test_copc": m.copc,
-    }
+    """The same model shape in one PyTorch process (see the module docstring): the e2e
+    bench's baseline, with the wide table's rate at 0.01."""
+    return load_benchmark("e2e").plain_torch(folder, hash_rows=hash_rows, wide_lr=0.01)
 
 
 def paddle_peer() -> Path | None:
