@@ -44,6 +44,14 @@ _PACKAGES = ("sparseps", "sparseps.config", "sparseps.data", "sparseps.metrics",
              "sparseps.table")  # fmt: skip
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```python\n(?P<code>.*?)^(?P=indent)```", re.M | re.S)
 _FRAGMENT = re.compile(r"<!--\s*fragment:\s*(?P<why>\S.*?)\s*-->\s*$")
+# A block runs as a script would, with log lines that name their level: an example that
+# logs an error (or worse) fails, as one that raises does.
+_RUNNER = (
+    "import logging, sys\n"
+    "logging.basicConfig(format='%(levelname)s %(name)s: %(message)s')\n"
+    "exec(compile(sys.stdin.read(), sys.argv[1], 'exec'), {'__name__': '__main__'})\n"
+)
+_ERROR_LINE = re.compile(r"^(\S+ \S+ )?(ERROR|CRITICAL) ")
 
 
 @dataclass(frozen=True)
@@ -216,12 +224,14 @@ def test_the_docs_python_runs_or_names_what_exists(block: Block, folder: Path):
     if block.fragment is not None:
         return
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    done = subprocess.run([sys.executable, "-c", block.code], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _RUNNER, str(block)], input=block.code,
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
     assert done.returncode == 0, (
         f"{block} failed (a block that needs what it cannot have here is marked with "
         f"'<!-- fragment: why -->' on the line before its fence):\n{done.stderr[-3000:]}"
     )
+    errors = [line for line in done.stderr.splitlines() if _ERROR_LINE.match(line)]
+    assert not errors, f"{block} logged errors:\n" + "\n".join(errors)
 
 
 def test_the_checks_catch_what_they_are_for():
