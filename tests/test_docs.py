@@ -13,6 +13,9 @@ count, and so must a method call on a name known to hold an instance: assigned f
 sparseps class's call in the block, or a name the docs use for one (``TYPICAL_NAMES``).
 A fragment's names that it does not import are looked up as the docs write them: ``sps``
 is ``sparseps``, and a bare public name (``QueueDataset``) is the front door's.
+
+The commands the docs show (``sparseps COMMAND ...`` in inline code and shell blocks): the
+command exists and takes every option written (a script's own options after it aside).
 """
 
 from __future__ import annotations
@@ -251,3 +254,70 @@ def test_the_checks_catch_what_they_are_for():
     assert "buckets" in problems[1]
     assert "no method 'train_from_datasets'" in problems[2]
     assert any(b.fragment is None for b in BLOCKS) and any(b.fragment for b in BLOCKS)
+
+
+# -- the commands the docs show ----------------------------------------------------------
+
+_INLINE = re.compile(r"`(sparseps [^`\n]*)`")
+_SHELL = re.compile(r"^[ \t]*```(?:bash|sh|console)\n(.*?)^[ \t]*```", re.M | re.S)
+_CALL = re.compile(r"^sparseps ([a-z][a-z-]*)(?=[\s`]|$)(.*)", re.S)
+_FLAG = re.compile(r"(?<![\w-])--(\[no-\])?([a-z][a-z0-9-]*)")
+
+
+def _documented_commands() -> list[tuple[str, str]]:
+    """``(where, command line)`` of every ``sparseps COMMAND ...`` in inline code and in
+    shell blocks (continuation lines joined)."""
+    found = []
+    for path in DOCS:
+        text = path.read_text()
+        where = str(path.relative_to(ROOT))
+        found += [(where, m.group(1)) for m in _INLINE.finditer(text)]
+        for block in _SHELL.finditer(text):
+            joined = block.group(1).replace("\\\n", " ")
+            for line in joined.splitlines():
+                line = line.strip().removeprefix("$ ")
+                if line.startswith("sparseps "):
+                    found.append((where, line.split("  #", 1)[0]))
+    return found
+
+
+def _options(command: str) -> set[str]:
+    import argparse
+
+    from sparseps.cli import COMMANDS
+
+    parser = argparse.ArgumentParser()
+    importlib.import_module(COMMANDS[command][0]).add_arguments(parser)
+    return {s for action in parser._actions for s in action.option_strings} | {"--log-level"}
+
+
+def _command_problems(commands: list[tuple[str, str]]) -> list[str]:
+    from sparseps.cli import COMMANDS
+
+    problems, options = [], {}
+    for where, line in commands:
+        call = _CALL.match(line)
+        if call is None:
+            continue  # an error message quoted in the docs ("sparseps launch: error: ...")
+        name, rest = call.groups()
+        if name not in COMMANDS:
+            problems.append(f"{where}: `{line}`: no command {name!r}")
+            continue
+        known = options.setdefault(name, _options(name))
+        rest = re.split(r"\S+\.py\b", rest, maxsplit=1)[0]  # a script's own options follow it
+        for no, flag in _FLAG.findall(rest):
+            for spelling in [f"--{flag}", *([f"--no-{flag}"] if no else [])]:
+                if spelling not in known:
+                    problems.append(f"{where}: `{line}`: {name} has no option {spelling}")
+    return problems
+
+
+def test_the_docs_commands_and_their_options_exist():
+    commands = _documented_commands()
+    assert len(commands) > 50 and {c.split()[1] for _, c in commands} >= {"launch", "serve"}
+    problems = _command_problems(commands)
+    assert not problems, "\n".join(problems)
+    wrong = [("x.md", "sparseps lauch --server-num 1"), ("x.md", "sparseps serve DIR --prot 1"),
+             ("x.md", "sparseps demo --[no-]progres"),
+             ("x.md", "sparseps launch --server-nums 1 train.py --epochs 2")]  # fmt: skip
+    assert len(_command_problems(wrong)) == 5  # each kind of mistake is caught (not --epochs)
