@@ -321,3 +321,19 @@ def test_the_docs_commands_and_their_options_exist():
              ("x.md", "sparseps demo --[no-]progres"),
              ("x.md", "sparseps launch --server-nums 1 train.py --epochs 2")]  # fmt: skip
     assert len(_command_problems(wrong)) == 5  # each kind of mistake is caught (not --epochs)
+
+
+def test_the_docs_environment_variables_are_the_ones_sparseps_reads():
+    """Every ``SPARSEPS_*`` variable the docs name is one :mod:`sparseps.env` (the one
+    reader of the environment) defines; the suite's own knobs aside."""
+    from sparseps import env
+
+    defined = {v for v in vars(env).values() if isinstance(v, str) and v.startswith("SPARSEPS_")}
+    suite_only = {"SPARSEPS_TEST_ARTIFACTS"}  # where a test keeps its screenshots
+    named = {
+        name
+        for path in DOCS
+        for name in re.findall(r"\bSPARSEPS_[A-Z0-9_]*[A-Z0-9]\b", path.read_text())
+    }
+    assert len(named) > 15
+    assert named - defined - suite_only == set()
