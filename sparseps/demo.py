@@ -32,6 +32,7 @@ DEFAULT_ROWS = 2_000_000
 DEFAULT_SEED = 2026
 DATA_FILES = 4  # synthetic train files (and one test file)
 POLL_S = 0.5  # how often the bars read the workers' /metrics
+STOP_GRACE_S = 30.0  # an interrupted demo waits this long for the launcher to stop the job
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -153,13 +154,26 @@ def _worker_progress(log_dir: Path) -> tuple[int, int, int] | None:
 
 def _launch(command: list[str], env: dict, log_dir: Path, total: int | None, enabled) -> int:
     """Run the launcher; with the bars on, they follow its workers and its output is
-    printed above them (line by line, to the same stream as before)."""
+    printed above them (line by line, to the same stream as before).
+
+    The launcher dies with this process (it gets SIGTERM when we exit, however we exit,
+    and stops every process of the job as for any SIGTERM); interrupted here (Ctrl-C),
+    we ask it to stop the job and wait for it, SIGKILL only after ``STOP_GRACE_S``.
+    """
+    from .launch.procutil import die_with_parent_hook
+
     train = progress.bar(enabled, total=total, unit="row", unit_scale=True, desc="demo: train")
     if train.disable:
-        return subprocess.call(command, env=env)
+        with subprocess.Popen(command, env=env, preexec_fn=die_with_parent_hook()) as proc:
+            try:
+                return proc.wait()
+            except BaseException:
+                _stop(proc)
+                raise
     with subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
-    ) as proc:
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+        preexec_fn=die_with_parent_hook(),
+    ) as proc:  # fmt: skip
         pumps = [
             threading.Thread(target=_pump, args=(stream, target), daemon=True)
             for stream, target in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
@@ -184,7 +198,7 @@ def _launch(command: list[str], env: dict, log_dir: Path, total: int | None, ena
                             enabled, desc="demo: evaluate, save", bar_format="{desc} ({elapsed})"
                         )
         except BaseException:
-            proc.kill()
+            _stop(proc)
             raise
         finally:
             for pump in pumps:
@@ -192,6 +206,17 @@ def _launch(command: list[str], env: dict, log_dir: Path, total: int | None, ena
             phase.close()
             train.close()
     return code
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Ask the launcher to stop the job (SIGTERM: it stops its children), then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _pump(stream, target) -> None:

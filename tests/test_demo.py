@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,49 @@ def test_demo_refuses_a_disk_dir_without_a_memory_budget(tmp_path):
     done = sparseps("demo", "--out", str(tmp_path), "--rows", "100", "--disk-dir", str(tmp_path))
     assert done.returncode != 0 and "--disk-dir needs --memory-rows" in done.stdout + done.stderr
     _no_bar(done.stderr)  # it generated the data first
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie nobody reaped yet counts as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stopping_the_demo_stops_its_job(tmp_path, sig):
+    """SIGTERM (a process manager) or SIGINT (Ctrl-C) to ``sparseps demo`` alone stops the
+    launcher it started and every process of the job; none trains on as an orphan (before:
+    the launcher and its children ran the job to its end after the demo was gone)."""
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "sparseps.cli", "demo", "--out", str(out), "--rows", "200000"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )  # fmt: skip
+    pids_json, deadline = out / "log" / "pids.json", time.monotonic() + 120
+    try:
+        while True:  # the launcher has started the server and both workers
+            record = json.loads(pids_json.read_text()) if pids_json.exists() else {}
+            if len(record.get("children", [])) == 3:
+                break
+            assert demo.poll() is None and time.monotonic() < deadline, demo.stderr.read()[-3000:]
+            time.sleep(0.1)
+        pids = [record["launcher"], *(c["pid"] for c in record["children"])]
+        demo.send_signal(sig)
+        demo.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while not all(map(_gone, pids)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        alive = [pid for pid in pids if not _gone(pid)]
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    stderr = demo.stderr.read()
+    assert alive == [], f"still running after the demo stopped: {alive}\n{stderr[-3000:]}"
+    assert not (out / "inference_model").exists()  # stopped, not finished
+    assert demo.returncode == (-signal.SIGTERM if sig == signal.SIGTERM else 130), stderr[-3000:]
