@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..core.atomic_file import replaced_atomically
 from ..core.hashing import GOLDEN, mix64_array
 from ..errors import ConfigError
 
@@ -420,7 +421,6 @@ def write_dataset(out, rows: int, seed: int, *, files: int = 1, test_rows: int |
         format.
     """
     import json
-    import os
     from pathlib import Path
 
     import pyarrow.csv as pacsv
@@ -446,10 +446,12 @@ def write_dataset(out, rows: int, seed: int, *, files: int = 1, test_rows: int |
         labels, probs, paths = [], [], []
         for part, size in enumerate(np.diff(np.linspace(0, total, count + 1).astype(np.int64))):
             path = folder / f"part-{part:05d}.tsv"
-            tmp = path.with_suffix(".tsv.tmp")
-            with pacsv.CSVWriter(
-                str(tmp), to_table(generate(0, seed, model=model)).schema, write_options=options
-            ) as w:
+            schema = to_table(generate(0, seed, model=model)).schema
+            # a crash or a failure never leaves a half-written part-*.tsv
+            with (
+                replaced_atomically(path) as tmp,
+                pacsv.CSVWriter(str(tmp), schema, write_options=options) as w,
+            ):
                 for chunk, start in enumerate(range(0, int(size), CHUNK_ROWS)):
                     n = min(CHUNK_ROWS, int(size) - start)
                     data = generate(
@@ -458,7 +460,6 @@ def write_dataset(out, rows: int, seed: int, *, files: int = 1, test_rows: int |
                     w.write_table(to_table(data))
                     labels.append(data.label)
                     probs.append(data.prob)
-            os.replace(tmp, path)  # a crash never leaves a half-written part-*.tsv
             paths.append(str(path))
         label = np.concatenate(labels) if labels else np.empty(0, np.int8)
         prob = np.concatenate(probs) if probs else np.empty(0)

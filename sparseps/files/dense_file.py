@@ -7,10 +7,11 @@ server that holds the dense table (async and geo modes). Arrays: ``values`` (flo
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
+
+from ..core.atomic_file import replaced_atomically
 
 __all__ = ["DENSE_FILE", "load_dense_file", "save_dense_file"]
 
@@ -21,13 +22,9 @@ def save_dense_file(directory: Path, arrays: dict[str, np.ndarray]) -> str:
     """Write ``arrays`` (``values`` plus optimizer state) atomically; returns the file name."""
     if "values" not in arrays:
         raise ValueError("save_dense_file: arrays must hold 'values'")
-    tmp = Path(directory) / f".{DENSE_FILE}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with replaced_atomically(Path(directory) / DENSE_FILE, sync=True) as tmp, open(tmp, "wb") as f:
         # mypy matches the unpacked dict against savez's `allow_pickle: bool` keyword
         np.savez(f, **{name: np.asarray(array) for name, array in arrays.items()})  # type: ignore[arg-type]
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, Path(directory) / DENSE_FILE)
     return DENSE_FILE
 
 

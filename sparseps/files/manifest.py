@@ -52,6 +52,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..core.atomic_file import replaced_atomically
 from ..errors import CheckpointError
 from .shards import CHECKSUMS, checksums_of, pick_checksum, sha256_of
 
@@ -85,17 +86,8 @@ def entry_of(record: dict) -> dict:
 
 def write_json_atomic(path: Path, payload: dict) -> None:
     """Write JSON so readers see the old file or the whole new one, never a torn one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with replaced_atomically(path, sync=True) as tmp:
+        tmp.write_text(json.dumps(payload, indent=1, sort_keys=True))
 
 
 def write_manifest(directory: Path, fmt: str, files: dict[str, dict], **sections: object) -> dict:

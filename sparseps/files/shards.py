@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import xxhash
 
+from ..core.atomic_file import replaced_atomically
 from ..errors import CheckpointError
 
 __all__ = [
@@ -167,20 +168,20 @@ def write_shard(
     info = {**meta, "format": FORMAT_VERSION, "columns": layout, "rows": rows}
     table = table.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})
     final = folder / name
-    temporary = folder / f".{name}.tmp-{os.getpid()}"
-    # Arrow IPC (Feather v2), uncompressed: about memcpy speed, where Parquet's encoding of
-    # fixed-size-list columns wrote ~30x slower (bench/save.py); pyarrow, polars, pandas
-    # and DuckDB read it directly.
-    # One record batch (feather's default cuts every 64k rows): a load then maps each
-    # column as one buffer instead of copying the pieces together.
-    feather.write_feather(table, temporary, compression="uncompressed",
-                          chunksize=max(1, rows))  # fmt: skip
-    # the checksums read the new file from the page cache while its fsync waits on the disk
-    with ThreadPoolExecutor(1, thread_name_prefix="sparseps-fsync") as pool:
-        synced = pool.submit(_fsync, temporary)
-        digests = checksums_of(temporary)
-        synced.result()
-    os.replace(temporary, final)
+    with replaced_atomically(final) as temporary:
+        # Arrow IPC (Feather v2), uncompressed: about memcpy speed, where Parquet's
+        # encoding of fixed-size-list columns wrote ~30x slower (bench/save.py); pyarrow,
+        # polars, pandas and DuckDB read it directly.
+        # One record batch (feather's default cuts every 64k rows): a load then maps each
+        # column as one buffer instead of copying the pieces together.
+        feather.write_feather(table, temporary, compression="uncompressed",
+                              chunksize=max(1, rows))  # fmt: skip
+        # the checksums read the new file from the page cache while its fsync waits on the
+        # disk
+        with ThreadPoolExecutor(1, thread_name_prefix="sparseps-fsync") as pool:
+            synced = pool.submit(_fsync, temporary)
+            digests = checksums_of(temporary)
+            synced.result()
     return {
         "name": name,
         "path": str(final),

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.atomic_file import replaced_atomically
 from ..env import RESTART_COUNT, Role
 from .procutil import die_with_parent_hook
 from .records import ChildSpec
@@ -129,10 +130,8 @@ class Children:
             **self._extra_record,
             "children": self._history,
         }
-        with self._lock:
-            tmp = self._pids_path.with_suffix(".json.tmp")
+        with self._lock, replaced_atomically(self._pids_path) as tmp:
             tmp.write_text(json.dumps(record, indent=1))
-            os.replace(tmp, self._pids_path)
 
     def worker_env(self) -> dict[str, str]:
         """The environment of a running worker of the current generation (empty if none)."""

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..core.atomic_file import replaced_atomically, temporary_name
 from ..errors import ConfigError, InputError
 
 __all__ = ["DumpConfig", "FieldDumper", "dump_params", "pass_dir", "read_dump"]
@@ -118,8 +119,10 @@ def _to_arrow(name: str, column: object) -> pa.Array:
 
 
 def _atomic_target(path: Path) -> Path:
+    """Where a pass file is written before it replaces ``path``: the temporary name of
+    :mod:`sparseps.core.atomic_file` (the pass file's writer stays open across batches)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    return temporary_name(path)
 
 
 class FieldDumper:
@@ -283,11 +286,11 @@ def dump_params(
         else (f"params-worker-{_check_int(worker_rank, 'worker_rank'):05d}.npz")
     )
     target = pass_dir(directory, pass_id) / file
-    tmp = _atomic_target(target)
-    with open(tmp, "wb") as f:  # a file object keeps np.savez from appending ".npz"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # a file object keeps np.savez from appending ".npz"
+    with replaced_atomically(target) as tmp, open(tmp, "wb") as f:
         # mypy matches the unpacked dict against savez's `allow_pickle: bool` keyword
         np.savez(f, **arrays)  # type: ignore[arg-type]
-    os.replace(tmp, target)
     log.info("dumped parameters %s to %s", sorted(arrays), target)
     return target
 

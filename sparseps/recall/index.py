@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.atomic_file import replaced_atomically
 from ..core.keysets import unique_keys
 from ..errors import CheckpointError, ConfigError, InputError
 
@@ -131,9 +132,8 @@ def build_index(
     np.save(out_dir / "keys.npy", keys)
     meta = {**asdict(spec), "nlist": nlist, "dim": dim, "items": n,
             "source": str(pred_dir), "vector_column": column}  # fmt: skip
-    tmp = out_dir / (INDEX_META + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
-    os.replace(tmp, out_dir / INDEX_META)
+    with replaced_atomically(out_dir / INDEX_META) as tmp:
+        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
     log.info("index %s: %d items of dim %d (%s, %s)", out_dir, n, dim, spec.kind, spec.metric)
     return out_dir
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core import collectives
+from ..core.atomic_file import replaced_atomically
 from ..errors import CheckpointError, ConfigError
 from .reporting import group_ids
 
@@ -144,9 +144,8 @@ def _arrow_table(columns: dict[str, np.ndarray]):
 def _write_table(path: Path, columns: dict[str, np.ndarray]) -> None:
     import pyarrow.parquet as pq
 
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(_arrow_table(columns), tmp)
-    os.replace(tmp, path)
+    with replaced_atomically(path) as tmp:
+        pq.write_table(_arrow_table(columns), tmp)
 
 
 def predict_dataset(trainer, dataset, out_dir, *, key: str, outputs: tuple[str, ...],
@@ -219,9 +218,8 @@ def _drop_lower_rank_keys(files: list[Path], mine: np.ndarray, rank: int, timeou
         keep = ~np.isin(table.column("key").to_numpy(), lower)
         if keep.all():
             continue
-        tmp = path.with_suffix(".tmp")
-        pq.write_table(table.filter(keep), tmp)
-        os.replace(tmp, path)
+        with replaced_atomically(path) as tmp:
+            pq.write_table(table.filter(keep), tmp)
 
 
 def _write_manifest(out_dir: Path, key: str, pred_names, outputs, unique_keys: bool) -> None:
@@ -242,12 +240,8 @@ def _write_manifest(out_dir: Path, key: str, pred_names, outputs, unique_keys: b
         "unique_keys": unique_keys, "workers": collectives.world_size(),
         "rows": sum(p["rows"] for p in parts), "parts": parts,
     }  # fmt: skip
-    tmp = out_dir / (MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, out_dir / MANIFEST)
+    with replaced_atomically(out_dir / MANIFEST, sync=True) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
 
 
 def read_manifest(out_dir) -> dict:
