@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sparseps.core.atomic_file import replaced_atomically, temporary_name
+from sparseps.errors import CheckpointError
 from sparseps.files import shards
 from sparseps.files.dense_file import load_dense_file, save_dense_file
 
@@ -48,9 +49,12 @@ def test_a_shard_that_fills_the_disk_leaves_no_partial_file(tmp_path, monkeypatc
     folder of a save that hit a full disk, keeping the disk full for the next try)."""
     columns = {"key": np.arange(10, dtype=np.uint64), "w": np.ones((10, 4), np.float32)}
     monkeypatch.setattr(shards.feather, "write_feather", lambda table, path, **_: _disk_full(path))
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(CheckpointError, match="No space left") as info:
         shards.write_shard(tmp_path, "emb.shard-00000-of-00001.arrow", columns, {"kind": "rows"})
     assert list(tmp_path.iterdir()) == []
+    # what, where and how to fix it
+    assert f"cannot write {tmp_path / 'emb.shard-00000-of-00001.arrow'}" in str(info.value)
+    assert "the disk is full: free space there, or save to another folder" in str(info.value)
     monkeypatch.undo()  # with room on the disk the same write succeeds
     record = shards.write_shard(tmp_path, "emb.shard-00000-of-00001.arrow", columns, {})
     assert record["rows"] == 10 and [p.name for p in tmp_path.iterdir()] == [record["name"]]

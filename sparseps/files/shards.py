@@ -36,6 +36,7 @@ against someone who can also rewrite the records.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -168,6 +169,26 @@ def write_shard(
     info = {**meta, "format": FORMAT_VERSION, "columns": layout, "rows": rows}
     table = table.replace_schema_metadata({_META_KEY: json.dumps(info).encode()})
     final = folder / name
+    try:
+        digests = _write_arrow(table, rows, final)
+    except OSError as exc:  # pyarrow's message names neither the file nor the way out
+        full = exc.errno == errno.ENOSPC or "No space left" in str(exc)
+        raise CheckpointError(
+            f"cannot write {final}: {exc}"
+            + (" - the disk is full: free space there, or save to another folder" if full else "")
+        ) from exc
+    return {
+        "name": name,
+        "path": str(final),
+        "bytes": final.stat().st_size,
+        **digests,
+        "rows": rows,
+        "kind": meta.get("kind"),
+    }
+
+
+def _write_arrow(table: pa.Table, rows: int, final: Path) -> dict:
+    """Write ``table`` to ``final`` atomically, synced; returns its checksums."""
     with replaced_atomically(final) as temporary:
         # Arrow IPC (Feather v2), uncompressed: about memcpy speed, where Parquet's
         # encoding of fixed-size-list columns wrote ~30x slower (bench/save.py); pyarrow,
@@ -182,14 +203,7 @@ def write_shard(
             synced = pool.submit(_fsync, temporary)
             digests = checksums_of(temporary)
             synced.result()
-    return {
-        "name": name,
-        "path": str(final),
-        "bytes": final.stat().st_size,
-        **digests,
-        "rows": rows,
-        "kind": meta.get("kind"),
-    }
+    return digests
 
 
 def _fsync(path: Path) -> None:
