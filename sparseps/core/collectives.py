@@ -116,7 +116,7 @@ def all_gather_arrays(
         _run(
             "all_gather",
             timeout,
-            lambda a: dist.all_gather_into_tensor(wire_sizes, mine, async_op=a),
+            lambda a: dist.all_gather_single(wire_sizes, mine, async_op=a),
         )
         known = [int(n) for n in wire_sizes.tolist()]
     else:

@@ -58,7 +58,8 @@ def pack(batch: Batch) -> np.ndarray:
     for name in names:
         parts.append(np.ascontiguousarray(batch.slots[name].offsets).tobytes())
         parts.append(np.ascontiguousarray(batch.slots[name].values).tobytes())
-    return np.frombuffer(b"".join(parts), np.uint8)
+    # writable (a bytearray, joined in place): torch.from_numpy warns on a read-only buffer
+    return np.frombuffer(bytearray().join(parts), np.uint8)
 
 
 def unpack(buffer: np.ndarray, names: list[str]) -> Batch:
@@ -108,7 +109,7 @@ def exchange(batch: Batch, destination: np.ndarray, *, timeout: float) -> Batch:
     everyone = torch.zeros(world * world, dtype=torch.int64)
     wait = datetime.timedelta(seconds=timeout)
     try:
-        _started(dist.all_gather_into_tensor(everyone, sizes, async_op=True)).wait(wait)
+        _started(dist.all_gather_single(everyone, sizes, async_op=True)).wait(wait)
         incoming = everyone.view(world, world)[:, rank].tolist()
         works: list[Work] = []
         buffers = {}

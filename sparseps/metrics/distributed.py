@@ -128,7 +128,7 @@ def all_gather_rows(
     if world == 1:
         return rows.copy()
     sizes = torch.zeros(world, dtype=torch.int64)
-    work = dist.all_gather_into_tensor(
+    work = dist.all_gather_single(
         sizes, torch.tensor([rows.shape[0]], dtype=torch.int64), group=group, async_op=True
     )
     _wait(work, "all_gather (sizes)", group, timeout)

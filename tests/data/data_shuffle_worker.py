@@ -5,11 +5,13 @@ Usage: python data_shuffle_worker.py RANK WORLD PORT FOLDER OUT.npy [extra] [-- 
 Each ``FOLDER OUT`` is loaded, shuffled and dumped in turn, over the one gloo group (the
 tests' two data sets share a pair of processes: each start is seconds of imports). With
 ``extra`` the files carry one extra label column ``conv`` after the label (schema
-``EXTRA``), and OUT also holds each sample's ``Batch.extra_labels``.
+``EXTRA``), and OUT also holds each sample's ``Batch.extra_labels``. A deprecated
+collective or a read-only buffer handed to torch is an error here.
 """
 
 import datetime
 import sys
+import warnings
 
 import numpy as np
 import torch.distributed as dist
@@ -20,6 +22,9 @@ EXTRA = Schema("label", CRITEO.dense, CRITEO.slots, extra_labels=("conv",))
 
 
 def main() -> int:
+    # the exchange must not use deprecated collectives nor hand torch read-only buffers
+    warnings.filterwarnings("error", category=FutureWarning, module="torch.distributed")
+    warnings.filterwarnings("error", message=".*NumPy array is not writable")
     rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
