@@ -5,6 +5,11 @@ path and deduplicated into the job's file list; worker ``rank`` of ``world`` rea
 ``files[rank::world]``. Every worker computes the same list, so every file is read by
 exactly one worker; with more workers than files some read nothing. A file's position in
 the full list is its ``file_no`` (used in sample ids).
+
+Compressed text files (gzip, zstd, bzip2, LZ4 frames; Criteo's own logs ship as ``.gz``)
+are read as they are, recognised by their first bytes rather than their names, and
+decompressed as they stream (pyarrow's codecs). A ``pipe_command`` gets the file's bytes
+unchanged (``zcat`` in it keeps working).
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import os
 from collections.abc import Generator, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
+
+import pyarrow as pa
 
 from ..errors import ConfigError, InputError
 from .columns import Parsed
@@ -115,10 +122,33 @@ def _line_chunks(pieces: Iterator[bytes]) -> Iterator[bytes]:
         yield data
 
 
-def _file_pieces(path: str) -> Generator[bytes, None, None]:
+# (first bytes, pyarrow codec) of the compressed files a text reader takes as they are
+_COMPRESSED = (
+    (b"\x1f\x8b", "gzip"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"\x04\x22\x4d\x18", "lz4"),  # the LZ4 frame format
+    *((b"BZh" + bytes([d]), "bz2") for d in b"123456789"),  # "BZh" + block size
+)
+
+
+def compression_of(path: str) -> str | None:
+    """The codec ``path`` is compressed with, from its first bytes (None: not compressed)."""
     with open(path, "rb") as f:
-        while piece := f.read(CHUNK_BYTES):
-            yield piece
+        head = f.read(4)
+    return next((codec for magic, codec in _COMPRESSED if head.startswith(magic)), None)
+
+
+def _file_pieces(path: str) -> Generator[bytes, None, None]:
+    codec = compression_of(path)
+    try:
+        with pa.input_stream(path, compression=codec) as f:
+            while piece := f.read(CHUNK_BYTES):
+                yield piece
+    except (OSError, pa.ArrowInvalid) as exc:
+        why = f"its {codec} stream is truncated or corrupt" if codec else "a read failed"
+        raise InputError(
+            f"data file {path!r} cannot be read ({why}: {exc}); copy it again, or leave it out"
+        ) from exc
 
 
 def read_file(path: str, file_no: int, schema: Schema, fmt: Format, *,
@@ -168,8 +198,16 @@ def _parse_pieces(pieces: Iterator[bytes], path: str, file_no: int, schema: Sche
                 chunk, line = chunk[cut:], line + 1
                 if not chunk:
                     continue
-        parsed = parse_text(chunk, schema, fmt, names=names, delimiter=delimiter,
-                            first_line=line, file_no=file_no, first_record=record)  # fmt: skip
+        try:
+            parsed = parse_text(chunk, schema, fmt, names=names, delimiter=delimiter,
+                                first_line=line, file_no=file_no, first_record=record)  # fmt: skip
+        except pa.ArrowInvalid as exc:  # not text at all (pyarrow's reader gave up)
+            raise InputError(
+                f"data file {path!r}, lines from {line}: cannot be read as {fmt} text "
+                f"({str(exc)[:70]!r}...); "
+                "is it a binary file, or compressed in a format other than gzip, zstd, bzip2 "
+                "or LZ4?"
+            ) from exc
         if parsed.bad and parsed.examples and want_text:
             want_text = False  # error path only: split this one chunk into lines
             text = chunk.split(b"\n")

@@ -3,6 +3,7 @@
 import csv
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +13,7 @@ import xxhash
 
 from sparseps.data import AVAZU, CRITEO, CRITEO_SLOT, Batch, QueueDataset, Schema, slot_seed
 from sparseps.data.hashing import hash_string_array, xxh64_bytes
+from sparseps.errors import InputError
 
 # small published samples kept in the repository (tests/fixtures/README.md says where from)
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
@@ -249,3 +251,43 @@ def test_quoted_csv_goes_through_arrow(tmp_path):
     b = read_all(str(path), schema, batch_size=4, format="csv")
     np.testing.assert_array_equal(b.dense[:, 0], [2, 0])
     assert ids_of(b, "C1", 0) == [cid("C1", "a,b")] and ids_of(b, "C1", 1) == [cid("C1", "x")]
+
+
+def _same_batch(got: Batch, want: Batch) -> None:
+    np.testing.assert_array_equal(got.label, want.label)
+    np.testing.assert_array_equal(got.dense, want.dense)
+    for name in want.slots:
+        np.testing.assert_array_equal(got.slots[name].values, want.slots[name].values)
+        np.testing.assert_array_equal(got.slots[name].offsets, want.slots[name].offsets)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "zstd", "bz2", "lz4"])
+def test_compressed_files_are_read_as_they_are(tmp_path, codec):
+    """By their first bytes, not their names (Criteo's logs ship as .gz), and a slot-text
+    file as well as a CSV with its header."""
+    for source, fmt in ((CRITEO_CSV, "csv"), (SLOT_TXT, "slot_text")):
+        schema = CRITEO if fmt == "csv" else CRITEO_SLOT
+        path = tmp_path / f"{fmt}-part"  # no extension
+        with open(source, "rb") as f, pa.output_stream(str(path), compression=codec) as out:
+            out.write(f.read())
+        assert path.read_bytes()[:2] != Path(source).read_bytes()[:2]  # really compressed
+        want = read_all(source, schema, batch_size=50, format=fmt)
+        _same_batch(read_all(str(path), schema, batch_size=50, format=fmt), want)
+
+
+# pyarrow reports its own failure to decode the binary line for our bad-line handler as an
+# unraisable exception before it raises the error that we turn into InputError
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_truncated_or_binary_file_is_a_clear_error(tmp_path):
+    with open(CRITEO_CSV, "rb") as f:
+        lines = f.read().split(b"\n", 1)[1].replace(b",", b"\t")
+    truncated = tmp_path / "part.gz"
+    with pa.output_stream(str(truncated), compression="gzip") as out:
+        out.write(lines)
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    with pytest.raises(InputError, match=r"part.gz.*gzip stream is truncated or corrupt.*copy it"):
+        read_all(str(truncated), CRITEO, batch_size=50)
+    binary = tmp_path / "part.bin"
+    binary.write_bytes(bytes(range(256)) * 40)
+    with pytest.raises(InputError, match=r"part.bin', lines from 1: cannot be read as criteo_tsv"):
+        read_all(str(binary), CRITEO, batch_size=50)
