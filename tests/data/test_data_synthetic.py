@@ -1,6 +1,8 @@
 """gen-data: deterministic per seed, realistic CTR, planted AUC printed and stored."""
 
 import json
+import math
+import warnings
 from dataclasses import replace
 from itertools import product
 
@@ -25,6 +27,7 @@ from sparseps.data.synthetic import (
     planted_model,
     probability,
     rare_signal_share,
+    write_dataset,
 )
 from sparseps.metrics.functions import exact_auc
 
@@ -322,3 +325,13 @@ def test_knobs_out_of_range_are_refused():
                 {"missing": -1.0}, {"rare_power": float("nan")}, {"click_rate": "0.1"}):  # fmt: skip
         with pytest.raises(ConfigError, match=next(iter(bad))):
             DataKnobs(**bad)
+
+
+def test_a_dataset_without_test_rows_has_no_test_figures(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "mean of empty slice" before
+        meta = write_dataset(tmp_path, 500, seed=1, test_rows=0)
+    assert all(math.isnan(meta[k]) for k in ("ctr_test", "bayes_auc_test", "bayes_logloss_test"))
+    assert meta["ctr_train"] > 0 and meta["test_files"] == [
+        str(tmp_path / "test" / "part-00000.tsv")
+    ]
