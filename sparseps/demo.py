@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _data(args, out: Path) -> tuple[str, str, float | None]:
     if args.train or args.test:
         if not (args.train and args.test):
-            raise SparsePSError("sparseps demo: give both --train and --test, or neither")
+            raise SparsePSError("give both --train and --test, or neither")
         return args.train, args.test, None
     from .data.synthetic import write_dataset
 
@@ -225,6 +225,8 @@ def _pump(stream, target) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.train and args.rows < 1:
+        raise SparsePSError(f"--rows must be >= 1, got {args.rows}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     train, test, bayes_auc = _data(args, out)
@@ -241,12 +243,12 @@ def run(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     env = dict(os.environ)
     if args.memory_rows < 0:
-        raise SparsePSError(f"sparseps demo: --memory-rows must be >= 0, got {args.memory_rows}")
+        raise SparsePSError(f"--memory-rows must be >= 0, got {args.memory_rows}")
     if args.memory_rows > 0:  # servers read their disk dir from the environment
         command += ["--memory-rows", str(args.memory_rows)]
         env["SPARSEPS_DISK_DIR"] = str(Path(args.disk_dir or out / "disk").resolve())
     elif args.disk_dir:
-        raise SparsePSError("sparseps demo: --disk-dir needs --memory-rows N (N > 0)")
+        raise SparsePSError("--disk-dir needs --memory-rows N (N > 0)")
     start = time.perf_counter()
     rows = None if args.train else args.rows
     code = _launch(command, env, out / "log", rows, args.progress)
@@ -255,6 +257,11 @@ def run(args: argparse.Namespace) -> int:
             f"the demo job failed (exit code {code}); see the logs in {out / 'log'}"
         )
     summary = json.loads(result_path.read_text())
+    if not summary["rows"]:  # a model trained on nothing is no result to report
+        raise SparsePSError(
+            f"the demo job trained 0 rows: {train} holds no rows it could read (see the "
+            f"bad-line counts in {out / 'log'})"
+        )
     summary.update(
         wall_s=round(time.perf_counter() - start, 1),
         bayes_auc=bayes_auc,

@@ -185,3 +185,22 @@ def test_stopping_the_demo_stops_its_job(tmp_path, sig):
     assert alive == [], f"still running after the demo stopped: {alive}\n{stderr[-3000:]}"
     assert not (out / "inference_model").exists()  # stopped, not finished
     assert demo.returncode == (-signal.SIGTERM if sig == signal.SIGTERM else 130), stderr[-3000:]
+
+
+def test_a_demo_that_would_train_nothing_fails(tmp_path):
+    """No rows asked for, or none readable: an error, not a 'trained' model and its AUC."""
+    done = sparseps("demo", "--out", str(tmp_path / "a"), "--rows", "0")
+    assert done.returncode == 1 and "--rows must be >= 1, got 0" in done.stderr, done.stderr
+    assert "sparseps demo: error: --rows" in done.stderr  # said once, by the command line
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "part-00000.tsv").write_text("")
+    test = tmp_path / "test.tsv"
+    test.write_text((ROOT / "tests" / "fixtures" / "criteo_sample.csv").read_text()
+                    .split("\n", 1)[1].replace(",", "\t"))  # fmt: skip
+    done = sparseps(
+        "demo", "--out", str(tmp_path / "b"), "--train", str(empty), "--test", str(test)
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"the demo job trained 0 rows: {empty} holds no rows" in done.stderr, done.stderr
+    assert "test AUC" not in done.stdout
