@@ -41,18 +41,18 @@ def replaced_atomically(path: str | os.PathLike, *, sync: bool = False) -> Itera
     try:
         yield tmp
         if sync:
-            _fsync(tmp, os.O_RDONLY)
+            _fsync(tmp)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
     if sync:
-        _fsync(target.parent, os.O_RDONLY)
+        _fsync(target.parent)
 
 
-def _fsync(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)  # a folder too: its entry for the renamed file
     try:
         os.fsync(fd)
     finally:
