@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from sparseps.checkpoint.inference import export_head
 from sparseps.core.lookup import build_lookup
 from sparseps.errors import InputError
 from sparseps.models import DNN, DeepFM, WideDeep
@@ -54,10 +55,10 @@ def test_model_trains_through_bound_rows_and_its_head_scripts(cls):
         assert grad is not None and grad.shape == (lookup.keys.size, emb.dim)
         # a key that occurs in the batch gets a gradient; the pooling is linear in the rows
         assert torch.count_nonzero(grad.abs().sum(1)) > 0
-    scripted = torch.jit.script(model.head)
+    exported = export_head(model).module()  # what an inference save holds
     pooled = [emb(batch) for emb in model.embeddings]
     dense = torch.from_numpy(batch.dense)
-    assert torch.allclose(scripted(dense, *pooled).reshape(-1), logits, atol=1e-6)
+    assert torch.allclose(exported(dense, *pooled).reshape(-1), logits, atol=1e-6)
 
 
 def test_unbound_embedding_says_how_to_run_it():
