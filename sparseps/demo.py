@@ -163,20 +163,15 @@ def _launch(command: list[str], env: dict, log_dir: Path, total: int | None, ena
     from .launch.procutil import die_with_parent_hook
 
     train = progress.bar(enabled, total=total, unit="row", unit_scale=True, desc="demo: train")
-    if train.disable:
-        with subprocess.Popen(command, env=env, preexec_fn=die_with_parent_hook()) as proc:
-            try:
-                return proc.wait()
-            except BaseException:
-                _stop(proc)
-                raise
+    bars = not train.disable
+    piped: dict = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
     with subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-        preexec_fn=die_with_parent_hook(),
-    ) as proc:  # fmt: skip
+        command, env=env, preexec_fn=die_with_parent_hook(), **(piped if bars else {})
+    ) as proc:
         pumps = [
             threading.Thread(target=_pump, args=(stream, target), daemon=True)
             for stream, target in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+            if bars
         ]
         for pump in pumps:
             pump.start()
@@ -184,7 +179,7 @@ def _launch(command: list[str], env: dict, log_dir: Path, total: int | None, ena
         try:
             while True:
                 try:
-                    code = proc.wait(timeout=POLL_S)
+                    code = proc.wait(timeout=POLL_S if bars else None)
                     break
                 except subprocess.TimeoutExpired:
                     pass

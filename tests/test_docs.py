@@ -87,16 +87,13 @@ _MISSING = object()
 
 
 def _public_names() -> dict[str, object]:
-    found: dict[str, set] = {}
+    found: dict[str, list] = {}
     for name in _PACKAGES:
         module = importlib.import_module(name)
         for attr in module.__all__:
-            found.setdefault(attr, set()).add(id(getattr(module, attr)))
-    out: dict[str, object] = {"sps": sps}
-    for name in _PACKAGES:
-        module = importlib.import_module(name)
-        out.update({a: getattr(module, a) for a in module.__all__ if len(found[a]) == 1})
-    return out
+            found.setdefault(attr, []).append(getattr(module, attr))
+    unique = {a: v[0] for a, v in found.items() if all(x is v[0] for x in v)}
+    return {"sps": sps, **unique}
 
 
 PUBLIC_NAMES = _public_names()
