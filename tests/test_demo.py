@@ -172,6 +172,7 @@ def test_stopping_the_demo_stops_its_job(tmp_path, sig):
             assert demo.poll() is None and time.monotonic() < deadline, demo.stderr.read()[-3000:]
             time.sleep(0.1)
         pids = [record["launcher"], *(c["pid"] for c in record["children"])]
+        pids += [record["fork_server"]] if "fork_server" in record else []
         demo.send_signal(sig)
         demo.wait(timeout=60)
         deadline = time.monotonic() + 30

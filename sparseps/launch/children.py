@@ -6,13 +6,17 @@ leaves behind, the same for servers, workers and heter workers:
 
 - every child runs in its own session, so a signal to its process group reaches
   anything it spawned; on Linux it also gets SIGTERM if the launcher dies;
+- a child is forked by the launcher's fork server when it can be
+  (:mod:`~sparseps.launch.fork_server`: its imports are done), else started as a fresh
+  interpreter;
 - a child's stdout+stderr go to ``LOG_DIR/{role}.{rank}.log`` (worker 0's also to the
   console) through one pump thread per child, which also notes when it last wrote (the
   "no output for N s" warning the supervisor gives);
-- ``LOG_DIR/pids.json`` lists every process started (restarts included) so that tools
-  and tests can check that none survives the job; each entry also names the port of its
-  ``/metrics`` (``metrics_port``, when metrics are on), and ``extra_record`` adds the
-  launcher's own ports (``launcher_metrics_port``, ``status_port``);
+- ``LOG_DIR/pids.json`` lists every process started (restarts included, and the fork
+  server) so that tools and tests can check that none survives the job; each entry also
+  names the port of its ``/metrics`` (``metrics_port``, when metrics are on), and
+  ``extra_record`` adds the launcher's own ports (``launcher_metrics_port``,
+  ``status_port``);
 - :meth:`Children.roles` is what the status page shows, and keeps
   ``sparseps_launcher_role_up`` current.
 """
@@ -32,6 +36,7 @@ from pathlib import Path
 
 from ..core.atomic_file import replaced_atomically
 from ..env import RESTART_COUNT, Role
+from .fork_server import ForkedProcess, ForkServer
 from .procutil import die_with_parent_hook
 from .records import ChildSpec
 
@@ -45,7 +50,7 @@ class Child:
     """One started process and what the supervision loop learnt about it."""
 
     spec: ChildSpec
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | ForkedProcess
     attempt: int
     pump: threading.Thread
     last_output: float
@@ -81,6 +86,7 @@ class Children:
         self._extra_record = extra_record
         self.running: list[Child] = []  # in start order; the supervisor drops replaced ones
         self._history: list[dict] = []
+        self.fork_server: ForkServer | None = None  # set by the supervisor's run
 
     def start(self, spec: ChildSpec, attempt: int) -> Child:
         """Start ``spec`` as restart generation ``attempt`` (workers get it as
@@ -96,15 +102,20 @@ class Children:
         env = dict(spec.env)
         if spec.role is Role.WORKER:  # the worker group's generation (env.RESTART_COUNT)
             env[RESTART_COUNT] = str(attempt)
-        proc = subprocess.Popen(
-            list(spec.argv),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # own process group: signals reach its whole tree
-            preexec_fn=die_with_parent_hook(),
-        )
+        proc: subprocess.Popen[bytes] | ForkedProcess | None = None
+        forks = self.fork_server
+        if forks is not None and forks.serves(spec.argv, env):
+            proc = forks.spawn(spec.argv, env, torch=spec.role is not Role.SERVER)
+        if proc is None:
+            proc = subprocess.Popen(
+                list(spec.argv),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: signals reach its whole tree
+                preexec_fn=die_with_parent_hook(),
+            )
         child = Child(spec, proc, attempt, threading.Thread(), time.monotonic())
         child.pump = threading.Thread(
             target=_pump, args=(child,), name=f"log-{spec.role.value}-{spec.rank}", daemon=True
@@ -127,6 +138,7 @@ class Children:
         record = {
             "job_id": self._job_id,
             "launcher": os.getpid(),
+            **({"fork_server": self.fork_server.pid} if self.fork_server else {}),
             **self._extra_record,
             "children": self._history,
         }

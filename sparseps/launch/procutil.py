@@ -18,8 +18,9 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol
 
-__all__ = ["die_with_parent_hook", "signal_groups", "stop_groups", "tail"]
+__all__ = ["die_with_parent", "die_with_parent_hook", "signal_groups", "stop_groups", "tail"]
 
 log = logging.getLogger(__name__)
 
@@ -35,20 +36,36 @@ def die_with_parent_hook() -> Callable[[], None] | None:
     Note: the kernel ties the signal to the *thread* that forked, so spawn from a
     long-lived thread (the launcher and ``sps.init`` spawn from the main thread).
     """
-    if not sys.platform.startswith("linux"):
+    libc = _libc()
+    if libc is None:
         return None
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    libc = ctypes.CDLL(name, use_errno=True)
     parent = os.getpid()
 
     def hook() -> None:
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
+        _die_with(libc, parent)
 
     return hook
+
+
+def die_with_parent(parent: int) -> None:
+    """In a child just forked by ``parent`` (the fork server): get SIGTERM when it dies,
+    or exit now if it already has."""
+    libc = _libc()
+    if libc is not None:
+        _die_with(libc, parent)
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c")
+    return None if name is None else ctypes.CDLL(name, use_errno=True)
+
+
+def _die_with(libc: ctypes.CDLL, parent: int) -> None:
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def signal_groups(pids: Iterable[int], sig: int) -> None:
@@ -58,7 +75,18 @@ def signal_groups(pids: Iterable[int], sig: int) -> None:
             os.killpg(pid, sig)
 
 
-def stop_groups(procs: Iterable[subprocess.Popen], grace_s: float) -> None:
+class Process(Protocol):
+    """What stopping needs of a child: a :class:`subprocess.Popen` or a forked one
+    (:class:`sparseps.launch.fork_server.ForkedProcess`)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def stop_groups(procs: Iterable[Process], grace_s: float) -> None:
     """SIGTERM each process group, wait up to ``grace_s``, then SIGKILL what is left.
 
     The SIGKILL goes to every group, also to those whose leader exited on time: a

@@ -55,6 +55,7 @@ from pathlib import Path
 from ..env import MASTER, RECOVER, Role
 from ..errors import SparsePSError
 from .children import Child, Children
+from .fork_server import ForkServer, fork_server_enabled
 from .node_sync import Coordinator, LocalCoordinator
 from .procutil import stop_groups, tail
 from .records import (
@@ -212,12 +213,18 @@ class Supervisor:
     def run(self) -> Outcome:
         """Start every child and supervise until the job completes, fails or is interrupted."""
         previous = self._install_signal_handlers()
+        if self.children and fork_server_enabled(self.children[0].env):
+            # from this thread, which outlives every child: the kernel ties the fork
+            # server's death signal to it (procutil.die_with_parent_hook)
+            self._children.fork_server = ForkServer(self.children[0].env)
         try:
             for spec in sorted(self.children, key=lambda c: c.role is Role.WORKER):
                 self._start(spec, 0)
             return self._loop()
         finally:
             stop_groups([c.proc for c in self._children.running], self.config.grace_s)
+            if self._children.fork_server is not None:
+                self._children.fork_server.close()
             for child in self._children.running:
                 child.pump.join(timeout=2.0)
             self._coordinator.close()

@@ -236,7 +236,7 @@ class OnlineDriver:
         if self.rank == 0:  # worker 0 alone cleans, prunes and writes the ledger
             # held by the `sparseps online` command of this job (local: our parent; Ray:
             # another process tree, which recorded the job id)
-            self.lock.acquire(accept_parent=True, accept_job=os.environ.get(sps_env.JOB_ID))
+            self.lock.acquire(accept_ancestor=True, accept_job=os.environ.get(sps_env.JOB_ID))
         try:
             return self._run()
         finally:

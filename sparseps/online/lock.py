@@ -13,8 +13,8 @@ Who takes it:
 - ``sparseps online`` takes it in its own process (which also runs the launcher) before
   it creates the log folder or starts any process, and holds it until the job ended;
 - worker 0's :class:`~sparseps.online.driver.OnlineDriver` takes it before it cleans or
-  reads the folder; when the holder is its own parent (the ``sparseps online`` process
-  that launched it), or names the job id worker 0 runs under (``SPARSEPS_JOB_ID``: with
+  reads the folder; when the holder is a process it descends from (the ``sparseps
+  online`` process that launched it, through the launcher's fork server), or names the job id worker 0 runs under (``SPARSEPS_JOB_ID``: with
   ``job.backend: ray`` worker 0 runs under a Ray actor, on any node, not as the command's
   child), the lock is already held for this job and it goes on.
 
@@ -65,20 +65,21 @@ class ModelDirLock:
         self.what = what
         self.job_id = job_id
         self._fd: int | None = None
-        self.inherited = False  # True: our parent holds it for this job
+        self.inherited = False  # True: an ancestor of ours holds it for this job
 
     @property
     def held(self) -> bool:
         return self._fd is not None or self.inherited
 
     def acquire(
-        self, *, accept_parent: bool = False, accept_job: str | None = None
+        self, *, accept_ancestor: bool = False, accept_job: str | None = None
     ) -> ModelDirLock:
         """Take the lock without waiting.
 
         Args:
-            accept_parent: a lock held by this process's parent on this host counts as
-                held for us (a launched worker of the ``sparseps online`` process).
+            accept_ancestor: a lock held by a process this one descends from, on this
+                host, counts as held for us (a launched worker of the ``sparseps online``
+                process: its parent, or the launcher's fork server's parent).
             accept_job: a lock held for this job id (the holder recorded it) counts as
                 held for us (worker 0 of a job whose ``sparseps online`` holds the lock
                 from another process tree: Ray); None or empty: no job is accepted.
@@ -96,12 +97,12 @@ class ModelDirLock:
         except BlockingIOError:
             os.close(fd)
             holder = self.holder()
-            parent = (
-                accept_parent
-                and holder.get("pid") == os.getppid()
+            ancestor = (
+                accept_ancestor
+                and holder.get("pid") in _ancestors()
                 and holder.get("host") == socket.gethostname()
             )
-            if parent or (accept_job and holder.get("job") == accept_job):
+            if ancestor or (accept_job and holder.get("job") == accept_job):
                 self.inherited = True
                 return self
             raise ModelDirBusyError(
@@ -158,3 +159,18 @@ def _describe(holder: dict) -> str:
         f"held by {holder.get('cmd', 'a job')}, pid {holder.get('pid', '?')} on host "
         f"{holder.get('host', '?')}, started {holder.get('started', '?')}{job}"
     )
+
+
+def _ancestors() -> list[int]:
+    """The pids this process descends from: its parent first (only the parent where
+    ``/proc`` cannot be read)."""
+    pids: list[int] = []
+    pid = os.getppid()
+    while pid > 1 and len(pids) < 64:
+        pids.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+    return pids

@@ -97,16 +97,16 @@ def test_only_the_holders_own_child_may_share_its_lock(tmp_path):
             sys.exit(10)
         except ModelDirBusyError:
             pass
-        lock = ModelDirLock({str(tmp_path)!r}).acquire(accept_parent=True)
+        lock = ModelDirLock({str(tmp_path)!r}).acquire(accept_ancestor=True)
         sys.exit(20 if lock.inherited else 30)
     """)
     holder = _hold(tmp_path, spawn=check)
     assert holder.wait(timeout=60) == 20
-    # not our parent: refused even with accept_parent
+    # not an ancestor of ours: refused even with accept_ancestor
     holder = _hold(tmp_path)
     try:
         with pytest.raises(ModelDirBusyError, match=f"pid {holder.pid} "):
-            ModelDirLock(tmp_path).acquire(accept_parent=True)
+            ModelDirLock(tmp_path).acquire(accept_ancestor=True)
     finally:
         holder.kill()
         holder.wait(timeout=10)
@@ -120,7 +120,7 @@ def test_a_lock_held_for_a_job_is_shared_only_with_that_jobs_worker_0(tmp_path, 
     try:
         for other in (None, "", "sps-ray-b"):
             with pytest.raises(ModelDirBusyError, match=f"pid {holder.pid} .*job sps-ray-a"):
-                ModelDirLock(config.model_dir).acquire(accept_parent=True, accept_job=other)
+                ModelDirLock(config.model_dir).acquire(accept_ancestor=True, accept_job=other)
         lock = ModelDirLock(config.model_dir).acquire(accept_job="sps-ray-a")
         assert lock.inherited and lock.held
         lock.release()

@@ -1,0 +1,148 @@
+"""The launcher's fork server (sparseps.launch.fork_server): a forked child is what a fresh
+``python -u -m sparseps.observe.child SCRIPT ARGS`` would be, and none outlives the
+launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparseps.launch.fork_server import ForkServer, fork_server_enabled
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# prints what a child is, then exits as its first argument says
+SCRIPT = """
+import json, os, random, sys
+print(json.dumps({
+    "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__,
+    "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0),
+    "rank": os.environ.get("PADDLE_TRAINER_ID"), "random": random.random(),
+    "torch": "torch" in sys.modules, "stdin": sys.stdin.read(),
+}), flush=True)
+how = sys.argv[1]
+if how == "raise":
+    raise RuntimeError("the job's own error")
+if how == "sleep":
+    import time; time.sleep(60)
+sys.exit(int(how))
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return {**env, **extra}
+
+
+def _argv(script: Path, *args: str) -> list[str]:
+    return [sys.executable, "-u", "-m", "sparseps.observe.child", str(script), *args]
+
+
+def _report(proc) -> tuple[dict, str]:
+    out = proc.stdout.read().decode()
+    proc.stdout.close()
+    return json.loads(out.splitlines()[0]), out
+
+
+def test_a_forked_child_is_what_a_fresh_interpreter_would_be(tmp_path, monkeypatch):
+    script = tmp_path / "jobs" / "child.py"
+    script.parent.mkdir()
+    script.write_text(SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    server = ForkServer(_env())
+    try:
+        assert server.serves(_argv(script, "0"), _env(PADDLE_TRAINER_ID="1"))
+        # what Python or a library reads at import time must be the fork server's
+        assert not server.serves(_argv(script, "0"), _env(PYTHONHASHSEED="7"))
+        assert not server.serves([sys.executable, "-m", "sparseps.observe.child", "x"], _env())
+        first = server.spawn(_argv(script, "3", "--flag"), _env(PADDLE_TRAINER_ID="0"), torch=False)
+        second = server.spawn(_argv(script, "0"), _env(PADDLE_TRAINER_ID="1"), torch=False)
+        assert first is not None and second is not None
+        assert first.wait(timeout=60) == 3
+        assert second.wait(timeout=60) == 0
+        a, _ = _report(first)
+        b, _ = _report(second)
+        assert a["argv"] == [str(script), "3", "--flag"] and a["name"] == "__main__"
+        assert a["cwd"] == str(tmp_path) and a["path0"] == str(script.parent)
+        assert a["ppid"] == server.pid and a["sid"] == a["pid"] == first.pid  # own session
+        assert (a["rank"], b["rank"]) == ("0", "1") and a["stdin"] == ""
+        assert a["random"] != b["random"]  # each child seeds its generators afresh
+        assert not a["torch"]  # a server's child: the fork server holds no torch yet
+
+        worker = server.spawn(_argv(script, "raise"), _env(), torch=True)
+        assert worker is not None and worker.wait(timeout=120) == 1
+        report, out = _report(worker)
+        assert report["torch"] and "RuntimeError: the job's own error" in out  # traceback
+        # torch is loaded now: a server starts as a fresh interpreter (no 130 MB of torch)
+        assert server.spawn(_argv(script, "0"), _env(), torch=False) is None
+
+        sleeper = server.spawn(_argv(script, "sleep"), _env(), torch=True)
+        assert sleeper is not None and sleeper.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeper.wait(timeout=0.2)
+        os.killpg(sleeper.pid, signal.SIGKILL)
+        assert sleeper.wait(timeout=30) == -signal.SIGKILL
+        sleeper.stdout.close()
+    finally:
+        server.close()
+    assert not server.serves(_argv(script, "0"), _env())
+
+
+def test_switched_off_by_the_environment():
+    assert fork_server_enabled({}) and fork_server_enabled({"SPARSEPS_FORK_SERVER": "1"})
+    assert not fork_server_enabled({"SPARSEPS_FORK_SERVER": "0"})
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_nothing_outlives_a_killed_launcher(tmp_path):
+    """SIGKILL to the launcher: the fork server dies with it, the forked workers with the
+    fork server (and the servers with the launcher)."""
+    script = tmp_path / "job.py"
+    script.write_text("import time\ntime.sleep(120)\n")
+    log_dir = tmp_path / "log"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "sparseps.cli", "launch", "--server-num", "1",
+         "--worker-num", "2", "--log-dir", str(log_dir), str(script)],
+        env=_env(), cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    pids_json, deadline = log_dir / "pids.json", time.monotonic() + 120
+    try:
+        while True:
+            record = json.loads(pids_json.read_text()) if pids_json.exists() else {}
+            if len(record.get("children", [])) == 3:
+                break
+            assert launcher.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        workers = [c["pid"] for c in record["children"] if c["role"] == "worker"]
+        for pid in workers:  # forked by the fork server, not started by the launcher
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            assert ppid == record["fork_server"]
+        launcher.kill()
+        launcher.wait(timeout=30)
+        pids = [record["fork_server"], *(c["pid"] for c in record["children"])]
+        deadline = time.monotonic() + 30
+        while not all(map(_gone, pids)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        alive = [pid for pid in pids if not _gone(pid)]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.stderr.close()
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert alive == []
