@@ -7,9 +7,11 @@ the running job within seconds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -53,11 +55,36 @@ def _run_job(tmp_path: Path, data: Path, options: tuple, probe=None) -> tuple[fl
     if probe is not None:
         first_log = nodes[0][1]
         wait_for(lambda: "running server" in _text(first_log / "server.0.log"), 120, "server 0")
-        probed = probe(_server_endpoint(first_log))
+        with _workers_paused([log_dir for _, log_dir, _ in nodes]):
+            probed = probe(_server_endpoint(first_log))
     outputs = finish([proc for _, _, proc in nodes], timeout=400)
     codes = [proc.returncode for _, _, proc in nodes]
     assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
     return _auc(outputs[0]), probed
+
+
+@contextlib.contextmanager
+def _workers_paused(log_dirs: list[Path]):
+    """SIGSTOP every worker of the job while the probes run: the job cannot finish (and its
+    servers stop) before the last probe has its answer, however fast the job is."""
+
+    def workers() -> list[int]:
+        pids = []
+        for log_dir in log_dirs:
+            text = _text(log_dir / "pids.json")
+            children = json.loads(text)["children"] if text else []
+            pids += [c["pid"] for c in children if c["role"] == "worker"]
+        return pids
+
+    wait_for(lambda: len(workers()) == len(log_dirs), 120, "a worker on every node")
+    pids = workers()
+    for pid in pids:  # each worker leads its own process group
+        os.killpg(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.killpg(pid, signal.SIGCONT)
 
 
 def _text(path: Path) -> str:
