@@ -146,3 +146,27 @@ def test_nothing_outlives_a_killed_launcher(tmp_path):
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert alive == []
+
+
+def test_a_dead_fork_server_takes_its_children_and_is_not_used_again(tmp_path, monkeypatch):
+    script = tmp_path / "child.py"
+    script.write_text(SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    server = ForkServer(_env())
+    try:
+        sleeper = server.spawn(_argv(script, "sleep"), _env(), torch=False)
+        assert sleeper is not None
+        report = json.loads(sleeper.stdout.readline())
+        assert report["ppid"] == server.pid
+        os.kill(server.pid, signal.SIGKILL)  # the OOM killer, say
+        # its child is stopped by the kernel, and the launcher hears of it
+        assert sleeper.wait(timeout=30) == -signal.SIGTERM
+        deadline = time.monotonic() + 30
+        while not _gone(sleeper.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(sleeper.pid)
+        sleeper.stdout.close()
+        assert not server.serves(_argv(script, "0"), _env())  # the launcher starts fresh ones
+        assert server.spawn(_argv(script, "0"), _env(), torch=False) is None
+    finally:
+        server.close()
