@@ -119,9 +119,12 @@ def results(folder: Path, count: int) -> list[dict]:
 
 
 def assert_all_gone(log_dir: Path, within: float = 5.0) -> dict:
-    """Every pid the launcher recorded exits within ``within`` s; none of the job is left."""
+    """Every pid the launcher recorded (its fork server too) exits within ``within`` s;
+    none of the job is left."""
     record = read_pids(log_dir)
-    pids = [c["pid"] for c in record["children"]]
+    pids = [c["pid"] for c in record["children"]] + (
+        [record["fork_server"]] if "fork_server" in record else []
+    )
     wait_for(lambda: not any(alive(p) for p in pids), within, f"children {pids} to exit")
     assert job_processes(record["job_id"]) == []
     return record

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _launchtools import alive, assert_all_gone
 
 from sparseps.launch.fork_server import ForkServer, fork_server_enabled
 
@@ -101,14 +102,6 @@ def test_switched_off_by_the_environment():
     assert not fork_server_enabled({"SPARSEPS_FORK_SERVER": "0"})
 
 
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
-
-
 def test_nothing_outlives_a_killed_launcher(tmp_path):
     """SIGKILL to the launcher: the fork server dies with it, the forked workers with the
     fork server (and the servers with the launcher)."""
@@ -134,18 +127,11 @@ def test_nothing_outlives_a_killed_launcher(tmp_path):
             assert ppid == record["fork_server"]
         launcher.kill()
         launcher.wait(timeout=30)
-        pids = [record["fork_server"], *(c["pid"] for c in record["children"])]
-        deadline = time.monotonic() + 30
-        while not all(map(_gone, pids)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        alive = [pid for pid in pids if not _gone(pid)]
+        assert_all_gone(log_dir, within=30)
     finally:
         if launcher.poll() is None:
             launcher.kill()
         launcher.stderr.close()
-    for pid in alive:
-        os.kill(pid, signal.SIGKILL)
-    assert alive == []
 
 
 def test_a_dead_fork_server_takes_its_children_and_is_not_used_again(tmp_path, monkeypatch):
@@ -162,9 +148,9 @@ def test_a_dead_fork_server_takes_its_children_and_is_not_used_again(tmp_path, m
         # its child is stopped by the kernel, and the launcher hears of it
         assert sleeper.wait(timeout=30) == -signal.SIGTERM
         deadline = time.monotonic() + 30
-        while not _gone(sleeper.pid) and time.monotonic() < deadline:
+        while alive(sleeper.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _gone(sleeper.pid)
+        assert not alive(sleeper.pid)
         sleeper.stdout.close()
         assert not server.serves(_argv(script, "0"), _env())  # the launcher starts fresh ones
         assert server.spawn(_argv(script, "0"), _env(), torch=False) is None
