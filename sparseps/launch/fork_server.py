@@ -205,18 +205,16 @@ class ForkServer:
         return proc
 
     def _request(self, message: dict, fd: int) -> dict | None:
-        data = json.dumps(message).encode()
-        if len(data) > _MAX_MESSAGE // 2:
-            return None
         with self._lock:
             if self._closed:
                 return None
             self._next_id += 1
             message_id = self._next_id
+            data = json.dumps({"id": message_id, **message}).encode()
+            if len(data) > _MAX_MESSAGE // 2:  # an environment of megabytes: start it fresh
+                return None
             try:
-                socket.send_fds(
-                    self._sock, [json.dumps({"id": message_id, **message}).encode()], [fd]
-                )
+                socket.send_fds(self._sock, [data], [fd])
             except OSError:
                 return None
         with self._reply:

@@ -14,9 +14,10 @@ Who takes it:
   it creates the log folder or starts any process, and holds it until the job ended;
 - worker 0's :class:`~sparseps.online.driver.OnlineDriver` takes it before it cleans or
   reads the folder; when the holder is a process it descends from (the ``sparseps
-  online`` process that launched it, through the launcher's fork server), or names the job id worker 0 runs under (``SPARSEPS_JOB_ID``: with
-  ``job.backend: ray`` worker 0 runs under a Ray actor, on any node, not as the command's
-  child), the lock is already held for this job and it goes on.
+  online`` process that launched it, through the launcher's fork server), or names the
+  job id worker 0 runs under (``SPARSEPS_JOB_ID``: with ``job.backend: ray`` worker 0
+  runs under a Ray actor, on any node, not as the command's child), the lock is already
+  held for this job and it goes on.
 
 Worked example of the file (one JSON object, written after the lock is taken)::
 
