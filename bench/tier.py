@@ -296,7 +296,9 @@ def scale_run(
 
     samples: list[tuple[float, int]] = []
     done = threading.Event()
-    with local_cluster(servers=1, environ={"SPARSEPS_DISK_DIR": folder}, timeout=120) as cluster:
+    with local_cluster(
+        servers=1, environ={"SPARSEPS_DISK_DIR": folder}, timeout=120, fork=False
+    ) as cluster:  # a fresh interpreter: the RSS sampled is the server's own
         pid = cluster.pid(0)
         start = time.perf_counter()
 

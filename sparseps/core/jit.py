@@ -17,6 +17,11 @@ holds: one thread per process is ever inside, nested compiles (a kernel typing a
 it calls) re-enter their own locks, and since kernels never call each other in a cycle,
 processes cannot wait on each other in one. Without ``fcntl`` or a writable lock folder
 a kernel compiles as numba alone would.
+
+:func:`load_cached_kernels` loads, ahead of their first call, every overload of this
+process's cached kernels that the cache holds: the fork server (``sparseps.launch``) runs
+it before each fork, so a forked server or worker starts with the kernels loaded instead
+of loading them one by one on first use (about 0.7 CPU-s for a server's).
 """
 
 from __future__ import annotations
@@ -38,12 +43,13 @@ try:
 except ImportError:  # not POSIX: no locks
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["njit"]
+__all__ = ["load_cached_kernels", "njit"]
 
 log = logging.getLogger(__name__)
 
 _LOCKS = Path(tempfile.gettempdir()) / f"sparseps-jit-locks-{os.getuid()}"
 _held: dict[str, list[int]] = {}  # lock name -> [fd, depth]; guarded by numba's lock
+_cached_kernels: list[Any] = []  # every dispatcher made with cache=True, for the preload
 
 
 def njit(**options: Any) -> Callable[[Callable], Any]:
@@ -62,9 +68,38 @@ def njit(**options: Any) -> Callable[[Callable], Any]:
 
             # numba calls self.compile on a cache miss of its in-memory overloads
             dispatcher.compile = compile
+        if options.get("cache"):
+            _cached_kernels.append(dispatcher)
         return dispatcher
 
     return decorate
+
+
+def load_cached_kernels() -> int:
+    """Load every overload of the cached kernels defined so far that numba's cache holds
+    for this machine and source and that is not loaded yet; returns how many were loaded.
+
+    Only what is a cache hit is loaded, never compiled: a kernel the cache lacks compiles
+    on its first call as before. Best effort: the cache index is numba's own format
+    (its ``FunctionCache``, numba pinned in constraints.txt); anything unexpected skips
+    the kernel.
+    """
+    from numba.core.registry import cpu_target
+
+    codegen = cpu_target.target_context.codegen()
+    loaded = 0
+    for dispatcher in _cached_kernels:
+        try:
+            cache = vars(dispatcher)["_cache"]  # numba's FunctionCache; no public accessor
+            for key in cache._cache_file._load_index():
+                signature = key[0]
+                if signature in dispatcher.overloads or cache._index_key(signature, codegen) != key:
+                    continue  # loaded already, or another machine's or source's overload
+                dispatcher.compile(signature)  # a hit: numba loads it from the cache
+                loaded += 1
+        except Exception as exc:  # noqa: BLE001 - an optimisation: the first call loads it
+            log.debug("kernel %s not preloaded: %s", dispatcher.py_func.__qualname__, exc)
+    return loaded
 
 
 def _lock_name(function: Callable) -> str:

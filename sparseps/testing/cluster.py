@@ -10,16 +10,27 @@ Example::
 
 On exit every server gets a ``stop`` op, then SIGTERM, then SIGKILL after a grace
 period, so no process outlives the block even when its body raised.
+
+The servers are forked from one fork server per process (:mod:`sparseps.launch.fork_server`,
+shared by every cluster of the process, started by the first), as the launcher's are: a
+server costs a fork instead of an interpreter importing numpy, numba and zmq (about a
+CPU-second; the test suite starts some 150). A server is a fresh interpreter instead
+when ``fork=False`` (a figure of its memory), when ``SPARSEPS_FORK_SERVER=0``, when its
+environment differs from the fork server's outside the role variables, or when the
+cluster is started from a thread other than the main thread (the fork server gets
+SIGTERM when the thread that started it ends).
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, SparsePSError, UnavailableError
+from ..launch.fork_server import ForkedProcess, ForkServer, fork_server_enabled
 from ..rpc.client import PSClient
 from ..rpc.security import Security, security_from_key_dir
 from ..rpc.transport import free_port
@@ -37,6 +49,9 @@ log = logging.getLogger(__name__)
 
 _START_ATTEMPTS = 3
 _GRACE_S = 5.0
+_SERVER_MODULE = "sparseps.server"
+
+Server = subprocess.Popen | ForkedProcess
 
 
 class LocalCluster:
@@ -44,14 +59,14 @@ class LocalCluster:
 
     Attributes:
         endpoints: ``127.0.0.1:port`` per server rank.
-        processes: the ``subprocess.Popen`` of each server (None once reaped).
+        processes: the ``subprocess.Popen`` (or forked equivalent) of each server.
         log_dir: folder holding ``server.R.log`` (each server's stderr).
     """
 
     def __init__(
         self,
         endpoints: Sequence[str],
-        processes: list[subprocess.Popen],
+        processes: list[Server],
         log_dir: Path,
         timeout: float,
         job_id: str | None = None,
@@ -62,6 +77,7 @@ class LocalCluster:
         self.replicas = replicas
         self._options: list[str] = []  # the servers' command-line options (for replace)
         self._environ: dict | None = None
+        self._fork = True
         self.processes = processes
         self.log_dir = log_dir
         self.timeout = timeout
@@ -94,8 +110,9 @@ class LocalCluster:
         if self.processes[rank].poll() is None:
             raise ConfigError(f"local_cluster: server {rank} still runs; kill it first")
         self.processes[rank] = _spawn_one(
-            rank, self.endpoints, self.log_dir, [*self._options, "--recover"], self._environ
-        )
+            rank, self.endpoints, self.log_dir, [*self._options, "--recover"], self._environ,
+            self._fork,
+        )  # fmt: skip
 
     def log_text(self, rank: int) -> str:
         """What server ``rank`` wrote to stderr so far."""
@@ -119,7 +136,7 @@ class LocalCluster:
         _reap(self.processes)
 
 
-def _reap(processes: list[subprocess.Popen]) -> None:
+def _reap(processes: list[Server]) -> None:
     """Wait, then SIGTERM, then SIGKILL: nothing survives."""
     deadline = time.monotonic() + _GRACE_S
     for process in processes:
@@ -135,27 +152,57 @@ def _reap(processes: list[subprocess.Popen]) -> None:
             process.wait(timeout=_GRACE_S)
 
 
+_fork_server: ForkServer | None = None
+_fork_server_owner = 0  # the pid that started it: a forked copy of this module starts its own
+_fork_server_lock = threading.Lock()
+
+
+def _shared_fork_server(env: dict[str, str]) -> ForkServer | None:
+    """This process's fork server for servers with ``env``, started on first use; None
+    where a server must start as a fresh interpreter (module docstring)."""
+    global _fork_server, _fork_server_owner
+    if not fork_server_enabled(env) or threading.current_thread() is not threading.main_thread():
+        return None
+    with _fork_server_lock:
+        if _fork_server is None or _fork_server_owner != os.getpid():
+            _fork_server, _fork_server_owner = ForkServer(env), os.getpid()
+            atexit.register(_fork_server.close)
+        return _fork_server if _fork_server.serves_env(env) else None
+
+
 def _spawn_one(
-    rank: int, endpoints: Sequence[str], log_dir: Path, options: list[str], environ: dict | None
-) -> subprocess.Popen:
-    command = [
-        sys.executable, "-m", "sparseps.server", "--rank", str(rank),
-        "--endpoints", ",".join(endpoints), *options,
-    ]  # fmt: skip
+    rank: int,
+    endpoints: Sequence[str],
+    log_dir: Path,
+    options: list[str],
+    environ: dict | None,
+    fork: bool,
+) -> Server:
+    args = ["--rank", str(rank), "--endpoints", ",".join(endpoints), *options]
+    env = {**os.environ, **(environ or {})}
+    forks = _shared_fork_server(env) if fork else None
     with open(log_dir / f"server.{rank}.log", "ab") as log_file:
+        if forks is not None:
+            with open(os.devnull, "wb") as devnull:
+                process = forks.spawn_module(
+                    _SERVER_MODULE, args, env, stdout=devnull.fileno(), stderr=log_file.fileno()
+                )
+            if process is not None:
+                return process
         return subprocess.Popen(
-            command,
+            [sys.executable, "-m", _SERVER_MODULE, *args],
             stdout=subprocess.DEVNULL,
             stderr=log_file,
-            env={**os.environ, **(environ or {})},
+            env=env,
         )
 
 
 def _spawn(
-    endpoints: list[str], log_dir: Path, options: list[str], environ: dict | None
-) -> list[subprocess.Popen]:
+    endpoints: list[str], log_dir: Path, options: list[str], environ: dict | None, fork: bool
+) -> list[Server]:
     return [
-        _spawn_one(rank, endpoints, log_dir, options, environ) for rank in range(len(endpoints))
+        _spawn_one(rank, endpoints, log_dir, options, environ, fork)
+        for rank in range(len(endpoints))
     ]
 
 
@@ -199,6 +246,7 @@ def local_cluster(
     job_id: str | None = None,
     key_dir: str | os.PathLike | None = None,
     replicas: int = 0,
+    fork: bool = True,
 ) -> Iterator[LocalCluster]:
     """Start ``servers`` server processes on free loopback ports.
 
@@ -214,6 +262,8 @@ def local_cluster(
             the cluster's own clients the same keys; default: plain transport.
         replicas: backup copies of every shard (docs/replication.md); the cluster's
             clients use the same count.
+        fork: fork the servers from this process's fork server where it can (module
+            docstring); False: fresh interpreters (whose memory is their own alone).
 
     Yields:
         a :class:`LocalCluster`.
@@ -241,10 +291,10 @@ def local_cluster(
         for attempt in range(_START_ATTEMPTS):
             endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
             cluster = LocalCluster(
-                endpoints, _spawn(endpoints, log_dir, options, environ), log_dir, timeout,
+                endpoints, _spawn(endpoints, log_dir, options, environ, fork), log_dir, timeout,
                 job_id, security, replicas,
             )  # fmt: skip
-            cluster._options, cluster._environ = options, environ
+            cluster._options, cluster._environ, cluster._fork = options, environ, fork
             try:
                 _wait_ready(cluster, timeout)
                 break
@@ -265,7 +315,7 @@ def local_cluster(
             cluster._stop()
 
 
-def _reap_now(processes: list[subprocess.Popen]) -> None:
+def _reap_now(processes: list[Server]) -> None:
     for process in processes:
         if process.poll() is None:
             process.kill()

@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # prints what a child is, then exits as its first argument says
 SCRIPT = """
-import json, os, random, sys
+import gc, json, os, random, sys
 print(json.dumps({
     "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "name": __name__,
     "pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0),
     "rank": os.environ.get("PADDLE_TRAINER_ID"), "random": random.random(),
-    "torch": "torch" in sys.modules, "stdin": sys.stdin.read(),
+    "torch": "torch" in sys.modules, "stdin": sys.stdin.read(), "frozen": gc.get_freeze_count(),
 }), flush=True)
 how = sys.argv[1]
 if how == "raise":
@@ -77,6 +77,8 @@ def test_a_forked_child_is_what_a_fresh_interpreter_would_be(tmp_path, monkeypat
         assert (a["rank"], b["rank"]) == ("0", "1") and a["stdin"] == ""
         assert a["random"] != b["random"]  # each child seeds its generators afresh
         assert not a["torch"]  # a server's child: the fork server holds no torch yet
+        # what it inherited is frozen: its collections (and its exit's) do not walk it
+        assert a["frozen"] > 10_000
 
         worker = server.spawn(_argv(script, "raise"), _env(), torch=True)
         assert worker is not None and worker.wait(timeout=120) == 1
@@ -95,6 +97,35 @@ def test_a_forked_child_is_what_a_fresh_interpreter_would_be(tmp_path, monkeypat
     finally:
         server.close()
     assert not server.serves(_argv(script, "0"), _env())
+
+
+MODULE = """
+import os, sys
+print("out", sys.argv[1:], __name__, sys.path[0] == os.getcwd(), flush=True)
+print("err", os.path.basename(sys.argv[0]), file=sys.stderr, flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_a_module_child_runs_as_python_m_with_its_own_output_files(tmp_path, monkeypatch):
+    """spawn_module (local_cluster's servers): ``python -m MODULE ARGS``, stdout and stderr
+    into the files given."""
+    (tmp_path / "childmod.py").write_text(MODULE)
+    monkeypatch.chdir(tmp_path)
+    server = ForkServer(_env())
+    try:
+        assert server.serves_env(_env(SPARSEPS_RANK="3"))
+        assert not server.serves_env(_env(PYTHONHASHSEED="7"))
+        with open(tmp_path / "out", "wb") as out, open(tmp_path / "err", "wb") as err:
+            child = server.spawn_module(
+                "childmod", ["4", "x"], _env(), stdout=out.fileno(), stderr=err.fileno()
+            )
+        assert child is not None and child.stdout is None
+        assert child.wait(timeout=60) == 4
+        assert (tmp_path / "out").read_text() == "out ['4', 'x'] __main__ True\n"
+        assert (tmp_path / "err").read_text() == "err childmod.py\n"
+    finally:
+        server.close()
 
 
 def test_switched_off_by_the_environment():

@@ -1,0 +1,61 @@
+"""sparseps.testing.local_cluster forks its servers from one fork server per process
+(sparseps.launch.fork_server): each is what ``python -m sparseps.server`` would be, and a
+server starts as a fresh interpreter when asked, when the fork server is switched off,
+or when its environment differs outside the role variables."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparseps.errors import UnavailableError
+from sparseps.launch.fork_server import ForkedProcess
+from sparseps.testing import local_cluster
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_servers_are_forked_and_behave_as_started_ones():
+    with local_cluster(servers=2) as cluster:
+        processes = list(cluster.processes)
+        assert all(isinstance(p, ForkedProcess) for p in processes)
+        forker = _parent(cluster.pid(0))
+        assert forker != os.getpid() and _parent(cluster.pid(1)) == forker
+        with cluster.client() as client:
+            client.ping()
+        # stderr is the server's log; its endpoint is the rank's
+        assert f"rank id: 1, endpoint: {cluster.endpoints[1]}" in cluster.log_text(1)
+        cluster.kill(1)
+        assert processes[1].returncode == -signal.SIGKILL
+    assert processes[0].returncode == 0  # stopped by the stop op, cleanly
+    with local_cluster(servers=1) as again:  # the same fork server serves the next cluster
+        assert _parent(again.pid(0)) == forker
+
+
+def test_a_forked_server_that_cannot_start_says_why():
+    expected = "exited with code 1.*replicas=3 needs at least"
+    with (
+        pytest.raises(UnavailableError, match=expected),
+        local_cluster(servers=1, environ={"SPARSEPS_REPLICAS": "3"}),
+    ):
+        pass
+
+
+@pytest.mark.parametrize("how", ["fork=False", "SPARSEPS_FORK_SERVER=0", "environment"])
+def test_fresh_interpreters_where_forking_would_differ(how, monkeypatch):
+    options: dict = {"fork": False} if how == "fork=False" else {}
+    if how == "SPARSEPS_FORK_SERVER=0":
+        monkeypatch.setenv("SPARSEPS_FORK_SERVER", "0")
+    if how == "environment":  # read at interpreter start: the fork server's would differ
+        options["environ"] = {"PYTHONHASHSEED": "3"}
+    with local_cluster(servers=1, **options) as cluster:
+        assert isinstance(cluster.processes[0], subprocess.Popen)
+        assert _parent(cluster.pid(0)) == os.getpid()
+        with cluster.client() as client:
+            client.ping()
