@@ -1,7 +1,7 @@
-"""sparseps.testing.local_cluster forks its servers from one fork server per process
-(sparseps.launch.fork_server): each is what ``python -m sparseps.server`` would be, and a
-server starts as a fresh interpreter when asked, when the fork server is switched off,
-or when its environment differs outside the role variables."""
+"""sparseps.testing.local_cluster forks its servers from a fork server of the process
+(sparseps.launch.fork_server): each is what ``python -m sparseps.server`` would be; another
+environment gets another fork server; a server starts as a fresh interpreter when asked
+or when the fork server is switched off."""
 
 from __future__ import annotations
 
@@ -47,13 +47,34 @@ def test_a_forked_server_that_cannot_start_says_why():
         pass
 
 
-@pytest.mark.parametrize("how", ["fork=False", "SPARSEPS_FORK_SERVER=0", "environment"])
-def test_fresh_interpreters_where_forking_would_differ(how, monkeypatch):
+def test_another_environment_gets_its_own_fork_server(monkeypatch):
+    with local_cluster(servers=1) as cluster:
+        forker = _parent(cluster.pid(0))
+    # what the interpreter reads at start differs: the first fork server cannot serve it
+    with local_cluster(servers=1, environ={"PYTHONHASHSEED": "3"}) as cluster:
+        assert isinstance(cluster.processes[0], ForkedProcess)
+        other = _parent(cluster.pid(0))
+        assert other not in (forker, os.getpid())
+        assert _environ(cluster.pid(0))["PYTHONHASHSEED"] == "3"
+    monkeypatch.setenv("SOME_LIBRARY_SETTING", "1")  # as importing ray does to its process
+    with local_cluster(servers=1) as cluster:
+        assert _parent(cluster.pid(0)) not in (forker, other, os.getpid())
+        assert _environ(cluster.pid(0))["SOME_LIBRARY_SETTING"] == "1"
+    monkeypatch.delenv("SOME_LIBRARY_SETTING")
+    with local_cluster(servers=1) as cluster:  # back to the first environment, and its server
+        assert _parent(cluster.pid(0)) == forker
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+@pytest.mark.parametrize("how", ["fork=False", "SPARSEPS_FORK_SERVER=0"])
+def test_fresh_interpreters_when_asked(how, monkeypatch):
     options: dict = {"fork": False} if how == "fork=False" else {}
     if how == "SPARSEPS_FORK_SERVER=0":
         monkeypatch.setenv("SPARSEPS_FORK_SERVER", "0")
-    if how == "environment":  # read at interpreter start: the fork server's would differ
-        options["environ"] = {"PYTHONHASHSEED": "3"}
     with local_cluster(servers=1, **options) as cluster:
         assert isinstance(cluster.processes[0], subprocess.Popen)
         assert _parent(cluster.pid(0)) == os.getpid()

@@ -89,8 +89,13 @@ def fork_server_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 def _per_child(name: str) -> bool:
     """Whether a variable may differ between children of one fork server: the role
-    variables, which nothing reads at import time."""
-    return name.startswith(("SPARSEPS_", "PADDLE_")) or name in ("TRAINING_ROLE", "POD_IP")
+    variables, which nothing reads at import time, and pytest's name of the running test
+    (it changes with every test of a process that starts local clusters)."""
+    return name.startswith(("SPARSEPS_", "PADDLE_")) or name in (
+        "TRAINING_ROLE",
+        "POD_IP",
+        "PYTEST_CURRENT_TEST",
+    )
 
 
 def _shared(env: Mapping[str, str]) -> dict[str, str]:

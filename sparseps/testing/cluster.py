@@ -14,11 +14,12 @@ period, so no process outlives the block even when its body raised.
 The servers are forked from one fork server per process (:mod:`sparseps.launch.fork_server`,
 shared by every cluster of the process, started by the first), as the launcher's are: a
 server costs a fork instead of an interpreter importing numpy, numba and zmq (about a
-CPU-second; the test suite starts some 150). A server is a fresh interpreter instead
-when ``fork=False`` (a figure of its memory), when ``SPARSEPS_FORK_SERVER=0``, when its
-environment differs from the fork server's outside the role variables, or when the
-cluster is started from a thread other than the main thread (the fork server gets
-SIGTERM when the thread that started it ends).
+CPU-second; the test suite starts some 150). A process's environment may change (importing
+ray sets a variable): a new environment gets its own fork server, up to four. A server is
+a fresh interpreter instead when ``fork=False`` (a figure of its memory), when
+``SPARSEPS_FORK_SERVER=0``, when its environment is a fifth, or when the cluster is
+started from a thread other than the main thread (the fork server gets SIGTERM when the
+thread that started it ends).
 """
 
 from __future__ import annotations
@@ -152,22 +153,33 @@ def _reap(processes: list[Server]) -> None:
             process.wait(timeout=_GRACE_S)
 
 
-_fork_server: ForkServer | None = None
-_fork_server_owner = 0  # the pid that started it: a forked copy of this module starts its own
-_fork_server_lock = threading.Lock()
+_fork_servers: list[ForkServer] = []
+_fork_servers_owner = 0  # the pid that started them: a forked copy of this module starts its own
+_fork_servers_lock = threading.Lock()
+# one per environment met (importing ray, say, sets RAY_CLIENT_MODE in this process), a few
+# at most: each holds ~200 MB
+_MAX_FORK_SERVERS = 4
 
 
 def _shared_fork_server(env: dict[str, str]) -> ForkServer | None:
     """This process's fork server for servers with ``env``, started on first use; None
     where a server must start as a fresh interpreter (module docstring)."""
-    global _fork_server, _fork_server_owner
+    global _fork_servers_owner
     if not fork_server_enabled(env) or threading.current_thread() is not threading.main_thread():
         return None
-    with _fork_server_lock:
-        if _fork_server is None or _fork_server_owner != os.getpid():
-            _fork_server, _fork_server_owner = ForkServer(env), os.getpid()
-            atexit.register(_fork_server.close)
-        return _fork_server if _fork_server.serves_env(env) else None
+    with _fork_servers_lock:
+        if _fork_servers_owner != os.getpid():
+            _fork_servers.clear()
+            _fork_servers_owner = os.getpid()
+        for server in _fork_servers:
+            if server.serves_env(env):
+                return server
+        if len(_fork_servers) == _MAX_FORK_SERVERS:
+            return None
+        server = ForkServer(env)
+        atexit.register(server.close)
+        _fork_servers.append(server)
+        return server
 
 
 def _spawn_one(
