@@ -63,6 +63,11 @@ def test_another_environment_gets_its_own_fork_server(monkeypatch):
     monkeypatch.delenv("SOME_LIBRARY_SETTING")
     with local_cluster(servers=1) as cluster:  # back to the first environment, and its server
         assert _parent(cluster.pid(0)) == forker
+    # pytest names the running test in the environment: the next test's servers are forked
+    # by the same fork server (else each test would start its own)
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_next.py::test_next (call)")
+    with local_cluster(servers=1) as cluster:
+        assert _parent(cluster.pid(0)) == forker
 
 
 def _environ(pid: int) -> dict[str, str]:
