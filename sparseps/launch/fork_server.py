@@ -27,9 +27,9 @@ on every restart of the worker group. The fork server imports them once per laun
 
 ``SPARSEPS_FORK_SERVER=0`` turns it off (every child a fresh interpreter).
 
-:func:`sparseps.testing.local_cluster` uses one too (one per process, shared by its
-clusters, :meth:`ForkServer.spawn_module`): its servers are ``python -m sparseps.server``
-with their stderr in a log file, forked the same way.
+:func:`sparseps.testing.local_cluster` uses them too (shared by the clusters of a process,
+one per environment, :meth:`ForkServer.spawn_module`): its servers are ``python -m
+sparseps.server`` with their stderr in a log file, forked the same way.
 
 Requests and reports are JSON messages over a Unix ``SOCK_SEQPACKET`` pair; the pipe's
 write end travels with the request (``SCM_RIGHTS``). The fork server is single-threaded
@@ -183,7 +183,7 @@ class ForkServer:
             and len(argv) > len(CHILD_PREFIX)
             and argv[0] == sys.executable
             and tuple(argv[1 : 1 + len(CHILD_PREFIX)]) == CHILD_PREFIX
-            and _shared(env) == self._env
+            and self.serves_env(env)
         )
 
     def serves_env(self, env: Mapping[str, str]) -> bool:
@@ -197,9 +197,11 @@ class ForkServer:
         :meth:`serves_env`) and its output into the file descriptors ``stdout`` and
         ``stderr`` (the caller's, still open after the call); never torch. None when the
         fork server cannot: start it as a fresh interpreter then."""
-        message = {"module": module, "argv": list(args), "env": dict(env), "cwd": os.getcwd()}
-        reply = self._request({**message, "torch": False}, [stdout, stderr])
-        return self._started(reply, None)
+        message = {
+            "module": module, "argv": list(args), "env": dict(env), "cwd": os.getcwd(),
+            "torch": False,
+        }  # fmt: skip
+        return self._started(self._request(message, [stdout, stderr]), None)
 
     def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], *, torch: bool
@@ -221,12 +223,14 @@ class ForkServer:
             )
         finally:
             os.close(write_end)
-        if reply is None or "pid" not in reply:
+        proc = self._started(reply, read_end)
+        if proc is None:
             os.close(read_end)
-        return self._started(reply, read_end)
+        return proc
 
     def _started(self, reply: dict | None, read_end: int | None) -> ForkedProcess | None:
-        """The handle of the child a reply names (``read_end``: its output pipe), or None."""
+        """The handle of the child a reply names (``read_end``: its output pipe, opened only
+        then), or None."""
         if reply is None or "pid" not in reply:
             if reply is not None and reply.get("error"):
                 log.warning("fork server: %s; starting a fresh interpreter", reply["error"])

@@ -153,9 +153,9 @@ def _reap(processes: list[Server]) -> None:
             process.wait(timeout=_GRACE_S)
 
 
+# touched by the main thread only (_shared_fork_server): no lock
 _fork_servers: list[ForkServer] = []
 _fork_servers_owner = 0  # the pid that started them: a forked copy of this module starts its own
-_fork_servers_lock = threading.Lock()
 # one per environment met (importing ray, say, sets RAY_CLIENT_MODE in this process), a few
 # at most: each holds ~200 MB
 _MAX_FORK_SERVERS = 4
@@ -167,19 +167,18 @@ def _shared_fork_server(env: dict[str, str]) -> ForkServer | None:
     global _fork_servers_owner
     if not fork_server_enabled(env) or threading.current_thread() is not threading.main_thread():
         return None
-    with _fork_servers_lock:
-        if _fork_servers_owner != os.getpid():
-            _fork_servers.clear()
-            _fork_servers_owner = os.getpid()
-        for server in _fork_servers:
-            if server.serves_env(env):
-                return server
-        if len(_fork_servers) == _MAX_FORK_SERVERS:
-            return None
-        server = ForkServer(env)
-        atexit.register(server.close)
-        _fork_servers.append(server)
-        return server
+    if _fork_servers_owner != os.getpid():
+        _fork_servers.clear()
+        _fork_servers_owner = os.getpid()
+    for server in _fork_servers:
+        if server.serves_env(env):
+            return server
+    if len(_fork_servers) == _MAX_FORK_SERVERS:
+        return None
+    server = ForkServer(env)
+    atexit.register(server.close)
+    _fork_servers.append(server)
+    return server
 
 
 def _spawn_one(
