@@ -202,11 +202,21 @@ def _step_and_compare(name, rule, table, grads, where=""):
             rule, w.astype(np.float64), state.astype(np.float64), grads.astype(np.float64)
         )
     rtols = _adam_rtol(rule, state) if name == "adam" else np.full(len(got_w), RTOL)
+    if _close(got_w, want_w, rtols[:, None]) and _close(got_state, want_state, RTOL):
+        return  # what the asserts below accept; they run (and explain) when it is not
     for row, rtol in enumerate(rtols):
         np.testing.assert_allclose(got_w[row], want_w[row].astype(np.float32), rtol=rtol,
                                    atol=ATOL, err_msg=f"{name} weights row {row} {where}")  # fmt: skip
     np.testing.assert_allclose(got_state, want_state.astype(np.float32), rtol=RTOL, atol=ATOL,
                                err_msg=f"{name} state {where}")  # fmt: skip
+
+
+def _close(got: np.ndarray, want: np.ndarray, rtol) -> bool:
+    """Whether the asserts of :func:`_step_and_compare` pass, decided in one ``isclose``
+    over all rows (the comparison ``assert_allclose`` makes, same dtypes) instead of one
+    assert per row: the long runs take 10k steps. NaN anywhere is left to the asserts."""
+    want = want.astype(np.float32)
+    return bool(np.isclose(got, want, rtol=rtol, atol=ATOL, equal_nan=False).all())
 
 
 def _adam_rtol(rule, state: np.ndarray) -> np.ndarray:
