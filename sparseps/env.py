@@ -118,6 +118,8 @@ RENDEZVOUS_TIMEOUT = "SPARSEPS_RENDEZVOUS_TIMEOUT_S"
 COLLECTIVE_TIMEOUT = "SPARSEPS_COLLECTIVE_TIMEOUT_S"
 SERVER_START_TIMEOUT = "SPARSEPS_SERVER_START_TIMEOUT_S"
 FORK_SERVER = "SPARSEPS_FORK_SERVER"  # "0": launchers start every child as a fresh interpreter
+# a folder (mode 700) where launchers keep warm fork servers between jobs (launch.zygote)
+ZYGOTE_DIR = "SPARSEPS_ZYGOTE_DIR"
 
 
 _ROLE_NAMES = "'server', 'worker' or 'heter_worker'"

@@ -13,10 +13,14 @@ file) nothing changes.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from sparseps.env import ZYGOTE_DIR
 
 # files whose tests launch jobs or measure time; the rest are short and share the cores
 HEAVY_FILES = frozenset(
@@ -74,6 +78,7 @@ HEAVY_FILES = frozenset(
     }
 )
 _TESTS = Path(__file__).parent
+_zygote_folder: str | None = None  # the zygotes' folder this process made
 
 
 def _relative(item: pytest.Item) -> str:
@@ -105,6 +110,19 @@ def pytest_configure(config: pytest.Config) -> None:
     # inherits it.
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+    # The suite launches ~100 jobs per xdist worker from a few environments: their fork
+    # servers come from zygotes (sparseps.launch.zygote) in a folder of the session's,
+    # removed at its end (which stops them). Set before xdist starts its workers, so that
+    # they share it; a folder the developer set is kept.
+    global _zygote_folder
+    if not os.environ.get(ZYGOTE_DIR):
+        _zygote_folder = tempfile.mkdtemp(prefix="sparseps-zygotes-")  # mode 700
+        os.environ[ZYGOTE_DIR] = _zygote_folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _zygote_folder is not None and os.environ.get(ZYGOTE_DIR) == _zygote_folder:
+        shutil.rmtree(_zygote_folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

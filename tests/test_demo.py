@@ -6,7 +6,6 @@ are captured without the flag (no terminal: no bar)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from sparseps.cli import main as cli_main
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests" / "fixtures" / "criteo_sample.csv"
@@ -23,8 +23,7 @@ ROWS = 20000  # see demo()
 
 
 def sparseps(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = clean_environ()
     return subprocess.run(
         [sys.executable, "-m", "sparseps.cli", *args],
         capture_output=True,
@@ -156,8 +155,7 @@ def test_stopping_the_demo_stops_its_job(tmp_path, sig):
     launcher it started and every process of the job; none trains on as an orphan (before:
     the launcher and its children ran the job to its end after the demo was gone)."""
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = clean_environ()
     demo = subprocess.Popen(
         [sys.executable, "-m", "sparseps.cli", "demo", "--out", str(out), "--rows", "200000"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -172,7 +170,7 @@ def test_stopping_the_demo_stops_its_job(tmp_path, sig):
             assert demo.poll() is None and time.monotonic() < deadline, demo.stderr.read()[-3000:]
             time.sleep(0.1)
         pids = [record["launcher"], *(c["pid"] for c in record["children"])]
-        pids += [record["fork_server"]] if "fork_server" in record else []
+        pids += record.get("fork_servers", [])
         demo.send_signal(sig)
         demo.wait(timeout=60)
         deadline = time.monotonic() + 30

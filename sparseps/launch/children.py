@@ -138,7 +138,7 @@ class Children:
         record = {
             "job_id": self._job_id,
             "launcher": os.getpid(),
-            **({"fork_server": self.fork_server.pid} if self.fork_server else {}),
+            **({"fork_servers": self.fork_server.pids} if self.fork_server else {}),
             **self._extra_record,
             "children": self._history,
         }

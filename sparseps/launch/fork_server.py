@@ -25,7 +25,10 @@ on every restart of the worker group. The fork server imports them once per laun
   server cannot start, starts as a fresh interpreter: what Python or a library reads at
   import time is then always what the child would have read itself.
 
-``SPARSEPS_FORK_SERVER=0`` turns it off (every child a fresh interpreter).
+``SPARSEPS_FORK_SERVER=0`` turns it off (every child a fresh interpreter). With
+``SPARSEPS_ZYGOTE_DIR``, the fork servers are forked, already imported, by zygotes kept
+warm between jobs (:mod:`sparseps.launch.zygote`). This module is the launcher's side; the
+fork server process is :mod:`sparseps.launch.fork_process`.
 
 :func:`sparseps.testing.local_cluster` uses them too (shared by the clusters of a process,
 one per environment, :meth:`ForkServer.spawn_module`): its servers are ``python -m
@@ -40,13 +43,9 @@ reporting each exit code as :class:`subprocess.Popen` would give it.
 from __future__ import annotations
 
 import contextlib
-import gc
-import importlib
 import json
 import logging
 import os
-import runpy
-import select
 import signal
 import socket
 import subprocess
@@ -55,7 +54,9 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from ..env import FORK_SERVER
-from .procutil import die_with_parent, die_with_parent_hook
+from .fork_process import MAX_MESSAGE as _MAX_MESSAGE
+from .procutil import die_with_parent_hook
+from .zygote import Zygotes
 
 __all__ = ["ForkServer", "ForkedProcess", "fork_server_enabled"]
 
@@ -64,20 +65,7 @@ log = logging.getLogger(__name__)
 # the interpreter prefix of every launched child (launch_cli._child); what follows it are
 # the arguments of sparseps.observe.child
 CHILD_PREFIX = ("-u", "-m", "sparseps.observe.child")
-SERVER_SET = (
-    "numpy",
-    "numba",
-    "zmq",
-    "pyarrow",
-    "pyarrow.csv",
-    "sparseps.observe.child",
-    "sparseps.role",
-    "sparseps.server",
-    "sparseps.data",
-)
-WORKER_SET = ("torch", "sparseps.worker", "sparseps.models")
-_ENTRY = "from sparseps.launch.fork_server import main; main()"
-_MAX_MESSAGE = 1 << 20
+_ENTRY = "from sparseps.launch.fork_process import main; main()"
 _START_TIMEOUT_S = 120.0  # the fork server's own imports, on a loaded machine
 
 
@@ -138,97 +126,24 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-class ForkServer:
-    """The launcher's side of one fork server (module docstring).
+class _Channel:
+    """The socket to one fork server process, and the children it reports on."""
 
-    Args:
-        env: the environment the children will have, role variables aside (any child's).
-    """
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._env = _shared(env)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        for end in (ours, theirs):
-            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _MAX_MESSAGE)
-        self._sock = ours
-        self._proc = subprocess.Popen(
-            # -c, not -m: the package sparseps.launch has imported this module already
-            [sys.executable, "-u", "-c", _ENTRY, str(theirs.fileno())],
-            env=self._env,
-            stdin=subprocess.DEVNULL,
-            pass_fds=(theirs.fileno(),),
-            start_new_session=True,  # a Ctrl-C to the launcher's group is the launcher's
-            preexec_fn=die_with_parent_hook(),
-        )
-        theirs.close()
+    def __init__(self, sock: socket.socket, pid: int, proc: subprocess.Popen | None) -> None:
+        self.sock = sock
+        self.pid = pid
+        self._proc = proc  # None for a fork server a zygote forked (not our child)
         self._lock = threading.Lock()  # one request on the socket at a time
         self._replies: dict[int, dict] = {}
         self._reply = threading.Condition()
         self._next_id = 0
         self._children: dict[int, ForkedProcess] = {}
         self._exits: dict[int, int] = {}  # exits reported before the launcher saw the pid
-        self._ready: set[str] = set()
-        self._closed = False
+        self.closed = False
         self._reader = threading.Thread(target=self._read, name="fork-server", daemon=True)
         self._reader.start()
 
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def serves(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
-        """Whether a child with this command line and environment can be forked."""
-        return (
-            not self._closed
-            and len(argv) > len(CHILD_PREFIX)
-            and argv[0] == sys.executable
-            and tuple(argv[1 : 1 + len(CHILD_PREFIX)]) == CHILD_PREFIX
-            and self.serves_env(env)
-        )
-
-    def serves_env(self, env: Mapping[str, str]) -> bool:
-        """Whether a child with this environment can be forked (:meth:`spawn_module`)."""
-        return not self._closed and _shared(env) == self._env
-
-    def spawn_module(
-        self, module: str, args: Sequence[str], env: Mapping[str, str], *, stdout: int, stderr: int
-    ) -> ForkedProcess | None:
-        """Fork a child running what ``python -m MODULE ARGS`` runs, with ``env`` (see
-        :meth:`serves_env`) and its output into the file descriptors ``stdout`` and
-        ``stderr`` (the caller's, still open after the call); never torch. None when the
-        fork server cannot: start it as a fresh interpreter then."""
-        message = {
-            "module": module, "argv": list(args), "env": dict(env), "cwd": os.getcwd(),
-            "torch": False,
-        }  # fmt: skip
-        return self._started(self._request(message, [stdout, stderr]), None)
-
-    def spawn(
-        self, argv: Sequence[str], env: Mapping[str, str], *, torch: bool
-    ) -> ForkedProcess | None:
-        """Fork a child running ``argv`` (a launched child's command line, see
-        :meth:`serves`) with ``env``; ``torch``: it will import torch (a worker). None when
-        the fork server cannot (dead, or holding torch for a child that would not import
-        it): start the child as a fresh interpreter then."""
-        read_end, write_end = os.pipe()
-        try:
-            reply = self._request(
-                {
-                    "argv": list(argv[1 + len(CHILD_PREFIX) :]),
-                    "env": dict(env),
-                    "cwd": os.getcwd(),
-                    "torch": torch,
-                },
-                [write_end],
-            )
-        finally:
-            os.close(write_end)
-        proc = self._started(reply, read_end)
-        if proc is None:
-            os.close(read_end)
-        return proc
-
-    def _started(self, reply: dict | None, read_end: int | None) -> ForkedProcess | None:
+    def started(self, reply: dict | None, read_end: int | None) -> ForkedProcess | None:
         """The handle of the child a reply names (``read_end``: its output pipe, opened only
         then), or None."""
         if reply is None or "pid" not in reply:
@@ -244,9 +159,9 @@ class ForkServer:
                 proc._set_exit(self._exits.pop(proc.pid))
         return proc
 
-    def _request(self, message: dict, fds: list[int]) -> dict | None:
+    def request(self, message: dict, fds: list[int]) -> dict | None:
         with self._lock:
-            if self._closed:
+            if self.closed:
                 return None
             self._next_id += 1
             message_id = self._next_id
@@ -254,19 +169,19 @@ class ForkServer:
             if len(data) > _MAX_MESSAGE // 2:  # an environment of megabytes: start it fresh
                 return None
             try:
-                socket.send_fds(self._sock, [data], fds)
+                socket.send_fds(self.sock, [data], fds)
             except OSError:
                 return None
         with self._reply:
             self._reply.wait_for(
-                lambda: message_id in self._replies or self._closed, timeout=_START_TIMEOUT_S
+                lambda: message_id in self._replies or self.closed, timeout=_START_TIMEOUT_S
             )
             return self._replies.pop(message_id, None)
 
     def _read(self) -> None:
         while True:
             try:
-                data = self._sock.recv(_MAX_MESSAGE)
+                data = self.sock.recv(_MAX_MESSAGE)
             except OSError:
                 data = b""
             if not data:
@@ -284,153 +199,167 @@ class ForkServer:
                 self._reply.notify_all()
         # the fork server is gone; its children got SIGTERM from the kernel
         with self._reply:
-            if not self._closed:
+            if not self.closed:
                 log.warning(
                     "fork server (pid %d) exited%s; children start as fresh interpreters",
-                    self._proc.pid,
+                    self.pid,
                     f", stopping its {len(self._children)} children" if self._children else "",
                 )
-            self._closed = True
+            self.closed = True
             for proc in self._children.values():
                 proc._set_exit(-signal.SIGTERM)
             self._children.clear()
             self._reply.notify_all()
 
     def close(self) -> None:
-        """Stop the fork server (its children still running get SIGTERM from the kernel:
-        call this once they are stopped)."""
         with self._lock:
-            self._closed = True
+            self.closed = True
             with contextlib.suppress(OSError):
-                self._sock.shutdown(socket.SHUT_RDWR)
-        try:
-            self._proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+                self.sock.shutdown(socket.SHUT_RDWR)
+        # it exits on the end of its socket (and a zygote, its parent, reaps it)
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
         self._reader.join(timeout=5.0)
-        self._sock.close()
+        if self._proc is None and self._reader.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            self._reader.join(timeout=5.0)
+        self.sock.close()
 
 
-# -- the fork server process -----------------------------------------------------------
+def _fresh_channel(env: Mapping[str, str]) -> _Channel:
+    """A fork server started as a fresh interpreter with ``env``, child of this process."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for end in (ours, theirs):
+        end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _MAX_MESSAGE)
+    proc = subprocess.Popen(
+        # -c, not -m: the package sparseps.launch has imported this module already
+        [sys.executable, "-u", "-c", _ENTRY, str(theirs.fileno())],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        pass_fds=(theirs.fileno(),),
+        start_new_session=True,  # a Ctrl-C to the launcher's group is the launcher's
+        preexec_fn=die_with_parent_hook(),
+    )
+    theirs.close()
+    return _Channel(ours, proc.pid, proc)
 
 
-def _import_all(names: Sequence[str]) -> None:
-    for name in names:
-        with contextlib.suppress(ImportError):  # an optional extra: the child will say
-            importlib.import_module(name)
+class ForkServer:
+    """The launcher's side of its fork servers (module docstring).
 
+    One fork server started as a fresh interpreter serves every child; with zygotes
+    (:mod:`sparseps.launch.zygote`, ``SPARSEPS_ZYGOTE_DIR``) there are two instead, both
+    forked already imported, each on first use: one for the servers, one with torch for
+    the workers. Once a fresh one was needed (no zygote up yet) it serves what is left.
 
-def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
-    """Fork children until the launcher closes the socket; returns (the request, its
-    output fds: one for stdout and stderr, or one each) in a forked child, None in the
-    fork server when done."""
-    from ..core.jit import load_cached_kernels  # numba: the fork server's imports have it
+    Args:
+        env: the environment the children will have, role variables aside (any child's).
+    """
 
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
-    signal.set_wakeup_fd(wake_w)
-    has_torch = False
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = _shared(env)
+        self._zygotes = Zygotes.at(env, self._env)
+        self._forked: dict[bool, _Channel] = {}  # by torch: fork servers from a zygote
+        self._fresh: _Channel | None = None
+        self._closed = False
+        self._channel(torch=False)  # now: a fresh one's imports overlap the launcher's work
 
-    def send(message: dict) -> None:
-        with contextlib.suppress(OSError):
-            sock.send(json.dumps(message).encode())
+    def _channels(self) -> list[_Channel]:
+        return [*self._forked.values(), *([self._fresh] if self._fresh else [])]
 
-    while True:
-        ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
-        if wake_r in ready:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(wake_r, 4096):
-                    pass
-            while True:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-                send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
-        if sock.fileno() not in ready:
-            continue
-        try:
-            data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 2)
-        except OSError:
-            data, fds = b"", []
-        if not data:
+    @property
+    def pids(self) -> list[int]:
+        """The fork server processes serving this launcher."""
+        return [channel.pid for channel in self._channels()]
+
+    def serves(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
+        """Whether a child with this command line and environment can be forked."""
+        return (
+            not self._closed
+            and len(argv) > len(CHILD_PREFIX)
+            and argv[0] == sys.executable
+            and tuple(argv[1 : 1 + len(CHILD_PREFIX)]) == CHILD_PREFIX
+            and self.serves_env(env)
+        )
+
+    def serves_env(self, env: Mapping[str, str]) -> bool:
+        """Whether a child with this environment can be forked (:meth:`spawn_module`): not
+        after a fork server died (killed for its memory, say): children start fresh then."""
+        return (
+            not self._closed
+            and not any(channel.closed for channel in self._channels())
+            and _shared(env) == self._env
+        )
+
+    def _channel(self, *, torch: bool) -> _Channel | None:
+        """The fork server for a child that imports torch or not; None once one died."""
+        if self._closed or any(channel.closed for channel in self._channels()):
             return None
-        request = json.loads(data)
-        if not fds:
-            send({"id": request["id"], "error": "no output pipe came with the request"})
-            continue
-        if request["torch"] and not has_torch:
-            _import_all(WORKER_SET)
-            has_torch = True
-        elif not request["torch"] and has_torch:
-            _close_all(fds)
-            send({"id": request["id"]})  # a fresh interpreter keeps a server torch-free
-            continue
-        load_cached_kernels()  # what other processes have compiled since: once, here
-        # Everything the fork server holds moves to the collector's permanent generation:
-        # a child's collections (and its exit's) never walk the inherited objects, nor
-        # write to their pages. A server's exit took ~0.5 CPU-s without it, 0.1 with it.
-        gc.freeze()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        if torch in self._forked:
+            return self._forked[torch]
+        if self._zygotes is not None and self._fresh is None:
+            got = self._zygotes.fork_server(torch=torch)
+            if got is not None:
+                self._forked[torch] = _Channel(*got, None)
+                return self._forked[torch]
+        if self._fresh is None:
+            self._fresh = _fresh_channel(self._env)
+            if self._zygotes is not None and not torch:
+                self._zygotes.expect(torch=True)  # the fresh one will serve the workers too
+        return self._fresh
+
+    def spawn_module(
+        self, module: str, args: Sequence[str], env: Mapping[str, str], *, stdout: int, stderr: int
+    ) -> ForkedProcess | None:
+        """Fork a child running what ``python -m MODULE ARGS`` runs, with ``env`` (see
+        :meth:`serves_env`) and its output into the file descriptors ``stdout`` and
+        ``stderr`` (the caller's, still open after the call); never torch. None when the
+        fork server cannot: start it as a fresh interpreter then."""
+        channel = self._channel(torch=False)
+        if channel is None:
+            return None
+        message = {
+            "module": module, "argv": list(args), "env": dict(env), "cwd": os.getcwd(),
+            "torch": False,
+        }  # fmt: skip
+        return channel.started(channel.request(message, [stdout, stderr]), None)
+
+    def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], *, torch: bool
+    ) -> ForkedProcess | None:
+        """Fork a child running ``argv`` (a launched child's command line, see
+        :meth:`serves`) with ``env``; ``torch``: it will import torch (a worker). None when
+        the fork server cannot (dead, or holding torch for a child that would not import
+        it): start the child as a fresh interpreter then."""
+        channel = self._channel(torch=torch)
+        if channel is None:
+            return None
+        read_end, write_end = os.pipe()
         try:
-            pid = os.fork()
-        except OSError as exc:
-            _close_all(fds)
-            send({"id": request["id"], "error": f"fork failed: {exc}"})
-            continue
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in (wake_r, wake_w):
-                os.close(fd)
-            sock.close()
-            return request, fds
-        _close_all(fds)
-        send({"id": request["id"], "pid": pid})
+            reply = channel.request(
+                {
+                    "argv": list(argv[1 + len(CHILD_PREFIX) :]),
+                    "env": dict(env),
+                    "cwd": os.getcwd(),
+                    "torch": torch,
+                },
+                [write_end],
+            )
+        finally:
+            os.close(write_end)
+        proc = channel.started(reply, read_end)
+        if proc is None:
+            os.close(read_end)
+        return proc
 
-
-def _close_all(fds: Sequence[int]) -> None:
-    for fd in fds:
-        os.close(fd)
-
-
-def _become(request: dict, out_fds: list[int], server_pid: int) -> None:
-    """In a forked child: turn into the requested child and run it (module docstring)."""
-    import random
-
-    os.setsid()
-    die_with_parent(server_pid)
-    os.dup2(out_fds[0], 1)
-    os.dup2(out_fds[-1], 2)
-    _close_all(out_fds)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    random.seed()  # a fresh interpreter's generators differ between processes
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
-    if "module" in request:  # as ``python -m MODULE ARGS``: sys.path[0] is the folder
-        sys.argv = [sys.argv[0], *request["argv"]]
-        sys.path[0] = os.getcwd()
-        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-        return
-    from ..observe.child import main
-
-    main(request["argv"])
-
-
-def main() -> None:
-    """The fork server process (``python -c _ENTRY FD``: FD is its end of the socket)."""
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    _import_all(SERVER_SET)
-    server_pid = os.getpid()
-    job = _serve(sock)
-    if job is not None:
-        _become(*job, server_pid)
+    def close(self) -> None:
+        """Stop the fork servers (their children still running get SIGTERM from the
+        kernel: call this once they are stopped)."""
+        self._closed = True
+        for channel in self._channels():
+            channel.close()

@@ -22,6 +22,7 @@ import pytest
 from sparseps.cli import main as cli_main
 from sparseps.data.synthetic import write_dataset
 from sparseps.files import manifest as mf
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "worker" / "jobs" / "train_job.py"
@@ -29,10 +30,7 @@ LOAD_JOB = ROOT / "tests" / "checkpoint" / "jobs" / "model_job.py"
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
+    return clean_environ(**extra)
 
 
 def _cmd(tmp: Path, servers: int, workers: int, *args: str, grace_s: float = 5.0) -> list[str]:

@@ -8,7 +8,6 @@ server, one worker), a few seconds each; a "restart" is a second job on the same
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from sparseps.checkpoint import checkpoint as ck
 from sparseps.checkpoint.predictor import Predictor
 from sparseps.data.synthetic import write_dataset
 from sparseps.files import manifest as mf
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "checkpoint" / "jobs" / "model_job.py"
@@ -30,8 +30,7 @@ JOB = ROOT / "tests" / "checkpoint" / "jobs" / "model_job.py"
 def run_job(work: Path, data: Path, steps: list[str], *options: str) -> dict:
     """Run the job in local mode; returns worker 0's summary."""
     work.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = clean_environ()
     out = work / "summary.json"
     done = subprocess.run(
         [

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from sparseps.data import CRITEO, InMemoryDataset, QueueDataset
 from sparseps.data.schema import ID_FILE_SHIFT
 from sparseps.data.steal import WorkQueue
 from sparseps.errors import ConfigError
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "jobs" / "steal_job.py"
@@ -222,8 +222,7 @@ def test_launched_slow_worker_reads_a_third(tmp_path):
     folder = _write(tmp_path / "train", files=24, rows=32)
     out = tmp_path / "out"
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = clean_environ()
     cmd = [sys.executable, "-m", "sparseps.cli", "launch", "--server-num", "1", "--worker-num",
            "3", "--log-dir", str(tmp_path / "log"), str(JOB), "--train", str(folder), "--out",
            str(out), "--journal", str(tmp_path / "journal"), "--slow-rank", "0", "--slow-factor",

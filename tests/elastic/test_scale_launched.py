@@ -12,7 +12,6 @@ steps while the job was scaled stays under ``STALL_BOUND_S`` (printed).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -28,15 +27,15 @@ from _scaletools import (
     step_times,
 )
 
+from sparseps.testing.environ import clean_environ
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 400
 STEP_SLEEP_S = 0.05
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
+    return clean_environ()
 
 
 def _launch(tmp: Path, name: str, *extra: str) -> subprocess.Popen:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 
 from sparseps.rpc import port_claims, transport
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -19,15 +19,8 @@ MINIMAL = ROOT / "examples" / "minimal" / "train.py"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without SPARSEPS_* variables (tests may run inside a job), plus extra.
-
-    The repository root leads PYTHONPATH so that children import this checkout's sparseps
-    whatever their working directory.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
+    """This environment for a job (:func:`sparseps.testing.environ.clean_environ`), plus extra."""
+    return clean_environ(**extra)
 
 
 def launch_argv(*args: str) -> list[str]:
@@ -122,9 +115,7 @@ def assert_all_gone(log_dir: Path, within: float = 5.0) -> dict:
     """Every pid the launcher recorded (its fork server too) exits within ``within`` s;
     none of the job is left."""
     record = read_pids(log_dir)
-    pids = [c["pid"] for c in record["children"]] + (
-        [record["fork_server"]] if "fork_server" in record else []
-    )
+    pids = [c["pid"] for c in record["children"]] + record.get("fork_servers", [])
     wait_for(lambda: not any(alive(p) for p in pids), within, f"children {pids} to exit")
     assert job_processes(record["job_id"]) == []
     return record

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from _launchtools import alive, assert_all_gone
 
+from sparseps.env import ZYGOTE_DIR
 from sparseps.launch.fork_server import ForkServer, fork_server_enabled
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,9 +40,10 @@ sys.exit(int(how))
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return {**env, **extra}
+    """A job's environment without zygotes: one fork server, started by this process."""
+    env = clean_environ(**extra)
+    env.pop(ZYGOTE_DIR, None)
+    return env
 
 
 def _argv(script: Path, *args: str) -> list[str]:
@@ -73,7 +76,7 @@ def test_a_forked_child_is_what_a_fresh_interpreter_would_be(tmp_path, monkeypat
         b, _ = _report(second)
         assert a["argv"] == [str(script), "3", "--flag"] and a["name"] == "__main__"
         assert a["cwd"] == str(tmp_path) and a["path0"] == str(script.parent)
-        assert a["ppid"] == server.pid and a["sid"] == a["pid"] == first.pid  # own session
+        assert [a["ppid"]] == server.pids and a["sid"] == a["pid"] == first.pid  # own session
         assert (a["rank"], b["rank"]) == ("0", "1") and a["stdin"] == ""
         assert a["random"] != b["random"]  # each child seeds its generators afresh
         assert not a["torch"]  # a server's child: the fork server holds no torch yet
@@ -155,7 +158,7 @@ def test_nothing_outlives_a_killed_launcher(tmp_path):
         workers = [c["pid"] for c in record["children"] if c["role"] == "worker"]
         for pid in workers:  # forked by the fork server, not started by the launcher
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            assert ppid == record["fork_server"]
+            assert [ppid] == record["fork_servers"]
         launcher.kill()
         launcher.wait(timeout=30)
         assert_all_gone(log_dir, within=30)
@@ -174,8 +177,8 @@ def test_a_dead_fork_server_takes_its_children_and_is_not_used_again(tmp_path, m
         sleeper = server.spawn(_argv(script, "sleep"), _env(), torch=False)
         assert sleeper is not None
         report = json.loads(sleeper.stdout.readline())
-        assert report["ppid"] == server.pid
-        os.kill(server.pid, signal.SIGKILL)  # the OOM killer, say
+        assert [report["ppid"]] == server.pids
+        os.kill(report["ppid"], signal.SIGKILL)  # the OOM killer, say
         # its child is stopped by the kernel, and the launcher hears of it
         assert sleeper.wait(timeout=30) == -signal.SIGTERM
         deadline = time.monotonic() + 30

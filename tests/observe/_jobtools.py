@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -15,9 +16,7 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 def clean_env() -> dict[str, str]:
     """This environment without SPARSEPS_* variables, with this checkout first on the path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
+    return clean_environ()
 
 
 def start_launch(*args: str, cwd: Path) -> subprocess.Popen:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,14 +11,14 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import yaml
 
+from sparseps.testing.environ import clean_environ
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def clean_env() -> dict[str, str]:
     """This environment without SPARSEPS_* variables; this checkout first on PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
+    return clean_environ()
 
 
 def write_config(path: Path, *, data_root: Path, model_dir: Path, days: int, passes_per_day: int,

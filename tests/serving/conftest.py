@@ -16,7 +16,6 @@ share it; the HTTP tests check whatever chain is served at the time against
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from sparseps.data.synthetic import write_dataset
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "jobs" / "chain_job.py"
@@ -63,8 +63,7 @@ class ChainJob:
     def __init__(self, work: Path) -> None:
         self.work = work
         write_dataset(work / "data", rows=400, seed=3, files=1, test_rows=200)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env = clean_environ()
         self.log = open(work / "job.log", "wb")  # noqa: SIM115 (closed in close())
         self.process = subprocess.Popen(
             [

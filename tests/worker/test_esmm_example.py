@@ -10,7 +10,6 @@ string generator prints them) give the same run.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTS = ("user", "item", "ctx")
@@ -57,8 +58,7 @@ def write(folder: Path, rows: int, seed: int, fmt: str = "criteo_tsv") -> tuple[
 
 
 def run_example(*argv: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = clean_environ()
     run = subprocess.run(
         [sys.executable, str(ROOT / "examples/esmm/train.py"), *argv, "--json"],
         env=env, capture_output=True, text=True, timeout=180,

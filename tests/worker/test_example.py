@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import runpy
 import subprocess
 import sys
@@ -11,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from sparseps.testing.environ import clean_environ
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "wide_deep" / "train.py"
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
+    return clean_environ()
 
 
 def test_quick_start_generates_its_data_and_learns_under_the_launcher(tmp_path):

@@ -17,7 +17,6 @@ the keys they share and the other keys' rows pulled during the first by any work
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 
 from sparseps.data import CRITEO, InMemoryDataset
 from sparseps.data.synthetic import write_dataset
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "jobs" / "gpups_job.py"
@@ -39,8 +39,7 @@ def test_two_gpups_workers_equal_two_sync_workers_on_every_key(tmp_path):
     keys = np.unique(np.concatenate([s.values for b in everything for s in b.slots.values()]))
     np.save(tmp_path / "keys.npy", keys)
     out = tmp_path / "out.npz"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = clean_environ()
     cmd = [
         sys.executable, "-m", "sparseps.cli", "launch", "--server-num", "2", "--worker-num", "2",
         "--log-dir", str(tmp_path / "log"), str(JOB), "--train", str(folder / "train"),

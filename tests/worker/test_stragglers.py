@@ -16,7 +16,6 @@ each step in the runs marked slow:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 import sparseps as sps
 from sparseps.data.synthetic import write_dataset
 from sparseps.errors import ConfigError
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "jobs" / "stragglers_job.py"
@@ -52,9 +52,7 @@ RUNS = [
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
+    return clean_environ()
 
 
 @pytest.fixture(scope="module")

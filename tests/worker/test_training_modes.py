@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -22,15 +21,14 @@ import torch.nn.functional as F
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.data.synthetic import write_dataset
 from sparseps.table.initializers import initial_values
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "jobs" / "train_job.py"
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
+    return clean_environ()
 
 
 def launch(

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from sparseps.cli import main as cli_main
+from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "sparseps" / "jobs" / "wide_deep_job.py"
@@ -32,9 +32,7 @@ TARGET_CTR = 0.04
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
+    return clean_environ()
 
 
 def _low_ctr(src: Path, dst: Path, rng: np.random.Generator) -> float:
