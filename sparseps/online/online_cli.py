@@ -84,10 +84,11 @@ def run(args: argparse.Namespace) -> int:
     launch_cli.add_arguments(parser)
     argv = launch_argv(config, args.config, status_port=args.status_port)
     job_id = config.job.job_id
-    if config.job.backend == "ray" and not job_id:
-        # worker 0 runs under a Ray actor, not as this process's child: it accepts the lock
-        # held here by the job id it runs under (lock.py), so this process names the id
-        job_id = new_job_id("sps-ray")
+    if not job_id:
+        # worker 0 accepts the lock held here by the job id it runs under (lock.py): it may
+        # not descend from this process (a Ray actor; a fork server a zygote forked), so
+        # this process names the id
+        job_id = new_job_id("sps-ray" if config.job.backend == "ray" else "sps")
         argv = ["--job-id", job_id, *argv]
     # before anything in the folder is touched (the launcher writes MODEL_DIR/log)
     with ModelDirLock(config.model_dir, job_id=job_id):

@@ -124,7 +124,10 @@ class PlacementRouting(ClientParts):
                 ranks = list(range(self.num_servers))
             else:
                 ranks = [int(routing[1][r]) for r in routing[0].live_ranks()]
-            limit = min(self.timeout, _PROBE_TIMEOUT_S)
+            # The first probe may meet servers still starting (a job's workers start with
+            # its servers): it waits for one to answer up to the client's timeout. Later
+            # ones skip a silent server fast (_PROBE_TIMEOUT_S) while another answers.
+            limit = self.timeout if self.refreshes == 0 else min(self.timeout, _PROBE_TIMEOUT_S)
             deadline = time.monotonic() + limit
             calls = [channel.submit(rank, "get_placement", None) for rank in ranks]
             best, first_error, answered = None, None, False
