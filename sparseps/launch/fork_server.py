@@ -259,13 +259,18 @@ class ForkServer:
 
     Args:
         env: the environment the children will have, role variables aside (any child's).
+        fresh: whether a fork server may be started as a fresh interpreter; False: only
+            zygotes' (a single child, which a fresh interpreter starts as cheaply: local
+            mode's server); with none up, :meth:`spawn` and co. return None.
     """
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], *, fresh: bool = True) -> None:
         self._env = _shared(env)
         self._zygotes = Zygotes.at(env, self._env)
         self._forked: dict[bool, _Channel] = {}  # by torch: fork servers from a zygote
         self._fresh: _Channel | None = None
+        self._may_start_fresh = fresh
+        self._missed: set[bool] = set()  # sides no zygote answered for
         self._closed = False
         self._channel(torch=False)  # now: a fresh one's imports overlap the launcher's work
 
@@ -302,12 +307,15 @@ class ForkServer:
             return None
         if torch in self._forked:
             return self._forked[torch]
-        if self._zygotes is not None and self._fresh is None:
+        if self._zygotes is not None and self._fresh is None and torch not in self._missed:
             got = self._zygotes.fork_server(torch=torch)
             if got is not None:
                 self._forked[torch] = _Channel(*got, None)
                 return self._forked[torch]
+            self._missed.add(torch)  # asked once per launch: it counts the launches
         if self._fresh is None:
+            if not self._may_start_fresh:
+                return None
             self._fresh = _fresh_channel(self._env)
             if self._zygotes is not None and not torch:
                 self._zygotes.expect(torch=True)  # the fresh one will serve the workers too

@@ -4,7 +4,9 @@
 free loopback port, waits until it answers a ping, and stops it in ``sps.stop()`` or at
 exit. The server runs in its own session (Ctrl-C in the terminal reaches only the
 script, which then stops the server cleanly) and on Linux gets SIGTERM if the script
-dies, even by SIGKILL: no orphan server survives.
+dies, even by SIGKILL: no orphan server survives. With ``SPARSEPS_ZYGOTE_DIR`` naming a
+folder where a zygote of this environment is up (:mod:`sparseps.launch.zygote`), the
+server is forked, already imported, instead: the same guarantees, ~1.5 CPU-s less.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..env import SERVER_START_TIMEOUT, child_environ
+from ..env import SERVER_START_TIMEOUT, ZYGOTE_DIR, child_environ
 from ..errors import DeadlineError, SparsePSError, UnavailableError
+from .fork_server import ForkedProcess, ForkServer, fork_server_enabled
 from .procutil import die_with_parent_hook, stop_groups, tail
 from .spec import free_ports
 
@@ -41,7 +44,8 @@ class LocalServer:
         self.host = host
         self.endpoint = ""
         self.log_dir = Path()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | ForkedProcess | None = None
+        self._fork_server: ForkServer | None = None
 
     @property
     def pid(self) -> int | None:
@@ -72,10 +76,13 @@ class LocalServer:
             "--endpoints",
             self.endpoint,
         ]
+        env = child_environ({"PYTHONUNBUFFERED": "1"})
         with open(self.log_path, "wb") as logfile:
-            proc = self._proc = subprocess.Popen(
+            proc = self._proc = self._forked(
+                argv[2], argv[3:], env, logfile.fileno()
+            ) or subprocess.Popen(
                 argv,
-                env=child_environ({"PYTHONUNBUFFERED": "1"}),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
@@ -96,7 +103,23 @@ class LocalServer:
         )
         return self.endpoint
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes]) -> None:
+    def _forked(
+        self, module: str, args: list[str], env: dict[str, str], logfile: int
+    ) -> ForkedProcess | None:
+        """The server forked by a fork server a zygote forked for this process (it exits
+        with this process, and the server with it), where ``SPARSEPS_ZYGOTE_DIR`` has one
+        up for this environment; None: start it as a fresh interpreter."""
+        if not fork_server_enabled(env) or ZYGOTE_DIR not in env:
+            return None
+        forks = ForkServer(env, fresh=False)
+        proc = forks.spawn_module(module, args, env, stdout=logfile, stderr=logfile)
+        if proc is None:
+            forks.close()
+        else:
+            self._fork_server = forks
+        return proc
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes] | ForkedProcess) -> None:
         from ..rpc.client import PSClient
 
         deadline = time.monotonic() + self.start_timeout_s
@@ -158,6 +181,9 @@ class LocalServer:
             log.warning(
                 "local server exited with code %s; log kept at %s", proc.returncode, self.log_path
             )
+        if self._fork_server is not None:
+            self._fork_server.close()
+            self._fork_server = None
         if not keep_log:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -178,3 +179,60 @@ def test_a_killed_launcher_takes_its_zygote_forked_fork_servers_down(folder, tmp
             launcher.kill()
             launcher.wait()
     assert sorted(_zygote_pids(folder)) == sorted(zygotes)
+
+
+ALONE = """
+import sys
+import numpy as np
+import sparseps as sps
+sps.init()
+with sps.PSClient(sps.server_endpoints(), timeout=60) as client:
+    client.create_table(sps.TableConfig(name="e", dim=4, rule=sps.optim.SGD(lr=1.0)))
+    print("rows", client.pull("e", np.arange(3, dtype=np.uint64)).wait().shape, flush=True)
+sys.stdin.readline()
+sps.stop()
+"""
+
+
+def test_local_mode_forks_its_server_from_a_zygote(folder, tmp_path):
+    """``python script.py`` (local mode): with a zygote of its environment up, the
+    background server is forked by a fork server that zygote forked; it serves, and it
+    is gone with the script."""
+    script = tmp_path / "alone.py"
+    script.write_text(ALONE)
+    env = clean_environ(**{ZYGOTE_DIR: str(folder)})
+
+    def alone(watch=lambda server: None) -> int:
+        proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            server = None
+            for line in proc.stderr:  # the script's log: its server's pid
+                found = re.search(r"background server \(pid (\d+)", line)
+                if found:
+                    server = int(found.group(1))
+                    break
+            assert server is not None and proc.stdout.readline() == "rows (3, 4)\n"
+            watch(server)
+            out, err = proc.communicate("\n", timeout=60)
+            assert proc.returncode == 0, out + err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        wait_for(lambda: not alive(server), 10, "the server to exit with the script")
+        return server
+
+    alone()  # the first run marks the environment; the second starts the server zygote
+    alone()
+    wait_for(lambda: len(list(folder.glob("*-server.sock"))) == 1, 120, "the server zygote")
+    (zygote,) = _zygote_pids(folder)
+    forkers = []
+
+    def forked_by_the_zygote(server: int) -> None:
+        forkers.append(_parent(server))
+        assert _parent(forkers[0]) == zygote
+
+    alone(forked_by_the_zygote)
+    wait_for(lambda: not alive(forkers[0]), 10, "its fork server to exit with the script")
