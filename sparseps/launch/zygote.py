@@ -59,7 +59,11 @@ _POLL_S = 2.0  # how often an idle zygote looks for its socket (its folder remov
 _START_LOCK_S = 120.0  # a start lock older than this was left by a zygote that died
 _MAX_ZYGOTES = 8  # per folder: each holds 200-400 MB
 _CONNECT_TIMEOUT_S = 30.0
-_ENTRY = "from sparseps.launch.zygote import main; main()"
+# it forks before any import and the first process exits at once: the launcher that
+# starts it waits only for that, and the zygote is nobody's child
+_ENTRY = (
+    "import os\nif os.fork():\n    os._exit(0)\nfrom sparseps.launch.zygote import main\nmain()"
+)
 _CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -176,7 +180,6 @@ class Zygotes:
         except FileExistsError:
             return
         with open(self.folder / f"{key}.log", "ab") as out:
-            # it forks and this first process exits at once: the zygote is nobody's child
             subprocess.run(
                 [sys.executable, "-u", "-c", _ENTRY, str(self.folder), key, str(int(torch))],
                 env=self._env, cwd="/", stdin=subprocess.DEVNULL, stdout=out, stderr=out,
@@ -262,8 +265,6 @@ def _serve_launchers(listener: socket.socket, path: Path, inode: int) -> socket.
 def main() -> None:
     """A zygote (``python -c _ENTRY FOLDER KEY TORCH``, started by :class:`Zygotes`)."""
     folder, key, torch = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
-    if os.fork():
-        os._exit(0)  # the launcher waits for this; the zygote goes on, nobody's child
     from ..core.jit import load_cached_kernels
 
     try:
