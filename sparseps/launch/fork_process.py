@@ -17,11 +17,11 @@ import select
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from .procutil import die_with_parent
 
-__all__ = ["MAX_MESSAGE", "SERVER_SET", "WORKER_SET", "import_all", "main", "serve"]
+__all__ = ["MAX_MESSAGE", "SERVER_SET", "WORKER_SET", "import_all", "main", "reaped", "serve"]
 
 SERVER_SET = (
     "numpy",
@@ -64,14 +64,8 @@ def _serve(sock: socket.socket, has_torch: bool) -> tuple[dict, list[int]] | Non
             with contextlib.suppress(BlockingIOError):
                 while os.read(wake_r, 4096):
                     pass
-            while True:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-                send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+            for pid, code in reaped():
+                send({"exited": pid, "code": code})
         if sock.fileno() not in ready:
             continue
         try:
@@ -113,6 +107,19 @@ def _serve(sock: socket.socket, has_torch: bool) -> tuple[dict, list[int]] | Non
             return request, fds
         _close_all(fds)
         send({"id": request["id"], "pid": pid})
+
+
+def reaped() -> Iterator[tuple[int, int]]:
+    """(pid, exit code as :class:`subprocess.Popen` gives it) of each child that has
+    exited, reaped now."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        yield pid, os.waitstatus_to_exitcode(status)
 
 
 def _close_all(fds: Sequence[int]) -> None:

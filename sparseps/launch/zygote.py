@@ -202,16 +202,6 @@ def _listen(folder: Path, key: str) -> tuple[socket.socket, Path, int]:
     return listener, path, path.stat().st_ino
 
 
-def _reap() -> None:
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 def _serve_launchers(listener: socket.socket, path: Path, inode: int) -> socket.socket | None:
     """Fork a fork server for each launcher that asks; returns its socket in a forked
     child, None in the zygote when it is time to exit (module docstring)."""
@@ -220,7 +210,8 @@ def _serve_launchers(listener: socket.socket, path: Path, inode: int) -> socket.
     last = time.monotonic()
     while True:
         ready, _, _ = select.select([listener], [], [], _POLL_S)
-        _reap()
+        for _ in fork_process.reaped():  # its fork servers that exited
+            pass
         try:
             if os.stat(path).st_ino != inode:
                 return None  # another zygote's now, or the folder is gone
