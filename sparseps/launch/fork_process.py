@@ -21,7 +21,16 @@ from collections.abc import Iterator, Sequence
 
 from .procutil import die_with_parent
 
-__all__ = ["MAX_MESSAGE", "SERVER_SET", "WORKER_SET", "import_all", "main", "reaped", "serve"]
+__all__ = [
+    "MAX_MESSAGE",
+    "SERVER_SET",
+    "WORKER_SET",
+    "import_all",
+    "before_fork",
+    "main",
+    "reaped",
+    "serve",
+]
 
 SERVER_SET = (
     "numpy",
@@ -48,7 +57,6 @@ def _serve(sock: socket.socket, has_torch: bool) -> tuple[dict, list[int]] | Non
     """Fork children until the launcher closes the socket; returns (the request, its
     output fds: one for stdout and stderr, or one each) in a forked child, None in the
     fork server when done. ``has_torch``: torch is imported already (no server then)."""
-    from ..core.jit import load_cached_kernels  # numba: the fork server's imports have it
 
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
@@ -85,13 +93,7 @@ def _serve(sock: socket.socket, has_torch: bool) -> tuple[dict, list[int]] | Non
             _close_all(fds)
             send({"id": request["id"]})  # a fresh interpreter keeps a server torch-free
             continue
-        load_cached_kernels()  # what other processes have compiled since: once, here
-        # Everything the fork server holds moves to the collector's permanent generation:
-        # a child's collections (and its exit's) never walk the inherited objects, nor
-        # write to their pages. A server's exit took ~0.5 CPU-s without it, 0.1 with it.
-        gc.freeze()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        before_fork()
         try:
             pid = os.fork()
         except OSError as exc:
@@ -107,6 +109,20 @@ def _serve(sock: socket.socket, has_torch: bool) -> tuple[dict, list[int]] | Non
             return request, fds
         _close_all(fds)
         send({"id": request["id"], "pid": pid})
+
+
+def before_fork() -> None:
+    """What a fork server (or a zygote) does before each fork: load the kernels other
+    processes have compiled since (once, here, not in every child), and move everything it
+    holds to the collector's permanent generation: a child's collections (and its exit's)
+    never walk the inherited objects, nor write to their pages (a server's exit took ~0.5
+    CPU-s without it, 0.1 with it)."""
+    from ..core.jit import load_cached_kernels  # numba: the fork server's imports have it
+
+    load_cached_kernels()
+    gc.freeze()
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def reaped() -> Iterator[tuple[int, int]]:

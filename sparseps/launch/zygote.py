@@ -31,7 +31,6 @@ launch ~100 jobs per test process.
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import json
 import logging
@@ -205,7 +204,6 @@ def _listen(folder: Path, key: str) -> tuple[socket.socket, Path, int]:
 def _serve_launchers(listener: socket.socket, path: Path, inode: int) -> socket.socket | None:
     """Fork a fork server for each launcher that asks; returns its socket in a forked
     child, None in the zygote when it is time to exit (module docstring)."""
-    from ..core.jit import load_cached_kernels
 
     last = time.monotonic()
     while True:
@@ -235,10 +233,7 @@ def _serve_launchers(listener: socket.socket, path: Path, inode: int) -> socket.
                 continue
             if len(fds) != 1:
                 continue
-            load_cached_kernels()  # what other processes have compiled since
-            gc.freeze()
-            sys.stdout.flush()
-            sys.stderr.flush()
+            fork_process.before_fork()
             try:
                 pid = os.fork()
             except OSError as exc:
