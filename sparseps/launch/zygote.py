@@ -8,8 +8,8 @@ user (mode 700), the launcher instead asks a *zygote* there, a process that has 
 imports once, to fork it a fork server:
 
 - a zygote serves one environment (the children's, role variables aside, as a fork
-  server does), one interpreter, one state of the installed code (sparseps' files and the
-  folders on ``sys.path``) and one side: ``server`` (the server set) or ``torch`` (that
+  server does), one interpreter, one state of the installed code (sparseps' source files
+  and the ``site-packages`` folders) and one side: ``server`` (the server set) or ``torch`` (that
   and torch, for the workers). Its socket in the folder is named by a hash of them, so a
   launcher with anything different never reaches it;
 - the launcher passes its end of a socket pair (``SCM_RIGHTS``); the zygote forks, and
@@ -204,7 +204,6 @@ def _listen(folder: Path, key: str) -> tuple[socket.socket, Path, int]:
 def _serve_launchers(listener: socket.socket, path: Path, inode: int) -> socket.socket | None:
     """Fork a fork server for each launcher that asks; returns its socket in a forked
     child, None in the zygote when it is time to exit (module docstring)."""
-
     last = time.monotonic()
     while True:
         ready, _, _ = select.select([listener], [], [], _POLL_S)

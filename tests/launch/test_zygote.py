@@ -65,8 +65,7 @@ def _argv(script: Path, *args: str) -> list[str]:
 
 
 def _report(proc) -> dict:
-    report = json.loads(proc.stdout.readline())
-    return report
+    return json.loads(proc.stdout.readline())
 
 
 def test_only_a_folder_closed_to_others_is_used(folder):
