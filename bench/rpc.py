@@ -36,6 +36,7 @@ Run: ``sparseps bench rpc [--quick] [--secure | --replicas R] [--json]``.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,8 @@ BATCH = 8192
 DIM = 16
 IN_FLIGHT = 4
 STEADY_PULLS, QUICK_STEADY_PULLS = 1000, 200
+# Small requests: the per-request cost of the protocol, the server's loop and the client.
+SMALL_PULLS, QUICK_SMALL_PULLS, SMALL_IN_FLIGHT = 3000, 500, 8
 
 
 def _config() -> TableConfig:
@@ -153,6 +156,33 @@ def _steady(local: _Local, client, pulls: list, rounds: int = 2) -> tuple[float,
         _pipelined(issue, pulls[:50], IN_FLIGHT)
         remote.append(len(pulls) * BATCH / _pipelined(issue, pulls, IN_FLIGHT))
     return max(remote), max(base)
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _small(local: _Local, client, server_pid: int, keys: list, rounds: int = 2) -> dict:
+    """1-key pulls, ``SMALL_IN_FLIGHT`` in flight: requests/s through the server and the
+    server process's CPU per request, against 1-key pulls on the in-process table; best
+    of ``rounds`` (each side's pulls back to back)."""
+    table, remote, base, cpu = local.table, [], [], []
+
+    def issue(key):
+        return client.pull("bench", key)
+
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for key in keys:
+            table.pull(key)
+        base.append(len(keys) / (time.perf_counter() - start))
+        _pipelined(issue, keys[:100], SMALL_IN_FLIGHT)
+        used = _process_cpu_s(server_pid)
+        remote.append(len(keys) / _pipelined(issue, keys, SMALL_IN_FLIGHT))
+        cpu.append((_process_cpu_s(server_pid) - used) / len(keys))
+    return {"rpc": max(remote), "base": max(base), "server_cpu_us": min(cpu) * 1e6}
 
 
 def _best(results: list[dict]) -> dict:
@@ -303,6 +333,7 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
     pulls = _batches(universe, count, seed=1)
     pushes = _batches(universe, count, seed=2)
     steady_pulls = _batches(universe, QUICK_STEADY_PULLS if quick else STEADY_PULLS, seed=4)
+    small_pulls = [universe[i : i + 1] for i in range(QUICK_SMALL_PULLS if quick else SMALL_PULLS)]
     grads = np.random.default_rng(3).standard_normal((BATCH, DIM)).astype(np.float32) * 0.01
     if replicas:
         return _replicated(quick, replicas, universe, pulls, pushes, grads)
@@ -326,6 +357,8 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
                 if secure:
                     curve.append(_measure_remote(clients[1], pulls, pushes, grads))
             steady, steady_base = _steady(local, client, steady_pulls)
+            if servers == 1:
+                small = _small(local, client, cluster.pid(0), small_pulls)
         base, remote = _best(base), _best(remote)
         params = {
             "servers": servers,
@@ -354,6 +387,20 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
                 },
             ),
         ]
+        if servers == 1:
+            small_params = {
+                "servers": 1, "batch": 1, "in_flight": SMALL_IN_FLIGHT, "pulls": len(small_pulls),
+                "rounds": 2, "order": "each side's pulls back to back",
+            }  # fmt: skip
+            records += [
+                BenchRecord(
+                    "rpc_small_pull_per_s", small["rpc"], "pulls/s", small["base"], small_params
+                ),
+                # no baseline: what one request costs the server process (all its threads)
+                BenchRecord(
+                    "rpc_small_pull_server_cpu_us", small["server_cpu_us"], "us", None, small_params
+                ),
+            ]
         if secure:
             curve = _best(curve)
             params = {**params, "transport": "CURVE", "baseline": "plain rpc, same run"}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -97,8 +97,14 @@ class ServerMetrics:
     errors: Counter
     queue_depth: Gauge
 
+    # op -> its histogram child: labels() takes a lock and builds a key on every call
+    _by_op: dict = field(default_factory=dict, compare=False)
+
     def observe_op(self, op: str, seconds: float) -> None:
-        self.op_seconds.labels(op).observe(seconds)
+        child = self._by_op.get(op)
+        if child is None:
+            child = self._by_op[op] = self.op_seconds.labels(op)
+        child.observe(seconds)
 
     def error(self, kind: str) -> None:
         self.errors.labels(kind).inc()

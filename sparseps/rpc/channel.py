@@ -52,6 +52,8 @@ __all__ = ["HEARTBEAT_IVL_MS", "HEARTBEAT_TIMEOUT_MS", "Call", "Channel"]
 log = logging.getLogger(__name__)
 
 _POLL_MS = 50
+# pyzmq's enum constants as ints: combining enums costs more than the option call
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 def _nudged(fd: int) -> bool:
@@ -392,9 +394,9 @@ class Channel(ServerLinks, ReceivingByWaiters):
     def _drain(self, rank: int) -> None:
         """Deliver every reply waiting on server ``rank``'s DEALER (socket lock held)."""
         sock = self._dealers[rank]
-        while cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = transport.recv_frames(sock, block=False)
             except zmq.Again:  # pragma: no cover - EVENTS said a message was there
                 return
             self._deliver(rank, frames)

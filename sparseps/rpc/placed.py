@@ -303,6 +303,8 @@ class PlacementRouting(ClientParts):
         ``[(positions, request)]``; ``routing`` None: by shard (``server_of``)."""
         if not len(grouped):
             owners = [0 if routing is None else int(routing[0].owners[0])]
+        elif len(offsets) == 2:  # one owner holds every key (one server)
+            owners = [0]
         else:
             owners = np.flatnonzero(np.diff(offsets)).tolist()
         out: list = []

@@ -57,6 +57,7 @@ __all__ = [
     "encode_reply",
     "encode_request",
     "peek_request_id",
+    "read_header",
 ]
 
 PROTOCOL_VERSION = 1
@@ -304,7 +305,7 @@ def _decode_buffers(described, frames: Sequence, limits: Limits, where: str) -> 
         )
     arrays = []
     total = 0
-    for i, (entry, frame) in enumerate(zip(described, frames, strict=True)):
+    for i, entry in enumerate(described):
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
             raise ProtocolError(
                 f"{where}: buffer {i} must be described as [dtype, shape], got {entry!r:.80}"
@@ -330,7 +331,7 @@ def _decode_buffers(described, frames: Sequence, limits: Limits, where: str) -> 
             raise ProtocolError(
                 f"{where}: buffers declare {total} bytes, over the limit of {limits.max_message_bytes}"
             )
-        payload = _frame_bytes(frame)
+        payload = _frame_bytes(frames[i])
         if payload.nbytes != declared:
             raise ProtocolError(
                 f"{where}: buffer {i} is {payload.nbytes} bytes but {name}{tuple(shape)} needs {declared}"
@@ -361,25 +362,45 @@ def _check_args(op: str, schema: OpSchema, args) -> dict:
     return args
 
 
+def read_header(frames: Sequence, limits: Limits = Limits()) -> dict:
+    """The checked header map of a request or reply (size, msgpack, version), to route it
+    before :func:`decode_request` (which takes it back, so it is parsed once).
+
+    Raises:
+        ProtocolError: no frames, or a header that is not a msgpack map of this version.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    return _unpack_header(frames[0], limits)
+
+
 def decode_request(
-    frames: Sequence, limits: Limits = Limits(), ops: Mapping[str, OpSchema] = OPS
+    frames: Sequence,
+    limits: Limits = Limits(),
+    ops: Mapping[str, OpSchema] = OPS,
+    *,
+    header: dict | None = None,
 ) -> Request:
     """Validate and decode one request (frames as received, without routing envelope).
 
     ``ops``: the schema table of the receiving service (default: the servers' :data:`OPS`;
-    a heter worker serves its own, :mod:`sparseps.worker.heter_ops`).
+    a heter worker serves its own, :mod:`sparseps.worker.heter_ops`). ``header``: what
+    :func:`read_header` returned for these frames (it is then not parsed again).
 
     Raises:
         ProtocolError: anything that does not follow the protocol, naming what and where.
     """
     if not frames:
         raise ProtocolError("empty message")
-    total = sum(_frame_bytes(f).nbytes for f in frames)
+    total = 0
+    for frame in frames:
+        total += _frame_bytes(frame).nbytes
     if total > limits.max_message_bytes:
         raise ProtocolError(
             f"message is {total} bytes, over the limit of {limits.max_message_bytes}"
         )
-    header = _unpack_header(frames[0], limits)
+    if header is None:
+        header = _unpack_header(frames[0], limits)
     op = header.get("op")
     if not (isinstance(op, str) and op in ops):
         raise ProtocolError(f"unknown op {op!r:.60} (known: {', '.join(sorted(ops))})")
@@ -398,8 +419,8 @@ def decode_request(
             )
     elif table is not None:
         raise ProtocolError(f"op {op!r} takes no table, got {table!r:.40}")
-    unknown = set(header) - _HEADER_KEYS
-    if unknown:
+    if not _HEADER_KEYS.issuperset(header):
+        unknown = set(header) - _HEADER_KEYS
         raise ProtocolError(
             f"op {op!r}: unknown header keys {sorted(map(str, unknown))[:8]!r:.200}"
         )
@@ -427,9 +448,10 @@ def decode_request(
                 f"got {found} with shape {array.shape}"
             )
         bufs[spec.name] = array
-    rows = {name: bufs[name].shape[0] for name in schema.same_rows if name in bufs}
-    if len(set(rows.values())) > 1:
-        raise ProtocolError(f"{where}: buffers must have the same number of rows, got {rows}")
+    if len(bufs) > 1 and schema.same_rows:
+        rows = {name: bufs[name].shape[0] for name in schema.same_rows if name in bufs}
+        if len(set(rows.values())) > 1:
+            raise ProtocolError(f"{where}: buffers must have the same number of rows, got {rows}")
     args = _check_args(op, schema, header.get("args", {}))
     return Request(
         op=op, id=request_id, table=table, bufs=bufs, args=args, limits=limits,

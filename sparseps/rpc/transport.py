@@ -29,8 +29,12 @@ __all__ = [
     "new_context",
     "new_dealer",
     "new_router",
+    "recv_frames",
     "send_frames",
 ]
+
+_SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 # A reply queued to a departed client must not keep a closing socket alive forever.
 LINGER_MS = 1000
@@ -183,12 +187,28 @@ def send_frames(sock: zmq.Socket, frames: Sequence, *, flags: int = 0) -> None:
     zmq keeps a reference to each buffer until the kernel has taken the bytes, so the
     caller must not modify an array after handing it here.
     """
+    flags = int(flags)  # plain ints: combining pyzmq's enum flags costs more than a send
     last = len(frames) - 1
     for i, frame in enumerate(frames):
-        more = zmq.SNDMORE if i < last else 0
+        part_flags = flags | _SNDMORE if i < last else flags
         if isinstance(frame, np.ndarray):
             # Small buffers are cheaper to copy than to track (zmq's own threshold idea).
             copy = frame.nbytes < 16_384
-            sock.send(frame.data.cast("B") if frame.nbytes else b"", flags | more, copy=copy)
+            sock.send(frame.data.cast("B") if frame.nbytes else b"", part_flags, copy=copy)
         else:
-            sock.send(frame, flags | more, copy=not isinstance(frame, zmq.Frame))
+            sock.send(frame, part_flags, copy=not isinstance(frame, zmq.Frame))
+
+
+def recv_frames(sock: zmq.Socket, *, block: bool = True) -> list[zmq.Frame]:
+    """One multipart message as zmq Frames (zero-copy views of the received parts).
+
+    Each part's own ``more`` flag says whether another follows (pyzmq's
+    ``recv_multipart`` asks the socket instead, one option call per part). A message's
+    parts arrive together, so only the first part can find nothing (``block=False``:
+    raises ``zmq.Again``).
+    """
+    flags = 0 if block else _NOBLOCK
+    frames = [sock.recv(flags, copy=False)]
+    while frames[-1].more:
+        frames.append(sock.recv(flags, copy=False))
+    return frames

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -11,42 +11,66 @@ __all__ = ["RWLock", "TableEntry", "config_differences"]
 
 
 class RWLock:
-    """Many readers or one writer; a waiting writer blocks new readers (no starvation)."""
+    """Many readers or one writer; a waiting writer blocks new readers (no starvation).
+
+    ``with lock.read():`` / ``with lock.write():``; the context managers are plain
+    objects made once per lock, not generators: every pull and push takes one.
+    """
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._readers = 0
         self._writer = False
         self._waiting_writers = 0
+        self._reading = _Held(self._enter_read, self._exit_read)
+        self._writing = _Held(self._enter_write, self._exit_write)
 
-    @contextmanager
-    def read(self):
+    def read(self) -> _Held:
+        return self._reading
+
+    def write(self) -> _Held:
+        return self._writing
+
+    def _enter_read(self) -> None:
         with self._cond:
             while self._writer or self._waiting_writers:
                 self._cond.wait()
             self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
 
-    @contextmanager
-    def write(self):
+    def _exit_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    def _enter_write(self) -> None:
         with self._cond:
             self._waiting_writers += 1
             while self._writer or self._readers:
                 self._cond.wait()
             self._waiting_writers -= 1
             self._writer = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = False
-                self._cond.notify_all()
+
+    def _exit_write(self) -> None:
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+
+class _Held:
+    """A reusable context manager calling ``enter`` and ``exit`` (it keeps no state of
+    its own, so one instance serves every thread)."""
+
+    __slots__ = ("_on_enter", "_on_exit")
+
+    def __init__(self, enter: Callable[[], None], exit: Callable[[], None]) -> None:
+        self._on_enter, self._on_exit = enter, exit
+
+    def __enter__(self) -> None:
+        self._on_enter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._on_exit()
 
 
 T = TypeVar("T")

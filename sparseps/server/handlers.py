@@ -34,7 +34,7 @@ import numpy as np
 from ..core.replicas import check_replicas, hosted
 from ..core.routing import misrouted
 from ..errors import ConfigError, InputError, ProtocolError
-from ..rpc.ops import UPDATE_OPS
+from ..rpc.ops import SHARD_WRITE_OPS, UPDATE_OPS
 from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
 from .applied import AppliedUpdates
 from .dense_ops import DenseOps
@@ -170,23 +170,28 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps):
             return self._backup_of(request).handle(request)
         self.count("requests")
         self.check_job(request)
-        with self.admitted(request):
-            if request.op in FILE_ARGS:
-                self.file_guard.check(request)
-                with self.file_guard.writing(request):
-                    return self._ops[request.op](request)
-            if request.seq is None or request.op not in UPDATE_OPS:
+        if request.op in SHARD_WRITE_OPS or self.recovering:
+            with self.admitted(request):
+                return self._run(request)
+        return self._run(request)  # admitted() lets every other op through
+
+    def _run(self, request: Request) -> tuple[object, list[np.ndarray]]:
+        if request.op in FILE_ARGS:
+            self.file_guard.check(request)
+            with self.file_guard.writing(request):
                 return self._ops[request.op](request)
-            client = request.client
-            assert client is not None, "decode_request takes client and seq together"
-            if not self._applied.begin(client, request.seq):
-                self.count("duplicates")
-                return {"duplicate": True}, self._read_back(request)
-            try:
-                return self._ops[request.op](request)
-            except BaseException:
-                self._applied.failed(client, request.seq)
-                raise
+        if request.seq is None or request.op not in UPDATE_OPS:
+            return self._ops[request.op](request)
+        client = request.client
+        assert client is not None, "decode_request takes client and seq together"
+        if not self._applied.begin(client, request.seq):
+            self.count("duplicates")
+            return {"duplicate": True}, self._read_back(request)
+        try:
+            return self._ops[request.op](request)
+        except BaseException:
+            self._applied.failed(client, request.seq)
+            raise
 
     def _backup_of(self, request: Request) -> ServerState:
         backup = self.backups.get(request.shard)  # type: ignore[arg-type]

@@ -35,14 +35,20 @@ import logging
 import threading
 import time
 
-import msgpack
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import ProtocolError, SparsePSError
 from ..observe.registry import server_metrics
 from ..rpc import transport
-from ..rpc.protocol import OPS, Limits, decode_request, encode_reply, peek_request_id
+from ..rpc.protocol import (
+    OPS,
+    Limits,
+    decode_request,
+    encode_reply,
+    peek_request_id,
+    read_header,
+)
 from .handlers import ServerState
 
 __all__ = ["INLINE_OPS", "RequestLoop", "handler_loop"]
@@ -87,8 +93,11 @@ def _error_reply(request_id, exc: BaseException, note: str = "") -> list:
     return encode_reply(request_id, error=error)
 
 
-def process(state: ServerState, frames: list, limits: Limits, peer: str) -> list:
-    """One request in, reply frames out. Never raises.
+def process(
+    state: ServerState, frames: list, limits: Limits, peer: str, header: dict | None = None
+) -> list:
+    """One request in, reply frames out. Never raises. ``header``: the request's header
+    as :func:`peek_header` read it (not parsed again), or None.
 
     Log lines go through the state's :class:`LogBudget`, so a peer sending bad requests
     in a loop costs a few lines a minute, not one per message. The request's latency is
@@ -96,17 +105,19 @@ def process(state: ServerState, frames: list, limits: Limits, peer: str) -> list
     """
     metrics = server_metrics()
     start = time.perf_counter()
-    reply, op, error = _answer(state, frames, limits, peer)
+    reply, op, error = _answer(state, frames, limits, peer, header)
     metrics.observe_op(op, time.perf_counter() - start)
     if error:
         metrics.error(error)
     return reply
 
 
-def _answer(state: ServerState, frames: list, limits: Limits, peer: str) -> tuple[list, str, str]:
+def _answer(
+    state: ServerState, frames: list, limits: Limits, peer: str, header: dict | None
+) -> tuple[list, str, str]:
     """``(reply frames, op, error kind or "")`` of one request."""
     try:
-        request = decode_request(frames, limits)
+        request = decode_request(frames, limits, header=header)
     except ProtocolError as exc:
         state.count("bad_messages")
         state.log_budget.log(
@@ -142,20 +153,13 @@ def _answer(state: ServerState, frames: list, limits: Limits, peer: str) -> tupl
         return _error_reply(request.id, exc, note), request.op, "bug"
 
 
-def peek_op(frames: list, limits: Limits) -> str | None:
-    """The op named by a request's header, or None when it cannot be read (the full decode
-    then produces the error reply)."""
-    if not frames:
-        return None
-    raw = frames[0].buffer if isinstance(frames[0], zmq.Frame) else memoryview(frames[0])
-    if raw.nbytes > limits.max_header_bytes:
-        return None
+def peek_header(frames: list, limits: Limits) -> dict | None:
+    """The request's checked header (to route it by its op), or None when it cannot be
+    read (the full decode then produces the error reply)."""
     try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-    except Exception:  # garbage: decode_request names what is wrong
+        return read_header(frames, limits)
+    except ProtocolError:
         return None
-    op = header.get("op") if isinstance(header, dict) else None
-    return op if isinstance(op, str) else None
 
 
 def _nbytes(frames: list) -> int:
@@ -185,7 +189,7 @@ def handler_loop(
             try:
                 if not sock.poll(POLL_MS):
                     continue
-                frames = sock.recv_multipart(copy=False)
+                frames = transport.recv_frames(sock)
                 client, body = frames[0], frames[1:]
                 reply = process(state, body, limits, peer=client.bytes.hex())
                 _send_reply(sock, [client, *reply], state.rank, "pool")
@@ -268,7 +272,7 @@ class RequestLoop:
     def _take_requests(self) -> None:
         for _ in range(_BURST):
             try:
-                frames = self.front.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = transport.recv_frames(self.front, block=False)
             except zmq.Again:
                 return
             self._route(frames)
@@ -280,9 +284,12 @@ class RequestLoop:
 
     def _route(self, frames: list) -> None:
         client, body = frames[0], frames[1:]
-        op = peek_op(body, self.limits)
+        header = peek_header(body, self.limits)
+        op = None if header is None else header.get("op")
+        if not isinstance(op, str):
+            op = None
         if op in ALWAYS_INLINE_OPS or op not in OPS or (op in INLINE_OPS and not self.long_running):
-            reply = process(self.state, body, self.limits, peer=client.bytes.hex())
+            reply = process(self.state, body, self.limits, client.bytes.hex(), header)
             _send_reply(self.front, [client, *reply], self.state.rank, "loop")
         else:
             self._to_pool(frames, long=op not in INLINE_OPS)
@@ -298,7 +305,7 @@ class RequestLoop:
         self.back.send_multipart([thread, *frames], copy=False)
 
     def _from_pool(self) -> None:
-        frames = self.back.recv_multipart(copy=False)
+        frames = transport.recv_frames(self.back)
         thread = frames[0].bytes
         if len(frames) > 2 or frames[1].bytes != READY:
             _send_reply(self.front, frames[1:], self.state.rank, "pool")

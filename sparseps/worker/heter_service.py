@@ -291,7 +291,7 @@ class HeterService:
         while not self.stop_requested.is_set():
             if not sock.poll(POLL_MS):
                 continue
-            frames = sock.recv_multipart(copy=False)
+            frames = transport.recv_frames(sock)
             start = time.perf_counter()
             self.idle_s += 0.0 if waited is None else start - waited
             envelope, body = frames[:1], frames[1:]

@@ -18,6 +18,7 @@ from sparseps.rpc.protocol import (
     encode_reply,
     encode_request,
     peek_request_id,
+    read_header,
 )
 from sparseps.testing.faults import KINDS, malformed_messages
 
@@ -122,9 +123,27 @@ def test_encode_rejects_unsupported_buffers():
 def test_every_malformed_kind_is_rejected(kind):
     rng = np.random.default_rng(1)
     for _ in range(25):
-        frames = KINDS[kind](rng)
+        frames = [zmq.Frame(f) for f in KINDS[kind](rng)]
         with pytest.raises(ProtocolError):
-            decode_request([zmq.Frame(f) for f in frames])
+            decode_request(frames)
+        # The server reads the header once to route a request and hands it to the decode:
+        # every rule still applies on that path.
+        with pytest.raises(ProtocolError):
+            decode_request(frames, header=read_header(frames))
+
+
+def test_a_header_read_to_route_decodes_to_the_same_request():
+    keys = np.array([3, 9], dtype=np.uint64)
+    frames = _as_wire(encode_request("pull", 5, "emb", [keys], job="job-1", client=7, seq=2))
+    header = read_header(frames)
+    assert header["op"] == "pull"
+    once, twice = decode_request(frames, header=header), decode_request(frames)
+    fields = ("op", "id", "table", "args", "job", "client", "seq", "shard", "epoch")
+    assert [getattr(once, f) for f in fields] == [getattr(twice, f) for f in fields]
+    np.testing.assert_array_equal(once.bufs["keys"], keys)
+    stale = _as_wire([msgpack.packb({**header, "v": PROTOCOL_VERSION + 1}), keys.tobytes()])
+    with pytest.raises(ProtocolError, match="protocol version"):
+        read_header(stale)
 
 
 def test_malformed_stream_all_rejected_with_reasons():
