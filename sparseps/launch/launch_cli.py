@@ -178,16 +178,12 @@ def _server_stopper(
     scaled job: its servers now)."""
 
     def stop() -> None:
-        from ..rpc.client import PSClient
+        from ..rpc.stop import stop_servers  # the wire alone: no table code, no numba
 
         now = ranks() if callable(ranks) else ranks
         listed = endpoints() if callable(endpoints) else endpoints
         live = [rank for rank in now if rank not in lost()]
-        with PSClient(
-            list(listed), timeout=timeout_s, job_id=job_id, security=security,
-            follow_placement=False,
-        ) as client:  # fmt: skip
-            client.stop_servers(ranks=live)
+        stop_servers(list(listed), live, timeout=timeout_s, job_id=job_id, security=security)
 
     return stop
 

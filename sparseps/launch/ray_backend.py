@@ -382,17 +382,17 @@ class RayJob:
                  ",".join(str(r.rank) for r in workers), master)  # fmt: skip
 
     def _stop_servers(self, servers: list[RoleHandle]) -> None:
-        from ..rpc.client import PSClient
+        from ..rpc.stop import stop_servers  # the wire alone: no table code, no numba
 
         assert self.spec is not None
-        endpoints, ranks = list(self.spec.servers), None
+        endpoints = list(self.spec.servers)
+        ranks = list(range(len(endpoints)))
         if self.scaler is not None:  # a scaled job: its live servers only
             with self.lock:
                 endpoints, ranks = list(self.scaler.endpoints), list(self.scaler.live)
         try:
-            with PSClient(endpoints, timeout=self.config.server_stop_s, job_id=self.job_id,
-                          security=self.security, follow_placement=False) as client:  # fmt: skip
-                client.stop_servers(ranks=ranks)
+            stop_servers(endpoints, ranks, timeout=self.config.server_stop_s,
+                         job_id=self.job_id, security=self.security)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - SIGTERM below stops them anyway
             log.warning("stop request to the servers failed (%s); sending SIGTERM", exc)
         deadline = time.monotonic() + self.config.server_stop_s

@@ -39,11 +39,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..core.placement import Placement, rebalance
-from ..elastic import install_placement, migrate
-from ..elastic.peers import Peers
 from ..env import Role
 from ..errors import SparsePSError
 from .scale_error import ScaleError
@@ -51,6 +48,10 @@ from .store import StoreClient
 from .store_server import StoreServer
 from .worker_keys import ACCEPTS_WORKERS_KEY, WORKERS_KEY
 from .worker_scaling import WorkerScaling, plan_workers
+
+if TYPE_CHECKING:
+    from ..core.placement import Placement
+    from ..elastic.peers import Peers
 
 __all__ = [
     "ACCEPTS_WORKERS_KEY",
@@ -135,6 +136,10 @@ class JobScaler(WorkerScaling):
     # -- servers -------------------------------------------------------------------------
 
     def _peers(self) -> Peers:
+        # The elastic code (and the kernels it routes keys with) loads when a job is first
+        # scaled: every one-node launch serves `sparseps scale`, few jobs use it.
+        from ..elastic.peers import Peers
+
         return Peers(timeout=30.0, job_id=self.job_id or None, security=self.security)
 
     def servers(self, count: int) -> dict:
@@ -164,6 +169,9 @@ class JobScaler(WorkerScaling):
                 ranks = sorted(self.live)[:count]
                 removed = sorted(self.live)[count:]
                 self._check_dense(peers, removed)
+            from ..core.placement import rebalance
+            from ..elastic import migrate
+
             current = self._placement(peers)
             moved = migrate(peers, rebalance(current, ranks, self.endpoints))
             report.update(vshards_moved=moved.vshards_moved, rows_moved=moved.rows,
@@ -227,6 +235,9 @@ class JobScaler(WorkerScaling):
 
     def _placement(self, peers: Peers) -> Placement:
         """The servers' placement; on the first scale, today's routing installed as one."""
+        from ..core.placement import Placement
+        from ..elastic import install_placement
+
         current = peers.newest([self.endpoints[r] for r in self.live])  # not the stopped
         if current is None:
             current = Placement.default(self.endpoints[: self.start_servers])
