@@ -6,6 +6,7 @@
   by server, the misrouting check) and which server holds a dense table;
 - :mod:`.validate`: argument checks with one name per meaning (config fields, key arrays);
 - :mod:`.deadline`: how a worker-to-worker collective's wait turns into a named timeout.
+- :mod:`.lazy`: a package's public names imported on first use (PEP 562).
 - :mod:`.worker_store`: the workers' rendezvous store as :func:`sparseps.init` registered
   it (work-stealing datasets claim files on it).
 

@@ -6,23 +6,17 @@ sockets) and must not pay for the client's compiled kernels (numba) to start a j
 
 from __future__ import annotations
 
-from typing import Any
+from ..core.lazy import lazy_names
 
 __all__ = ["DEFAULT_TIMEOUT", "PROTOCOL_VERSION", "Handle", "Limits", "PSClient"]
 
-_WHERE = {
-    "DEFAULT_TIMEOUT": "client",
-    "Handle": "client",
-    "PSClient": "client",
-    "PROTOCOL_VERSION": "protocol",
-    "Limits": "protocol",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'sparseps.rpc' has no attribute {name!r}")
-    from importlib import import_module
-
-    return getattr(import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "DEFAULT_TIMEOUT": "client",
+        "Handle": "client",
+        "PSClient": "client",
+        "PROTOCOL_VERSION": "protocol",
+        "Limits": "protocol",
+    },
+)

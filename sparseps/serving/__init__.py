@@ -16,7 +16,7 @@ Names are imported on first use, so ``sparseps serve --help`` does not load torc
 
 from __future__ import annotations
 
-import importlib
+from ..core.lazy import lazy_names
 
 __all__ = [
     "ModelWatcher",
@@ -42,9 +42,4 @@ _WHERE = {
     "serve": "server",
 }
 
-
-def __getattr__(name: str) -> object:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__ = lazy_names(__name__, _WHERE)
