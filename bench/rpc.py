@@ -15,6 +15,11 @@ ones, best of 2. An rpc round that starts right after the in-process pulls and p
 to back (bench/RESULTS.md, 2026-11-27 evening): both figures are reported, the
 interleaved one is the target's.
 
+``rpc_small_pull_per_s`` (1 server) measures what a request costs besides its op: 1-key
+pulls, 8 in flight, against 1-key pulls on the in-process table (each side's pulls back
+to back, best of 2); ``rpc_small_pull_server_cpu_us`` is the server process's CPU per
+such request (all its threads, from ``/proc/PID/stat``; no baseline).
+
 With ``--secure`` the same servers run a second time with CURVE transport (fresh job keys,
 servers started from the launcher's environment as in a ``--secure`` job), measured in the
 same rounds, and ``rpc_secure_*`` records give secure / plain (the plain rpc figure is
