@@ -41,7 +41,8 @@ from typing import TypeGuard
 import msgpack
 import numpy as np
 
-from ..errors import ConfigError, ProtocolError
+from ..errors import ProtocolError
+from .limits import HEADER_ROOM, Limits
 from .ops import OPS, OpSchema
 
 __all__ = [
@@ -80,46 +81,9 @@ JOB_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _HEADER_KEYS = frozenset(
     {"v", "op", "id", "table", "bufs", "args", "job", "client", "seq", "shard", "epoch"}
 )
-# Bytes kept free for the msgpack header when one bulk buffer must fit in a message with
-# it. Headers of data messages are a few hundred bytes (a table name is at most 256 chars).
-HEADER_ROOM = 4096
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Size limits applied to every decoded message.
-
-    Attributes:
-        max_message_bytes: total bytes of all frames of one message (default 1 GiB).
-        max_header_bytes: bytes of the msgpack header frame (default 1 MiB: headers hold
-            scalars, table configs and file lists, never bulk data).
-        max_buffers: buffer frames in one message.
-    """
-
-    max_message_bytes: int = 1 << 30
-    max_header_bytes: int = 1 << 20
-    max_buffers: int = 16
-
-    def __post_init__(self) -> None:
-        for name in ("max_message_bytes", "max_header_bytes", "max_buffers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"Limits.{name}: expected an integer >= 1, got {value!r}")
-
-    @property
-    def max_payload_bytes(self) -> int:
-        """Bytes of bulk data (one reply's rows, one dense vector) that fit in one message
-        beside its header: ``max_message_bytes - HEADER_ROOM``."""
-        return max(0, self.max_message_bytes - HEADER_ROOM)
-
-    @property
-    def max_dense_size(self) -> int:
-        """Floats in one dense table: it is pulled and pushed whole, in one message.
-
-        With its optimizer state (Adam keeps two more floats per value) a dense table then
-        holds at most about ``3 * max_message_bytes`` bytes of server memory.
-        """
-        return self.max_payload_bytes // 4
+_LIMITS = Limits()  # the defaults (frozen: one instance serves every call)
 
 
 @dataclass(frozen=True)
@@ -135,7 +99,7 @@ class Request:
     table: str | None
     bufs: dict[str, np.ndarray]
     args: dict
-    limits: Limits = field(default=Limits(), compare=False)
+    limits: Limits = field(default=_LIMITS, compare=False)
     job: str | None = None
     client: int | None = None
     seq: int | None = None
@@ -362,7 +326,7 @@ def _check_args(op: str, schema: OpSchema, args) -> dict:
     return args
 
 
-def read_header(frames: Sequence, limits: Limits = Limits()) -> dict:
+def read_header(frames: Sequence, limits: Limits = _LIMITS) -> dict:
     """The checked header map of a request or reply (size, msgpack, version), to route it
     before :func:`decode_request` (which takes it back, so it is parsed once).
 
@@ -376,7 +340,7 @@ def read_header(frames: Sequence, limits: Limits = Limits()) -> dict:
 
 def decode_request(
     frames: Sequence,
-    limits: Limits = Limits(),
+    limits: Limits = _LIMITS,
     ops: Mapping[str, OpSchema] = OPS,
     *,
     header: dict | None = None,
@@ -477,7 +441,7 @@ def _identity(op: str, header: dict) -> tuple[str | None, int | None, int | None
     return job, client, seq
 
 
-def decode_reply(frames: Sequence, limits: Limits = Limits()) -> Reply:
+def decode_reply(frames: Sequence, limits: Limits = _LIMITS) -> Reply:
     """Validate and decode one reply.
 
     Raises:
