@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from .channel import Channel
 from .handle import Handle
-from .protocol import Limits
+from .limits import Limits
 from .security import Security, security_from_env
 
 __all__ = ["stop_servers"]

@@ -34,7 +34,7 @@ import numpy as np
 from ..core.replicas import check_replicas, hosted
 from ..core.routing import misrouted
 from ..errors import ConfigError, InputError, ProtocolError
-from ..rpc.ops import SHARD_WRITE_OPS, UPDATE_OPS
+from ..rpc.ops import UPDATE_OPS
 from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
 from .applied import AppliedUpdates
 from .dense_ops import DenseOps
@@ -170,10 +170,8 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps):
             return self._backup_of(request).handle(request)
         self.count("requests")
         self.check_job(request)
-        if request.op in SHARD_WRITE_OPS or self.recovering:
-            with self.admitted(request):
-                return self._run(request)
-        return self._run(request)  # admitted() lets every other op through
+        with self.admitted(request):
+            return self._run(request)
 
     def _run(self, request: Request) -> tuple[object, list[np.ndarray]]:
         if request.op in FILE_ARGS:

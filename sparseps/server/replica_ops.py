@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from ..core.replicas import RecoveringError, ShardBusyError, StaleEpochError, chain
 from ..errors import InputError
@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 PAUSE_LIMIT_S = 120.0
 # Writes already running when a pause starts get this long to finish.
 _DRAIN_S = 30.0
+
+
+# Ops every copy answers, recovering or not (the replication protocol's own, and liveness).
+_ALWAYS_ADMITTED = frozenset({"shard_info", "replicate", "replicate_done", "ping", "stop", "stats"})
+_LET_THROUGH = nullcontext()
 
 
 class ReplicaOps:
@@ -74,21 +79,25 @@ class ReplicaOps:
 
     # -- admission ---------------------------------------------------------------------
 
-    @contextmanager
-    def admitted(self, request: Request):
+    def admitted(self, request: Request) -> AbstractContextManager[None]:
         """Run ``request`` if this copy may: refuse it while recovering, a write from an
-        older epoch, or a write while paused for a replacement."""
-        if request.op in ("shard_info", "replicate", "replicate_done", "ping", "stop", "stats"):
-            yield
-            return
+        older epoch, or a write while paused for a replacement. An op let through as it
+        is gets a shared no-op context (every pull passes here: no generator per call)."""
+        if request.op in _ALWAYS_ADMITTED:
+            return _LET_THROUGH
         if self.recovering:
             raise RecoveringError(
                 f"server {self.rank}: shard {self.rank} is still being copied to this "
                 "replacement server; use another copy"
             )
         if request.op not in SHARD_WRITE_OPS:
-            yield
-            return
+            return _LET_THROUGH
+        return self._writing_to_shard(request)
+
+    @contextmanager
+    def _writing_to_shard(self, request: Request):
+        """A write of this shard, counted while it runs (a replacement's copy waits for
+        the count to drop); refused from an older epoch or while paused."""
         with self._gate:
             if request.epoch is not None and request.epoch < self.epoch:
                 raise StaleEpochError(
