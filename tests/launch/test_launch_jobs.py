@@ -106,7 +106,9 @@ def test_failing_worker_stops_the_job_and_names_it(tmp_path):
     assert "worker 1: exiting with code 3" in r.stderr  # the tail of its log
     # fail fast: the launcher ended within a few seconds of worker 1's last line
     assert ended - (log / "worker.1.log").stat().st_mtime < 8.0
-    record = _assert_all_gone(log, within=1.0)
+    # the launcher killed them before it ended (fail fast is the line above); a killed
+    # process's teardown can take over a second on a loaded 2-core machine (CI, stop 49)
+    record = _assert_all_gone(log, within=5.0)
     assert len(record["children"]) == 4
 
 

@@ -80,7 +80,8 @@ def test_without_restarts_a_late_failure_fails_fast_naming_the_worker(tmp_path):
     # worker 0 was left waiting at a barrier: the launcher did not wait for its timeout
     assert ended - (log / "worker.1.log").stat().st_mtime < 10.0
     assert (tmp_path / "progress").read_text() == "1"
-    record = assert_all_gone(log, within=1.0)
+    # killed before the launcher ended; their teardown may outlast a second under load
+    record = assert_all_gone(log, within=5.0)
     assert len(record["children"]) == 3  # nothing was restarted
     summary = (log / "launcher.log").read_text()
     assert re.search(r"failed: worker 1 \(pid \d+\) exited with code 7", summary)
