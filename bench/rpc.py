@@ -19,8 +19,8 @@ block after the in-process one is still reported, ``rpc_pull_cold_rows_per_s``: 
 server that sat idle sees on such a machine.
 
 ``rpc_pull_steady_rows_per_s`` measures the same pipelined pulls in steady state: each
-side runs 1000 pulls back to back (200 with ``--quick``), the rpc block after 50 untimed
-ones, best of 2.
+side runs 1000 pulls back to back (200 with ``--quick``), each block after its warm-up,
+best of 2.
 
 ``rpc_small_pull_per_s`` (1 server) measures what a request costs besides its op: 1-key
 pulls, 8 in flight, against 1-key pulls on the in-process table (each side's pulls back
@@ -169,7 +169,7 @@ def _measure_remote(client, pulls, pushes, grads) -> dict:
 
 def _steady(local: _Local, client, pulls: list, rounds: int = 2) -> tuple[float, float]:
     """Rows/s of pipelined pulls in steady state, ``(rpc, in-process)``: each side's
-    pulls back to back in a block of its own, the rpc block after 50 untimed pulls (the
+    pulls back to back in a block of its own after ``WARM_S`` of untimed ones (the
     threads of both processes placed and running), best of ``rounds``."""
     table, remote, base = local.table, [], []
 
@@ -177,13 +177,12 @@ def _steady(local: _Local, client, pulls: list, rounds: int = 2) -> tuple[float,
         return client.pull("bench", keys)
 
     for _ in range(rounds):
-        for keys in pulls[:10]:
-            table.pull(keys)
+        _warm(table.pull, pulls[:10])
         start = time.perf_counter()
         for keys in pulls:
             table.pull(keys)
         base.append(len(pulls) * BATCH / (time.perf_counter() - start))
-        _pipelined(issue, pulls[:50], IN_FLIGHT)
+        _warm(lambda batch: _pipelined(issue, batch, IN_FLIGHT), [pulls[:50]])
         remote.append(len(pulls) * BATCH / _pipelined(issue, pulls, IN_FLIGHT))
     return max(remote), max(base)
 
