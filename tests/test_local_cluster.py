@@ -68,6 +68,10 @@ def test_another_environment_gets_its_own_fork_server(monkeypatch):
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_next.py::test_next (call)")
     with local_cluster(servers=1) as cluster:
         assert _parent(cluster.pid(0)) == forker
+    # and so are those of another xdist worker of the suite, each with its own name
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
+    with local_cluster(servers=1) as cluster:
+        assert _parent(cluster.pid(0)) == forker
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -77,12 +77,14 @@ def fork_server_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 def _per_child(name: str) -> bool:
     """Whether a variable may differ between children of one fork server: the role
-    variables, which nothing reads at import time, and pytest's name of the running test
-    (it changes with every test of a process that starts local clusters)."""
+    variables, which nothing reads at import time, and pytest's names of the running test
+    (it changes with every test of a process that starts local clusters) and of the xdist
+    worker (so that a suite's workers share their zygotes)."""
     return name.startswith(("SPARSEPS_", "PADDLE_")) or name in (
         "TRAINING_ROLE",
         "POD_IP",
         "PYTEST_CURRENT_TEST",
+        "PYTEST_XDIST_WORKER",
     )
 
 
