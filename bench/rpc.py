@@ -13,10 +13,10 @@ first. On a 2-core VM the in-process pulls keep one CPU busy and leave the other
 and the first ~150 rpc pulls after such a block run up to 1.5x slower than later ones
 (~720 -> ~480 us a pull) while the in-process pulls show no such ramp; keeping the idle
 CPU busy with a spinning process during the in-process block (stopped before the rpc
-block) removed most of the ramp (bench/RESULTS.md, 2026-11-28): it is the idle CPU
-waking up (the host's scheduling or clock of that vCPU), not the server. The first
-block after the in-process one is still reported, ``rpc_pull_cold_rows_per_s``: what a
-server that sat idle sees on such a machine.
+block) removed most of the ramp (bench/RESULTS.md, 2026-11-28), which points at the
+idle CPU waking up (the host's scheduling or clock of that vCPU), not at the server. The
+first block after the in-process one is still reported, ``rpc_pull_cold_rows_per_s``:
+what a server that sat idle sees on such a machine.
 
 ``rpc_pull_steady_rows_per_s`` measures the same pipelined pulls in steady state: each
 side runs 1000 pulls back to back (200 with ``--quick``), each block after its warm-up,
