@@ -70,7 +70,7 @@ def test_a_second_driver_fails_fast_and_touches_nothing_until_the_holder_dies(tm
         start = time.monotonic()
         with pytest.raises(ModelDirBusyError) as err:
             FakeDriver(config, trainer).run()
-        assert time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 10  # at once (the lock is not retried), not a hang
         text = str(err.value)
         assert "\n" not in text and str(config.model_dir) in text
         assert f"pid {holder.pid} on host {socket.gethostname()}" in text and "test holder" in text

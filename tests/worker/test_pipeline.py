@@ -204,6 +204,7 @@ def test_prefetcher_times_out_naming_the_setting():
     start = time.monotonic()
     with pytest.raises(DeadlineError, match="raise Strategy.collective_timeout") as info:
         next(it)
-    assert 0.19 <= time.monotonic() - start < 1.5
+    # the 0.2 s limit, not the producer's 2 s sleep (a loaded box may add a little)
+    assert 0.19 <= time.monotonic() - start < 1.9
     assert info.value.setting == "Strategy.collective_timeout"
     p.close()
