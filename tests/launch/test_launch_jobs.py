@@ -104,8 +104,9 @@ def test_failing_worker_stops_the_job_and_names_it(tmp_path):
     assert r.returncode == 3, r.stdout + r.stderr
     assert re.search(r"worker 1 \(pid \d+\) exited with code 3", r.stderr), r.stderr
     assert "worker 1: exiting with code 3" in r.stderr  # the tail of its log
-    # fail fast: the launcher ended within a few seconds of worker 1's last line
-    assert ended - (log / "worker.1.log").stat().st_mtime < 8.0
+    # fail fast: the launcher ended within seconds of worker 1's last line, not after
+    # worker 0's 120 s sleep (room left for a loaded box)
+    assert ended - (log / "worker.1.log").stat().st_mtime < 25.0
     # the launcher killed them before it ended (fail fast is the line above); a killed
     # process's teardown can take over a second on a loaded 2-core machine (CI, stop 49)
     record = _assert_all_gone(log, within=5.0)

@@ -77,8 +77,9 @@ def test_without_restarts_a_late_failure_fails_fast_naming_the_worker(tmp_path):
     ended = time.time()
     assert r.returncode == 7, r.stdout + r.stderr
     assert re.search(r"failed: worker 1 \(pid \d+\) exited with code 7", r.stderr), r.stderr
-    # worker 0 was left waiting at a barrier: the launcher did not wait for its timeout
-    assert ended - (log / "worker.1.log").stat().st_mtime < 10.0
+    # worker 0 was left waiting at a barrier: the launcher did not wait for its 60 s
+    # timeout (room left for a loaded box)
+    assert ended - (log / "worker.1.log").stat().st_mtime < 25.0
     assert (tmp_path / "progress").read_text() == "1"
     # killed before the launcher ended; their teardown may outlast a second under load
     record = assert_all_gone(log, within=5.0)
