@@ -137,7 +137,9 @@ def test_signal_to_the_launcher_stops_every_child(tmp_path, sig):
             launcher.kill()
             launcher.wait()
     assert launcher.returncode == 128 + sig, launcher.stderr.read()
-    _assert_all_gone(log, within=3.0)
+    # killed by the launcher on its way out; a killed process's teardown can take over a
+    # second on a loaded 2-core machine (as in the failing-worker test above)
+    _assert_all_gone(log, within=5.0)
 
 
 def test_failed_worker_is_restarted(tmp_path):

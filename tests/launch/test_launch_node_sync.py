@@ -67,7 +67,8 @@ def test_a_node_that_never_stops_its_workers_times_the_restart_out(nodes):
     start = time.monotonic()
     with pytest.raises(DeadlineError, match=r"launchers on b did not stop") as info:
         a.restart("worker 0 on a exited with code 7")
-    assert 2.0 <= time.monotonic() - start < 5.0
+    # the fixture's 2 s limit, not the 300 s default (room for a loaded box)
+    assert 2.0 <= time.monotonic() - start < LONG_S
     assert (info.value.op, info.value.setting) == ("restart", "--rendezvous-timeout-s")
     assert a.generation == 0
 

@@ -82,7 +82,7 @@ def test_store_barrier_names_missing_ranks_and_warns(caplog):
         )
     exc = info.value
     assert (exc.op, exc.role, exc.rank, exc.setting) == ("barrier", "worker", [1], "S")
-    assert 0.6 <= exc.seconds < 3
+    assert 0.6 <= exc.seconds < 5  # its own measured wait: the 0.6 s limit, plus a loaded box
     assert "still waiting for worker rank(s) [1]" in caplog.text
     store.set("b/1", "1")
     store_barrier(store, "b", rank=0, world=3, timeout_s=1, warn_s=1, address="x")  # all there now

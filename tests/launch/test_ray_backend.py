@@ -251,8 +251,10 @@ def test_a_worker_exiting_3_fails_the_ray_job_fast_and_names_it(ray_cluster, tmp
     )
     assert failed and failed.group(1) == NODE_B, r.stderr
     assert "worker 1: exiting with code 3" in r.stderr  # the tail of its log, pulled back
-    # fail fast: the driver ended within a few seconds of worker 1's last line
-    assert ended - (log / "worker.1.log").stat().st_mtime < 15.0
+    # fail fast: the driver ended within seconds of worker 1's last line, not after
+    # worker 0's 120 s sleep (room for a loaded box: a 15 s bound of the two-launcher
+    # local job once failed there)
+    assert ended - (log / "worker.1.log").stat().st_mtime < 60.0
     assert "restarting all workers (restart 1 of 1" in read_text(log / "launcher.log")
     assert "----- restart attempt 1 -----" in read_text(log / "worker.1.log")
     record = json.loads((log / "pids.json").read_text())

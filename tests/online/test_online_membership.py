@@ -6,7 +6,7 @@ test_online_scale_workers.py (launched) and test_online_workers_steal.py."""
 from __future__ import annotations
 
 import json
-import time
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
@@ -26,9 +26,19 @@ def _request(store, version: int, world: int) -> None:
 
 
 def _joining(pool: ThreadPoolExecutor, newcomer: Membership) -> Future:
-    """``newcomer.join()`` in a thread, once it has looked at the store's latest decision."""
+    """``newcomer.join()`` in a thread, once it has looked at the store's latest decision
+    (waited for, not slept on: a loaded box may start the thread late)."""
+    looked = threading.Event()
+    latest = newcomer._latest
+
+    def first_look() -> int:
+        value = latest()
+        looked.set()
+        return value
+
+    newcomer._latest = first_look
     future = pool.submit(newcomer.join)
-    time.sleep(0.1)
+    assert looked.wait(30), "the newcomer never looked at the store"
     return future
 
 

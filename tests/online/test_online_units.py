@@ -120,7 +120,8 @@ def test_wait_ready_times_out_naming_the_split(tmp_path):
     start = time.monotonic()
     with pytest.raises(DeadlineError, match="data.wait_timeout_s") as info:
         layout.wait_ready(first, timeout=0.3)
-    assert 0.25 < time.monotonic() - start < 3 and str(folder) in str(info.value)
+    # the 0.3 s limit, not the 3600 s default (room for a loaded box)
+    assert 0.25 < time.monotonic() - start < 10 and str(folder) in str(info.value)
     (folder / "_SUCCESS").touch()
     assert layout.wait_ready(first, timeout=0.3) == [folder]
 

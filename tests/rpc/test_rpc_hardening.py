@@ -194,7 +194,7 @@ def test_ping_is_answered_while_long_ops_queue_and_saves_have_their_own_timeout(
             setup.create_table(big)
             rng = np.random.default_rng(0)
             # 500k rows of 192 floats (~380 MB): a save of ~1-5 s here, so a ping queued
-            # behind it would miss its alone / 4 deadline by far; 6 pushes (3x the rows)
+            # behind it would miss its alone / 2 deadline by far; 6 pushes (3x the rows)
             # took 3x as long in each of the four saves and checked nothing more.
             for _ in range(2):
                 keys = rng.integers(1, 2**63, 250_000, dtype=np.uint64)
@@ -204,7 +204,10 @@ def test_ping_is_answered_while_long_ops_queue_and_saves_have_their_own_timeout(
             alone = time.monotonic() - start
         assert alone > 0.5, f"the table saves too fast ({alone:.2f} s) to show queueing"
         # A data-plane timeout far below the save's duration: saves use file_timeout.
-        with cluster.client(timeout=alone / 4, file_timeout=120) as client:
+        # alone / 2: a ping queued on the pool thread waits at least a whole save (two
+        # more are queued ahead of it), while one answered beside the saves may still be
+        # slowed by the save's CPU on a loaded box (alone / 4 may be as little as 0.13 s)
+        with cluster.client(timeout=alone / 2, file_timeout=120) as client:
             saves = [
                 threading.Thread(target=client.save, args=("big", tmp_path / f"s{i}"))
                 for i in range(3)
@@ -218,7 +221,7 @@ def test_ping_is_answered_while_long_ops_queue_and_saves_have_their_own_timeout(
             for thread in saves:
                 thread.join(120)
         print(f"\nsave alone {alone:.2f} s, ping behind three saves {waited * 1000:.1f} ms")
-        assert waited < alone / 4, f"ping waited {waited:.2f} s behind saves of {alone:.2f} s"
+        assert waited < alone / 2, f"ping waited {waited:.2f} s behind saves of {alone:.2f} s"
         for i in range(3):
             assert any((tmp_path / f"s{i}").iterdir())
 
@@ -326,8 +329,9 @@ def test_local_cluster_with_a_key_dir_serves_only_key_holders(tmp_path):
     with local_cluster(servers=1, key_dir=keys) as cluster, cluster.client() as client:
         client.create_table(CONFIG)
         assert client.pull("emb", KEYS).wait().shape == (len(KEYS), 4)
-        with PSClient(cluster.endpoints, timeout=10, security=Security(other)) as stranger:
+        with PSClient(cluster.endpoints, timeout=60, security=Security(other)) as stranger:
             start = time.monotonic()
             with pytest.raises(UnavailableError, match="authentication failed"):
                 stranger.pull("emb", KEYS).wait()
-            assert time.monotonic() - start < 5
+            # refused at once, not after the 60 s RPC timeout (room for a loaded box)
+            assert time.monotonic() - start < 10

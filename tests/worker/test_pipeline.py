@@ -193,9 +193,11 @@ def test_prefetcher_reraises_a_background_error_after_the_good_items(where):
 
 
 def test_prefetcher_times_out_naming_the_setting():
+    release = threading.Event()
+
     def slow():
         yield 1
-        time.sleep(2)
+        release.wait(60)  # the second item comes only when the test lets it
         yield 2
 
     p = Prefetcher(slow(), lambda x: x, timeout=0.2, setting="Strategy.collective_timeout")
@@ -204,7 +206,8 @@ def test_prefetcher_times_out_naming_the_setting():
     start = time.monotonic()
     with pytest.raises(DeadlineError, match="raise Strategy.collective_timeout") as info:
         next(it)
-    # the 0.2 s limit, not the producer's 2 s sleep (a loaded box may add a little)
-    assert 0.19 <= time.monotonic() - start < 1.9
+    # the 0.2 s limit, not the producer's 60 s wait (room for a loaded box)
+    assert 0.19 <= time.monotonic() - start < 10
     assert info.value.setting == "Strategy.collective_timeout"
+    release.set()
     p.close()
