@@ -201,13 +201,15 @@ def test_prefetcher_times_out_naming_the_setting():
         yield 2
 
     p = Prefetcher(slow(), lambda x: x, timeout=0.2, setting="Strategy.collective_timeout")
-    it = iter(p)
-    assert next(it) == 1
-    start = time.monotonic()
-    with pytest.raises(DeadlineError, match="raise Strategy.collective_timeout") as info:
-        next(it)
-    # the 0.2 s limit, not the producer's 60 s wait (room for a loaded box)
-    assert 0.19 <= time.monotonic() - start < 10
-    assert info.value.setting == "Strategy.collective_timeout"
-    release.set()
-    p.close()
+    try:
+        it = iter(p)
+        assert next(it) == 1
+        start = time.monotonic()
+        with pytest.raises(DeadlineError, match="raise Strategy.collective_timeout") as info:
+            next(it)
+        # the 0.2 s limit, not the producer's 60 s wait (room for a loaded box)
+        assert 0.19 <= time.monotonic() - start < 10
+        assert info.value.setting == "Strategy.collective_timeout"
+    finally:  # a failed check must not leave the producer waiting out its 60 s
+        release.set()
+        p.close()
