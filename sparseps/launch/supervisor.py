@@ -12,11 +12,9 @@ Rules (DESIGN §1, "launcher"):
   workers could only wait out their RPC timeout, and a restarted worker group would
   train against a dead server. A server exit never restarts the worker group; the
   servers are checked before a worker's failure is taken as a reason to restart.
-  With ``--replicas R`` a lost server is logged and tolerated while every shard keeps a
-  live copy (the clients route around it), and, while ``max_restarts`` allows, replaced:
-  a new server on its rank and port copies its shards from the survivors
-  (``SPARSEPS_RECOVER=1``, :mod:`sparseps.server.recovery`); the loss that leaves a
-  shard without a copy fails the job, naming every lost server;
+  With ``--replicas R`` a lost server is tolerated while every shard keeps a live copy,
+  and replaced while ``max_restarts`` allows; the loss that leaves a shard without a copy
+  fails the job (:mod:`sparseps.launch.server_loss`);
 - when all workers of the job exited 0, this node's servers are asked to stop (the
   ``stop_servers`` callback, e.g. a ``stop`` RPC), then SIGTERM/SIGKILL as a fallback;
 - SIGINT/SIGTERM to the launcher stop every child.
@@ -52,20 +50,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..env import MASTER, RECOVER, Role
+from ..env import MASTER, Role
 from ..errors import SparsePSError
 from .children import Child, Children
 from .fork_server import ForkServer, fork_server_enabled
 from .node_sync import Coordinator, LocalCoordinator
 from .procutil import stop_groups, tail
-from .records import (
-    LOST_SHARD_NOTE,
-    SERVER_EXIT_NOTE,
-    ChildSpec,
-    Failure,
-    Outcome,
-    SupervisorConfig,
-)
+from .records import SERVER_EXIT_NOTE, ChildSpec, Failure, Outcome, SupervisorConfig
+from .server_loss import ServerLoss
 from .worker_world import WorkerWorld
 
 __all__ = ["ChildSpec", "Failure", "Outcome", "Supervisor", "SupervisorConfig"]
@@ -127,9 +119,9 @@ class Supervisor:
         self._lock = threading.RLock()  # starts from a scale request's thread; pids.json
         # (role, rank) of servers stopped by a scale-down: a planned exit, not a failure
         self.retired: set[tuple[str, int]] = set()
-        # ranks of servers lost and tolerated (replicas): left out of the final stop
-        self.lost_servers: set[int] = set()
-        self._replacements = 0  # replacement servers started (bounded by max_restarts)
+        # with replicas, a lost server may be tolerated and replaced (server_loss.py)
+        self._loss = ServerLoss(self.config.replicas, self.config.server_num,
+                                self.config.max_restarts, self._replace_server)  # fmt: skip
         self._signal: int | None = None
         workers = sum(1 for c in self.children if c.role is Role.WORKER)
         if self.coordinator is None:
@@ -323,51 +315,18 @@ class Supervisor:
                     child.exit_code = child.proc.poll()
                 if child.exit_code is not None and self._is_retired(child):
                     continue  # drained by a scale-down and stopped: planned
-                if child.exit_code is not None and not self._tolerated(child):
+                if child.exit_code is not None and not self._loss.tolerated(child):
                     return child
         return None
 
-    def _tolerated(self, server: Child) -> bool:
-        """Whether the job goes on without this exited server: with replicas, while
-        every shard of the job keeps a live copy (:mod:`sparseps.core.replicas`)."""
-        replicas, num = self.config.replicas, self.config.server_num
-        rank = server.spec.rank
-        if not replicas or server.spec.role is not Role.SERVER:
-            return False
-        if rank in self.lost_servers:
-            return True
-        from ..core.replicas import chain
+    @property
+    def lost_servers(self) -> set[int]:
+        """Ranks of servers lost and tolerated (replicas): left out of the final stop."""
+        return self._loss.lost
 
-        lost = {*self.lost_servers, rank}
-        orphans = [s for s in range(num) if all(r in lost for r in chain(s, num, replicas))]
-        if orphans:
-            server.note = LOST_SHARD_NOTE.format(
-                shards=", ".join(map(str, orphans)),
-                lost=", ".join(f"server {r}" for r in sorted(lost)),
-                replicas=replicas,
-            )
-            return False
-        self.lost_servers.add(rank)
-        server.pump.join(timeout=2.0)
-        log.error(
-            "server %d (pid %d) exited with code %s: LOST; its shards are served by their "
-            "copies (replicas=%d; lost servers: %s); the job goes on with fewer copies",
-            rank, server.proc.pid, server.exit_code, replicas,
-            ", ".join(map(str, sorted(self.lost_servers))),
-        )  # fmt: skip
-        if self._replacements < self.config.max_restarts:
-            self._replacements += 1
-            self._children.running.remove(server)
-            self.lost_servers.discard(rank)
-            log.warning(
-                "starting a replacement for server %d (replacement %d of %d, --max-restarts): "
-                "it copies its shards from the survivors while training goes on",
-                rank, self._replacements, self.config.max_restarts,
-            )  # fmt: skip
-            self._start(
-                replace(server.spec, env={**server.spec.env, RECOVER: "1"}), self._replacements
-            )
-        return True
+    def _replace_server(self, lost: Child, spec: ChildSpec, attempt: int) -> None:
+        self._children.running.remove(lost)
+        self._start(spec, attempt)
 
     def _restarts_left(self) -> bool:
         return self._coordinator.generation < self.config.max_restarts
