@@ -18,6 +18,12 @@ idle CPU waking up (the host's scheduling or clock of that vCPU), not at the ser
 first block after the in-process one is still reported, ``rpc_pull_cold_rows_per_s``:
 what a server that sat idle sees on such a machine.
 
+``rpc_pull_paired_ratio`` is the median over the rounds of each round's own ratio (its rpc
+pulls / its in-process pulls, run back to back): a round of either side swings by 1.6x on
+a shared 2-vCPU VM, and a best-of-rounds ratio moves with the one luckiest round of each
+side (0.69-0.92 over five runs of one quiet hour, bench/RESULTS.md 2026-11-29), while
+each round's two blocks see the same load.
+
 ``rpc_pull_steady_rows_per_s`` measures the same pipelined pulls in steady state: each
 side runs 1000 pulls back to back (200 with ``--quick``), each block after its warm-up,
 best of 2.
@@ -71,6 +77,8 @@ BATCH = 8192
 DIM = 16
 IN_FLIGHT = 4
 STEADY_PULLS, QUICK_STEADY_PULLS = 1000, 200
+# Interleaved rounds: odd, so the median paired ratio is one round's own.
+ROUNDS = 9
 # Untimed operations before each side's timed block (module docstring: the idle CPU).
 WARM_S = 0.3
 # Small requests: the per-request cost of the protocol, the server's loop and the client.
@@ -226,6 +234,11 @@ def _best(results: list[dict]) -> dict:
     }
 
 
+def _paired_ratio(remote: list[dict], base: list[dict]) -> float:
+    """The median over rounds of each round's rpc pull rate / its in-process pull rate."""
+    return float(np.median([r["pull"] / b["pull"] for r, b in zip(remote, base, strict=True)]))
+
+
 _SECURE_JOB = "bench-rpc-secure"
 
 
@@ -359,7 +372,7 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
         raise SparsePSError("bench rpc: --secure and --replicas are measured in separate runs")
     rows = 100_000 if quick else 1_000_000
     count = 20 if quick else 100
-    rounds = 2 if quick else 5
+    rounds = 2 if quick else ROUNDS
     universe = np.random.default_rng(0).choice(2**62, rows, replace=False).astype(np.uint64)
     pulls = _batches(universe, count, seed=1)
     pushes = _batches(universe, count, seed=2)
@@ -390,6 +403,7 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
             steady, steady_base = _steady(local, client, steady_pulls)
             if servers == 1:
                 small = _small(local, client, cluster.pid(0), small_pulls)
+        paired = _paired_ratio(remote, base)
         base, remote = _best(base), _best(remote)
         params = {
             "servers": servers,
@@ -408,6 +422,14 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
                 "rows/s",
                 base["pull"],
                 {**params, "order": "the round's first pulls, before the warm-up"},
+            ),
+            # no baseline: the ratio itself, of the two blocks of each round (module docstring)
+            BenchRecord(
+                "rpc_pull_paired_ratio",
+                paired,
+                "ratio",
+                None,
+                {**params, "statistic": "median over rounds of rpc / in-process"},
             ),
             BenchRecord("rpc_push_rows_per_s", remote["push"], "rows/s", base["push"], params),
             BenchRecord("rpc_pull_p50_ms", float(remote["p50"]), "ms", float(base["p50"]), params),

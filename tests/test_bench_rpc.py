@@ -2,7 +2,7 @@
 
 A quick run (100k rows, real server processes on loopback, ~6 s): checks the records'
 names, units and baselines (the cold pulls share the warm pulls' in-process baseline; the
-server's CPU per small request has none), not the figures themselves.
+server's CPU per small request and the paired ratio have none), not the figures themselves.
 """
 
 import math
@@ -30,6 +30,7 @@ def test_bench_rpc_records(bench, monkeypatch):
     pulls_and_pushes = {
         "rpc_pull_rows_per_s", "rpc_pull_cold_rows_per_s", "rpc_push_rows_per_s",
         "rpc_pull_p50_ms", "rpc_pull_p99_ms", "rpc_pull_steady_rows_per_s",
+        "rpc_pull_paired_ratio",
     }  # fmt: skip
     small = {"rpc_small_pull_per_s", "rpc_small_pull_server_cpu_us"}
     assert set(records) == {(m, 1) for m in pulls_and_pushes | small} | {
@@ -40,6 +41,12 @@ def test_bench_rpc_records(bench, monkeypatch):
         if metric == "rpc_small_pull_server_cpu_us":
             # the server process's own CPU, read from /proc: no in-process counterpart
             assert record.baseline is None and record.unit == "us"
+            continue
+        if metric == "rpc_pull_paired_ratio":
+            # a ratio of each round's own two blocks: its own baseline; rows/s that differ
+            # by this much would mean the two sides did not pull the same batches
+            assert record.baseline is None and record.unit == "ratio"
+            assert 0.05 < record.value < 20, record
             continue
         assert record.baseline is not None and record.baseline > 0, record
         assert math.isclose(record.ratio, record.value / record.baseline)
@@ -60,3 +67,10 @@ def test_warm_runs_its_batches_for_the_time_given(bench):
     assert time.perf_counter() - start >= 0.05
     # whole passes over the batches, in order, until the time is up
     assert len(calls) >= 2 and len(calls) % 2 == 0 and calls[:2] == ["a", "b"]
+
+
+def test_the_paired_ratio_pairs_each_round_with_its_own_baseline(bench):
+    remote = [{"pull": 9.0}, {"pull": 4.0}, {"pull": 8.0}]
+    base = [{"pull": 10.0}, {"pull": 10.0}, {"pull": 20.0}]
+    # rounds: 0.9, 0.4, 0.4 -> 0.4; the best of each side would say 9 / 20 = 0.45
+    assert bench._paired_ratio(remote, base) == pytest.approx(0.4)
