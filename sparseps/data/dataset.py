@@ -331,7 +331,7 @@ class DatasetBase:
                     log.warning("reader thread %s did not stop within %.0f s", t.name, _JOIN_S)
 
 
-def rebatch(chunks: Iterator[Batch], batch_size: int, drop_last: bool) -> Iterator[Batch]:
+def rebatch(chunks: Iterator[Batch], batch_size: int, *, drop_last: bool) -> Iterator[Batch]:
     """Cut a stream of chunks into batches of ``batch_size`` (the last may be short)."""
     head: Batch | None = None  # leftover samples of the previous chunk, fewer than a batch
     for chunk in chunks:

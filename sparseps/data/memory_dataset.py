@@ -142,7 +142,7 @@ class InMemoryDataset(DatasetBase):
 
     def __iter__(self) -> Iterator[Batch]:
         data = self._loaded("iteration")
-        return rebatch(iter([data]), self.options.batch_size, self.options.drop_last)
+        return rebatch(iter([data]), self.options.batch_size, drop_last=self.options.drop_last)
 
     def __repr__(self) -> str:
         o = self.options

@@ -70,7 +70,7 @@ class QueueDataset(DatasetBase):
 
     def __iter__(self) -> Iterator[Batch]:
         return self._tracked(
-            rebatch(self._read_chunks(), self.options.batch_size, self.options.drop_last)
+            rebatch(self._read_chunks(), self.options.batch_size, drop_last=self.options.drop_last)
         )
 
     def __repr__(self) -> str:

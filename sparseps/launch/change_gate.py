@@ -50,7 +50,7 @@ class ChangeGate:
         with self._lock:
             self._changes -= 1
 
-    def finish(self, done: bool) -> bool:
+    def finish(self, *, done: bool) -> bool:
         """Whether the job finishes now: its workers are ``done`` and no request is in
         flight; from then on every request is refused. Call under the owner's lock with
         ``done`` read under it."""

@@ -291,7 +291,7 @@ class RayJob:
                 continue
             with self.lock:  # a scale may be adding a worker: it is in roles before it starts
                 workers = self._workers()
-                done = self._gate.finish(all(r.code == 0 for r in workers))
+                done = self._gate.finish(done=all(r.code == 0 for r in workers))
             if done:
                 self._stop_servers(servers)
                 return Outcome(0, "completed")

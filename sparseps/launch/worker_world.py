@@ -95,7 +95,7 @@ class WorkerWorld:
         :meth:`begin_change`). Returns the job's worker count to report done, or None
         while it is not finishing."""
         with self._lock:  # a scale request may be adding a worker
-            if not self._gate.finish(not self.waiting):
+            if not self._gate.finish(done=not self.waiting):
                 return None
             return len(self._worker_ranks())
 

@@ -253,8 +253,8 @@ class CTRMetrics:
 
     def compute(
         self,
-        global_: bool = False,
         *,
+        global_: bool = False,
         process_group: ProcessGroup | None = None,
         timeout: float = distributed.DEFAULT_TIMEOUT_S,
     ) -> MetricResult:

@@ -131,7 +131,7 @@ class UserStats:
         return tuple(self._values)
 
     def compute(
-        self, global_: bool = False, *, timeout: float = distributed.DEFAULT_TIMEOUT_S
+        self, *, global_: bool = False, timeout: float = distributed.DEFAULT_TIMEOUT_S
     ) -> dict:
         """``{name: value}`` (local, or over every worker: a collective).
 

@@ -342,7 +342,9 @@ class PlacementRouting(ClientParts):
         its grouped keys; ``finish`` gets ``[(positions, reply)]``."""
         grouped, offsets, _, routing = group
         parts = self._send_keyed(op, table, grouped, offsets, columns, routing, every=every)
-        return RoutedHandle(self, op, table, grouped, columns, parts, finish)
+        return RoutedHandle(
+            self, op, table, keys=grouped, columns=columns, parts=parts, finish=finish
+        )
 
     def _group(self, keys: np.ndarray, *, dedup: bool = True) -> tuple:
         """Group ``keys`` by owner, deduplicated or as they are: ``(grouped, offsets,
@@ -366,7 +368,7 @@ class RoutedHandle(Handle):
     kept result), so a refused part is sent again once.
     """
 
-    def __init__(self, client: PlacementRouting, op: str, table: str, keys: np.ndarray,
+    def __init__(self, client: PlacementRouting, op: str, table: str, *, keys: np.ndarray,
                  columns: Sequence[np.ndarray], parts: list,
                  finish: Callable[[list], object]) -> None:  # fmt: skip
         super().__init__(client._channel, [request for _, request in parts], finish)

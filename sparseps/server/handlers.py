@@ -84,11 +84,11 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps):
         rank: int,
         num_servers: int,
         endpoint: str,
+        *,
         job_id: str | None = None,
         file_roots: Sequence[str] | None = None,
         disk_dir: str | None = None,
         replicas: int = 0,
-        *,
         recovering: bool = False,
         holder: int | None = None,
     ) -> None:
@@ -123,8 +123,8 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps):
             # its own disk subfolder: server `shard` may use the same --disk-dir on this host
             folder = None if disk_dir is None else os.path.join(disk_dir, f"backups-on-{rank}")
             self.backups[shard] = ServerState(
-                shard, num_servers, endpoint, job_id, file_roots, folder, self.replicas,
-                recovering=recovering, holder=rank,
+                shard, num_servers, endpoint, job_id=job_id, file_roots=file_roots,
+                disk_dir=folder, replicas=self.replicas, recovering=recovering, holder=rank,
             )  # fmt: skip
         self._init_replica(self.replicas, recovering=recovering)
 

@@ -109,8 +109,8 @@ def serve(
     limits = limits or Limits()
     endpoint = endpoints[rank]
     state = ServerState(
-        rank, len(endpoints), endpoint, job_id, file_roots, disk_dir, replicas=replicas,
-        recovering=recover,
+        rank, len(endpoints), endpoint, job_id=job_id, file_roots=file_roots,
+        disk_dir=disk_dir, replicas=replicas, recovering=recover,
     )  # fmt: skip
     context = transport.new_context()
     # libzmq asks the ZAP handler about every peer; it must run before the socket binds.

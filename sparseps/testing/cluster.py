@@ -70,6 +70,7 @@ class LocalCluster:
         processes: list[Server],
         log_dir: Path,
         timeout: float,
+        *,
         job_id: str | None = None,
         security: Security | None = None,
         replicas: int = 0,
@@ -303,7 +304,7 @@ def local_cluster(
             endpoints = [f"127.0.0.1:{free_port()}" for _ in range(servers)]
             cluster = LocalCluster(
                 endpoints, _spawn(endpoints, log_dir, options, environ, fork), log_dir, timeout,
-                job_id, security, replicas,
+                job_id=job_id, security=security, replicas=replicas,
             )  # fmt: skip
             cluster._options, cluster._environ, cluster._fork = options, environ, fork
             try:

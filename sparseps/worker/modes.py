@@ -68,7 +68,9 @@ class TrainingMode(ABC):
 
     prefetch_pulls = False
 
-    def __init__(self, client, dense: DenseParams, dense_rule, strategy, rank: int, tables: list):
+    def __init__(
+        self, client, dense: DenseParams, dense_rule, strategy, rank: int, *, tables: list
+    ):
         self.client = client
         self.dense = dense
         self.dense_rule = dense_rule
@@ -361,4 +363,4 @@ def make_mode(
         if applies(strategy):
             cls = variant
             break
-    return cls(client, dense, dense_rule, strategy, rank, tables)
+    return cls(client, dense, dense_rule, strategy, rank, tables=tables)

@@ -51,7 +51,7 @@ def main(rank: int, port: int, out: str) -> None:
     if rank == 1:  # different initial values: the mode starts from rank 0's
         nn.init.constant_(module.weight, 5.0)
     mode = HybridMode(servers, DenseParams(module), sps.optim.SGD(lr=0.1),
-                      sps.Strategy(mode="hybrid"), rank, [TableConfig(name="a", dim=2)])  # fmt: skip
+                      sps.Strategy(mode="hybrid"), rank, tables=[TableConfig(name="a", dim=2)])  # fmt: skip
     items = [([0] * SIZES[rank], None, None) for _ in range(BATCHES[rank])]
     per_step, dense, before = [], [mode.dense.values().tolist()], collectives.counts()
     for step, item in enumerate(mode.steps(items)):

@@ -68,7 +68,7 @@ def main(rank: int, port: int, out: str) -> None:
     servers = PushLog()
     module = nn.Linear(2, 1)
     mode = SyncMode(servers, DenseParams(module), sps.optim.SGD(lr=0.1),
-                    sps.Strategy(mode="sync"), rank, tables)  # fmt: skip
+                    sps.Strategy(mode="sync"), rank, tables=tables)  # fmt: skip
     data = list(items(rank))
     per_step, batches, step = [], [], 0
     before = collectives.counts()

@@ -1,0 +1,96 @@
+"""Two rules of STYLE.md's "size as a managed resource", checked on the source of sparseps:
+
+- boolean arguments of public functions and methods are keyword-only: ``f(x, True)``
+  says nothing at the call site, ``f(x, strict=True)`` does;
+- a public class's constructor takes at most ``MAX_POSITIONAL`` positional arguments
+  (besides ``self``), the limit torchrec's code-quality test puts on its modules'
+  constructors: more knobs go after ``*`` or into a config object.
+
+Public means the function, method or class and every class around it have names without
+a leading underscore (``__init__`` counts as public). Dataclasses are config objects
+themselves: their generated constructors are not checked. The checks read the source
+(``ast``), so nothing is imported; both are shown failing on a module written to a temp
+folder.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "sparseps"
+MAX_POSITIONAL = 5
+
+
+def _positional(
+    node: ast.FunctionDef | ast.AsyncFunctionDef,
+) -> list[tuple[ast.arg, ast.expr | None]]:
+    """``(parameter, default)`` of every parameter that can be passed by position."""
+    args = node.args
+    params = [*args.posonlyargs, *args.args]
+    defaults: list[ast.expr | None] = [None] * (len(params) - len(args.defaults))
+    return list(zip(params, [*defaults, *args.defaults], strict=True))
+
+
+def _is_bool(param: ast.arg, default: ast.expr | None) -> bool:
+    if isinstance(default, ast.Constant) and isinstance(default.value, bool):
+        return True
+    return isinstance(param.annotation, ast.Name) and param.annotation.id == "bool"
+
+
+def violations(root: Path) -> list[str]:
+    """``path:line what`` for every positional boolean argument of a public function and
+    every public constructor with more than ``MAX_POSITIONAL`` positional arguments."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, path: str, owner: str, public: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, path, child.name, public and not child.name.startswith("_"))
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = f"{owner}.{child.name}" if owner else child.name
+                if not public or (child.name.startswith("_") and child.name != "__init__"):
+                    continue
+                params = _positional(child)
+                if owner and params and params[0][0].arg in ("self", "cls"):
+                    params = params[1:]
+                for param, default in params:
+                    if _is_bool(param, default):
+                        found.append(f"{path}:{child.lineno} {name}: boolean {param.arg!r} "
+                                     "can be passed by position (put it after '*')")  # fmt: skip
+                if child.name == "__init__" and len(params) > MAX_POSITIONAL:
+                    found.append(f"{path}:{child.lineno} {name}: {len(params)} positional "
+                                 f"arguments (at most {MAX_POSITIONAL}; the rest after '*')")  # fmt: skip
+
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        visit(tree, str(path.relative_to(root)), "", True)
+    return found
+
+
+def test_public_booleans_are_keyword_only_and_constructors_take_few_positionals():
+    found = violations(ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_the_checks_find_what_they_are_for(tmp_path):
+    (tmp_path / "mod.py").write_text(
+        "def ok(x, *, strict=False): ...\n"
+        "def bad(x, strict=False): ...\n"
+        "def bad_required(x, flag: bool): ...\n"
+        "def _private(x, strict=False): ...\n"
+        "class Public:\n"
+        "    def __init__(self, a, b, c, d, e, *, f=1, g=True): ...\n"
+        "    def method(self, dry_run=True): ...\n"
+        "    @classmethod\n"
+        "    def make(cls, a, *, fast=True): ...\n"
+        "class Wide:\n"
+        "    def __init__(self, a, b, c, d, e, f): ...\n"
+        "class _Hidden:\n"
+        "    def __init__(self, a, b, c, d, e, f, g=False): ...\n"
+    )
+    found = violations(tmp_path)
+    assert [line.split(" ", 2)[1] for line in found] == [
+        "bad:", "bad_required:", "Public.method:", "Wide.__init__:",
+    ]  # fmt: skip
+    assert found[0].startswith("mod.py:2 ")
