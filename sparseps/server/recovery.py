@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 
 from ..core.replicas import chain
-from ..errors import SparsePSError, UnavailableError
+from ..errors import ProtocolError, SparsePSError, UnavailableError
 from ..rpc.channel import Channel
 from ..rpc.handle import Handle
 from ..rpc.protocol import Limits, Request
@@ -39,10 +39,27 @@ log = logging.getLogger(__name__)
 RECOVER_TIMEOUT_S = 600.0
 
 
+# What a survivor's ``replicate`` answer must hold (sparseps.server.replica_ops).
+_REPLICATE_KEYS = ("tables", "dense", "applied", "epoch")
+
+
 def _call(channel: Channel, rank: int, op: str, shard: int, args: dict) -> dict:
+    """A survivor's answer, checked (a peer's reply is remote input: a malformed one, e.g.
+    from a server of another sparseps version, is a ProtocolError, and the next survivor
+    is tried)."""
     call = channel.submit(rank, op, None, (), args, shard=None if rank == shard else shard)
     result = Handle(channel, [call], lambda replies: replies[0].result).wait(RECOVER_TIMEOUT_S)
-    assert isinstance(result, dict), f"{op} answers a dict"
+    if not isinstance(result, dict):
+        raise ProtocolError(
+            f"server {rank} answered {op} with a {type(result).__name__}, not a mapping "
+            "(a server of another sparseps version?)"
+        )
+    missing = [key for key in _REPLICATE_KEYS if key not in result] if op == "replicate" else []
+    if missing:
+        raise ProtocolError(
+            f"server {rank} answered replicate without {', '.join(missing)} "
+            "(a server of another sparseps version?)"
+        )
     return result
 
 
