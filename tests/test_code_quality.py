@@ -1,10 +1,13 @@
-"""Two rules of STYLE.md's "size as a managed resource", checked on the source of sparseps:
+"""Rules of STYLE.md checked on the source of sparseps:
 
 - boolean arguments of public functions and methods are keyword-only: ``f(x, True)``
   says nothing at the call site, ``f(x, strict=True)`` does;
 - a public class's constructor takes at most ``MAX_POSITIONAL`` positional arguments
   (besides ``self``), the limit torchrec's code-quality test puts on its modules'
-  constructors: more knobs go after ``*`` or into a config object.
+  constructors: more knobs go after ``*`` or into a config object;
+- a public class with a ``close()`` is a context manager (explicit lifecycles): it
+  defines ``__enter__`` or inherits it from a class of sparseps that does (often
+  :class:`sparseps.core.closing.Closing`). Protocol classes only describe one.
 
 Public means the function, method or class and every class around it have names without
 a leading underscore (``__init__`` counts as public). Dataclasses are config objects
@@ -68,9 +71,69 @@ def violations(root: Path) -> list[str]:
     return found
 
 
+def _classes(root: Path) -> dict[str, tuple[str, ast.ClassDef]]:
+    """Every class of the package by name: ``{name: (path, node)}`` (names are unique
+    enough for the check; a clash keeps the first)."""
+    found: dict[str, tuple[str, ast.ClassDef]] = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, (str(path.relative_to(root)), node))
+    return found
+
+
+def _methods(node: ast.ClassDef) -> set[str]:
+    return {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def _base_names(node: ast.ClassDef) -> list[str]:
+    """Simple names of the bases (``pkg.Base`` -> ``Base``; ``Generic[T]`` -> ``Generic``)."""
+    names = []
+    for base in node.bases:
+        while isinstance(base, ast.Subscript):
+            base = base.value
+        if isinstance(base, ast.Attribute):
+            names.append(base.attr)
+        elif isinstance(base, ast.Name):
+            names.append(base.id)
+    return names
+
+
+def unmanaged(root: Path) -> list[str]:
+    """``path:line Class`` of every public class with a ``close()`` and no ``__enter__``
+    of its own or of a base class defined in the package."""
+    classes = _classes(root)
+
+    def enters(name: str, seen: frozenset = frozenset()) -> bool:
+        if name not in classes or name in seen:
+            return False
+        node = classes[name][1]
+        return "__enter__" in _methods(node) or any(
+            enters(base, seen | {name}) for base in _base_names(node)
+        )
+
+    return [
+        f"{path}:{node.lineno} {name}"
+        for name, (path, node) in classes.items()
+        if not name.startswith("_")
+        and "close" in _methods(node)
+        and "Protocol" not in _base_names(node)
+        and not enters(name)
+    ]
+
+
 def test_public_booleans_are_keyword_only_and_constructors_take_few_positionals():
     found = violations(ROOT)
     assert not found, "\n".join(found)
+
+
+def test_classes_with_close_are_context_managers():
+    found = unmanaged(ROOT)
+    assert not found, (
+        "classes with close() but no __enter__ (add sparseps.core.closing.Closing as the "
+        "last base, or write __enter__/__exit__):\n" + "\n".join(found)
+    )
 
 
 def test_the_checks_find_what_they_are_for(tmp_path):
@@ -94,3 +157,27 @@ def test_the_checks_find_what_they_are_for(tmp_path):
         "bad:", "bad_required:", "Public.method:", "Wide.__init__:",
     ]  # fmt: skip
     assert found[0].startswith("mod.py:2 ")
+
+
+def test_the_context_manager_check_follows_bases(tmp_path):
+    (tmp_path / "base.py").write_text(
+        "class Closing:\n"
+        "    def close(self): ...\n"
+        "    def __enter__(self): return self\n"
+        "    def __exit__(self, *exc): self.close()\n"
+    )
+    (tmp_path / "mod.py").write_text(
+        "import typing\n"
+        "from base import Closing\n"
+        "class Managed(Closing):\n"
+        "    def close(self): ...\n"
+        "class Child(Managed):\n"
+        "    def close(self): ...\n"
+        "class Bare:\n"
+        "    def close(self): ...\n"
+        "class Described(typing.Protocol):\n"
+        "    def close(self): ...\n"
+        "class _Private:\n"
+        "    def close(self): ...\n"
+    )
+    assert unmanaged(tmp_path) == ["mod.py:7 Bare"]

@@ -9,6 +9,7 @@
 - :mod:`.lazy`: a package's public names imported on first use (PEP 562).
 - :mod:`.worker_store`: the workers' rendezvous store as :func:`sparseps.init` registered
   it (work-stealing datasets claim files on it).
+- :mod:`.closing`: the ``with obj:`` mixin of objects that end with ``close()``.
 
 Modules here import only the standard library, numpy, numba, xxhash and
 :mod:`sparseps.errors`; the layer order is declared in :mod:`sparseps.layers`.

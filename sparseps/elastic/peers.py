@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 
+from ..core.closing import Closing
 from ..core.placement import Placement
 from ..errors import SparsePSError
 from ..rpc.client import PSClient
@@ -20,7 +21,7 @@ from ..rpc.placed import is_placement_error
 __all__ = ["Peers", "is_placement_error"]
 
 
-class Peers:
+class Peers(Closing):
     """``address -> PSClient([address])``, opened on first use; ``close()`` closes all."""
 
     def __init__(self, *, timeout: float = 30.0, job_id: str | None = None,

@@ -53,6 +53,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
+from ..core.closing import Closing
 from ..env import FORK_SERVER
 from .fork_process import MAX_MESSAGE as _MAX_MESSAGE
 from .procutil import die_with_parent_hook
@@ -251,7 +252,7 @@ def _fresh_channel(env: Mapping[str, str]) -> _Channel:
     return _Channel(ours, proc.pid, proc)
 
 
-class ForkServer:
+class ForkServer(Closing):
     """The launcher's side of its fork servers (module docstring).
 
     One fork server started as a fresh interpreter serves every child; with zygotes

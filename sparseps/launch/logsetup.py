@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from ..core.closing import Closing
+
 __all__ = ["LOG_FORMAT", "LauncherLog", "ensure_default_logging"]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -76,7 +78,7 @@ def ensure_default_logging() -> bool:
     return True
 
 
-class LauncherLog:
+class LauncherLog(Closing):
     """``LOG_DIR/launcher.log``: the launcher's own messages, as on its console.
 
     Log records of the ``sparseps`` loggers (quiet-process warnings, restarts, failures)

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..core.closing import Closing
 from ..env import parse_endpoint
 from ..errors import DeadlineError, UnavailableError
 from .store import StoreClient, open_store
@@ -80,7 +81,7 @@ class Coordinator(Protocol):
         """This node is finished; release the coordination resources."""
 
 
-class LocalCoordinator:
+class LocalCoordinator(Closing):
     """The whole job runs under this launcher."""
 
     def __init__(self, worker_num: int) -> None:
@@ -111,7 +112,7 @@ class LocalCoordinator:
         pass
 
 
-class StoreCoordinator:
+class StoreCoordinator(Closing):
     """Launchers on several nodes, meeting at a store on the master host.
 
     Args:

@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..core.closing import Closing
 from ..env import FILE_ROOTS, Role
 from ..errors import ConfigError
 from .change_gate import ChangeGate
@@ -73,7 +74,7 @@ def _status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-class RayJob:
+class RayJob(Closing):
     """One job on a Ray cluster: placement, start, supervision, teardown."""
 
     def __init__(self, args: argparse.Namespace, script: Path, out) -> None:

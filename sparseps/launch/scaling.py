@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..core.closing import Closing
 from ..env import Role
 from ..errors import SparsePSError
 from .scale_error import ScaleError
@@ -265,7 +266,7 @@ class JobScaler(WorkerScaling):
         self.supervisor.wait_retired(timeout=15.0)
 
 
-class ScaleService:
+class ScaleService(Closing):
     """Serves ``sparseps scale`` requests from the control store (module docstring).
 
     Args:

@@ -38,6 +38,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from ..core.closing import Closing
 from ..errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from . import transport
 from .call import Call
@@ -64,7 +65,7 @@ def _nudged(fd: int) -> bool:
         return False
 
 
-class Channel(ServerLinks, ReceivingByWaiters):
+class Channel(ServerLinks, ReceivingByWaiters, Closing):
     """Request/reply transport to a list of servers (used by :class:`PSClient`).
 
     Args:

@@ -17,6 +17,7 @@ import fcntl
 import logging
 import os
 
+from ..core.closing import Closing
 from ..errors import ConfigError
 
 __all__ = ["DiskDir"]
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 ROW_FILE_SUFFIX = ".rows"
 
 
-class DiskDir:
+class DiskDir(Closing):
     """Take ``root/server-RANK`` for this process (see module doc).
 
     Args:

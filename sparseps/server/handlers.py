@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..core.closing import Closing
 from ..core.replicas import check_replicas, hosted
 from ..core.routing import misrouted
 from ..errors import ConfigError, InputError, ProtocolError
@@ -58,7 +59,7 @@ __all__ = ["ServerState"]
 _SERVER_OPS = frozenset({"ping", "stop", "stats"})
 
 
-class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps):
+class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
     """The tables of one server and the op handlers.
 
     Args:

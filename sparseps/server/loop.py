@@ -38,6 +38,7 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from ..core.closing import Closing
 from ..errors import ProtocolError, SparsePSError
 from ..observe.registry import server_metrics
 from ..rpc import transport
@@ -203,7 +204,7 @@ def handler_loop(
         sock.close()
 
 
-class RequestLoop:
+class RequestLoop(Closing):
     """Owns the front socket: answers data-plane ops, routes the rest to the pool.
 
     Args:

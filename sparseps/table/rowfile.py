@@ -37,6 +37,7 @@ import weakref
 
 import numpy as np
 
+from ..core.closing import Closing
 from ..errors import ConfigError, ResourceError
 from .growth import planned_rows
 
@@ -50,7 +51,7 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-class RowFile:
+class RowFile(Closing):
     """A growable ``[capacity, width]`` float32 matrix backed by a file under ``folder``.
 
     Args:

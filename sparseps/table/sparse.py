@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import Admission, TableConfig
+from ..core.closing import Closing
 from ..errors import ConfigError, ResourceError
 from . import input_checks as checks
 from .batch import add_rows, dedup_merge, gather, init_rows, touch_rows
@@ -58,7 +59,7 @@ INITIAL_ROWS = 256
 _NO_ROWS = np.empty(0, np.int64)
 
 
-class SparseTable(TableFiles, FullRows, LifecycleOps):
+class SparseTable(TableFiles, FullRows, LifecycleOps, Closing):
     """One shard of a sparse table.
 
     Not thread-safe for writers: the owner serialises mutating calls (the server holds a

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from ..config import TableConfig
+from ..core.closing import Closing
 from ..core.keysets import unique_keys
 from ..errors import ConfigError, ResourceError
 from . import tier_kernels as kernels
@@ -94,7 +95,7 @@ class PrefetchPlan:
         kernels.read_rows(self.fd, self.row_bytes, self.where, self.rows, self.ok)
 
 
-class RowTier:
+class RowTier(Closing):
     """The memory and disk tiers of one table's rows.
 
     Args:

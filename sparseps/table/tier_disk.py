@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.closing import Closing
 from ..errors import ResourceError
 from . import tier_kernels as kernels
 from .growth import Allocator, GrowableMatrix, planned_rows
@@ -49,7 +50,7 @@ def grow_map(matrix: GrowableMatrix, rows: int) -> None:
     matrix.array[old:] = -1
 
 
-class DiskRows:
+class DiskRows(Closing):
     """The disk tier of one table (see module doc).
 
     Args:

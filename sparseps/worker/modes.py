@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ..core import collectives
+from ..core.closing import Closing
 from ..core.routing import server_of
 from ..files.dense_file import load_dense_file, save_dense_file
 from ..table import DenseTable
@@ -54,7 +55,7 @@ log = logging.getLogger(__name__)
 DENSE_TABLE = "__dense__"
 
 
-class TrainingMode(ABC):
+class TrainingMode(ABC, Closing):
     """The interface every training mode implements (see the module docstring).
 
     Args:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.closing import Closing
 from ..errors import DeadlineError
 from .push_merge import MergePolicy, PushMerger
 
@@ -40,7 +41,7 @@ class _Failure:
         self.exc = exc
 
 
-class Prefetcher:
+class Prefetcher(Closing):
     """Iterate ``prepare(x) for x in source`` with ``depth`` items computed ahead.
 
     Args:
@@ -122,7 +123,7 @@ class PushStats:
     sent_rows: int = 0
 
 
-class PushQueue:
+class PushQueue(Closing):
     """Background pushes with a bounded queue and per-table merging.
 
     Args:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.closing import Closing
 from ..errors import ConfigError, InputError
 from ..metrics import (
     CTRMetrics,
@@ -156,7 +157,7 @@ class StepSplit:
         self._counters["wait"].inc(seconds)
 
 
-class PassReporter:
+class PassReporter(Closing):
     """Metrics, reports and dumps of one trainer (cheap no-ops when nothing is configured).
 
     Args:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .. import role
+from ..core.closing import Closing
 from ..core.keysets import unique_keys
 from ..env import Role
 from ..errors import ConfigError
@@ -63,7 +64,7 @@ def serve_if_heter_worker(trainer) -> None:
     raise SystemExit(0)
 
 
-class TrainingState:
+class TrainingState(Closing):
     """Client, mode, step counters, dense parameters and pending tombstones of one worker.
 
     Args:
