@@ -22,6 +22,9 @@ storage indexed by them reuses the memory of erased rows.
 
 Memory: 13 bytes per slot (8 key + 4 id + 1 state); the load factor stays in
 [0.5, 0.75] after growth (ids are int32: at most 2**31 - 1 rows per table shard).
+
+The compiled probing kernels are :mod:`sparseps.table.hashmap_kernels`; this module is the
+class around them (the seed, the ids and their free stack, growth and its memory hook).
 """
 
 from __future__ import annotations
@@ -31,211 +34,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..core.hashing import draw_seed, seeded_hash
-from ..core.jit import njit
-from ..optim.prefetch import PREFETCH_AHEAD, prefetch
+from ..core.hashing import draw_seed
+from . import hashmap_kernels as kernels
+from .hashmap_kernels import EMPTY
 
 if TYPE_CHECKING:
     from .growth import Allocator
 
 __all__ = ["KeyIndex"]
 
-EMPTY, FULL, TOMBSTONE = 0, 1, 2
 MAX_LOAD = 0.75  # of used slots (live + tombstones) before a rehash
 TARGET_LOAD = 0.5  # live load right after a rehash
 MIN_CAPACITY = 8
 MAX_IDS = 2**31 - 1
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _home(key, capacity, seed):  # pragma: no cover - compiled
-    # fastrange: (high 32 bits of the hash) * capacity >> 32, any capacity < 2**32
-    h = seeded_hash(key, seed)
-    return np.int64(((h >> np.uint64(32)) * np.uint64(capacity)) >> np.uint64(32))
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _prefetch_home(skeys, svals, sstate, keys, k, seed):  # pragma: no cover - compiled
-    """Start loading the home slot of ``keys[k]`` (a key a few iterations ahead)."""
-    if k < keys.shape[0]:
-        i = _home(keys[k], skeys.shape[0], seed)
-        prefetch(sstate, i, 0)
-        prefetch(skeys, i, 0)
-        prefetch(svals, i, 0)
-
-
-@njit(nogil=True, cache=True)
-def _find(skeys, svals, sstate, keys, out, seed):  # pragma: no cover - compiled
-    capacity = skeys.shape[0]
-    for k in range(keys.shape[0]):
-        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD, seed)
-        key = keys[k]
-        i = _home(key, capacity, seed)
-        result = -1
-        while True:
-            state = sstate[i]
-            if state == EMPTY:
-                break
-            if state == FULL and skeys[i] == key:
-                result = svals[i]
-                break
-            i += 1
-            if i == capacity:
-                i = 0
-        out[k] = result
-
-
-@njit(nogil=True, cache=True)
-def _find_or_insert(
-    skeys, svals, sstate, keys, start, out, is_new, free, nfree, next_id, used, limit, size, seed
-):  # pragma: no cover - compiled
-    capacity = skeys.shape[0]
-    for k in range(start, keys.shape[0]):
-        if used >= limit:
-            # the caller rehashes and resumes at k
-            return k, nfree, next_id, used, size
-        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD, seed)
-        key = keys[k]
-        i = _home(key, capacity, seed)
-        grave = -1
-        found = False
-        while True:
-            state = sstate[i]
-            if state == EMPTY:
-                break
-            if state == FULL:
-                if skeys[i] == key:
-                    found = True
-                    break
-            elif grave < 0:
-                grave = i
-            i += 1
-            if i == capacity:
-                i = 0
-        if found:
-            out[k] = svals[i]
-            is_new[k] = False
-            continue
-        if grave >= 0:
-            i = grave  # reuse a tombstone: the used count does not change
-        else:
-            used += 1
-        if nfree > 0:
-            nfree -= 1
-            new_id = free[nfree]
-        else:
-            new_id = next_id
-            next_id += 1
-        sstate[i] = FULL
-        skeys[i] = key
-        svals[i] = new_id
-        size += 1
-        out[k] = new_id
-        is_new[k] = True
-    return keys.shape[0], nfree, next_id, used, size
-
-
-@njit(nogil=True, cache=True)
-def _tombstone_first(skeys, sstate, keys, count, seed):  # pragma: no cover - compiled
-    """Turn the slots of ``keys[:count]`` (all present) into tombstones."""
-    capacity = skeys.shape[0]
-    for j in range(count):
-        s = _home(keys[j], capacity, seed)
-        while not (sstate[s] == FULL and skeys[s] == keys[j]):
-            s = s + 1 if s + 1 < capacity else 0
-        sstate[s] = TOMBSTONE
-
-
-@njit(nogil=True, cache=True)
-def _insert_absent(skeys, svals, sstate, keys, ids, seed):  # pragma: no cover - compiled
-    """``keys[k]`` -> ``ids[k]``, all absent. Returns (first present position or -1, empty
-    slots taken); a present key turns the keys inserted before it into tombstones."""
-    capacity = skeys.shape[0]
-    taken = 0
-    for k in range(keys.shape[0]):
-        _prefetch_home(skeys, svals, sstate, keys, k + PREFETCH_AHEAD, seed)
-        key = keys[k]
-        i = _home(key, capacity, seed)
-        grave = -1
-        while sstate[i] != EMPTY:
-            if sstate[i] == FULL and skeys[i] == key:
-                _tombstone_first(skeys, sstate, keys, k, seed)  # the live contents as they were
-                return k, taken
-            if sstate[i] == TOMBSTONE and grave < 0:
-                grave = i
-            i = i + 1 if i + 1 < capacity else 0
-        if grave >= 0:
-            i = grave  # a reused tombstone was already a used slot
-        else:
-            taken += 1
-        sstate[i] = FULL
-        skeys[i] = key
-        svals[i] = ids[k]
-    return -1, taken
-
-
-@njit(nogil=True, cache=True)
-def _erase(skeys, svals, sstate, keys, out, free, nfree, used, size, seed):  # pragma: no cover
-    capacity = skeys.shape[0]
-    for k in range(keys.shape[0]):
-        key = keys[k]
-        i = _home(key, capacity, seed)
-        out[k] = -1
-        while True:
-            state = sstate[i]
-            if state == EMPTY:
-                break
-            if state == FULL and skeys[i] == key:
-                out[k] = svals[i]
-                free[nfree] = svals[i]
-                nfree += 1
-                size -= 1
-                nxt = i + 1 if i + 1 < capacity else 0
-                if sstate[nxt] == EMPTY:
-                    # the probe chain ends here: no tombstone needed, and the
-                    # tombstones just before it are dead too
-                    sstate[i] = EMPTY
-                    used -= 1
-                    j = i - 1 if i > 0 else capacity - 1
-                    while sstate[j] == TOMBSTONE:
-                        sstate[j] = EMPTY
-                        used -= 1
-                        j = j - 1 if j > 0 else capacity - 1
-                else:
-                    sstate[i] = TOMBSTONE
-                break
-            i += 1
-            if i == capacity:
-                i = 0
-    return nfree, used, size
-
-
-@njit(nogil=True, cache=True)
-def _rehash(okeys, ovals, ostate, nkeys, nvals, nstate, seed):  # pragma: no cover - compiled
-    capacity = nkeys.shape[0]
-    for s in range(okeys.shape[0]):
-        if ostate[s] != FULL:
-            continue
-        key = okeys[s]
-        i = _home(key, capacity, seed)
-        while nstate[i] != EMPTY:
-            i += 1
-            if i == capacity:
-                i = 0
-        nstate[i] = FULL
-        nkeys[i] = key
-        nvals[i] = ovals[s]
-
-
-@njit(nogil=True, cache=True)
-def _items(skeys, svals, sstate, out_keys, out_ids):  # pragma: no cover - compiled
-    j = 0
-    for s in range(skeys.shape[0]):
-        if sstate[s] == FULL:
-            out_keys[j] = skeys[s]
-            out_ids[j] = svals[s]
-            j += 1
-    return j
 
 
 class KeyIndex:
@@ -303,7 +114,7 @@ class KeyIndex:
     def find(self, keys: np.ndarray) -> np.ndarray:
         """int64 ids of ``keys`` (uint64 [n]); -1 where a key is absent."""
         out = np.empty(keys.shape[0], np.int64)
-        _find(self._keys, self._vals, self._state, keys, out, self._seed)
+        kernels.find(self._keys, self._vals, self._state, keys, out, self._seed)
         return out
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
@@ -325,7 +136,7 @@ class KeyIndex:
         while start < n:
             if self._used >= self._limit:
                 self._grow(n - start)
-            start, self._nfree, self._next_id, self._used, self._size = _find_or_insert(
+            start, self._nfree, self._next_id, self._used, self._size = kernels.find_or_insert(
                 self._keys, self._vals, self._state, keys, start, out, is_new,
                 self._free, self._nfree, self._next_id, self._used, self._limit, self._size,
                 self._seed,
@@ -352,7 +163,9 @@ class KeyIndex:
         if ids.shape[0] != n:
             raise ValueError(f"insert_absent: {n} keys but {ids.shape[0]} ids")
         self.reserve(n)  # no rehash inside the kernel
-        at, taken = _insert_absent(self._keys, self._vals, self._state, keys, ids, self._seed)
+        at, taken = kernels.insert_absent(
+            self._keys, self._vals, self._state, keys, ids, self._seed
+        )
         self._used += taken
         if at >= 0:
             return int(at)
@@ -368,7 +181,7 @@ class KeyIndex:
         their ids planned again, and only tombstones remain where they went."""
         n = keys.shape[0]
         take = min(free_ids_before, n)
-        _tombstone_first(self._keys, self._state, keys, n, self._seed)
+        kernels.tombstone_first(self._keys, self._state, keys, n, self._seed)
         self._nfree += take  # the free stack's entries were only uncounted, not changed
         self._next_id -= n - take
         self._size -= n
@@ -394,7 +207,7 @@ class KeyIndex:
         n = keys.shape[0]
         self._reserve_free(n)
         out = np.empty(n, np.int64)
-        self._nfree, self._used, self._size = _erase(
+        self._nfree, self._used, self._size = kernels.erase(
             self._keys, self._vals, self._state, keys, out, self._free, self._nfree,
             self._used, self._size, self._seed,
         )  # fmt: skip
@@ -409,7 +222,7 @@ class KeyIndex:
         """All live ``(keys uint64 [size], ids int64 [size])``, in slot order."""
         keys = np.empty(self._size, np.uint64)
         ids = np.empty(self._size, np.int64)
-        _items(self._keys, self._vals, self._state, keys, ids)
+        kernels.items(self._keys, self._vals, self._state, keys, ids)
         return keys, ids
 
     def clear(self) -> None:
@@ -447,7 +260,7 @@ class KeyIndex:
         """Rehash into a table sized for ``size + incoming`` live keys at TARGET_LOAD."""
         slots = self._alloc_slots(self._planned_capacity(incoming))
         # mypy's view of numba's Dispatcher miscounts a call with a star argument
-        _rehash(self._keys, self._vals, self._state, *slots, self._seed)  # type: ignore[call-arg]
+        kernels.rehash(self._keys, self._vals, self._state, *slots, self._seed)  # type: ignore[call-arg]
         self._install(*slots)
         self._used = self._size
 

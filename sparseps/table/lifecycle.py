@@ -27,7 +27,7 @@ import numpy as np
 from ..config import Admission, Lifecycle
 from ..core.hashing import GOLDEN, mix64
 from ..core.jit import njit
-from .hashmap import FULL
+from .hashmap_kernels import FULL
 
 __all__ = ["admit", "decay_slots", "seed_word", "shrink_select", "shrink_select_rows", "score"]
 

@@ -54,7 +54,7 @@ from ..core.keysets import unique_keys
 from ..errors import ConfigError, ResourceError
 from . import tier_kernels as kernels
 from .growth import Allocator, GrowableMatrix, planned_rows
-from .hashmap import FULL
+from .hashmap_kernels import FULL
 from .lifecycle import decay_slots
 from .tier_disk import DiskRows, grow_map, id_map
 
