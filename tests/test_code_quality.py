@@ -41,6 +41,14 @@ def _is_bool(param: ast.arg, default: ast.expr | None) -> bool:
     return isinstance(param.annotation, ast.Name) and param.annotation.id == "bool"
 
 
+def _trees(root: Path) -> list[tuple[str, ast.Module]]:
+    """``(path relative to root, syntax tree)`` of every module under ``root``."""
+    return [
+        (str(path.relative_to(root)), ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        for path in sorted(root.rglob("*.py"))
+    ]
+
+
 def violations(root: Path) -> list[str]:
     """``path:line what`` for every positional boolean argument of a public function and
     every public constructor with more than ``MAX_POSITIONAL`` positional arguments."""
@@ -65,9 +73,8 @@ def violations(root: Path) -> list[str]:
                     found.append(f"{path}:{child.lineno} {name}: {len(params)} positional "
                                  f"arguments (at most {MAX_POSITIONAL}; the rest after '*')")  # fmt: skip
 
-    for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        visit(tree, str(path.relative_to(root)), "", True)
+    for path, tree in _trees(root):
+        visit(tree, path, "", True)
     return found
 
 
@@ -75,11 +82,10 @@ def _classes(root: Path) -> dict[str, tuple[str, ast.ClassDef]]:
     """Every class of the package by name: ``{name: (path, node)}`` (names are unique
     enough for the check; a clash keeps the first)."""
     found: dict[str, tuple[str, ast.ClassDef]] = {}
-    for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for path, tree in _trees(root):
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
-                found.setdefault(node.name, (str(path.relative_to(root)), node))
+                found.setdefault(node.name, (path, node))
     return found
 
 

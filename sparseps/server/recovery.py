@@ -43,10 +43,11 @@ RECOVER_TIMEOUT_S = 600.0
 _REPLICATE_KEYS = ("tables", "dense", "applied", "epoch")
 
 
-def _call(channel: Channel, rank: int, op: str, shard: int, args: dict) -> dict:
-    """A survivor's answer, checked (a peer's reply is remote input: a malformed one, e.g.
-    from a server of another sparseps version, is a ProtocolError, and the next survivor
-    is tried)."""
+def _call(channel: Channel, rank: int, op: str, shard: int, args: dict,
+          required: tuple[str, ...] = ()) -> dict:  # fmt: skip
+    """A survivor's answer: a mapping holding ``required`` (a peer's reply is remote input:
+    a malformed one, e.g. from a server of another sparseps version, is a ProtocolError,
+    and the next survivor is tried)."""
     call = channel.submit(rank, op, None, (), args, shard=None if rank == shard else shard)
     result = Handle(channel, [call], lambda replies: replies[0].result).wait(RECOVER_TIMEOUT_S)
     if not isinstance(result, dict):
@@ -54,10 +55,10 @@ def _call(channel: Channel, rank: int, op: str, shard: int, args: dict) -> dict:
             f"server {rank} answered {op} with a {type(result).__name__}, not a mapping "
             "(a server of another sparseps version?)"
         )
-    missing = [key for key in _REPLICATE_KEYS if key not in result] if op == "replicate" else []
+    missing = [key for key in required if key not in result]
     if missing:
         raise ProtocolError(
-            f"server {rank} answered replicate without {', '.join(missing)} "
+            f"server {rank} answered {op} without {', '.join(missing)} "
             "(a server of another sparseps version?)"
         )
     return result
@@ -125,6 +126,7 @@ def recover(
                         "replicate",
                         shard,
                         {"directory": where, "rank": state.rank},
+                        _REPLICATE_KEYS,
                     )
                     rows = _load(copy, info)
                     _call(
