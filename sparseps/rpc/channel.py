@@ -31,7 +31,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 import numpy as np
@@ -41,10 +41,11 @@ from zmq.utils.monitor import recv_monitor_message
 from ..core.closing import Closing
 from ..errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from . import transport
+from .answers import check_answer
 from .call import Call
 from .channel_links import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, ServerLinks
 from .channel_receive import ReceivingByWaiters
-from .ops import UPDATE_OPS
+from .ops import OPS, UPDATE_OPS, OpSchema
 from .protocol import Limits, Reply, decode_reply, encode_request, peek_request_id
 from .security import Security
 
@@ -87,6 +88,8 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
             with an :class:`UnavailableError` and its socket is closed, so nothing queued for
             it reaches a later process on the same port. :meth:`lost` tells which.
         role: what the peers are, in errors (``server``; ``heter_worker`` for heter workers).
+        ops: the peers' op table; an ok reply must hold what its op's schema answers
+            (:mod:`sparseps.rpc.answers`), else its call fails with a ProtocolError.
     """
 
     def __init__(
@@ -102,9 +105,11 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         update_retries: int = 0,
         detect_loss: bool = False,
         role: str = "server",
+        ops: Mapping[str, OpSchema] = OPS,
     ) -> None:
         self.endpoints = tuple(endpoints)
         self.role = role
+        self.ops = ops
         self.job_id = job_id
         self.detect_loss = detect_loss
         # rank -> why it is lost (None: not lost); written by the I/O thread (socket lock)
@@ -437,10 +442,7 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
                 log.warning("dropped a malformed reply from server %d: %s", rank, exc)
                 return
             self._slots.release()
-            call.failure = ProtocolError(
-                f"{call.op}: malformed reply from {self.role} {rank} at {self.endpoints[rank]}: {exc}"
-            )
-            self._settle(call)
+            self._fail_malformed(call, rank, exc)
             return
         with self._lock:
             call = None if reply.id is None else self._pending.pop(reply.id, None)
@@ -450,5 +452,16 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
             )
             return
         self._slots.release()
+        try:
+            check_answer(reply, self.ops.get(call.op))
+        except ProtocolError as exc:
+            self._fail_malformed(call, rank, exc)
+            return
         call.reply = reply
+        self._settle(call)
+
+    def _fail_malformed(self, call: Call, rank: int, exc: ProtocolError) -> None:
+        call.failure = ProtocolError(
+            f"{call.op}: malformed reply from {self.role} {rank} at {self.endpoints[rank]}: {exc}"
+        )
         self._settle(call)

@@ -1,7 +1,9 @@
-"""The per-op schema of the wire protocol: which buffers and arguments each op takes.
+"""The per-op schema of the wire protocol: which buffers and arguments each op takes, and
+what its ok reply holds for the caller.
 
 :func:`sparseps.rpc.protocol.decode_request` checks every request against
-:data:`OPS` before a handler sees it. Adding an op means one entry here and one
+:data:`OPS` before a handler sees it; the client checks every ok reply against its op's
+answer (:mod:`sparseps.rpc.answers`) before the caller reads it. Adding an op means one entry here and one
 ``_op_<name>`` method on :class:`sparseps.server.handlers.ServerState`.
 """
 
@@ -33,6 +35,9 @@ class OpSchema:
             message may carry a prefix of them).
         same_rows: names of buffers whose first dimension must be equal.
         args: allowed argument names -> (accepted python types, required).
+        answer: keys an ok reply's result must hold -> their accepted python types (the
+            fields callers read; empty: the result is not checked).
+        answer_bufs: the buffers an ok reply carries, in order (None: not checked).
     """
 
     table: bool = False
@@ -40,6 +45,8 @@ class OpSchema:
     optional: tuple[BufSpec, ...] = ()
     same_rows: tuple[str, ...] = ()
     args: Mapping[str, tuple[tuple[type, ...], bool]] = field(default_factory=dict)
+    answer: Mapping[str, tuple[type, ...]] = field(default_factory=dict)
+    answer_bufs: tuple[BufSpec, ...] | None = None
 
 
 _KEYS = BufSpec("keys", "uint64", 1)
@@ -48,6 +55,24 @@ _CLICKS = BufSpec("clicks", "float32", 1)
 _VEC = BufSpec("values", "float32", 1)
 _VSHARDS = BufSpec("vshards", "int64", 1)
 _NONE = type(None)
+_INT = (int,)
+_ROWS = BufSpec("rows", "float32", 2)
+# What move_export answers and move_import takes: a shard's rows and pending counters.
+_MOVED = (
+    BufSpec("r_key", "uint64", 1),
+    BufSpec("r_embedding", "float32", 2),
+    BufSpec("r_state", "float32", 2),
+    BufSpec("r_show", "float32", 1),
+    BufSpec("r_click", "float32", 1),
+    BufSpec("r_unseen_days", "int32", 1),
+    BufSpec("r_delta_score", "float32", 1),
+    BufSpec("r_touched", "uint8", 1),
+    BufSpec("p_key", "uint64", 1),
+    BufSpec("p_show", "float32", 1),
+    BufSpec("p_click", "float32", 1),
+    BufSpec("p_unseen_days", "int32", 1),
+    BufSpec("p_touched", "uint8", 1),
+)
 
 # The table-wide ops of an elastic job carry the placement version the client sent them
 # under: a server of another version refuses them (sparseps.server.elastic_ops), so a
@@ -55,13 +80,13 @@ _NONE = type(None)
 _PLACED: dict = {"placement_version": ((int,), False)}
 
 OPS: dict[str, OpSchema] = {
-    "ping": OpSchema(),
+    "ping": OpSchema(answer={"rank": _INT}),
     "stop": OpSchema(),
-    "stats": OpSchema(),
+    "stats": OpSchema(answer={"rank": _INT}),
     "create_table": OpSchema(table=True, args={"config": ((dict,), True)}),
-    "pull": OpSchema(table=True, bufs=(_KEYS,)),
+    "pull": OpSchema(table=True, bufs=(_KEYS,), answer_bufs=(_ROWS,)),
     # keys of coming pulls: a tiered table promotes their disk rows in the background
-    "prefetch": OpSchema(table=True, bufs=(_KEYS,)),
+    "prefetch": OpSchema(table=True, bufs=(_KEYS,), answer={"queued": _INT}),
     "push": OpSchema(
         table=True,
         bufs=(_KEYS, BufSpec("grads", "float32", 2)),
@@ -75,7 +100,7 @@ OPS: dict[str, OpSchema] = {
         same_rows=("keys", "deltas", "shows", "clicks"),
     ),
     # GPUPS: whole rows (embedding + optimizer state) out and in (sparseps.table.full_rows)
-    "pull_full": OpSchema(table=True, bufs=(_KEYS,)),
+    "pull_full": OpSchema(table=True, bufs=(_KEYS,), answer_bufs=(_ROWS,)),
     "write_rows": OpSchema(
         table=True,
         bufs=(_KEYS, BufSpec("rows", "float32", 2)),
@@ -85,13 +110,17 @@ OPS: dict[str, OpSchema] = {
     "decay": OpSchema(table=True, args={"rate": ((float, int, _NONE), False), **_PLACED}),
     "shrink": OpSchema(table=True, args=_PLACED),
     "save": OpSchema(table=True, args={"directory": ((str,), True), **_PLACED}),
-    "load": OpSchema(table=True, args={"files": ((list,), True), **_PLACED}),
+    "load": OpSchema(
+        table=True,
+        args={"files": ((list,), True), **_PLACED},
+        answer={"rows": _INT, "pending": _INT, "files": _INT},
+    ),
     "create_dense": OpSchema(
         table=True,
         optional=(_VEC,),
         args={"size": ((int,), True), "rule": ((dict,), True)},
     ),
-    "pull_dense": OpSchema(table=True),
+    "pull_dense": OpSchema(table=True, answer_bufs=(_VEC,)),
     # pull: the reply carries the values after this step (one round trip for both)
     "push_dense": OpSchema(table=True, bufs=(_VEC,), args={"pull": ((bool,), False)}),
     "push_dense_delta": OpSchema(table=True, bufs=(_VEC,)),
@@ -106,45 +135,33 @@ OPS: dict[str, OpSchema] = {
     "commit_inference": OpSchema(table=True, args=_PLACED),
     # replicated shards (sparseps.server.replica_ops): a shard's epoch and live copies; a
     # copy paused and saved for a replacement server; the replacement is in sync
-    "shard_info": OpSchema(),
-    "replicate": OpSchema(args={"directory": ((str,), True), "rank": ((int,), True)}),
+    "shard_info": OpSchema(
+        answer={"shard": _INT, "epoch": _INT, "members": (list,), "recovering": (bool,)}
+    ),
+    "replicate": OpSchema(
+        args={"directory": ((str,), True), "rank": ((int,), True)},
+        answer={"tables": (dict,), "dense": (dict,), "applied": (list,), "epoch": _INT},
+    ),
     "replicate_done": OpSchema(args={"rank": ((int,), True), "epoch": ((int,), True)}),
     # elastic jobs (sparseps.server.elastic_ops): placement over virtual shards, live moves
-    "get_placement": OpSchema(),
+    "get_placement": OpSchema(answer={"version": _INT, "tables": (dict,)}),
     "set_placement": OpSchema(
         bufs=(BufSpec("owners", "int64", 1),),
         args={"version": ((int,), True), "endpoints": ((list,), True)},
     ),
     "move_begin": OpSchema(bufs=(_VSHARDS,), args={"receive": ((int, bool), False)}),
     "move_freeze": OpSchema(bufs=(_VSHARDS,)),
-    "move_export": OpSchema(table=True, bufs=(_VSHARDS,), args={"dirty": ((int, bool), True)}),
+    "move_export": OpSchema(
+        table=True,
+        bufs=(_VSHARDS,),
+        args={"dirty": ((int, bool), True)},
+        answer={"rows": _INT, "pending": _INT},
+        answer_bufs=_MOVED,
+    ),
     "move_import": OpSchema(
         table=True,
-        bufs=(
-            BufSpec("r_key", "uint64", 1),
-            BufSpec("r_embedding", "float32", 2),
-            BufSpec("r_state", "float32", 2),
-            BufSpec("r_show", "float32", 1),
-            BufSpec("r_click", "float32", 1),
-            BufSpec("r_unseen_days", "int32", 1),
-            BufSpec("r_delta_score", "float32", 1),
-            BufSpec("r_touched", "uint8", 1),
-            BufSpec("p_key", "uint64", 1),
-            BufSpec("p_show", "float32", 1),
-            BufSpec("p_click", "float32", 1),
-            BufSpec("p_unseen_days", "int32", 1),
-            BufSpec("p_touched", "uint8", 1),
-        ),
-        same_rows=(
-            "r_key",
-            "r_embedding",
-            "r_state",
-            "r_show",
-            "r_click",
-            "r_unseen_days",
-            "r_delta_score",
-            "r_touched",
-        ),
+        bufs=_MOVED,
+        same_rows=tuple(spec.name for spec in _MOVED if spec.name.startswith("r_")),
     ),
     "move_drop": OpSchema(table=True, bufs=(_VSHARDS,)),
 }

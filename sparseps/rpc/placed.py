@@ -44,7 +44,7 @@ import numpy as np
 
 from ..core.placement import Placement
 from ..core.routing import group_by_server, route_by_server
-from ..errors import DeadlineError, RemoteError, SparsePSError, UnavailableError
+from ..errors import DeadlineError, ProtocolError, RemoteError, SparsePSError, UnavailableError
 from .client_parts import ClientParts
 from .handle import Handle
 from .ops import PLACED_OPS
@@ -456,6 +456,13 @@ def rows_of(count: int, inverse: np.ndarray | None) -> Callable[[list], np.ndarr
     may be written), which saves a copy of every row (~40 µs per 512 KiB)."""
 
     def finish(got: list) -> np.ndarray:
+        for positions, reply in got:  # a reply is remote input (its schema: 2-D float32)
+            asked = len(range(count)[positions]) if isinstance(positions, slice) else len(positions)
+            if reply.bufs[0].shape[0] != asked:
+                raise ProtocolError(
+                    f"a server answered {reply.bufs[0].shape[0]} rows for {asked} keys "
+                    "(a server of another sparseps version?)"
+                )
         if len(got) == 1 and got[0][0] == slice(0, count):
             rows = got[0][1].bufs[0]
             if inverse is not None:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 
 from ..core.replicas import chain
-from ..errors import ProtocolError, SparsePSError, UnavailableError
+from ..errors import SparsePSError, UnavailableError
 from ..rpc.channel import Channel
 from ..rpc.handle import Handle
 from ..rpc.protocol import Limits, Request
@@ -39,29 +39,12 @@ log = logging.getLogger(__name__)
 RECOVER_TIMEOUT_S = 600.0
 
 
-# What a survivor's ``replicate`` answer must hold (sparseps.server.replica_ops).
-_REPLICATE_KEYS = ("tables", "dense", "applied", "epoch")
-
-
-def _call(channel: Channel, rank: int, op: str, shard: int, args: dict,
-          required: tuple[str, ...] = ()) -> dict:  # fmt: skip
-    """A survivor's answer: a mapping holding ``required`` (a peer's reply is remote input:
-    a malformed one, e.g. from a server of another sparseps version, is a ProtocolError,
-    and the next survivor is tried)."""
+def _call(channel: Channel, rank: int, op: str, shard: int, args: dict) -> dict:
+    """A survivor's answer. The channel holds it to the op's schema (a peer's reply is
+    remote input): a malformed one, e.g. from a server of another sparseps version, is a
+    ProtocolError, and the next survivor is tried."""
     call = channel.submit(rank, op, None, (), args, shard=None if rank == shard else shard)
-    result = Handle(channel, [call], lambda replies: replies[0].result).wait(RECOVER_TIMEOUT_S)
-    if not isinstance(result, dict):
-        raise ProtocolError(
-            f"server {rank} answered {op} with a {type(result).__name__}, not a mapping "
-            "(a server of another sparseps version?)"
-        )
-    missing = [key for key in required if key not in result]
-    if missing:
-        raise ProtocolError(
-            f"server {rank} answered {op} without {', '.join(missing)} "
-            "(a server of another sparseps version?)"
-        )
-    return result
+    return Handle(channel, [call], lambda replies: replies[0].result).wait(RECOVER_TIMEOUT_S)
 
 
 def _load(copy: ServerState, info: dict) -> int:
@@ -126,7 +109,6 @@ def recover(
                         "replicate",
                         shard,
                         {"directory": where, "rank": state.rank},
-                        _REPLICATE_KEYS,
                     )
                     rows = _load(copy, info)
                     _call(

@@ -1,22 +1,28 @@
-"""Fault injection: malformed protocol messages and a raw socket to send them with.
+"""Fault injection: malformed protocol messages, a raw socket to send them with, and a
+server that answers what a test tells it to.
 
 :func:`malformed_messages` yields messages that each break exactly one rule of the
 wire protocol (see :mod:`sparseps.rpc.protocol`), mixed with pure noise. A correct
 server answers every one with a ``ProtocolError`` reply and keeps serving.
+:class:`FakeServer` is the other direction: a real socket on loopback that reads requests
+as a server does and answers each with what the test's function returns (a malformed
+answer, say), so a test sees what a client makes of it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import msgpack
 import numpy as np
 import zmq
 
-from ..rpc.protocol import PROTOCOL_VERSION
+from ..core.closing import Closing
+from ..rpc.protocol import PROTOCOL_VERSION, Request, decode_request, encode_reply
 
-__all__ = ["KINDS", "RawPeer", "malformed_messages"]
+__all__ = ["KINDS", "FakeServer", "RawPeer", "malformed_messages"]
 
 
 def _header(
@@ -196,3 +202,43 @@ class RawPeer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class FakeServer(Closing):
+    """A ROUTER on a free loopback port answering every request as ``answer`` says.
+
+    Args:
+        answer: ``request -> (result, buffers)`` of its ok reply.
+
+    Attributes:
+        endpoint: ``127.0.0.1:PORT`` (give it to a client as a server's endpoint).
+        ops: the ops received, in order.
+    """
+
+    def __init__(self, answer: Callable[[Request], tuple[object, Sequence[np.ndarray]]]) -> None:
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self.endpoint = f"127.0.0.1:{self._socket.bind_to_random_port('tcp://127.0.0.1')}"
+        self._answer = answer
+        self.ops: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="fake-server", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():  # bounded: each poll waits 50 ms
+            if not self._socket.poll(50):
+                continue
+            identity, *frames = self._socket.recv_multipart()
+            request = decode_request(frames)
+            self.ops.append(request.op)
+            result, bufs = self._answer(request)
+            reply = encode_reply(request.id, result=result, bufs=list(bufs))
+            self._socket.send_multipart([identity, *reply])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._socket.close()
+        self._context.term()

@@ -28,6 +28,7 @@ from ..rpc.channel import Channel
 from ..rpc.handle import Handle
 from ..rpc.protocol import Limits
 from ..rpc.security import security_from_env
+from .heter_ops import HETER_OPS
 from .heter_wire import join, split
 from .losses import LossOutput
 from .modes import AsyncMode, register_mode
@@ -59,6 +60,7 @@ class HeterMode(AsyncMode):
             security=security_from_env(),
             job_id=self.client.job_id,
             role="heter_worker",
+            ops=HETER_OPS,
         )
         self._seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
 

@@ -22,6 +22,7 @@ from ..rpc.ops import BufSpec, OpSchema
 __all__ = ["HETER_OPS"]
 
 _NONE = type(None)
+_SECONDS = {"busy_s": (float, int), "idle_s": (float, int)}
 
 HETER_OPS: dict[str, OpSchema] = {
     "ping": OpSchema(),
@@ -34,6 +35,12 @@ HETER_OPS: dict[str, OpSchema] = {
         ),
         same_rows=("dense", "labels"),
         args={"shapes": ((list,), True), "scale": ((float, int), True)},
+        answer={"loss": (float, int)},
+        answer_bufs=(
+            BufSpec("grads", "float32", 1),
+            BufSpec("predictions", "float32", 2),
+            BufSpec("labels", "float32", 2),
+        ),
     ),
-    "heter_flush": OpSchema(),
+    "heter_flush": OpSchema(answer=_SECONDS),
 }

@@ -76,7 +76,7 @@ def service(device):
         thread.start()
         channel = Channel(
             [endpoint], timeout=20, timeout_setting="test", max_in_flight=8, limits=Limits(),
-            job_id="job-a", role="heter_worker",
+            job_id="job-a", role="heter_worker", ops=HETER_OPS,
         )  # fmt: skip
         try:
             yield svc, channel, pushed
@@ -163,7 +163,7 @@ def test_bad_messages_get_named_errors_and_the_service_keeps_serving(service, ba
     # another job's request is refused
     other = Channel(
         channel.endpoints, timeout=20, timeout_setting="test", max_in_flight=2, limits=Limits(),
-        job_id="job-b", role="heter_worker",
+        job_id="job-b", role="heter_worker", ops=HETER_OPS,
     )  # fmt: skip
     try:
         with pytest.raises(ProtocolError, match="belongs to job job-a"):

@@ -1,0 +1,63 @@
+"""What an ok reply must hold before its caller reads it: the answer side of the op schema.
+
+A reply is remote input, like a request: a server of another sparseps version, or a bug,
+can answer ``prefetch`` without ``queued`` or ``move_export`` with a buffer too few. Read
+as it came, that surfaced as a ``KeyError`` or a numpy shape error deep in the caller, far
+from the server that sent it. :func:`check_answer` holds each ok reply to its op's
+:attr:`~sparseps.rpc.ops.OpSchema.answer` and
+:attr:`~sparseps.rpc.ops.OpSchema.answer_bufs`; the client's
+:class:`~sparseps.rpc.channel.Channel` calls it for every reply it delivers, so a
+malformed one fails its call with a :class:`~sparseps.errors.ProtocolError` naming the op,
+the server and what was missing, and the caller reads only what its op declares.
+
+An op that declares nothing is not checked (its caller reads no field of the result).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ProtocolError
+from .ops import OpSchema
+from .protocol import Reply
+
+__all__ = ["check_answer"]
+
+
+def _type_names(types: tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
+def check_answer(reply: Reply, schema: OpSchema | None) -> None:
+    """Raise if the ok ``reply`` lacks what ``schema`` says its op answers.
+
+    Raises:
+        ProtocolError: the result is not a mapping, misses a key or holds one of another
+            type, or the buffers differ in number, dtype or dimensions from the schema's.
+    """
+    if not reply.ok or schema is None:
+        return
+    if schema.answer:
+        result = reply.result
+        if not isinstance(result, dict):
+            raise ProtocolError(f"the result is a {type(result).__name__}, not a mapping")
+        for key, types in schema.answer.items():
+            if key not in result:
+                raise ProtocolError(f"the result has no {key!r}")
+            value = result[key]
+            # bool is an int to Python, never to the protocol
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise ProtocolError(
+                    f"the result's {key!r} is a {type(value).__name__} (expected {_type_names(types)})"
+                )
+    if schema.answer_bufs is None:
+        return
+    if len(reply.bufs) != len(schema.answer_bufs):
+        names = ", ".join(spec.name for spec in schema.answer_bufs) or "none"
+        raise ProtocolError(f"{len(reply.bufs)} buffers, not {len(schema.answer_bufs)} ({names})")
+    for spec, array in zip(schema.answer_bufs, reply.bufs, strict=True):
+        if array.dtype != np.dtype(spec.dtype) or array.ndim != spec.ndim:
+            raise ProtocolError(
+                f"buffer {spec.name!r} is {array.dtype} with shape {array.shape}, "
+                f"not {spec.dtype} with {spec.ndim} dims"
+            )
