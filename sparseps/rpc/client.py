@@ -65,6 +65,7 @@ from .placed import DEFAULT_PLACEMENT_RETRY_S, PlacementRouting, RoutedHandle, r
 from .protocol import JOB_ID, Limits
 from .replicated import ShardRequest
 from .security import Security, security_from_env
+from .table_wide import TableWideRouting
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "DEFAULT_TIMEOUT", "Handle", "PSClient"]
 
@@ -87,7 +88,9 @@ def _none(_replies) -> None:
     return None
 
 
-class PSClient(ClientTables, ClientDense, ClientRows, ClientCluster, PlacementRouting):
+class PSClient(
+    ClientTables, ClientDense, ClientRows, ClientCluster, PlacementRouting, TableWideRouting
+):
     """A connection to every server of one job.
 
     Args:

@@ -1,8 +1,9 @@
 """What the parts of :class:`~sparseps.rpc.client.PSClient` use of each other, declared once.
 
 PSClient is assembled from mixins (``client_tables``, ``client_dense``, ``client_rows``,
-``client_cluster``, ``placed``), and each calls methods or reads attributes another part
-defines (the channel and the request helpers in ``client.py``, routing in ``placed.py``).
+``client_cluster``, ``placed``, ``table_wide``), and each calls methods or reads
+attributes another part defines (the channel and the request helpers in ``client.py``,
+routing in ``placed.py``).
 Every mixin derives from :class:`ClientParts`, which declares those names for the type
 checker only: at run time it is an empty class, and PSClient's own definitions are the
 ones that run.
@@ -48,10 +49,19 @@ class ClientParts:
                         every: bool, timeout: float | None = None, shards=None) -> list: ...  # fmt: skip
         def live_copies(self, shard: int) -> list[int]: ...
 
-        # placed.py: table-wide ops under a placement (the keyed ops' ``_group`` and
+        # placed.py: the placement and its refresh (the keyed ops' ``_group`` and
         # ``_keyed`` are declared where they are used, client_rows.py: this module imports
         # nothing of placed.py, which derives from it)
+        placement_retry_s: float
+        move_waits: int
+
+        @property
+        def placement(self) -> Placement | None: ...
+
+        def refresh_placement(self) -> Placement | None: ...
         def _probe_placement(self) -> None: ...
         def _table_ranks(self) -> list[int] | None: ...
+
+        # table_wide.py: table-wide ops under a placement
         def _table_wide(self, op: str, table: str | None, args: dict | None,
                         timeout: float | None, pick: Callable) -> list: ...  # fmt: skip

@@ -21,7 +21,7 @@ from sparseps.elastic.migrate import STEPS
 from sparseps.elastic.peers import Peers
 from sparseps.errors import DeadlineError, ProtocolError, RemoteError
 from sparseps.optim import Adagrad
-from sparseps.rpc.placed import MoveRaceError
+from sparseps.rpc.table_wide import MoveRaceError
 from sparseps.server.elastic_ops import ROW_BUFS
 from sparseps.table import SparseTable
 from sparseps.testing import LocalCluster, local_cluster
