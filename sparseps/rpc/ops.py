@@ -57,21 +57,22 @@ _VSHARDS = BufSpec("vshards", "int64", 1)
 _NONE = type(None)
 _INT = (int,)
 _ROWS = BufSpec("rows", "float32", 2)
-# What move_export answers and move_import takes: a shard's rows and pending counters.
+# What move_export answers and move_import takes: a shard's rows (r_) and pending
+# counters (p_), column by column in sparseps.server.elastic_ops' order.
+_ROW_COLUMNS = {
+    "key": ("uint64", 1),
+    "embedding": ("float32", 2),
+    "state": ("float32", 2),
+    "show": ("float32", 1),
+    "click": ("float32", 1),
+    "unseen_days": ("int32", 1),
+    "delta_score": ("float32", 1),
+    "touched": ("uint8", 1),
+}
+_PENDING_COLUMNS = ("key", "show", "click", "unseen_days", "touched")
 _MOVED = (
-    BufSpec("r_key", "uint64", 1),
-    BufSpec("r_embedding", "float32", 2),
-    BufSpec("r_state", "float32", 2),
-    BufSpec("r_show", "float32", 1),
-    BufSpec("r_click", "float32", 1),
-    BufSpec("r_unseen_days", "int32", 1),
-    BufSpec("r_delta_score", "float32", 1),
-    BufSpec("r_touched", "uint8", 1),
-    BufSpec("p_key", "uint64", 1),
-    BufSpec("p_show", "float32", 1),
-    BufSpec("p_click", "float32", 1),
-    BufSpec("p_unseen_days", "int32", 1),
-    BufSpec("p_touched", "uint8", 1),
+    *(BufSpec(f"r_{name}", *spec) for name, spec in _ROW_COLUMNS.items()),
+    *(BufSpec(f"p_{name}", *_ROW_COLUMNS[name]) for name in _PENDING_COLUMNS),
 )
 
 # The table-wide ops of an elastic job carry the placement version the client sent them
