@@ -28,28 +28,39 @@ def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join(t.__name__ for t in types)
 
 
+def _check_fields(value: object, fields, what: str) -> None:
+    """``value`` is a mapping holding each of ``fields`` (name -> accepted types)."""
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} is a {type(value).__name__}, not a mapping")
+    for key, types in fields.items():
+        if key not in value:
+            raise ProtocolError(f"{what} has no {key!r}")
+        field = value[key]
+        # bool is an int to Python, never to the protocol
+        if not isinstance(field, types) or (isinstance(field, bool) and bool not in types):
+            raise ProtocolError(
+                f"{what}'s {key!r} is a {type(field).__name__} (expected {_type_names(types)})"
+            )
+
+
 def check_answer(reply: Reply, schema: OpSchema | None) -> None:
     """Raise if the ok ``reply`` lacks what ``schema`` says its op answers.
 
     Raises:
-        ProtocolError: the result is not a mapping, misses a key or holds one of another
-            type, or the buffers differ in number, dtype or dimensions from the schema's.
+        ProtocolError: the result (or an item of a list result) is not a mapping, misses
+            a key or holds one of another type, or the buffers differ in number, dtype or
+            dimensions from the schema's.
     """
     if not reply.ok or schema is None:
         return
+    result = reply.result
     if schema.answer:
-        result = reply.result
-        if not isinstance(result, dict):
-            raise ProtocolError(f"the result is a {type(result).__name__}, not a mapping")
-        for key, types in schema.answer.items():
-            if key not in result:
-                raise ProtocolError(f"the result has no {key!r}")
-            value = result[key]
-            # bool is an int to Python, never to the protocol
-            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                raise ProtocolError(
-                    f"the result's {key!r} is a {type(value).__name__} (expected {_type_names(types)})"
-                )
+        _check_fields(result, schema.answer, "the result")
+    if schema.answer_items:
+        if not isinstance(result, list):
+            raise ProtocolError(f"the result is a {type(result).__name__}, not a list")
+        for i, item in enumerate(result):
+            _check_fields(item, schema.answer_items, f"the result's item {i}")
     if schema.answer_bufs is None:
         return
     if len(reply.bufs) != len(schema.answer_bufs):

@@ -37,6 +37,7 @@ class OpSchema:
         args: allowed argument names -> (accepted python types, required).
         answer: keys an ok reply's result must hold -> their accepted python types (the
             fields callers read; empty: the result is not checked).
+        answer_items: the same for each item of a result that is a list (empty: none).
         answer_bufs: the buffers an ok reply carries, in order (None: not checked).
     """
 
@@ -46,6 +47,7 @@ class OpSchema:
     same_rows: tuple[str, ...] = ()
     args: Mapping[str, tuple[tuple[type, ...], bool]] = field(default_factory=dict)
     answer: Mapping[str, tuple[type, ...]] = field(default_factory=dict)
+    answer_items: Mapping[str, tuple[type, ...]] = field(default_factory=dict)
     answer_bufs: tuple[BufSpec, ...] | None = None
 
 
@@ -57,6 +59,8 @@ _VSHARDS = BufSpec("vshards", "int64", 1)
 _NONE = type(None)
 _INT = (int,)
 _ROWS = BufSpec("rows", "float32", 2)
+# A file a server wrote (sparseps.files.shards.write_shard): what checkpoint writing reads.
+_FILE_RECORD = {"name": (str,), "path": (str,), "bytes": _INT, "rows": _INT, "kind": (str,)}
 # What move_export answers and move_import takes: a shard's rows (r_) and pending
 # counters (p_), column by column in sparseps.server.elastic_ops' order.
 _ROW_COLUMNS = {
@@ -110,7 +114,9 @@ OPS: dict[str, OpSchema] = {
     ),
     "decay": OpSchema(table=True, args={"rate": ((float, int, _NONE), False), **_PLACED}),
     "shrink": OpSchema(table=True, args=_PLACED),
-    "save": OpSchema(table=True, args={"directory": ((str,), True), **_PLACED}),
+    "save": OpSchema(
+        table=True, args={"directory": ((str,), True), **_PLACED}, answer_items=_FILE_RECORD
+    ),
     "load": OpSchema(
         table=True,
         args={"files": ((list,), True), **_PLACED},
@@ -131,7 +137,9 @@ OPS: dict[str, OpSchema] = {
         table=True, args={"path": ((str,), True), "sha256": ((str, _NONE), False)}
     ),
     "save_inference": OpSchema(
-        table=True, args={"directory": ((str,), True), "mode": ((str,), True), **_PLACED}
+        table=True,
+        args={"directory": ((str,), True), "mode": ((str,), True), **_PLACED},
+        answer=_FILE_RECORD,
     ),
     "commit_inference": OpSchema(table=True, args=_PLACED),
     # replicated shards (sparseps.server.replica_ops): a shard's epoch and live copies; a

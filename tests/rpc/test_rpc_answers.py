@@ -63,6 +63,48 @@ def test_a_malformed_answer_fails_the_call_by_name(op, answer, says):
         assert f"{op}: malformed reply from server 0 at 127.0.0.1:" in message, message
 
 
+RECORD = {
+    "name": "t.shard-00000-of-00001.arrow",
+    "path": "/x",
+    "bytes": 10,
+    "rows": 2,
+    "kind": "rows",
+}
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ({"name": "t"}, "the result is a dict, not a list"),
+        ([RECORD, {"name": "t"}], "the result's item 1 has no 'path'"),
+        ([{**RECORD, "rows": 2.5}], "the result's item 0's 'rows' is a float (expected int)"),
+    ],
+)
+def test_a_save_answered_without_its_file_records_fails_by_name(tmp_path, answer, says):
+    """A save's records are what the checkpoint's manifest is written from."""
+
+    def answer_of(request):
+        if request.op == "get_placement":  # a table-wide op first asks for the placement
+            return {"version": 0, "tables": {}}, ()
+        return answer, ()
+
+    with (
+        FakeServer(answer_of) as server,
+        PSClient([server.endpoint], timeout=10) as client,
+        pytest.raises(ProtocolError) as caught,
+    ):
+        client.save("t", tmp_path / "s")
+    assert f"save: malformed reply from server 0 at {server.endpoint}: {says}" in str(caught.value)
+
+
+def test_a_save_answered_with_its_file_records_returns_them(tmp_path):
+    def answer_of(request):
+        return ({"version": 0, "tables": {}} if request.op == "get_placement" else [RECORD]), ()
+
+    with FakeServer(answer_of) as server, PSClient([server.endpoint], timeout=10) as client:
+        assert client.save("t", tmp_path / "s") == [RECORD]
+
+
 def test_check_answer_leaves_error_replies_and_undeclared_ops_alone():
     error = Reply(id=1, ok=False, error={"type": "InputError", "message": "m", "traceback": ""})
     check_answer(error, OPS["prefetch"])  # the error itself is what the caller gets
