@@ -4,7 +4,8 @@ A reply is remote input, like a request: a server of another sparseps version, o
 can answer ``prefetch`` without ``queued`` or ``move_export`` with a buffer too few. Read
 as it came, that surfaced as a ``KeyError`` or a numpy shape error deep in the caller, far
 from the server that sent it. :func:`check_answer` holds each ok reply to its op's
-:attr:`~sparseps.rpc.ops.OpSchema.answer` and
+:attr:`~sparseps.rpc.ops.OpSchema.answer`,
+:attr:`~sparseps.rpc.ops.OpSchema.answer_items` and
 :attr:`~sparseps.rpc.ops.OpSchema.answer_bufs`; the client's
 :class:`~sparseps.rpc.channel.Channel` calls it for every reply it delivers, so a
 malformed one fails its call with a :class:`~sparseps.errors.ProtocolError` naming the op,
@@ -14,6 +15,8 @@ An op that declares nothing is not checked (its caller reads no field of the res
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -28,7 +31,7 @@ def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join(t.__name__ for t in types)
 
 
-def _check_fields(value: object, fields, what: str) -> None:
+def _check_fields(value: object, fields: Mapping[str, tuple[type, ...]], what: str) -> None:
     """``value`` is a mapping holding each of ``fields`` (name -> accepted types)."""
     if not isinstance(value, dict):
         raise ProtocolError(f"{what} is a {type(value).__name__}, not a mapping")

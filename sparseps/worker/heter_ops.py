@@ -22,7 +22,6 @@ from ..rpc.ops import BufSpec, OpSchema
 __all__ = ["HETER_OPS"]
 
 _NONE = type(None)
-_SECONDS = {"busy_s": (float, int), "idle_s": (float, int)}
 
 HETER_OPS: dict[str, OpSchema] = {
     "ping": OpSchema(),
@@ -42,5 +41,5 @@ HETER_OPS: dict[str, OpSchema] = {
             BufSpec("labels", "float32", 2),
         ),
     ),
-    "heter_flush": OpSchema(answer=_SECONDS),
+    "heter_flush": OpSchema(answer={"busy_s": (float, int), "idle_s": (float, int)}),
 }
