@@ -24,6 +24,13 @@ a shared 2-vCPU VM, and a best-of-rounds ratio moves with the one luckiest round
 side (0.69-0.92 over five runs of one quiet hour, bench/RESULTS.md 2026-11-29), while
 each round's two blocks see the same load.
 
+The clients use reply slots (``PSClient(reply_slots=8)``, the default: the server on this
+host gathers each pull's rows into the client's shared memory, :mod:`sparseps.rpc.reply_slots`).
+With 1 server, a second client with ``reply_slots=0`` (answers over loopback TCP) is
+measured in the same rounds, each of its blocks paired with an in-process block of its
+own (``rpc_socket_pull_paired_ratio``), and its single pulls' latency
+(``rpc_socket_pull_p50_ms``): what the slots buy.
+
 ``rpc_pull_steady_rows_per_s`` measures the same pipelined pulls in steady state: each
 side runs 1000 pulls back to back (200 with ``--quick``), each block after its warm-up,
 best of 2.
@@ -60,6 +67,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -239,6 +247,20 @@ def _paired_ratio(remote: list[dict], base: list[dict]) -> float:
     return float(np.median([r["pull"] / b["pull"] for r, b in zip(remote, base, strict=True)]))
 
 
+def _socket_records(on_socket: list, paired: float | None, base: Any, params: dict) -> list:
+    """The 1-server client without reply slots: its paired ratio (no baseline) and its
+    pull latency (baseline: the in-process pull's, as ``rpc_pull_p50_ms``)."""
+    if not on_socket or paired is None:
+        return []
+    params = {**params, "reply_slots": 0}
+    p50 = float(_best(on_socket)["p50"])
+    return [
+        BenchRecord("rpc_socket_pull_paired_ratio", paired, "ratio", None,
+                    {**params, "statistic": "as rpc_pull_paired_ratio"}),
+        BenchRecord("rpc_socket_pull_p50_ms", p50, "ms", float(base["p50"]), params),
+    ]  # fmt: skip
+
+
 _SECURE_JOB = "bench-rpc-secure"
 
 
@@ -387,6 +409,8 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
         with contextlib.ExitStack() as stack:
             cluster = stack.enter_context(local_cluster(servers=servers, timeout=60))
             client = stack.enter_context(cluster.client(timeout=120))
+            # 1 server: also a client without reply slots (its answers over loopback TCP)
+            wire = stack.enter_context(cluster.client(timeout=120, reply_slots=0))
             clients = [client]
             if secure:
                 clients.append(stack.enter_context(_secure_client(servers)))
@@ -394,16 +418,20 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
                 c.create_table(_config())
                 _fill(lambda k, g, c=c: c.push("bench", k, g).wait(), universe)
             # Rounds interleave baseline, rpc (and secure rpc) so all see the same load.
-            base, remote, curve = [], [], []
+            base, remote, curve, on_socket = [], [], [], []
             for _ in range(rounds):
                 base.append(local.measure(pulls, pushes, grads))
                 remote.append(_measure_remote(client, pulls, pushes, grads))
+                if servers == 1:
+                    base.append(local.measure(pulls, pushes, grads))
+                    on_socket.append(_measure_remote(wire, pulls, pushes, grads))
                 if secure:
                     curve.append(_measure_remote(clients[1], pulls, pushes, grads))
             steady, steady_base = _steady(local, client, steady_pulls)
             if servers == 1:
                 small = _small(local, client, cluster.pid(0), small_pulls)
-        paired = _paired_ratio(remote, base)
+        paired = _paired_ratio(remote, base[:: 1 + bool(on_socket)])
+        socket_paired = _paired_ratio(on_socket, base[1::2]) if on_socket else None
         base, remote = _best(base), _best(remote)
         params = {
             "servers": servers,
@@ -431,6 +459,7 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
                 None,
                 {**params, "statistic": "median over rounds of rpc / in-process"},
             ),
+            *_socket_records(on_socket, socket_paired, base, params),
             BenchRecord("rpc_push_rows_per_s", remote["push"], "rows/s", base["push"], params),
             BenchRecord("rpc_pull_p50_ms", float(remote["p50"]), "ms", float(base["p50"]), params),
             BenchRecord("rpc_pull_p99_ms", float(remote["p99"]), "ms", float(base["p99"]), params),

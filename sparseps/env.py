@@ -111,6 +111,7 @@ FILE_TIMEOUT = "SPARSEPS_FILE_TIMEOUT"  # save/load ops, apart from the data pla
 FILE_ROOTS = "SPARSEPS_FILE_ROOTS"  # os.pathsep-separated folders a server's file ops may use
 DISK_DIR = "SPARSEPS_DISK_DIR"  # a server's folder for the rows of tables beyond memory_rows
 REPLICAS = "SPARSEPS_REPLICAS"  # copies of each shard beyond the primary (sparseps.core.replicas)
+REPLY_SLOTS = "SPARSEPS_REPLY_SLOTS"  # a client's shared-memory reply slots per same-host server
 RECOVER = "SPARSEPS_RECOVER"  # "1": a replacement server, copies its shards from survivors
 BARRIER_WARN = "SPARSEPS_BARRIER_WARN_S"
 BARRIER_TIMEOUT = "SPARSEPS_BARRIER_TIMEOUT_S"
@@ -443,6 +444,16 @@ def replicas_setting(environ: Mapping[str, str] | None = None) -> int:
         raise ConfigError(
             f"{REPLICAS}: expected an int >= 0 (backup copies per shard), got {text!r}"
         )
+    return value
+
+
+def reply_slots_setting(default: int, most: int, environ: Mapping[str, str] | None = None) -> int:
+    """Reply slots a client asks of each server on its host (``SPARSEPS_REPLY_SLOTS``, 0:
+    off; ``default`` when unset). Raises ConfigError unless an int in ``0..most``."""
+    text = (os.environ if environ is None else environ).get(REPLY_SLOTS, "").strip()
+    value = int(text) if text.isdigit() else -1 if text else default
+    if not 0 <= value <= most:
+        raise ConfigError(f"{REPLY_SLOTS}: expected an int in 0..{most} (0: off), got {text!r}")
     return value
 
 

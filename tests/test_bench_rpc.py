@@ -14,7 +14,10 @@ from sparseps.benchmarking import load_benchmark
 
 pytestmark = pytest.mark.timeout(180)
 
-UNITS = {"rpc_pull_p50_ms": "ms", "rpc_pull_p99_ms": "ms", "rpc_small_pull_per_s": "pulls/s"}
+UNITS = {
+    "rpc_pull_p50_ms": "ms", "rpc_pull_p99_ms": "ms", "rpc_small_pull_per_s": "pulls/s",
+    "rpc_socket_pull_p50_ms": "ms",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,11 @@ def test_bench_rpc_records(bench, monkeypatch):
         "rpc_pull_p50_ms", "rpc_pull_p99_ms", "rpc_pull_steady_rows_per_s",
         "rpc_pull_paired_ratio",
     }  # fmt: skip
-    small = {"rpc_small_pull_per_s", "rpc_small_pull_server_cpu_us"}
+    # 1 server only: the small pulls, and the pulls of a client without reply slots
+    small = {
+        "rpc_small_pull_per_s", "rpc_small_pull_server_cpu_us", "rpc_socket_pull_paired_ratio",
+        "rpc_socket_pull_p50_ms",
+    }  # fmt: skip
     assert set(records) == {(m, 1) for m in pulls_and_pushes | small} | {
         (m, 2) for m in pulls_and_pushes
     }
@@ -42,11 +49,12 @@ def test_bench_rpc_records(bench, monkeypatch):
             # the server process's own CPU, read from /proc: no in-process counterpart
             assert record.baseline is None and record.unit == "us"
             continue
-        if metric == "rpc_pull_paired_ratio":
+        if metric in ("rpc_pull_paired_ratio", "rpc_socket_pull_paired_ratio"):
             # a ratio of each round's own two blocks: its own baseline; rows/s that differ
             # by this much would mean the two sides did not pull the same batches
             assert record.baseline is None and record.unit == "ratio"
             assert 0.05 < record.value < 20, record
+            assert record.params.get("reply_slots", 8) == (0 if "socket" in metric else 8)
             continue
         assert record.baseline is not None and record.baseline > 0, record
         assert math.isclose(record.ratio, record.value / record.baseline)

@@ -27,3 +27,5 @@ class Call:
     retries_left: int = 0
     shard: int | None = None  # a replica's shard (None: the server's own)
     epoch: int | None = None  # the sender's epoch of the shard (replicated writes)
+    # (segment's mapping, index): the reply slot offered for its answer (reply_slots)
+    slot: tuple | None = None

@@ -47,6 +47,7 @@ from .channel_links import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, ServerLinks
 from .channel_receive import ReceivingByWaiters
 from .ops import OPS, UPDATE_OPS, OpSchema
 from .protocol import Limits, Reply, decode_reply, encode_request, peek_request_id
+from .reply_slots import DEFAULT_SLOT_BYTES, SlotOffers, worth_a_slot
 from .security import Security
 
 __all__ = ["HEARTBEAT_IVL_MS", "HEARTBEAT_TIMEOUT_MS", "Call", "Channel"]
@@ -106,6 +107,8 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         detect_loss: bool = False,
         role: str = "server",
         ops: Mapping[str, OpSchema] = OPS,
+        reply_slots: int = 0,
+        reply_slot_bytes: int = DEFAULT_SLOT_BYTES,
     ) -> None:
         self.endpoints = tuple(endpoints)
         self.role = role
@@ -144,6 +147,10 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         os.set_blocking(self._nudge_r, False)
         os.set_blocking(self._nudge_w, False)
         self._init_receiving()
+        # same-host servers write pull answers into our memory (reply_slots)
+        self.replies = SlotOffers(
+            self._attach_replies, slots=reply_slots, slot_bytes=reply_slot_bytes
+        )
         self.security = security
         # rank -> why its server refused our handshake (None: not refused); set and
         # cleared by the I/O thread from monitor events, read by senders in _forward
@@ -198,14 +205,19 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
                 rank=rank,
                 address=self.endpoints[rank],
             )
+        schema, slot = self.ops.get(op), None
+        if schema is not None and schema.slot_reply and worth_a_slot(bufs):
+            slot = self.replies.offer(rank, self.endpoints[rank])  # first: it may attach
         if not self._take_slot():
+            if slot is not None:
+                slot[0].release(slot[1])
             raise DeadlineError(
                 f"{op}: {self._max_in_flight} requests still in flight after {self.timeout:.3g} s; the servers "
                 "are not answering fast enough (raise PSClient(max_in_flight=...) or wait on handles)",
                 op=op, role=self.role, rank=rank, address=self.endpoints[rank], seconds=self.timeout,
                 setting="PSClient(max_in_flight=...)",
             )  # fmt: skip
-        call = Call(id=next(self._ids), rank=rank, op=op, table=table, shard=shard, epoch=epoch)
+        call = Call(next(self._ids), rank, op, table, shard=shard, epoch=epoch, slot=slot)
         if op in UPDATE_OPS:
             call.seq = next(self._seqs) if seq is None else seq
             call.retries_left = self.update_retries
@@ -234,9 +246,12 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
                 call.op, call.id, call.table, bufs, args, job=self.job_id,
                 client=None if call.seq is None else self.client_id, seq=call.seq,
                 shard=call.shard, epoch=call.epoch,
+                slot=None if call.slot is None else (call.slot[0].segment, call.slot[1]),
             )  # fmt: skip
         except BaseException:
             self._slots.release()
+            if call.slot is not None:
+                call.slot[0].release(call.slot[1])
             raise
         with self._lock:
             self._pending[call.id] = call
@@ -247,6 +262,13 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
             self._forward(call, frames)
             if self._lost[call.rank] is None:
                 self._drain(call.rank)
+
+    def _attach_replies(self, rank: int, args: dict) -> dict:
+        """Ask server ``rank`` for a segment of reply slots (its answer, checked)."""
+        call = self.submit(rank, "attach_replies", None, args=args)
+        return dict(
+            cast(dict, self.wait(call, time.monotonic() + self.timeout, self.timeout).result)
+        )
 
     def next_seq(self) -> int:
         """A fresh update sequence number (for the copies of one replicated update)."""
@@ -335,6 +357,8 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
             removed = self._pending.pop(call.id, None)
         if removed is not None:
             self._slots.release()
+            if call.slot is not None:  # the server may still write there: not reused yet
+                self.replies.orphan(call.id, call.slot)
 
     def _remote_error(self, call: Call, error: dict) -> Exception:
         kind = str(error.get("type", "Error"))
@@ -442,17 +466,21 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
                 log.warning("dropped a malformed reply from server %d: %s", rank, exc)
                 return
             self._slots.release()
+            if call.slot is not None:
+                call.slot[0].release(call.slot[1])
             self._fail_malformed(call, rank, exc)
             return
         with self._lock:
             call = None if reply.id is None else self._pending.pop(reply.id, None)
         if call is None:
+            self.replies.late_reply(reply.id)
             log.debug(
                 "dropped a late reply from server %d (request %s gave up waiting)", rank, reply.id
             )
             return
         self._slots.release()
         try:
+            reply = self.replies.receive(call.slot, reply, self.endpoints[rank])
             check_answer(reply, self.ops.get(call.op))
         except ProtocolError as exc:
             self._fail_malformed(call, rank, exc)

@@ -64,6 +64,7 @@ from .ops import SHARD_WRITE_OPS, UPDATE_OPS
 from .placed import DEFAULT_PLACEMENT_RETRY_S, PlacementRouting, RoutedHandle, rows_of
 from .protocol import JOB_ID, Limits
 from .replicated import ShardRequest
+from .reply_slots import DEFAULT_SLOTS, MAX_SLOTS
 from .security import Security, security_from_env
 from .table_wide import TableWideRouting
 
@@ -121,11 +122,16 @@ class PSClient(
             endpoint list (the migration driver's one-server clients).
         placement_retry_s: seconds a request refused for a placement reason (a virtual
             shard moving between servers) is resent for before the call fails (default 60).
+        reply_slots: slots of shared memory asked of each server on this host, where it
+            writes pull answers instead of sending them over loopback TCP (default 8 of
+            2 MiB, or ``SPARSEPS_REPLY_SLOTS``; 0: never; :mod:`sparseps.rpc.reply_slots`). Rows answered into a slot
+            are arrays over that memory; the slot is reused once they are garbage, and
+            while every slot is held, answers travel over the socket.
 
     Raises:
         ConfigError: empty or malformed endpoints, a timeout that is not a finite number
-            > 0, max_in_flight < 1, update_retries < 0, replicas not below the server
-            count or a malformed job id.
+            > 0, max_in_flight < 1, update_retries < 0, reply_slots outside 0..64,
+            replicas not below the server count or a malformed job id.
     """
 
     def __init__(
@@ -142,6 +148,7 @@ class PSClient(
         replicas: int | None = None,
         follow_placement: bool = True,
         placement_retry_s: float = DEFAULT_PLACEMENT_RETRY_S,
+        reply_slots: int | None = None,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
@@ -180,6 +187,16 @@ class PSClient(
             or max_in_flight < 1
         ):
             raise ConfigError(f"PSClient: max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        if reply_slots is None:
+            reply_slots = env.reply_slots_setting(DEFAULT_SLOTS, MAX_SLOTS)
+        if not (
+            isinstance(reply_slots, int)
+            and not isinstance(reply_slots, bool)
+            and 0 <= reply_slots <= MAX_SLOTS
+        ):
+            raise ConfigError(
+                f"PSClient: reply_slots must be an int in 0..{MAX_SLOTS}, got {reply_slots!r}"
+            )
         self.endpoints = tuple(endpoints)
         self.replicas = check_replicas(
             env.replicas_setting() if replicas is None else replicas,
@@ -202,6 +219,7 @@ class PSClient(
             job_id=job_id,
             update_retries=update_retries,
             detect_loss=self.replicas > 0,
+            reply_slots=reply_slots,
         )
         self._init_placement(follow=follow_placement, retry_s=placement_retry_s)
 

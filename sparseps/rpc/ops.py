@@ -39,6 +39,8 @@ class OpSchema:
             fields callers read; empty: the result is not checked).
         answer_items: the same for each item of a result that is a list (empty: none).
         answer_bufs: the buffers an ok reply carries, in order (None: not checked).
+        slot_reply: a same-host client may offer a reply slot for its answer
+            (:mod:`sparseps.rpc.reply_slots`): ops whose answers are bulk rows.
     """
 
     table: bool = False
@@ -49,6 +51,7 @@ class OpSchema:
     answer: Mapping[str, tuple[type, ...]] = field(default_factory=dict)
     answer_items: Mapping[str, tuple[type, ...]] = field(default_factory=dict)
     answer_bufs: tuple[BufSpec, ...] | None = None
+    slot_reply: bool = False
 
 
 _KEYS = BufSpec("keys", "uint64", 1)
@@ -86,10 +89,21 @@ _PLACED: dict = {"placement_version": ((int,), False)}
 
 OPS: dict[str, OpSchema] = {
     "ping": OpSchema(answer={"rank": _INT}),
+    # a same-host client's reply slots (sparseps.rpc.reply_slots): the segment to map
+    "attach_replies": OpSchema(
+        args={"slots": ((int,), True), "slot_bytes": ((int,), True)},
+        answer={
+            "segment": _INT,
+            "path": (str,),
+            "token": (bytes,),
+            "slots": _INT,
+            "slot_bytes": _INT,
+        },
+    ),
     "stop": OpSchema(),
     "stats": OpSchema(answer={"rank": _INT}),
     "create_table": OpSchema(table=True, args={"config": ((dict,), True)}),
-    "pull": OpSchema(table=True, bufs=(_KEYS,), answer_bufs=(_ROWS,)),
+    "pull": OpSchema(table=True, bufs=(_KEYS,), answer_bufs=(_ROWS,), slot_reply=True),
     # keys of coming pulls: a tiered table promotes their disk rows in the background
     "prefetch": OpSchema(table=True, bufs=(_KEYS,), answer={"queued": _INT}),
     "push": OpSchema(
@@ -105,7 +119,7 @@ OPS: dict[str, OpSchema] = {
         same_rows=("keys", "deltas", "shows", "clicks"),
     ),
     # GPUPS: whole rows (embedding + optimizer state) out and in (sparseps.table.full_rows)
-    "pull_full": OpSchema(table=True, bufs=(_KEYS,), answer_bufs=(_ROWS,)),
+    "pull_full": OpSchema(table=True, bufs=(_KEYS,), answer_bufs=(_ROWS,), slot_reply=True),
     "write_rows": OpSchema(
         table=True,
         bufs=(_KEYS, BufSpec("rows", "float32", 2)),
@@ -127,7 +141,7 @@ OPS: dict[str, OpSchema] = {
         optional=(_VEC,),
         args={"size": ((int,), True), "rule": ((dict,), True)},
     ),
-    "pull_dense": OpSchema(table=True, answer_bufs=(_VEC,)),
+    "pull_dense": OpSchema(table=True, answer_bufs=(_VEC,), slot_reply=True),
     # pull: the reply carries the values after this step (one round trip for both)
     "push_dense": OpSchema(table=True, bufs=(_VEC,), args={"pull": ((bool,), False)}),
     "push_dense_delta": OpSchema(table=True, bufs=(_VEC,)),

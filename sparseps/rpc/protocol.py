@@ -35,7 +35,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from math import prod
 from typing import TypeGuard
 
 import msgpack
@@ -44,6 +43,7 @@ import numpy as np
 from ..errors import ProtocolError
 from .limits import HEADER_ROOM, Limits
 from .ops import OPS, OpSchema
+from .wire_buffers import buffer_header, decode_buffers, described_buffers, frame_bytes, wire_name
 
 __all__ = [
     "HEADER_ROOM",
@@ -63,23 +63,13 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 
-# Wire dtype names -> explicit little-endian numpy dtypes (the allowlist).
-DTYPES: dict[str, np.dtype] = {
-    "uint64": np.dtype("<u8"),
-    "float32": np.dtype("<f4"),
-    "int32": np.dtype("<i4"),
-    "int64": np.dtype("<i8"),
-    "uint8": np.dtype("u1"),
-}
-_NAME_OF = {dt: name for name, dt in DTYPES.items()}
-_MAX_NDIM = 4
 # Table names on the wire: what TableConfig accepts plus the reserved dense names
 # (``__dense__``). Checked with fullmatch: no control characters, no trailing newline.
 TABLE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
 # Job ids are printed in errors and logs: a short printable token.
 JOB_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _HEADER_KEYS = frozenset(
-    {"v", "op", "id", "table", "bufs", "args", "job", "client", "seq", "shard", "epoch"}
+    {"v", "op", "id", "table", "bufs", "args", "job", "client", "seq", "shard", "epoch", "slot"}
 )
 
 
@@ -105,6 +95,10 @@ class Request:
     seq: int | None = None
     shard: int | None = None  # None: the receiving server's own shard
     epoch: int | None = None  # the sender's view of the shard's copies (replicas)
+    # (segment, index): the reply slot the sender offers (sparseps.rpc.reply_slots); the
+    # server resolves it to ``reply_to``, where a handler may build its reply's buffers
+    slot: tuple[int, int] | None = None
+    reply_to: object = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -116,27 +110,9 @@ class Reply:
     result: object = None
     bufs: tuple[np.ndarray, ...] = ()
     error: dict | None = None
-
-
-def _frame_bytes(frame) -> memoryview:
-    """The payload of a zmq Frame (``recv(copy=False)``) or of a bytes-like object."""
-    buf = getattr(frame, "buffer", None)
-    return buf if buf is not None else memoryview(frame)
-
-
-def _buffer_header(arrays: Sequence[np.ndarray]) -> list:
-    described = []
-    for i, array in enumerate(arrays):
-        name = _NAME_OF.get(array.dtype)
-        if name is None:
-            raise ProtocolError(
-                f"buffer {i}: dtype {array.dtype} cannot be sent "
-                f"(allowed: {', '.join(DTYPES)}, little-endian)"
-            )
-        if not array.flags.c_contiguous:
-            raise ProtocolError(f"buffer {i}: must be C-contiguous (use np.ascontiguousarray)")
-        described.append([name, list(array.shape)])
-    return described
+    # the buffers are in the request's reply slot: (dtype, shape) of each, not in frames
+    slot_bufs: tuple[tuple[np.dtype, tuple[int, ...]], ...] | None = None
+    detached: bool = False  # the server does not know the offered slot's segment
 
 
 def encode_request(
@@ -151,6 +127,7 @@ def encode_request(
     seq: int | None = None,
     shard: int | None = None,
     epoch: int | None = None,
+    slot: tuple[int, int] | None = None,
 ) -> list:
     """Frames of one request; numpy buffers are passed through for zero-copy sends.
 
@@ -161,6 +138,7 @@ def encode_request(
             (a replica: :mod:`sparseps.core.replicas`); omitted when None.
         epoch: the sender's epoch of the shard's copies (a write of a replicated job; a
             copy that moved on refuses an older one); omitted when None.
+        slot: ``(segment, index)`` of a reply slot offered for the answer; omitted when None.
 
     Raises:
         ProtocolError: a buffer has a dtype outside the allowlist or is not contiguous.
@@ -170,7 +148,7 @@ def encode_request(
         "op": op,
         "id": request_id,
         "table": table,
-        "bufs": _buffer_header(bufs),
+        "bufs": buffer_header(bufs),
         "args": dict(args or {}),
     }
     if job is not None:
@@ -182,6 +160,8 @@ def encode_request(
         header["shard"] = shard
     if epoch is not None:
         header["epoch"] = epoch
+    if slot is not None:
+        header["slot"] = list(slot)
     return [msgpack.packb(header), *bufs]
 
 
@@ -191,8 +171,15 @@ def encode_reply(
     result: object = None,
     bufs: Sequence[np.ndarray] = (),
     error: Mapping | None = None,
+    slot=None,
+    detached: bool = False,
 ) -> list:
-    """Frames of one reply (``error`` set means ``ok`` is False and carries no buffers)."""
+    """Frames of one reply (``error`` set means ``ok`` is False and carries no buffers).
+
+    ``slot``: the request's reply slot (``Request.reply_to``): buffers that fit there go
+    in it, and the reply is its header alone. ``detached``: the request offered a slot of
+    a segment this server does not know.
+    """
     header: dict[str, object]
     if error is not None:
         header = {
@@ -208,13 +195,18 @@ def encode_reply(
         "id": request_id,
         "ok": True,
         "result": result,
-        "bufs": _buffer_header(bufs),
+        "bufs": buffer_header(bufs),
     }
+    if detached:
+        header["detached"] = True
+    if slot is not None and bufs and slot.place(bufs):
+        header["slot"] = True
+        return [msgpack.packb(header)]
     return [msgpack.packb(header), *bufs]
 
 
 def _unpack_header(frame, limits: Limits) -> dict:
-    raw = _frame_bytes(frame)
+    raw = frame_bytes(frame)
     if raw.nbytes > limits.max_header_bytes:
         raise ProtocolError(
             f"header frame is {raw.nbytes} bytes, over the limit of {limits.max_header_bytes}"
@@ -245,7 +237,7 @@ def peek_request_id(frames: Sequence) -> int | None:
     if not frames:
         return None
     try:
-        raw = _frame_bytes(frames[0])
+        raw = frame_bytes(frames[0])
         if raw.nbytes > (1 << 20):
             return None
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
@@ -254,56 +246,6 @@ def peek_request_id(frames: Sequence) -> int | None:
     if isinstance(header, dict) and _is_int(header.get("id")) and 0 <= header["id"] < (1 << 63):
         return header["id"]
     return None
-
-
-def _decode_buffers(described, frames: Sequence, limits: Limits, where: str) -> list[np.ndarray]:
-    if not isinstance(described, list):
-        raise ProtocolError(f"{where}: 'bufs' must be a list, got {type(described).__name__}")
-    if len(described) > limits.max_buffers:
-        raise ProtocolError(
-            f"{where}: {len(described)} buffers, over the limit of {limits.max_buffers}"
-        )
-    if len(described) != len(frames):
-        raise ProtocolError(
-            f"{where}: header declares {len(described)} buffers but {len(frames)} buffer frames arrived"
-        )
-    arrays = []
-    total = 0
-    for i, entry in enumerate(described):
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
-            raise ProtocolError(
-                f"{where}: buffer {i} must be described as [dtype, shape], got {entry!r:.80}"
-            )
-        name, shape = entry
-        dtype = DTYPES.get(name)
-        if dtype is None:
-            raise ProtocolError(
-                f"{where}: buffer {i} dtype {name!r:.40} not allowed (allowed: {', '.join(DTYPES)})"
-            )
-        if not (
-            isinstance(shape, list)
-            and len(shape) <= _MAX_NDIM
-            and all(_is_int(d) and d >= 0 for d in shape)
-        ):
-            raise ProtocolError(
-                f"{where}: buffer {i} shape must be a list of at most {_MAX_NDIM} non-negative ints, got {shape!r:.80}"
-            )
-        # Python ints do not overflow, so a huge declared shape cannot wrap around the check.
-        declared = prod(shape) * dtype.itemsize
-        total += declared
-        if total > limits.max_message_bytes:
-            raise ProtocolError(
-                f"{where}: buffers declare {total} bytes, over the limit of {limits.max_message_bytes}"
-            )
-        payload = _frame_bytes(frames[i])
-        if payload.nbytes != declared:
-            raise ProtocolError(
-                f"{where}: buffer {i} is {payload.nbytes} bytes but {name}{tuple(shape)} needs {declared}"
-            )
-        array = np.frombuffer(payload, dtype=dtype).reshape(shape)
-        array.flags.writeable = False  # a view of the received frame: handlers must not write it
-        arrays.append(array)
-    return arrays
 
 
 def _check_args(op: str, schema: OpSchema, args) -> dict:
@@ -358,7 +300,7 @@ def decode_request(
         raise ProtocolError("empty message")
     total = 0
     for frame in frames:
-        total += _frame_bytes(frame).nbytes
+        total += frame_bytes(frame).nbytes
     if total > limits.max_message_bytes:
         raise ProtocolError(
             f"message is {total} bytes, over the limit of {limits.max_message_bytes}"
@@ -396,7 +338,8 @@ def decode_request(
                 f"op {op!r}: {name!r} must be an int in 0..2**31-1, got {value!r:.40}"
             )
     where = f"op {op!r}"
-    arrays = _decode_buffers(header.get("bufs", []), frames[1:], limits, where)
+    slot = _offered_slot(op, schema, header.get("slot"))
+    arrays = decode_buffers(header.get("bufs", []), frames[1:], limits, where)
     specs = schema.bufs + schema.optional
     if not len(schema.bufs) <= len(arrays) <= len(specs):
         raise ProtocolError(
@@ -405,7 +348,7 @@ def decode_request(
         )
     bufs = {}
     for spec, array in zip(specs, arrays, strict=False):
-        found = _NAME_OF[array.dtype]
+        found = wire_name(array.dtype)
         if found != spec.dtype or array.ndim != spec.ndim:
             raise ProtocolError(
                 f"{where}: buffer {spec.name!r} must be {spec.dtype} with {spec.ndim} dims, "
@@ -419,8 +362,26 @@ def decode_request(
     args = _check_args(op, schema, header.get("args", {}))
     return Request(
         op=op, id=request_id, table=table, bufs=bufs, args=args, limits=limits,
-        job=job, client=client, seq=seq, shard=shard, epoch=epoch,
+        job=job, client=client, seq=seq, shard=shard, epoch=epoch, slot=slot,
     )  # fmt: skip
+
+
+def _offered_slot(op: str, schema: OpSchema, slot) -> tuple[int, int] | None:
+    if slot is None:
+        return None
+    if not schema.slot_reply:
+        raise ProtocolError(
+            f"op {op!r} is not answered into a reply slot, but the request offers one"
+        )
+    if not (
+        isinstance(slot, list)
+        and len(slot) == 2
+        and all(_is_int(v) and 0 <= v < (1 << 63) for v in slot)
+    ):
+        raise ProtocolError(
+            f"op {op!r}: 'slot' must be [segment, index] (non-negative ints), got {slot!r:.60}"
+        )
+    return slot[0], slot[1]
 
 
 def _identity(op: str, header: dict) -> tuple[str | None, int | None, int | None]:
@@ -461,5 +422,15 @@ def decode_reply(frames: Sequence, limits: Limits = _LIMITS) -> Reply:
         if not isinstance(error, dict):
             raise ProtocolError("error reply without an 'error' map")
         return Reply(id=request_id, ok=False, error=error)
-    arrays = _decode_buffers(header.get("bufs", []), frames[1:], limits, "reply")
-    return Reply(id=request_id, ok=True, result=header.get("result"), bufs=tuple(arrays))
+    detached = header.get("detached", False) is True
+    if header.get("slot") is True:  # the buffers are in the slot the request offered
+        if len(frames) != 1:
+            raise ProtocolError(f"a reply in a slot carries {len(frames) - 1} buffer frames too")
+        described = described_buffers(header.get("bufs", []), limits, "reply")
+        return Reply(
+            id=request_id, ok=True, result=header.get("result"), slot_bufs=tuple(described)
+        )
+    arrays = decode_buffers(header.get("bufs", []), frames[1:], limits, "reply")
+    return Reply(
+        id=request_id, ok=True, result=header.get("result"), bufs=tuple(arrays), detached=detached
+    )

@@ -27,7 +27,7 @@ import os
 import resource
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -48,6 +48,7 @@ from .heap import return_large_frees
 from .log_budget import LogBudget
 from .prefetch import RowPrefetcher
 from .replica_ops import ReplicaOps
+from .reply_segments import ReplySegments, ServerSlot
 from .row_ops import RowOps
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 __all__ = ["ServerState"]
 
 # Ops about the server process, not one of its shards.
-_SERVER_OPS = frozenset({"ping", "stop", "stats"})
+_SERVER_OPS = frozenset({"ping", "stop", "stats", "attach_replies"})
 
 
 class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
@@ -112,6 +113,8 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
         self._counters = {"requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
         self._counter_lock = threading.Lock()
         self.prefetcher = RowPrefetcher(self.log_budget)
+        # same-host clients' reply slots: the server process's (a backup's are unused)
+        self.replies = ReplySegments(self.holder)
         self._init_elastic()
         self._ops: dict[str, Callable[[Request], tuple[object, list]]] = {
             name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
@@ -135,6 +138,7 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
         for backup in self.backups.values():
             backup.close()
         self.prefetcher.stop()
+        self.replies.close()
         for entry in list(self._sparse.values()):
             entry.table.close()
         if self.disk_dir is not None:
@@ -251,6 +255,9 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
             "v": PROTOCOL_VERSION,
         }, []
 
+    def _op_attach_replies(self, request: Request):
+        return self.replies.attach(request.args["slots"], request.args["slot_bytes"]), []
+
     def _op_stop(self, request: Request):
         self.stop_requested.set()
         return {"rank": self.rank}, []
@@ -323,8 +330,11 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
         keys = request.bufs["keys"]
         self._check_routed(request, keys)
         self._check_reply_size(request, len(keys), entry.table.config.dim, "keys")
+        # a same-host client's slot: the rows are gathered straight into its memory
+        slot = cast("ServerSlot | None", request.reply_to)
+        out = None if slot is None else slot.array((len(keys), entry.table.config.dim), np.float32)
         with entry.lock.read():
-            rows = entry.table.pull(keys)
+            rows = entry.table.pull(keys, out=out)
         return None, [rows]
 
     def _op_prefetch(self, request: Request):

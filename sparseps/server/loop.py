@@ -30,6 +30,7 @@ the queue depth. Never per key.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import threading
@@ -127,8 +128,13 @@ def _answer(
         )  # fmt: skip
         return _error_reply(peek_request_id(frames), exc), "invalid", "bad_message"
     try:
+        slot = None if request.slot is None else state.replies.slot(*request.slot)
+        if slot is not None:  # a same-host client's memory, where the reply's buffers go
+            request = dataclasses.replace(request, reply_to=slot)
         result, bufs = state.handle(request)
-        return encode_reply(request.id, result=result, bufs=bufs), request.op, ""
+        detached = request.slot is not None and slot is None  # a segment we do not know
+        reply = encode_reply(request.id, result=result, bufs=bufs, slot=slot, detached=detached)
+        return reply, request.op, ""
     except ProtocolError as exc:  # refused at the boundary (e.g. another job's request)
         state.count("bad_messages")
         state.log_budget.log(
@@ -263,6 +269,7 @@ class RequestLoop(Closing):
                 poller.register(self.front, zmq.POLLIN if accepting else 0)
                 accepting_before = accepting
             events = dict(poller.poll(POLL_MS))
+            self.state.replies.sweep()
             if self.back in events:
                 self._from_pool()
             if self._monitor in events:

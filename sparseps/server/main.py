@@ -37,6 +37,7 @@ from ..rpc.protocol import Limits, Request
 from ..rpc.security import Security, security_from_key_dir
 from .handlers import ServerState
 from .loop import RequestLoop, handler_loop
+from .reply_segments import remove_orphans
 
 __all__ = ["DEFAULT_THREADS", "run_from_env", "serve"]
 
@@ -112,6 +113,7 @@ def serve(
         rank, len(endpoints), endpoint, job_id=job_id, file_roots=file_roots,
         disk_dir=disk_dir, replicas=replicas, recovering=recover,
     )  # fmt: skip
+    remove_orphans()  # reply segments of servers killed on this host (reply_segments)
     context = transport.new_context()
     # libzmq asks the ZAP handler about every peer; it must run before the socket binds.
     auth = security.authenticator(context) if security is not None else None

@@ -70,9 +70,13 @@ def _gather(storage, ids, dim, out):  # pragma: no cover - compiled
     return missing
 
 
-def gather(storage: np.ndarray, ids: np.ndarray, dim: int) -> tuple[np.ndarray, int]:
-    """``(out float32 [n, dim], number of ids < 0)``: embeddings of ``ids``, zeros for -1."""
-    out = np.empty((ids.shape[0], dim), np.float32)
+def gather(
+    storage: np.ndarray, ids: np.ndarray, dim: int, out: np.ndarray | None = None
+) -> tuple[np.ndarray, int]:
+    """``(out float32 [n, dim], number of ids < 0)``: embeddings of ``ids``, zeros for -1
+    (into ``out`` when given: a C-contiguous float32 ``[n, dim]``)."""
+    if out is None:
+        out = np.empty((ids.shape[0], dim), np.float32)
     missing = _gather(storage, ids, dim, out)
     return out, missing
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..config import Admission, TableConfig
 from ..core.closing import Closing
-from ..errors import ConfigError, ResourceError
+from ..errors import ConfigError, InputError, ResourceError
 from . import input_checks as checks
 from .batch import add_rows, dedup_merge, gather, init_rows, touch_rows
 from .full_rows import FullRows
@@ -179,25 +179,35 @@ class SparseTable(TableFiles, FullRows, LifecycleOps, Closing):
         return self._index.contains(checks.check_key_array("contains", keys))
 
     # -- pull / push ------------------------------------------------------------------
-    def pull(self, keys: np.ndarray) -> np.ndarray:
+    def pull(self, keys: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         """Embeddings of ``keys`` (uint64 ``[n]``, any order, repeats allowed).
 
+        Args:
+            out: where to write them (a C-contiguous, writable float32 ``[n, dim]``: a
+                server writes a same-host client's reply slot); default a fresh array.
+
         Returns:
-            A fresh float32 ``[n, dim]`` array. Rows not admitted yet are zeros, except
-            with admission "always", where a never-seen key gets its initial value.
+            ``out``, or a fresh float32 ``[n, dim]`` array. Rows not admitted yet are
+            zeros, except with admission "always", where a never-seen key gets its
+            initial value.
 
         Raises:
-            InputError: ``keys`` is not a C-contiguous 1-D uint64 array.
+            InputError: ``keys`` is not a C-contiguous 1-D uint64 array, or ``out`` is
+                not what it must be.
         """
         keys = checks.check_key_array("pull", keys)
+        if out is not None:
+            checks.check_matrix("pull", "out", out, len(keys), self._dim)
+            if not out.flags.writeable:
+                raise InputError("pull: out must be writable")
         ids = self._index.find(keys)
         tier = self._tier
         if tier is None:
-            out, missing = gather(self._rows, ids, self._dim)
+            out, missing = gather(self._rows, ids, self._dim, out)
         else:
             with tier.lock:  # a pull promotes rows: pulls of one table take turns here
                 slots = tier.gather_slots(ids, "pull")  # first: it may grow (move) the cache
-                out, missing = gather(tier.cache, slots, self._dim)
+                out, missing = gather(tier.cache, slots, self._dim, out)
         if missing and self._always:
             where = np.flatnonzero(ids < 0)
             fill_initial(

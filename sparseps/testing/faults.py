@@ -209,18 +209,31 @@ class FakeServer(Closing):
 
     Args:
         answer: ``request -> (result, buffers)`` of its ok reply.
+        attach: hand ``attach_replies`` (a same-host client's first request,
+            :mod:`sparseps.rpc.reply_slots`) to ``answer`` as well; by default it is refused
+            with an error reply, as a server without reply slots does, and not recorded.
+        slot: passed to ``encode_reply`` as the reply slot of every ok reply (an object
+            whose ``place(bufs)`` says whether the buffers went there).
 
     Attributes:
         endpoint: ``127.0.0.1:PORT`` (give it to a client as a server's endpoint).
         ops: the ops received, in order.
     """
 
-    def __init__(self, answer: Callable[[Request], tuple[object, Sequence[np.ndarray]]]) -> None:
+    def __init__(
+        self,
+        answer: Callable[[Request], tuple[object, Sequence[np.ndarray]]],
+        *,
+        attach: bool = False,
+        slot: object = None,
+    ) -> None:
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self.endpoint = f"127.0.0.1:{self._socket.bind_to_random_port('tcp://127.0.0.1')}"
         self._answer = answer
+        self._attach = attach
+        self._slot = slot
         self.ops: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="fake-server", daemon=True)
@@ -232,9 +245,13 @@ class FakeServer(Closing):
                 continue
             identity, *frames = self._socket.recv_multipart()
             request = decode_request(frames)
+            if request.op == "attach_replies" and not self._attach:
+                refusal = {"type": "ProtocolError", "message": "unknown op", "traceback": ""}
+                self._socket.send_multipart([identity, *encode_reply(request.id, error=refusal)])
+                continue
             self.ops.append(request.op)
             result, bufs = self._answer(request)
-            reply = encode_reply(request.id, result=result, bufs=list(bufs))
+            reply = encode_reply(request.id, result=result, bufs=list(bufs), slot=self._slot)
             self._socket.send_multipart([identity, *reply])
 
     def close(self) -> None:

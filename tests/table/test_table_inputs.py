@@ -179,3 +179,22 @@ def test_numpy_scalars_are_accepted_and_normalised():
         TableConfig(name="t", dim=4.0)
     with pytest.raises(ConfigError, match=r"SGD.lr: expected a number, got True"):
         optim.SGD(lr=True)
+
+
+def test_pull_into_out(table):
+    """A server gathers a same-host client's rows straight into its reply slot: ``out``."""
+    keys = np.array([3, 99, 1], np.uint64)  # 99 was never pushed: its initial value
+    out = np.full((3, 4), 7.0, np.float32)
+    assert table.pull(keys, out=out) is out
+    assert np.array_equal(out, table.pull(keys))
+    for bad in (
+        np.empty((2, 4), np.float32),
+        np.empty((3, 4), np.float64),
+        np.empty((4, 3), np.float32).T,
+    ):
+        with pytest.raises(InputError, match="pull: out must be"):
+            table.pull(keys, out=bad)
+    frozen = np.empty((3, 4), np.float32)
+    frozen.flags.writeable = False
+    with pytest.raises(InputError, match="out must be writable"):
+        table.pull(keys, out=frozen)

@@ -496,3 +496,16 @@ def test_an_op_larger_than_the_budget_grows_the_cache_only_for_itself(disk):
     a, b = _sorted(memory.export_rows()), _sorted(tiered.export_rows())
     for name in a:
         np.testing.assert_array_equal(b[name], a[name], name)
+
+
+def test_a_tiered_pull_into_out_equals_the_in_memory_pull(tmp_path):
+    """A server writes a same-host client's reply slot (``pull(out=)``) from the disk tier too."""
+    memory, tiered = _pair(tmp_path, optim.Adagrad(lr=0.1), Lifecycle(), memory_rows=4)
+    keys = np.arange(1, 21, dtype=np.uint64)
+    grads = np.linspace(-1, 1, 20 * DIM, dtype=np.float32).reshape(20, DIM)
+    for table in (memory, tiered):
+        table.push(keys, grads)
+    out = np.empty((20, DIM), np.float32)
+    assert tiered.pull(keys[::-1].copy(), out=out) is out  # most rows come from disk
+    assert np.array_equal(out, memory.pull(keys[::-1].copy()))
+    tiered.close()
