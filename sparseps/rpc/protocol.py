@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeGuard
+from typing import Protocol, TypeGuard
 
 import msgpack
 import numpy as np
@@ -51,6 +51,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Limits",
     "OpSchema",
+    "ReplyArea",
     "Reply",
     "Request",
     "decode_reply",
@@ -74,6 +75,15 @@ _HEADER_KEYS = frozenset(
 
 
 _LIMITS = Limits()  # the defaults (frozen: one instance serves every call)
+
+
+class ReplyArea(Protocol):
+    """Where a reply's buffers may go instead of frames: a same-host client's reply slot
+    (:class:`sparseps.server.reply_segments.ServerSlot`)."""
+
+    def place(self, bufs: Sequence[np.ndarray]) -> bool:
+        """Put ``bufs`` there; False when they do not fit (they then travel as frames)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -171,7 +181,7 @@ def encode_reply(
     result: object = None,
     bufs: Sequence[np.ndarray] = (),
     error: Mapping | None = None,
-    slot=None,
+    slot: ReplyArea | None = None,
     detached: bool = False,
 ) -> list:
     """Frames of one reply (``error`` set means ``ok`` is False and carries no buffers).

@@ -20,7 +20,7 @@ import numpy as np
 import zmq
 
 from ..core.closing import Closing
-from ..rpc.protocol import PROTOCOL_VERSION, Request, decode_request, encode_reply
+from ..rpc.protocol import PROTOCOL_VERSION, ReplyArea, Request, decode_request, encode_reply
 
 __all__ = ["KINDS", "FakeServer", "RawPeer", "malformed_messages"]
 
@@ -225,7 +225,7 @@ class FakeServer(Closing):
         answer: Callable[[Request], tuple[object, Sequence[np.ndarray]]],
         *,
         attach: bool = False,
-        slot: object = None,
+        slot: ReplyArea | None = None,
     ) -> None:
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
