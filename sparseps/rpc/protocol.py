@@ -5,7 +5,8 @@ A request is a zmq multipart message::
     frame 0   msgpack map {"v": PROTOCOL_VERSION, "op": str, "id": int, "table": str | None,
                            "bufs": [[dtype, shape], ...], "args": {str: small value},
                            "job": str (optional), "client": int, "seq": int (optional),
-                           "shard": int (optional), "epoch": int (optional)}
+                           "shard": int (optional), "epoch": int (optional),
+                           "slot": [segment, index] (optional)}
     frame 1.. one raw little-endian buffer per entry of "bufs", in order
 
 ``job`` is the job id of the sender: a server that belongs to a job refuses requests of
@@ -15,9 +16,12 @@ idempotent: a server applies each ``(client, seq)`` of an update op once, so a r
 sent again after a timeout cannot be applied twice. ``shard`` names the shard a request is
 for when the server holds it as a replica (``--replicas``); absent, the server's own.
 ``epoch`` is the sender's view of a replicated shard's copies (see ``replica_ops``).
+``slot`` offers a same-host client's shared memory for the answer (:mod:`.reply_slots`).
 
 A reply has the same shape: ``{"v", "id", "ok": bool, "error": {"type", "message",
-"traceback"} (only when not ok), "result": small value, "bufs": [...]}`` plus buffers.
+"traceback"} (only when not ok), "result": small value, "bufs": [...]}`` plus buffers;
+``"slot": true`` when its buffers are in the offered slot instead (no buffer frames), and
+``"detached": true`` when the server does not know the offered slot's segment.
 
 Buffers are sent zero-copy (``copy=False`` on numpy memory) and decoded with
 ``np.frombuffer`` (no copy; the arrays are read-only views of the received frames).
