@@ -41,12 +41,11 @@ from zmq.utils.monitor import recv_monitor_message
 from ..core.closing import Closing
 from ..errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from . import transport
-from .answers import check_answer
 from .call import Call
 from .channel_links import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, ServerLinks
 from .channel_receive import ReceivingByWaiters
 from .ops import OPS, UPDATE_OPS, OpSchema
-from .protocol import Limits, Reply, decode_reply, encode_request, peek_request_id
+from .protocol import Limits, Reply, encode_request, peek_request_id
 from .reply_slots import DEFAULT_SLOT_BYTES, SlotOffers, worth_a_slot
 from .security import Security
 
@@ -55,8 +54,6 @@ __all__ = ["HEARTBEAT_IVL_MS", "HEARTBEAT_TIMEOUT_MS", "Call", "Channel"]
 log = logging.getLogger(__name__)
 
 _POLL_MS = 50
-# pyzmq's enum constants as ints: combining enums costs more than the option call
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 def _nudged(fd: int) -> bool:
@@ -421,16 +418,6 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         except zmq.Again:  # no usable connection yet: the I/O thread sends it later
             backlog.append(frames)
 
-    def _drain(self, rank: int) -> None:
-        """Deliver every reply waiting on server ``rank``'s DEALER (socket lock held)."""
-        sock = self._dealers[rank]
-        while cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
-            try:
-                frames = transport.recv_frames(sock, block=False)
-            except zmq.Again:  # pragma: no cover - EVENTS said a message was there
-                return
-            self._deliver(rank, frames)
-
     def _flush_backlogs(self) -> None:
         """Send what zmq could not take before; fail it if the server refused us."""
         for rank, backlog in enumerate(self._backlog):
@@ -454,42 +441,3 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
                 except zmq.Again:
                     break
                 backlog.popleft()
-
-    def _deliver(self, rank: int, frames: list) -> None:
-        try:
-            reply = decode_reply(frames, self.limits)
-        except ProtocolError as exc:
-            call_id = peek_request_id(frames)
-            with self._lock:
-                call = None if call_id is None else self._pending.pop(call_id, None)
-            if call is None:
-                log.warning("dropped a malformed reply from server %d: %s", rank, exc)
-                return
-            self._slots.release()
-            if call.slot is not None:
-                call.slot[0].release(call.slot[1])
-            self._fail_malformed(call, rank, exc)
-            return
-        with self._lock:
-            call = None if reply.id is None else self._pending.pop(reply.id, None)
-        if call is None:
-            self.replies.late_reply(reply.id)
-            log.debug(
-                "dropped a late reply from server %d (request %s gave up waiting)", rank, reply.id
-            )
-            return
-        self._slots.release()
-        try:
-            reply = self.replies.receive(call.slot, reply, self.endpoints[rank])
-            check_answer(reply, self.ops.get(call.op))
-        except ProtocolError as exc:
-            self._fail_malformed(call, rank, exc)
-            return
-        call.reply = reply
-        self._settle(call)
-
-    def _fail_malformed(self, call: Call, rank: int, exc: ProtocolError) -> None:
-        call.failure = ProtocolError(
-            f"{call.op}: malformed reply from {self.role} {rank} at {self.endpoints[rank]}: {exc}"
-        )
-        self._settle(call)

@@ -14,24 +14,42 @@ I/O thread, then the waiter) and moved the GIL twice; a pipelined pull cost the 
 once per poll round (``_POLL_MS``), so a reply nobody waits for yet (a push whose handle
 is waited on later) is delivered within that round and frees its in-flight slot;
 :meth:`collect` reads at once without waiting (``Handle.done``).
+
+Delivering a reply (:meth:`_deliver`) matches it to its call, frees the call's in-flight
+slot (and its reply slot, unless the answer is in it: :mod:`.reply_slots`), holds the
+answer to its op's schema (:mod:`.answers`) and wakes the call's waiter.
 """
 
 from __future__ import annotations
 
+import logging
 import select
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
+
+import zmq
+
+from ..errors import ProtocolError
+from . import transport
+from .answers import check_answer
+from .protocol import decode_reply, peek_request_id
 
 if TYPE_CHECKING:
-    import zmq
-
     from .call import Call
+    from .ops import OpSchema
+    from .protocol import Limits
+    from .reply_slots import SlotOffers
 
 __all__ = ["ReceivingByWaiters"]
 
+log = logging.getLogger("sparseps.rpc.channel")
+
 # A leader wakes at least this often (seconds) to re-read the sockets it polls.
 _LEAD_POLL_S = 0.05
+# pyzmq's enum constants as ints: combining enums costs more than the option call
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class ReceivingByWaiters:
@@ -48,8 +66,13 @@ class ReceivingByWaiters:
         _lost: list[str | None]
         _rank_of: dict[int, int]
         _sockets_closed: bool
-
-        def _drain(self, rank: int) -> None: ...
+        _pending: dict[int, Call]
+        _slots: threading.BoundedSemaphore
+        endpoints: tuple[str, ...]
+        limits: Limits
+        ops: Mapping[str, OpSchema]
+        replies: SlotOffers
+        role: str
 
     def _init_receiving(self) -> None:
         self._leading = False  # a waiter is reading the DEALERs (under _lock)
@@ -159,3 +182,52 @@ class ReceivingByWaiters:
                 return False
             ready = poller.poll(min(remaining, _LEAD_POLL_S) * 1000)
             fired = {polled[fd] for fd, _ in ready if fd in polled} if ready else None
+
+    def _drain(self, rank: int) -> None:
+        """Deliver every reply waiting on server ``rank``'s DEALER (socket lock held)."""
+        sock = self._dealers[rank]
+        while cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+            try:
+                frames = transport.recv_frames(sock, block=False)
+            except zmq.Again:  # pragma: no cover - EVENTS said a message was there
+                return
+            self._deliver(rank, frames)
+
+    def _deliver(self, rank: int, frames: list) -> None:
+        try:
+            reply = decode_reply(frames, self.limits)
+        except ProtocolError as exc:
+            call_id = peek_request_id(frames)
+            with self._lock:
+                call = None if call_id is None else self._pending.pop(call_id, None)
+            if call is None:
+                log.warning("dropped a malformed reply from server %d: %s", rank, exc)
+                return
+            self._slots.release()
+            if call.slot is not None:
+                call.slot[0].release(call.slot[1])
+            self._fail_malformed(call, rank, exc)
+            return
+        with self._lock:
+            call = None if reply.id is None else self._pending.pop(reply.id, None)
+        if call is None:
+            self.replies.late_reply(reply.id)
+            log.debug(
+                "dropped a late reply from server %d (request %s gave up waiting)", rank, reply.id
+            )
+            return
+        self._slots.release()
+        try:
+            reply = self.replies.receive(call.slot, reply, self.endpoints[rank])
+            check_answer(reply, self.ops.get(call.op))
+        except ProtocolError as exc:
+            self._fail_malformed(call, rank, exc)
+            return
+        call.reply = reply
+        self._settle(call)
+
+    def _fail_malformed(self, call: Call, rank: int, exc: ProtocolError) -> None:
+        call.failure = ProtocolError(
+            f"{call.op}: malformed reply from {self.role} {rank} at {self.endpoints[rank]}: {exc}"
+        )
+        self._settle(call)
