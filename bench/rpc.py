@@ -410,7 +410,8 @@ def run(quick: bool, secure: bool = False, replicas: int = 0) -> list[BenchRecor
             cluster = stack.enter_context(local_cluster(servers=servers, timeout=60))
             client = stack.enter_context(cluster.client(timeout=120))
             # 1 server: also a client without reply slots (its answers over loopback TCP)
-            wire = stack.enter_context(cluster.client(timeout=120, reply_slots=0))
+            if servers == 1:
+                wire = stack.enter_context(cluster.client(timeout=120, reply_slots=0))
             clients = [client]
             if secure:
                 clients.append(stack.enter_context(_secure_client(servers)))

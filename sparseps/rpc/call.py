@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .protocol import Reply
+
+if TYPE_CHECKING:
+    from .reply_slots import ReplySlots
 
 __all__ = ["Call"]
 
@@ -28,4 +32,4 @@ class Call:
     shard: int | None = None  # a replica's shard (None: the server's own)
     epoch: int | None = None  # the sender's epoch of the shard (replicated writes)
     # (segment's mapping, index): the reply slot offered for its answer (reply_slots)
-    slot: tuple | None = None
+    slot: tuple[ReplySlots, int] | None = None

@@ -206,8 +206,7 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         if schema is not None and schema.slot_reply and worth_a_slot(bufs):
             slot = self.replies.offer(rank, self.endpoints[rank])  # first: it may attach
         if not self._take_slot():
-            if slot is not None:
-                slot[0].release(slot[1])
+            self.replies.give_back(slot)
             raise DeadlineError(
                 f"{op}: {self._max_in_flight} requests still in flight after {self.timeout:.3g} s; the servers "
                 "are not answering fast enough (raise PSClient(max_in_flight=...) or wait on handles)",
@@ -247,8 +246,7 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
             )  # fmt: skip
         except BaseException:
             self._slots.release()
-            if call.slot is not None:
-                call.slot[0].release(call.slot[1])
+            self.replies.give_back(call.slot)
             raise
         with self._lock:
             self._pending[call.id] = call

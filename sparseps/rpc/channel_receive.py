@@ -204,8 +204,7 @@ class ReceivingByWaiters:
                 log.warning("dropped a malformed reply from server %d: %s", rank, exc)
                 return
             self._slots.release()
-            if call.slot is not None:
-                call.slot[0].release(call.slot[1])
+            self.replies.give_back(call.slot)
             self._fail_malformed(call, rank, exc)
             return
         with self._lock:

@@ -288,6 +288,12 @@ class SlotOffers:
         index = pool.take()
         return None if index is None else (pool, index)
 
+    @staticmethod
+    def give_back(slot: tuple[ReplySlots, int] | None) -> None:
+        """A slot offered for a request that will never be answered into it is free again."""
+        if slot is not None:
+            slot[0].release(slot[1])
+
     def detach(self, endpoint: str, pool: ReplySlots) -> None:
         """The server no longer knows ``pool``'s segment (it restarted): attach again."""
         with self._lock:
@@ -325,8 +331,7 @@ class SlotOffers:
             return
         with self._lock:
             slot = self._orphans.pop(request_id, None)
-        if slot is not None:
-            slot[0].release(slot[1])
+        self.give_back(slot)
 
     def attached(self) -> dict[str, int]:
         """endpoint -> free slots, for every server this channel shares slots with."""
