@@ -11,8 +11,10 @@ One script runs on every process of a job (fleetrun semantics)::
         sps.barrier_worker()
         sps.stop()
 
-On a worker, :func:`init` also sets up ``torch.distributed`` (gloo) among the workers,
-meeting at ``SPARSEPS_MASTER`` where worker 0 hosts a TCPStore. A script run with plain
+On a worker, :func:`init` also sets up ``torch.distributed`` among the workers (gloo; in
+a ``--secure`` job a group over the job's CURVE transport,
+:mod:`sparseps.launch.curve_group`), meeting at ``SPARSEPS_MASTER`` where worker 0 hosts
+the rendezvous store. A script run with plain
 ``python script.py`` (no SPARSEPS_* variable) runs in local mode: one background server
 is started for it, and it is worker 0 of 1.
 
@@ -142,7 +144,7 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
     import torch.distributed as dist
 
     from .launch.local import LocalServer
-    from .launch.rendezvous import init_gloo
+    from .launch.rendezvous import init_worker_group
 
     server = LocalServer(
         start_timeout_s=_env.float_setting(
@@ -163,7 +165,7 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
     session = _Session(env, store=dist.HashStore(), local_server=server)
     try:
         if not dist.is_initialized():
-            init_gloo(env, session.store, timeout_s=_COLLECTIVE_TIMEOUT_S)
+            init_worker_group(env, session.store, timeout_s=_COLLECTIVE_TIMEOUT_S)
             session.owns_group = True
     except BaseException:
         server.close()
@@ -174,7 +176,7 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
 def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
     import torch.distributed as dist
 
-    from .launch.rendezvous import connect_store, init_gloo, store_barrier
+    from .launch.rendezvous import connect_store, init_worker_group, store_barrier
 
     env = session.env
     timeout_s = _env.float_setting(_env.RENDEZVOUS_TIMEOUT, _RENDEZVOUS_TIMEOUT_S, environ)
@@ -182,7 +184,7 @@ def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
     # work-stealing datasets claim files on it (sparseps.data.steal, with several workers)
     # and an online job's membership lives on it: also with one worker, whose job may grow
     worker_store.register(session.store)
-    # A barrier of our own before gloo's: if a worker never comes, it is named.
+    # A barrier of our own before the group's: if a worker never comes, it is named.
     store_barrier(
         session.store,
         "sparseps/rendezvous",
@@ -198,7 +200,7 @@ def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
         log.warning("torch.distributed is already initialised; sparseps uses that group")
         return
     collective_s = _env.float_setting(_env.COLLECTIVE_TIMEOUT, _COLLECTIVE_TIMEOUT_S, environ)
-    init_gloo(env, session.store, timeout_s=collective_s)
+    init_worker_group(env, session.store, timeout_s=collective_s)
     session.owns_group = True
 
 
@@ -305,7 +307,7 @@ def barrier_worker(timeout: float | None = None) -> None:
 
 
 def stop() -> None:
-    """Leave the job: tear down the workers' gloo group and, in local mode, the server.
+    """Leave the job: tear down the workers' process group and, in local mode, the server.
 
     Worker 0 hosts the rendezvous store, so it waits (bounded by
     ``SPARSEPS_BARRIER_TIMEOUT_S``) until every worker has called ``stop()`` before

@@ -8,24 +8,36 @@ through a :class:`~sparseps.launch.torch_store.ZmqStore`. On top of the store:
 - :func:`store_barrier` — every rank sets ``NAME/<rank>``, then polls until all keys
   exist. Unlike ``dist.barrier()`` it can say *which* ranks are missing: it logs them
   every ``warn_s`` and raises :class:`~sparseps.errors.DeadlineError` naming them.
-- :func:`init_gloo` — the gloo process group the workers' collectives use (metrics
-  all-reduce, dense all-reduce in sync mode), initialised on the same store after a
-  rendezvous barrier, so a missing worker is named instead of a bare torch timeout.
+- :func:`init_worker_group` — the ``torch.distributed`` process group the workers'
+  collectives use (metrics all-reduce, dense all-reduce in sync mode, GPUPS rows, the
+  global shuffle), initialised on the same store after a rendezvous barrier, so a missing
+  worker is named instead of a bare torch timeout. Its backend is :func:`worker_backend`:
+  gloo, or in a secure job :mod:`sparseps.launch.curve_group` (gloo's TCP pairs can be
+  neither encrypted nor authenticated; ``--secure`` covers every socket of the job).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from datetime import timedelta
 
-from ..env import MASTER, RoleEnv, parse_endpoint
-from ..errors import DeadlineError, UnavailableError
+from ..env import MASTER, RoleEnv, from_environ, parse_endpoint, security_setting
+from ..errors import ConfigError, DeadlineError, UnavailableError
 from ..rpc.security import JobKeys, Security
 from .store import open_store
+from .store_server import resolve_host
 from .torch_store import ZmqStore
 
-__all__ = ["connect_store", "init_gloo", "store_barrier"]
+__all__ = [
+    "connect_store",
+    "group_options",
+    "init_worker_group",
+    "listen_host",
+    "store_barrier",
+    "worker_backend",
+]
 
 log = logging.getLogger(__name__)
 
@@ -154,21 +166,97 @@ def store_barrier(
     )
 
 
-def init_gloo(env: RoleEnv, store, *, timeout_s: float) -> None:
-    """Initialise ``torch.distributed`` (gloo) among the job's workers on ``store``.
+def worker_backend(env: RoleEnv | None = None) -> str:
+    """The ``torch.distributed`` backend of this job's worker groups.
+
+    ``"gloo"`` in a plain job; in a secure one (``env.key_dir``, or ``SPARSEPS_SECURE``
+    without ``env``) the CURVE group's (registered with torch here, on first use).
+    Whoever forms a worker group passes this name (:func:`init_worker_group`, the online
+    job's regroups); a secure job's group then never opens a plain socket.
+    """
+    key_dir = env.key_dir if env is not None else security_setting()
+    if not key_dir:
+        return "gloo"
+    import torch.distributed as dist
+
+    from .curve_group import BACKEND
+
+    if not hasattr(dist.Backend, BACKEND.upper()):
+        dist.Backend.register_backend(BACKEND, _curve_group, extended_api=True, devices=["cpu"])
+    return BACKEND
+
+
+def _curve_group(backend_options, options):
+    """torch's constructor call of a :class:`~sparseps.launch.curve_group.CurveGroup`;
+    ``options`` (``init_process_group(pg_options=)``) or, when a caller gave none, this
+    process's job (its keys and role from the environment)."""
+    from .curve_group import CurveGroup
+
+    return CurveGroup(
+        backend_options.store,
+        backend_options.group_rank,
+        backend_options.group_size,
+        backend_options.timeout,
+        options if options is not None else group_options(),
+    )
+
+
+def group_options(env: RoleEnv | None = None):
+    """The :class:`~sparseps.launch.curve_group.GroupOptions` of this worker: the job's
+    keys and :func:`listen_host` (``env``: this process's role from the environment).
+
+    Raises:
+        ConfigError: the job is not secure, its keys do not load, or (several workers)
+            there is no ``SPARSEPS_MASTER`` to find the job's interface by.
+    """
+    from .curve_group import GroupOptions
+
+    env = env if env is not None else from_environ()
+    key_dir = env.key_dir if env is not None else security_setting()
+    if not key_dir:
+        raise ConfigError("the secure worker group needs the job's keys (SPARSEPS_KEY_DIR)")
+    host = listen_host(env.master) if env is not None and env.master else ""
+    return GroupOptions(security=Security(JobKeys.load(key_dir)), host=host)
+
+
+def listen_host(master: str) -> str:
+    """The IP address of this host's interface toward ``master`` (``host:port``): where a
+    worker's group listens, reachable by every worker that reaches the rendezvous.
+
+    Raises:
+        ConfigError: ``master`` is malformed or its host does not resolve.
+    """
+    host, port = parse_endpoint(master, what=MASTER)
+    ip = resolve_host(host)
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((ip, port))  # a UDP "connect" sends nothing: it only picks the route
+        return str(s.getsockname()[0])
+
+
+def init_worker_group(env: RoleEnv, store, *, timeout_s: float) -> None:
+    """Initialise ``torch.distributed`` among the job's workers on ``store``: gloo, or
+    in a secure job the CURVE group (:func:`worker_backend`).
 
     Args:
         env: this worker's role.
         store: the job's store (from :func:`connect_store`) or a ``HashStore`` for a
             world of one.
         timeout_s: the timeout of every collective of the group.
+
+    Raises:
+        ConfigError: a secure job's keys do not load.
+        RuntimeError: the group could not form (torch's, or
+            :class:`~sparseps.rpc.mesh.GroupError` naming the worker that is missing or
+            refused this worker's key).
     """
     import torch.distributed as dist
 
+    backend = worker_backend(env)
     dist.init_process_group(
-        backend="gloo",
-        store=dist.PrefixStore("sparseps/gloo", store),
+        backend=backend,
+        store=dist.PrefixStore("sparseps/group", store),
         rank=env.rank,
         world_size=env.worker_num,
         timeout=timedelta(seconds=timeout_s),
+        pg_options=None if backend == "gloo" else group_options(env),
     )

@@ -185,8 +185,10 @@ def single_group() -> None:
     joining the launch's group; :meth:`Membership.join` replaces it."""
     import torch.distributed as dist
 
+    from ..launch.rendezvous import worker_backend
+
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(worker_backend(), store=dist.HashStore(), rank=0, world_size=1)
 
 
 class Membership:
@@ -403,9 +405,11 @@ class Membership:
     def _form_group(self, prefix: str | None = None) -> None:
         import torch.distributed as dist
 
+        from ..launch.rendezvous import worker_backend
+
         start = time.perf_counter()
         dist.init_process_group(
-            backend="gloo",
+            backend=worker_backend(),
             store=dist.PrefixStore(prefix or f"{PREFIX}/group/{self.version}", self.store),
             rank=self.group_rank,
             world_size=len(self.members),

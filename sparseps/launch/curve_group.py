@@ -1,0 +1,516 @@
+"""The workers' ``torch.distributed`` process group of a ``--secure`` job, over CURVE.
+
+gloo's TCP pairs can be neither encrypted nor authenticated (torch is built without
+gloo's TLS transport), so a secure job's workers form their group with this backend
+instead (:func:`sparseps.launch.rendezvous.worker_backend` picks it; plain jobs keep
+gloo for its speed). Every byte travels over :class:`~sparseps.rpc.mesh.Mesh`: CURVE
+links admitted by the job's one-key ZAP handler, the same transport as the servers'.
+
+:class:`CurveGroup` is a ``ProcessGroup`` written in Python (torch's documented extension
+point, ``Backend.register_backend``); ``dist.all_reduce`` and friends dispatch to its
+methods, which check their tensors (dense, contiguous, on the CPU, as gloo requires),
+number the collective and queue it; one thread runs the collectives in that order and
+completes each :class:`CurveWork`. Point-to-point receives complete on arrival, so any
+order of ``isend``/``irecv`` works. Whole tensors travel as one frame, without a copy.
+
+The algorithms are direct, for the job's handful of workers (each pays at most two
+rounds of latency):
+
+- all-reduce: with two workers, or at most :data:`SMALL_BYTES`, every rank sends its
+  tensor to every other and reduces them all in rank order; otherwise a reduce-scatter
+  (rank ``j`` reduces chunk ``j`` of every rank's tensor, in rank order) then an
+  all-gather of the reduced chunks. Both give every rank the same bits: each element is
+  reduced in rank order, once;
+- broadcast, all-gather, all-to-all, gather, scatter, reduce: each piece sent straight
+  to the rank that needs it; barrier: an empty message from every rank to every other.
+
+Sends read the caller's memory in place, so a collective completes (and the caller may
+write its tensors) only once zmq no longer reads it (the messages' trackers).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..rpc.mesh import COLLECTIVE, P2P, GroupError, Mesh
+from ..rpc.security import Security
+
+__all__ = ["BACKEND", "SMALL_BYTES", "CurveGroup", "CurveWork", "GroupOptions"]
+
+log = logging.getLogger(__name__)
+
+BACKEND = "sparseps_curve"  # the name registered with torch.distributed
+SMALL_BYTES = 64 << 10  # all-reduce: up to this, one round (everyone sends everything)
+_MAX_QUEUED = 1024  # collectives issued and not yet run
+_JOIN_S = 5.0  # shutting down: how long a collective still running may take
+ALLREDUCE, BROADCAST, ALLGATHER, ALLTOALL, BARRIER, REDUCE, GATHER, SCATTER = range(1, 9)
+
+_REDUCE = {
+    dist.ReduceOp.SUM: torch.Tensor.add_,
+    dist.ReduceOp.PRODUCT: torch.Tensor.mul_,
+    dist.ReduceOp.MIN: lambda acc, x: torch.minimum(acc, x, out=acc),
+    dist.ReduceOp.MAX: lambda acc, x: torch.maximum(acc, x, out=acc),
+    dist.ReduceOp.BAND: torch.Tensor.bitwise_and_,
+    dist.ReduceOp.BOR: torch.Tensor.bitwise_or_,
+    dist.ReduceOp.BXOR: torch.Tensor.bitwise_xor_,
+}
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """What a :class:`CurveGroup` needs beyond torch's arguments: the job's keys and the
+    IP address this rank listens on (the interface the other workers reach)."""
+
+    security: Security
+    host: str
+
+
+class CurveWork(dist._Work):
+    """One collective or point-to-point op of a :class:`CurveGroup`.
+
+    ``wait(timeout)`` waits at most ``timeout`` (the group's timeout when none); past it
+    the group is aborted (its peers' state is unknown, as with gloo) and a
+    :class:`~sparseps.rpc.mesh.GroupError` saying "timed out" is raised.
+    """
+
+    def __init__(self, group: CurveGroup, op: str, result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._group, self.op, self._result = group, op, result
+        self._done = threading.Event()
+        self._error: str | None = None
+        self._future: torch.futures.Future = torch.futures.Future()
+
+    def _finish(self, error: str | None = None) -> None:
+        self._error = error
+        self._done.set()
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(GroupError(error))
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        seconds = timeout.total_seconds() if timeout else self._group.timeout_s
+        if not self._done.wait(seconds):
+            rank = self._group.rank()
+            # the peers' state is unknown: later collectives fail at once, saying why
+            self._group.abort_with(f"unusable since {self.op} on rank {rank} ran past its "
+                                   f"{seconds:.0f} s limit")  # fmt: skip
+            raise GroupError(f"secure group: {self.op} on rank {rank} timed out after "
+                             f"{seconds:.0f} s (a worker did not take part)")  # fmt: skip
+        if self._error is not None:
+            raise GroupError(self._error)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self):
+        return None if self._error is None else GroupError(self._error)
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+
+Algorithm = Callable[[int, float], None]  # (collective number, deadline) -> None
+
+
+class CurveGroup(dist.ProcessGroup):
+    """A process group whose every message goes over the job's CURVE mesh.
+
+    Args:
+        store: the group's store (torch's prefix of the job's CURVE store).
+        rank, size: this rank and the group's size.
+        timeout: the limit of the rendezvous and of every collective's wait.
+        options: the job's keys and the address to listen on.
+
+    Raises:
+        GroupError: the mesh could not be formed (see :class:`~sparseps.rpc.mesh.Mesh`).
+    """
+
+    def __init__(
+        self, store, rank: int, size: int, timeout: timedelta, options: GroupOptions
+    ) -> None:
+        # (rank, size): this torch's (store, rank, size) constructor makes no Python subclass
+        super().__init__(rank, size)  # type: ignore[call-arg]
+        self.timeout_s = timeout.total_seconds()
+        self._mesh = None
+        if size > 1:
+            self._mesh = Mesh(
+                store, rank, size, security=options.security, host=options.host,
+                timeout_s=self.timeout_s,
+            )  # fmt: skip
+        self._seq = 0
+        self._closed = False
+        self._issue = threading.Lock()  # numbers and queues collectives in one order
+        self._ops: queue.Queue = queue.Queue(maxsize=_MAX_QUEUED)
+        self._thread = threading.Thread(target=self._run, name="sparseps-group", daemon=True)
+        self._thread.start()
+        log.info("secure worker group: rank %d of %d%s", rank, size,
+                 f", listening on {self._mesh.address} (CURVE)" if self._mesh else "")  # fmt: skip
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    # -- running collectives in order ------------------------------------------------------
+
+    def _submit(self, op: str, algorithm: Algorithm, result: list[torch.Tensor]) -> CurveWork:
+        work = CurveWork(self, op, result)
+        with self._issue:
+            if self._closed:
+                work._finish(f"{op}: the secure group of rank {self.rank()} was shut down")
+                return work
+            seq, self._seq = self._seq, self._seq + 1
+            self._ops.put((work, seq, algorithm))
+        return work
+
+    def _run(self) -> None:
+        while True:
+            item = self._ops.get()
+            if item is None:
+                return
+            work, seq, algorithm = item
+            try:
+                if self._mesh is not None:
+                    self._mesh.check()
+                algorithm(seq, time.monotonic() + self.timeout_s)
+            except Exception as exc:
+                work._finish(f"{work.op} (collective {seq} of rank {self.rank()}): {exc}")
+            else:
+                work._finish()
+
+    def _send(self, peer: int, op: int, step: int, seq: int, tensor: torch.Tensor, trackers):
+        assert self._mesh is not None
+        tracker = self._mesh.send(peer, COLLECTIVE, op, step, seq, _bytes(tensor), track=True)
+        trackers.append(tracker)
+
+    def _take(self, seq: int, step: int, peer: int, op: int, deadline: float, like):
+        """The tensor ``peer`` sent for step ``step`` of collective ``seq``, shaped as
+        the flat tensor ``like`` (its dtype and size)."""
+        assert self._mesh is not None
+        frame = self._mesh.take(seq, step, peer, op, deadline, f"collective {seq}")
+        return _typed(frame, like, f"collective {seq} from rank {peer}")
+
+    def _finished(self, trackers, deadline: float) -> None:
+        """Wait until zmq no longer reads the caller's tensors."""
+        for tracker in trackers:
+            if tracker is not None and not tracker.done:
+                try:
+                    tracker.wait(max(0.0, deadline - time.monotonic()))
+                except Exception:
+                    raise GroupError("sending timed out (zmq still holds a message)") from None
+
+    def _others(self) -> list[int]:
+        return [] if self._mesh is None else self._mesh.peers
+
+    # -- collectives ---------------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        tensor = _one("all_reduce", tensors)
+        reduce = _reduction("all_reduce", opts)
+        flat, size, me = tensor.view(-1), self.size(), self.rank()
+
+        def one_round(seq: int, deadline: float) -> None:
+            trackers: list = []
+            for peer in self._others():
+                self._send(peer, ALLREDUCE, 0, seq, flat, trackers)
+            parts = [flat if j == me else self._take(seq, 0, j, ALLREDUCE, deadline, flat)
+                     for j in range(size)]  # fmt: skip
+            total = _reduced(parts, reduce)
+            self._finished(trackers, deadline)
+            flat.copy_(total)
+
+        def two_rounds(seq: int, deadline: float) -> None:
+            bounds = [flat.numel() * j // size for j in range(size + 1)]
+            chunks = [flat[bounds[j] : bounds[j + 1]] for j in range(size)]
+            trackers: list = []
+            for peer in self._others():
+                self._send(peer, ALLREDUCE, 0, seq, chunks[peer], trackers)
+            mine = chunks[me]
+            parts = [mine if j == me else self._take(seq, 0, j, ALLREDUCE, deadline, mine)
+                     for j in range(size)]  # fmt: skip
+            total = _reduced(parts, reduce)  # a private buffer: sent as is
+            for peer in self._others():
+                self._send(peer, ALLREDUCE, 1, seq, total, [])
+            self._finished(trackers, deadline)
+            for peer in self._others():
+                chunks[peer].copy_(self._take(seq, 1, peer, ALLREDUCE, deadline, chunks[peer]))
+            mine.copy_(total)
+
+        small = size <= 2 or flat.numel() * flat.element_size() <= SMALL_BYTES
+        return self._submit("all_reduce", one_round if small else two_rounds, [tensor])
+
+    def broadcast(self, tensors, opts=None):
+        tensor = _one("broadcast", tensors)
+        root = 0 if opts is None else opts.rootRank
+        flat = tensor.view(-1)
+
+        def run(seq: int, deadline: float) -> None:
+            if self.rank() == root:
+                trackers: list = []
+                for peer in self._others():
+                    self._send(peer, BROADCAST, 0, seq, flat, trackers)
+                self._finished(trackers, deadline)
+            else:
+                flat.copy_(self._take(seq, 0, root, BROADCAST, deadline, flat))
+
+        return self._submit("broadcast", run, [tensor])
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        source = _one("all_gather", input_tensors)
+        outs = list(output_tensors[0])
+        if len(outs) != self.size():
+            raise ValueError(f"all_gather: {len(outs)} output tensors for {self.size()} ranks")
+        for out in outs:
+            _check("all_gather", out, like=source)
+        return self._gather_all("all_gather", source, [o.view(-1) for o in outs], outs)
+
+    def all_gather_single(self, output, input, opts=None):
+        source = _one("all_gather_single", [input])
+        _check("all_gather_single", output)
+        if output.numel() != source.numel() * self.size() or output.dtype != source.dtype:
+            raise ValueError("all_gather_single: the output must hold size x the input "
+                             f"({source.numel()} x {self.size()} {source.dtype})")  # fmt: skip
+        n, out = source.numel(), output.view(-1)
+        parts = [out[j * n : (j + 1) * n] for j in range(self.size())]
+        return self._gather_all("all_gather_single", source, parts, [output])
+
+    _allgather_base = all_gather_single
+
+    def _gather_all(self, op: str, source, parts, result) -> CurveWork:
+        flat = source.view(-1)
+
+        def run(seq: int, deadline: float) -> None:
+            trackers: list = []
+            for peer in self._others():
+                self._send(peer, ALLGATHER, 0, seq, flat, trackers)
+            parts[self.rank()].copy_(flat)
+            for peer in self._others():
+                parts[peer].copy_(self._take(seq, 0, peer, ALLGATHER, deadline, flat))
+            self._finished(trackers, deadline)
+
+        return self._submit(op, run, result)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        _check("all_to_all_single", input)
+        _check("all_to_all_single", output)
+        size = self.size()
+        sends = _pieces("input", input, input_split_sizes, size)
+        recvs = _pieces("output", output, output_split_sizes, size)
+
+        def run(seq: int, deadline: float) -> None:
+            trackers: list = []
+            for peer in self._others():
+                self._send(peer, ALLTOALL, 0, seq, sends[peer], trackers)
+            recvs[self.rank()].copy_(sends[self.rank()])
+            for peer in self._others():
+                recvs[peer].copy_(self._take(seq, 0, peer, ALLTOALL, deadline, recvs[peer]))
+            self._finished(trackers, deadline)
+
+        return self._submit("all_to_all_single", run, [output])
+
+    def barrier(self, opts=None):
+        empty = torch.empty(0, dtype=torch.uint8)
+
+        def run(seq: int, deadline: float) -> None:
+            for peer in self._others():
+                self._send(peer, BARRIER, 0, seq, empty, [])
+            for peer in self._others():
+                self._take(seq, 0, peer, BARRIER, deadline, empty)
+
+        return self._submit("barrier", run, [])
+
+    def reduce(self, tensors, opts=None):
+        tensor = _one("reduce", tensors)
+        root = 0 if opts is None else opts.rootRank
+        reduce = _reduction("reduce", opts)
+        flat = tensor.view(-1)
+
+        def run(seq: int, deadline: float) -> None:
+            if self.rank() != root:
+                trackers: list = []
+                self._send(root, REDUCE, 0, seq, flat, trackers)
+                self._finished(trackers, deadline)
+                return
+            parts = [flat if j == root else self._take(seq, 0, j, REDUCE, deadline, flat)
+                     for j in range(self.size())]  # fmt: skip
+            flat.copy_(_reduced(parts, reduce))
+
+        return self._submit("reduce", run, [tensor])
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        source = _one("gather", input_tensors)
+        root = 0 if opts is None else opts.rootRank
+        outs = list(output_tensors[0]) if self.rank() == root else []
+        flat = source.view(-1)
+
+        def run(seq: int, deadline: float) -> None:
+            if self.rank() != root:
+                trackers: list = []
+                self._send(root, GATHER, 0, seq, flat, trackers)
+                self._finished(trackers, deadline)
+                return
+            for j, out in enumerate(outs):
+                got = flat if j == root else self._take(seq, 0, j, GATHER, deadline, flat)
+                out.view(-1).copy_(got)
+
+        return self._submit("gather", run, outs)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        target = _one("scatter", output_tensors)
+        root = 0 if opts is None else opts.rootRank
+        ins = [t.view(-1) for t in input_tensors[0]] if self.rank() == root else []
+        flat = target.view(-1)
+
+        def run(seq: int, deadline: float) -> None:
+            if self.rank() != root:
+                flat.copy_(self._take(seq, 0, root, SCATTER, deadline, flat))
+                return
+            trackers: list = []
+            for peer in self._others():
+                self._send(peer, SCATTER, 0, seq, ins[peer], trackers)
+            flat.copy_(ins[root])
+            self._finished(trackers, deadline)
+
+        return self._submit("scatter", run, [target])
+
+    # -- point to point ------------------------------------------------------------------
+
+    def send(self, tensors, dstRank: int, tag: int):
+        tensor = _one("send", tensors)
+        if self._mesh is None:
+            raise ValueError("send: a group of one has no peer")
+        # a private copy: the work completes at once, the caller may write its tensor
+        self._mesh.send(dstRank, P2P, 0, 0, tag, _bytes(tensor.clone()))
+        work = CurveWork(self, "send", [tensor])
+        work._finish()
+        return work
+
+    def recv(self, tensors, srcRank: int, tag: int):
+        tensor = _one("recv", tensors)
+        if self._mesh is None:
+            raise ValueError("recv: a group of one has no peer")
+        work = CurveWork(self, "recv", [tensor])
+
+        def arrived(frame, error) -> None:
+            if error is not None:
+                work._finish(str(error))
+                return
+            try:
+                tensor.view(-1).copy_(_typed(frame, tensor.view(-1), f"recv from {srcRank}"))
+            except GroupError as exc:
+                work._finish(str(exc))
+            else:
+                work._finish()
+
+        self._mesh.post_recv(srcRank, tag, arrived)
+        return work
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def abort(self) -> None:
+        self._close(abort=True)
+
+    def shutdown(self) -> None:
+        self._close(abort=False)
+
+    def _close(self, *, abort: bool) -> None:
+        """Stop the collective thread and close the mesh (idempotent). A collective still
+        running (nobody waited for it) fails."""
+        with self._issue:
+            if self._closed:
+                return
+            self._closed = True
+            self._ops.put(None)
+        if not abort:
+            self._thread.join(timeout=_JOIN_S)
+        if abort or self._thread.is_alive():
+            self.abort_with("the group was shut down while a collective ran")
+            self._thread.join(timeout=_JOIN_S)
+        if self._mesh is not None:
+            self._mesh.close()
+
+    def abort_with(self, why: str) -> None:
+        """Break the group (a wait timed out): every collective, now and later, fails."""
+        if self._mesh is not None:
+            self._mesh.abort(why)
+
+
+def _check(op: str, tensor: torch.Tensor, *, like: torch.Tensor | None = None) -> None:
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided:
+        raise ValueError(f"{op}: the secure group takes dense CPU tensors, got "
+                         f"{tensor.layout} on {tensor.device}")  # fmt: skip
+    if not tensor.is_contiguous():
+        raise ValueError(f"{op}: tensors must be contiguous")
+    if like is not None and (tensor.numel() != like.numel() or tensor.dtype != like.dtype):
+        raise ValueError(f"{op}: every tensor must match the input ({like.numel()} {like.dtype})")
+
+
+def _reduction(op: str, opts) -> Callable[[torch.Tensor, torch.Tensor], object]:
+    wanted = dist.ReduceOp.SUM if opts is None else opts.reduceOp
+    for reduce_op, reduce in _REDUCE.items():
+        if wanted == reduce_op:
+            return reduce
+    raise ValueError(f"{op}: the secure group reduces with SUM, PRODUCT, MIN, MAX, BAND, BOR "
+                     "or BXOR")  # fmt: skip
+
+
+def _one(op: str, tensors) -> torch.Tensor:
+    tensors = list(tensors)
+    if len(tensors) != 1:
+        raise ValueError(f"{op}: the secure group takes one tensor per call, got {len(tensors)}")
+    _check(op, tensors[0])
+    return tensors[0]
+
+
+def _pieces(what: str, tensor: torch.Tensor, splits, size: int) -> list[torch.Tensor]:
+    """``tensor`` cut along its first axis by ``splits`` (even when empty), flat."""
+    rows = tensor.size(0) if tensor.dim() else 1
+    splits = list(splits) or [rows // size] * size
+    if len(splits) != size or sum(splits) != rows:
+        raise ValueError(f"all_to_all_single: {what} splits {splits} do not cut {rows} rows "
+                         f"into {size} pieces")  # fmt: skip
+    row = tensor.numel() // rows if rows else 0
+    flat, out, start = tensor.view(-1), [], 0
+    for n in splits:
+        out.append(flat[start * row : (start + n) * row])
+        start += n
+    return out
+
+
+def _bytes(tensor: torch.Tensor):
+    """The bytes of a contiguous tensor, as a buffer zmq sends without a copy."""
+    return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def _typed(frame, like: torch.Tensor, what: str) -> torch.Tensor:
+    """A received payload viewed as a flat tensor like ``like`` (no copy)."""
+    expected = like.numel() * like.element_size()
+    if len(frame) != expected:
+        raise GroupError(f"{what}: {len(frame)} bytes, expected {expected} (the workers "
+                         "called collectives of different sizes)")  # fmt: skip
+    if not expected:
+        return like[:0]
+    return torch.frombuffer(frame.buffer, dtype=torch.uint8).view(like.dtype)
+
+
+def _reduced(parts: list[torch.Tensor], reduce) -> torch.Tensor:
+    """The reduction of ``parts`` in rank order, in a new tensor."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        reduce(total, part)
+    return total
