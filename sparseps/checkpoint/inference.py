@@ -45,6 +45,7 @@ __all__ = [
     "HEAD_FILE",
     "LEGACY_HEAD_FILE",
     "chain",
+    "chains",
     "example_inputs",
     "export_head",
     "load_head",
@@ -72,6 +73,29 @@ def saves(directory: Path) -> list[tuple[int, str, Path]]:
     return sorted(found)
 
 
+def chains(directory: str | Path) -> list[list[Path]]:
+    """Every chain of ``directory``, newest first: each complete base, then the complete
+    deltas after it, up to the first incomplete save or the next base.
+
+    An older base's chain ends where the next base begins: a delta holds what changed
+    since the save before it, so the deltas after a newer base cannot apply to an older
+    one. A reader that cannot load the newest chain falls back to the next one.
+    """
+    found = saves(Path(directory))
+    complete = [(kind, path, (path / mf.MANIFEST).is_file()) for _, kind, path in found]
+    result = []
+    for i, (kind, path, whole) in enumerate(complete):
+        if kind != "base" or not whole:
+            continue
+        folders = [path]
+        for later_kind, later, later_whole in complete[i + 1 :]:
+            if later_kind != "delta" or not later_whole:
+                break
+            folders.append(later)
+        result.append(folders)
+    return result[::-1]
+
+
 def chain(directory: str | Path, *, warn: bool = True) -> list[Path]:
     """The folders to load, in order: newest complete base, then its complete deltas.
 
@@ -82,26 +106,20 @@ def chain(directory: str | Path, *, warn: bool = True) -> list[Path]:
         CheckpointError: no complete base save in ``directory``.
     """
     directory = Path(directory)
-    found = saves(directory)
-    complete = {path for _, _, path in found if (path / mf.MANIFEST).is_file()}
-    bases = [i for i, (_, kind, path) in enumerate(found) if kind == "base" and path in complete]
-    if not bases:
+    found = chains(directory)
+    if not found:
         raise CheckpointError(
             f"{directory}: no complete base inference model (base-NNNNN with a {mf.MANIFEST})"
         )
-    start = bases[-1]
-    result = [found[start][2]]
-    for _, kind, path in found[start + 1 :]:
-        if kind != "delta" or path not in complete:
-            if not warn:
-                break
-            log.warning(
-                "%s: stopping at %s (incomplete or unexpected); later saves are ignored",
-                directory,
-                path.name,
-            )
-            break
-        result.append(path)
+    result = found[0]
+    every = [path for _, _, path in saves(directory)]
+    after = every[every.index(result[-1]) + 1 :]
+    if warn and after:
+        log.warning(
+            "%s: stopping at %s (incomplete or unexpected); later saves are ignored",
+            directory,
+            after[0].name,
+        )
     return result
 
 

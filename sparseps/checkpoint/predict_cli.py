@@ -5,6 +5,10 @@ are Criteo CSV with a header (as in the shared samples), ``.parquet`` Parquet, a
 else Criteo TSV; ``--format`` overrides the guess. On a terminal, progress bars (stderr)
 count the saves loaded and the rows predicted (``--progress``/``--no-progress`` force
 them on or off).
+
+It predicts with the newest chain that verifies (:class:`~.predictor.Predictor`): a
+corrupt save is skipped with a warning that names it and why, and the command fails only
+when no chain loads.
 """
 
 from __future__ import annotations
@@ -41,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from . import inference
     from .predictor import Predictor
 
-    saves = inference.chain(Path(args.directory))  # a big model loads save by save
-    with progress.bar(args.progress, total=len(saves), unit="save", desc="load") as loading:
-        predictor = Predictor(args.directory, saves, on_loaded=lambda _: loading.update(1))
+    newest = inference.chain(Path(args.directory))  # a big model loads save by save
+    with progress.bar(args.progress, total=len(newest), unit="save", desc="load") as loading:
+        # the newest chain that verifies: on a skipped save, fewer or more steps than total
+        predictor = Predictor(args.directory, on_loaded=lambda _: loading.update(1))
     fmt = args.format or _guess_format(args.data)
     dataset = QueueDataset(
         [args.data], CRITEO, batch_size=args.batch_size, format=fmt, rank=0, world=1

@@ -7,6 +7,13 @@ the exported head of the last save. A key the model does not hold gets what a pu
 of an unknown key gives during training: its deterministic initial value when the
 table admits every key, zeros otherwise — so predictions match the trainer's.
 
+``Predictor(directory)`` starts from the newest chain that verifies: a save that does
+not verify or load (a flipped byte, a truncated shard, a head that fails) is skipped and
+logged, with why; a base that fails makes it try the chain of the base before it, a delta
+that fails ends the chain before it. Only when no chain loads is it refused, naming every
+save it tried. So one corrupt save does not stop a restart (``sparseps serve``,
+``sparseps predict``) from serving what the last good chain holds.
+
 A ``Predictor`` is an immutable value: :meth:`Predictor.then` returns a *new* predictor
 with one more save applied (a delta on top, or a base that replaces everything) and
 leaves the old one as it was, its arrays read-only. A service can therefore swap one
@@ -22,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -39,7 +46,7 @@ from . import inference
 if TYPE_CHECKING:
     from ..data.schema import Batch
 
-__all__ = ["EmbeddingTable", "Predictor"]
+__all__ = ["EmbeddingTable", "Predictor", "SkippedSave"]
 
 log = logging.getLogger(__name__)
 
@@ -147,18 +154,31 @@ def _applied(
     return result
 
 
+class SkippedSave(NamedTuple):
+    """A save a predictor did not load, and why (the error it gave)."""
+
+    folder: Path
+    reason: str
+
+
 class Predictor:
     """Predict click probabilities from an inference model directory.
 
     Args:
         directory: the folder ``trainer.save_inference_model`` wrote into.
-        saves: the save folders to load, a base then its deltas in order (default: the
-            directory's chain, :func:`sparseps.checkpoint.inference.chain`).
+        saves: the save folders to load, a base then its deltas in order; any that fails
+            is an error. Default: the newest chain of the directory that verifies
+            (:func:`sparseps.checkpoint.inference.chains`; see the module docstring),
+            what it skipped in :attr:`skipped`.
         on_loaded: called with each save's folder once it is applied (progress).
+        check: called with each candidate model (the chain up to each save); a
+            ``CheckpointError`` it raises skips that save as if it did not verify (the
+            service's one-row warm-up request). Only with the default ``saves``.
 
     Raises:
-        CheckpointError: no complete base, a save that does not verify, or a head that
-            does not load (each names the folder).
+        CheckpointError: no complete base, or no chain that verifies (naming each save
+            tried and why); with ``saves`` given, a save that does not verify or a head
+            that does not load (each names the folder).
     """
 
     directory: Path
@@ -167,6 +187,7 @@ class Predictor:
     embeddings: tuple[dict, ...]
     manifest: dict  # the last save's
     head: Callable[..., torch.Tensor]
+    skipped: tuple[SkippedSave, ...]  # saves of newer chains that did not verify
 
     def __init__(
         self,
@@ -174,9 +195,13 @@ class Predictor:
         saves: Sequence[Path] | None = None,
         *,
         on_loaded: Callable[[Path], None] | None = None,
+        check: Callable[[Predictor], object] | None = None,
     ) -> None:
-        folders = [Path(f) for f in saves] if saves is not None else None
-        folders = folders or inference.chain(Path(directory))
+        if not saves:
+            newest = _newest_verified(Path(directory), on_loaded, check)
+            newest._copy_to(self)
+            return
+        folders = [Path(f) for f in saves]
         tables: dict[str, EmbeddingTable] = {}
         manifest: dict = {}
         for i, folder in enumerate(folders):
@@ -192,13 +217,17 @@ class Predictor:
         head = inference.load_head(folders[-1], manifest)
         self._set(Path(directory), tuple(folders), tables, manifest, head)
 
-    def _set(self, directory, folders, tables, manifest, head) -> None:
+    def _set(self, directory, folders, tables, manifest, head, skipped=()) -> None:
         self.directory = directory
         self.saves = folders
-        self.tables = MappingProxyType(tables)
+        self.tables = MappingProxyType(dict(tables))
         self.embeddings = tuple(manifest["embeddings"])
         self.manifest = manifest
         self.head = head  # an exported program's module runs as exported (eval mode)
+        self.skipped = tuple(skipped)
+
+    def _copy_to(self, other: Predictor) -> None:
+        other._set(self.directory, self.saves, self.tables, self.manifest, self.head, self.skipped)
 
     def then(self, folder: Path) -> Predictor:
         """A new predictor: this one with the save in ``folder`` applied (a delta on top,
@@ -253,6 +282,63 @@ class Predictor:
     def nbytes(self) -> int:
         """Bytes of every table's keys and rows."""
         return sum(t.nbytes for t in self.tables.values())
+
+
+def _newest_verified(
+    directory: Path,
+    on_loaded: Callable[[Path], None] | None,
+    check: Callable[[Predictor], object] | None,
+) -> Predictor:
+    """The newest chain of ``directory`` that loads (see the module docstring).
+
+    Raises:
+        CheckpointError: no complete base; or no base that verifies, naming each.
+    """
+    candidates = inference.chains(directory)
+    if not candidates:
+        inference.chain(directory)  # raises: no complete base, named as it always was
+    verify = check or (lambda predictor: None)
+    skipped: list[SkippedSave] = []
+    for folders in candidates:
+        try:
+            model = Predictor(directory, folders[:1], on_loaded=on_loaded)
+            verify(model)
+        except CheckpointError as exc:
+            skipped.append(SkippedSave(folders[0], str(exc)))
+            log.warning("%s: skipping %s, it does not load: %s", directory, folders[0].name, exc)
+            continue
+        for i, folder in enumerate(folders[1:], start=1):
+            try:
+                following = model.then(folder)
+                verify(following)
+            except CheckpointError as exc:
+                skipped.append(SkippedSave(folder, str(exc)))
+                log.warning(
+                    "%s: skipping %s, it does not load: %s; the chain ends before it (%d "
+                    "later deltas wait for the next base)",
+                    directory,
+                    folder.name,
+                    exc,
+                    len(folders) - i - 1,
+                )
+                break
+            model = following
+            if on_loaded is not None:
+                on_loaded(folder)
+        if skipped:
+            log.warning(
+                "%s: loaded %s + %d deltas (sequence %d), the newest chain that verifies; "
+                "skipped %s",
+                directory,
+                model.saves[0].name,
+                len(model.saves) - 1,
+                model.sequence,
+                [s.folder.name for s in skipped],
+            )
+        model._set(model.directory, model.saves, model.tables, model.manifest, model.head, skipped)
+        return model
+    tried = "; ".join(f"{s.folder.name}: {s.reason}" for s in skipped)
+    raise CheckpointError(f"{directory}: no inference chain verifies ({tried})")
 
 
 def _verified(folder: Path) -> dict:

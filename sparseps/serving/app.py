@@ -10,10 +10,12 @@
 - ``GET /metrics``: Prometheus text (:mod:`.metrics`).
 
 Errors are JSON ``{"error": message}``: 400 malformed (the message names the field), 413
-too large (``Content-Length`` or the body read so far over ``max_body_bytes``; or too
-many rows), 415 another content type. Parsing and prediction of a large body run on a
-worker thread, so the event loop keeps accepting requests meanwhile; a small one (up to
-``INLINE_BYTES``) runs on the event loop, where it costs less than the thread hop.
+too large (``Content-Length`` or the body read so far over ``max_body_bytes``; an Arrow
+body that decodes to more; too many rows or feature ids), 415 another content type.
+Parsing and prediction run on a worker thread, so the event loop keeps answering
+(``/healthz`` too) meanwhile; only a small JSON body (up to ``INLINE_BYTES``, which is
+also what it decodes to) runs on the event loop, where it costs less than the thread hop.
+An Arrow body always goes to the thread: a few KB of it may decompress to far more.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..data.schema import Schema
+from ..errors import CheckpointError
 from .config import ServeConfig
 from .metrics import CONTENT_TYPE, ServeMetrics
 from .requests import ARROW_STREAM, RequestError, batch_from_body
@@ -45,8 +47,10 @@ log = logging.getLogger(__name__)
 # a worker thread and back (GIL handoffs) cost more than the work, measured on the shared
 # 2-core box: a 1-row request's p50 was 8-33 ms through the thread pool, 4-5 ms inline.
 # Larger bodies (about 100 JSON rows and up) go to the pool, so /healthz and /metrics stay
-# responsive while they are worked on.
+# responsive while they are worked on; so does every Arrow body (compressed: its size says
+# little of its work).
 INLINE_BYTES = 64 << 10
+JSON_TYPES = ("application/json", "")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -66,11 +70,30 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def _predict(
-    model: ServedModel, body: bytes, content_type: str, schema: Schema, max_rows: int
-) -> np.ndarray:
-    batch = batch_from_body(body, content_type, schema, max_rows=max_rows)
-    return model.predictor.predict_batch(batch)
+def _inline(body: bytes, content_type: str) -> bool:
+    """Whether a body is small work: a JSON body of at most ``INLINE_BYTES``."""
+    kind = content_type.split(";")[0].strip().lower()
+    return len(body) <= INLINE_BYTES and kind in JSON_TYPES
+
+
+def _predict(model: ServedModel, body: bytes, content_type: str, config: ServeConfig) -> np.ndarray:
+    batch = batch_from_body(
+        body,
+        content_type,
+        config.request_schema,
+        max_rows=config.max_rows,
+        max_ids=config.max_ids,
+        max_decoded_bytes=config.max_body_bytes,
+    )
+    predictions = model.predictor.predict_batch(batch)
+    finite = np.isfinite(predictions)
+    if not finite.all():  # the inputs were checked (finite float32): the model is at fault
+        row = int(np.flatnonzero(~finite)[0])
+        raise CheckpointError(
+            f"{model.predictor.saves[-1]}: the model predicted {predictions[row]} for row "
+            f"{row} of a valid request"
+        )
+    return predictions
 
 
 def _answer(predictions: np.ndarray, sequence: int, arrow: bool) -> Response:
@@ -105,18 +128,14 @@ def create_app(
         start = time.perf_counter()
         model = watcher.current  # one model for the whole request
         rows = 0
+        response: Response
         try:
             body = await _read_body(request, config.max_body_bytes)
             content_type = request.headers.get("content-type", "")
-            if len(body) <= INLINE_BYTES:
-                predictions = _predict(model, body, content_type, schema, config.max_rows)
+            if _inline(body, content_type):
+                predictions = _predict(model, body, content_type, config)
             else:
-                predictions = await run_in_threadpool(
-                    _predict, model, body, content_type, schema, config.max_rows
-                )
-            rows = int(predictions.size)
-            accept = request.headers.get("accept", "")
-            response = _answer(predictions, model.predictor.sequence, ARROW_STREAM in accept)
+                predictions = await run_in_threadpool(_predict, model, body, content_type, config)
         except RequestError as exc:
             response = JSONResponse({"error": exc.message}, status_code=exc.status)
         except ValueError as exc:  # InputError from the lookup, a shape the head refuses
@@ -124,6 +143,10 @@ def create_app(
         except Exception as exc:  # a bug: answer 500, log it, keep serving
             log.exception("POST /predict failed")
             response = JSONResponse({"error": f"internal: {exc}"}, status_code=500)
+        else:  # the answer's encoding is the service's work: its errors are no 400
+            rows = int(predictions.size)
+            accept = request.headers.get("accept", "")
+            response = _answer(predictions, model.predictor.sequence, ARROW_STREAM in accept)
         metrics.observe("/predict", response.status_code, time.perf_counter() - start, rows)
         return response
 

@@ -24,8 +24,13 @@ class ServeConfig:
         host, port: where to listen; port 0 picks a free port (see ``ready_file``).
         schema: the request columns, a name of :data:`SCHEMAS`.
         poll_s: how often the chain is checked for new saves.
-        max_body_bytes: larger request bodies are refused (413).
+        max_body_bytes: larger request bodies are refused (413); so are Arrow bodies
+            that decode (decompress) to more, refused from their batch headers before
+            they are decoded.
         max_rows: requests with more rows are refused (413).
+        max_ids: requests with more feature ids (over every slot column: one per string
+            or integer value, each id of a list) are refused (413), before any is hashed
+            or looked up.
         torch_threads: torch's intra-op threads (``torch.set_num_threads``). 1 by default:
             concurrent requests already run on several threads, and on a busy machine
             more OpenMP threads per call made a 1-row request 15x slower (27 ms against
@@ -41,6 +46,7 @@ class ServeConfig:
     poll_s: float = 1.0
     max_body_bytes: int = 64 << 20
     max_rows: int = 65536
+    max_ids: int = 1 << 21
     torch_threads: int = 1
     ready_file: Path | None = None
 
@@ -62,6 +68,8 @@ class ServeConfig:
             raise ConfigError(f"ServeConfig.torch_threads: {self.torch_threads} is not in 1..256")
         if self.max_rows < 1:
             raise ConfigError(f"ServeConfig.max_rows: {self.max_rows} is below 1")
+        if self.max_ids < 1:
+            raise ConfigError(f"ServeConfig.max_ids: {self.max_ids} is below 1")
 
     @property
     def request_schema(self) -> Schema:

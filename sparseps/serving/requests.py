@@ -13,8 +13,14 @@ dense transform) and its slots, one of: a string (hashed with the slot, exactly 
 data files are), an integer id, or a list of integer ids (JSON integers must be below
 2**63; a negative one is the uint64 with the same bits; use Arrow ``uint64`` for any id).
 A column the schema does not name is refused, except its label columns, which are
-ignored; an absent column is missing in every row. Every refusal is a
-:class:`RequestError` whose message names the field.
+ignored; an absent column is missing in every row; a column named twice is refused.
+Every refusal is a :class:`RequestError` whose message names the field.
+
+Work is bounded before it is done (:class:`RequestLimits`): an Arrow stream is read one
+record batch at a time, and each batch's rows, feature ids and decoded (decompressed)
+bytes are read from its header (:mod:`.arrow_body`) and added to the request's before
+the batch is decoded; a JSON body counts its objects (rows) while it is parsed. Feature
+ids of any body are counted again, column by column, before they are hashed or looked up.
 """
 
 from __future__ import annotations
@@ -22,66 +28,71 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
-from ..data.columns import (
-    float_column,
-    integer_ids,
-    list_slot,
-    slot_from_ids,
-    string_slot,
-    transform_dense,
-)
-from ..data.schema import CRITEO, Batch, Schema, Slot
-from ..errors import InputError
+from ..data.schema import CRITEO, Batch, Schema
+from .arrow_body import arrow_table
+from .limits import RequestError, RequestLimits, check_rows
+from .request_columns import batch_from_table
 
 __all__ = [
-    "ARROW_STREAM", "RequestError", "batch_from_body", "batch_from_table", "criteo_request_rows",
+    "ARROW_STREAM", "RequestError", "RequestLimits", "batch_from_body", "batch_from_table",
+    "criteo_request_rows",
 ]  # fmt: skip
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
-class RequestError(InputError):
-    """A request the service refuses; ``status`` is the HTTP status to answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-    def __reduce__(self) -> tuple:
-        return (RequestError, (self.status, self.message))
-
-
-def batch_from_body(body: bytes, content_type: str, schema: Schema, *, max_rows: int) -> Batch:
-    """Parse and validate one request body.
+def batch_from_body(
+    body: bytes,
+    content_type: str,
+    schema: Schema,
+    *,
+    max_rows: int,
+    max_ids: int = RequestLimits.ids,
+    max_decoded_bytes: int = RequestLimits.decoded_bytes,
+) -> Batch:
+    """Parse and validate one request body, within limits (:class:`RequestLimits`).
 
     Raises:
         RequestError: 400 (malformed, naming the field), 413 (more than ``max_rows``
-            rows), 415 (a content type other than JSON or Arrow).
+            rows, ``max_ids`` feature ids or ``max_decoded_bytes`` decoded), 415 (a
+            content type other than JSON or Arrow).
     """
+    limits = RequestLimits(max_rows, max_ids, max_decoded_bytes)
     kind = content_type.split(";")[0].strip().lower()
     if kind == ARROW_STREAM:
-        table = _arrow_table(body)
+        table = arrow_table(body, schema, limits)
     elif kind in ("application/json", ""):
         table = _json_table(body, max_rows, schema)
     else:
         raise RequestError(415, f"Content-Type: {kind!r} is not application/json or {ARROW_STREAM}")
-    return batch_from_table(table, schema, max_rows=max_rows)
+    return batch_from_table(table, schema, max_rows=max_rows, max_ids=max_ids)
 
 
-def _arrow_table(body: bytes) -> pa.Table:
-    try:
-        return pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise RequestError(400, f"body: not an Arrow IPC stream ({exc})") from None
+class _TooManyObjects(Exception):
+    """Raised from the JSON parser's object hook: more objects than rows allowed."""
 
 
 def _json_table(body: bytes, max_rows: int, schema: Schema) -> pa.Table:
+    objects = 0
+
+    def count(obj: dict) -> dict:  # rows are objects: count them while parsing
+        nonlocal objects
+        objects += 1
+        if objects > max_rows + 2:  # the body's object, its "columns" object, the rows
+            raise _TooManyObjects
+        return obj
+
     try:
-        payload = json.loads(body)
+        payload = json.loads(body, object_hook=count)
+    except _TooManyObjects:
+        raise RequestError(
+            413,
+            f"rows: more than {max_rows} rows (JSON objects); the limit is {max_rows} (--max-rows)",
+        ) from None
+    except RecursionError:
+        raise RequestError(400, "body: JSON nested too deeply (a request nests 4 levels)") from None
     except ValueError as exc:
         raise RequestError(400, f"body: not valid JSON ({exc})") from None
     if not isinstance(payload, dict) or len(payload.keys() & {"rows", "columns"}) != 1:
@@ -95,7 +106,7 @@ def _json_table(body: bytes, max_rows: int, schema: Schema) -> pa.Table:
         rows = payload["rows"]
         if not isinstance(rows, list):
             raise RequestError(400, "rows: expected a list of objects (column: value)")
-        _check_rows(len(rows), max_rows)
+        check_rows(len(rows), max_rows)
         if not rows:
             raise RequestError(400, "rows: the request holds no rows")
         array = _typed_rows(rows, schema)
@@ -113,7 +124,7 @@ def _json_table(body: bytes, max_rows: int, schema: Schema) -> pa.Table:
     lengths = {name: len(values) for name, values in columns.items()}
     if len(set(lengths.values())) > 1:
         raise RequestError(400, f"columns: the lists differ in length ({lengths})")
-    _check_rows(next(iter(lengths.values()), 0), max_rows)
+    check_rows(next(iter(lengths.values()), 0), max_rows)
     arrays = {}
     for name, values in columns.items():
         try:
@@ -165,13 +176,6 @@ def _typed_rows(rows: list, schema: Schema) -> pa.StructArray | None:
         return None
 
 
-def _check_rows(rows: int, max_rows: int) -> None:
-    if rows > max_rows:
-        raise RequestError(
-            413, f"rows: {rows} rows in one request; the limit is {max_rows} (--max-rows)"
-        )
-
-
 def _arrow_message(exc: Exception) -> str:
     if isinstance(exc, OverflowError):
         return "an integer does not fit int64 (JSON ids must be < 2**63; send uint64 as Arrow)"
@@ -189,81 +193,6 @@ def _row_problem(rows: list, exc: Exception) -> str:
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as column_exc:
             return f"rows[*].{name}: {_arrow_message(column_exc)}"
     return f"rows: not convertible to columns ({exc})"
-
-
-def batch_from_table(table: pa.Table, schema: Schema, *, max_rows: int) -> Batch:
-    """The batch of a request table (see the module docstring for the columns).
-
-    Raises:
-        RequestError: 400 naming the column, or 413 for more than ``max_rows`` rows.
-    """
-    _check_rows(table.num_rows, max_rows)
-    if table.num_rows == 0:
-        raise RequestError(400, "rows: the request holds no rows")
-    known = {*schema.labels, *schema.dense, *schema.slots}
-    unknown = [name for name in table.column_names if name not in known]
-    if unknown:
-        raise RequestError(
-            400,
-            f"{unknown[0]}: not a column of the request schema (unknown: {unknown}; dense: "
-            f"{list(schema.dense)}, slots: {list(schema.slots)})",
-        )
-    n = table.num_rows
-    names = set(table.column_names)
-    dense = np.zeros((n, schema.num_dense), np.float64)
-    for j, name in enumerate(schema.dense):
-        if name in names:
-            dense[:, j] = _dense_column(table.column(name).combine_chunks(), name)
-    slots = {
-        name: _slot(table.column(name).combine_chunks(), name)
-        if name in names
-        else Slot(np.empty(0, np.uint64), np.zeros(n + 1, np.int64))
-        for name in schema.slots
-    }
-    return Batch(
-        np.zeros(n, np.float32),
-        transform_dense(dense, schema.dense_transform),
-        slots,
-        np.arange(n, dtype=np.int64),
-    )
-
-
-def _dense_column(column: pa.Array, name: str) -> np.ndarray:
-    kind = column.type
-    if not (
-        pa.types.is_integer(kind)
-        or pa.types.is_floating(kind)
-        or pa.types.is_string(kind)
-        or pa.types.is_null(kind)
-    ):
-        raise RequestError(400, f"{name}: a dense column must hold numbers, got {kind}")
-    values, _, bad = float_column(column)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise RequestError(
-            400, f"{name}: row {row} holds {column[row].as_py()!r}, not a finite number"
-        )
-    return values
-
-
-def _slot(column: pa.Array, name: str) -> Slot:
-    kind = column.type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return string_slot(column, name, None)
-    if pa.types.is_integer(kind):
-        ids = integer_ids(column.fill_null(0).to_numpy(zero_copy_only=False))
-        return slot_from_ids(ids, column.is_valid().to_numpy(zero_copy_only=False), None)
-    if pa.types.is_null(kind):
-        return Slot(np.empty(0, np.uint64), np.zeros(len(column) + 1, np.int64))
-    if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
-        pa.types.is_integer(kind.value_type) or pa.types.is_null(kind.value_type)
-    ):
-        return list_slot(column, None)
-    raise RequestError(
-        400,
-        f"{name}: a slot column must hold strings (hashed), integer ids or lists of "
-        f"integer ids, got {kind}",
-    )
 
 
 def criteo_request_rows(path: str | Path, count: int | None = None) -> list[dict]:

@@ -31,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="requests with more rows get 413 (default 65536)",
     )
     parser.add_argument(
+        "--max-ids",
+        type=int,
+        default=1 << 21,
+        help="requests with more feature ids (all slots together) get 413 (default 2097152)",
+    )
+    parser.add_argument(
         "--torch-threads",
         type=int,
         default=1,
@@ -53,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         poll_s=args.poll_s,
         max_body_bytes=int(args.max_body_mb * (1 << 20)),
         max_rows=args.max_rows,
+        max_ids=args.max_ids,
         torch_threads=args.torch_threads,
         ready_file=args.ready_file,
     )

@@ -16,6 +16,11 @@ disk (:func:`sparseps.checkpoint.inference.chain`) with the served one:
   serving; deltas after it wait for the next base. A ``base-``/``delta-`` folder without a
   manifest is an incomplete save: logged once, ignored until its manifest appears.
 
+At start it serves the newest chain that verifies (and answers the warm-up request):
+a save skipped there (:attr:`Predictor.skipped`) is counted and logged as refused, so a
+restart after a corrupt save serves the chain before it, and polls leave the save alone
+until it is rewritten.
+
 A request reads the reference once (:attr:`ModelWatcher.current`) and uses that model to
 the end, so it never sees a half-applied model.
 """
@@ -89,7 +94,8 @@ class ModelWatcher:
             or of the compiled hashing, costs far more than the next ones).
 
     Raises:
-        CheckpointError: the folder holds no chain that loads (nothing to serve yet).
+        CheckpointError: the folder holds no chain that loads and answers the warm-up
+            (nothing to serve yet).
     """
 
     def __init__(
@@ -111,10 +117,11 @@ class ModelWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warmup = warmup or (lambda predictor: None)
-        first = Predictor(self.directory)
-        self._warm(first)
+        first = Predictor(self.directory, check=self._warm)
         self._current = ServedModel(first, time.time())
         log.info("serving %s: %s", self.directory, self._summary(self._current.predictor))
+        for folder, reason in first.skipped:
+            self._refuse_once(folder.name, _stamp(folder), reason)
 
     @property
     def current(self) -> ServedModel:
@@ -162,6 +169,8 @@ class ModelWatcher:
         extends = wanted[: len(served.saves)] == list(served.saves)
         model = served if extends else None
         todo = wanted[len(served.saves) :] if extends else wanted
+        if self._refused.get(todo[0].name) == _stamp(todo[0]):
+            return False  # refused before and unchanged: what follows it waits for a new base
         if not extends:
             log.info(
                 "%s: the chain is now %s (was %s); loading it",
@@ -235,9 +244,11 @@ class ModelWatcher:
 
 
 def _stamp(folder: Path) -> tuple:
-    """What identifies one version of a save: its manifest's size and mtime."""
+    """What identifies one version of a save: its manifest's file (inode, change time) and
+    size and mtime. A copy of the save made again (``cp -a`` and ``rsync -a`` keep mtimes)
+    is a new file, so a refused save that is delivered again is tried again."""
     try:
         stat = (folder / mf.MANIFEST).stat()
     except OSError:
         return ()
-    return (stat.st_size, stat.st_mtime_ns)
+    return (stat.st_ino, stat.st_ctime_ns, stat.st_size, stat.st_mtime_ns)

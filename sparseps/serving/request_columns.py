@@ -1,0 +1,156 @@
+"""A request's columns -> a :class:`sparseps.data.Batch`, each column checked.
+
+Whatever the body's shape (:mod:`.requests`), it becomes an Arrow table whose columns are
+checked here: names (known to the request schema, none twice), types (a dense column holds
+numbers or numeric text, a slot strings, integer ids or lists of them, a label anything
+flat: it is ignored), feature ids (within ``--max-ids``, counted per column before any is
+hashed or looked up), dense values (finite in float32, the model's input type). The
+conversion is columnar: pyarrow and numpy, no Python loop over rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..data.columns import (
+    float_column,
+    integer_ids,
+    list_slot,
+    slot_from_ids,
+    string_slot,
+    transform_dense,
+)
+from ..data.schema import Batch, Schema, Slot
+from .limits import RequestError, RequestLimits, check_ids, check_rows
+
+__all__ = ["FLOAT32_MAX", "batch_from_table", "check_names", "check_type", "is_list"]
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # dense values reach the model as float32
+_TYPE_TEXT = 80  # characters of an Arrow type shown in a message (nested types grow long)
+
+
+def batch_from_table(
+    table: pa.Table, schema: Schema, *, max_rows: int, max_ids: int = RequestLimits.ids
+) -> Batch:
+    """The batch of a request table (see the module docstring for the columns).
+
+    Raises:
+        RequestError: 400 naming the column, or 413 for more than ``max_rows`` rows or
+            ``max_ids`` feature ids.
+    """
+    check_rows(table.num_rows, max_rows)
+    if table.num_rows == 0:
+        raise RequestError(400, "rows: the request holds no rows")
+    check_names(table.column_names, schema)
+    for field in table.schema:
+        check_type(field.name, field.type, schema)
+    names = set(table.column_names)
+    check_ids(sum(_ids_in(table.column(name)) for name in schema.slots if name in names), max_ids)
+    n = table.num_rows
+    dense = np.zeros((n, schema.num_dense), np.float64)
+    for j, name in enumerate(schema.dense):
+        if name in names:
+            dense[:, j] = _dense_column(table.column(name).combine_chunks(), name)
+    slots = {
+        name: _slot(table.column(name).combine_chunks(), name)
+        if name in names
+        else Slot(np.empty(0, np.uint64), np.zeros(n + 1, np.int64))
+        for name in schema.slots
+    }
+    return Batch(
+        np.zeros(n, np.float32),
+        transform_dense(dense, schema.dense_transform),
+        slots,
+        np.arange(n, dtype=np.int64),
+    )
+
+
+def check_names(names: list[str], schema: Schema) -> None:
+    known = {*schema.labels, *schema.dense, *schema.slots}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise RequestError(
+            400,
+            f"{unknown[0]}: not a column of the request schema (unknown: {unknown}; dense: "
+            f"{list(schema.dense)}, slots: {list(schema.slots)})",
+        )
+    if len(set(names)) < len(names):
+        twice = next(name for name in names if names.count(name) > 1)
+        raise RequestError(
+            400, f"{twice}: the column appears {names.count(twice)} times in the request"
+        )
+
+
+def is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def _type_text(kind: pa.DataType) -> str:
+    text = str(kind)
+    return text if len(text) <= _TYPE_TEXT else text[: _TYPE_TEXT - 3] + "..."
+
+
+def check_type(name: str, kind: pa.DataType, schema: Schema) -> None:
+    """Refuse (400) a column whose type its role (dense, slot, label) cannot hold."""
+    t = pa.types
+    if name in schema.dense:
+        if not (t.is_integer(kind) or t.is_floating(kind) or t.is_string(kind) or t.is_null(kind)):
+            raise RequestError(
+                400, f"{name}: a dense column must hold numbers, got {_type_text(kind)}"
+            )
+    elif name in schema.slots:
+        ids = is_list(kind) and (t.is_integer(kind.value_type) or t.is_null(kind.value_type))
+        one = t.is_string(kind) or t.is_large_string(kind) or t.is_integer(kind)
+        if not (ids or one or t.is_null(kind)):
+            raise RequestError(
+                400,
+                f"{name}: a slot column must hold strings (hashed), integer ids or lists "
+                f"of integer ids, got {_type_text(kind)}",
+            )
+    elif not (
+        t.is_integer(kind) or t.is_floating(kind) or t.is_boolean(kind) or t.is_null(kind)
+        or t.is_string(kind) or t.is_large_string(kind)
+    ):  # fmt: skip
+        raise RequestError(
+            400, f"{name}: a label column (ignored) must hold numbers, got {_type_text(kind)}"
+        )
+
+
+def _ids_in(column: pa.ChunkedArray) -> int:
+    """Feature ids of a slot column: its non-null values, or the values of its lists."""
+    if is_list(column.type):
+        return int(pc.sum(pc.list_value_length(column)).as_py() or 0)
+    return len(column) - column.null_count
+
+
+def _dense_column(column: pa.Array, name: str) -> np.ndarray:
+    values, _, bad = float_column(column)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise RequestError(
+            400, f"{name}: row {row} holds {column[row].as_py()!r}, not a finite number"
+        )
+    beyond = np.abs(values) > FLOAT32_MAX  # finite in float64, infinite as the model's input
+    if beyond.any():
+        row = int(np.flatnonzero(beyond)[0])
+        raise RequestError(
+            400,
+            f"{name}: row {row} holds {column[row].as_py()!r}, beyond float32 (the model's "
+            f"input type; its largest value is {FLOAT32_MAX:.7g})",
+        )
+    return values
+
+
+def _slot(column: pa.Array, name: str) -> Slot:
+    """A slot column (its type already checked by :func:`check_type`) as a slot."""
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return string_slot(column, name, None)
+    if pa.types.is_integer(kind):
+        ids = integer_ids(column.fill_null(0).to_numpy(zero_copy_only=False))
+        return slot_from_ids(ids, column.is_valid().to_numpy(zero_copy_only=False), None)
+    if is_list(kind):
+        return list_slot(column, None)
+    return Slot(np.empty(0, np.uint64), np.zeros(len(column) + 1, np.int64))  # all null
