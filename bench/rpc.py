@@ -330,7 +330,7 @@ def _rereplication_s(cluster, client, universe: np.ndarray, grads: np.ndarray) -
     cluster.replace(1)
     for step in range(100_000):
         client.push("bench", batches[step % len(batches)], grads).wait()
-        if 1 in client.live_copies(1) and 1 in client.live_copies(0):
+        if 1 in client.views.members(1) and 1 in client.views.members(0):
             return time.perf_counter() - started
         if time.perf_counter() - started > 300:
             break

@@ -7,8 +7,10 @@ servers of its *chain*::
 
     chain(s) = [s, s + 1, ..., s + R]   (mod S)
 
-The first live server of the chain is the shard's acting primary (it answers pulls and
-writes the shard's files); every live copy applies every update. Server ``r`` therefore
+The copies of a shard form a chain in the order of their *view* (the chain's order at the
+start; a replacement joins at its end): the first live copy is the shard's *head*, which
+takes every write, orders it and passes it down the chain (:mod:`sparseps.server.shard_chain`).
+Server ``r`` therefore
 holds its own shard and backups of the ``R`` shards before it: ``hosted(r) = [r, r - 1,
 ..., r - R]``. One copy per server per shard keeps ``R < S``: a lost server costs each
 shard at most one copy.
@@ -19,6 +21,8 @@ from __future__ import annotations
 from ..errors import ConfigError, SparsePSError
 
 __all__ = [
+    "ChainGapError",
+    "NotHeadError",
     "RecoveringError",
     "ReplicaRefusal",
     "ShardBusyError",
@@ -72,3 +76,13 @@ class StaleEpochError(ReplicaRefusal):
 
 class RecoveringError(ReplicaRefusal):
     """This copy is still being copied from a survivor: use another copy."""
+
+
+class NotHeadError(ReplicaRefusal):
+    """This copy does not take writes for the shard (its head is another, live copy):
+    refresh the view with ``shard_info`` and send to the head."""
+
+
+class ChainGapError(ReplicaRefusal):
+    """A write passed down a shard's chain skipped some earlier one: the sender passes on
+    again every write this copy has not acknowledged."""

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .protocol import Reply
+from .protocol import Forward, Reply
 
 if TYPE_CHECKING:
     from .reply_slots import ReplySlots
@@ -31,5 +31,9 @@ class Call:
     retries_left: int = 0
     shard: int | None = None  # a replica's shard (None: the server's own)
     epoch: int | None = None  # the sender's epoch of the shard (replicated writes)
+    # a write one copy of a replicated shard passes on to the next: the writer's client
+    # id (the update's (client, seq) travels along the chain) and its place in the order
+    client: int | None = None
+    forward: Forward | None = None
     # (segment's mapping, index): the reply slot offered for its answer (reply_slots)
     slot: tuple[ReplySlots, int] | None = None

@@ -45,7 +45,7 @@ from .call import Call
 from .channel_links import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, ServerLinks
 from .channel_receive import ReceivingByWaiters
 from .ops import OPS, UPDATE_OPS, OpSchema
-from .protocol import Limits, Reply, encode_request, peek_request_id
+from .protocol import Forward, Limits, Reply, encode_request, peek_request_id
 from .reply_slots import DEFAULT_SLOT_BYTES, SlotOffers, worth_a_slot
 from .security import Security
 
@@ -54,6 +54,11 @@ __all__ = ["HEARTBEAT_IVL_MS", "HEARTBEAT_TIMEOUT_MS", "Call", "Channel"]
 log = logging.getLogger(__name__)
 
 _POLL_MS = 50
+
+
+def _client_of(call: Call, own: int) -> int:
+    """The client id an update is sent under: its writer's when passed on, else ours."""
+    return own if call.client is None else call.client
 
 
 def _nudged(fd: int) -> bool:
@@ -185,6 +190,8 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         shard: int | None = None,
         seq: int | None = None,
         epoch: int | None = None,
+        client: int | None = None,
+        forward: Forward | None = None,
     ) -> Call:
         """Queue one request to server ``rank``; returns its :class:`Call` at once.
 
@@ -193,6 +200,9 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
             seq: an update's sequence number from :meth:`next_seq` (the copies of one
                 update share it); default: a fresh one.
             epoch: the sender's epoch of the shard (a replicated write).
+            client: the update's client id when it is not this channel's (a write one
+                copy of a shard passes on to the next keeps its writer's ``(client, seq)``).
+            forward: a write passed on along a replicated shard's chain.
         """
         if self._closing.is_set():
             raise UnavailableError(
@@ -214,7 +224,10 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
                 setting="PSClient(max_in_flight=...)",
             )  # fmt: skip
         call = Call(next(self._ids), rank, op, table, shard=shard, epoch=epoch, slot=slot)
-        if op in UPDATE_OPS:
+        call.client, call.forward = client, forward
+        if client is not None:  # another client's update, passed on: its (client, seq)
+            call.seq = seq
+        elif op in UPDATE_OPS:
             call.seq = next(self._seqs) if seq is None else seq
             call.retries_left = self.update_retries
             if call.retries_left:
@@ -240,8 +253,8 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         try:
             frames = encode_request(
                 call.op, call.id, call.table, bufs, args, job=self.job_id,
-                client=None if call.seq is None else self.client_id, seq=call.seq,
-                shard=call.shard, epoch=call.epoch,
+                client=None if call.seq is None else _client_of(call, self.client_id),
+                seq=call.seq, shard=call.shard, epoch=call.epoch, forward=call.forward,
                 slot=None if call.slot is None else (call.slot[0].segment, call.slot[1]),
             )  # fmt: skip
         except BaseException:

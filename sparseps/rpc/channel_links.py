@@ -163,13 +163,15 @@ class ServerLinks:
                          endpoint)  # fmt: skip
             done.set()
 
-    def mark_lost(self, rank: int, why: str) -> None:
-        """Treat server ``rank`` as lost (it answered that it cannot serve: a replacement
-        still copying); done by the I/O thread."""
+    def mark_lost(self, rank: int, why: str, timeout: float = 10.0) -> None:
+        """Treat server ``rank`` as lost (it does not answer: a port nobody serves any
+        more); done by the I/O thread, which this waits for (at most ``timeout`` s)."""
         if self._lost[rank] is None:
-            self._revive.append((-1 - rank, threading.Event()))
-            self.nudge()
+            done = threading.Event()
             self._why_lost[rank] = why
+            self._revive.append((-1 - rank, done))
+            self.nudge()
+            done.wait(timeout)
 
     def _serve_revivals(self) -> None:
         while self._revive:
@@ -182,6 +184,7 @@ class ServerLinks:
                 self._dealers[rank], self._monitors[rank] = dealer, monitor
                 self._watch(rank)
                 self._was_connected[rank] = False
+                self._state[rank] = "connecting"
                 self._lost[rank] = None
                 log.info("server %d at %s: connecting again", rank, self.endpoints[rank])
             done.set()
@@ -189,6 +192,11 @@ class ServerLinks:
     def connected(self, rank: int) -> bool:
         """Whether the connection to server ``rank`` is up (as its monitor last said)."""
         return self._state[rank] == "connected"
+
+    def refusing(self, rank: int) -> bool:
+        """Whether server ``rank``'s port refused the last connection attempt (nothing
+        listens there, as its monitor last said)."""
+        return self._state[rank] == _EVENTS[zmq.EVENT_CONNECT_RETRIED]
 
     def lost(self, rank: int) -> str | None:
         """Why server ``rank`` is lost (``detect_loss``), or None."""

@@ -43,29 +43,29 @@ Example::
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 
 from .. import env
-from ..core.replicas import chain, check_replicas
+from ..core.replicas import check_replicas
 from ..core.validate import check_key_array
 from ..errors import ConfigError
 from .batching import merge_by_group
-from .channel import Call, Channel
+from .channel import Channel
 from .client_checks import check_counts_or_none, check_finite_rows, check_merged
 from .client_cluster import ClientCluster
 from .client_dense import ClientDense
 from .client_rows import ClientRows
 from .client_tables import ClientTables
 from .handle import Handle, completed
-from .ops import SHARD_WRITE_OPS, UPDATE_OPS
+from .ops import UPDATE_OPS
 from .placed import DEFAULT_PLACEMENT_RETRY_S, PlacementRouting, RoutedHandle, rows_of
 from .protocol import JOB_ID, Limits
 from .replicated import ShardRequest
 from .reply_slots import DEFAULT_SLOTS, MAX_SLOTS
 from .security import Security, security_from_env
+from .shard_views import ShardViews
 from .table_wide import TableWideRouting
 
 __all__ = ["DEFAULT_MAX_IN_FLIGHT", "DEFAULT_TIMEOUT", "Handle", "PSClient"]
@@ -206,9 +206,6 @@ class PSClient(
         self.timeout = float(timeout)
         self.file_timeout = float(file_timeout)
         self.job_id = job_id
-        # shard -> the epoch of its copies as this client last saw it (replicas)
-        self._epochs = [0] * len(self.endpoints)
-        self._epoch_lock = threading.Lock()
         self._channel = Channel(
             self.endpoints,
             timeout=self.timeout,
@@ -221,6 +218,8 @@ class PSClient(
             detect_loss=self.replicas > 0,
             reply_slots=reply_slots,
         )
+        # replicas: each shard's epoch and copies, head first, as this client last learned
+        self.views = ShardViews(self._channel, len(self.endpoints), self.replicas)
         self._init_placement(follow=follow_placement, retry_s=placement_retry_s)
 
     @property
@@ -259,55 +258,15 @@ class PSClient(
         )
 
     def _shard_request(
-        self, shard: int, op: str, table: str | None, bufs=(), args=None, *, every: bool
+        self, shard: int, op: str, table: str | None, bufs=(), args=None
     ) -> ShardRequest:
-        """Send one shard's request to every live copy (``every``) or to the first one."""
+        """Send one shard's request: to its server, or with replicas to the head of the
+        shard's copies (:mod:`sparseps.rpc.replicated`)."""
         if not self.replicas:
-            call = self._channel.submit(shard, op, table, bufs, args)
-            return ShardRequest(shard, op, [call], every=every)
-        request = ShardRequest(
-            shard, op, [], every=every, router=self,
-            chain=chain(shard, self.num_servers, self.replicas),
-            # the copies of one update share its sequence number: each applies it once
-            seq=self._channel.next_seq() if op in UPDATE_OPS else None,
-            bufs=tuple(bufs), args=args, table=table,
-        )  # fmt: skip
-        live = self.live_copies(shard)
-        if not live:
-            raise request.no_copy_left(self._channel)
-        for rank in live if every else live[:1]:
-            self.resend(request, rank)
-        return request
-
-    # -- ShardRouter (sparseps.rpc.replicated) ------------------------------------------
-
-    def live_copies(self, shard: int) -> list[int]:
-        """The servers holding ``shard`` that this client does not count as lost."""
-        ranks = chain(shard, self.num_servers, self.replicas)
-        return [rank for rank in ranks if self._channel.lost(rank) is None]
-
-    def resend(self, request: ShardRequest, rank: int) -> Call:
-        """Send ``request`` to server ``rank`` (its seq, this client's epoch of the shard)."""
-        shard = request.shard
-        call = self._channel.submit(
-            rank, request.op, request.table, request.bufs, request.args,
-            shard=None if rank == shard else shard, seq=request.seq,
-            epoch=self._epochs[shard] if request.op in SHARD_WRITE_OPS else None,
-        )  # fmt: skip
-        request.calls.append(call)
-        return call
-
-    def refresh(self, shard: int, rank: int) -> None:
-        """Take the epoch and copies of ``shard`` from server ``rank``, reconnecting to a
-        copy this client counted as lost (a replacement that joined)."""
-        call = self._channel.submit(
-            rank, "shard_info", None, shard=None if rank == shard else shard
-        )
-        info = Handle(self._channel, [call], lambda replies: replies[0].result).wait()
-        for member in info["members"]:
-            self._channel.revive(member)
-        with self._epoch_lock:
-            self._epochs[shard] = max(self._epochs[shard], int(info["epoch"]))
+            return ShardRequest(shard, op, [self._channel.submit(shard, op, table, bufs, args)])
+        # an update's every send carries one sequence number: each copy applies it once
+        seq = self._channel.next_seq() if op in UPDATE_OPS else None
+        return self.views.request(shard, op, table, bufs, args, seq)
 
     def _each_shard(
         self,
@@ -315,7 +274,6 @@ class PSClient(
         table: str | None,
         args: dict | None = None,
         *,
-        every: bool,
         timeout: float | None = None,
         shards=None,
     ) -> list:
@@ -326,16 +284,18 @@ class PSClient(
             if self._routing is not None:  # elastic: servers in a move refuse, sent again
                 return self._table_wide(op, table, args, timeout, lambda reply: reply.result)
         shards = range(self.num_servers) if shards is None else shards
-        requests = [self._shard_request(s, op, table, (), args, every=every) for s in shards]
+        requests = [self._shard_request(s, op, table, (), args) for s in shards]
         return Handle(self._channel, requests, lambda replies: [r.result for r in replies]).wait(
             timeout
         )
 
     def request(self, rank: int, op: str, table: str | None = None,
-                bufs: Sequence[np.ndarray] = (), args: dict | None = None) -> Handle:  # fmt: skip
-        """One raw request to server ``rank`` (tools: the elastic driver);
+                bufs: Sequence[np.ndarray] = (), args: dict | None = None, *,
+                shard: int | None = None) -> Handle:  # fmt: skip
+        """One raw request to server ``rank`` (tools: the elastic driver, a replica's
+        rows); ``shard``: the shard when ``rank`` holds it as a backup copy.
         ``wait()`` -> ``(result, buffers)``."""
-        call = self._channel.submit(rank, op, table, tuple(bufs), args)
+        call = self._channel.submit(rank, op, table, tuple(bufs), args, shard=shard)
         return Handle(self._channel, [call], lambda replies: (replies[0].result, replies[0].bufs))
 
     # -- keyed data plane -------------------------------------------------------------
@@ -380,7 +340,7 @@ class PSClient(
         merged, shows, clicks = merge_by_group(inverse, len(grouped), values, shows, clicks)
         if len(grouped) < len(keys):  # only sums of duplicates can overflow
             check_merged(what, grouped, merged, shows, clicks)
-        return self._keyed(op, table, group, (merged, shows, clicks), _none, every=True)
+        return self._keyed(op, table, group, (merged, shows, clicks), _none)
 
     def push(
         self,

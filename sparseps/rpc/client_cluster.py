@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..core.replicas import chain
 from ..errors import ConfigError
 from .client_parts import ClientParts
 from .handle import Handle
@@ -79,10 +78,8 @@ class ClientCluster(ClientParts):
         by_rank = {server["rank"]: server for server in servers}
         elastic = self._table_ranks()
         for shard in range(self.num_servers) if elastic is None else elastic:
-            # a shard counts once, from its acting primary (its first live copy)
-            copies = (
-                (shard,) if elastic is not None else chain(shard, self.num_servers, self.replicas)
-            )
+            # a shard counts once, from its head (the first live copy of its view)
+            copies = (shard,) if elastic is not None else self.views.members(shard)
             holder = next((r for r in copies if r in by_rank), None)
             if holder is None:
                 continue
@@ -96,11 +93,17 @@ class ClientCluster(ClientParts):
         return {"servers": servers, "total": total, "lost": lost}
 
     def replica_status(self) -> list[dict]:
-        """Per shard, what each live copy reports: ``{"shard", "copies": [{"rank", "epoch",
-        "members", "recovering"}, ...]}`` (primary first; one copy without replicas)."""
+        """Per shard, what each copy this client reaches reports: ``{"shard", "copies":
+        [{"rank", "epoch", "members", "recovering", "index"}, ...]}`` (in chain order; one
+        copy without replicas). ``members`` is that copy's view, head first; ``index`` the
+        writes it applied."""
         out = []
         for shard in range(self.num_servers):
-            ranks = self.live_copies(shard) if self.replicas else [shard]
+            ranks = (
+                [r for r in self.views.chain(shard) if self._channel.lost(r) is None]
+                if self.replicas
+                else [shard]
+            )
             calls = [
                 self._channel.submit(
                     rank, "shard_info", None, shard=None if rank == shard else shard

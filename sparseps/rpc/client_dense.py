@@ -2,8 +2,7 @@
 
 A dense table (a model's non-embedding weights: one float32 vector) lives whole on one
 server, the one :func:`sparseps.core.routing.dense_server_of` names for it, so every
-call here is one request to that server's shard (to every live copy when it changes the
-values, to the first for a read). Updates are checked finite before anything is sent: a
+call here is one request to that server's shard (with replicas: to the shard's head). Updates are checked finite before anything is sent: a
 NaN pushed into shared weights would spoil every worker's next pull.
 
 - ``create_dense(name, size, rule, init=None)``: blocks; idempotent for an equal table.
@@ -47,20 +46,18 @@ class ClientDense(ClientParts):
         """Create a dense table of ``size`` floats on its server (idempotent when equal)."""
         bufs = [] if init is None else [check_finite_vector(init, f"create_dense {name!r} init")]
         args = {"size": int(size), "rule": rule.to_dict()}
-        call = self._shard_request(
-            self._dense_rank(name), "create_dense", name, bufs, args, every=True
-        )
+        call = self._shard_request(self._dense_rank(name), "create_dense", name, bufs, args)
         Handle(self._channel, [call], lambda _: None).wait()
 
     def pull_dense(self, name: str) -> Handle:
         """``wait()`` -> float32 ``[size]`` (a fresh writable copy)."""
-        call = self._shard_request(self._dense_rank(name), "pull_dense", name, every=False)
+        call = self._shard_request(self._dense_rank(name), "pull_dense", name)
         return Handle(self._channel, [call], _values)
 
     def _dense_op(self, op: str, name: str, values: np.ndarray, *, pull: bool = False) -> Handle:
         values = check_finite_vector(values, f"{op} {name!r}")
         args = {"pull": True} if pull else None
-        call = self._shard_request(self._dense_rank(name), op, name, [values], args, every=True)
+        call = self._shard_request(self._dense_rank(name), op, name, [values], args)
         return Handle(self._channel, [call], _values if pull else _nothing)
 
     def push_dense(self, name: str, grad: np.ndarray, *, pull: bool = False) -> Handle:
@@ -83,7 +80,7 @@ class ClientDense(ClientParts):
         folder = os.path.abspath(os.fspath(directory))
         shard = self._dense_rank(name)
         return self._each_shard(
-            "save_dense", name, {"directory": folder}, every=False,
+            "save_dense", name, {"directory": folder},
             timeout=self.file_timeout, shards=[shard],
         )[0]["name"]  # fmt: skip
 
@@ -91,7 +88,7 @@ class ClientDense(ClientParts):
         """The owning server restores the dense table from a :meth:`save_dense` file."""
         args = {"path": os.path.abspath(os.fspath(path)), "sha256": sha256}
         self._each_shard(
-            "load_dense", name, args, every=True, timeout=self.file_timeout,
+            "load_dense", name, args, timeout=self.file_timeout,
             shards=[self._dense_rank(name)],
         )  # fmt: skip
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..core.placement import Placement
     from .channel import Channel
     from .replicated import ShardRequest
+    from .shard_views import ShardViews
 
 __all__ = ["ClientParts"]
 
@@ -43,11 +44,12 @@ class ClientParts:
         # client.py: requests to every server, to one shard's copies, to every shard
         def _all(self, op: str, table: str | None = None, args: dict | None = None,
                  timeout: float | None = None, ranks=None) -> list: ...  # fmt: skip
-        def _shard_request(self, shard: int, op: str, table: str | None, bufs=(), args=None,
-                           *, every: bool) -> ShardRequest: ...  # fmt: skip
+        def _shard_request(self, shard: int, op: str, table: str | None, bufs=(),
+                           args=None) -> ShardRequest: ...  # fmt: skip
         def _each_shard(self, op: str, table: str | None, args: dict | None = None, *,
-                        every: bool, timeout: float | None = None, shards=None) -> list: ...  # fmt: skip
-        def live_copies(self, shard: int) -> list[int]: ...
+                        timeout: float | None = None, shards=None) -> list: ...  # fmt: skip
+
+        views: ShardViews
 
         # placed.py: the placement and its refresh (the keyed ops' ``_group`` and
         # ``_keyed`` are declared where they are used, client_rows.py: this module imports

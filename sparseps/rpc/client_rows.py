@@ -10,7 +10,7 @@ writes both back after it:
 - ``write_rows(table, keys, rows, shows=None, clicks=None)``: upsert; each row's
   embedding and state *become* ``rows`` (an overwrite: the caller must be the keys' only
   writer), show/click are added as ``push_delta`` adds them. Keys must be unique. Sent to
-  every live copy of a shard with one sequence number (applied once per copy).
+  head of a shard's copies with one sequence number (applied once per copy).
 
 Server side: :mod:`sparseps.server.row_ops`, :mod:`sparseps.table.full_rows`.
 """
@@ -38,8 +38,8 @@ class ClientRows(ClientParts):
     if TYPE_CHECKING:  # placed.PlacementRouting's keyed ops (see client_parts.py)
 
         def _group(self, keys: np.ndarray, *, dedup: bool = True) -> tuple: ...
-        def _keyed(self, op: str, table: str, group: tuple, columns, finish, *,
-                   every: bool = False) -> RoutedHandle: ...  # fmt: skip
+        def _keyed(self, op: str, table: str, group: tuple, columns, finish
+                   ) -> RoutedHandle: ...  # fmt: skip
 
     def pull_full(self, table: str, keys: np.ndarray) -> RoutedHandle:
         """Embedding and optimizer state of ``keys``; ``wait()`` -> float32
@@ -83,4 +83,4 @@ class ClientRows(ClientParts):
         columns += [np.ascontiguousarray(c[order]) for c in (shows, clicks) if c is not None]
         if shows is None and clicks is not None:  # clicks alone: shows take their default
             columns.insert(1, np.ones(len(keys), np.float32))
-        return self._keyed("write_rows", table, group, columns, lambda _: None, every=True)
+        return self._keyed("write_rows", table, group, columns, lambda _: None)

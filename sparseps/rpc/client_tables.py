@@ -41,11 +41,11 @@ class ClientTables(ClientParts):
             RemoteError: a table of that name exists with a different config (the message
                 names the differing fields and both configs).
         """
-        self._each_shard("create_table", config.name, {"config": config.to_dict()}, every=True)
+        self._each_shard("create_table", config.name, {"config": config.to_dict()})
 
     def decay(self, table: str, rate: float | None = None) -> None:
         """End of day on every server: decay show/click, age unseen rows."""
-        self._each_shard("decay", table, {} if rate is None else {"rate": float(rate)}, every=True)
+        self._each_shard("decay", table, {} if rate is None else {"rate": float(rate)})
 
     def shrink(self, table: str) -> np.ndarray:
         """Delete rows per the lifecycle policy; returns the deleted keys (sorted uint64)."""
@@ -53,7 +53,7 @@ class ClientTables(ClientParts):
         if self._routing is not None:  # elastic: servers in a move refuse, sent again
             parts = self._table_wide("shrink", table, None, None, lambda reply: reply.bufs[0])
         else:
-            calls = [self._shard_request(shard, "shrink", table, every=True)
+            calls = [self._shard_request(shard, "shrink", table)
                      for shard in range(self.num_servers)]  # fmt: skip
             parts = Handle(self._channel, calls,
                            lambda replies: [r.bufs[0] for r in replies]).wait()  # fmt: skip
@@ -75,7 +75,6 @@ class ClientTables(ClientParts):
                 "save",
                 table,
                 {"directory": folder},
-                every=False,
                 timeout=timeout or self.file_timeout,
             )  # fmt: skip
             for record in part
@@ -104,7 +103,7 @@ class ClientTables(ClientParts):
             else:
                 specs.append(os.path.abspath(os.fspath(spec)))
         parts = self._each_shard(
-            "load", table, {"files": specs}, every=True, timeout=timeout or self.file_timeout
+            "load", table, {"files": specs}, timeout=timeout or self.file_timeout
         )
         return {key: sum(part[key] for part in parts) for key in ("rows", "pending", "files")}
 
@@ -113,11 +112,11 @@ class ClientTables(ClientParts):
         :mod:`sparseps.checkpoint.inference`); returns one file record per server."""
         folder = os.path.abspath(os.fspath(directory))
         return self._each_shard(
-            "save_inference", table, {"directory": folder, "mode": mode}, every=False,
+            "save_inference", table, {"directory": folder, "mode": mode},
             timeout=self.file_timeout,
         )  # fmt: skip
 
     def commit_inference(self, table: str) -> None:
         """After an inference save is in place: every server restarts ``table``'s
         changed-rows marker, so the next delta holds only rows changed from now on."""
-        self._each_shard("commit_inference", table, every=True)
+        self._each_shard("commit_inference", table)

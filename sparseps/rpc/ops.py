@@ -156,16 +156,32 @@ OPS: dict[str, OpSchema] = {
         answer=_FILE_RECORD,
     ),
     "commit_inference": OpSchema(table=True, args=_PLACED),
-    # replicated shards (sparseps.server.replica_ops): a shard's epoch and live copies; a
-    # copy paused and saved for a replacement server; the replacement is in sync
+    # replicated shards (sparseps.server.shard_chain): a copy's view of its shard (epoch,
+    # copies head first, writes applied); the head paused and saved for a replacement
+    # server; the replacement is in sync and joins the chain's end
     "shard_info": OpSchema(
-        answer={"shard": _INT, "epoch": _INT, "members": (list,), "recovering": (bool,)}
+        answer={
+            "shard": _INT,
+            "epoch": _INT,
+            "members": (list,),
+            "recovering": (bool,),
+            "index": _INT,
+        }
     ),
     "replicate": OpSchema(
         args={"directory": ((str,), True), "rank": ((int,), True)},
-        answer={"tables": (dict,), "dense": (dict,), "applied": (list,), "epoch": _INT},
+        answer={
+            "tables": (dict,),
+            "dense": (dict,),
+            "applied": (list,),
+            "epoch": _INT,
+            "index": _INT,
+        },
     ),
-    "replicate_done": OpSchema(args={"rank": ((int,), True), "epoch": ((int,), True)}),
+    "replicate_done": OpSchema(
+        args={"rank": ((int,), True), "epoch": ((int,), True)},
+        answer={"epoch": _INT, "members": (list,)},
+    ),
     # elastic jobs (sparseps.server.elastic_ops): placement over virtual shards, live moves
     "get_placement": OpSchema(answer={"version": _INT, "tables": (dict,)}),
     "set_placement": OpSchema(
@@ -194,8 +210,9 @@ PLACED_OPS = frozenset(op for op, schema in OPS.items() if "placement_version" i
 # Ops that change a table by adding to it (write_rows: its counters): sent with (client, seq) and applied once per
 # seq, so that a request sent again after a timeout cannot be applied twice.
 UPDATE_OPS = frozenset({"push", "push_delta", "write_rows", "push_dense", "push_dense_delta"})
-# Ops that change a shard: with replicas they go to every live copy, carry the sender's
-# epoch, and wait while a copy is paused for a replacement (sparseps.server.replica_ops).
+# Ops that change a shard: with replicas they go to the shard's head, carry the sender's
+# epoch, and pass along the shard's chain of copies in the head's order
+# (sparseps.server.shard_chain).
 SHARD_WRITE_OPS = UPDATE_OPS | frozenset(
     {"set_dense", "create_table", "create_dense", "decay", "shrink", "load", "load_dense",
      "commit_inference"}

@@ -169,7 +169,7 @@ class PlacementRouting(ClientParts):
         return request.rank not in {int(routing[1][r]) for r in newest.live_ranks()}
 
     def _send_keyed(self, op: str, table: str, grouped: np.ndarray, offsets: np.ndarray,
-                    columns: Sequence[np.ndarray], routing, *, every: bool) -> list:  # fmt: skip
+                    columns: Sequence[np.ndarray], routing) -> list:  # fmt: skip
         """One request per owner with keys (one to the first owner when there are none):
         ``[(positions, request)]``; ``routing`` None: by shard (``server_of``)."""
         if not len(grouped):
@@ -184,7 +184,7 @@ class PlacementRouting(ClientParts):
             bufs = [grouped[lo:hi], *(c[lo:hi] for c in columns)]
             request: Call | ShardRequest
             if routing is None:
-                request = self._shard_request(owner, op, table, bufs, every=every)
+                request = self._shard_request(owner, op, table, bufs)
             else:
                 request = self._channel.submit(int(routing[1][owner]), op, table, bufs)
             out.append((slice(lo, hi), request))
@@ -208,11 +208,11 @@ class PlacementRouting(ClientParts):
         return out
 
     def _keyed(self, op: str, table: str, group: tuple, columns: Sequence[np.ndarray],
-               finish: Callable[[list], object], *, every: bool = False) -> RoutedHandle:  # fmt: skip
+               finish: Callable[[list], object]) -> RoutedHandle:  # fmt: skip
         """Send a keyed op: ``group`` = :meth:`_group`'s answer, ``columns`` aligned with
         its grouped keys; ``finish`` gets ``[(positions, reply)]``."""
         grouped, offsets, _, routing = group
-        parts = self._send_keyed(op, table, grouped, offsets, columns, routing, every=every)
+        parts = self._send_keyed(op, table, grouped, offsets, columns, routing)
         return RoutedHandle(
             self, op, table, keys=grouped, columns=columns, parts=parts, finish=finish
         )

@@ -6,6 +6,7 @@ A request is a zmq multipart message::
                            "bufs": [[dtype, shape], ...], "args": {str: small value},
                            "job": str (optional), "client": int, "seq": int (optional),
                            "shard": int (optional), "epoch": int (optional),
+                           "forward": [index, [rank, ...]] (optional),
                            "slot": [segment, index] (optional)}
     frame 1.. one raw little-endian buffer per entry of "bufs", in order
 
@@ -16,6 +17,9 @@ idempotent: a server applies each ``(client, seq)`` of an update op once, so a r
 sent again after a timeout cannot be applied twice. ``shard`` names the shard a request is
 for when the server holds it as a replica (``--replicas``); absent, the server's own.
 ``epoch`` is the sender's view of a replicated shard's copies (see ``replica_ops``).
+``forward`` marks a write that a copy of a replicated shard passes on to the next copy of
+its chain: the write's place in the shard's order (``index``) and the copies of the
+shard at ``epoch``, head first (:mod:`sparseps.server.shard_chain`).
 ``slot`` offers a same-host client's shared memory for the answer (:mod:`.reply_slots`).
 
 A reply has the same shape: ``{"v", "id", "ok": bool, "error": {"type", "message",
@@ -52,6 +56,7 @@ from .wire_buffers import buffer_header, decode_buffers, described_buffers, fram
 __all__ = [
     "HEADER_ROOM",
     "OPS",
+    "Forward",
     "PROTOCOL_VERSION",
     "Limits",
     "OpSchema",
@@ -74,8 +79,11 @@ TABLE_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,256}")
 # Job ids are printed in errors and logs: a short printable token.
 JOB_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 _HEADER_KEYS = frozenset(
-    {"v", "op", "id", "table", "bufs", "args", "job", "client", "seq", "shard", "epoch", "slot"}
-)
+    {"v", "op", "id", "table", "bufs", "args", "job", "client", "seq", "shard", "epoch", "slot",
+     "forward"}
+)  # fmt: skip
+# Copies of one shard a forwarded write may name (replicas + 1; far above any real job).
+MAX_COPIES = 64
 
 
 _LIMITS = Limits()  # the defaults (frozen: one instance serves every call)
@@ -88,6 +96,15 @@ class ReplyArea(Protocol):
     def place(self, bufs: Sequence[np.ndarray]) -> bool:
         """Put ``bufs`` there; False when they do not fit (they then travel as frames)."""
         ...
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A write passed on from one copy of a replicated shard to the next: its ``index``
+    in the shard's order (1, 2, ...) and the shard's copies, head first."""
+
+    index: int
+    members: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,9 @@ class Request:
     seq: int | None = None
     shard: int | None = None  # None: the receiving server's own shard
     epoch: int | None = None  # the sender's view of the shard's copies (replicas)
+    # a write passed on along a replicated shard's chain: its index in the shard's order
+    # and the shard's copies at ``epoch``, head first (sparseps.server.shard_chain)
+    forward: Forward | None = None
     # (segment, index): the reply slot the sender offers (sparseps.rpc.reply_slots); the
     # server resolves it to ``reply_to``, where a handler may build its reply's buffers
     slot: tuple[int, int] | None = None
@@ -142,6 +162,7 @@ def encode_request(
     shard: int | None = None,
     epoch: int | None = None,
     slot: tuple[int, int] | None = None,
+    forward: Forward | None = None,
 ) -> list:
     """Frames of one request; numpy buffers are passed through for zero-copy sends.
 
@@ -153,6 +174,7 @@ def encode_request(
         epoch: the sender's epoch of the shard's copies (a write of a replicated job; a
             copy that moved on refuses an older one); omitted when None.
         slot: ``(segment, index)`` of a reply slot offered for the answer; omitted when None.
+        forward: a write passed on along a replicated shard's chain; omitted when None.
 
     Raises:
         ProtocolError: a buffer has a dtype outside the allowlist or is not contiguous.
@@ -176,6 +198,8 @@ def encode_request(
         header["epoch"] = epoch
     if slot is not None:
         header["slot"] = list(slot)
+    if forward is not None:
+        header["forward"] = [forward.index, list(forward.members)]
     return [msgpack.packb(header), *bufs]
 
 
@@ -353,6 +377,7 @@ def decode_request(
             )
     where = f"op {op!r}"
     slot = _offered_slot(op, schema, header.get("slot"))
+    forward = _forward(op, header.get("forward"))
     arrays = decode_buffers(header.get("bufs", []), frames[1:], limits, where)
     specs = schema.bufs + schema.optional
     if not len(schema.bufs) <= len(arrays) <= len(specs):
@@ -376,7 +401,7 @@ def decode_request(
     args = _check_args(op, schema, header.get("args", {}))
     return Request(
         op=op, id=request_id, table=table, bufs=bufs, args=args, limits=limits,
-        job=job, client=client, seq=seq, shard=shard, epoch=epoch, slot=slot,
+        job=job, client=client, seq=seq, shard=shard, epoch=epoch, slot=slot, forward=forward,
     )  # fmt: skip
 
 
@@ -396,6 +421,25 @@ def _offered_slot(op: str, schema: OpSchema, slot) -> tuple[int, int] | None:
             f"op {op!r}: 'slot' must be [segment, index] (non-negative ints), got {slot!r:.60}"
         )
     return slot[0], slot[1]
+
+
+def _forward(op: str, forward) -> Forward | None:
+    if forward is None:
+        return None
+    if not (
+        isinstance(forward, list)
+        and len(forward) == 2
+        and _is_int(forward[0])
+        and 1 <= forward[0] < (1 << 63)
+        and isinstance(forward[1], list)
+        and 1 <= len(forward[1]) <= MAX_COPIES
+        and all(_is_int(v) and 0 <= v < (1 << 31) for v in forward[1])
+    ):
+        raise ProtocolError(
+            f"op {op!r}: 'forward' must be [index >= 1, [rank, ...] (1-{MAX_COPIES} ranks)], "
+            f"got {forward!r:.80}"
+        )
+    return Forward(forward[0], tuple(forward[1]))
 
 
 def _identity(op: str, header: dict) -> tuple[str | None, int | None, int | None]:

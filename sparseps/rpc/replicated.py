@@ -1,24 +1,28 @@
 """``ShardRequest``: one shard's part of a client call when shards have copies.
 
 Without replicas a shard's request is one call to its server. With ``--replicas R``
-(:mod:`sparseps.core.replicas`) a request goes to the shard's live copies:
+(:mod:`sparseps.core.replicas`) each shard has a chain of copies whose first live one,
+the *head*, takes every request of the shard: it orders the writes and passes each down
+the chain, and answers a write once every live copy has it
+(:mod:`sparseps.server.shard_chain`). The client keeps a *view* of each shard (its epoch
+and its copies, head first, as ``shard_info`` last said) and sends to the view's head.
 
-- *every copy* for what changes a shard (pushes, table creation, loads, decay, ...): an
-  update's copies carry the same ``(client, seq)``, so each copy applies it once even
-  when it is sent again; the request succeeds when every copy that is still alive
-  answered, which is at least one;
-- *one copy* for what reads it (pulls, saves): the first live server of the chain; when
-  that server is lost while the call waits, the request moves to the next live copy.
+What a copy may answer instead, and what the request does then:
 
-While a replacement server joins (:mod:`sparseps.server.replica_ops`) a copy may answer
-that it is paused (the write is sent again a moment later), that the shard moved to a
-later epoch (the client refreshes its view of the copies, reconnects to the new one and
-sends the write to every copy, same ``seq``), or that it is still recovering (it counts
-as lost until a refresh brings it back).
+- the head is lost (its connection dropped): the next copy of the view is asked; a copy
+  whose every predecessor is lost takes the shard over and serves it;
+- ``ShardBusyError`` (the head is paused while a replacement server copies the shard):
+  sent again a moment later;
+- ``NotHeadError``, ``StaleEpochError``, ``RecoveringError`` (the shard's copies changed:
+  another copy took over, a replacement joined, or this one is still being copied): the
+  view is refreshed from the copies (:meth:`ShardRouter.refresh`, which also reconnects to
+  copies this client had counted as lost, such as a replacement on a lost server's port)
+  and the request is sent to the head it names.
 
-A copy that fails for any other reason (a remote error, a timeout) fails the request as
-it would without replicas. When no copy of a shard is left, the error names every server
-of its chain and why each is lost.
+An update keeps its ``(client, seq)`` through all of this, so a copy applies it once
+however often it is sent. A copy that fails for any other reason (a remote error) fails
+the request as it would without replicas; when no copy of a shard answers, the error
+names every server of its chain and why each is lost.
 """
 
 from __future__ import annotations
@@ -33,39 +37,41 @@ from .protocol import Reply
 
 __all__ = ["BUSY_RETRY_S", "ShardRequest", "ShardRouter"]
 
-# How long a write refused by a paused copy waits before it is sent again.
+# How long a request refused by a paused copy, or sent to a copy that does not yet see
+# its head as lost, waits before it is sent again.
 BUSY_RETRY_S = 0.02
+# The refusals after which the client refreshes its view of the shard.
+_VIEW_CHANGED = frozenset({"NotHeadError", "StaleEpochError", "RecoveringError"})
 
 
 class ShardRouter(Protocol):
     """What a :class:`ShardRequest` needs from its client."""
 
-    def live_copies(self, shard: int) -> list[int]: ...
+    def head(self, shard: int) -> int | None: ...
 
     def resend(self, request: ShardRequest, rank: int) -> Call: ...
 
-    def refresh(self, shard: int, rank: int) -> None: ...
+    def refresh(self, shard: int, deadline: float) -> None: ...
 
 
 @dataclass(eq=False)
 class ShardRequest:
-    """The calls sent for one shard.
+    """The calls sent for one shard (the last one is the one waited for).
 
     Attributes:
         shard: the shard.
         op: the op.
         calls: the calls sent so far.
-        every: sent to every live copy (a write) rather than to the first (a read).
-        router: sends it again (same ``seq``), and refreshes the client's view.
-        chain: the servers holding the shard, primary first (for the error message).
-        seq: the update's sequence number shared by its copies (None: not an update).
+        router: sends it again (same ``seq``) and refreshes the client's view (None:
+            a job without replicas).
+        chain: the servers that may hold the shard (for the error message).
+        seq: the update's sequence number, the same on every send (None: not an update).
         bufs, args, table: what is sent.
     """
 
     shard: int
     op: str
     calls: list[Call]
-    every: bool
     router: ShardRouter | None = None
     chain: tuple[int, ...] = ()
     seq: int | None = None
@@ -74,81 +80,60 @@ class ShardRequest:
     table: str | None = None
 
     def done(self) -> bool:
-        return all(call.event.is_set() for call in self.calls)
+        return bool(self.calls) and self.calls[-1].event.is_set()
 
     def forget(self, channel: Channel) -> None:
         for call in self.calls:
             channel.forget(call)
 
     def wait(self, channel: Channel, deadline: float, timeout: float) -> Reply:
-        """The first answering copy's reply (in chain order).
+        """The reply of the shard's head, following the shard's copies as they change.
 
         Raises:
-            UnavailableError: every copy of the shard is lost.
+            UnavailableError: no copy of the shard is left.
             DeadlineError, RemoteError, ProtocolError: as for a single call.
         """
-        pending = list(self.calls)
-        answered: dict[int, Reply] = {}
-        while pending:
-            call = pending.pop(0)
+        while True:
+            call = self.calls[-1]
             try:
-                answered[call.rank] = channel.wait(call, deadline, timeout)
-                continue
+                return channel.wait(call, deadline, timeout)
             except UnavailableError:
-                if channel.lost(call.rank) is None:
+                if self.router is None or channel.lost(call.rank) is None:
                     raise
+                self._send_to_head(channel, deadline)
             except RemoteError as exc:
-                moved = self._moved(channel, call, exc, deadline)
-                if moved is None:
+                kind = exc.remote_type
+                if self.router is None or not (kind == "ShardBusyError" or kind in _VIEW_CHANGED):
                     raise
-                pending += moved
-                continue
-            if not self.every and not answered:  # a read: on to the next live copy
-                pending += self._to_untried(pending)
-        for rank in self.chain or [c.rank for c in self.calls]:
-            if rank in answered:
-                return answered[rank]
-        raise self.no_copy_left(channel)
+                self._pause(channel, call, deadline, kind)
+                if kind == "ShardBusyError":
+                    self.router.resend(self, call.rank)
+                else:
+                    self.router.refresh(self.shard, deadline)
+                    self._send_to_head(channel, deadline)
 
-    def _moved(
-        self, channel: Channel, call: Call, exc: RemoteError, deadline: float
-    ) -> list[Call] | None:
-        """The calls to make after a replication refusal (None: a real failure)."""
+    def _send_to_head(self, channel: Channel, deadline: float) -> None:
+        """Send again to the head of the client's view (refreshing the view when none of
+        its copies is live)."""
         router = self.router
-        if router is None:
-            return None
-        kind = exc.remote_type
-        if kind == "ShardBusyError":
-            if time.monotonic() + BUSY_RETRY_S > deadline:
-                raise DeadlineError(
-                    f"{self.op}: shard {self.shard} stayed paused for a replacement server "
-                    "until the deadline", op=self.op, role="server", rank=call.rank,
-                    address=channel.endpoints[call.rank], seconds=0.0,
-                    setting="PSClient(timeout=...)",
-                )  # fmt: skip
-            time.sleep(BUSY_RETRY_S)
-            return [router.resend(self, call.rank)]
-        if kind == "StaleEpochError":
-            router.refresh(self.shard, call.rank)
-            tried = {c.rank for c in self.calls}
-            again = [router.resend(self, call.rank)]
-            again += [
-                router.resend(self, r) for r in router.live_copies(self.shard) if r not in tried
-            ]
-            return again
-        if kind == "RecoveringError":
-            channel.mark_lost(call.rank, f"it is a replacement still copying shard {self.shard}")
-            return [] if self.every else self._to_untried([])
-        return None
+        assert router is not None
+        rank = router.head(self.shard)
+        if rank is None:
+            router.refresh(self.shard, deadline)
+            rank = router.head(self.shard)
+        if rank is None:
+            raise self.no_copy_left(channel)
+        router.resend(self, rank)
 
-    def _to_untried(self, pending: list[Call]) -> list[Call]:
-        if self.router is None:
-            return []
-        tried = {c.rank for c in self.calls} | {c.rank for c in pending}
-        for rank in self.router.live_copies(self.shard):
-            if rank not in tried:
-                return [self.router.resend(self, rank)]
-        return []
+    def _pause(self, channel: Channel, call: Call, deadline: float, kind: str) -> None:
+        if time.monotonic() + BUSY_RETRY_S > deadline:
+            raise DeadlineError(
+                f"{self.op}: shard {self.shard} found no copy taking its requests before the "
+                f"deadline (server {call.rank} last answered {kind})", op=self.op,
+                role="server", rank=call.rank, address=channel.endpoints[call.rank],
+                seconds=0.0, setting="PSClient(timeout=...)",
+            )  # fmt: skip
+        time.sleep(BUSY_RETRY_S)
 
     def no_copy_left(self, channel: Channel) -> UnavailableError:
         """The error of a shard whose every copy is lost."""

@@ -47,11 +47,13 @@ from .file_ops import FileOps
 from .heap import return_large_frees
 from .log_budget import LogBudget
 from .prefetch import RowPrefetcher
-from .replica_ops import ReplicaOps
+from .relay import Relay, Route
 from .reply_segments import ReplySegments, ServerSlot
 from .row_ops import RowOps
+from .shard_chain import ShardChain
 
 if TYPE_CHECKING:
+    from ..rpc.channel import Channel
     from ..table import DenseTable, SparseTable
 
 __all__ = ["ServerState"]
@@ -60,7 +62,7 @@ __all__ = ["ServerState"]
 _SERVER_OPS = frozenset({"ping", "stop", "stats", "attach_replies"})
 
 
-class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
+class ServerState(FileOps, RowOps, ElasticOps, DenseOps, Closing):
     """The tables of one server and the op handlers.
 
     Args:
@@ -130,7 +132,21 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
                 shard, num_servers, endpoint, job_id=job_id, file_roots=file_roots,
                 disk_dir=folder, replicas=self.replicas, recovering=recovering, holder=rank,
             )  # fmt: skip
-        self._init_replica(self.replicas, recovering=recovering)
+        # this copy's place in its shard's chain of copies (replicas; sparseps.server.shard_chain)
+        self.chain = ShardChain(
+            rank, self.holder, num_servers, self.replicas, recovering=recovering
+        )
+
+    def attach_chain(self, peers: Channel, relay: Relay | None) -> None:
+        """Connect every copy this server holds to the other servers (a replicated job's
+        server process, once its sockets exist)."""
+        for copy in [self, *self.backups.values()]:
+            copy.chain.attach(peers, relay)
+
+    def stop_chains(self) -> None:
+        """Stop passing writes down the shards' chains (at stop, before the peers close)."""
+        for copy in [self, *self.backups.values()]:
+            copy.chain.stop()
 
     def close(self) -> None:
         """Delete the tiered tables' disk files and release the disk dir (at stop, once no
@@ -165,33 +181,41 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
             "without PSClient(job_id=...)) reached this port: stop it, or pass this job's id"
         )
 
-    def handle(self, request: Request) -> tuple[object, list[np.ndarray]]:
+    def handle(
+        self, request: Request, route: Route | None = None
+    ) -> tuple[object, list[np.ndarray]] | None:
         """Run one request; returns ``(result, buffers)`` for the reply. Raises on failure.
 
         An update that carries ``(client, seq)`` is applied once: a repeat (a retry after
         a timeout) is answered ``{"duplicate": True}`` without touching the table.
+
+        With replicas a write is answered once the shard's other copies have it
+        (:mod:`sparseps.server.shard_chain`): with a ``route`` the answer may leave later
+        through the server's relay, and this returns None; without one it waits.
         """
         if request.shard is not None and request.shard != self.rank:
-            return self._backup_of(request).handle(request)
+            return self._backup_of(request).handle(request, route)
         self.count("requests")
         self.check_job(request)
-        with self.admitted(request):
-            return self._run(request)
+        if not self.replicas:
+            return self._run_once(request)[:2]
+        return self.chain.handle(request, route, self._run_once)
 
-    def _run(self, request: Request) -> tuple[object, list[np.ndarray]]:
+    def _run_once(self, request: Request) -> tuple[object, list[np.ndarray], bool]:
+        """``(result, buffers, applied now)``: False for an update applied before."""
         if request.op in FILE_ARGS:
             self.file_guard.check(request)
             with self.file_guard.writing(request):
-                return self._ops[request.op](request)
+                return (*self._ops[request.op](request), True)
         if request.seq is None or request.op not in UPDATE_OPS:
-            return self._ops[request.op](request)
+            return (*self._ops[request.op](request), True)
         client = request.client
         assert client is not None, "decode_request takes client and seq together"
         if not self._applied.begin(client, request.seq):
             self.count("duplicates")
-            return {"duplicate": True}, self._read_back(request)
+            return {"duplicate": True}, self._read_back(request), False
         try:
-            return self._ops[request.op](request)
+            return (*self._ops[request.op](request), True)
         except BaseException:
             self._applied.failed(client, request.seq)
             raise
@@ -293,6 +317,34 @@ class ServerState(FileOps, ReplicaOps, RowOps, ElasticOps, DenseOps, Closing):
             },
             **counters,
         }, []
+
+    # -- replication (sparseps.server.shard_chain) ---------------------------------------
+
+    def _op_shard_info(self, request: Request):
+        return self.chain.info(), []
+
+    def _op_replicate(self, request: Request):
+        """Pause this shard's writes and save it into ``directory`` for server ``rank``."""
+        folder = request.args["directory"]
+
+        def save() -> tuple[dict, dict]:
+            tables: dict[str, dict] = {}
+            for name, entry in list(self._sparse.items()):
+                save = Request(op="save", id=0, table=name, bufs={}, args={"directory": folder})
+                files = self._ops["save"](save)[0]
+                tables[name] = {"config": entry.table.config.to_dict(), "files": files}
+            dense = {}
+            for name, dense_entry in list(self._dense.items()):
+                where = os.path.join(folder, "dense", name)
+                args = {"directory": where}
+                save = Request(op="save_dense", id=0, table=name, bufs={}, args=args)
+                dense[name] = {"spec": dense_entry.spec, "file": self._ops["save_dense"](save)[0]}
+            return tables, dense
+
+        return self.chain.replicate(request.args["rank"], save, self._applied.export()), []
+
+    def _op_replicate_done(self, request: Request):
+        return self.chain.replicate_done(request.args["rank"], request.args["epoch"]), []
 
     # -- sparse tables -----------------------------------------------------------------
 

@@ -35,6 +35,7 @@ import itertools
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -52,6 +53,10 @@ from ..rpc.protocol import (
     read_header,
 )
 from .handlers import ServerState
+from .relay import Relay, Route
+
+if TYPE_CHECKING:
+    from .forwarded import ForwardedWrites
 
 __all__ = ["INLINE_OPS", "RequestLoop", "handler_loop"]
 
@@ -96,10 +101,17 @@ def _error_reply(request_id, exc: BaseException, note: str = "") -> list:
 
 
 def process(
-    state: ServerState, frames: list, limits: Limits, peer: str, header: dict | None = None
-) -> list:
+    state: ServerState,
+    frames: list,
+    limits: Limits,
+    peer: str,
+    header: dict | None = None,
+    identity: bytes | None = None,
+) -> list | None:
     """One request in, reply frames out. Never raises. ``header``: the request's header
-    as :func:`peek_header` read it (not parsed again), or None.
+    as :func:`peek_header` read it (not parsed again), or None. ``identity``: the peer's
+    ROUTER identity: a replicated write answered later goes there through the relay
+    (:mod:`sparseps.server.relay`), and this returns None.
 
     Log lines go through the state's :class:`LogBudget`, so a peer sending bad requests
     in a loop costs a few lines a minute, not one per message. The request's latency is
@@ -107,7 +119,7 @@ def process(
     """
     metrics = server_metrics()
     start = time.perf_counter()
-    reply, op, error = _answer(state, frames, limits, peer, header)
+    reply, op, error = _answer(state, frames, limits, peer, header, identity)
     metrics.observe_op(op, time.perf_counter() - start)
     if error:
         metrics.error(error)
@@ -115,9 +127,14 @@ def process(
 
 
 def _answer(
-    state: ServerState, frames: list, limits: Limits, peer: str, header: dict | None
-) -> tuple[list, str, str]:
-    """``(reply frames, op, error kind or "")`` of one request."""
+    state: ServerState,
+    frames: list,
+    limits: Limits,
+    peer: str,
+    header: dict | None,
+    identity: bytes | None,
+) -> tuple[list | None, str, str]:
+    """``(reply frames or None when answered later, op, error kind or "")`` of one request."""
     try:
         request = decode_request(frames, limits, header=header)
     except ProtocolError as exc:
@@ -131,7 +148,11 @@ def _answer(
         slot = None if request.slot is None else state.replies.slot(*request.slot)
         if slot is not None:  # a same-host client's memory, where the reply's buffers go
             request = dataclasses.replace(request, reply_to=slot)
-        result, bufs = state.handle(request)
+        route = None if identity is None else Route(identity, request.id)
+        answer = state.handle(request, route)
+        if answer is None:  # a replicated write: answered once the other copies have it
+            return None, request.op, ""
+        result, bufs = answer
         detached = request.slot is not None and slot is None  # a segment we do not know
         reply = encode_reply(request.id, result=result, bufs=bufs, slot=slot, detached=detached)
         return reply, request.op, ""
@@ -198,8 +219,12 @@ def handler_loop(
                     continue
                 frames = transport.recv_frames(sock)
                 client, body = frames[0], frames[1:]
-                reply = process(state, body, limits, peer=client.bytes.hex())
-                _send_reply(sock, [client, *reply], state.rank, "pool")
+                identity = client.bytes
+                reply = process(state, body, limits, identity.hex(), identity=identity)
+                if reply is None:  # answered later, through the relay: this thread is free
+                    sock.send(READY)
+                else:
+                    _send_reply(sock, [client, *reply], state.rank, "pool")
             except zmq.ContextTerminated:
                 raise
             except Exception:  # pragma: no cover - a bug here must not silently shrink the pool
@@ -219,6 +244,8 @@ class RequestLoop(Closing):
         state: the server's tables.
         limits: message limits.
         threads: pool size (for the drain at stop).
+        relay: replies made on other threads, which the loop sends (replicated jobs).
+        forwarded: where writes passed down a shard's chain go (replicated jobs).
     """
 
     def __init__(
@@ -228,8 +255,13 @@ class RequestLoop(Closing):
         state: ServerState,
         limits: Limits,
         threads: int,
+        *,
+        relay: Relay | None = None,
+        forwarded: ForwardedWrites | None = None,
     ) -> None:
         self.front = front
+        self.relay = relay
+        self.forwarded = forwarded
         self.back = back
         self.state = state
         self.limits = limits
@@ -255,6 +287,8 @@ class RequestLoop(Closing):
         poller = zmq.Poller()
         poller.register(self.back, zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
+        if self.relay is not None:
+            poller.register(self.relay.inbound, zmq.POLLIN)
         drain_until = None
         accepting_before = None
         while True:
@@ -274,6 +308,8 @@ class RequestLoop(Closing):
                 self._from_pool()
             if self._monitor in events:
                 self._log_disconnect()
+            if self.relay is not None and self.relay.inbound in events:
+                self._relayed()
             if accepting and self.front in events:
                 self._take_requests()
 
@@ -287,6 +323,16 @@ class RequestLoop(Closing):
             if self._waiting_full() or self.state.stop_requested.is_set():
                 return
 
+    def _relayed(self) -> None:
+        """Send the replies other threads made (a burst, then back to the poll)."""
+        assert self.relay is not None
+        for _ in range(_BURST):
+            try:
+                frames = transport.recv_frames(self.relay.inbound, block=False)
+            except zmq.Again:
+                return
+            _send_reply(self.front, frames, self.state.rank, "relay")
+
     def _waiting_full(self) -> bool:
         return len(self.waiting) >= MAX_WAITING or self.waiting_bytes >= self.max_waiting_bytes
 
@@ -296,9 +342,14 @@ class RequestLoop(Closing):
         op = None if header is None else header.get("op")
         if not isinstance(op, str):
             op = None
+        if self.forwarded is not None and header is not None and "forward" in header:
+            self.forwarded.put(client.bytes, body, header)  # applied in order, off the loop
+            return
         if op in ALWAYS_INLINE_OPS or op not in OPS or (op in INLINE_OPS and not self.long_running):
-            reply = process(self.state, body, self.limits, client.bytes.hex(), header)
-            _send_reply(self.front, [client, *reply], self.state.rank, "loop")
+            identity = client.bytes
+            reply = process(self.state, body, self.limits, identity.hex(), header, identity)
+            if reply is not None:  # None: a replicated write, answered through the relay
+                _send_reply(self.front, [client, *reply], self.state.rank, "loop")
         else:
             self._to_pool(frames, long=op not in INLINE_OPS)
 

@@ -33,10 +33,14 @@ from ..env import (
 from ..errors import ConfigError, UnavailableError
 from ..observe.registry import watch_server
 from ..rpc import transport
+from ..rpc.channel import Channel
 from ..rpc.protocol import Limits, Request
 from ..rpc.security import Security, security_from_key_dir
+from .forwarded import ForwardedWrites
 from .handlers import ServerState
-from .loop import RequestLoop, handler_loop
+from .loop import RequestLoop, handler_loop, process
+from .recovery import RECOVER_TIMEOUT_S, recover
+from .relay import Relay
 from .reply_segments import remove_orphans
 
 __all__ = ["DEFAULT_THREADS", "run_from_env", "serve"]
@@ -46,6 +50,8 @@ log = logging.getLogger(__name__)
 # Pool threads for long ops (save, load, shrink, ...); the data plane runs in the loop.
 DEFAULT_THREADS = max(1, min(4, os.cpu_count() or 1))
 _instance = itertools.count()
+# Writes a server may have passed down its shards' chains and not yet had acknowledged.
+PEER_IN_FLIGHT = 1 << 16
 
 
 def _check_args(rank: int, endpoints: Sequence[str], threads: int) -> None:
@@ -166,12 +172,19 @@ def serve(
         log.info("server %d: CURVE transport, job keys from %s", rank, security.key_dir or "memory")
     if ready is not None:
         ready.set()
-    loop = RequestLoop(front, back, state, limits, threads)
+    relay = forwarded = peers = None
+    if replicas:  # the shard chains: writes pass from copy to copy over the peers channel
+        relay = Relay(context, rank)
+        peers = _peers(endpoints, limits, security, job_id)
+        state.attach_chain(peers, relay)
+        forwarded = ForwardedWrites(state, limits, relay, process)
+    loop = RequestLoop(front, back, state, limits, threads, relay=relay, forwarded=forwarded)
     failures: list[BaseException] = []
     if recover:
+        assert peers is not None, "a replacement server has replicas"
         copier = threading.Thread(
             target=_recover, name=f"sparseps-server-{rank}-recover", daemon=True,
-            args=(state, endpoints, limits, security, job_id, file_roots, failures),
+            args=(state, peers, file_roots, failures),
         )  # fmt: skip
         copier.start()
     # /metrics (when the process serves it) reads table sizes from the stats op
@@ -184,6 +197,13 @@ def serve(
         done.set()
         for worker in workers:
             worker.join(timeout=2.0)
+        if forwarded is not None:
+            forwarded.stop()
+        if peers is not None:
+            state.stop_chains()
+            peers.close()
+        if relay is not None:
+            relay.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         front.close()
@@ -203,19 +223,27 @@ def serve(
         raise failures[0]
 
 
-def _recover(state, endpoints, limits, security, job_id, file_roots, failures: list) -> None:
-    """The replacement's copy of its shards; a failure stops the server (and is raised)."""
-    from .recovery import recover
+def _peers(
+    endpoints: Sequence[str], limits: Limits, security: Security | None, job_id: str | None
+) -> Channel:
+    """The server's channel to the other servers (a replicated job): writes passed down
+    the shards' chains, a replacement's copies, and the loss of a peer (its connection
+    dropped) for the copies to act on."""
+    return Channel(
+        endpoints, timeout=RECOVER_TIMEOUT_S, timeout_setting="the servers' chain timeout",
+        max_in_flight=PEER_IN_FLIGHT, limits=limits, security=security, job_id=job_id,
+        detect_loss=True,
+    )  # fmt: skip
 
+
+def _recover(state: ServerState, peers: Channel, file_roots, failures: list) -> None:
+    """The replacement's copy of its shards; a failure stops the server (and is raised)."""
     log.info(
         "server %d: replacement server; copying shard(s) %s from the surviving copies",
         state.rank, ", ".join(map(str, [state.rank, *state.backups])),
     )  # fmt: skip
     try:
-        recover(
-            state, endpoints, limits=limits, security=security, job_id=job_id,
-            directory=file_roots[0] if file_roots else None,
-        )  # fmt: skip
+        recover(state, peers, directory=file_roots[0] if file_roots else None)
     except BaseException as exc:  # the server must not serve a shard it does not hold
         log.error("server %d: %s", state.rank, exc)
         failures.append(exc)
@@ -223,7 +251,9 @@ def _recover(state, endpoints, limits, security, job_id, file_roots, failures: l
 
 
 def _stats(state: ServerState, request: Request) -> dict:
-    result, _bufs = state.handle(request)
+    answer = state.handle(request)
+    assert answer is not None, "without a route an answer is given at once"
+    result = answer[0]
     assert isinstance(result, dict), "the stats op answers a dict"
     return result
 

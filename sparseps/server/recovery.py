@@ -2,16 +2,21 @@
 
 The launcher starts a lost server's replacement on the same rank and port with
 ``SPARSEPS_RECOVER=1``. Its copies start *recovering* (they refuse clients), and this
-module fills each from a surviving copy of that shard, while training goes on against
-the survivors (see :mod:`sparseps.server.replica_ops` for the survivor's side):
+module fills each from the shard's head, while training goes on against the survivors
+(see :mod:`sparseps.server.shard_chain` for the head's side):
 
-``replicate`` (the survivor pauses the shard's writes and saves it into a folder both
-servers see) -> load the files, adopt the applied updates -> ``replicate_done`` (the
-survivor moves to the next epoch with this copy in it and resumes) -> this copy serves.
+``shard_info`` (which copy is the head) -> ``replicate`` (the head pauses the shard's
+writes, waits until every write it passed on is acknowledged, and saves the shard into a
+folder both servers see) -> load the files, adopt the applied updates -> ``replicate_done``
+(the head puts this copy at the end of the shard's chain, in a new epoch, and resumes) ->
+this copy serves, and receives every later write down the chain.
 
-A shard whose every surviving copy fails to answer leaves the replacement unable to
-serve it: that is an error naming each server tried, and the server exits non-zero (the
-launcher then reports the job's data as lost, naming the servers).
+A head that is busy (another replacement copying), or that changed (the old one was lost
+and the next copy took over), is asked again until :data:`RECOVER_TIMEOUT_S`. A shard
+whose every surviving copy fails to answer, or answers what a copy cannot use, leaves
+the replacement unable to serve it: that is an error naming each server tried, and the
+server exits non-zero (the launcher then reports the job's data as lost, naming the
+servers).
 """
 
 from __future__ import annotations
@@ -21,30 +26,40 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
 
 from ..core.replicas import chain
-from ..errors import SparsePSError, UnavailableError
+from ..errors import DeadlineError, ProtocolError, RemoteError, SparsePSError, UnavailableError
 from ..rpc.channel import Channel
-from ..rpc.handle import Handle
-from ..rpc.protocol import Limits, Request
-from ..rpc.security import Security
+from ..rpc.protocol import Request
 from .handlers import ServerState
 
 __all__ = ["RECOVER_TIMEOUT_S", "recover"]
 
 log = logging.getLogger(__name__)
 
-# A survivor's pause and save of one shard (large tables take a while to write).
+# A survivor's pause and save of one shard (large tables take a while to write), and the
+# longest a replacement keeps asking a busy or changing head.
 RECOVER_TIMEOUT_S = 600.0
+_RETRY_S = 0.1
+# How long a copy may take to say which copy is the head.
+_ASK_S = 5.0
+# Refusals of a head that is busy or no longer the head: ask again.
+_AGAIN = frozenset({"ShardBusyError", "NotHeadError", "StaleEpochError", "RecoveringError"})
 
 
-def _call(channel: Channel, rank: int, op: str, shard: int, args: dict) -> dict:
+def _call(
+    channel: Channel, rank: int, op: str, shard: int, args: dict, timeout: float = RECOVER_TIMEOUT_S
+) -> dict:
     """A survivor's answer. The channel holds it to the op's schema (a peer's reply is
     remote input): a malformed one, e.g. from a server of another sparseps version, is a
-    ProtocolError, and the next survivor is tried."""
+    ProtocolError, and that survivor is not asked again."""
     call = channel.submit(rank, op, None, (), args, shard=None if rank == shard else shard)
-    return Handle(channel, [call], lambda replies: replies[0].result).wait(RECOVER_TIMEOUT_S)
+    try:
+        reply = channel.wait(call, time.monotonic() + timeout, timeout)
+    except BaseException:
+        channel.forget(call)
+        raise
+    return reply.result  # type: ignore[return-value]
 
 
 def _load(copy: ServerState, info: dict) -> int:
@@ -68,80 +83,108 @@ def _load(copy: ServerState, info: dict) -> int:
 
 def recover(
     state: ServerState,
-    endpoints: Sequence[str],
+    channel: Channel,
     *,
-    limits: Limits,
-    security: Security | None = None,
-    job_id: str | None = None,
     directory: str | None = None,
+    timeout: float = RECOVER_TIMEOUT_S,
 ) -> None:
-    """Copy every shard ``state`` holds (its own and its backups) from a survivor.
+    """Copy every shard ``state`` holds (its own and its backups) from the shard's head.
 
     Args:
         state: the replacement's state, every copy still recovering.
-        endpoints: the job's servers.
+        channel: the server's channel to the other servers (loss detection on).
         directory: a folder the survivors can write and this server read (default: a
             fresh temporary folder, which works on one host; across hosts a shared one,
             as for checkpoints); emptied afterwards.
+        timeout: how long a shard's copy may take, retries included.
 
     Raises:
-        UnavailableError: no surviving copy of some shard answered.
+        UnavailableError: no surviving copy of some shard could be copied.
     """
-    channel = Channel(
-        endpoints, timeout=RECOVER_TIMEOUT_S, timeout_setting="the recovery timeout",
-        max_in_flight=4, limits=limits, security=security, job_id=job_id, detect_loss=True,
-    )  # fmt: skip
     folder = tempfile.mkdtemp(prefix=f"sparseps-recover-{state.rank}-", dir=directory)
     try:
         for copy in [state, *state.backups.values()]:
-            shard = copy.rank
-            sources = [
-                r for r in chain(shard, state.num_servers, state.replicas) if r != state.rank
-            ]
-            tried = []
-            for source in sources:
-                started = time.perf_counter()
-                where = os.path.join(folder, f"shard-{shard}")
-                try:
-                    info = _call(
-                        channel,
-                        source,
-                        "replicate",
-                        shard,
-                        {"directory": where, "rank": state.rank},
-                    )
-                    rows = _load(copy, info)
-                    _call(
-                        channel,
-                        source,
-                        "replicate_done",
-                        shard,
-                        {"rank": state.rank, "epoch": info["epoch"]},
-                    )
-                except SparsePSError as exc:
-                    tried.append(f"server {source}: {exc}")
-                    log.warning(
-                        "server %d: copying shard %d from server %d failed: %s",
-                        state.rank,
-                        shard,
-                        source,
-                        exc,
-                    )
-                    continue
-                copy.join(info, source)
-                log.info(
-                    "server %d: re-replicated shard %d from server %d: %d rows, %d table(s), "
-                    "%d dense table(s) in %.2f s; epoch %d",
-                    state.rank, shard, source, rows, len(info["tables"]), len(info["dense"]),
-                    time.perf_counter() - started, copy.epoch,
-                )  # fmt: skip
-                break
-            else:
-                raise UnavailableError(
-                    f"server {state.rank}: no surviving copy of shard {shard} could be copied "
-                    f"({'; '.join(tried) or 'no other copy'}); its data is lost",
-                    op="replicate", role="server", rank=state.rank, address=endpoints[state.rank],
-                )  # fmt: skip
+            _copy_shard(state, copy, channel, os.path.join(folder, f"shard-{copy.rank}"), timeout)
     finally:
-        channel.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _copy_shard(
+    state: ServerState, copy: ServerState, channel: Channel, where: str, timeout: float
+) -> None:
+    shard = copy.rank
+    others = [r for r in chain(shard, state.num_servers, state.replicas) if r != state.rank]
+    failed: dict[int, str] = {}  # servers whose answers a copy cannot use
+    deadline = time.monotonic() + timeout
+    last = "no other copy"
+    while True:
+        candidates = [r for r in others if r not in failed and channel.lost(r) is None]
+        head = _head(channel, shard, candidates) if candidates else None
+        if head is None and not candidates:
+            reasons = [f"server {r}: {why}" for r, why in failed.items()]
+            reasons += [f"server {r}: {channel.lost(r)}" for r in others if r not in failed]
+            raise UnavailableError(
+                f"server {state.rank}: no surviving copy of shard {shard} could be copied "
+                f"({'; '.join(reasons) or last}); its data is lost",
+                op="replicate", role="server", rank=state.rank,
+                address=channel.endpoints[state.rank],
+            )  # fmt: skip
+        if time.monotonic() > deadline:
+            raise UnavailableError(
+                f"server {state.rank}: shard {shard} could not be copied within {timeout:g} s "
+                f"(last: {last})", op="replicate", role="server", rank=state.rank,
+                address=channel.endpoints[state.rank],
+            )  # fmt: skip
+        if head is None:
+            time.sleep(_RETRY_S)
+            continue
+        started = time.perf_counter()
+        try:
+            info = _call(
+                channel, head, "replicate", shard, {"directory": where, "rank": state.rank}
+            )
+            rows = _load(copy, info)
+            done = _call(channel, head, "replicate_done", shard,
+                         {"rank": state.rank, "epoch": info["epoch"]})  # fmt: skip
+        except SparsePSError as exc:
+            last = f"server {head}: {exc}"
+            if isinstance(exc, RemoteError) and exc.remote_type in _AGAIN:
+                time.sleep(_RETRY_S)
+            elif not isinstance(exc, UnavailableError):  # malformed, or a real failure
+                failed[head] = str(exc)
+                log.warning(
+                    "server %d: copying shard %d from server %d failed: %s",
+                    state.rank, shard, head, exc,
+                )  # fmt: skip
+            continue
+        copy.chain.join(int(info["index"]), done)
+        log.info(
+            "server %d: re-replicated shard %d from server %d: %d rows, %d table(s), "
+            "%d dense table(s) in %.2f s; epoch %d, copies on servers %s",
+            state.rank, shard, head, rows, len(info["tables"]), len(info["dense"]),
+            time.perf_counter() - started, copy.chain.epoch, list(copy.chain.members),
+        )  # fmt: skip
+        return
+
+
+def _head(channel: Channel, shard: int, ranks: list[int]) -> int | None:
+    """The head of ``shard`` as the newest view among ``ranks`` names it: its first copy
+    that is not this server's and not lost (None: no usable answer yet)."""
+    views = []
+    for rank in ranks:
+        try:
+            info = _call(channel, rank, "shard_info", shard, {}, timeout=_ASK_S)
+        except DeadlineError:  # never connected: a dead server nobody replaced yet
+            channel.mark_lost(rank, f"it did not answer shard_info within {_ASK_S:g} s")
+            continue
+        except (UnavailableError, ProtocolError, RemoteError):
+            continue
+        if not info["recovering"]:
+            views.append((int(info["epoch"]), [int(m) for m in info["members"]]))
+    if not views:
+        return None
+    _, members = max(views)
+    for rank in members:
+        if rank in ranks and channel.lost(rank) is None:
+            return rank
+    return None

@@ -105,8 +105,9 @@ def test_replicas_must_leave_each_copy_its_own_server():
 
 
 def test_a_request_for_a_shard_the_server_does_not_hold_is_refused():
+    from sparseps.core.replicas import NotHeadError
     from sparseps.errors import ProtocolError
-    from sparseps.rpc.protocol import Request
+    from sparseps.rpc.protocol import Forward, Request
     from sparseps.server.handlers import ServerState
 
     state = ServerState(1, 3, "127.0.0.1:1", replicas=1)  # holds shards 1 and 0
@@ -118,9 +119,13 @@ def test_a_request_for_a_shard_the_server_does_not_hold_is_refused():
             state.handle(Request(op="pull", id=2, table="emb", bufs={}, args={}, shard=2))
         with pytest.raises(ProtocolError, match="per-server op"):
             state.handle(Request(op="stats", id=3, table=None, bufs={}, args={}, shard=0))
-        # the backup of shard 0 checks routing as shard 0's owner would
+        # the backup of shard 0 takes writes passed on from its head (server 0), and
+        # checks routing as shard 0's owner would
         state.handle(Request(op="create_table", id=4, table="emb", bufs={},
-                             args={"config": _config().to_dict()}, shard=0))  # fmt: skip
+                             args={"config": _config().to_dict()}, shard=0, epoch=0,
+                             forward=Forward(1, (0, 1))))  # fmt: skip
+        with pytest.raises(NotHeadError, match="server 0 is its head"):  # not from a client
+            state.handle(Request(op="decay", id=7, table="emb", bufs={}, args={}, shard=0))
         keys = POOL[server_of(POOL, 3) == 0][:10]
         (rows,) = state.handle(
             Request(op="pull", id=5, table="emb", bufs={"keys": keys}, args={}, shard=0)

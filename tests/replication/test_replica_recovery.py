@@ -59,8 +59,11 @@ def test_replacement_copies_its_shards_while_pushes_go_on():
             assert time.monotonic() < deadline, status
             # the client reconnects to the replacement on its next write's epoch refusal
         copies = {(s["shard"], c["rank"]): c for s in status for c in s["copies"]}
-        assert not copies[(1, 1)]["recovering"] and copies[(1, 1)]["epoch"] == 1
-        assert copies[(1, 1)]["members"] == [1, 2] == copies[(1, 2)]["members"]
+        # epoch 1: server 2 took shard 1 over (or dropped server 1); epoch 2: the
+        # replacement joined the end of the chain, behind the survivor that stays head
+        assert not copies[(1, 1)]["recovering"] and copies[(1, 1)]["epoch"] == 2
+        assert copies[(1, 1)]["members"] == [2, 1] == copies[(1, 2)]["members"]
+        assert copies[(1, 1)]["index"] == copies[(1, 2)]["index"]
         for _ in range(5):
             push(client)
         # a fresh client (it never saw the loss) reads the same rows, the replacement's
