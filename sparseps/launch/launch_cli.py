@@ -68,9 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="warn when a process writes nothing for this long (default 300)")  # fmt: skip
     add("--rendezvous-timeout-s", dest="rendezvous_timeout_s", type=float, default=300.0,
         help="multi-node: how long launchers wait for each other (default 300)")  # fmt: skip
-    add("--metrics", action=argparse.BooleanOptionalAction, default=True,
+    add("--metrics", action=argparse.BooleanOptionalAction, default=None,
         help="every role and the launcher serve Prometheus /metrics on free ports listed in "
-             "pids.json (default on; --no-metrics turns it off; docs/observability.md)")  # fmt: skip
+             "pids.json (default on, off in a --secure job: plain HTTP; --no-metrics turns "
+             "it off; docs/observability.md)")  # fmt: skip
     add("--status-port", dest="status_port", type=int, default=None, metavar="P",
         help="serve the job's status page on this port of --host (0: a free port; default: "
              "no page)")  # fmt: skip
@@ -218,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "ray":
         from .ray_backend import run as run_on_ray
 
+        args.metrics = True if args.metrics is None else args.metrics
         return run_on_ray(args)
     if args.heter_device and not (args.heter_worker_num or args.heter_workers):
         raise ConfigError("--heter-device: the job has no heter workers (--heter-worker-num H)")
@@ -246,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         heter_worker_num=args.heter_worker_num,
         heter_workers=args.heter_workers,
     )
+    _plain_http(args, secure=spec.secure)
     from ..core.replicas import check_replicas
 
     check_replicas(args.replicas, len(spec.servers), where="--replicas")
@@ -273,6 +276,23 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         out.close()
+
+
+def _plain_http(args: argparse.Namespace, *, secure: bool) -> None:
+    """``/metrics`` and the status page are plain HTTP, which CURVE cannot cover: a secure
+    job serves neither (``--secure`` covers every socket of a job, docs/security.md), and
+    asking for one refuses the launch, saying why."""
+    if not secure:
+        args.metrics = True if args.metrics is None else args.metrics
+        return
+    asked = "--metrics" if args.metrics else "--status-port" if args.status_port is not None else ""
+    if asked:
+        raise ConfigError(
+            f"{asked}: serves plain HTTP, which --secure cannot cover (every socket of a secure "
+            f"job admits only holders of the job's key); drop {asked}, or run the job with "
+            "--no-secure on a trusted network (docs/security.md)"
+        )
+    args.metrics = False
 
 
 def _job_security(spec, *, made_here: bool):
