@@ -46,7 +46,7 @@ import numpy as np
 
 from ..config import TableConfig
 from ..core.placement import Placement, rebalance
-from ..errors import InputError, SparsePSError
+from ..errors import InputError, SparsePSError, UnavailableError
 from .peers import Peers
 
 __all__ = ["STEPS", "MigrationReport", "finish", "install_placement", "migrate", "scale"]
@@ -84,6 +84,7 @@ def install_placement(peers: Peers, placement: Placement, order: Sequence[int] |
                       ranks: Sequence[int] | None = None) -> None:  # fmt: skip
     """Install ``placement`` on ``ranks`` (default: every server it names), ``order``
     first (each of those answers before the next is asked)."""
+    peers.learn(placement.endpoints)
     ranks = list(range(len(placement.endpoints))) if ranks is None else sorted(set(ranks))
     if order is not None:
         ranks = [*order, *(r for r in ranks if r not in set(order))]
@@ -113,6 +114,7 @@ def finish(peers: Peers, new: Placement) -> int:
     on every server of it that answers, then each drops the rows of the shards it does
     not own. Returns the rows dropped. A server that does not answer within a few
     seconds (a drained one, stopped) is skipped."""
+    peers.learn(new.endpoints)
     args, owners = new.to_wire()
     alive = []
     for rank, endpoint in enumerate(new.endpoints):
@@ -157,9 +159,32 @@ def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4, settle_rows: i
     Raises:
         InputError: ``new`` is not the next version of the servers' placement (nor the
             one they are being moved to), or changes the number of virtual shards.
+        UnavailableError: a server of the move died (its connection dropped): raised
+            at once, naming its rank and address and the last step done.
     """
+    done: list[str] = []
+
+    def step(name: str) -> None:
+        done.append(name)
+        if on_step is not None:
+            on_step(name)
+
+    peers.learn(new.endpoints)  # errors name each server by its rank in the job
+    try:
+        return _migrate(peers, new, max_rounds=max_rounds, settle_rows=settle_rows, step=step)
+    except UnavailableError as exc:
+        after = f"after its step {done[-1]!r}" if done else "before its first step"
+        raise UnavailableError(
+            f"migration to placement version {new.version} stopped {after}: {exc}; the move "
+            "is incomplete: run it again once that server runs again, or move to a placement "
+            "without it (every step repeats; docs/elastic.md, 'A server that dies mid-move')",
+            op=exc.op, role=exc.role, rank=exc.rank, address=exc.address,
+        ) from exc  # fmt: skip
+
+
+def _migrate(peers: Peers, new: Placement, *, max_rounds: int, settle_rows: int,
+             step: Callable[[str], None]) -> MigrationReport:  # fmt: skip
     start = time.perf_counter()
-    step = on_step or (lambda name: None)
     current, tables = peers.placement(new.endpoints[0])
     if current is not None and current.version == new.version:
         if not np.array_equal(current.owners, new.owners) or current.endpoints != new.endpoints:
@@ -181,9 +206,9 @@ def migrate(peers: Peers, new: Placement, *, max_rounds: int = 4, settle_rows: i
             end = time.perf_counter()
             return MigrationReport(new.version, 0, 0, 0, 0.0, 0.0, end - start)
     for dst in receivers:  # 1. create
-        client = peers.client(new.endpoints[dst])
-        for config in tables.values():
-            client.create_table(TableConfig.from_dict(config))
+        for name, config in tables.items():
+            config = TableConfig.from_dict(config).to_dict()
+            peers.call(new.endpoints[dst], "create_table", name, (), {"config": config})
         if peers.placement(new.endpoints[dst])[0] is None:  # a new server: the old placement
             install_placement(peers, Placement(current.version, new.endpoints, current.owners),
                               order=[dst], ranks=[dst])  # fmt: skip
@@ -251,6 +276,7 @@ def scale(peers: Peers, endpoints: Sequence[str], ranks: Sequence[int],
     """Spread the virtual shards over ``ranks`` of ``endpoints`` (new servers already
     running at the added addresses); a rank left out is drained (it may be stopped after).
     ``options`` go to :func:`migrate`."""
+    peers.learn(endpoints)
     current = peers.newest(endpoints)
     if current is None:
         raise InputError(f"scale: the servers {list(endpoints)} hold no placement")

@@ -19,7 +19,7 @@ from sparseps.core.placement import Placement, rebalance
 from sparseps.elastic import ElasticClient, install_placement, migrate, scale
 from sparseps.elastic.migrate import STEPS
 from sparseps.elastic.peers import Peers
-from sparseps.errors import DeadlineError, ProtocolError, RemoteError
+from sparseps.errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from sparseps.optim import Adagrad
 from sparseps.rpc.table_wide import MoveRaceError
 from sparseps.server.elastic_ops import ROW_BUFS
@@ -445,3 +445,44 @@ def test_a_move_that_never_ends_fails_table_wide_ops_in_time_and_bad_begins_are_
             assert sorted(p["rank"] for p in client.ping()) == [0, 1]  # both live on
             migrate(peers, new)
             client.decay("emb")
+
+
+# -- a server of the move dies ---------------------------------------------------------------
+
+# How soon a move must fail once its destination's process is gone: the dropped connection
+# is noticed at once (milliseconds); the Peers' timeout (30 s) is what a wait for the dead
+# server used to cost.
+DEATH_BOUND_S = 5.0
+
+
+@pytest.mark.parametrize("killed_after", ["begin", "final_copy"])
+def test_a_destination_killed_mid_move_fails_it_at_once_naming_that_server(killed_after):
+    """A 2 -> 3 grow whose destination (server 2) is SIGKILLed after the begin (its next
+    call is the copy's import) or after the final copy (the bump): the migration raises
+    UnavailableError naming server 2 and its address, the step it stopped after, well
+    within the Peers' 30 s timeout. The job goes on: a migration that leaves the dead
+    server out completes (frozen shards are served again) and rows equal the oracle."""
+    with _elastic_job(_config(), servers=3, ranks=[0, 1]) as job:
+        endpoints, peers = job.endpoints, job.peers
+        with ElasticClient(endpoints[:2]) as client:
+            client.create_table(_config())
+            job.push(client, 0)
+            killed: list[float] = []
+
+            def kill(name: str) -> None:
+                if name == killed_after:
+                    job.cluster.kill(2)
+                    killed.append(time.monotonic())
+
+            with pytest.raises(UnavailableError) as raised:
+                migrate(peers, rebalance(job.placement, [0, 1, 2], endpoints), on_step=kill)
+            took = time.monotonic() - killed[0]
+            error = raised.value
+            print(f"\nkilled after {killed_after}: failed {took * 1000:.1f} ms later: {error}")
+            assert (error.rank, error.address) == (2, endpoints[2])
+            assert f"server 2 at {endpoints[2]}" in str(error)
+            assert f"after its step {killed_after!r}" in str(error)
+            assert took < DEATH_BOUND_S < peers.timeout
+            scale(peers, endpoints, [0, 1])  # the dead server is skipped at once (lost)
+            job.push(client, 1)
+            np.testing.assert_array_equal(client.pull("emb", POOL).wait(), job.oracle.pull(POOL))
