@@ -3,7 +3,8 @@
 ``python -m sparseps.cli launch ... sparseps/online/job.py CONFIG.yaml``: servers serve;
 workers build the model from the config and run :class:`~sparseps.online.driver.OnlineDriver`.
 Worker 0 writes ``MODEL_DIR/status.json`` (``failed`` with the error when the job stops
-on an error, e.g. a split whose done-marker never appeared).
+on an error, e.g. a split whose done-marker never appeared or a damaged ledger, and on an
+internal error, whose traceback then goes to its log).
 
 A script of its own can run the same job with a phase hook and save hooks (the driver's
 ``on_phase`` and ``save_hooks``, e.g. a :class:`sparseps.testing.crash.CrashPoint`, which
@@ -166,8 +167,8 @@ def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> in
     from sparseps.online.model_dir import ModelDir
 
     rank = sps.worker_index()
-    trainer = build_trainer(config)
     try:
+        trainer = build_trainer(config)
         OnlineDriver(
             config, trainer, rank=rank, world=sps.worker_num(), on_phase=on_phase,
             save_hooks=save_hooks, members=_members(config, rank, newcomer), newcomer=newcomer,
@@ -178,6 +179,13 @@ def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> in
             ModelDir(config.model_dir).write_status("failed", error=str(exc))
         print(f"sparseps online: error: {exc}", file=sys.stderr, flush=True)
         return 1
+    except Exception as exc:  # a bug: its traceback goes to the log, status.json says it
+        if rank == 0:
+            ModelDir(config.model_dir).write_status(
+                "failed", error=f"worker 0 stopped on an internal error, {type(exc).__name__}: "
+                f"{exc} (its traceback is in worker 0's log)",
+            )  # fmt: skip
+        raise
     trainer.stop()
     sps.stop()
     return 0

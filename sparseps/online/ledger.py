@@ -16,6 +16,12 @@ its own pass, so a crash between the checkpoint and the ledger append loses noth
 resume restores the record. Hence the effective ledger of a job that crashed and resumed
 equals that of an uninterrupted run: every pass appears once, in order, none skipped.
 A torn last line (a crash mid-append) is ignored on read and cut off on the next append.
+
+Any other damage stops the job before it trains: every line must be a record of one of
+the two kinds, with its fields and their types, in order (:mod:`.ledger_lines`); a line
+that is not, or a file that cannot be read, raises :class:`LedgerError` naming the file,
+the line and what is wrong (``sparseps online`` prints it as its one error line and
+records it in ``status.json``).
 """
 
 from __future__ import annotations
@@ -26,12 +32,23 @@ import os
 from pathlib import Path
 
 from ..errors import CheckpointError
+from .ledger_lines import BadLine, SeqOrder, parse_line
 
-__all__ = ["Ledger"]
+__all__ = ["Ledger", "LedgerError"]
 
 log = logging.getLogger(__name__)
 
 LEDGER = "ledger.jsonl"
+# what a message about a damaged line tells the user to do
+_REPAIR = (
+    "the ledger is damaged: repair or delete that line (one JSON record per line, "
+    'docs/online.md "Model directory"; the model is in the checkpoints, the ledger is its '
+    "history), then run the job again"
+)
+
+
+class LedgerError(CheckpointError):
+    """``ledger.jsonl`` cannot be read: the message names the file, the line and why."""
 
 
 class Ledger:
@@ -49,37 +66,45 @@ class Ledger:
         return cls(Path(model_dir) / LEDGER)
 
     def records(self) -> list[dict]:
-        """Every complete line, in file order (a torn last line is skipped)."""
-        if not self.path.is_file():
+        """Every complete line's record, in file order (a torn last line is skipped).
+
+        Raises:
+            LedgerError: the file cannot be read, or a line is not a record or not in
+                order (:mod:`sparseps.online.ledger_lines`); the message names the line.
+        """
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
             return []
-        data = self.path.read_bytes()
+        except OSError as exc:
+            raise LedgerError(
+                f"{self.path}: cannot read the ledger ({exc.strerror or exc}); it must be a "
+                "readable file of pass records (or absent, for a new model directory)"
+            ) from None
         lines = data.split(b"\n")
         torn = b"" if data.endswith(b"\n") else lines.pop()
         out = []
+        order = SeqOrder()
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise CheckpointError(
-                    f"{self.path}:{number}: not a JSON line (the ledger is damaged; only a "
-                    "torn last line is tolerated)"
-                ) from None
+                record = parse_line(line)
+                order.check(record, number)
+            except BadLine as exc:
+                raise LedgerError(f"{self.path}:{number}: {exc}; {_REPAIR}") from None
+            out.append(record)
         if torn.strip():
             log.warning("%s: ignoring a torn last line (crash during an append)", self.path)
         return out
 
     def passes(self) -> list[dict]:
-        """The effective pass records, ordered by ``seq`` (see the module's rule)."""
-        by_seq: dict[int, dict] = {}
-        for record in self.records():
-            if record.get("kind") == "resume":
-                for seq in [s for s in by_seq if s > record["seq"]]:
-                    del by_seq[seq]
-            elif record.get("kind") == "pass":
-                by_seq[int(record["seq"])] = record
-        return [by_seq[s] for s in sorted(by_seq)]
+        """The effective pass records, ordered by ``seq`` (see the module's rule).
+
+        Raises:
+            LedgerError: the ledger cannot be read (:meth:`records`).
+        """
+        return _effective(self.records())
 
     def append(self, record: dict) -> None:
         """Append one record and fsync it (worker 0 only)."""
@@ -104,7 +129,34 @@ class Ledger:
         ``restored``: the pass record stored in that checkpoint; appended first if the
         ledger lacks it (crash between the checkpoint and the ledger append).
         """
-        effective = {r["seq"]: r for r in self.passes()}
+        records = self.records()
+        effective = {r["seq"] for r in _effective(records)}
         if restored is not None and restored["seq"] not in effective:
-            self.append(restored)
+            held = restored["seq"]
+            following = records[-1]["seq"] + 1 if records else held
+            if held > following:  # appended after them, the record would be out of order
+                raise LedgerError(
+                    f"{self.path}: the newest checkpoint {checkpoint} holds pass seq {held}, "
+                    f"but the ledger's records end before seq {following}: the records of "
+                    f"passes {following}..{held - 1} are missing (lines deleted, or an older "
+                    "copy of the file?); put them back, or move the file away to start the "
+                    "history again with the next pass"
+                )
+            if held == following:
+                self.append(restored)
+            else:  # the ledger starts after it (its first lines were deleted): history lost
+                log.warning("%s: starts after pass seq %d of checkpoint %s; not recorded",
+                            self.path, held, checkpoint)  # fmt: skip
         self.append({"kind": "resume", "seq": seq, "checkpoint": checkpoint})
+
+
+def _effective(records: list[dict]) -> list[dict]:
+    """Per ``seq`` the latest pass record no resume record superseded, by ``seq``."""
+    by_seq: dict[int, dict] = {}
+    for record in records:
+        if record["kind"] == "resume":
+            for seq in [s for s in by_seq if s > record["seq"]]:
+                del by_seq[seq]
+        else:
+            by_seq[record["seq"]] = record
+    return [by_seq[s] for s in sorted(by_seq)]

@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from ..launch import launch_cli
     from ..launch.spec import new_job_id
     from .config import load_config
+    from .ledger import Ledger, LedgerError
     from .lock import ModelDirLock
     from .model_dir import ModelDir
 
@@ -90,13 +91,35 @@ def run(args: argparse.Namespace) -> int:
         # this process names the id
         job_id = new_job_id("sps-ray" if config.job.backend == "ray" else "sps")
         argv = ["--job-id", job_id, *argv]
+    model = ModelDir(config.model_dir)
     # before anything in the folder is touched (the launcher writes MODEL_DIR/log)
     with ModelDirLock(config.model_dir, job_id=job_id):
+        # this run's status from now on: a failure below never shows an earlier run's error
+        model.write_status("starting", job=job_id)
+        try:
+            Ledger.of(config.model_dir).records()  # a damaged ledger: stop before starting
+        except LedgerError as exc:
+            model.write_status("failed", job=job_id, error=str(exc))
+            raise
         code = launch_cli.run(parser.parse_args(argv))
-    status_path = ModelDir(config.model_dir).status_path
-    status = json.loads(status_path.read_text()) if status_path.is_file() else {}
-    if code != 0 and status.get("state") == "failed":
-        print(f"sparseps online: error: {status.get('error')}", file=sys.stderr)
-    elif code == 0:
-        print(f"sparseps online: done; ledger {config.model_dir / 'ledger.jsonl'}", flush=True)
+        if code != 0:
+            status = _status(model)
+            error = status.get("error") if status.get("state") == "failed" else None
+            if not error:  # worker 0 did not record why (it was killed, or never ran the job)
+                error = (f"the job failed (sparseps launch exited with code {code}) before "
+                         "worker 0 recorded why; see the launcher's message above and the "
+                         f"role logs in {config.log_dir}")  # fmt: skip
+                model.write_status("failed", job=job_id, error=error)
+            print(f"sparseps online: error: {error}", file=sys.stderr)
+            return code
+    print(f"sparseps online: done; ledger {config.model_dir / 'ledger.jsonl'}", flush=True)
     return code
+
+
+def _status(model) -> dict:
+    """``status.json`` of ``model`` ({} if absent or unreadable)."""
+    try:
+        status = json.loads(model.status_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}

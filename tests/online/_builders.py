@@ -59,3 +59,8 @@ class ConversionThenClick(Loss):
         loss = F.binary_cross_entropy_with_logits(logits, target, reduction="sum")
         preds = torch.sigmoid(logits).detach().numpy().astype(np.float32)
         return LossOutput(loss, preds, labels)
+
+
+def broken(schema, **params):
+    """A builder that fails as a bug would (not a SparsePSError): test_online_ledger.py."""
+    raise RuntimeError("this model cannot be built (a test's broken builder)")

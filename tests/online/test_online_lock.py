@@ -51,7 +51,8 @@ def _first_jobs_files(model_dir: Path) -> dict[Path, bytes]:
     saving.mkdir(parents=True)
     (saving / "part-0.arrow").write_bytes(b"half written")
     (model_dir / "checkpoints" / ".staging-x").mkdir()
-    (model_dir / "ledger.jsonl").write_text('{"kind": "pass", "seq": 0}\n')
+    record = {"kind": "pass", "seq": 0, "day": "20240101", "pass": 0, "splits": [], "eval": {}}
+    (model_dir / "ledger.jsonl").write_text(json.dumps(record) + "\n")
     return {p: p.read_bytes() for p in model_dir.rglob("*") if p.is_file() and p.name != LOCK_NAME}
 
 

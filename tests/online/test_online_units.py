@@ -10,6 +10,7 @@ import yaml
 from sparseps.errors import ConfigError, DeadlineError
 from sparseps.online import DataLayout, Ledger, load_config
 from sparseps.online.config import OnlineConfig
+from sparseps.online.ledger import LedgerError
 
 BASE = {
     "data": {"root": "stream", "splits_per_pass": 12},
@@ -126,24 +127,47 @@ def test_wait_ready_times_out_naming_the_split(tmp_path):
     assert layout.wait_ready(first, timeout=0.3) == [folder]
 
 
+def _record(seq: int, **extra) -> dict:
+    """A pass record with the fields every ledger line of a pass holds."""
+    return {"kind": "pass", "seq": seq, "day": "20240101", "pass": seq,
+            "splits": [f"stream/20240101/{seq:04d}"], "eval": {"auc": 0.5}, **extra}  # fmt: skip
+
+
 def test_ledger_supersedes_passes_after_the_checkpoint(tmp_path):
     ledger = Ledger(tmp_path / "ledger.jsonl")
     for seq in range(4):
-        ledger.append({"kind": "pass", "seq": seq, "day": "20240101", "pass": seq, "v": "old"})
+        ledger.append(_record(seq, v="old"))
     # restart from the checkpoint of seq 1: passes 2 and 3 are trained again
-    ledger.resume(1, "ckpt-1", {"kind": "pass", "seq": 1, "day": "20240101", "pass": 1})
+    ledger.resume(1, "ckpt-1", _record(1))
     assert [r["seq"] for r in ledger.passes()] == [0, 1]
-    ledger.append({"kind": "pass", "seq": 2, "day": "20240101", "pass": 2, "v": "new"})
+    ledger.append(_record(2, v="new"))
     assert [(r["seq"], r.get("v")) for r in ledger.passes()] == [(0, "old"), (1, "old"), (2, "new")]
 
 
 def test_ledger_restores_the_checkpointed_record_and_survives_a_torn_line(tmp_path):
     ledger = Ledger(tmp_path / "ledger.jsonl")
-    ledger.append({"kind": "pass", "seq": 0, "day": "d", "pass": 0})
+    ledger.append(_record(0))
     with open(ledger.path, "ab") as f:
         f.write(b'{"kind": "pass", "se')  # a crash mid-append
     assert [r["seq"] for r in ledger.passes()] == [0]
     # crash between checkpoint 1 and its ledger line: the resume restores the record
-    ledger.resume(1, "ckpt-1", {"kind": "pass", "seq": 1, "day": "d", "pass": 1})
+    ledger.resume(1, "ckpt-1", _record(1))
     assert [r["seq"] for r in ledger.passes()] == [0, 1]
     assert ledger.path.read_bytes().count(b"\n") == 3  # torn line cut off, 3 whole lines
+
+
+def test_ledger_resume_never_appends_a_record_out_of_order(tmp_path):
+    """The newest checkpoint is ahead of the ledger by more than one pass (lines deleted):
+    the resume refuses, naming the missing passes, and appends nothing; a ledger that
+    starts after the checkpoint's pass (its first lines deleted) gets the resume line only."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    ledger.append(_record(0))
+    before = ledger.path.read_bytes()
+    with pytest.raises(LedgerError, match=r"records of passes 1\.\.2 are missing"):
+        ledger.resume(3, "ckpt-3", _record(3))
+    assert ledger.path.read_bytes() == before
+    later = Ledger(tmp_path / "later.jsonl")
+    later.append(_record(5))
+    later.resume(3, "ckpt-3", _record(3))
+    assert [r["kind"] for r in later.records()] == ["pass", "resume"]
+    assert later.passes() == []
