@@ -1,8 +1,9 @@
 """Streaming (online) training in passes over time-partitioned data (docs/online.md).
 
 ``sparseps online CONFIG.yaml`` runs a job; :class:`OnlineDriver` is its pass loop,
-:class:`Ledger` its record of completed passes, :func:`load_config` its validated config,
-:func:`plan_pass` what each pass saves, :class:`PhaseEvent` what its ``on_phase`` hook gets.
+:class:`Ledger` its record of completed passes (:class:`LedgerError`: a ledger that
+cannot be read), :func:`load_config` its validated config, :func:`plan_pass` what each
+pass saves, :class:`PhaseEvent` what its ``on_phase`` hook gets.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from .config import OnlineConfig, load_config
 from .layout import DataLayout, PassId
-from .ledger import Ledger
+from .ledger import Ledger, LedgerError
 from .phases import PHASES, PhaseEvent
 from .schedule import PassPlan, plan_pass
 from .stream import write_stream
@@ -20,6 +21,7 @@ __all__ = [
     "PHASES",
     "DataLayout",
     "Ledger",
+    "LedgerError",
     "OnlineConfig",
     "PassId",
     "PassPlan",

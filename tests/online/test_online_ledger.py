@@ -21,8 +21,7 @@ import pytest
 from _fakes import FakeDriver, FakeTrainer, fake_config
 from _onlinetools import clean_env, online_argv, run_online, write_config
 
-from sparseps.online import Ledger
-from sparseps.online.ledger import LedgerError
+from sparseps.online import Ledger, LedgerError
 
 pytestmark = pytest.mark.timeout(300)
 
