@@ -1,6 +1,8 @@
-"""Worker-to-worker collectives over ``torch.distributed`` (gloo), sized for sparse data.
+"""Worker-to-worker collectives over ``torch.distributed``, sized for sparse data.
 
-Servers are not in this group. With no process group initialised (or a group of one)
+The group is the job's workers': gloo, or in a ``--secure`` job sparseps' CURVE group
+(:mod:`sparseps.launch.curve_group`; :func:`sparseps.launch.rendezvous.worker_backend`
+chooses), so nothing here knows which. Servers are not in this group. With no process group initialised (or a group of one)
 every function degenerates to the local value, so single-worker code needs no branches.
 
 Every function takes ``timeout`` (seconds): the trainer passes
@@ -147,7 +149,7 @@ def all_to_all_rows(
     ``array`` is grouped by destination (rank order) with ``send_counts[j]`` rows for
     worker j; returns ``(received, recv_counts)``: the rows every worker sent here,
     concatenated in rank order, and how many came from each. uint64 travels as int64.
-    Two collectives (the counts, then the rows; gloo's ``all_to_all_single``), one when
+    Two collectives (the counts, then the rows; ``all_to_all_single``), one when
     the caller knows ``recv_counts`` (e.g. the reply to an earlier exchange).
     """
     if world_size() == 1:

@@ -272,7 +272,7 @@ class CurveGroup(dist.ProcessGroup):
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         source = _one("all_gather", input_tensors)
-        outs = list(output_tensors[0])
+        outs = [out.detach() for out in output_tensors[0]]
         if len(outs) != self.size():
             raise ValueError(f"all_gather: {len(outs)} output tensors for {self.size()} ranks")
         for out in outs:
@@ -281,7 +281,7 @@ class CurveGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         source = _one("all_gather_single", [input])
-        _check("all_gather_single", output)
+        output = _one("all_gather_single", [output])
         if output.numel() != source.numel() * self.size() or output.dtype != source.dtype:
             raise ValueError("all_gather_single: the output must hold size x the input "
                              f"({source.numel()} x {self.size()} {source.dtype})")  # fmt: skip
@@ -306,8 +306,7 @@ class CurveGroup(dist.ProcessGroup):
         return self._submit(op, run, result)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        _check("all_to_all_single", input)
-        _check("all_to_all_single", output)
+        input, output = _one("all_to_all_single", [input]), _one("all_to_all_single", [output])
         size = self.size()
         sends = _pieces("input", input, input_split_sizes, size)
         recvs = _pieces("output", output, output_split_sizes, size)
@@ -355,7 +354,7 @@ class CurveGroup(dist.ProcessGroup):
     def gather(self, output_tensors, input_tensors, opts=None):
         source = _one("gather", input_tensors)
         root = 0 if opts is None else opts.rootRank
-        outs = list(output_tensors[0]) if self.rank() == root else []
+        outs = [out.detach() for out in output_tensors[0]] if self.rank() == root else []
         flat = source.view(-1)
 
         def run(seq: int, deadline: float) -> None:
@@ -373,7 +372,7 @@ class CurveGroup(dist.ProcessGroup):
     def scatter(self, output_tensors, input_tensors, opts=None):
         target = _one("scatter", output_tensors)
         root = 0 if opts is None else opts.rootRank
-        ins = [t.view(-1) for t in input_tensors[0]] if self.rank() == root else []
+        ins = [t.detach().view(-1) for t in input_tensors[0]] if self.rank() == root else []
         flat = target.view(-1)
 
         def run(seq: int, deadline: float) -> None:
@@ -470,11 +469,12 @@ def _reduction(op: str, opts) -> Callable[[torch.Tensor, torch.Tensor], object]:
 
 
 def _one(op: str, tensors) -> torch.Tensor:
+    """The one tensor of a call, detached (collectives write into parameters too)."""
     tensors = list(tensors)
     if len(tensors) != 1:
         raise ValueError(f"{op}: the secure group takes one tensor per call, got {len(tensors)}")
     _check(op, tensors[0])
-    return tensors[0]
+    return tensors[0].detach()
 
 
 def _pieces(what: str, tensor: torch.Tensor, splits, size: int) -> list[torch.Tensor]:

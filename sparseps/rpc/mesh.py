@@ -381,18 +381,17 @@ class Mesh:
     def _teardown(self, *, flush: bool) -> None:
         # PUSHes first, flushed to live peers (their term() waits for it), the PULL last:
         # a peer sees this rank's links close only after its last messages went out.
-        for monitor in self._monitors:
-            monitor.close(linger=0)
-        if not hasattr(self, "_auth"):  # the authenticator did not start
-            self._out.term()
-            self._in.term()
-            return
         for peer, sock in self._pushes.items():
             with contextlib.suppress(zmq.ZMQError):
                 sock.disable_monitor()
             live = flush and peer not in self._gone
             sock.close(linger=_CLOSE_LINGER_MS if live else 0)
+        for monitor in self._monitors:
+            monitor.close(linger=0)
         self._out.term()
+        if not hasattr(self, "_auth"):  # the authenticator did not start
+            self._in.term()
+            return
         for name in ("_pull", "_wake_rx", "_wake_tx"):
             inbound = getattr(self, name, None)
             if inbound is not None:

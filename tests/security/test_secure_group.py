@@ -77,6 +77,7 @@ def test_every_collective_matches_the_oracle_on_three_workers(tmp_path, keys):
         assert np.array_equal(got["metrics_sum"], metrics)
         assert got["dense_sum"].tobytes() == ((dense[0] + dense[1]) + dense[2]).tobytes()
         assert got["broadcast"].tolist() == [2] * 5
+        assert got["param_broadcast"].tolist() == [1.0] * 3
         high = np.uint64(1) << np.uint64(63)
         rows = [(np.arange(q * 10, dtype=np.uint64) + high).reshape(-1, 2) for q in range(world)]
         assert np.array_equal(got["gathered"], np.concatenate(rows))

@@ -72,6 +72,9 @@ def _ops(rank: int, world: int) -> dict[str, np.ndarray]:
         rng.standard_normal(30_000), timeout=30
     )  # sync mode's dense gradients (float64 here)
     out["broadcast"] = collectives.broadcast_array(np.full(5, rank, np.int64), src=world - 1)
+    param = torch.nn.Parameter(torch.full((3,), float(rank)))  # a leaf that requires grad
+    dist.broadcast(param, src=1)
+    out["param_broadcast"] = param.detach().numpy()
     rows = (np.arange(rank * 5 * 2, dtype=np.uint64) + (np.uint64(1) << np.uint64(63))).reshape(
         -1, 2
     )
