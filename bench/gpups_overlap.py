@@ -62,7 +62,7 @@ def _job(args) -> None:
                 CRITEO.slots, len(CRITEO.dense), emb_dim=8, hidden=(400, 400, 400),
                 deep_table=f"{prefix}_deep", wide_table=f"{prefix}_wide",
             )  # fmt: skip
-            trainer = sps.Trainer(model, strategy=sps.Strategy(mode="gpups", device="cpu"))
+            trainer = sps.Trainer(model, strategy=sps.Strategy(mode=sps.GpuPS(device="cpu")))
             if prepared:
                 trainer.prefetch_pass(days[1])
             first = trainer.train_from_dataset(days[0], print_period=0)

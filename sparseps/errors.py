@@ -8,8 +8,7 @@ caller can catch one base class. The subclasses say *what kind* of thing broke:
 - :class:`ProtocolError`   a network frame does not follow the wire protocol.
 - :class:`UnavailableError` a peer process is gone or refused the connection.
 - :class:`DeadlineError`   a blocking call waited longer than its limit (names op, peer,
-  seconds and the setting that changes the limit). ``TimeoutError_`` is its old name,
-  kept as a deprecated alias (the same class) for code that catches it.
+  seconds and the setting that changes the limit).
 - :class:`RemoteError`     the peer raised; carries the remote type, message and traceback.
 - :class:`CheckpointError` a model directory is incomplete, corrupt or does not match.
 - :class:`ResourceError`   memory (or another resource) ran out; the operation was undone.
@@ -29,7 +28,6 @@ __all__ = [
     "ResourceError",
     "DeadlineError",
     "SparsePSError",
-    "TimeoutError_",
     "UnavailableError",
 ]
 
@@ -106,9 +104,6 @@ class DeadlineError(_PeerError, TimeoutError):
     seconds: float | None
     setting: str | None
 
-
-# Deprecated: the old name of DeadlineError (the same class), kept because users catch it.
-TimeoutError_ = DeadlineError
 
 
 class RemoteError(_PeerError):

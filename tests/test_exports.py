@@ -7,8 +7,9 @@ import sparseps
 
 EXPECTED = {
     "CheckpointError", "ConfigError", "InputError", "ProtocolError", "RemoteError",
-    "SparsePSError", "DeadlineError", "TimeoutError_", "UnavailableError", "__version__", "errors",
+    "SparsePSError", "DeadlineError", "UnavailableError", "__version__", "errors",
     "Initializer", "Lifecycle", "TableConfig", "PSClient", "Strategy", "Trainer", "Predictor",
+    "Mode", "Sync", "Async", "Geo", "GpuPS", "Heter", "Hybrid",
     "init", "is_heter_worker", "is_server", "is_worker", "worker_index", "worker_num", "server_num",
     "server_endpoints", "run_server", "barrier_worker", "stop", "all_reduce",
     "data", "metrics", "models", "nn", "online", "optim", "testing",
@@ -83,10 +84,10 @@ def test_errors_pickle_with_their_fields():
     assert importlib.import_module("sparseps.errors").SparsePSError in type(back).__mro__
 
 
-def test_timeout_error_is_a_deprecated_alias_of_deadline_error():
-    # users catch the old name: it must stay the very same class
-    assert sparseps.TimeoutError_ is sparseps.DeadlineError
-    assert sparseps.errors.TimeoutError_ is sparseps.errors.DeadlineError
+def test_timeout_error_alias_is_gone():
+    # removed after its deprecation release (CHANGELOG.md): catch DeadlineError
+    assert not hasattr(sparseps, "TimeoutError_")
+    assert not hasattr(sparseps.errors, "TimeoutError_")
 
 
 # sparseps.models is being edited by another change; its 8 unannotated parameters

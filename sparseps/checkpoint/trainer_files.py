@@ -81,7 +81,7 @@ def _write_files(trainer, folder: Path, state: dict, hooks: SaveHooks) -> dict:
     name = trainer.state.save_dense(folder)
     files[name] = mf.file_record(folder / name)
     dense = {"size": trainer.state.dense_size, "rule": trainer.dense_rule.to_dict(), "file": name}
-    full_state = {"passes": trainer.state.passes, "mode": trainer.strategy.mode, **state}
+    full_state = {"passes": trainer.state.passes, "mode": trainer.state.mode_name, **state}
     return mf.write_manifest(
         folder, "sparseps-checkpoint", files, tables=tables, dense=dense, state=full_state
     )

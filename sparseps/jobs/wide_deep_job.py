@@ -26,6 +26,22 @@ from sparseps.models.calibration import ProgressiveCalibrator
 from sparseps.worker.gpups import resolve_device
 
 
+def _mode(args: argparse.Namespace):
+    """The mode the flags describe; ``async`` in a job launched with heter workers is
+    their mode (Heter), with the same push merging."""
+    merge = {"push_merge": args.push_merge, "push_merge_window": args.push_merge_window}
+    if args.mode == "async":
+        from sparseps.role import role_env
+
+        env = role_env()
+        return sps.Heter(**merge) if env is not None and env.heter_workers else sps.Async(**merge)
+    if args.mode == "hybrid":
+        return sps.Hybrid(**merge)
+    if args.mode == "gpups":
+        return sps.GpuPS(device=args.device)
+    return args.mode
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--train", required=True, help="train file or folder (Criteo TSV)")
@@ -34,13 +50,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mode", default="async", choices=["sync", "async", "geo", "gpups", "hybrid"])
     p.add_argument(
         "--push-merge", default=None, choices=["off", "on", "auto"],
-        help="async/hybrid: merge sparse pushes over a window of steps (Strategy.push_merge; "
+        help="async/hybrid: merge sparse pushes over a window of steps (Async.push_merge; "
         "default: the mode's)",
     )  # fmt: skip
-    p.add_argument("--push-merge-window", type=int, default=8, help="Strategy.push_merge_window")
-    p.add_argument(
-        "--device", default="auto", help="gpups mode: cuda, cpu or auto (Strategy.device)"
-    )
+    p.add_argument("--push-merge-window", type=int, default=8, help="Async.push_merge_window")
+    p.add_argument("--device", default="auto", help="gpups mode: cuda, cpu or auto (GpuPS.device)")
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--emb-dim", type=int, default=8)
@@ -136,13 +150,7 @@ def main(argv=None) -> int:
         dense_optimizer=parse_rule(args.dense_rule)
         if args.dense_rule
         else sps.optim.Adam(lr=args.lr),
-        strategy=sps.Strategy(
-            mode=args.mode,
-            prefetch=not args.no_prefetch,
-            device=args.device,
-            push_merge=args.push_merge,
-            push_merge_window=args.push_merge_window,
-        ),  # fmt: skip
+        strategy=sps.Strategy(mode=_mode(args), prefetch=not args.no_prefetch),
     )
     prior = None
     if args.bias_init == "prior":

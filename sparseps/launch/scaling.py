@@ -141,7 +141,11 @@ class JobScaler(WorkerScaling):
         # scaled: every one-node launch serves `sparseps scale`, few jobs use it.
         from ..elastic.peers import Peers
 
-        return Peers(timeout=30.0, job_id=self.job_id or None, security=self.security)
+        # the job's servers by rank, so that an error names the right one
+        return Peers(
+            timeout=30.0, job_id=self.job_id or None, security=self.security,
+            endpoints=self.endpoints,
+        )  # fmt: skip
 
     def servers(self, count: int) -> dict:
         """Grow or shrink to ``count`` live servers; returns the report (module docstring)."""

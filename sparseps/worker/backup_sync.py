@@ -46,7 +46,7 @@ import numpy as np
 
 from ..core import collectives, worker_store
 from ..errors import ConfigError, DeadlineError
-from .modes import SyncMode, register_variant
+from .modes import SyncMode
 
 __all__ = ["BackupSyncMode"]
 
@@ -66,7 +66,7 @@ class BackupSyncMode(SyncMode):
 
     def __init__(self, *args, **kwargs):
         strategy = args[3] if len(args) > 3 else kwargs["strategy"]
-        world, backup = collectives.world_size(), strategy.backup_workers
+        world, backup = collectives.world_size(), strategy.mode.backup_workers
         if backup >= world:
             raise ConfigError(
                 f"Strategy.backup_workers: expected fewer than the {world} worker(s) of this "
@@ -238,6 +238,3 @@ class BackupSyncMode(SyncMode):
             )  # fmt: skip
         self._reset_stats()
         return out
-
-
-register_variant("sync", lambda s: getattr(s, "backup_workers", 0) > 0, BackupSyncMode)

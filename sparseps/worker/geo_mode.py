@@ -11,7 +11,7 @@ from ..config import Lifecycle, TableConfig
 from ..core import collectives
 from ..core.keysets import unique_inverse
 from ..table import DenseTable, SparseTable
-from .modes import DENSE_TABLE, TrainingMode, register_mode
+from .modes import DENSE_TABLE, TrainingMode
 
 __all__ = ["GeoMode"]
 
@@ -48,7 +48,7 @@ class GeoMode(TrainingMode):
             self._register(config)
 
     def _register(self, config: TableConfig) -> None:
-        keep = self.strategy.geo_keep_windows
+        keep = self.config.keep_windows
         # admission happens on the servers; locally every used key is a row. decay_rate 1:
         # the local decay only ages rows (show/click are not used locally).
         lifecycle = (
@@ -89,7 +89,7 @@ class GeoMode(TrainingMode):
             self.local_dense.push(np.ascontiguousarray(dense_grad, np.float32))
             self.dense.set(self.local_dense.pull())
         self.step += 1
-        if self.step % self.strategy.k_steps == 0:
+        if self.step % self.config.k_steps == 0:
             self._sync()
 
     def _sync(self) -> None:
@@ -123,7 +123,7 @@ class GeoMode(TrainingMode):
             for target in (self.local[name], self.base[name]):
                 # move the embedding to the fresh value, keep the optimizer state
                 target.push_delta(keys, fresh - target.pull(keys), shows=zeros, clicks=zeros)
-        if self.strategy.geo_keep_windows is not None:
+        if self.config.keep_windows is not None:
             # local and base saw the same pushes this window, so they drop the same rows
             for name in self.local:
                 for target in (self.local[name], self.base[name]):
@@ -162,6 +162,3 @@ def _rows_columns(table: SparseTable, keys: np.ndarray, embedding: np.ndarray) -
         "unseen_days": np.zeros(n, np.int32),
         "delta_score": np.zeros(n, np.float32),
     }
-
-
-register_mode("geo", GeoMode)

@@ -60,7 +60,7 @@ from .gpups_build import (
     pick_rows,
 )
 from .gpups_table import DeviceTable, bytes_per_key
-from .modes import SyncMode, register_mode
+from .modes import SyncMode
 
 __all__ = ["GpuPsMode", "resolve_device"]
 
@@ -107,7 +107,7 @@ class GpuPsMode(SyncMode):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.device = resolve_device(self.strategy.device, self.rank)
+        self.device = resolve_device(self.config.device, self.rank)
         self.world = max(collectives.world_size(), 1)
         self.configs = {c.name: c for c in sorted(self.tables, key=lambda c: c.name)}
         for config in self.configs.values():
@@ -293,7 +293,7 @@ class GpuPsMode(SyncMode):
     def _check_budget(self, owned: dict, index: int, early: bool) -> bool:
         """Every worker refuses the pass if any worker's shard exceeds the budget; returns
         whether any worker has early rows to send (one collective agrees on both)."""
-        budget = self.strategy.gpups_memory_bytes
+        budget = self.config.memory_bytes
         mine = np.zeros((self.world, 3), np.int64)
         mine[self.rank] = (
             sum(k.size for k in owned.values()),
@@ -447,6 +447,3 @@ def _group_keys(keys: dict[str, np.ndarray], group: list[str]) -> np.ndarray:
                 "pass must carry the same slots"
             )
     return first
-
-
-register_mode("gpups", GpuPsMode)

@@ -31,7 +31,7 @@ from ..rpc.security import security_from_env
 from .heter_ops import HETER_OPS
 from .heter_wire import join, split
 from .losses import LossOutput
-from .modes import AsyncMode, register_mode
+from .modes import AsyncMode
 
 __all__ = ["HeterMode"]
 
@@ -55,7 +55,7 @@ class HeterMode(AsyncMode):
             if self.strategy.rpc_timeout is None
             else self.strategy.rpc_timeout,
             timeout_setting="Strategy.rpc_timeout",
-            max_in_flight=max(4, 2 * self.strategy.heter_window),
+            max_in_flight=max(4, 2 * self.config.window),
             limits=Limits(),
             security=security_from_env(),
             job_id=self.client.job_id,
@@ -73,7 +73,7 @@ class HeterMode(AsyncMode):
         window: collections.deque = collections.deque()
         for item in items:
             window.append(self._send(item, binder))
-            if len(window) >= self.strategy.heter_window:
+            if len(window) >= self.config.window:
                 yield self._finish(window.popleft(), binder)
         while window:
             yield self._finish(window.popleft(), binder)
@@ -141,6 +141,3 @@ class HeterMode(AsyncMode):
         out.update({k: round(v, 4) for k, v in self._seconds.items()})
         self._seconds.clear()
         return out
-
-
-register_mode("heter", HeterMode)

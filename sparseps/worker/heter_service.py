@@ -123,7 +123,8 @@ class HeterService:
         self.device = resolve_device(device, rank, setting="--heter-device", role="heter_worker")
         self.model = trainer.model.to(self.device)
         self.loss = trainer.loss
-        self.strategy = trainer.strategy
+        # the trainers' mode (Heter(), or the trainer's own when set): its dense pulls
+        self.config = trainer.strategy.resolved(heter_workers=True).mode
         self.embeddings = [m for m in self.model.modules() if isinstance(m, SparseEmbedding)]
         if any(m.pooling is None for m in self.embeddings):
             raise ConfigError(
@@ -195,7 +196,7 @@ class HeterService:
             return
         if self._dense_push is not None:  # one in flight: dense updates stay in order
             self._dense_push.wait()
-        pull = self.steps % self.strategy.dense_pull_interval == 0
+        pull = self.steps % self.config.dense_pull_interval == 0
         grad = np.ascontiguousarray(grad)
         self._dense_push = self.client.push_dense(DENSE_TABLE, grad, pull=pull)
         if pull:  # the values after this step come back with it (one round trip)

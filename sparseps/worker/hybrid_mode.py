@@ -32,9 +32,9 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ..core import collectives
-from .modes import WorkerDenseMode, register_mode
+from .modes import WorkerDenseMode
 from .pipeline import PushQueue
-from .push_merge import MergePolicy, policy_of
+from .push_merge import MergePolicy
 
 __all__ = ["HybridMode"]
 
@@ -115,8 +115,5 @@ def _push_queue(client, strategy, world: int) -> PushQueue:
         setting = "Strategy.rpc_timeout (default: the client's timeout, SPARSEPS_RPC_TIMEOUT)"
     return PushQueue(
         client, maxsize=strategy.push_queue_size, timeout=timeout, setting=setting,
-        merge=policy_of(strategy, MergePolicy(window=world, auto=False) if world > 1 else None),
+        merge=strategy.mode.merge_policy(MergePolicy(window=world, auto=False) if world > 1 else None),
     )  # fmt: skip
-
-
-register_mode("hybrid", HybridMode)

@@ -1,10 +1,10 @@
 """Training modes: where rows come from and where gradients go (the interface, async, sync).
 
 A mode object owns the per-step communication of a :class:`~sparseps.worker.trainer.Trainer`.
-:class:`TrainingMode` declares the interface; a mode is registered under a name with
-:func:`register_mode` (``Strategy(mode=name)`` accepts registered names) and is built
-complete by its constructor (the dense parameters made consistent across workers, every
-table of the model known). The trainer never asks which mode it has.
+:class:`TrainingMode` declares the interface; a mode's config
+(:class:`~sparseps.worker.strategy.Mode`: its knobs, ``self.config`` here) builds it, and
+it is complete once constructed (the dense parameters made consistent across workers,
+every table of the model known). The trainer never asks which mode it has.
 
 - ``prefetch_pulls``: whether ``pull_rows`` may run ahead in the prefetch thread;
 - ``begin_pass(dataset, lookups, index)``: before a training pass (gpups builds the
@@ -36,7 +36,6 @@ from ..files.dense_file import load_dense_file, save_dense_file
 from ..table import DenseTable
 from .dense_params import DenseParams
 from .pipeline import PushQueue
-from .push_merge import policy_of
 from .sync_exchange import exchange_headers, gather_sparse_grads, step_header
 
 __all__ = [
@@ -45,9 +44,6 @@ __all__ = [
     "TrainingMode",
     "WorkerDenseMode",
     "make_mode",
-    "mode_names",
-    "register_mode",
-    "register_variant",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,7 +58,8 @@ class TrainingMode(ABC, Closing):
         client: the worker's ``PSClient``.
         dense: the model's dense parameters.
         dense_rule: the dense optimizer rule.
-        strategy: the ``Strategy`` (knobs such as ``k_steps``, timeouts).
+        strategy: the ``Strategy`` (timeouts, the push queue); ``strategy.mode`` is this
+            mode's config (its knobs), kept as ``self.config``.
         rank: this worker's rank.
         tables: every ``TableConfig`` the model reads.
     """
@@ -76,6 +73,7 @@ class TrainingMode(ABC, Closing):
         self.dense = dense
         self.dense_rule = dense_rule
         self.strategy = strategy
+        self.config = strategy.mode
         self.rank = rank
         self.tables = list(tables)
         self.step = 0
@@ -168,7 +166,7 @@ class AsyncMode(TrainingMode):
             setting = "Strategy.rpc_timeout (default: the client's timeout, SPARSEPS_RPC_TIMEOUT)"
         self.queue = PushQueue(
             self.client, maxsize=self.strategy.push_queue_size, timeout=timeout, setting=setting,
-            merge=policy_of(self.strategy),
+            merge=self.config.merge_policy(),
         )  # fmt: skip
         self._dense_push = None
         self._dense_pull = None
@@ -191,7 +189,7 @@ class AsyncMode(TrainingMode):
         # The pull rides on the push (one round trip, the values right after this step).
         if self._dense_push is not None:
             self._dense_push.wait()
-        pull = self.step % self.strategy.dense_pull_interval == 0 and self._dense_pull is None
+        pull = self.step % self.config.dense_pull_interval == 0 and self._dense_pull is None
         self._dense_push = self.client.push_dense(DENSE_TABLE, dense_grad, pull=pull)
         if pull:
             self._dense_pull = self._dense_push
@@ -327,41 +325,13 @@ class SyncMode(WorkerDenseMode):
         self.step += 1
 
 
-# geo, gpups and heter register themselves from their modules (geo_mode.py, gpups.py,
-# heter_mode.py), imported by strategy.py
-_MODES: dict[str, type[TrainingMode]] = {"async": AsyncMode, "sync": SyncMode}
-
-
-def register_mode(name: str, cls: type[TrainingMode]) -> None:
-    """Make ``Strategy(mode=name)`` train with ``cls`` (a :class:`TrainingMode` subclass)."""
-    if not (isinstance(cls, type) and issubclass(cls, TrainingMode)):
-        raise TypeError(f"register_mode: {cls!r} is not a TrainingMode subclass")
-    _MODES[name] = cls
-
-
-# (applies(strategy), cls) per mode name: a class that replaces the mode's own when its
-# knob is set (sync with backup workers, async with a staleness bound)
-_VARIANTS: dict[str, list] = {}
-
-
-def register_variant(name: str, applies, cls: type[TrainingMode]) -> None:
-    """Make ``Strategy(mode=name)`` train with ``cls`` when ``applies(strategy)`` is true."""
-    if not (isinstance(cls, type) and issubclass(cls, TrainingMode)):
-        raise TypeError(f"register_variant: {cls!r} is not a TrainingMode subclass")
-    _VARIANTS.setdefault(name, []).append((applies, cls))
-
-
-def mode_names() -> tuple[str, ...]:
-    """Names ``Strategy.mode`` accepts."""
-    return tuple(_MODES)
-
-
 def make_mode(
     strategy, client, dense: DenseParams, dense_rule, rank: int, *, tables: list
 ) -> TrainingMode:
-    cls = _MODES[strategy.mode]
-    for applies, variant in _VARIANTS.get(strategy.mode, ()):
-        if applies(strategy):
-            cls = variant
-            break
-    return cls(client, dense, dense_rule, strategy, rank, tables=tables)
+    """The training mode ``strategy.mode`` (a resolved strategy: its mode set) builds."""
+    mode = strategy.mode.build(client, dense, dense_rule, strategy, rank, tables=tables)
+    if not isinstance(mode, TrainingMode):
+        raise TypeError(
+            f"{type(strategy.mode).__name__}.build returned {mode!r}, not a TrainingMode"
+        )
+    return mode

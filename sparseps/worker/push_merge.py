@@ -9,7 +9,7 @@ measured step interval (at least 50 ms), so a worker that stalls (a slow read, a
 evaluation) does not sit on its updates. Sending merges each group with :func:`merge_pushes`: the keys' gradients, shows
 and clicks summed, exactly what the client does with repeated keys of one push.
 
-The window: ``Strategy(push_merge="on")`` holds ``push_merge_window`` steps;
+The window: ``Async(push_merge="on")`` holds ``push_merge_window`` steps;
 ``"auto"`` sizes it from what it measures, ``ceil(2 * push latency / step interval)``
 steps (at most ``push_merge_window``): one merged push then keeps the servers busy with
 this worker's pushes at most about half the time, and a server that answers faster than
@@ -33,7 +33,7 @@ from ..core.keysets import unique_inverse
 from ..errors import ConfigError
 from ..rpc.batching import merge_by_group
 
-__all__ = ["MERGE_MODES", "MergePolicy", "PushMerger", "merge_pushes", "policy_of"]
+__all__ = ["MERGE_MODES", "MergePolicy", "PushMerger", "merge_pushes"]
 
 MERGE_MODES = ("off", "on", "auto")
 MIN_DEADLINE_S = 0.05  # the shortest a held push may wait for its window to fill
@@ -64,17 +64,6 @@ class MergePolicy:
             raise ConfigError(
                 f"MergePolicy.deadline_s: expected seconds > 0, got {self.deadline_s!r}"
             )
-
-
-def policy_of(strategy, default: MergePolicy | None = None) -> MergePolicy | None:
-    """The merge policy of ``Strategy(push_merge=..., push_merge_window=...)`` (None: off);
-    ``default``: the mode's, for ``push_merge=None``."""
-    mode = getattr(strategy, "push_merge", None)
-    if mode is None:
-        return default
-    if mode == "off":
-        return None
-    return MergePolicy(window=strategy.push_merge_window, auto=mode == "auto")
 
 
 def merge_pushes(parts: list[tuple]) -> tuple[np.ndarray, ...]:

@@ -26,7 +26,7 @@ import time
 
 from ..core import collectives, worker_store
 from ..errors import DeadlineError
-from .modes import AsyncMode, register_variant
+from .modes import AsyncMode
 
 __all__ = ["REFRESH", "BoundedAsyncMode", "StalenessGate"]
 
@@ -141,7 +141,7 @@ class BoundedAsyncMode(AsyncMode):
         store, world = worker_store.current(), collectives.world_size()
         self.gate = (
             StalenessGate(
-                store, self.rank, world, self.strategy.max_staleness, self.collective_timeout
+                store, self.rank, world, self.config.max_staleness, self.collective_timeout
             )
             if store is not None and world > 1
             else None
@@ -176,6 +176,3 @@ class BoundedAsyncMode(AsyncMode):
                 out["staleness_wait_s"],
             )  # fmt: skip
         return out
-
-
-register_variant("async", lambda s: getattr(s, "max_staleness", None) is not None, BoundedAsyncMode)

@@ -17,13 +17,13 @@ Fields:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import numpy as np
 import torch
 
 from .. import role
+from ..core import collectives
 from ..core.closing import Closing
 from ..core.keysets import unique_keys
 from ..env import Role
@@ -36,20 +36,6 @@ from .strategy import Strategy
 __all__ = ["TrainingState", "serve_if_heter_worker"]
 
 log = logging.getLogger(__name__)
-
-
-def _topology_mode(strategy: Strategy, env) -> Strategy:
-    """The strategy as the job's topology runs it: with heter workers, async is heter."""
-    if not env.heter_workers or strategy.mode == "heter":
-        return strategy
-    if strategy.mode != "async":
-        raise ConfigError(
-            f"Strategy(mode={strategy.mode!r}) with heter workers: heter workers run async "
-            "training (the dense network on them, the embeddings here); use mode='async', "
-            "or launch without --heter-worker-num"
-        )
-    log.info("heter workers %s: async mode trains in heter mode", ",".join(env.heter_workers))
-    return dataclasses.replace(strategy, mode="heter")
 
 
 def serve_if_heter_worker(trainer) -> None:
@@ -117,7 +103,7 @@ class TrainingState(Closing):
             torch.set_num_threads(self.num_threads)
         self.rank, self.server_num = env.rank, len(role.server_endpoints())
         self.mode = make_mode(
-            _topology_mode(self.strategy, env),
+            self.strategy.resolved(heter_workers=bool(env.heter_workers)),
             self.client,
             DenseParams(self.model),
             self.dense_rule,
@@ -125,6 +111,11 @@ class TrainingState(Closing):
             tables=list(self.tables.values()),
         )
         return True
+
+    @property
+    def mode_name(self) -> str:
+        """The training mode's name (the one the job runs, once started)."""
+        return self.strategy.mode_name if self.mode is None else self.mode.config.name
 
     def _started_mode(self) -> TrainingMode:
         """The training mode; only called once started (the mode is set by ``start``)."""
@@ -153,6 +144,36 @@ class TrainingState(Closing):
     def load_dense_local(self, path) -> None:
         """Every worker, after ``load_dense``: make the local copy current."""
         self._started_mode().load_dense_local(path)
+
+    # -- features between passes (collective: every worker calls them) ----------------
+
+    def decay(self, rate: float | None = None) -> None:
+        """Decay show/click of every table (end of a day); ``rate`` default: the table's.
+        Pending pushes land first; worker 0 asks the servers; a barrier ends it."""
+        self.quiesce()
+        client = self._started_client()
+        if self.rank == 0:
+            for name in self.tables:
+                client.decay(name, rate)
+        collectives.barrier(timeout=self.strategy.collective_timeout)
+
+    def shrink(self) -> dict[str, int]:
+        """Delete rows by score / unseen days; deleted keys become tombstones of the next
+        delta (worker 0 keeps them); ``{table: rows deleted}`` on worker 0."""
+        self.quiesce()
+        client = self._started_client()
+        deleted = {}
+        if self.rank == 0:
+            for name in self.tables:
+                keys = client.shrink(name)
+                self.add_tombstones(name, keys)
+                deleted[name] = int(keys.size)
+        collectives.barrier(timeout=self.strategy.collective_timeout)
+        return deleted
+
+    def _started_client(self) -> PSClient:
+        assert self.client is not None, "TrainingState is not started"
+        return self.client
 
     # -- tombstones: keys deleted by shrink since the last inference save (worker 0) ----
 

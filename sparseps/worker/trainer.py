@@ -28,7 +28,6 @@ from ..metrics import CTRMetrics, MetricResult, ReportConfig, UserStats
 from ..observe.diagnose import dump_note
 from ..rpc.client import PSClient
 from .binding import TableBinder
-from .lifecycle import TrainerLifecycle
 from .losses import Loss, LossOutput, as_loss
 from .nn import SparseEmbedding
 from .pipeline import Prefetcher
@@ -38,6 +37,7 @@ from .state import TrainingState, serve_if_heter_worker
 from .strategy import Strategy
 
 if TYPE_CHECKING:
+    from ..checkpoint.hooks import SaveHooks
     from ..data.schema import Batch
     from .predict import PredictResult
 
@@ -46,7 +46,7 @@ __all__ = ["InferResult", "PassResult", "Step", "Trainer"]
 log = logging.getLogger(__name__)
 
 
-class Trainer(TrainerLifecycle):
+class Trainer:
     """Trains a model with :class:`~sparseps.nn.SparseEmbedding` modules on a PS cluster.
 
     Args:
@@ -431,6 +431,47 @@ class Trainer(TrainerLifecycle):
         finally:
             prefetcher.close()
             self._binder.unbind()
+
+    # -- between passes: features and model files (collective; sparseps.checkpoint) ------
+
+    def decay(self, rate: float | None = None) -> None:
+        """Decay show/click of every table (end of a day); ``rate`` default: the table's."""
+        self.state.decay(rate)
+
+    def shrink(self) -> dict[str, int]:
+        """Delete rows by score / unseen days; deleted keys become tombstones of the next delta."""
+        return self.state.shrink()
+
+    def tombstones(self, table: str) -> np.ndarray:
+        """Keys deleted by shrink since the last inference save (worker 0)."""
+        return self.state.tombstones(table)
+
+    def save_checkpoint(
+        self, directory: str | Path, *, state: dict | None = None, hooks: SaveHooks | None = None
+    ) -> dict | None:
+        """Save everything needed to resume; ``hooks``: fault injection for tests
+        (:class:`~sparseps.checkpoint.hooks.SaveHooks`)."""
+        from ..checkpoint import trainer_files
+        from ..checkpoint.hooks import NO_HOOKS
+
+        return trainer_files.save_checkpoint(self, directory, state=state, hooks=hooks or NO_HOOKS)
+
+    def load_checkpoint(self, directory: str | Path) -> dict:
+        """Load a checkpoint (any number of servers); returns the saved ``state``."""
+        from ..checkpoint import trainer_files
+
+        return trainer_files.load_checkpoint(self, directory)
+
+    def save_inference_model(
+        self, directory: str | Path, *, mode: str = "base", hooks: SaveHooks | None = None
+    ) -> Path | None:
+        """Save filtered embeddings + the exported dense head (``mode`` base or delta)."""
+        from ..checkpoint import trainer_files
+        from ..checkpoint.hooks import NO_HOOKS
+
+        return trainer_files.save_inference_model(
+            self, directory, mode=mode, hooks=hooks or NO_HOOKS
+        )
 
     def stop(self) -> None:
         """Flush pending pushes and release the connection (servers keep running)."""

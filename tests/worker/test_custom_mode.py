@@ -2,11 +2,14 @@
 
 ``LocalDenseMode`` is a toy: sparse gradients are pushed and waited for every step (no
 queue), the dense parameters never leave the worker (a local ``DenseTable`` applies the
-dense rule, like sync mode on one worker). It implements ``TrainingMode`` and is
-registered under a name; the trainer only talks to the interface.
+dense rule, like sync mode on one worker). It implements ``TrainingMode``, and a config
+of its own (a ``sparseps.Mode``) builds it; the trainer only talks to the interface.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ import pytest
 import sparseps as sps
 from sparseps.errors import ConfigError
 from sparseps.table import DenseTable
-from sparseps.worker.modes import TrainingMode, mode_names, register_mode
+from sparseps.worker.modes import TrainingMode
 
 
 class LocalDenseMode(TrainingMode):
@@ -41,20 +44,29 @@ class LocalDenseMode(TrainingMode):
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class LocalDense(sps.Mode):
+    name: ClassVar[str] = "local-dense"
+
+    def build(self, client, dense, dense_rule, strategy, rank, *, tables):
+        return LocalDenseMode(client, dense, dense_rule, strategy, rank, tables=tables)
+
+
 def test_strategy_lists_the_modes_for_an_unknown_name():
     with pytest.raises(
-        ConfigError, match=r"Strategy.mode: expected one of \(.*'geo'.*\), got 'toy'"
+        ConfigError,
+        match=r"Strategy.mode: expected a sparseps.Mode or one of \(.*'geo'.*\), got 'toy'",
     ):
         sps.Strategy(mode="toy")
+    with pytest.raises(ConfigError, match="Strategy.mode: expected a sparseps.Mode"):
+        sps.Strategy(mode=3)
 
 
 def test_a_mode_defined_in_a_test_trains_through_the_trainer(local_worker, planted):
-    register_mode("local-dense", LocalDenseMode)
-    assert "local-dense" in mode_names()
     slots = ("C1", "C2", "C3")
     train, test = planted(11, 30, 64, slots), planted(12, 5, 256, slots)
     model = sps.models.DNN(slots, 2, emb_dim=4, hidden=(8,))
-    trainer = sps.Trainer(model, sps.optim.Adam(lr=0.01), sps.Strategy(mode="local-dense"))
+    trainer = sps.Trainer(model, sps.optim.Adam(lr=0.01), sps.Strategy(mode=LocalDense()))
     try:
         first = trainer.train_from_dataset(train, print_period=0).metrics.logloss
         second = trainer.train_from_dataset(train, print_period=0).metrics.logloss

@@ -59,7 +59,7 @@ def test_gpups_passes_equal_sync_passes_and_survive_a_checkpoint(
     batches = planted(5, 8, 32, slots=SLOTS, vocab=40)
     keys = np.unique(np.concatenate([s.values for b in batches for s in b.slots.values()]))
     sync, sync_model, _ = _train("s", sps.Strategy(mode="sync"), batches)
-    gpups, gpups_model, result = _train("g", sps.Strategy(mode="gpups", device=device), batches)
+    gpups, gpups_model, result = _train("g", sps.Strategy(mode=sps.GpuPS(device=device)), batches)
     try:
         assert result.timings["build_s"] > 0 and result.samples == 8 * 32
         assert gpups._mode.last_build["keys"] == {"g_deep": keys.size, "g_wide": keys.size}
@@ -92,14 +92,14 @@ def test_gpups_refuses_a_stream_and_a_pass_over_its_memory_budget(local_worker, 
     batches = planted(6, 2, 16, slots=SLOTS, vocab=20)
     (tmp_path / "part.tsv").write_text("0\t" + "\t" * 38 + "\n")
     stream = QueueDataset([str(tmp_path / "part.tsv")], CRITEO, batch_size=4, threads=1)
-    trainer = sps.Trainer(_model("q"), strategy=sps.Strategy(mode="gpups", device="cpu"))
+    trainer = sps.Trainer(_model("q"), strategy=sps.Strategy(mode=sps.GpuPS(device="cpu")))
     try:
         with pytest.raises(ConfigError, match="InMemoryDataset.*QueueDataset.*known before"):
             trainer.train_from_dataset(stream, print_period=0)
     finally:
         trainer.stop()
     if not torch.cuda.is_available():  # the trainer's first use names the missing GPU
-        trainer = sps.Trainer(_model("c"), strategy=sps.Strategy(mode="gpups", device="cuda"))
+        trainer = sps.Trainer(_model("c"), strategy=sps.Strategy(mode=sps.GpuPS(device="cuda")))
         try:
             with pytest.raises(ConfigError, match="device='cuda': no CUDA device is visible"):
                 trainer.train_from_dataset(batches, print_period=0)
@@ -108,7 +108,7 @@ def test_gpups_refuses_a_stream_and_a_pass_over_its_memory_budget(local_worker, 
     counted = sps.nn.SparseEmbedding(
         "counted", 2, slots=SLOTS, lifecycle=sps.Lifecycle(admission="count", admit_count=2)
     )
-    trainer = sps.Trainer(counted, strategy=sps.Strategy(mode="gpups", device="cpu"))
+    trainer = sps.Trainer(counted, strategy=sps.Strategy(mode=sps.GpuPS(device="cpu")))
     try:
         with pytest.raises(ConfigError, match="'counted'.*'always'.*got admission='count'"):
             trainer.train_from_dataset(batches, print_period=0)
@@ -117,7 +117,7 @@ def test_gpups_refuses_a_stream_and_a_pass_over_its_memory_budget(local_worker, 
     model = _model("b")
     keys = np.unique(np.concatenate([s.values for b in batches for s in b.slots.values()]))
     need = sum(keys.size * bytes_per_key(e.config) for e in model.embeddings)
-    strategy = sps.Strategy(mode="gpups", device="cpu", gpups_memory_bytes=need - 1)
+    strategy = sps.Strategy(mode=sps.GpuPS(device="cpu", memory_bytes=need - 1))
     trainer = sps.Trainer(model, strategy=strategy)
     try:
         with pytest.raises(ConfigError) as info:
@@ -130,7 +130,7 @@ def test_gpups_refuses_a_stream_and_a_pass_over_its_memory_budget(local_worker, 
     finally:
         trainer.stop()
     trainer = sps.Trainer(
-        _model("b"), strategy=sps.Strategy(mode="gpups", device="cpu", gpups_memory_bytes=need)
+        _model("b"), strategy=sps.Strategy(mode=sps.GpuPS(device="cpu", memory_bytes=need))
     )
     try:  # exactly the budget fits
         assert trainer.train_from_dataset(batches, print_period=0).samples == 32
@@ -150,12 +150,12 @@ def test_gpups_refuses_a_stream_and_a_pass_over_its_memory_budget(local_worker, 
         trainer.stop()
 
 
-def test_strategy_validates_device_and_budget():
-    with pytest.raises(ConfigError, match=r"Strategy.device: expected one of .*'cuda'.*got 'tpu'"):
-        sps.Strategy(mode="gpups", device="tpu")
-    with pytest.raises(ConfigError, match="Strategy.gpups_memory_bytes"):
-        sps.Strategy(mode="gpups", gpups_memory_bytes=0)
-    assert "gpups" in sps.Strategy(mode="gpups").mode
+def test_gpups_validates_device_and_budget():
+    with pytest.raises(ConfigError, match=r"GpuPS.device: expected one of .*'cuda'.*got 'tpu'"):
+        sps.GpuPS(device="tpu")
+    with pytest.raises(ConfigError, match="GpuPS.memory_bytes"):
+        sps.GpuPS(memory_bytes=0)
+    assert sps.Strategy(mode="gpups").mode == sps.GpuPS()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")

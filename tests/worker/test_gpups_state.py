@@ -40,7 +40,7 @@ def _model(prefix: str, lifecycle: sps.Lifecycle | None = None) -> WideDeep:
 
 
 def _trainer(prefix: str, mode: str, lifecycle: sps.Lifecycle | None = None) -> sps.Trainer:
-    strategy = sps.Strategy(mode=mode, device="cpu") if mode == "gpups" else sps.Strategy(mode=mode)
+    strategy = sps.Strategy(mode=sps.GpuPS(device="cpu") if mode == "gpups" else mode)
     return sps.Trainer(_model(prefix, lifecycle), sps.optim.Adam(lr=0.01), strategy)
 
 

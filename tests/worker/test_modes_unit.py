@@ -73,7 +73,7 @@ def test_async_dense_values_refresh_every_interval_steps(interval):
     servers = FakeServers(lr=0.5)
     module = nn.Linear(1, 1, bias=False)
     nn.init.constant_(module.weight, 1.0)
-    strategy = sps.Strategy(mode="async", dense_pull_interval=interval)
+    strategy = sps.Strategy(mode=sps.Async(dense_pull_interval=interval))
     mode = AsyncMode(
         servers, DenseParams(module), sps.optim.SGD(lr=0.5), strategy, rank=0, tables=[]
     )  # the constructor makes the state complete (creates and pulls the dense table)
@@ -95,7 +95,7 @@ def _geo(keep):
     servers = FakeServers()
     config = TableConfig(name="t", dim=2, rule=sps.optim.SGD(lr=0.1))
     servers.create_table(config)
-    strategy = sps.Strategy(mode="geo", k_steps=1, geo_keep_windows=keep)
+    strategy = sps.Strategy(mode=sps.Geo(k_steps=1, keep_windows=keep))
     mode = GeoMode(
         servers, DenseParams(nn.Module()), sps.optim.SGD(lr=0.1), strategy, rank=0,
         tables=[config],
@@ -135,7 +135,7 @@ def test_geo_dense_deltas_are_averaged_over_workers():
     Summed, N workers made the step N times (the test AUC of the demo at 4% clicks fell
     to 0.55-0.75)."""
     servers = FakeServers()
-    strategy = sps.Strategy(mode="geo", k_steps=1)
+    strategy = sps.Strategy(mode=sps.Geo(k_steps=1))
     workers = []
     for rank in range(2):
         module = nn.Linear(1, 1, bias=False)

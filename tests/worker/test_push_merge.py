@@ -8,13 +8,13 @@ import time
 import numpy as np
 import pytest
 
-from sparseps import Strategy
+from sparseps import Async, Hybrid
 from sparseps.config import TableConfig
 from sparseps.errors import ConfigError
 from sparseps.optim import Adagrad
 from sparseps.table import SparseTable
 from sparseps.worker.pipeline import PushQueue
-from sparseps.worker.push_merge import MergePolicy, PushMerger, merge_pushes, policy_of
+from sparseps.worker.push_merge import MergePolicy, PushMerger, merge_pushes
 
 
 def _pushes(seed: int, count: int, dim: int = 3) -> list[tuple]:
@@ -176,12 +176,14 @@ def test_auto_window_from_measured_latency_and_step_interval():
     assert fixed.due()
 
 
-def test_strategy_push_merge_knobs():
-    assert policy_of(Strategy()) is None
-    assert policy_of(Strategy(push_merge="auto", push_merge_window=4)) == MergePolicy(4, True)
+def test_mode_push_merge_knobs():
+    assert Async().merge_policy() is None
+    assert Async(push_merge="auto", push_merge_window=4).merge_policy() == MergePolicy(4, True)
     assert PushMerger(MergePolicy(4, False)).deadline_s == 0.05  # no interval measured yet
-    assert policy_of(Strategy(push_merge="on")) == MergePolicy(8, False)
-    with pytest.raises(ConfigError, match="Strategy.push_merge"):
-        Strategy(push_merge="yes")
-    with pytest.raises(ConfigError, match="Strategy.push_merge_window"):
-        Strategy(push_merge="on", push_merge_window=0)
+    assert Async(push_merge="on").merge_policy() == MergePolicy(8, False)
+    assert Hybrid().merge_policy(MergePolicy(2, False)) == MergePolicy(2, False)
+    assert Hybrid(push_merge="off").merge_policy(MergePolicy(2, False)) is None
+    with pytest.raises(ConfigError, match="Async.push_merge"):
+        Async(push_merge="yes")
+    with pytest.raises(ConfigError, match="Hybrid.push_merge_window"):
+        Hybrid(push_merge="on", push_merge_window=0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -127,25 +128,29 @@ def test_max_staleness_bounds_the_measured_lead(runs):
 
 
 @pytest.mark.parametrize(
-    "kwargs, words",
+    "make, words",
     [
-        ({"mode": "async", "max_staleness": -1}, "Strategy.max_staleness"),
-        ({"mode": "sync", "max_staleness": 2}, "Strategy.max_staleness"),
-        ({"mode": "async", "max_staleness": 1.5}, "Strategy.max_staleness"),
-        ({"mode": "sync", "backup_workers": -1}, "Strategy.backup_workers"),
-        ({"mode": "async", "backup_workers": 1}, "Strategy.backup_workers"),
-        ({"mode": "sync", "backup_workers": True}, "Strategy.backup_workers"),
+        (lambda: sps.Async(max_staleness=-1), "Async.max_staleness"),
+        (lambda: sps.Async(max_staleness=1.5), "Async.max_staleness"),
+        (lambda: sps.Sync(backup_workers=-1), "Sync.backup_workers"),
+        (lambda: sps.Sync(backup_workers=True), "Sync.backup_workers"),
+        # the flat spellings of before: a knob of another mode is refused, by name
+        (lambda: sps.Strategy(mode="sync", max_staleness=2), "a knob of Async"),
+        (lambda: sps.Strategy(mode="async", backup_workers=1), "a knob of Sync"),
     ],
 )
-def test_strategy_rejects_bad_knobs(kwargs, words):
-    with pytest.raises(ConfigError, match=words):
-        sps.Strategy(**kwargs)
+def test_modes_reject_bad_knobs(make, words):
+    with pytest.raises(ConfigError, match=words), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        make()
 
 
-def test_strategy_accepts_the_knobs():
-    assert sps.Strategy(mode="async", max_staleness=0).max_staleness == 0
-    assert sps.Strategy(mode="sync", backup_workers=2).backup_workers == 2
-    assert sps.Strategy().max_staleness is None and sps.Strategy().backup_workers == 0
+def test_modes_take_their_knobs():
+    assert sps.Strategy(mode=sps.Async(max_staleness=0)).mode.max_staleness == 0
+    assert sps.Strategy(mode=sps.Sync(backup_workers=2)).mode.backup_workers == 2
+    assert sps.Async().max_staleness is None and sps.Sync().backup_workers == 0
+    with pytest.warns(DeprecationWarning, match="flat mode knobs are deprecated"):
+        assert sps.Strategy(mode="async", max_staleness=3).mode == sps.Async(max_staleness=3)
 
 
 def test_a_worker_out_of_data_holds_nobody_back(runs):

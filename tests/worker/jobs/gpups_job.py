@@ -54,7 +54,8 @@ summary, arrays = {"samples": len(data)}, {}
 trainers = {}
 for prefix, mode in (("s", "sync"), ("g", "gpups")):
     m = model(prefix)
-    trainer = sps.Trainer(m, sps.optim.Adam(lr=0.01), sps.Strategy(mode=mode, device="cpu"))
+    config = sps.GpuPS(device="cpu") if mode == "gpups" else sps.Sync()
+    trainer = sps.Trainer(m, sps.optim.Adam(lr=0.01), sps.Strategy(mode=config))
     for i in range(args.passes):
         if mode == "gpups" and i + 1 < args.passes:
             trainer.prefetch_pass(data)

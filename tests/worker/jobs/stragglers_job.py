@@ -67,12 +67,12 @@ for run in json.loads(args.runs):
         deep_rule=sps.optim.SGD(lr=0.05), wide_rule=sps.optim.Adagrad(lr=0.05),
         deep_table=f"deep_{run['name']}", wide_table=f"wide_{run['name']}",
     )  # fmt: skip
-    strategy = sps.Strategy(
-        mode=run["mode"],
-        backup_workers=run.get("backup_workers", 0),
-        max_staleness=run.get("max_staleness"),
-        collective_timeout=120.0,
+    mode = (
+        sps.Sync(backup_workers=run.get("backup_workers", 0))
+        if run["mode"] == "sync"
+        else sps.Async(max_staleness=run.get("max_staleness"))
     )
+    strategy = sps.Strategy(mode=mode, collective_timeout=120.0)
     trainer = sps.Trainer(model, dense_optimizer=sps.optim.Adam(lr=0.01), strategy=strategy)
     slow = run.get("slow") and rank == args.slow_rank
     base = report[run.get("base", next(iter(report)))]["step_s"] if report else 0.0

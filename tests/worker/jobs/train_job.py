@@ -61,13 +61,11 @@ model = WideDeep(
     wide_rule=sps.optim.Adagrad(lr=0.05),
     lifecycle=sps.Lifecycle(shrink_score=args.shrink_score),
 )
-strategy = sps.Strategy(
-    mode=args.mode,
-    k_steps=args.k_steps,
-    dense_pull_interval=1,
-    push_merge=args.push_merge,
-    push_merge_window=args.push_merge_window,
-)
+merge = {"push_merge": args.push_merge, "push_merge_window": args.push_merge_window}
+# "async" with default knobs: the job's default mode (Heter() when it has heter workers)
+modes = {"geo": sps.Geo(k_steps=args.k_steps), "hybrid": sps.Hybrid(**merge),
+         "async": sps.Async(**merge) if args.push_merge else None}  # fmt: skip
+strategy = sps.Strategy(mode=modes.get(args.mode, args.mode))
 dump = (
     sps.metrics.DumpConfig(
         args.dump, fields=("sample_id", "label", "pred", "C1"), params=("head.wide_dense.weight",)
