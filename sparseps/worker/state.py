@@ -102,8 +102,10 @@ class TrainingState(Closing):
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         self.rank, self.server_num = env.rank, len(role.server_endpoints())
+        strategy = self.strategy.resolved(heter_workers=bool(env.heter_workers))
+        log.info("worker %d: training mode %r", env.rank, strategy.mode)
         self.mode = make_mode(
-            self.strategy.resolved(heter_workers=bool(env.heter_workers)),
+            strategy,
             self.client,
             DenseParams(self.model),
             self.dense_rule,

@@ -72,7 +72,7 @@ def test_gpups_checkpoints_hold_sync_optimizer_state_and_a_new_job_continues_lik
         for trainer in (sync, gpups):
             for _ in range(2):
                 trainer.train_from_dataset(batches, print_period=0)
-            trainer.save_checkpoint(tmp_path / trainer.strategy.mode)
+            trainer.save_checkpoint(tmp_path / trainer.strategy.mode_name)
         for table in ("deep", "wide"):
             want = _saved_rows(tmp_path / "sync", f"s_{table}")
             got = _saved_rows(tmp_path / "gpups", f"g_{table}")

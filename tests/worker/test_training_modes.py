@@ -292,7 +292,8 @@ def test_heter_workers_train_like_async(planted_data, sync_auc, tmp_path):
     assert "heter_wait_s" in timings, timings
     log = (tmp_path / "log" / "heter_worker.0.log").read_text()
     assert "running heter worker 0" in log and "stopped" in log, log[-2000:]
-    assert "async mode trains in heter mode" in (tmp_path / "log" / "worker.0.log").read_text()
+    # the job left the mode to the launch, which has heter workers: Heter()
+    assert "training mode Heter(window=2" in (tmp_path / "log" / "worker.0.log").read_text()
 
 
 def test_sync_mode_names_collective_timeout_when_a_worker_never_joins(tmp_path):
