@@ -1,21 +1,23 @@
 """A client's connection to all servers: one DEALER socket per server, one I/O thread.
 
+A channel holds three parts: its connections (:class:`~.channel_links.ServerLinks`: one
+DEALER per server, monitor events, handshakes, lost servers, reconnects, new servers), the
+book of calls waiting for a reply (:class:`~.call.PendingCalls`, bounded by
+``max_in_flight``) and the readers of replies (:class:`~.channel_receive.ReceivingByWaiters`).
 Any thread may :meth:`Channel.submit` a request; the submitting thread sends it on its
 server's DEALER itself (zero-copy), under the channel's socket lock. Replies are read by
-the threads that wait for them (:mod:`.channel_receive`: one reads, the others sleep
-until their reply is delivered), matched to requests by id. The I/O thread watches the
-connections (:mod:`.channel_links`: monitor events, handshakes, lost servers, reconnects,
-new servers), sends what zmq could not take yet, and sweeps the DEALERs once per poll
-round for replies nobody waits for yet. Many requests can be in flight at once, bounded by
-``max_in_flight``.
+the threads that wait for them (one reads, the others sleep until their reply is
+delivered), matched to requests by id. The I/O thread serves the connections' events,
+sends what zmq could not take yet, and sweeps the DEALERs once per poll round for replies
+nobody waits for yet.
 
 Why the callers do the socket work: handing each request to the I/O thread over an inproc
 socket, and each reply back, cost two wake-ups of a Python thread and two GIL hand-offs
 per request; on 2 cores the client's CPU per small pull fell by ~20% for each half
 (bench/RESULTS.md, rpc).
 
-A zmq socket is not thread-safe; the socket lock (``_io``) serialises every use of a
-DEALER (send, receive, ``EVENTS``, close, reconnect). ``zmq.FD`` is edge-triggered: any
+A zmq socket is not thread-safe; the socket lock (``_io``, shared by the three parts)
+serialises every use of a DEALER (send, receive, ``EVENTS``, close, reconnect). ``zmq.FD`` is edge-triggered: any
 operation on the socket, a send included, may consume the notice that replies are
 waiting, so whoever operates on a DEALER drains its replies (``EVENTS`` says ``POLLIN``)
 before letting go of the lock.
@@ -23,7 +25,6 @@ before letting go of the lock.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import itertools
 import logging
@@ -36,16 +37,15 @@ from typing import cast
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from ..core.closing import Closing
 from ..errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from . import transport
-from .call import Call
+from .call import Call, PendingCalls
 from .channel_links import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, ServerLinks
 from .channel_receive import ReceivingByWaiters
 from .ops import OPS, UPDATE_OPS, OpSchema
-from .protocol import Forward, Limits, Reply, encode_request, peek_request_id
+from .protocol import Forward, Limits, Reply, encode_request
 from .reply_slots import DEFAULT_SLOT_BYTES, SlotOffers, worth_a_slot
 from .security import Security
 
@@ -69,7 +69,7 @@ def _nudged(fd: int) -> bool:
         return False
 
 
-class Channel(ServerLinks, ReceivingByWaiters, Closing):
+class Channel(Closing):
     """Request/reply transport to a list of servers (used by :class:`PSClient`).
 
     Args:
@@ -112,20 +112,10 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         reply_slots: int = 0,
         reply_slot_bytes: int = DEFAULT_SLOT_BYTES,
     ) -> None:
-        self.endpoints = tuple(endpoints)
         self.role = role
         self.ops = ops
         self.job_id = job_id
         self.detect_loss = detect_loss
-        # rank -> why it is lost (None: not lost); written by the I/O thread (socket lock)
-        self._lost: list[str | None] = [None] * len(self.endpoints)
-        self._was_connected = [False] * len(self.endpoints)
-        self._why_lost: list[str] = [""] * len(self.endpoints)
-        # the I/O thread's poller (monitor sockets); the DEALER descriptors (zmq.FD) and
-        # their ranks, for the thread that reads replies (channel_receive)
-        self._poller = zmq.Poller()
-        self._rank_of: dict[int, int] = {}  # descriptor -> rank
-        self._monitor_of: dict[zmq.Socket, int] = {}
         self.update_retries = update_retries
         # Random per client: (client_id, seq) names one update across the servers' windows.
         self.client_id = secrets.randbits(63)
@@ -133,49 +123,38 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         self.timeout = timeout
         self.timeout_setting = timeout_setting
         self.limits = limits
+        self.security = security
         self._ids = itertools.count(1)
-        self._pending: dict[int, Call] = {}
-        self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(max_in_flight)
-        self._max_in_flight = max_in_flight
-        self._state = ["connecting"] * len(self.endpoints)
+        self._calls = PendingCalls(max_in_flight)
         self._closing = threading.Event()
         self._context = transport.new_context()
-        # Every use of a DEALER (and of the lists of sockets) holds it; taken before _lock.
+        # Every use of a DEALER (and of the lists of sockets) holds it; taken before the
+        # book's and the readers' locks.
         self._io = threading.Lock()
-        self._sockets_closed = False
         # written to wake the I/O thread from its poll (see nudge)
         self._nudge_r, self._nudge_w = os.pipe()
         os.set_blocking(self._nudge_r, False)
         os.set_blocking(self._nudge_w, False)
-        self._init_receiving()
         # same-host servers write pull answers into our memory (reply_slots)
         self.replies = SlotOffers(
             self._attach_replies, slots=reply_slots, slot_bytes=reply_slot_bytes
         )
-        self.security = security
-        # rank -> why its server refused our handshake (None: not refused); set and
-        # cleared by the I/O thread from monitor events, read by senders in _forward
-        # (both under the socket lock, as _lost and the backlogs are).
-        self._refused: list[str | None] = [None] * len(self.endpoints)
-        # rank -> requests zmq could not take yet (no usable connection: still connecting,
-        # or torn down by a failed handshake whose monitor event has not arrived yet).
-        # The I/O thread sends them when it can, fails them when the server refuses us,
-        # and drops those whose callers gave up (their wait is bounded by the timeout).
-        self._backlog: list[collections.deque] = [collections.deque() for _ in self.endpoints]
-        self._dealers: list[zmq.Socket] = []
-        self._monitors: list[zmq.Socket] = []
-        for rank in range(len(self.endpoints)):
-            dealer, monitor = self._connect(rank)
-            self._dealers.append(dealer)
-            self._monitors.append(monitor)
-        # ranks a caller asked to reconnect (revive), served by the I/O thread
-        self._revive: collections.deque[tuple[int, threading.Event]] = collections.deque()
-        # endpoints a caller asked to add (an elastic job's new servers: grow)
-        self._growth: collections.deque[tuple[list[str], threading.Event]] = collections.deque()
-        self._grow_lock = threading.Lock()
+        self._links = ServerLinks(
+            endpoints, role=role, limits=limits, security=security, detect_loss=detect_loss,
+            context=self._context, io=self._io, calls=self._calls,
+            fail=self._fail_unavailable, nudge=self.nudge,
+        )  # fmt: skip
+        self._receiving = ReceivingByWaiters(
+            io=self._io, links=self._links, calls=self._calls, replies=self.replies,
+            limits=limits, ops=ops, role=role,
+        )  # fmt: skip
         self._thread = threading.Thread(target=self._run, name="sparseps-client-io", daemon=True)
         self._thread.start()
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """``host:port`` per server rank (an elastic job's new servers appended: :meth:`grow`)."""
+        return self._links.endpoints
 
     # -- caller side -------------------------------------------------------------------
 
@@ -204,23 +183,24 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
                 copy of a shard passes on to the next keeps its writer's ``(client, seq)``).
             forward: a write passed on along a replicated shard's chain.
         """
+        endpoints = self._links.endpoints
         if self._closing.is_set():
             raise UnavailableError(
                 f"{op}: the PSClient is closed",
                 op=op,
                 role=self.role,
                 rank=rank,
-                address=self.endpoints[rank],
+                address=endpoints[rank],
             )
         schema, slot = self.ops.get(op), None
         if schema is not None and schema.slot_reply and worth_a_slot(bufs):
-            slot = self.replies.offer(rank, self.endpoints[rank])  # first: it may attach
+            slot = self.replies.offer(rank, endpoints[rank])  # first: it may attach
         if not self._take_slot():
             self.replies.give_back(slot)
             raise DeadlineError(
-                f"{op}: {self._max_in_flight} requests still in flight after {self.timeout:.3g} s; the servers "
+                f"{op}: {self._calls.max_in_flight} requests still in flight after {self.timeout:.3g} s; the servers "
                 "are not answering fast enough (raise PSClient(max_in_flight=...) or wait on handles)",
-                op=op, role=self.role, rank=rank, address=self.endpoints[rank], seconds=self.timeout,
+                op=op, role=self.role, rank=rank, address=endpoints[rank], seconds=self.timeout,
                 setting="PSClient(max_in_flight=...)",
             )  # fmt: skip
         call = Call(next(self._ids), rank, op, table, shard=shard, epoch=epoch, slot=slot)
@@ -235,10 +215,109 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         self._send(call, bufs, args)
         return call
 
+    def wait(self, call: Call, deadline: float, timeout: float) -> Reply:
+        """The reply of ``call`` by ``deadline`` (monotonic), raising the right error."""
+        while not self._receiving.await_reply(call, deadline):
+            self.forget(call)
+            if call.event.is_set():
+                break
+            if self._retry(call):
+                deadline = time.monotonic() + timeout
+                continue
+            if not call.event.is_set():
+                address = self.endpoints[call.rank]
+                raise DeadlineError(
+                    f"{call.op}{'' if call.table is None else f' {call.table!r}'}: {self.role} {call.rank} at "
+                    f"{address} did not answer within {timeout:.3g} s (connection: {self._links.state(call.rank)}); "
+                    f"the server may be dead, hung or overloaded. Change the limit with {self.timeout_setting}",
+                    op=call.op, role=self.role, rank=call.rank, address=address, seconds=timeout,
+                    setting=self.timeout_setting,
+                )  # fmt: skip
+        if call.failure is not None:
+            raise call.failure
+        reply = call.reply
+        assert reply is not None, "a call is set with a reply or a failure"
+        if not reply.ok:
+            raise self._remote_error(call, reply.error or {})
+        return reply
+
+    def settled(self, call: Call, seconds: float) -> bool:
+        """Whether ``call`` is answered within ``seconds`` (reading replies meanwhile)."""
+        return self._receiving.await_reply(call, time.monotonic() + seconds)
+
+    def forget(self, call: Call) -> None:
+        """Stop waiting for ``call`` (its reply, if any arrives, is dropped)."""
+        if self._calls.take(call.id) is not None and call.slot is not None:
+            # the server may still write into its reply slot: not reused yet
+            self.replies.orphan(call.id, call.slot)
+
+    def collect(self) -> None:
+        """Deliver the replies that already arrived, without waiting (skipped when another
+        thread is using the sockets: it delivers them)."""
+        self._receiving.collect()
+
+    def next_seq(self) -> int:
+        """A fresh update sequence number (for the copies of one replicated update)."""
+        return next(self._seqs)
+
+    # -- the connections (ServerLinks) ----------------------------------------------------
+
+    def lost(self, rank: int) -> str | None:
+        """Why server ``rank`` is lost (``detect_loss``), or None."""
+        return self._links.lost(rank)
+
+    def connected(self, rank: int) -> bool:
+        """Whether the connection to server ``rank`` is up (as its monitor last said)."""
+        return self._links.connected(rank)
+
+    def refusing(self, rank: int) -> bool:
+        """Whether server ``rank``'s port refused the last connection attempt."""
+        return self._links.refusing(rank)
+
+    def revive(self, rank: int, timeout: float = 10.0) -> None:
+        """Connect again to a lost server ``rank`` (:meth:`ServerLinks.revive`)."""
+        self._links.revive(rank, timeout)
+
+    def mark_lost(self, rank: int, why: str, timeout: float = 10.0) -> None:
+        """Treat server ``rank`` as lost, saying ``why`` (:meth:`ServerLinks.mark_lost`)."""
+        self._links.mark_lost(rank, why, timeout)
+
+    def grow(self, endpoints: Sequence[str], timeout: float = 10.0) -> list[int]:
+        """The ranks of ``endpoints``, connecting to new ones (:meth:`ServerLinks.grow`)."""
+        return self._links.grow(endpoints, timeout)
+
+    def nudge(self) -> None:
+        """Wake the I/O thread now (a close, a reconnect or new servers asked for)."""
+        # a full pipe: the thread is awake already; -1: the channel is closed
+        with contextlib.suppress(OSError):
+            os.write(self._nudge_w, b"\0")
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the I/O thread and close every socket; pending calls fail as unavailable."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self.nudge()
+        self._thread.join(timeout)
+        with self._io:
+            self._links.close_sockets()
+        for call in self._calls.take_all():
+            call.failure = UnavailableError(
+                f"{call.op}: the PSClient was closed before {self.role} {call.rank} answered",
+                op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
+            )  # fmt: skip
+            self._receiving.settle(call)
+        self._context.term()
+        os.close(self._nudge_r)
+        os.close(self._nudge_w)
+        self._nudge_r = self._nudge_w = -1  # the numbers may be reused by other files
+
+    # -- internals ---------------------------------------------------------------------
+
     def _take_slot(self) -> bool:
         """An in-flight slot within the timeout. Replies free slots; nobody may be waiting
         for the ones that would free one, so this thread reads them meanwhile."""
-        if self._slots.acquire(blocking=False):
+        if self._calls.reserve():
             return True
         deadline = time.monotonic() + self.timeout
         while True:
@@ -246,7 +325,7 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            if self._slots.acquire(timeout=min(remaining, 0.002)):
+            if self._calls.reserve(min(remaining, 0.002)):
                 return True
 
     def _send(self, call: Call, bufs: Sequence[np.ndarray], args: dict | None) -> None:
@@ -258,18 +337,18 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
                 slot=None if call.slot is None else (call.slot[0].segment, call.slot[1]),
             )  # fmt: skip
         except BaseException:
-            self._slots.release()
+            self._calls.unreserve()
             self.replies.give_back(call.slot)
             raise
-        with self._lock:
-            self._pending[call.id] = call
+        self._calls.add(call)
+        links = self._links
         with self._io:
-            if self._sockets_closed:
-                self._fail_if_pending(call, "the PSClient is closed")
+            if links.closed:
+                links.fail_if_pending(call, "the PSClient is closed")
                 return
-            self._forward(call, frames)
-            if self._lost[call.rank] is None:
-                self._drain(call.rank)
+            links.send(call, frames)
+            if links.lost(call.rank) is None:
+                self._receiving.drain(call.rank)
 
     def _attach_replies(self, rank: int, args: dict) -> dict:
         """Ask server ``rank`` for a segment of reply slots (its answer, checked)."""
@@ -277,10 +356,6 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         return dict(
             cast(dict, self.wait(call, time.monotonic() + self.timeout, self.timeout).result)
         )
-
-    def next_seq(self) -> int:
-        """A fresh update sequence number (for the copies of one replicated update)."""
-        return next(self._seqs)
 
     def _retry(self, call: Call) -> bool:
         """Send a timed-out update again under a new request id (same seq); False when no
@@ -300,73 +375,13 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
         self._send(call, bufs, args)
         return True
 
-    def wait(self, call: Call, deadline: float, timeout: float) -> Reply:
-        """The reply of ``call`` by ``deadline`` (monotonic), raising the right error."""
-        while not self._await(call, deadline):
-            self._forget(call)
-            if call.event.is_set():
-                break
-            if self._retry(call):
-                deadline = time.monotonic() + timeout
-                continue
-            if not call.event.is_set():
-                address = self.endpoints[call.rank]
-                raise DeadlineError(
-                    f"{call.op}{'' if call.table is None else f' {call.table!r}'}: {self.role} {call.rank} at "
-                    f"{address} did not answer within {timeout:.3g} s (connection: {self._state[call.rank]}); "
-                    f"the server may be dead, hung or overloaded. Change the limit with {self.timeout_setting}",
-                    op=call.op, role=self.role, rank=call.rank, address=address, seconds=timeout,
-                    setting=self.timeout_setting,
-                )  # fmt: skip
-        if call.failure is not None:
-            raise call.failure
-        reply = call.reply
-        assert reply is not None, "a call is set with a reply or a failure"
-        if not reply.ok:
-            raise self._remote_error(call, reply.error or {})
-        return reply
-
-    def settled(self, call: Call, seconds: float) -> bool:
-        """Whether ``call`` is answered within ``seconds`` (reading replies meanwhile)."""
-        return self._await(call, time.monotonic() + seconds)
-
-    def forget(self, call: Call) -> None:
-        """Stop waiting for ``call`` (its reply, if any arrives, is dropped)."""
-        self._forget(call)
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Stop the I/O thread and close every socket; pending calls fail as unavailable."""
-        if self._closing.is_set():
-            return
-        self._closing.set()
-        self.nudge()
-        self._thread.join(timeout)
-        with self._io:
-            self._sockets_closed = True
-            for sock in [*self._monitors, *self._dealers]:
-                sock.close(linger=0)
-        with self._lock:
-            pending, self._pending = list(self._pending.values()), {}
-        for call in pending:
-            call.failure = UnavailableError(
-                f"{call.op}: the PSClient was closed before {self.role} {call.rank} answered",
-                op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
-            )  # fmt: skip
-            self._settle(call)
-        self._context.term()
-        os.close(self._nudge_r)
-        os.close(self._nudge_w)
-        self._nudge_r = self._nudge_w = -1  # the numbers may be reused by other files
-
-    # -- internals ---------------------------------------------------------------------
-
-    def _forget(self, call: Call) -> None:
-        with self._lock:
-            removed = self._pending.pop(call.id, None)
-        if removed is not None:
-            self._slots.release()
-            if call.slot is not None:  # the server may still write there: not reused yet
-                self.replies.orphan(call.id, call.slot)
+    def _fail_unavailable(self, call: Call, why: str | None) -> None:
+        """Fail ``call`` (taken out of the book) as unavailable, saying ``why``."""
+        call.failure = UnavailableError(
+            f"{call.op}: {why}",
+            op=call.op, role=self.role, rank=call.rank, address=self.endpoints[call.rank],
+        )  # fmt: skip
+        self._receiving.settle(call)
 
     def _remote_error(self, call: Call, error: dict) -> Exception:
         kind = str(error.get("type", "Error"))
@@ -380,18 +395,12 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
             rank=call.rank, address=self.endpoints[call.rank], op=call.op,
         )  # fmt: skip
 
-    def nudge(self) -> None:
-        """Wake the I/O thread now (a close, a reconnect or new servers asked for)."""
-        # a full pipe: the thread is awake already; -1: the channel is closed
-        with contextlib.suppress(OSError):
-            os.write(self._nudge_w, b"\0")
-
     def _run(self) -> None:
-        poller = self._poller
+        links = self._links
+        poller = links.poller
         poller.register(self._nudge_r, zmq.POLLIN)
         with self._io:
-            for rank in range(len(self._dealers)):
-                self._watch(rank)
+            links.watch_all()
         try:
             while not self._closing.is_set():
                 ready = poller.poll(_POLL_MS)
@@ -399,56 +408,13 @@ class Channel(ServerLinks, ReceivingByWaiters, Closing):
                     while _nudged(self._nudge_r):
                         pass
                 with self._io:
-                    self._serve_revivals()
-                    self._serve_growth()
+                    links.serve_requests()
                     for what, _ in ready:
-                        watched = self._monitor_of.get(what)
-                        if watched is not None and not what.closed:
-                            self._on_event(watched, recv_monitor_message(what))
+                        links.on_ready(what)
                     # replies nobody waits for yet (see channel_receive)
-                    self._drain_all()
-                    self._flush_backlogs()
+                    self._receiving.drain_all()
+                    links.flush_backlogs()
         except zmq.ContextTerminated:  # pragma: no cover - close() joins first
             pass
         except Exception:  # pragma: no cover - a bug here must not hang callers silently
             log.exception("sparseps client I/O thread failed; pending requests will time out")
-
-    def _forward(self, call: Call, frames: list) -> None:
-        """Send ``call``'s frames on its server's DEALER (the caller, under the socket lock)."""
-        rank = call.rank
-        if self._lost[rank] is not None or self._refused[rank] is not None:
-            # Fail at once rather than queue behind a handshake that keeps failing.
-            self._fail_if_pending(call, self._lost[rank] or self._refused[rank])
-            return
-        backlog = self._backlog[rank]
-        if backlog:  # keep the order of requests to one server
-            backlog.append(frames)
-            return
-        try:
-            transport.send_frames(self._dealers[rank], frames, flags=zmq.NOBLOCK)
-        except zmq.Again:  # no usable connection yet: the I/O thread sends it later
-            backlog.append(frames)
-
-    def _flush_backlogs(self) -> None:
-        """Send what zmq could not take before; fail it if the server refused us."""
-        for rank, backlog in enumerate(self._backlog):
-            while backlog:
-                frames = backlog[0]
-                call_id = peek_request_id(frames[:1])
-                with self._lock:
-                    waiting = call_id in self._pending
-                if call_id is None or not waiting:  # its caller timed out and forgot it
-                    backlog.popleft()
-                    continue
-                if self._refused[rank] is not None:
-                    backlog.popleft()
-                    with self._lock:
-                        call = self._pending.pop(call_id, None)
-                    if call is not None:
-                        self._fail_unavailable(call, self._refused[rank])
-                    continue
-                try:
-                    transport.send_frames(self._dealers[rank], frames, flags=zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                backlog.popleft()

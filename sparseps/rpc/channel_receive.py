@@ -15,9 +15,14 @@ once per poll round (``_POLL_MS``), so a reply nobody waits for yet (a push whos
 is waited on later) is delivered within that round and frees its in-flight slot;
 :meth:`collect` reads at once without waiting (``Handle.done``).
 
-Delivering a reply (:meth:`_deliver`) matches it to its call, frees the call's in-flight
-slot (and its reply slot, unless the answer is in it: :mod:`.reply_slots`), holds the
-answer to its op's schema (:mod:`.answers`) and wakes the call's waiter.
+Delivering a reply (:meth:`ReceivingByWaiters._deliver`) matches it to its call (taking
+it out of the book of waiting calls frees its in-flight slot), frees its reply slot unless
+the answer is in it (:mod:`.reply_slots`), holds the answer to its op's schema
+(:mod:`.answers`) and wakes the call's waiter.
+
+The channel holds one :class:`ReceivingByWaiters` beside its connections
+(:class:`~sparseps.rpc.channel_links.ServerLinks`, whose DEALERs it reads) and the book of
+waiting calls (:class:`~sparseps.rpc.call.PendingCalls`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from .answers import check_answer
 from .protocol import decode_reply, peek_request_id
 
 if TYPE_CHECKING:
-    from .call import Call
+    from .call import Call, PendingCalls
+    from .channel_links import ServerLinks
     from .ops import OpSchema
     from .protocol import Limits
     from .reply_slots import SlotOffers
@@ -53,38 +59,33 @@ _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class ReceivingByWaiters:
-    """The receiving half of :class:`Channel` (a mixin; the state is set up by
-    :meth:`_init_receiving`).
+    """How the waiting threads read and deliver the replies of a channel's calls.
 
-    Lock order: the socket lock (``_io``) before the pending-calls lock (``_lock``).
+    Args:
+        io: the socket lock (every use of a DEALER holds it).
+        links: the connections, whose DEALERs are read.
+        calls: the waiting calls, matched to replies by id.
+        replies: the reply slots offered with calls (an answer may be in one).
+        limits: message size limits (replies are decoded against them).
+        ops: the peers' op table (an ok reply is held to its op's answer).
+        role: what the peers are, in messages.
+
+    Lock order: the socket lock before this object's own lock (the leader and the
+    followers) and the book's.
     """
 
-    if TYPE_CHECKING:  # what it uses of Channel
-        _io: threading.Lock
-        _lock: threading.Lock
-        _dealers: list[zmq.Socket]
-        _lost: list[str | None]
-        _rank_of: dict[int, int]
-        _sockets_closed: bool
-        _pending: dict[int, Call]
-        _slots: threading.BoundedSemaphore
-        endpoints: tuple[str, ...]
-        limits: Limits
-        ops: Mapping[str, OpSchema]
-        replies: SlotOffers
-        role: str
-
-    def _init_receiving(self) -> None:
+    def __init__(self, *, io: threading.Lock, links: ServerLinks, calls: PendingCalls,
+                 replies: SlotOffers, limits: Limits, ops: Mapping[str, OpSchema],
+                 role: str) -> None:  # fmt: skip
+        self._io, self._links, self._calls = io, links, calls
+        self._replies, self._limits, self._ops, self._role = replies, limits, ops, role
+        self._lock = threading.Lock()
         self._leading = False  # a waiter is reading the DEALERs (under _lock)
         # a waiting thread's wake -> the call it waits for (two threads may wait for one)
         self._followers: dict[threading.Event, Call] = {}
         self._wakes = threading.local()
-        # bumped (under _io) whenever the set of DEALER descriptors changes
-        self._fds_version = 0
 
-    # -- called by Channel -----------------------------------------------------------
-
-    def _settle(self, call: Call) -> None:
+    def settle(self, call: Call) -> None:
         """Mark ``call`` answered (its reply or failure is set) and wake its waiter."""
         call.event.set()
         with self._lock:
@@ -92,7 +93,7 @@ class ReceivingByWaiters:
                 if waiting is call:
                     wake.set()
 
-    def _await(self, call: Call, deadline: float) -> bool:
+    def await_reply(self, call: Call, deadline: float) -> bool:
         """Wait until ``call`` is answered (True) or ``deadline`` (monotonic) passed (False),
         reading the sockets when no other waiting thread does."""
         wake = self._wake_event()
@@ -129,10 +130,27 @@ class ReceivingByWaiters:
         if not self._io.acquire(blocking=False):
             return
         try:
-            if not self._sockets_closed:
-                self._drain_all()
+            if not self._links.closed:
+                self.drain_all()
         finally:
             self._io.release()
+
+    def drain_all(self) -> None:
+        """Deliver every reply waiting on a live server's DEALER (socket lock held)."""
+        links = self._links
+        for rank in range(len(links.dealers)):
+            if links.lost(rank) is None:
+                self.drain(rank)
+
+    def drain(self, rank: int) -> None:
+        """Deliver every reply waiting on server ``rank``'s DEALER (socket lock held)."""
+        sock = self._links.dealers[rank]
+        while cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+            try:
+                frames = transport.recv_frames(sock, block=False)
+            except zmq.Again:  # pragma: no cover - EVENTS said a message was there
+                return
+            self._deliver(rank, frames)
 
     # -- internals -------------------------------------------------------------------
 
@@ -147,34 +165,30 @@ class ReceivingByWaiters:
         if not self._leading and self._followers:
             next(iter(self._followers)).set()
 
-    def _drain_all(self) -> None:
-        for rank in range(len(self._dealers)):
-            if self._lost[rank] is None:
-                self._drain(rank)
-
     def _lead(self, call: Call, deadline: float) -> bool:
         """Read every DEALER until ``call`` is answered or ``deadline``."""
+        links = self._links
         poller = select.poll()
         polled: dict[int, int] = {}
         version = -1
         fired: set[int] | None = None  # None: drain every socket
         while True:
             with self._io:
-                if self._sockets_closed:
+                if links.closed:
                     return call.event.is_set()
-                if version != self._fds_version:  # a server was added, lost or revived
+                if version != links.version:  # a server was added, lost or revived
                     for fd in polled:
                         poller.unregister(fd)
-                    polled = dict(self._rank_of)
+                    polled = dict(links.descriptors)
                     for fd in polled:
                         poller.register(fd, select.POLLIN)
-                    version, fired = self._fds_version, None
+                    version, fired = links.version, None
                 if fired is None:
-                    self._drain_all()
+                    self.drain_all()
                 else:
                     for rank in fired:
-                        if self._lost[rank] is None:
-                            self._drain(rank)
+                        if links.lost(rank) is None:
+                            self.drain(rank)
             if call.event.is_set():
                 return True
             remaining = deadline - time.monotonic()
@@ -183,50 +197,36 @@ class ReceivingByWaiters:
             ready = poller.poll(min(remaining, _LEAD_POLL_S) * 1000)
             fired = {polled[fd] for fd, _ in ready if fd in polled} if ready else None
 
-    def _drain(self, rank: int) -> None:
-        """Deliver every reply waiting on server ``rank``'s DEALER (socket lock held)."""
-        sock = self._dealers[rank]
-        while cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
-            try:
-                frames = transport.recv_frames(sock, block=False)
-            except zmq.Again:  # pragma: no cover - EVENTS said a message was there
-                return
-            self._deliver(rank, frames)
-
     def _deliver(self, rank: int, frames: list) -> None:
         try:
-            reply = decode_reply(frames, self.limits)
+            reply = decode_reply(frames, self._limits)
         except ProtocolError as exc:
-            call_id = peek_request_id(frames)
-            with self._lock:
-                call = None if call_id is None else self._pending.pop(call_id, None)
+            call = self._calls.take(peek_request_id(frames))
             if call is None:
                 log.warning("dropped a malformed reply from server %d: %s", rank, exc)
                 return
-            self._slots.release()
-            self.replies.give_back(call.slot)
+            self._replies.give_back(call.slot)
             self._fail_malformed(call, rank, exc)
             return
-        with self._lock:
-            call = None if reply.id is None else self._pending.pop(reply.id, None)
+        call = self._calls.take(reply.id)
         if call is None:
-            self.replies.late_reply(reply.id)
+            self._replies.late_reply(reply.id)
             log.debug(
                 "dropped a late reply from server %d (request %s gave up waiting)", rank, reply.id
             )
             return
-        self._slots.release()
         try:
-            reply = self.replies.receive(call.slot, reply, self.endpoints[rank])
-            check_answer(reply, self.ops.get(call.op))
+            reply = self._replies.receive(call.slot, reply, self._links.endpoints[rank])
+            check_answer(reply, self._ops.get(call.op))
         except ProtocolError as exc:
             self._fail_malformed(call, rank, exc)
             return
         call.reply = reply
-        self._settle(call)
+        self.settle(call)
 
     def _fail_malformed(self, call: Call, rank: int, exc: ProtocolError) -> None:
         call.failure = ProtocolError(
-            f"{call.op}: malformed reply from {self.role} {rank} at {self.endpoints[rank]}: {exc}"
+            f"{call.op}: malformed reply from {self._role} {rank} at "
+            f"{self._links.endpoints[rank]}: {exc}"
         )
-        self._settle(call)
+        self.settle(call)
