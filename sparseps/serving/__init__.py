@@ -3,7 +3,10 @@
 ``sparseps serve MODEL_DIR`` (docs/serving.md). One concept per module:
 
 - :mod:`.config`: :class:`ServeConfig`, the service's settings, validated;
-- :mod:`.requests`: a request body (JSON rows, JSON columns, Arrow) -> a ``Batch``;
+- :mod:`.requests`: a request body (JSON rows, JSON columns, Arrow) -> a ``Batch``, over
+  :mod:`.limits` (``RequestLimits``, ``RequestError``), :mod:`.arrow_body` (an Arrow stream
+  read batch by batch, each checked from its header, :mod:`.arrow_header`, before it is
+  decoded) and :mod:`.request_columns` (the columns checked and converted);
 - :mod:`.watcher`: :class:`ModelWatcher`, polls the chain and swaps immutable models;
 - :mod:`.metrics`: :class:`ServeMetrics`, the Prometheus registry of one service;
 - :mod:`.app`: the Starlette routes (``/predict``, ``/healthz``, ``/model``, ``/metrics``);

@@ -63,7 +63,7 @@ def arrow_table(body: bytes, schema: Schema, limits: RequestLimits) -> pa.Table:
             batch = pa.ipc.read_record_batch(message, arrow_schema)
             batch.validate(full=True)
             batches.append(batch)
-    except (pa.ArrowInvalid, OSError, MalformedHeader) as exc:
+    except (pa.ArrowException, OSError, MalformedHeader, UnicodeDecodeError) as exc:
         raise RequestError(400, f"body: not an Arrow IPC stream ({exc})") from None
     return pa.Table.from_batches(batches, arrow_schema)
 

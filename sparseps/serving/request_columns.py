@@ -68,13 +68,15 @@ def batch_from_table(
 
 
 def check_names(names: list[str], schema: Schema) -> None:
+    """Refuse (400) a column the request schema does not name, or one named twice."""
     known = {*schema.labels, *schema.dense, *schema.slots}
     unknown = [name for name in names if name not in known]
     if unknown:
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise RequestError(
             400,
-            f"{unknown[0]}: not a column of the request schema (unknown: {unknown}; dense: "
-            f"{list(schema.dense)}, slots: {list(schema.slots)})",
+            f"{unknown[0]}: not a column of the request schema (unknown: {unknown[:5]}{more}; "
+            f"dense: {list(schema.dense)}, slots: {list(schema.slots)})",
         )
     if len(set(names)) < len(names):
         twice = next(name for name in names if names.count(name) > 1)
@@ -126,6 +128,8 @@ def _ids_in(column: pa.ChunkedArray) -> int:
 
 
 def _dense_column(column: pa.Array, name: str) -> np.ndarray:
+    if pa.types.is_integer(column.type):  # beyond 2**53 an integer is rounded, not refused
+        column = pc.cast(column, pa.float64(), safe=False)
     values, _, bad = float_column(column)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])

@@ -144,6 +144,7 @@ def test_a_bomb_is_refused_before_it_is_decoded(limited, client, make, field):
     measured = (
         f"{got.status_code} {got.text[:200]}; peak RSS +{grown >> 20} MB; /healthz {slowest:.2f} s"
     )
+    print(f"{make.__name__}: {len(body)} bytes: {measured}")  # shown by pytest -rP
     assert got.status_code == 413 and got.json()["error"].startswith(field), measured
     assert grown < GROWTH_BYTES, measured
     assert slowest < HEALTHZ_S, measured
@@ -221,4 +222,32 @@ def test_a_column_sent_twice_is_refused(client):
         assert got.status_code == 400, (names, got.status_code, got.content[:200])
         error = got.json()["error"]
         assert error.startswith(f"{names[0]}: ") and "2 times" in error, error
+    no_5xx(client)
+
+
+def lying_offsets(offsets: list[int]) -> bytes:
+    """A stream of one list column (C2, two rows) whose offsets are rewritten to
+    ``offsets`` in the body after it was written: what a damaged or hostile client sends."""
+    lists = pa.ListArray.from_arrays(
+        pa.array([0, 1, 3], pa.int32()), pa.array([7] * 3, pa.uint64())
+    )
+    body = arrow_body([pa.record_batch({"C2": lists})])
+    written = np.array([0, 1, 3], "<i4").tobytes()
+    assert body.count(written) == 1
+    return body.replace(written, np.array(offsets, "<i4").tobytes())
+
+
+@pytest.mark.parametrize(
+    "offsets", [[0, 1, 1 << 30], [0, 3, 1], [0, -1, 3], [0, 1, -3], [5, 1, 3], [-8, 1, 3]]
+)
+def test_list_offsets_that_lie_are_refused(limited, client, offsets):
+    """Each decoded batch is validated in full. Before, [0, 3, 1] and [0, -1, 3] answered
+    200 from ids read outside the column, the others got 500s, and [0, 1, 2**30] crashed
+    the interpreter (SIGSEGV) when decoded in process. (Last in the module, so a crash
+    takes no other test's service down.)"""
+    got = client.post("/predict", content=lying_offsets(offsets), headers={"content-type": ARROW})
+    assert got.status_code == 400, (got.status_code, got.content[:200])
+    error = got.json()["error"]
+    assert error.startswith("body: not an Arrow IPC stream") and "ffset" in error, error
+    assert client.get("/healthz").status_code == 200 and limited.process.poll() is None
     no_5xx(client)

@@ -1,0 +1,140 @@
+"""Request decoding in process (no service): compressed Arrow bodies decode to what the
+uncompressed ones do, a damaged stream is a 400 whatever byte is damaged, and the limits
+on rows, feature ids and decoded bytes hold for every body shape.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sparseps.data.schema import CRITEO
+from sparseps.serving.arrow_header import batch_header
+from sparseps.serving.requests import ARROW_STREAM, RequestError, batch_from_body
+
+JSON = "application/json"
+
+
+def arrow_body(table: pa.Table, compression: str | None = None) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table, max_chunksize=40)
+    return sink.getvalue().to_pybytes()
+
+
+def request_table(rows: int = 100, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    ids = pa.array(rng.integers(0, 2**63, 3 * rows, dtype=np.uint64))
+    offsets = pa.array(np.arange(0, 3 * rows + 1, 3, dtype=np.int32))
+    return pa.table(
+        {
+            "I1": pa.array(np.where(rng.random(rows) < 0.2, np.nan, rng.random(rows) * 100)),
+            "I2": pa.array(rng.integers(0, 50, rows)),
+            "C1": pa.array([f"{v:08x}" if v % 5 else None for v in rng.integers(0, 2**32, rows)]),
+            "C2": pa.ListArray.from_arrays(offsets, ids),
+            "C3": pa.array(rng.integers(-(2**62), 2**62, rows)),
+        }
+    ).replace_schema_metadata(None)
+
+
+def same_batch(a, b) -> None:
+    np.testing.assert_array_equal(a.dense, b.dense)
+    assert a.slots.keys() == b.slots.keys()
+    for name in a.slots:
+        np.testing.assert_array_equal(a.slots[name].values, b.slots[name].values)
+        np.testing.assert_array_equal(a.slots[name].offsets, b.slots[name].offsets)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lz4"])
+def test_compressed_bodies_decode_as_uncompressed_ones(compression):
+    table = request_table().drop_columns(["I1"])  # NaN is refused: not a finite number
+    plain = batch_from_body(arrow_body(table), ARROW_STREAM, CRITEO, max_rows=1000)
+    packed = arrow_body(table, compression)
+    got = batch_from_body(packed, ARROW_STREAM, CRITEO, max_rows=1000)
+    same_batch(got, plain)
+    assert got.slots["C2"].values.size == 300 and got.slots["C1"].values.size > 50
+
+
+def test_the_header_gives_what_a_batch_decodes_to():
+    table = request_table(40).drop_columns(["I1"])
+    for compression in (None, "zstd"):
+        reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(arrow_body(table, compression)))
+        reader.read_next_message()  # the schema
+        message = reader.read_next_message()
+        header = batch_header(message)
+        batch = pa.ipc.read_record_batch(message, table.schema)
+        assert header.rows == 40
+        # arrays in schema order: I2, C1, C2 (lists), C2 (values), C3
+        assert header.nodes[:, 0].tolist() == [40, 40, 40, 120, 40]
+        assert header.nodes[1, 1] == batch.column("C1").null_count
+        # every buffer, padded to 8 bytes; at least the arrays' own bytes
+        assert batch.nbytes <= header.decoded_bytes <= batch.nbytes + 8 * 16
+
+
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_damaged_stream_is_a_400_whatever_byte_is_damaged(compression):
+    """Each byte of a small stream altered in turn: a 400 (or, where the byte did not
+    matter, an answer) and never another exception."""
+    table = request_table(20).drop_columns(["I1"])
+    body = arrow_body(table, compression)
+    good = batch_from_body(body, ARROW_STREAM, CRITEO, max_rows=1000)
+    refused = 0
+    for position in range(len(body)):
+        for value in (0x00, 0xFF, body[position] ^ 0x40):
+            damaged = bytearray(body)
+            damaged[position] = value
+            try:
+                batch = batch_from_body(bytes(damaged), ARROW_STREAM, CRITEO, max_rows=1000)
+            except RequestError as exc:
+                assert exc.status in (400, 413), (position, exc)
+                refused += 1
+                continue
+            assert len(batch) == len(good)
+    assert refused > len(body)  # most damage is seen
+
+
+def test_rows_ids_and_bytes_limits_for_each_shape():
+    table = request_table(100).drop_columns(["I1"])
+    arrow = arrow_body(table, "zstd")
+    rows = [{"I2": 1, "C2": [1, 2, 3], "C1": "a"}] * 100
+    bodies = {
+        "arrow": (arrow, ARROW_STREAM),
+        "rows": (json.dumps({"rows": rows}).encode(), JSON),
+        "columns": (
+            json.dumps({"columns": {k: [r[k] for r in rows] for k in rows[0]}}).encode(),
+            JSON,
+        ),
+    }
+    for name, (body, kind) in bodies.items():
+        # C2's lists, then one per non-null C1 (and C3)
+        ids = 400 if name != "arrow" else 300 + 100 + 100 - table.column("C1").null_count
+        assert len(batch_from_body(body, kind, CRITEO, max_rows=100, max_ids=600)) == 100
+        with pytest.raises(RequestError, match="^rows: ") as too_many:
+            batch_from_body(body, kind, CRITEO, max_rows=99)
+        assert too_many.value.status == 413
+        with pytest.raises(RequestError, match="^ids: ") as too_many:
+            batch_from_body(body, kind, CRITEO, max_rows=100, max_ids=ids - 1)
+        assert too_many.value.status == 413, name
+    with pytest.raises(RequestError, match="^body: decodes to") as too_big:
+        batch_from_body(arrow, ARROW_STREAM, CRITEO, max_rows=100, max_decoded_bytes=1024)
+    assert too_big.value.status == 413
+
+
+def test_json_rows_are_counted_while_parsing():
+    body = ("{" + '"rows": [' + ",".join(["{}"] * 5000) + "]}").encode()
+    with pytest.raises(RequestError, match=r"^rows: more than 100 rows") as refused:
+        batch_from_body(body, JSON, CRITEO, max_rows=100)
+    assert refused.value.status == 413
+
+
+def test_integers_past_float64_precision_are_dense_values():
+    """An int64 beyond 2**53 is rounded to float64 (then float32), not an error."""
+    big = 2**60
+    arrow = arrow_body(pa.table({"I2": pa.array([big, 3], pa.int64())}))
+    for body, kind in ((arrow, ARROW_STREAM), (json.dumps({"rows": [{"I2": big}]}).encode(), JSON)):
+        batch = batch_from_body(body, kind, CRITEO, max_rows=10)
+        assert batch.dense[0, 1] == np.log1p(np.float32(big))  # the float32 transform
