@@ -1,6 +1,6 @@
-"""The dense-table ops (a model's non-embedding weights, one float32 vector per table),
-mixed into the server state: create, pull, push (with the values after the step when
-asked: one round trip for an async worker's step), geo's delta and set. The vector and
+"""``DenseOps``: the dense-table ops (a model's non-embedding weights, one float32 vector
+per table): create, pull, push (with the values after the step when asked: one round
+trip for an async worker's step), geo's delta and set. The vector and
 its optimizer state are a :class:`~sparseps.table.dense.DenseTable`; saving and loading
 them are file ops (:mod:`sparseps.server.file_ops`).
 """
@@ -15,39 +15,32 @@ from ..errors import ConfigError, InputError
 from .entries import TableEntry, config_differences
 
 if TYPE_CHECKING:
-    import threading
-
     from ..rpc.protocol import Request
     from ..table.dense import DenseTable
+    from .entries import Answer, Tables
 
 __all__ = ["DenseOps"]
 
 
 class DenseOps:
-    """The ``_op_*_dense`` handlers of :class:`~sparseps.server.handlers.ServerState`."""
+    """The dense-table ops of one server (one shard copy).
 
-    if TYPE_CHECKING:  # what ServerState, the class this is mixed into, provides
-        rank: int
-        _dense: dict[str, TableEntry[DenseTable]]
-        _registry: threading.Lock
+    Args:
+        tables: the dense tables placed on this server.
+    """
 
-    def _dense_entry(self, request: Request) -> TableEntry[DenseTable]:
-        entry = self._dense.get(str(request.table))  # the op's schema requires a table
-        if entry is None:
-            raise InputError(
-                f"server {self.rank}: dense table {request.table!r} does not exist "
-                f"(dense tables: {sorted(self._dense) or 'none'}); create it with PSClient.create_dense first"
-            )
-        return entry
+    def __init__(self, tables: Tables[DenseTable]) -> None:
+        self.tables = tables
+        self.rank = tables.rank
 
-    def _read_back(self, request: Request) -> list[np.ndarray]:
+    def read_back(self, request: Request) -> list[np.ndarray]:
         """What a repeated update still reads: it is not applied again, but a
         ``push_dense`` that asked for the values after its step gets the current ones."""
         if request.op == "push_dense" and request.args.get("pull"):
-            return self._op_pull_dense(request)[1]
+            return self.pull_dense(request)[1]
         return []
 
-    def _op_create_dense(self, request: Request):
+    def create_dense(self, request: Request) -> Answer:
         from ..optim import rule_from_dict
         from ..table import DenseTable
 
@@ -69,8 +62,8 @@ class DenseOps:
             raise InputError(
                 f"create_dense {request.table!r}: init has shape {init.shape}, expected ({size},)"
             )
-        with self._registry:
-            entry = self._dense.get(name)
+        with self.tables.creating:
+            entry = self.tables.get(name)
             if entry is not None:
                 if entry.spec == spec:
                     return {"created": False}, []
@@ -80,13 +73,13 @@ class DenseOps:
                     + "; ".join(diff)
                 )
             table = DenseTable(name, size, rule=rule, init=None if init is None else np.array(init))
-            self._dense[name] = TableEntry(table, spec=spec)
+            self.tables.add(name, TableEntry(table, spec=spec))
         return {"created": True}, []
 
     def _dense_values(
         self, request: Request
     ) -> tuple[TableEntry[DenseTable], DenseTable, np.ndarray]:
-        entry = self._dense_entry(request)
+        entry = self.tables.entry(request)
         values = request.bufs["values"]
         if values.shape != (entry.spec["size"],):
             raise InputError(
@@ -94,26 +87,26 @@ class DenseOps:
             )
         return entry, entry.table, values
 
-    def _op_pull_dense(self, request: Request):
-        entry = self._dense_entry(request)
+    def pull_dense(self, request: Request) -> Answer:
+        entry = self.tables.entry(request)
         with entry.lock.read():
             values = entry.table.pull()
         return None, [values]
 
-    def _op_push_dense(self, request: Request):
+    def push_dense(self, request: Request) -> Answer:
         entry, table, values = self._dense_values(request)
         with entry.lock.write():
             table.push(values)
             fresh = [table.pull()] if request.args.get("pull") else []
         return None, fresh
 
-    def _op_push_dense_delta(self, request: Request):
+    def push_dense_delta(self, request: Request) -> Answer:
         entry, table, values = self._dense_values(request)
         with entry.lock.write():
             table.add(values)
         return None, []
 
-    def _op_set_dense(self, request: Request):
+    def set_dense(self, request: Request) -> Answer:
         entry, table, values = self._dense_values(request)
         with entry.lock.write():
             table.set(values)

@@ -1,4 +1,5 @@
-"""Placement and live migration ops (issue 23), mixed into the server state.
+"""``ElasticMoves``: a server's placement and the live migration ops (issue 23), a part of
+:class:`~sparseps.server.handlers.ServerState`.
 
 A server with a placement (:mod:`sparseps.core.placement`) checks each key's virtual
 shard against it instead of ``server_of(key, S)``, and refuses keys of shards it does not
@@ -30,10 +31,12 @@ owner. Never both, never neither.
 A server in a move (a source from ``move_begin``, a destination from ``move_begin(...,
 receive=1)``, until ``set_placement`` installs a newer version) refuses the table-wide
 ops that read or rewrite every row (decay, shrink, save, load, save_inference,
-commit_inference) with :class:`MoveInProgressError`, checked inside the table's lock; the
-client waits for the move to end and sends them again (:mod:`sparseps.rpc.placed`). A
-save, an inference save and a shrink's answer keep only the rows of shards the server
-owns (a source still holds the moved rows between the bump and ``move_drop``).
+commit_inference) with :class:`MoveInProgressError`, checked inside the table's lock
+(:meth:`ElasticMoves.refuse_during_move`, called by those ops' parts); the client waits
+for the move to end and sends them again (:mod:`sparseps.rpc.placed`). A save, an
+inference save and a shrink's answer keep only the rows of shards the server owns (a
+source still holds the moved rows between the bump and ``move_drop``;
+:class:`~sparseps.server.ownership.KeyOwnership`).
 """
 
 from __future__ import annotations
@@ -55,8 +58,10 @@ from ..table.columns import (
 
 if TYPE_CHECKING:
     from ..rpc.protocol import Request
+    from ..table import SparseTable
+    from .entries import Answer, Tables
 
-__all__ = ["ROW_BUFS", "PENDING_BUFS", "ElasticOps", "MoveInProgressError"]
+__all__ = ["ROW_BUFS", "PENDING_BUFS", "ElasticMoves", "MoveInProgressError"]
 
 # move_export's reply buffers and move_import's request buffers (r_/p_ prefixed), in order:
 # the table's export columns (their dtypes are listed in rpc/ops.py)
@@ -69,26 +74,59 @@ class MoveInProgressError(InputError):
     nothing was applied; send it again once the move ended (PSClient does)."""
 
 
-class ElasticOps:
-    """``_op_get_placement`` ... ``_op_move_drop`` of :class:`~sparseps.server.handlers.ServerState`."""
+class ElasticMoves:
+    """The placement a server holds (none until an elastic job installs one), the state of
+    a move it is in, and the ops that install placements and move virtual shards.
 
-    if TYPE_CHECKING:  # what ServerState, the class this is mixed into, provides
-        rank: int
-        replicas: int
-        _sparse: dict
+    Args:
+        rank: the server's rank.
+        replicas: the job's backup copies per shard (placements do not support them yet).
+        tables: the server's sparse tables (the rows that move).
+    """
 
-        def _sparse_entry(self, request: Request): ...
-
-    def _init_elastic(self) -> None:
+    def __init__(self, rank: int, replicas: int, tables: Tables[SparseTable]) -> None:
+        self.rank = rank
+        self.replicas = replicas
+        self.tables = tables
         self._placement: Placement | None = None
-        self._elastic_lock = threading.Lock()
+        self._lock = threading.Lock()
         self._frozen: np.ndarray | None = None  # bool [V]: refused while handed over
         self._moving: np.ndarray | None = None  # bool [V]: dirty keys are remembered
         self._receiving: np.ndarray | None = None  # bool [V]: rows arrive (destination)
         self._dirty: dict[str, list[np.ndarray]] = {}
 
-    # -- the check every keyed op makes ----------------------------------------------
-    def _check_placed(self, request: Request, keys: np.ndarray) -> None:
+    @property
+    def placement(self) -> Placement | None:
+        """The installed placement; None: not an elastic job (keys route by formula)."""
+        return self._placement
+
+    def install(self, new: Placement) -> tuple[int, bool]:
+        """Install ``new`` unless this server holds a newer (or the same) version; ends any
+        move this server was in. Returns ``(the version held now, installed)``.
+
+        Raises:
+            InputError: ``new`` has another number of virtual shards than the job's.
+        """
+        with self._lock:
+            current = self._placement
+            if current is not None:
+                if new.vshards != current.vshards:
+                    raise InputError(
+                        f"server {self.rank}: placement version {new.version} has {new.vshards} "
+                        f"virtual shards, the job has {current.vshards} (fixed per job)"
+                    )
+                if new.version <= current.version:
+                    return current.version, False
+            self._placement = new
+            self._frozen = self._moving = self._receiving = None
+            self._dirty = {}
+        return new.version, True
+
+    # -- the check every keyed op makes under a placement -------------------------------
+    def check_placed(self, request: Request, keys: np.ndarray) -> None:
+        """Refuse keys of shards this server does not own or hands over
+        (:class:`PlacementError`: the client refreshes and resends); remember the updated
+        keys of moving shards (the dirty keys)."""
         placement = self._placement
         assert placement is not None  # called only with one installed
         if not len(keys):
@@ -111,38 +149,25 @@ class ElasticOps:
         if moving is not None and request.op in UPDATE_OPS:
             mask = moving[vs]
             if mask.any():
-                with self._elastic_lock:
+                with self._lock:
                     self._dirty.setdefault(str(request.table), []).append(keys[mask].copy())
 
     # -- placement --------------------------------------------------------------------
-    def _op_get_placement(self, request: Request):
-        tables = {name: entry.table.config.to_dict() for name, entry in list(self._sparse.items())}
+    def get_placement(self, request: Request) -> Answer:
+        tables = {name: entry.table.config.to_dict() for name, entry in self.tables.items()}
         placement = self._placement
         if placement is None:
             return {"version": 0, "tables": tables}, []
         args, owners = placement.to_wire()
         return {**args, "tables": tables}, [owners]
 
-    def _op_set_placement(self, request: Request):
+    def set_placement(self, request: Request) -> Answer:
         if self.replicas:
             raise InputError(
                 f"server {self.rank}: placements (elastic jobs) do not support replicas yet"
             )
-        new = Placement.from_wire(request.args, request.bufs["owners"])
-        with self._elastic_lock:
-            current = self._placement
-            if current is not None:
-                if new.vshards != current.vshards:
-                    raise InputError(
-                        f"server {self.rank}: placement version {new.version} has {new.vshards} "
-                        f"virtual shards, the job has {current.vshards} (fixed per job)"
-                    )
-                if new.version <= current.version:
-                    return {"version": current.version, "installed": False}, []
-            self._placement = new
-            self._frozen = self._moving = self._receiving = None
-            self._dirty = {}
-        return {"version": new.version, "installed": True}, []
+        version, installed = self.install(Placement.from_wire(request.args, request.bufs["owners"]))
+        return {"version": version, "installed": installed}, []
 
     def _vshard_mask(self, request: Request) -> np.ndarray:
         placement = self._placement
@@ -159,17 +184,17 @@ class ElasticOps:
         mask[vshards] = True
         return mask
 
-    def _op_move_begin(self, request: Request):
+    def move_begin(self, request: Request) -> Answer:
         mask = self._vshard_mask(request)
         if not request.args.get("receive"):
-            with self._elastic_lock:
+            with self._lock:
                 self._moving = mask if self._moving is None else (self._moving | mask)
             return None, []
         self._refuse_owned(request, mask)
-        with self._elastic_lock:
+        with self._lock:
             self._receiving = mask if self._receiving is None else (self._receiving | mask)
         dropped = 0  # rows an interrupted move left here: the copy starts from nothing
-        for entry in list(self._sparse.values()):
+        for _, entry in self.tables.items():
             with entry.lock.write():
                 dropped += self._drop_rows(entry.table, mask)
         return {"rows": dropped}, []
@@ -180,7 +205,7 @@ class ElasticOps:
             self._moving is not None or self._receiving is not None or self._frozen is not None
         )
 
-    def _refuse_during_move(self, request: Request) -> None:
+    def refuse_during_move(self, request: Request) -> None:
         """Raise :class:`MoveInProgressError` while this server is in a move (the caller
         holds the table's lock: a copy then sees the op's effect, or the op waits)."""
         if self._in_move():
@@ -201,18 +226,18 @@ class ElasticOps:
                 "send it again with the newest placement"
             )
 
-    def _owned_mask(self, keys: np.ndarray) -> np.ndarray | None:
+    def owned_mask(self, keys: np.ndarray) -> np.ndarray | None:
         """Which of ``keys`` this server owns under its placement (None: no placement)."""
         placement = self._placement
         if placement is None:
             return None
         return placement.owner_of(keys) == self.rank if len(keys) else np.zeros(0, bool)
 
-    def _op_move_freeze(self, request: Request):
+    def move_freeze(self, request: Request) -> Answer:
         mask = self._vshard_mask(request)
-        with self._elastic_lock:
+        with self._lock:
             self._frozen = mask if self._frozen is None else (self._frozen | mask)
-        for entry in list(self._sparse.values()):  # wait out pushes already past the check
+        for _, entry in self.tables.items():  # wait out pushes already past the check
             with entry.lock.write():
                 pass
         return None, []
@@ -221,7 +246,7 @@ class ElasticOps:
     def _take_dirty(self, table: str, mask: np.ndarray) -> np.ndarray:
         """The dirty keys of ``table`` in the shards of ``mask``, forgotten (the caller
         holds the table's lock, so no push records one meanwhile)."""
-        with self._elastic_lock:
+        with self._lock:
             parts = self._dirty.pop(table, [])
             keys = np.concatenate(parts) if parts else np.empty(0, np.uint64)
             inside = mask[vshards_of(keys, len(mask))] if len(keys) else np.zeros(0, bool)
@@ -229,10 +254,10 @@ class ElasticOps:
                 self._dirty[table] = [keys[~inside]]  # other destinations' shards
         return np.unique(keys[inside])
 
-    def _op_move_export(self, request: Request):
+    def move_export(self, request: Request) -> Answer:
         """All rows of the shards (``dirty`` 0), or those pushed since the last export of
         these shards (``dirty`` 1); either way the dirty keys restart from this snapshot."""
-        entry = self._sparse_entry(request)
+        entry = self.tables.entry(request)
         mask = self._vshard_mask(request)
         table = entry.table
         with entry.lock.read():
@@ -247,8 +272,8 @@ class ElasticOps:
         out += [np.ascontiguousarray(pending[name]) for name in PENDING_BUFS]
         return {"rows": len(rows["key"]), "pending": len(pending["key"])}, out
 
-    def _op_move_import(self, request: Request):
-        entry = self._sparse_entry(request)
+    def move_import(self, request: Request) -> Answer:
+        entry = self.tables.entry(request)
         bufs = request.bufs
         rows = {name: bufs[f"r_{name}"] for name in ROW_BUFS}
         pending = {name: bufs[f"p_{name}"] for name in PENDING_BUFS}
@@ -259,8 +284,8 @@ class ElasticOps:
                 entry.table.import_pending(pending)
         return {"rows": len(rows["key"]), "pending": len(pending["key"])}, []
 
-    def _op_move_drop(self, request: Request):
-        entry = self._sparse_entry(request)
+    def move_drop(self, request: Request) -> Answer:
+        entry = self.tables.entry(request)
         mask = self._vshard_mask(request)
         self._refuse_owned(request, mask)
         with entry.lock.write():
@@ -278,7 +303,7 @@ class ElasticOps:
             )
 
     @staticmethod
-    def _drop_rows(table, mask: np.ndarray) -> int:
+    def _drop_rows(table: SparseTable, mask: np.ndarray) -> int:
         """Delete the rows and pending counters of the shards of ``mask`` (write lock held)."""
         keys = np.concatenate([table.keys(), table.export_pending()["key"]])
         gone = keys[mask[vshards_of(keys, len(mask))]] if len(keys) else keys

@@ -1,13 +1,24 @@
-"""A server's table with its reader-writer lock, and how two table specs differ."""
+"""A server's tables of one kind by name (:class:`Tables`), each with its reader-writer
+lock (:class:`TableEntry`), and how two table specs differ."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-__all__ = ["RWLock", "TableEntry", "config_differences"]
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..rpc.protocol import Request
+
+__all__ = ["Answer", "RWLock", "TableEntry", "Tables", "config_differences"]
+
+# What an op's handler answers: the reply's result (msgpack-able) and its buffers.
+Answer = tuple[object, "list[np.ndarray]"]
 
 
 class RWLock:
@@ -84,6 +95,61 @@ class TableEntry(Generic[T]):
     table: T
     spec: dict = field(default_factory=dict)
     lock: RWLock = field(default_factory=RWLock)
+
+
+class Tables(Generic[T]):
+    """This server's tables of one kind (sparse or dense) by name, each with its lock.
+
+    Tables are only ever added (a load replaces a table's contents, not its entry), so a
+    looked-up entry stays valid; :meth:`items` is a snapshot a caller may iterate while
+    another thread creates a table.
+
+    Args:
+        rank: the server's rank (for errors).
+        kind: what the tables are, for errors: ``"sparse table"``, ``"dense table"``.
+        listed_as: how an error lists the existing ones: ``"tables"``, ``"dense tables"``.
+        created_by: the client call that creates one, for errors.
+    """
+
+    def __init__(self, rank: int, kind: str, *, listed_as: str, created_by: str) -> None:
+        self.rank = rank
+        self.kind = kind
+        self._listed_as = listed_as
+        self._created_by = created_by
+        self._entries: dict[str, TableEntry[T]] = {}
+        # held from a create's look-up to its add: two creates of one name make one table
+        self.creating = threading.Lock()
+
+    def entry(self, request: Request) -> TableEntry[T]:
+        """The entry of the request's table.
+
+        Raises:
+            InputError: no such table on this server.
+        """
+        entry = self._entries.get(str(request.table))  # the op's schema requires a table
+        if entry is None:
+            raise InputError(
+                f"server {self.rank}: {self.kind} {request.table!r} does not exist "
+                f"({self._listed_as}: {sorted(self._entries) or 'none'}); create it with "
+                f"{self._created_by} first"
+            )
+        return entry
+
+    def get(self, name: str) -> TableEntry[T] | None:
+        return self._entries.get(name)
+
+    def __getitem__(self, name: str) -> TableEntry[T]:
+        return self._entries[name]
+
+    def add(self, name: str, entry: TableEntry[T]) -> None:
+        """Add a table (the caller holds :attr:`creating` and found none of this name)."""
+        self._entries[name] = entry
+
+    def items(self) -> list[tuple[str, TableEntry[T]]]:
+        return list(self._entries.items())
+
+    def names(self) -> list[str]:
+        return list(self._entries)
 
 
 def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:

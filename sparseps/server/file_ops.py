@@ -1,8 +1,9 @@
-"""Server ops that read or write files: shard save/load, dense files, inference saves.
+"""``ShardFiles``: the server ops that read or write files: shard save/load, dense files,
+inference saves.
 
-Mixed into :class:`~sparseps.server.handlers.ServerState` (which finds every ``_op_*``
-method); they run on the server's pool threads, never in its request loop, because they
-take seconds on large tables (:mod:`sparseps.server.loop`).
+They run on the server's pool threads, never in its request loop, because they take
+seconds on large tables (:mod:`sparseps.server.loop`); the paths they are given were
+checked against the server's file roots before (:mod:`sparseps.server.file_guard`).
 """
 
 from __future__ import annotations
@@ -12,43 +13,59 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..core.routing import server_of
 from ..errors import CheckpointError, InputError
 from ..files import shards
-from ..rpc.protocol import Request
 
 if TYPE_CHECKING:
+    from ..rpc.protocol import Request
     from ..table import DenseTable, SparseTable
-    from .entries import TableEntry
+    from .elastic_ops import ElasticMoves
+    from .entries import Answer, Tables
+    from .ownership import KeyOwnership
 
-__all__ = ["FileOps"]
+__all__ = ["ShardFiles"]
 
 
-class FileOps:
-    """The file ops of a server; needs ``rank``, ``num_servers``, ``_sparse_entry`` and
-    ``_dense_entry`` from the class it is mixed into."""
+class ShardFiles:
+    """The file ops of one server (one shard copy).
 
-    if TYPE_CHECKING:  # what ServerState, the class this is mixed into, provides
-        rank: int
-        num_servers: int
-
-        def _sparse_entry(self, request: Request) -> TableEntry[SparseTable]: ...
-        def _dense_entry(self, request: Request) -> TableEntry[DenseTable]: ...
-        def _refuse_during_move(self, request: Request) -> None: ...
-        def _owned_mask(self, keys: np.ndarray) -> np.ndarray | None: ...
+    Args:
+        sparse: the shard's sparse tables.
+        dense: the dense tables placed on this server.
+        ownership: which keys are this server's (what it saves and loads).
+        elastic: the server's placement (a save records its version; these ops are
+            refused during a move).
+        num_servers: servers in the job (recorded in each file, and how a load filters).
+    """
 
     # a tiered table is saved in parts of about this many bytes of rows (its rows may not
     # fit in memory at once); an instance attribute in tests
     save_part_bytes = 256 << 20
 
-    def _op_save(self, request: Request):
+    def __init__(
+        self,
+        sparse: Tables[SparseTable],
+        dense: Tables[DenseTable],
+        ownership: KeyOwnership,
+        *,
+        elastic: ElasticMoves,
+        num_servers: int,
+    ) -> None:
+        self.sparse = sparse
+        self.dense = dense
+        self.rank = sparse.rank
+        self.num_servers = num_servers
+        self.ownership = ownership
+        self.elastic = elastic
+
+    def save(self, request: Request) -> Answer:
         """Write this server's shard of the table: a rows file and a pending file.
 
         A table with ``memory_rows`` writes its rows in parts (``...-of-SSSSS.arrow``,
         then ``...-of-SSSSS.part-00001.arrow``, ...) of about :attr:`save_part_bytes`,
         streamed from its disk tier under the read lock; a load takes any number of files.
         """
-        entry = self._sparse_entry(request)
+        entry = self.sparse.entry(request)
         table = entry.table
         config = table.config.to_dict()
         meta = {
@@ -57,7 +74,7 @@ class FileOps:
             "rank": self.rank,
             "num_servers": self.num_servers,
         }
-        placement = getattr(self, "_placement", None)
+        placement = self.elastic.placement
         if placement is not None:  # an elastic job: rows are where the placement put them
             meta["placement_version"] = placement.version
         directory = request.args["directory"]
@@ -72,20 +89,20 @@ class FileOps:
 
         part_rows = max(1, self.save_part_bytes // (4 * table.layout.width))
         with entry.lock.read():
-            self._refuse_during_move(request)  # elastic: rows would be saved twice or never
-            pending = self._owned_columns(table.export_pending())
+            self.elastic.refuse_during_move(request)  # elastic: rows would be saved twice or never
+            pending = self.ownership.owned_columns(table.export_pending())
             if table.disk_path is None:
-                rows = self._owned_columns(table.export_rows())
+                rows = self.ownership.owned_columns(table.export_rows())
             else:  # streamed: one part in memory at a time, all under the lock
                 rows = None
                 for part, columns in enumerate(table.export_row_parts(part_rows)):
-                    write("rows", self._owned_columns(columns), part)
+                    write("rows", self.ownership.owned_columns(columns), part)
         if rows is not None:  # in memory: the files are written outside the lock
             write("rows", rows)
         write("pending", pending)
         return records, []
 
-    def _op_load(self, request: Request):
+    def load(self, request: Request) -> Answer:
         """Make this server's shard of the table exactly the checkpoint (restore, not merge).
 
         Every file (all of them: a save made on another number of servers spreads this
@@ -94,8 +111,8 @@ class FileOps:
         lock. Rows and pending keys created after the checkpoint are gone; a file that
         fails (corrupt, wrong table, overlapping keys) leaves the table as it was.
         """
-        entry = self._sparse_entry(request)
-        self._refuse_during_move(request)  # early, before reading files (again at the swap)
+        entry = self.sparse.entry(request)
+        self.elastic.refuse_during_move(request)  # early, before reading files (again at the swap)
         loaded = {"rows": 0, "pending": 0, "files": 0}
         specs = [_file_spec(spec) for spec in request.args["files"]]
         fresh = entry.table.empty_like()
@@ -109,7 +126,7 @@ class FileOps:
             with shards.verified_shard(path, sha256=sha256, xxh3_128=xxh3) as (meta, columns):
                 _check_compatible(path, meta, entry.table)
                 loaded["files"] += 1
-                select = self._owned_rows(meta, columns["key"])
+                select = self.ownership.owned_rows(meta, columns["key"])
                 if select is not None and select.size == 0:
                     continue
                 kind = str(meta["kind"])  # "rows" or "pending": checked above
@@ -128,46 +145,15 @@ class FileOps:
                     raise CheckpointError(f"shard file {path}: {exc}") from exc
                 loaded[kind] += len(columns["key"]) if select is None else select.size
         with entry.lock.write():
-            self._refuse_during_move(request)  # elastic: copied rows would be replaced
+            self.elastic.refuse_during_move(request)  # elastic: copied rows would be replaced
             entry.table.adopt(fresh)
         return loaded, []
 
-    def _owned_columns(self, columns: dict) -> dict:
-        """An elastic server's own rows of ``columns``: a source still holds the rows it
-        handed over until ``move_drop``, and they are the new owner's to save."""
-        owned = self._owned_mask(columns["key"])
-        if owned is None or owned.all():
-            return columns
-        return {name: np.ascontiguousarray(values[owned]) for name, values in columns.items()}
-
-    def _owned_rows(self, meta: dict, keys: np.ndarray) -> np.ndarray | None:
-        """Which rows of a shard file this server owns: None for all of them.
-
-        Routing is checked per file: the file of this rank in a save made on this many
-        servers holds exactly this server's keys (its writer owned them by the same
-        rule), the other files of that save none of them. A save made on another number
-        of servers is filtered key by key (one vectorised pass).
-        """
-        placement = getattr(self, "_placement", None)
-        if placement is not None:  # an elastic job: the placement decides, file by file
-            return np.flatnonzero(placement.owner_of(keys) == self.rank) if len(keys) else None
-        if self.num_servers == 1:
-            return None
-        if (
-            meta.get("num_servers") == self.num_servers
-            and isinstance(meta.get("rank"), int)
-            and "placement_version" not in meta  # an elastic save: filtered key by key
-        ):
-            return None if meta["rank"] == self.rank else np.empty(0, np.int64)
-        if not len(keys):
-            return None
-        return np.flatnonzero(server_of(keys, self.num_servers) == self.rank)
-
-    def _op_save_dense(self, request: Request):
+    def save_dense(self, request: Request) -> Answer:
         """Write the dense table (values + optimizer state) as ``dense.npz`` (checkpoints)."""
         from ..files.dense_file import save_dense_file
 
-        entry = self._dense_entry(request)
+        entry = self.dense.entry(request)
         with entry.lock.read():
             arrays = entry.table.export()
         folder = request.args["directory"]
@@ -178,10 +164,10 @@ class FileOps:
                   **shards.checksums_of(path)}  # fmt: skip
         return record, []
 
-    def _op_load_dense(self, request: Request):
+    def load_dense(self, request: Request) -> Answer:
         from ..files.dense_file import load_dense_file
 
-        entry = self._dense_entry(request)
+        entry = self.dense.entry(request)
         path, checksum = request.args["path"], request.args.get("sha256")
         if not os.path.isfile(path):
             raise CheckpointError(f"load_dense {request.table!r}: {path} does not exist")
@@ -197,7 +183,7 @@ class FileOps:
             entry.table.import_(arrays)
         return None, []
 
-    def _op_save_inference(self, request: Request):
+    def save_inference(self, request: Request) -> Answer:
         """Write this shard's embeddings for serving: ``base`` = rows whose score reaches the
         lifecycle's base_score, ``delta`` = rows changed since the previous inference save
         (delta_score > 0). The delta scores restart from zero only on ``commit_inference``,
@@ -207,14 +193,14 @@ class FileOps:
         mode = request.args["mode"]
         if mode not in ("base", "delta"):
             raise InputError(f"save_inference: mode must be 'base' or 'delta', got {mode!r}")
-        entry = self._sparse_entry(request)
+        entry = self.sparse.entry(request)
         table = entry.table
         config = table.config
         kept_keys, kept_embeddings = [], []
         part_rows = max(1, self.save_part_bytes // (4 * table.layout.width))
         with entry.lock.read():  # in parts: a tiered table's rows never all in memory
-            self._refuse_during_move(request)
-            for rows in map(self._owned_columns, table.export_row_parts(part_rows)):
+            self.elastic.refuse_during_move(request)
+            for rows in map(self.ownership.owned_columns, table.export_row_parts(part_rows)):
                 if mode == "base":
                     lifecycle = config.lifecycle
                     keep = score(rows["show"], rows["click"], lifecycle) >= lifecycle.base_score
@@ -239,11 +225,11 @@ class FileOps:
         record = shards.write_shard(request.args["directory"], name, columns, meta)
         return {**record, "rank": self.rank}, []
 
-    def _op_commit_inference(self, request: Request):
+    def commit_inference(self, request: Request) -> Answer:
         """An inference save is in place: restart the changed-rows marker (delta_score)."""
-        entry = self._sparse_entry(request)
+        entry = self.sparse.entry(request)
         with entry.lock.write():
-            self._refuse_during_move(request)
+            self.elastic.refuse_during_move(request)
             entry.table.reset_delta_score()
         return None, []
 
@@ -275,7 +261,7 @@ def _file_spec(spec) -> tuple[str, dict[str, str]]:
     )
 
 
-def _check_compatible(path: str, meta: dict, table) -> None:
+def _check_compatible(path: str, meta: dict, table: SparseTable) -> None:
     """A shard loads into a table with the same row layout: dim, rule kind, state widths.
 
     Rule hyper-parameters (lr, ...) may differ: resuming with a new learning rate is normal.

@@ -1,14 +1,22 @@
-"""What a server does with each validated request: one method per op.
+"""What a server does with each validated request: the op table and the state it runs on.
 
-:class:`ServerState` holds this server's shard of every sparse table and the dense tables
-placed on it. Requests arrive already validated by :func:`sparseps.rpc.protocol.decode_request`
-(types, dtypes, shapes); this module checks what needs server state (does the table
-exist, is the dim right, do the keys belong to this server) and calls the table engine.
+:class:`ServerState` is one copy of a shard: this server's shard of every sparse table
+and the dense tables placed on it. Requests arrive already validated by
+:func:`sparseps.rpc.protocol.decode_request` against their op's schema
+(:data:`sparseps.rpc.ops.OPS`: types, dtypes, shapes); :meth:`ServerState.handle` refuses
+another job's request, keeps updates once-only (:mod:`sparseps.server.applied`) and, with
+replicas, passes writes down the shard's chain (:mod:`sparseps.server.shard_chain`); then
+the op table (:func:`op_table`, at the end of this module) names the code that answers
+each op. The state is held in parts, one concept each:
 
-The ops that read or write files live in :mod:`sparseps.server.file_ops`, the whole-row
-ops of GPUPS in :mod:`sparseps.server.row_ops`, the dense tables' in
-:mod:`sparseps.server.dense_ops` (all mixed in); a table and its lock in
-:mod:`sparseps.server.entries`.
+- ``sparse`` / ``dense``: the tables by name, each with its lock (:mod:`.entries`);
+- ``sparse_ops``: create, pull, prefetch, push, decay, shrink (:mod:`.sparse_ops`);
+- ``rows``: GPUPS' whole rows (:mod:`.row_ops`); ``dense_ops``: the dense tables'
+  ops (:mod:`.dense_ops`); ``files``: saves and loads (:mod:`.file_ops`);
+- ``ownership``: which keys are this server's (:mod:`.ownership`); ``elastic``: an
+  elastic job's placement and moves of virtual shards (:mod:`.elastic_ops`);
+- ``chain``: this copy's place in its shard's chain of copies (:mod:`.shard_chain`);
+  ``backups``: the other shards' copies this server holds, each a ServerState.
 
 Concurrency: data-plane ops run in the server's request loop, long ops on a pool of
 threads (:mod:`sparseps.server.loop`). Each table has a reader-writer lock: pulls, stats
@@ -27,43 +35,75 @@ import os
 import resource
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.closing import Closing
 from ..core.replicas import check_replicas, hosted
-from ..core.routing import misrouted
-from ..errors import ConfigError, InputError, ProtocolError
-from ..rpc.ops import UPDATE_OPS
-from ..rpc.protocol import HEADER_ROOM, PROTOCOL_VERSION, Request
+from ..errors import ProtocolError
+from ..rpc.ops import OPS, UPDATE_OPS, OpSchema
+from ..rpc.protocol import PROTOCOL_VERSION, Request
 from .applied import AppliedUpdates
 from .dense_ops import DenseOps
 from .disk_dir import DiskDir
-from .elastic_ops import ElasticOps
-from .entries import TableEntry, config_differences
+from .elastic_ops import ElasticMoves
+from .entries import Answer, Tables
 from .file_guard import FILE_ARGS, FileGuard
-from .file_ops import FileOps
+from .file_ops import ShardFiles
 from .heap import return_large_frees
 from .log_budget import LogBudget
+from .ownership import KeyOwnership
 from .prefetch import RowPrefetcher
 from .relay import Relay, Route
-from .reply_segments import ReplySegments, ServerSlot
-from .row_ops import RowOps
+from .reply_segments import ReplySegments
+from .row_ops import WholeRows
 from .shard_chain import ShardChain
+from .sparse_ops import SparseOps
 
 if TYPE_CHECKING:
     from ..rpc.channel import Channel
     from ..table import DenseTable, SparseTable
 
-__all__ = ["ServerState"]
+__all__ = ["Op", "RequestCounters", "ServerState", "op_table"]
 
 # Ops about the server process, not one of its shards.
 _SERVER_OPS = frozenset({"ping", "stop", "stats", "attach_replies"})
 
+# An op's handler: the validated request -> (the reply's result, its buffers).
+Handler = Callable[[Request], Answer]
 
-class ServerState(FileOps, RowOps, ElasticOps, DenseOps, Closing):
-    """The tables of one server and the op handlers.
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One entry of the op table: the op, what its requests and answers hold (checked by
+    the protocol before the handler runs, and by the client on the answer), and the code
+    that answers it."""
+
+    name: str
+    schema: OpSchema
+    handler: Handler
+
+
+class RequestCounters:
+    """The requests a server copy answered, refused as malformed, failed, or found to be
+    repeats of an update applied before (the ``stats`` op reports them)."""
+
+    def __init__(self) -> None:
+        self._counts = {"requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
+        self._lock = threading.Lock()
+
+    def add(self, what: str) -> None:
+        with self._lock:
+            self._counts[what] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+class ServerState(Closing):
+    """One copy of a shard: its tables, the parts that answer ops on them, and the op table.
 
     Args:
         rank: this server's rank.
@@ -106,21 +146,36 @@ class ServerState(FileOps, RowOps, ElasticOps, DenseOps, Closing):
         self.disk_dir = None if disk_dir is None else DiskDir(disk_dir, rank)
         if disk_dir is not None:  # tables with a memory budget: freed scratch goes back
             return_large_frees()
-        self._applied = AppliedUpdates()
+        self.applied = AppliedUpdates()
         self.log_budget = LogBudget(logging.getLogger("sparseps.server.loop"))
         self.stop_requested = threading.Event()
-        self._sparse: dict[str, TableEntry[SparseTable]] = {}
-        self._dense: dict[str, TableEntry[DenseTable]] = {}
-        self._registry = threading.Lock()
-        self._counters = {"requests": 0, "bad_messages": 0, "failed": 0, "duplicates": 0}
-        self._counter_lock = threading.Lock()
+        self.counters = RequestCounters()
         self.prefetcher = RowPrefetcher(self.log_budget)
         # same-host clients' reply slots: the server process's (a backup's are unused)
         self.replies = ReplySegments(self.holder)
-        self._init_elastic()
-        self._ops: dict[str, Callable[[Request], tuple[object, list]]] = {
-            name[4:]: getattr(self, name) for name in dir(self) if name.startswith("_op_")
-        }
+        # the tables and the parts that answer ops on them
+        self.sparse: Tables[SparseTable] = Tables(
+            rank, "sparse table", listed_as="tables", created_by="PSClient.create_table"
+        )
+        self.dense: Tables[DenseTable] = Tables(
+            rank, "dense table", listed_as="dense tables", created_by="PSClient.create_dense"
+        )
+        self.elastic = ElasticMoves(rank, self.replicas, self.sparse)
+        self.ownership = KeyOwnership(rank, num_servers, self.elastic)
+        self.sparse_ops = SparseOps(
+            self.sparse, self.ownership, elastic=self.elastic, prefetcher=self.prefetcher,
+            disk_dir=self.disk_dir,
+        )  # fmt: skip
+        self.rows = WholeRows(self.sparse, self.ownership)
+        self.dense_ops = DenseOps(self.dense)
+        self.files = ShardFiles(
+            self.sparse, self.dense, self.ownership, elastic=self.elastic, num_servers=num_servers
+        )
+        # this copy's place in its shard's chain of copies (replicas; sparseps.server.shard_chain)
+        self.chain = ShardChain(
+            rank, self.holder, num_servers, self.replicas, recovering=recovering
+        )
+        self.ops = op_table(self)
         # shard -> its copy on this server (the backups; own shard: self)
         self.backups: dict[int, ServerState] = {}
         # the server process's own state holds its backups (a backup holds none)
@@ -132,10 +187,6 @@ class ServerState(FileOps, RowOps, ElasticOps, DenseOps, Closing):
                 shard, num_servers, endpoint, job_id=job_id, file_roots=file_roots,
                 disk_dir=folder, replicas=self.replicas, recovering=recovering, holder=rank,
             )  # fmt: skip
-        # this copy's place in its shard's chain of copies (replicas; sparseps.server.shard_chain)
-        self.chain = ShardChain(
-            rank, self.holder, num_servers, self.replicas, recovering=recovering
-        )
 
     def attach_chain(self, peers: Channel, relay: Relay | None) -> None:
         """Connect every copy this server holds to the other servers (a replicated job's
@@ -155,16 +206,15 @@ class ServerState(FileOps, RowOps, ElasticOps, DenseOps, Closing):
             backup.close()
         self.prefetcher.stop()
         self.replies.close()
-        for entry in list(self._sparse.values()):
+        for _, entry in self.sparse.items():
             entry.table.close()
         if self.disk_dir is not None:
             self.disk_dir.close()
 
-    # -- bookkeeping -------------------------------------------------------------------
+    # -- requests ----------------------------------------------------------------------
 
     def count(self, what: str) -> None:
-        with self._counter_lock:
-            self._counters[what] += 1
+        self.counters.add(what)
 
     def check_job(self, request: Request) -> None:
         """Refuse a request of another job (a leftover process on a reused port).
@@ -203,21 +253,22 @@ class ServerState(FileOps, RowOps, ElasticOps, DenseOps, Closing):
 
     def _run_once(self, request: Request) -> tuple[object, list[np.ndarray], bool]:
         """``(result, buffers, applied now)``: False for an update applied before."""
+        handler = self.ops[request.op].handler
         if request.op in FILE_ARGS:
             self.file_guard.check(request)
             with self.file_guard.writing(request):
-                return (*self._ops[request.op](request), True)
+                return (*handler(request), True)
         if request.seq is None or request.op not in UPDATE_OPS:
-            return (*self._ops[request.op](request), True)
+            return (*handler(request), True)
         client = request.client
         assert client is not None, "decode_request takes client and seq together"
-        if not self._applied.begin(client, request.seq):
+        if not self.applied.begin(client, request.seq):
             self.count("duplicates")
-            return {"duplicate": True}, self._read_back(request), False
+            return {"duplicate": True}, self.dense_ops.read_back(request), False
         try:
-            return (*self._ops[request.op](request), True)
+            return (*handler(request), True)
         except BaseException:
-            self._applied.failed(client, request.seq)
+            self.applied.failed(client, request.seq)
             raise
 
     def _backup_of(self, request: Request) -> ServerState:
@@ -232,45 +283,9 @@ class ServerState(FileOps, RowOps, ElasticOps, DenseOps, Closing):
             )
         return backup
 
-    def _sparse_entry(self, request: Request) -> TableEntry[SparseTable]:
-        entry = self._sparse.get(str(request.table))  # the op's schema requires a table
-        if entry is None:
-            raise InputError(
-                f"server {self.rank}: sparse table {request.table!r} does not exist "
-                f"(tables: {sorted(self._sparse) or 'none'}); create it with PSClient.create_table first"
-            )
-        return entry
+    # -- the server process ------------------------------------------------------------------------
 
-    def _check_routed(self, request: Request, keys: np.ndarray) -> None:
-        """Keys must route here; a client with a different server list would corrupt shards."""
-        if self._placement is not None:  # an elastic job: its placement decides
-            self._check_placed(request, keys)
-            return
-        wrong, first = misrouted(keys, self.num_servers, self.rank)
-        if wrong:
-            raise InputError(
-                f"server {self.rank} of {self.num_servers}: {wrong} of {len(keys)} keys of "
-                f"{request.op} {request.table!r} belong to other servers (first key {int(keys[first])}); "
-                "the client's endpoint list must equal the servers' (same hosts, same order)"
-            )
-
-    def _check_reply_size(self, request: Request, count: int, width: int, unit: str) -> None:
-        """Refuse, before allocating it, a reply that could not travel in one message."""
-        limits = request.limits
-        nbytes = count * width * 4
-        if nbytes > limits.max_payload_bytes:
-            raise InputError(
-                f"server {self.rank}: {request.op} {request.table!r}: the reply would be {count} "
-                f"{unit} x {width} float32 = {nbytes} bytes, over the message limit "
-                f"(Limits.max_message_bytes={limits.max_message_bytes} minus {HEADER_ROOM} for the "
-                f"header); send at most {limits.max_payload_bytes // (width * 4)} {unit} per server "
-                "per request, or raise the servers' --max-message-bytes together with "
-                "PSClient(limits=Limits(max_message_bytes=...))"
-            )
-
-    # -- control -----------------------------------------------------------------------
-
-    def _op_ping(self, request: Request):
+    def ping(self, request: Request) -> Answer:
         return {
             "rank": self.rank,
             "num_servers": self.num_servers,
@@ -279,156 +294,123 @@ class ServerState(FileOps, RowOps, ElasticOps, DenseOps, Closing):
             "v": PROTOCOL_VERSION,
         }, []
 
-    def _op_attach_replies(self, request: Request):
+    def attach_replies(self, request: Request) -> Answer:
         return self.replies.attach(request.args["slots"], request.args["slot_bytes"]), []
 
-    def _op_stop(self, request: Request):
+    def stop(self, request: Request) -> Answer:
         self.stop_requested.set()
         return {"rank": self.rank}, []
 
-    def _op_stats(self, request: Request):
-        tables = {}
-        for name, entry in list(self._sparse.items()):
-            with entry.lock.read():
-                tables[name] = dataclasses.asdict(entry.table.stats())
-        dense = {
-            name: {"size": entry.spec["size"], "rule": entry.spec["rule"]}
-            for name, entry in list(self._dense.items())
-        }
-        with self._counter_lock:
-            counters = dict(self._counters)
+    def stats(self, request: Request) -> Answer:
+        counters = self.counters.snapshot()
         for backup in self.backups.values():  # one process: its counters are the sum
-            with backup._counter_lock:
-                for key, value in backup._counters.items():
-                    counters[key] += value
+            for key, value in backup.counters.snapshot().items():
+                counters[key] += value
         return {
             "rank": self.rank,
             "address": self.endpoint,
             "pid": os.getpid(),
             # the process's peak resident memory so far (Linux reports kilobytes)
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "tables": tables,
-            "dense": dense,
+            "tables": self.table_stats(),
+            "dense": {
+                name: {"size": entry.spec["size"], "rule": entry.spec["rule"]}
+                for name, entry in self.dense.items()
+            },
             "prefetch": dict(self.prefetcher.counts),
             # shard -> its tables' stats, for the shards this server backs up
-            "backups": {
-                str(shard): backup._op_stats(request)[0]["tables"]
-                for shard, backup in self.backups.items()
-            },
+            "backups": {str(shard): backup.table_stats() for shard, backup in self.backups.items()},
             **counters,
         }, []
 
+    def table_stats(self) -> dict[str, dict]:
+        """Each sparse table's :class:`~sparseps.table.TableStats` as a dict."""
+        tables = {}
+        for name, entry in self.sparse.items():
+            with entry.lock.read():
+                tables[name] = dataclasses.asdict(entry.table.stats())
+        return tables
+
     # -- replication (sparseps.server.shard_chain) ---------------------------------------
 
-    def _op_shard_info(self, request: Request):
+    def shard_info(self, request: Request) -> Answer:
         return self.chain.info(), []
 
-    def _op_replicate(self, request: Request):
+    def replicate(self, request: Request) -> Answer:
         """Pause this shard's writes and save it into ``directory`` for server ``rank``."""
         folder = request.args["directory"]
 
         def save() -> tuple[dict, dict]:
             tables: dict[str, dict] = {}
-            for name, entry in list(self._sparse.items()):
+            for name, entry in self.sparse.items():
                 save = Request(op="save", id=0, table=name, bufs={}, args={"directory": folder})
-                files = self._ops["save"](save)[0]
+                files = self.files.save(save)[0]
                 tables[name] = {"config": entry.table.config.to_dict(), "files": files}
             dense = {}
-            for name, dense_entry in list(self._dense.items()):
+            for name, dense_entry in self.dense.items():
                 where = os.path.join(folder, "dense", name)
                 args = {"directory": where}
                 save = Request(op="save_dense", id=0, table=name, bufs={}, args=args)
-                dense[name] = {"spec": dense_entry.spec, "file": self._ops["save_dense"](save)[0]}
+                dense[name] = {"spec": dense_entry.spec, "file": self.files.save_dense(save)[0]}
             return tables, dense
 
-        return self.chain.replicate(request.args["rank"], save, self._applied.export()), []
+        return self.chain.replicate(request.args["rank"], save, self.applied.export()), []
 
-    def _op_replicate_done(self, request: Request):
+    def replicate_done(self, request: Request) -> Answer:
         return self.chain.replicate_done(request.args["rank"], request.args["epoch"]), []
 
-    # -- sparse tables -----------------------------------------------------------------
 
-    def _op_create_table(self, request: Request):
-        from ..config import TableConfig
-        from ..table import SparseTable
+def op_table(state: ServerState) -> dict[str, Op]:
+    """Every op of the wire (:data:`sparseps.rpc.ops.OPS`) and the code that answers it on
+    ``state`` (``tests/server/test_op_table.py`` checks the table and OPS name the same ops).
 
-        config = TableConfig.from_dict(request.args["config"])
-        if config.name != request.table:
-            raise ConfigError(
-                f"create_table: header table {request.table!r} != config name {config.name!r}"
-            )
-        with self._registry:
-            entry = self._sparse.get(config.name)
-            if entry is not None:
-                existing = entry.table.config
-                if existing == config:
-                    return {"created": False}, []
-                diff = config_differences(existing.to_dict(), config.to_dict())
-                raise ConfigError(
-                    f"server {self.rank}: table {config.name!r} already exists with a different config: "
-                    + "; ".join(diff)
-                    + f" (existing: {existing.to_dict()}; requested: {config.to_dict()})"
-                )
-            folder = None if self.disk_dir is None else self.disk_dir.path
-            try:
-                table = SparseTable(config, disk_dir=folder)
-            except ConfigError as exc:
-                raise ConfigError(f"server {self.rank}: {exc}") from None
-            self._sparse[config.name] = TableEntry(table)
-        return {"created": True}, []
-
-    def _op_pull(self, request: Request):
-        entry = self._sparse_entry(request)
-        keys = request.bufs["keys"]
-        self._check_routed(request, keys)
-        self._check_reply_size(request, len(keys), entry.table.config.dim, "keys")
-        # a same-host client's slot: the rows are gathered straight into its memory
-        slot = cast("ServerSlot | None", request.reply_to)
-        out = None if slot is None else slot.array((len(keys), entry.table.config.dim), np.float32)
-        with entry.lock.read():
-            rows = entry.table.pull(keys, out=out)
-        return None, [rows]
-
-    def _op_prefetch(self, request: Request):
-        """Queue the keys for the prefetch thread and answer at once (a hint: nothing is
-        promoted for an in-memory table)."""
-        entry = self._sparse_entry(request)
-        keys = request.bufs["keys"]
-        self._check_routed(request, keys)
-        if entry.table.disk_path is None or not len(keys):
-            return {"queued": 0}, []
-        queued = self.prefetcher.submit(entry, keys.copy())  # the buffer is the message's
-        return {"queued": len(keys) if queued else 0}, []
-
-    def _push(self, request: Request, method: str, values: str):
-        entry = self._sparse_entry(request)
-        bufs = request.bufs
-        with entry.lock.write():  # checked inside: a migration's freeze orders pushes
-            self._check_routed(request, bufs["keys"])
-            getattr(entry.table, method)(
-                bufs["keys"], bufs[values], shows=bufs.get("shows"), clicks=bufs.get("clicks")
-            )
-        return None, []
-
-    def _op_push(self, request: Request):
-        return self._push(request, "push", "grads")
-
-    def _op_push_delta(self, request: Request):
-        return self._push(request, "push_delta", "deltas")
-
-    def _op_decay(self, request: Request):
-        entry = self._sparse_entry(request)
-        with entry.lock.write():
-            self._refuse_during_move(request)  # elastic: a copied row would miss it
-            entry.table.decay(request.args.get("rate"))
-        return None, []
-
-    def _op_shrink(self, request: Request):
-        entry = self._sparse_entry(request)
-        with entry.lock.write():
-            self._refuse_during_move(request)  # elastic: a copied row would survive it
-            deleted = entry.table.shrink()
-        owned = self._owned_mask(deleted)  # not the moved rows a source holds until drop
-        if owned is not None:
-            deleted = deleted[owned]
-        return None, [np.ascontiguousarray(deleted, dtype=np.uint64)]
+    Raises:
+        KeyError: a handler for an op that OPS does not declare.
+    """
+    sparse, rows, dense, files, elastic = (
+        state.sparse_ops, state.rows, state.dense_ops, state.files, state.elastic
+    )  # fmt: skip
+    handlers: dict[str, Handler] = {
+        # the server process (this module)
+        "ping": state.ping,
+        "attach_replies": state.attach_replies,
+        "stop": state.stop,
+        "stats": state.stats,
+        # sparse tables (sparseps.server.sparse_ops)
+        "create_table": sparse.create_table,
+        "pull": sparse.pull,
+        "prefetch": sparse.prefetch,
+        "push": sparse.push,
+        "push_delta": sparse.push_delta,
+        "decay": sparse.decay,
+        "shrink": sparse.shrink,
+        # GPUPS' whole rows (sparseps.server.row_ops)
+        "pull_full": rows.pull_full,
+        "write_rows": rows.write_rows,
+        # dense tables (sparseps.server.dense_ops)
+        "create_dense": dense.create_dense,
+        "pull_dense": dense.pull_dense,
+        "push_dense": dense.push_dense,
+        "push_dense_delta": dense.push_dense_delta,
+        "set_dense": dense.set_dense,
+        # files: checkpoints and inference saves (sparseps.server.file_ops)
+        "save": files.save,
+        "load": files.load,
+        "save_dense": files.save_dense,
+        "load_dense": files.load_dense,
+        "save_inference": files.save_inference,
+        "commit_inference": files.commit_inference,
+        # replicas: a replacement copies a shard (this module; sparseps.server.shard_chain)
+        "shard_info": state.shard_info,
+        "replicate": state.replicate,
+        "replicate_done": state.replicate_done,
+        # elastic jobs: placement and moves of virtual shards (sparseps.server.elastic_ops)
+        "get_placement": elastic.get_placement,
+        "set_placement": elastic.set_placement,
+        "move_begin": elastic.move_begin,
+        "move_freeze": elastic.move_freeze,
+        "move_export": elastic.move_export,
+        "move_import": elastic.move_import,
+        "move_drop": elastic.move_drop,
+    }
+    return {name: Op(name, OPS[name], handler) for name, handler in handlers.items()}

@@ -68,7 +68,7 @@ def _load(copy: ServerState, info: dict) -> int:
 
     def run(op: str, table: str, args: dict) -> dict:
         request = Request(op=op, id=0, table=table, bufs={}, args=args)
-        result = copy._ops[op](request)[0]
+        result = copy.ops[op].handler(request)[0]
         return result if isinstance(result, dict) else {}
 
     for name, table in info["tables"].items():
@@ -77,7 +77,7 @@ def _load(copy: ServerState, info: dict) -> int:
     for name, dense in info["dense"].items():
         run("create_dense", name, dense["spec"])
         run("load_dense", name, {"path": dense["file"]["path"], "sha256": dense["file"]["sha256"]})
-    copy._applied.adopt(info["applied"])
+    copy.applied.adopt(info["applied"])
     return rows
 
 

@@ -1,4 +1,4 @@
-"""The whole-row ops (GPUPS): ``pull_full`` and ``write_rows``, mixed into the server state.
+"""``WholeRows``: the whole-row ops of GPUPS, ``pull_full`` and ``write_rows``.
 
 ``pull_full`` answers the embedding and optimizer state of each key (float32
 ``[n, dim + state_dim]``); ``write_rows`` upserts whole rows: embedding and state are
@@ -14,37 +14,41 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
+from .sparse_ops import check_reply_size
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from ..rpc.protocol import Request
+    from ..table import SparseTable
+    from .entries import Answer, Tables
+    from .ownership import KeyOwnership
 
-__all__ = ["RowOps"]
+__all__ = ["WholeRows"]
 
 
-class RowOps:
-    """``_op_pull_full`` / ``_op_write_rows`` of :class:`~sparseps.server.handlers.ServerState`."""
+class WholeRows:
+    """Whole rows of the sparse tables out (``pull_full``) and in (``write_rows``).
 
-    if TYPE_CHECKING:  # what ServerState, the class this is mixed into, provides
-        rank: int
+    Args:
+        tables: the shard's sparse tables.
+        ownership: which keys are this server's.
+    """
 
-        def _sparse_entry(self, request: Request): ...
-        def _check_routed(self, request: Request, keys: np.ndarray) -> None: ...
-        def _check_reply_size(self, request: Request, count: int, width: int,
-                              unit: str) -> None: ...  # fmt: skip
+    def __init__(self, tables: Tables[SparseTable], ownership: KeyOwnership) -> None:
+        self.tables = tables
+        self.rank = tables.rank
+        self.ownership = ownership
 
-    def _op_pull_full(self, request: Request):
-        entry = self._sparse_entry(request)
+    def pull_full(self, request: Request) -> Answer:
+        entry = self.tables.entry(request)
         keys = request.bufs["keys"]
-        self._check_routed(request, keys)
-        self._check_reply_size(request, len(keys), entry.table.full_width, "keys")
+        self.ownership.check_routed(request, keys)
+        check_reply_size(self.rank, request, len(keys), entry.table.full_width, "keys")
         with entry.lock.read():
             rows = entry.table.pull_full(keys)
         return None, [rows]
 
-    def _op_write_rows(self, request: Request):
-        entry = self._sparse_entry(request)
+    def write_rows(self, request: Request) -> Answer:
+        entry = self.tables.entry(request)
         bufs = request.bufs
         keys, rows = bufs["keys"], bufs["rows"]
         layout = entry.table.layout
@@ -56,6 +60,6 @@ class RowOps:
                 f"{entry.table.config.rule.name!r}); nothing was written"
             )
         with entry.lock.write():  # checked inside: a migration's freeze orders writes
-            self._check_routed(request, keys)
+            self.ownership.check_routed(request, keys)
             entry.table.write_rows(keys, rows, shows=bufs.get("shows"), clicks=bufs.get("clicks"))
         return None, []

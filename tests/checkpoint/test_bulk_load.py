@@ -224,7 +224,7 @@ def test_shard_files_reload_onto_1_2_and_3_servers(tmp_path):
                "show": np.ones(5000, np.float32), "click": np.zeros(5000, np.float32)}  # fmt: skip
     writers = _servers(2)
     for rank, state in enumerate(writers):
-        table = state._sparse["emb"].table
+        table = state.sparse["emb"].table
         mine = server_of(saved["key"], 2) == rank
         table.import_rows({name: np.ascontiguousarray(v[mine]) for name, v in saved.items()})
         table.import_pending(
@@ -238,9 +238,9 @@ def test_shard_files_reload_onto_1_2_and_3_servers(tmp_path):
         states = _servers(count)
         rows, pend = [], []
         for rank, state in enumerate(states):
-            state._sparse["emb"].table.push(saved["key"][:50], np.ones((50, 5), np.float32))
+            state.sparse["emb"].table.push(saved["key"][:50], np.ones((50, 5), np.float32))
             loaded, _ = state.handle(_request("load", "emb", files=records))
-            table = state._sparse["emb"].table
+            table = state.sparse["emb"].table
             assert loaded["files"] == 4 and loaded["rows"] == len(table)
             got, got_pending = table.export_rows(), table.export_pending()
             assert (server_of(got["key"], count) == rank).all()
@@ -253,7 +253,7 @@ def test_shard_files_reload_onto_1_2_and_3_servers(tmp_path):
             only_other, _ = states[1].handle(_request("load", "emb", files=[
                 r for r in records if r["rank"] == 0]))  # fmt: skip
             assert only_other == {"rows": 0, "pending": 0, "files": 2}
-            assert len(states[1]._sparse["emb"].table) == 0
+            assert len(states[1].sparse["emb"].table) == 0
 
 
 @pytest.mark.parametrize("kind", ["xxh3_128", "sha256"])
@@ -267,11 +267,11 @@ def test_a_changed_byte_fails_the_load_even_though_the_import_ran_beside_the_has
     record as is (the load verifies it, not SHA-256); ``sha256``: a record of a file saved
     before xxh3_128 was recorded."""
     (state,) = _servers(1)
-    table = state._sparse["emb"].table
+    table = state.sparse["emb"].table
     table.import_rows(_columns(20_000, seed=9))
     records, _ = state.handle(_request("save", "emb", directory=str(tmp_path)))
     table.push(np.arange(1, 100, dtype=np.uint64), np.ones((99, 5), np.float32))
-    before = _snapshot(state._sparse["emb"].table)
+    before = _snapshot(state.sparse["emb"].table)
     assert all(r["sha256"] and r["xxh3_128"] for r in records)
     if kind == "sha256":
         records = [{k: v for k, v in r.items() if k != "xxh3_128"} for r in records]
@@ -281,7 +281,7 @@ def test_a_changed_byte_fails_the_load_even_though_the_import_ran_beside_the_has
         handle.write(value * 4)
     with pytest.raises(CheckpointError, match=f"{kind} does not match"):
         state.handle(_request("load", "emb", files=records))
-    _assert_same(_snapshot(state._sparse["emb"].table), before, by_key=False)
+    _assert_same(_snapshot(state.sparse["emb"].table), before, by_key=False)
 
 
 def test_a_copy_that_breaks_beside_the_insert_takes_the_keys_back(monkeypatch):

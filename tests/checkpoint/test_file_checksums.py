@@ -154,7 +154,7 @@ def _load(state: ServerState, files: list) -> dict:
 def test_a_server_loads_records_with_either_checksum_and_refuses_a_bad_one(tmp_path):
     state = _server()
     keys = np.arange(1, 301, dtype=np.uint64)
-    state._sparse["emb"].table.push(keys, np.ones((300, 4), np.float32))
+    state.sparse["emb"].table.push(keys, np.ones((300, 4), np.float32))
     records, _ = state.handle(Request(op="save", id=3, table="emb", bufs={},
                                       args={"directory": str(tmp_path)}))  # fmt: skip
     old_style = [{k: v for k, v in r.items() if k != "xxh3_128"} for r in records]

@@ -29,18 +29,18 @@ VSHARDS = 96
 def test_a_plain_server_filters_an_elastic_save_key_by_key():
     server = ServerState(1, 3, "127.0.0.1:1")
     plain = {"num_servers": 3, "rank": 1}
-    assert server._owned_rows(plain, KEYS) is None  # a plain save of this layout: the whole file
-    assert server._owned_rows({"num_servers": 3, "rank": 0}, KEYS).size == 0
+    # a plain save of this layout: the whole file
+    assert server.ownership.owned_rows(plain, KEYS) is None
+    assert server.ownership.owned_rows({"num_servers": 3, "rank": 0}, KEYS).size == 0
     elastic = {**plain, "placement_version": 2}
     np.testing.assert_array_equal(
-        server._owned_rows(elastic, KEYS), np.flatnonzero(server_of(KEYS, 3) == 1)
+        server.ownership.owned_rows(elastic, KEYS), np.flatnonzero(server_of(KEYS, 3) == 1)
     )
     endpoints = ["h:0", "h:1", "h:2"]
     moved = rebalance(Placement.default(endpoints, VSHARDS, ranks=[0, 1]), [0, 1, 2])
-    server._init_elastic()
-    server._placement = moved  # an elastic server: its placement decides
+    server.elastic.install(moved)  # an elastic server: its placement decides
     np.testing.assert_array_equal(
-        server._owned_rows(plain, KEYS), np.flatnonzero(moved.owner_of(KEYS) == 1)
+        server.ownership.owned_rows(plain, KEYS), np.flatnonzero(moved.owner_of(KEYS) == 1)
     )
 
 

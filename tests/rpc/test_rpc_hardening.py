@@ -3,6 +3,7 @@ to peers, rate-limited logs, liveness behind long ops, separate file-op timeouts
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -147,7 +148,7 @@ def test_a_handler_bug_reaches_the_peer_without_a_traceback(caplog):
     def broken(request):
         raise KeyError("secret internal detail")
 
-    state._ops["ping"] = broken  # the op table is the explicit hook for handlers
+    state.ops["ping"] = dataclasses.replace(state.ops["ping"], handler=broken)  # the op table
     with caplog.at_level(logging.ERROR, logger="sparseps.server.loop"):
         reply = msgpack.unpackb(process(state, _ping_frames(), Limits(), "peer")[0])
     error = reply["error"]
@@ -164,7 +165,7 @@ def test_repeated_bad_messages_are_counted_but_rate_limited_in_the_log(caplog):
             process(state, [b"\xc1garbage"], Limits(), "peer")
     lines = [r for r in caplog.records if "bad message" in r.getMessage()]
     assert 1 <= len(lines) <= state.log_budget.burst
-    assert state._counters["bad_messages"] == 200
+    assert state.counters.snapshot()["bad_messages"] == 200
 
 
 def test_table_names_with_a_trailing_newline_or_control_characters_are_refused():

@@ -166,7 +166,7 @@ def test_a_tiered_table_is_saved_in_parts_and_loads_back(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     state = ServerState(0, 1, "127.0.0.1:1", disk_dir=str(disk))
-    state.save_part_bytes = 40 * 4 * SparseTable(_config()).layout.width
+    state.files.save_part_bytes = 40 * 4 * SparseTable(_config()).layout.width
     try:
         state.handle(_request("create_table", "emb", config=_config(memory_rows=16).to_dict()))
         ref = dataclasses.replace(_config(), name="ref")
@@ -174,7 +174,7 @@ def test_a_tiered_table_is_saved_in_parts_and_loads_back(tmp_path):
         keys = np.arange(1000, dtype=np.uint64)
         grads = np.random.default_rng(1).normal(0, 1, (1000, DIM)).astype(np.float32)
         for name in ("emb", "ref"):
-            table = state._sparse[name].table
+            table = state.sparse[name].table
             for at in range(0, 1000, 10):  # twice per key: count admission makes rows
                 table.push(keys[at : at + 10], grads[at : at + 10])
                 table.push(keys[at : at + 10], grads[at : at + 10])
@@ -184,7 +184,7 @@ def test_a_tiered_table_is_saved_in_parts_and_loads_back(tmp_path):
         assert len({r["name"] for r in records}) == len(records) == 26
         for target in ("emb", "ref"):
             if target == "emb":  # replace what it holds
-                state._sparse["emb"].table.push(keys, np.ones((1000, DIM), np.float32))
+                state.sparse["emb"].table.push(keys, np.ones((1000, DIM), np.float32))
             loaded, _ = state.handle(_request("load", target, files=records))
             assert loaded["rows"] == 1000
         for mode in ("base", "delta"):  # inference saves read the parts too
@@ -197,8 +197,8 @@ def test_a_tiered_table_is_saved_in_parts_and_loads_back(tmp_path):
             assert a["key"].size == 1000
             for name in ("key", "embedding"):
                 np.testing.assert_array_equal(a[name], b[name])
-        expected = state._sparse["ref"].table.export_rows()
-        got = state._sparse["emb"].table.export_rows()
+        expected = state.sparse["ref"].table.export_rows()
+        got = state.sparse["emb"].table.export_rows()
         order_a, order_b = np.argsort(expected["key"]), np.argsort(got["key"])
         for name in expected:
             np.testing.assert_array_equal(got[name][order_b], expected[name][order_a], name)
