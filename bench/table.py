@@ -81,9 +81,9 @@ def _one_dim(dim: int, n_keys: int, n_batches: int, rounds: int) -> list[BenchRe
     ranks = [rng.zipf(ZIPF_A, BATCH).astype(np.uint64) for _ in range(n_batches)]
     batches = [np.ascontiguousarray(keys[mix64_array(r) % np.uint64(n_keys)]) for r in ranks]
     grads = [rng.normal(0, 0.01, (BATCH, dim)).astype(np.float32) for _ in range(n_batches)]
-    ids = [table._index.find(b) for b in batches]  # the baselines get the rows for free
+    ids = [table._storage.index.find(b) for b in batches]  # the baselines get the rows for free
     unique_frac = float(np.mean([np.unique(b).size / BATCH for b in batches]))
-    storage = table._rows
+    storage = table._storage.rows
     total = n_batches * BATCH
 
     def pull():
@@ -106,7 +106,7 @@ def _one_dim(dim: int, n_keys: int, n_batches: int, rounds: int) -> list[BenchRe
     push()  # warm-up: compile / page in
     pull_s, gather_s = _best_pair(pull, gather, rounds)
     push_s, update_s = _best_pair(push, update, rounds)
-    assert table._rows is storage  # nothing was inserted while timing
+    assert table._storage.rows is storage  # nothing was inserted while timing
 
     params = {"dim": dim, "rows": n_keys, "batch": BATCH, "zipf_a": ZIPF_A, "rule": "adagrad",
               "unique_frac": round(unique_frac, 3)}  # fmt: skip

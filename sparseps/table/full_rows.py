@@ -34,18 +34,17 @@ from . import input_checks as checks
 from .batch import gather, init_rows, touch_rows
 from .initializers import fill_initial
 from .push import check_staged, gather_rows, scatter_rows
-from .table_parts import TableParts
+from .storage import TableStorage
 
 __all__ = ["FullRows"]
 
 
-class FullRows(TableParts):
-    """``pull_full`` / ``write_rows``, mixed into :class:`~sparseps.table.SparseTable`."""
+class FullRows:
+    """``pull_full`` / ``write_rows`` of a :class:`~sparseps.table.SparseTable`, on its storage."""
 
-    @property
-    def full_width(self) -> int:
-        """Columns of a full row: ``dim + state_dim``."""
-        return self.layout.dim + self.layout.state_dim
+    def __init__(self, storage: TableStorage) -> None:
+        self.storage = storage
+        self.full_width = storage.layout.dim + storage.layout.state_dim
 
     def pull_full(self, keys: np.ndarray) -> np.ndarray:
         """Embedding and optimizer state of ``keys`` (uint64 ``[n]``, repeats allowed).
@@ -57,21 +56,22 @@ class FullRows(TableParts):
         Raises:
             InputError: ``keys`` is not a C-contiguous 1-D uint64 array.
         """
+        store = self.storage
         keys = checks.check_key_array("pull_full", keys)
-        ids = self._index.find(keys)
-        tier, width = self._tier, self.full_width
+        ids = store.index.find(keys)
+        tier, width = store.tier, self.full_width
         if tier is None:
-            out, missing = gather(self._rows, ids, width)
+            out, missing = gather(store.rows, ids, width)
         else:
             with tier.lock:  # promotes rows, as a pull does
                 slots = tier.gather_slots(ids, "pull_full")
                 out, missing = gather(tier.cache, slots, width)
         if missing:
             where = np.flatnonzero(ids < 0)
-            if self._always:
-                config = self.config
-                fill_initial(out, where, keys[where], self._dim, config.initializer, config.seed)
-            out[where, self._dim :] = self._state0
+            if store.always:
+                config = store.config
+                fill_initial(out, where, keys[where], store.dim, config.initializer, config.seed)
+            out[where, store.dim :] = store.state0
         return out
 
     def write_rows(
@@ -95,6 +95,7 @@ class FullRows(TableParts):
             ResourceError: out of memory; the table is unchanged.
         """
         op = "write_rows"
+        store = self.storage
         keys = checks.check_key_array(op, keys)
         n = keys.shape[0]
         rows = checks.check_matrix(op, "rows (embedding + optimizer state)", rows, n,
@@ -104,47 +105,47 @@ class FullRows(TableParts):
         checks.check_finite(op, "rows", rows, keys)
         if has_repeats(keys):
             raise InputError(
-                f"{op} to table {self.config.name!r}: keys must be unique (a row is written "
+                f"{op} to table {store.config.name!r}: keys must be unique (a row is written "
                 "once per request); nothing was written"
             )
         if n == 0:
             return
         # -- stage the whole new rows aside: nothing here changes the table ---------------
-        ids = self._index.find(keys)
-        staged = np.empty((n, self.layout.width), np.float32)
+        ids = store.index.find(keys)
+        staged = np.empty((n, store.layout.width), np.float32)
         old, new = np.flatnonzero(ids >= 0), np.flatnonzero(ids < 0)
         if old.size:  # existing rows keep their counters
-            current = np.empty((old.size, self.layout.width), np.float32)
-            tier = self._tier
+            current = np.empty((old.size, store.layout.width), np.float32)
+            tier = store.tier
             if tier is None:
-                gather_rows(self._rows, ids[old], current)
+                gather_rows(store.rows, ids[old], current)
             else:
                 with tier.lock:
                     gather_rows(tier.cache, tier.gather_slots(ids[old], op), current)
             staged[old] = current
         pending = np.empty(0, np.uint64)
         if new.size:  # new rows start from their pending counters, if any
-            pids = self._pending_index.find(keys[new])
+            pids = store.pending_index.find(keys[new])
             held = pids >= 0
             prior = np.zeros((new.size, 2), np.float32)
-            prior[held] = self._pending[pids[held], :2]  # PENDING_WHERE: show 0, click 1
+            prior[held] = store.pending[pids[held], :2]  # PENDING_WHERE: show 0, click 1
             pending = np.ascontiguousarray(keys[new][held])
-            policy = self.config.lifecycle
-            init_rows(staged, new, self._state0, np.ascontiguousarray(prior[:, 0]),
-                      np.ascontiguousarray(prior[:, 1]), self._dim, self._stat0,
+            policy = store.config.lifecycle
+            init_rows(staged, new, store.state0, np.ascontiguousarray(prior[:, 0]),
+                      np.ascontiguousarray(prior[:, 1]), store.dim, store.stat0,
                       policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
-        policy = self.config.lifecycle
-        touch_rows(staged, np.arange(n, dtype=np.int64), shows, clicks, self._stat0,
+        policy = store.config.lifecycle
+        touch_rows(staged, np.arange(n, dtype=np.int64), shows, clicks, store.stat0,
                    policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
         staged[:, : self.full_width] = rows
-        check_staged(op, self.config.name, staged, keys, "row")
+        check_staged(op, store.config.name, staged, keys, "row")
         # -- commit ---------------------------------------------------------------------
-        self._grow(op, new.size, 0, pending_erases=pending.size)
+        store.grow(op, new.size, 0, pending_erases=pending.size)
         if new.size:
-            ids[new] = self._index.find_or_insert(np.ascontiguousarray(keys[new]))[0]
-        if self._tier is None:
-            scatter_rows(self._rows, ids, staged)
+            ids[new] = store.index.find_or_insert(np.ascontiguousarray(keys[new]))[0]
+        if store.tier is None:
+            scatter_rows(store.rows, ids, staged)
         else:
-            self._tier.write(ids, staged, op)
+            store.tier.write(ids, staged, op)
         if pending.size:
-            self._pending_index.erase(pending)
+            store.pending_index.erase(pending)

@@ -27,17 +27,25 @@ update brings into cache anyway); the restore costs a scatter only when a push f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.jit import njit
 from ..errors import InputError
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
+from . import input_checks as checks
+from .batch import add_rows, dedup_merge, init_rows, touch_rows
+from .initializers import fill_initial
 from .lifecycle import admit
+
+if TYPE_CHECKING:
+    from .storage import TableStorage
 
 __all__ = [
     "PendingStage",
     "PushHooks",
+    "PushTransaction",
     "check_rows",
     "check_staged",
     "gather_rows",
@@ -204,3 +212,151 @@ def stage_pending(index, storage, keys, shows, clicks, policy, seed) -> PendingS
         counters, local, pids < 0, keys, shows, clicks, policy, seed
     )
     return PendingStage(keys, pids, counters, admitted, prior_show, prior_click)
+
+
+_NO_ROWS = np.empty(0, np.int64)
+
+
+class PushTransaction:
+    """A table's ``push`` and ``push_delta``: the three phases of the module docstring,
+    on the table's storage.
+
+    Args:
+        storage: the table's storage.
+        hooks: test hooks called in the middle of the in-place apply; None in production.
+    """
+
+    def __init__(self, storage: TableStorage, hooks: PushHooks | None) -> None:
+        self.storage = storage
+        self.hooks = hooks
+        # reused scratch rows (see _scratch_rows): the push's backup and its new rows
+        width = storage.layout.width
+        self._scratch = {"backup": np.empty((0, width), np.float32),
+                         "fresh": np.empty((0, width), np.float32)}  # fmt: skip
+
+    def apply(self, op, keys, values, name, shows, clicks, *, delta: bool) -> None:
+        """Validate, then update the rows of ``keys`` by ``values`` (the rule's step, or
+        geo's add with ``delta``), all or nothing; ``name`` names ``values`` in errors."""
+        store = self.storage
+        dim, config = store.dim, store.config
+        keys = checks.check_key_array(op, keys)
+        n = keys.shape[0]
+        values = checks.check_matrix(op, name, values, n, dim)
+        shows = checks.counts_or_default(op, "shows", shows, n, 1.0)
+        clicks = checks.counts_or_default(op, "clicks", clicks, n, 0.0)
+        checks.check_finite(op, name, values, keys)
+        if n == 0:
+            return
+        uniq, merged, merged_shows, merged_clicks = dedup_merge(keys, values, shows, clicks)
+        table = config.name
+        if uniq.size < n:  # sums of repeated keys' finite values can overflow float32
+            check_staged(op, table, merged, uniq, f"merged {name} row")
+            merged_counts = np.stack([merged_shows, merged_clicks], axis=1)
+            check_staged(op, table, merged_counts, uniq, "merged shows/clicks of a key")
+        # -- stage: nothing here changes the table -----------------------------------------
+        tier, policy = store.tier, store.policy
+        ids = store.index.find(uniq)
+        if tier is not None:  # room in memory for every row this push touches
+            tier.begin(uniq.size, op, ids=ids, new_rows=int(np.count_nonzero(ids < 0)))
+        missing = np.flatnonzero(ids < 0)
+        pending = None
+        if missing.size == 0:
+            new = _NO_ROWS
+        elif store.always:
+            new = missing
+            prior_show = prior_click = np.zeros(missing.size, np.float32)
+        else:  # admission on scratch counters; gradients of keys still pending are dropped
+            pending = stage_pending(
+                store.pending_index, store.pending, uniq[missing], merged_shows[missing],
+                merged_clicks[missing], policy, config.seed,
+            )  # fmt: skip
+            check_staged(op, table, pending.counters, pending.keys, "pending key")
+            new = missing[pending.admitted]
+            prior_show = pending.prior_show[pending.admitted]
+            prior_click = pending.prior_click[pending.admitted]
+        fresh = None
+        if new.size:  # the rows this push creates, built and checked aside
+            fresh = self._scratch_rows("fresh", new.size)
+            local = np.arange(new.size, dtype=np.int64)
+            fill_initial(fresh, local, uniq[new], dim, config.initializer, config.seed)
+            init_rows(fresh, local, store.state0, prior_show, prior_click, dim,
+                      store.stat0, policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
+            touch_rows(fresh, local, merged_shows[new], merged_clicks[new], store.stat0,
+                       policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
+            self._update(fresh, local, np.ascontiguousarray(merged[new]), delta)
+            check_staged(op, table, fresh, uniq[new], "row")
+        if missing.size:
+            old = np.flatnonzero(ids >= 0)
+            old_ids, old_keys = ids[old], uniq[old]
+            merged = np.ascontiguousarray(merged[old])
+            merged_shows, merged_clicks = merged_shows[old], merged_clicks[old]
+        else:
+            old_ids, old_keys = ids, uniq
+        # -- apply to the existing rows in place, restoring them if anything fails ---------
+        # (tiered: to their cached copies, promoted here; the same kernels on slots)
+        if tier is not None:
+            old_ids = tier.slots(old_ids, op, dirty=True)
+        rows = store.rows if tier is None else tier.cache
+        backup = self._scratch_rows("backup", old_ids.size)
+        gather_rows(rows, old_ids, backup)
+        try:
+            touch_rows(rows, old_ids, merged_shows, merged_clicks, store.stat0,
+                       policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
+            if not self._update(rows, old_ids, merged, delta, op=op):
+                check_rows(op, table, rows, old_ids, old_keys)  # names the rows; raises
+            store.grow(op, new.size, 0 if pending is None else pending.inserts.size,
+                       pending_erases=0 if pending is None else pending.erases.size)  # fmt: skip
+        except BaseException:
+            # re-read: a growth may have moved the matrix (the cache does not grow here)
+            scatter_rows(store.rows if tier is None else tier.cache, old_ids, backup)
+            raise
+        # -- commit: allocates nothing --------------------------------------------------
+        if fresh is not None:
+            new_ids, _ = store.index.find_or_insert(uniq[new])
+            if tier is None:
+                scatter_rows(store.rows, new_ids, fresh)
+            else:  # begin() made room: placing them evicts only rows this push did not touch
+                slots = tier.slots(new_ids, op, load=False, dirty=True)
+                scatter_rows(tier.cache, slots, fresh)
+        if pending is not None:
+            self._commit_pending(pending)
+
+    def _update(self, matrix, rows, grads, delta: bool, *, op: str = "") -> bool:
+        """The rule's update (or geo's add) of ``matrix[rows]``; with test hooks, in two
+        halves with :meth:`PushHooks.mid_apply` between them.
+
+        Returns True only if the kernel vouched that every value it wrote is finite (the
+        built-in ones check in registers, which is cheaper than a pass over the rows);
+        otherwise the caller checks the rows.
+        """
+        dim, config = self.storage.dim, self.storage.config
+        step = add_rows if delta else config.rule.update
+        if self.hooks is None or not op:
+            return step(matrix, rows, grads, dim) is True
+        half = rows.shape[0] // 2
+        first = step(matrix, rows[:half], grads[:half], dim)
+        self.hooks.mid_apply(op, config.name, half, rows.shape[0])
+        second = step(matrix, rows[half:], grads[half:], dim)
+        return first is True and second is True
+
+    def _scratch_rows(self, which: str, rows: int) -> np.ndarray:
+        """A scratch ``[rows, width]`` matrix, reused across pushes (a fresh multi-MB
+        array per push costs page faults comparable to the update itself)."""
+        scratch = self._scratch[which]
+        if scratch.shape[0] < rows:
+            width = self.storage.layout.width
+            scratch = np.empty((max(rows, 2 * scratch.shape[0]), width), np.float32)
+            self._scratch[which] = scratch
+        return scratch[:rows]
+
+    def _commit_pending(self, stage: PendingStage) -> None:
+        """Write a staged admission back (space was reserved: nothing here allocates)."""
+        store = self.storage
+        updates, inserts = stage.updates, stage.inserts
+        scatter_rows(store.pending, stage.pids[updates], stage.counters[updates])
+        if inserts.size:
+            pids, _ = store.pending_index.find_or_insert(stage.keys[inserts])
+            scatter_rows(store.pending, pids, stage.counters[inserts])
+        erases = stage.erases
+        if erases.size:
+            store.pending_index.erase(stage.keys[erases])

@@ -5,7 +5,9 @@ Two ways in, on purpose:
 - **merge** (``import_rows`` / ``import_pending``): upsert columns into the live table.
   Used to assemble a table from several parts (the shard files of a save made on another
   number of servers) and by geo mode's local tables.
-- **restore** (``restore``, or ``empty_like`` + imports + ``adopt``): make the table
+- **restore** (:meth:`SparseTable.restore <sparseps.table.SparseTable.restore>`, or
+  ``empty_like`` + imports + ``adopt``, which move one storage's contents into another
+  at once, :meth:`~sparseps.table.storage.TableStorage.take`): make the table
   *exactly* the given columns. Rows, pending keys and counters created after the
   checkpoint disappear. The new contents are built aside in a fresh table, and only when
   every part has been read and validated are they swapped in, so a load that fails
@@ -26,9 +28,8 @@ takes the upsert path, whose rows go through its tiers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Self
 
 import numpy as np
 
@@ -45,14 +46,11 @@ from .columns import (
 )
 from .push import scatter_rows
 from .row_import import NOT_FINITE, advise_huge_pages, copy_new_rows
-from .table_parts import TableParts
+from .storage import PENDING_WHERE, TableStorage
 
-__all__ = ["PENDING_WHERE", "TableFiles"]
+__all__ = ["RowTransfer"]
 
 log = logging.getLogger(__name__)
-
-# pending storage columns: no embedding, state or delta_score
-PENDING_WHERE = {"show": 0, "click": 1, "unseen": 2}
 # a strict import of at least this many rows copies them and inserts their keys at once
 _PARALLEL_ROWS = 1 << 16
 # A tiered table's export of at most 1/this of its rows reads them where they are on disk,
@@ -62,8 +60,13 @@ _PARALLEL_ROWS = 1 << 16
 _LOCATE_FRACTION = 256
 
 
-class TableFiles(TableParts):
-    """Export / import / restore, mixed into :class:`~sparseps.table.SparseTable`."""
+class RowTransfer:
+    """Export and import (merge) of a :class:`~sparseps.table.SparseTable`'s rows as
+    columns, on its storage (a restore is imports into a fresh table, then
+    :meth:`~sparseps.table.SparseTable.adopt`)."""
+
+    def __init__(self, storage: TableStorage) -> None:
+        self.storage = storage
 
     # -- export -----------------------------------------------------------------------
     def export_rows(self) -> dict[str, np.ndarray]:
@@ -75,13 +78,14 @@ class TableFiles(TableParts):
             ``unseen_days`` int32 [n] and ``touched`` uint8 [n] (1 = pushed since the last
             decay; optional on import, default 0).
         """
-        if self._tier is None:
-            keys, ids = self._index.items()
-            columns = gather_columns(self._rows, keys, ids, self._where)
+        store = self.storage
+        if store.tier is None:
+            keys, ids = store.index.items()
+            columns = gather_columns(store.rows, keys, ids, store.where)
         else:  # every row from the disk (flushed), in file order: one sequential read
-            keys, where, disk = self._tier.scan(self._index, "export_rows")
-            columns = gather_columns(disk, keys, where, self._where)
-            self._tier.drop_pages()
+            keys, where, disk = store.tier.scan(store.index, "export_rows")
+            columns = gather_columns(disk, keys, where, store.where)
+            store.tier.drop_pages()
         return {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
 
     def export_row_parts(self, rows_per_part: int) -> Iterator[dict[str, np.ndarray]]:
@@ -93,51 +97,54 @@ class TableFiles(TableParts):
         is taken: pulls of the table wait meanwhile, and the parts are one consistent
         snapshot (the caller also keeps pushes out, as for :meth:`export_rows`).
         """
-        if self._tier is None:
+        store = self.storage
+        if store.tier is None:
             yield self.export_rows()
             return
         step = max(1, int(rows_per_part))
         names = (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)
-        with self._tier.lock:
-            keys, where, disk = self._tier.scan(self._index, "export_rows")
+        with store.tier.lock:
+            keys, where, disk = store.tier.scan(store.index, "export_rows")
             for at in range(0, max(keys.size, 1), step):
                 part = slice(at, at + step)
-                columns = gather_columns(disk, keys[part], where[part], self._where)
-                self._tier.drop_pages()
+                columns = gather_columns(disk, keys[part], where[part], store.where)
+                store.tier.drop_pages()
                 yield {name: columns[name] for name in names}
 
     def export_keys(self, keys: np.ndarray) -> tuple[dict, dict]:
         """:meth:`export_rows` and :meth:`export_pending` columns of ``keys`` only (uint64,
         unique; keys that are neither are skipped): the rows of a virtual shard that moves
         to another server (:mod:`sparseps.server.elastic_ops`)."""
+        store = self.storage
         keys = np.ascontiguousarray(keys, np.uint64)
         names = (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)
-        ids = self._index.find(keys)
+        ids = store.index.find(keys)
         keep = ids >= 0
-        if self._tier is None:
-            columns = gather_columns(self._rows, keys[keep], ids[keep], self._where)
+        if store.tier is None:
+            columns = gather_columns(store.rows, keys[keep], ids[keep], store.where)
             rows = {name: columns[name] for name in names}
-        elif np.count_nonzero(keep) * _LOCATE_FRACTION <= len(self._index):
+        elif np.count_nonzero(keep) * _LOCATE_FRACTION <= len(store.index):
             # a few rows (a dirty round of a moving shard): read them where they are
-            order, where, disk = self._tier.locate(ids[keep], "export_keys")
-            columns = gather_columns(disk, keys[keep][order], where, self._where)
-            self._tier.drop_pages()
+            order, where, disk = store.tier.locate(ids[keep], "export_keys")
+            columns = gather_columns(disk, keys[keep][order], where, store.where)
+            store.tier.drop_pages()
             rows = {name: columns[name] for name in names}
         else:  # most of the table: one sequential read of the disk copies, then the selection
             every = self.export_rows()
             keep = np.isin(every["key"], keys)
             rows = {name: values[keep] for name, values in every.items()}
-        ids = self._pending_index.find(keys)
+        ids = store.pending_index.find(keys)
         keep = ids >= 0
-        columns = gather_columns(self._pending, keys[keep], ids[keep], PENDING_WHERE)
+        columns = gather_columns(store.pending, keys[keep], ids[keep], PENDING_WHERE)
         pending = {name: columns[name] for name in (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)}
         return rows, pending
 
     def export_pending(self) -> dict[str, np.ndarray]:
         """Admission counters of keys not admitted yet: ``key``, ``show``, ``click``
         (+ ``unseen_days`` int32 and ``touched`` uint8, optional on import)."""
-        keys, ids = self._pending_index.items()
-        columns = gather_columns(self._pending, keys, ids, PENDING_WHERE)
+        store = self.storage
+        keys, ids = store.pending_index.items()
+        columns = gather_columns(store.pending, keys, ids, PENDING_WHERE)
         return {name: columns[name] for name in (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)}
 
     # -- merge ------------------------------------------------------------------------
@@ -171,8 +178,9 @@ class TableFiles(TableParts):
                 imported then.
             ResourceError: out of memory; nothing is imported.
         """
-        layout = self.layout
-        bulk = strict and self._tier is None
+        store = self.storage
+        layout = store.layout
+        bulk = strict and store.tier is None
         cols = check_columns("import_rows", columns, ROW_COLUMNS, OPTIONAL_ROW_COLUMNS,
                              layout.dim, layout.state_dim, values=not bulk)  # fmt: skip
         if select is not None:
@@ -186,46 +194,47 @@ class TableFiles(TableParts):
         n = keys.size
         if n == 0:
             return
-        ids = self._index.find(keys)
+        ids = store.index.find(keys)
         if strict:
             self._refuse_present("import_rows", keys, ids)
-        tier, staged = self._tier, None
+        tier, staged = store.tier, None
         if tier is not None:  # the tier takes whole rows: built aside, first
             staged = np.empty((n, layout.width), np.float32)
-            scatter_row_columns(staged, np.arange(n), cols, self._where)
+            scatter_row_columns(staged, np.arange(n), cols, store.where)
         new = np.flatnonzero(ids < 0)
-        self._grow("import_rows", new.size, 0, pending_erases=n)
+        store.grow("import_rows", new.size, 0, pending_erases=n)
         if new.size:
-            ids[new] = self._index.find_or_insert(keys[new])[0]
+            ids[new] = store.index.find_or_insert(keys[new])[0]
         if tier is None:  # nothing can fail from here: straight into the rows
-            scatter_row_columns(self._rows, ids, cols, self._where)
+            scatter_row_columns(store.rows, ids, cols, store.where)
         else:  # straight into the tiers: new rows to disk, cached ones in their slots
             assert staged is not None
             tier.write(ids, staged, "import_rows")
-        self._pending_index.erase(keys)
+        store.pending_index.erase(keys)
 
     def _import_new_rows(self, cols: dict, select: np.ndarray | None, *, parallel: bool) -> None:
         """import_rows(strict=True) of an in-memory table: the rows, at ids no key owns
         yet (a bad value leaves them unreachable), and the keys (a present or repeated key
         undoes its batch's inserts; a bad row found by the copy, too), so a failure
         changes nothing. A large import runs the two passes on two threads."""
+        store = self.storage
         keys = cols["key"] if select is None else cols["key"][select]
         n = keys.size
         if n == 0:
             return
-        pending = len(self._pending_index) > 0  # a restore imports rows before pending
-        self._grow("import_rows", n, 0, pending_erases=n if pending else 0)
-        index = self._index
+        pending = len(store.pending_index) > 0  # a restore imports rows before pending
+        store.grow("import_rows", n, 0, pending_erases=n if pending else 0)
+        index = store.index
         ids = index.planned_ids(n)
         high_water, free_ids = index.high_water, index.free_ids
-        advise_huge_pages(self._rows[high_water : high_water + n])  # the rows past it are new
+        advise_huge_pages(store.rows[high_water : high_water + n])  # the rows past it are new
         keys = np.ascontiguousarray(keys)
         # The copy (rows at ids no key owns yet) and the insert (the index) touch disjoint
         # memory and release the GIL: on two threads a large import takes the longer of the
         # two instead of their sum. A copy that finds a bad row takes the insert back.
         if parallel and n >= _PARALLEL_ROWS:
             with ThreadPoolExecutor(1, thread_name_prefix="sparseps-import") as pool:
-                copied = pool.submit(copy_new_rows, self._rows, ids, cols, self._where, select)
+                copied = pool.submit(copy_new_rows, store.rows, ids, cols, store.where, select)
                 at = index.insert_absent(keys, ids)
                 try:
                     problem, bad = copied.result()
@@ -236,23 +245,23 @@ class TableFiles(TableParts):
             if problem and at < 0:  # the keys went in: take them back
                 index.undo_insert_absent(keys, free_ids)
         else:
-            problem, bad = copy_new_rows(self._rows, ids, cols, self._where, select)
+            problem, bad = copy_new_rows(store.rows, ids, cols, store.where, select)
             at = -1 if problem else index.insert_absent(keys, ids)
         if problem:
             what = "NaN/inf" if problem == NOT_FINITE else "unseen_days < 0"
             raise InputError(
-                f"import_rows into table {self.config.name!r}: a row contains {what} (first "
+                f"import_rows into table {store.config.name!r}: a row contains {what} (first "
                 f"at key {int(keys[bad])}, position {bad}); nothing was imported"
             )
         if at >= 0:
-            if self._index.find(keys[at : at + 1])[0] >= 0:
-                self._refuse_present("import_rows", keys, self._index.find(keys))
+            if store.index.find(keys[at : at + 1])[0] >= 0:
+                self._refuse_present("import_rows", keys, store.index.find(keys))
             raise InputError(
                 f"import_rows: columns['key'] has repeated keys (first {int(keys[at])}); "
                 "nothing was imported"
             )
         if pending:
-            self._pending_index.erase(keys)
+            store.pending_index.erase(keys)
 
     def import_pending(self, columns: dict, *, strict: bool = False) -> None:
         """Upsert pending counters from :meth:`export_pending` columns.
@@ -263,16 +272,17 @@ class TableFiles(TableParts):
         Raises:
             InputError: as :meth:`import_rows`.
         """
+        store = self.storage
         cols = check_columns(
             "import_pending", columns, PENDING_COLUMNS, OPTIONAL_PENDING_COLUMNS, 0, 0
         )
         keys = cols["key"]
         if strict:
-            self._refuse_present("import_pending", keys, self._pending_index.find(keys))
-        keep = np.flatnonzero(~self._index.contains(keys))
+            self._refuse_present("import_pending", keys, store.pending_index.find(keys))
+        keep = np.flatnonzero(~store.index.contains(keys))
         if keep.size < keys.size:
             log.info("table %s: import_pending skipped %d keys that are rows",
-                     self.config.name, keys.size - keep.size)  # fmt: skip
+                     store.config.name, keys.size - keep.size)  # fmt: skip
             cols = {name: values[keep] for name, values in cols.items()}
             keys = np.ascontiguousarray(cols["key"])
         n = keys.size
@@ -280,67 +290,22 @@ class TableFiles(TableParts):
             return
         staged = np.empty((n, len(PENDING_WHERE)), np.float32)
         write_stats(staged, np.arange(n), cols, PENDING_WHERE)
-        pids = self._pending_index.find(keys)
+        pids = store.pending_index.find(keys)
         new = np.flatnonzero(pids < 0)
-        self._grow("import_pending", 0, new.size)
+        store.grow("import_pending", 0, new.size)
         if new.size:
-            pids[new] = self._pending_index.find_or_insert(keys[new])[0]
-        scatter_rows(self._pending, pids, staged)
+            pids[new] = store.pending_index.find_or_insert(keys[new])[0]
+        scatter_rows(store.pending, pids, staged)
 
     def _refuse_present(self, op: str, keys: np.ndarray, ids: np.ndarray) -> None:
+        store = self.storage
         present = ids >= 0
         if present.any():
             raise InputError(
-                f"{op} into table {self.config.name!r}: {int(present.sum())} key(s) are already "
+                f"{op} into table {store.config.name!r}: {int(present.sum())} key(s) are already "
                 f"in the table (first {int(keys[np.flatnonzero(present)[0]])}); a checkpoint "
                 "holds each key once, so its files overlap; nothing was imported"
             )
-
-    # -- restore ----------------------------------------------------------------------
-    def empty_like(self) -> Self:
-        """A new, empty table with this one's config and allocator (to restore into)."""
-        return type(self)(self.config, allocator=self._allocator, disk_dir=self._disk_dir)
-
-    def adopt(self, other: Self) -> None:
-        """Take ``other``'s contents (rows, state, counters, pending keys) in one step.
-
-        ``other`` must come from :meth:`empty_like` (same layout); it is emptied. The
-        caller holds the table's write lock.
-        """
-        if other is self:
-            return
-        if other.layout != self.layout:
-            raise InputError(
-                f"adopt into table {self.config.name!r}: layouts differ ({other.layout} vs "
-                f"{self.layout})"
-            )
-        fresh = self.empty_like()
-        old_tier = self._tier
-        self._index, self._store = other._index, other._store
-        self._pending_index, self._pending_store = other._pending_index, other._pending_store
-        self._tier = other._tier
-        other._index, other._store = fresh._index, fresh._store
-        other._pending_index, other._pending_store = fresh._pending_index, fresh._pending_store
-        other._tier = fresh._tier
-        if old_tier is not None:  # the replaced contents' disk file goes now, not at GC
-            old_tier.close()
-
-    def restore(self, rows: Iterable[dict], pending: Iterable[dict] = ()) -> None:
-        """Make the table exactly the union of ``rows`` and ``pending`` column sets.
-
-        Every part is validated and imported into a fresh table first; the table changes
-        only if all of them succeed (then atomically, by :meth:`adopt`).
-
-        Raises:
-            InputError: a bad part, or parts that overlap; the table is unchanged.
-            ResourceError: out of memory; the table is unchanged.
-        """
-        fresh = self.empty_like()
-        for columns in rows:
-            fresh.import_rows(columns, strict=True)
-        for columns in pending:
-            fresh.import_pending(columns, strict=True)
-        self.adopt(fresh)
 
 
 def _check_select(select: object, n: int) -> np.ndarray:

@@ -1,15 +1,20 @@
 """``SparseTable``: one shard of a sparse embedding table (DESIGN §2.5).
 
-Storage: a :class:`~sparseps.table.hashmap.KeyIndex` maps each live key to a dense row
-id; rows live in one float32 matrix laid out by :class:`~sparseps.table.layout.RowLayout`.
-Erased ids go to a free stack and are reused first, so the matrix only grows when the
-number of live rows does. It doubles while small and then grows by 25%, in place
-(:mod:`~sparseps.table.growth`: never old + new at once). Keys that are not admitted yet
-live in a second, small index with only their counters (show, click, unseen).
+The table holds its parts, one concept each, over one storage:
 
-With ``config.memory_rows`` the rows live in a :class:`~sparseps.table.tier.RowTier`
-instead: a cache of the hot rows over a row file; every op promotes the rows it touches
-and runs the same kernels on the cache (slots for row ids), so results are identical.
+- :class:`~sparseps.table.storage.TableStorage`: the key index, the rows (one float32
+  matrix laid out by :class:`~sparseps.table.layout.RowLayout`, or with
+  ``config.memory_rows`` a :class:`~sparseps.table.tier.RowTier`: a cache of the hot rows
+  over a row file, where every op promotes the rows it touches and runs the same kernels
+  on the cache, so results are identical) and the pending keys' counters;
+- :class:`~sparseps.table.push.PushTransaction`: ``push`` and ``push_delta``;
+- :class:`~sparseps.table.restore.RowTransfer`: rows out and in as columns (saves,
+  loads, moves of shards);
+- :class:`~sparseps.table.full_rows.FullRows`: whole rows for GPUPS;
+- :class:`~sparseps.table.lifecycle_ops.LifecycleOps`: decay, shrink, drop.
+
+Pulls (the hot read) are this module's own; the other public methods hand the call to
+their part.
 
 Push path (all compiled, one pass each; :mod:`~sparseps.table.push`): merge repeated
 keys -> find -> admission of missing keys on scratch counters -> new rows built and
@@ -35,31 +40,30 @@ Semantics pinned here:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from typing import Self
+
 import numpy as np
 
-from ..config import Admission, TableConfig
+from ..config import TableConfig
 from ..core.closing import Closing
-from ..errors import ConfigError, InputError, ResourceError
+from ..errors import ConfigError, InputError
 from . import input_checks as checks
-from .batch import add_rows, dedup_merge, gather, init_rows, touch_rows
+from .batch import gather
 from .full_rows import FullRows
-from .growth import Allocator, GrowableMatrix
-from .hashmap import KeyIndex
+from .growth import Allocator
 from .initializers import fill_initial
-from .layout import STAT_COLUMNS, RowLayout
 from .lifecycle_ops import LifecycleOps
-from .push import PushHooks, check_rows, check_staged, gather_rows, scatter_rows, stage_pending
-from .restore import PENDING_WHERE, TableFiles
+from .push import PushHooks, PushTransaction
+from .restore import RowTransfer
 from .stats import TableStats
-from .tier import PrefetchPlan, tier_for
+from .storage import TableStorage
+from .tier import PrefetchPlan
 
 __all__ = ["SparseTable", "TableStats"]
 
-INITIAL_ROWS = 256
-_NO_ROWS = np.empty(0, np.int64)
 
-
-class SparseTable(TableFiles, FullRows, LifecycleOps, Closing):
+class SparseTable(Closing):
     """One shard of a sparse table.
 
     Not thread-safe for writers: the owner serialises mutating calls (the server holds a
@@ -90,63 +94,33 @@ class SparseTable(TableFiles, FullRows, LifecycleOps, Closing):
         if not isinstance(config, TableConfig):
             raise ConfigError(f"SparseTable: expected a TableConfig, got {type(config).__name__}")
         self.config = config
-        self.layout = RowLayout.for_rule(config.dim, config.rule)
-        self._dim = config.dim
-        self._stat0 = self.layout.column("show")
-        # first storage column of each exported field (see RowLayout)
-        self._where = {"dim": self._dim, **{n: self.layout.column(n) for n in STAT_COLUMNS}}
-        self._policy = config.lifecycle
-        self._always = config.lifecycle.admission is Admission.ALWAYS
-        self._state0 = np.ascontiguousarray(config.rule.initial_state(config.dim), np.float32)
-        self._allocator = allocator
-        self._disk_dir = disk_dir
-        self._tier = tier_for(config, self.layout.width, disk_dir, allocator)
-        self._index = KeyIndex(allocator=allocator)
-        # a tiered table keeps its rows in the tier; this matrix stays empty
-        initial = INITIAL_ROWS if self._tier is None else 0
-        self._store = GrowableMatrix(initial, self.layout.width, np.float32, allocator)
-        self._pending_index = KeyIndex(allocator=allocator)
-        self._pending_store = GrowableMatrix(16, len(PENDING_WHERE), np.float32, allocator)
-        self._hooks = hooks
-        # reused scratch rows (see _scratch_rows): the push's backup and its new rows
-        self._backup = np.empty((0, self.layout.width), np.float32)
-        self._fresh = np.empty((0, self.layout.width), np.float32)
-
-    @property
-    def _rows(self) -> np.ndarray:
-        # re-read on every use: a growth replaces the array (see growth.py)
-        return self._store.array
-
-    @property
-    def _pending(self) -> np.ndarray:
-        return self._pending_store.array
+        self._storage = TableStorage(config, allocator=allocator, disk_dir=disk_dir)
+        self.layout = self._storage.layout
+        self._push = PushTransaction(self._storage, hooks)
+        self._columns = RowTransfer(self._storage)
+        self._full_rows = FullRows(self._storage)
+        self._lifecycle = LifecycleOps(self._storage)
 
     # -- size -------------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._storage.index)
 
     @property
     def nbytes(self) -> int:
         """Bytes of memory (a tiered table's disk file is not counted)."""
-        tier = 0 if self._tier is None else self._tier.nbytes
-        return (
-            self._rows.nbytes
-            + tier
-            + self._index.nbytes
-            + self._pending.nbytes
-            + self._pending_index.nbytes
-        )
+        return self._storage.nbytes
 
     def stats(self) -> TableStats:
-        rows, tier = len(self._index), self._tier
+        store = self._storage
+        rows, tier = len(store.index), store.tier
         in_memory = rows if tier is None else tier.cached_rows
         return TableStats(
             name=self.config.name,
             rows=rows,
-            pending=len(self._pending_index),
-            capacity=int(self._rows.shape[0] if tier is None else tier.capacity),
-            bytes_used=int(self.nbytes),
-            dim=self._dim,
+            pending=len(store.pending_index),
+            capacity=int(store.rows.shape[0] if tier is None else tier.capacity),
+            bytes_used=int(store.nbytes),
+            dim=store.dim,
             memory_rows=in_memory,
             disk_rows=rows - in_memory,
             disk_bytes=0 if tier is None else tier.file_bytes,
@@ -159,24 +133,24 @@ class SparseTable(TableFiles, FullRows, LifecycleOps, Closing):
     @property
     def disk_path(self) -> str | None:
         """The disk tier's row file (row id ``r`` = file row ``r``), None if in memory."""
-        return None if self._tier is None else self._tier.path
+        tier = self._storage.tier
+        return None if tier is None else tier.path
 
     def close(self) -> None:
         """Delete a tiered table's disk file (the table must not be used afterwards)."""
-        if self._tier is not None:
-            self._tier.close()
+        self._storage.close()
 
     def reserve(self, rows: int) -> None:
         """Pre-size storage for ``rows`` live rows (e.g. before loading a checkpoint)."""
-        self._grow("reserve", rows - len(self._index), 0, exact=True)
+        self._storage.grow("reserve", rows - len(self._storage.index), 0, exact=True)
 
     def keys(self) -> np.ndarray:
         """uint64 keys of the live rows (slot order)."""
-        return self._index.items()[0]
+        return self._storage.index.items()[0]
 
     def contains(self, keys: np.ndarray) -> np.ndarray:
         """bool ``[n]``: whether each key is a live row."""
-        return self._index.contains(checks.check_key_array("contains", keys))
+        return self._storage.index.contains(checks.check_key_array("contains", keys))
 
     # -- pull / push ------------------------------------------------------------------
     def pull(self, keys: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -195,24 +169,24 @@ class SparseTable(TableFiles, FullRows, LifecycleOps, Closing):
             InputError: ``keys`` is not a C-contiguous 1-D uint64 array, or ``out`` is
                 not what it must be.
         """
+        store = self._storage
+        dim = store.dim
         keys = checks.check_key_array("pull", keys)
         if out is not None:
-            checks.check_matrix("pull", "out", out, len(keys), self._dim)
+            checks.check_matrix("pull", "out", out, len(keys), dim)
             if not out.flags.writeable:
                 raise InputError("pull: out must be writable")
-        ids = self._index.find(keys)
-        tier = self._tier
+        ids = store.index.find(keys)
+        tier = store.tier
         if tier is None:
-            out, missing = gather(self._rows, ids, self._dim, out)
+            out, missing = gather(store.rows, ids, dim, out)
         else:
             with tier.lock:  # a pull promotes rows: pulls of one table take turns here
                 slots = tier.gather_slots(ids, "pull")  # first: it may grow (move) the cache
-                out, missing = gather(tier.cache, slots, self._dim, out)
-        if missing and self._always:
+                out, missing = gather(tier.cache, slots, dim, out)
+        if missing and store.always:
             where = np.flatnonzero(ids < 0)
-            fill_initial(
-                out, where, keys[where], self._dim, self.config.initializer, self.config.seed
-            )
+            fill_initial(out, where, keys[where], dim, self.config.initializer, self.config.seed)
         return out
 
     def plan_prefetch(self, keys: np.ndarray) -> PrefetchPlan | None:
@@ -220,16 +194,18 @@ class SparseTable(TableFiles, FullRows, LifecycleOps, Closing):
         for an in-memory table or when every row is in memory). A server holds the
         table's read lock for this step and for :meth:`install_prefetch`, and none while
         ``plan.read()`` runs."""
-        if self._tier is None:
+        tier = self._storage.tier
+        if tier is None:
             return None
         keys = checks.check_key_array("prefetch", keys, contiguous=False)
-        return self._tier.plan_prefetch(self._index.find(np.ascontiguousarray(keys)))
+        return tier.plan_prefetch(self._storage.index.find(np.ascontiguousarray(keys)))
 
     def install_prefetch(self, plan: PrefetchPlan) -> int:
         """The last step of :meth:`prefetch`: cache the rows ``plan`` read that are still
         current; returns how many."""
-        assert self._tier is not None, "plan_prefetch gives no plan for an in-memory table"
-        return self._tier.install_prefetch(plan)
+        tier = self._storage.tier
+        assert tier is not None, "plan_prefetch gives no plan for an in-memory table"
+        return tier.install_prefetch(plan)
 
     def prefetch(self, keys: np.ndarray) -> int:
         """Promote the rows of ``keys`` that are only on disk into memory, ahead of the
@@ -262,7 +238,7 @@ class SparseTable(TableFiles, FullRows, LifecycleOps, Closing):
             InputError: a dtype, shape or contiguity problem, or NaN/inf anywhere in
                 ``grads`` (the whole push is rejected; the table is unchanged).
         """
-        self._apply("push", keys, grads, "grads", shows, clicks, delta=False)
+        self._push.apply("push", keys, grads, "grads", shows, clicks, delta=False)
 
     def push_delta(
         self,
@@ -275,156 +251,121 @@ class SparseTable(TableFiles, FullRows, LifecycleOps, Closing):
 
         Same arguments, validation, admission and statistics as :meth:`push`.
         """
-        self._apply("push_delta", keys, deltas, "deltas", shows, clicks, delta=True)
+        self._push.apply("push_delta", keys, deltas, "deltas", shows, clicks, delta=True)
 
-    def _apply(self, op, keys, values, name, shows, clicks, *, delta: bool) -> None:
-        keys = checks.check_key_array(op, keys)
-        n = keys.shape[0]
-        values = checks.check_matrix(op, name, values, n, self._dim)
-        shows = checks.counts_or_default(op, "shows", shows, n, 1.0)
-        clicks = checks.counts_or_default(op, "clicks", clicks, n, 0.0)
-        checks.check_finite(op, name, values, keys)
-        if n == 0:
-            return
-        uniq, merged, merged_shows, merged_clicks = dedup_merge(keys, values, shows, clicks)
-        table = self.config.name
-        if uniq.size < n:  # sums of repeated keys' finite values can overflow float32
-            check_staged(op, table, merged, uniq, f"merged {name} row")
-            merged_counts = np.stack([merged_shows, merged_clicks], axis=1)
-            check_staged(op, table, merged_counts, uniq, "merged shows/clicks of a key")
-        # -- stage: nothing here changes the table -----------------------------------------
-        tier = self._tier
-        ids = self._index.find(uniq)
-        if tier is not None:  # room in memory for every row this push touches
-            tier.begin(uniq.size, op, ids=ids, new_rows=int(np.count_nonzero(ids < 0)))
-        missing = np.flatnonzero(ids < 0)
-        pending = None
-        if missing.size == 0:
-            new = _NO_ROWS
-        elif self._always:
-            new = missing
-            prior_show = prior_click = np.zeros(missing.size, np.float32)
-        else:  # admission on scratch counters; gradients of keys still pending are dropped
-            pending = stage_pending(
-                self._pending_index, self._pending, uniq[missing], merged_shows[missing],
-                merged_clicks[missing], self._policy, self.config.seed,
-            )  # fmt: skip
-            check_staged(op, table, pending.counters, pending.keys, "pending key")
-            new = missing[pending.admitted]
-            prior_show = pending.prior_show[pending.admitted]
-            prior_click = pending.prior_click[pending.admitted]
-        fresh = None
-        if new.size:  # the rows this push creates, built and checked aside
-            fresh = self._scratch_rows("_fresh", new.size)
-            local = np.arange(new.size, dtype=np.int64)
-            config, policy = self.config, self._policy
-            fill_initial(fresh, local, uniq[new], self._dim, config.initializer, config.seed)
-            init_rows(fresh, local, self._state0, prior_show, prior_click, self._dim,
-                      self._stat0, policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
-            touch_rows(fresh, local, merged_shows[new], merged_clicks[new], self._stat0,
-                       policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
-            self._update(fresh, local, np.ascontiguousarray(merged[new]), delta)
-            check_staged(op, table, fresh, uniq[new], "row")
-        if missing.size:
-            old = np.flatnonzero(ids >= 0)
-            old_ids, old_keys = ids[old], uniq[old]
-            merged = np.ascontiguousarray(merged[old])
-            merged_shows, merged_clicks = merged_shows[old], merged_clicks[old]
-        else:
-            old_ids, old_keys = ids, uniq
-        # -- apply to the existing rows in place, restoring them if anything fails ---------
-        # (tiered: to their cached copies, promoted here; the same kernels on slots)
-        if tier is not None:
-            old_ids = tier.slots(old_ids, op, dirty=True)
-        rows = self._rows if tier is None else tier.cache
-        backup = self._scratch_rows("_backup", old_ids.size)
-        gather_rows(rows, old_ids, backup)
-        try:
-            touch_rows(rows, old_ids, merged_shows, merged_clicks, self._stat0,
-                       self._policy.nonclick_coeff, self._policy.click_coeff)  # fmt: skip
-            if not self._update(rows, old_ids, merged, delta, op=op):
-                check_rows(op, table, rows, old_ids, old_keys)  # names the rows; raises
-            self._grow(op, new.size, 0 if pending is None else pending.inserts.size,
-                       pending_erases=0 if pending is None else pending.erases.size)  # fmt: skip
-        except BaseException:
-            # re-read: a growth may have moved the matrix (the cache does not grow here)
-            scatter_rows(self._rows if tier is None else tier.cache, old_ids, backup)
-            raise
-        # -- commit: allocates nothing --------------------------------------------------
-        if fresh is not None:
-            new_ids, _ = self._index.find_or_insert(uniq[new])
-            if tier is None:
-                scatter_rows(self._rows, new_ids, fresh)
-            else:  # begin() made room: placing them evicts only rows this push did not touch
-                slots = tier.slots(new_ids, op, load=False, dirty=True)
-                scatter_rows(tier.cache, slots, fresh)
-        if pending is not None:
-            self._commit_pending(pending)
+    # -- whole rows (GPUPS; table/full_rows.py) ------------------------------------------
+    @property
+    def full_width(self) -> int:
+        """Columns of a full row: ``dim + state_dim``."""
+        return self._full_rows.full_width
 
-    def _update(self, storage, rows, grads, delta: bool, *, op: str = "") -> bool:
-        """The rule's update (or geo's add) of ``storage[rows]``; with test hooks, in two
-        halves with :meth:`PushHooks.mid_apply` between them.
+    def pull_full(self, keys: np.ndarray) -> np.ndarray:
+        """Embedding and optimizer state of ``keys``: :meth:`FullRows.pull_full
+        <sparseps.table.full_rows.FullRows.pull_full>`."""
+        return self._full_rows.pull_full(keys)
 
-        Returns True only if the kernel vouched that every value it wrote is finite (the
-        built-in ones check in registers, which is cheaper than a pass over the rows);
-        otherwise the caller checks the rows.
+    def write_rows(
+        self,
+        keys: np.ndarray,
+        rows: np.ndarray,
+        shows: np.ndarray | None = None,
+        clicks: np.ndarray | None = None,
+    ) -> None:
+        """Upsert whole rows: :meth:`FullRows.write_rows
+        <sparseps.table.full_rows.FullRows.write_rows>`."""
+        self._full_rows.write_rows(keys, rows, shows, clicks)
+
+    # -- lifecycle (table/lifecycle_ops.py) --------------------------------------------
+    def decay(self, rate: float | None = None) -> None:
+        """End of a day: :meth:`LifecycleOps.decay <sparseps.table.lifecycle_ops.LifecycleOps.decay>`."""
+        self._lifecycle.decay(rate)
+
+    def drop(self, keys: np.ndarray) -> int:
+        """Delete keys' rows and pending counters: :meth:`LifecycleOps.drop
+        <sparseps.table.lifecycle_ops.LifecycleOps.drop>`."""
+        return self._lifecycle.drop(keys)
+
+    def shrink(self) -> np.ndarray:
+        """Delete low-score and long-unseen rows: :meth:`LifecycleOps.shrink
+        <sparseps.table.lifecycle_ops.LifecycleOps.shrink>`."""
+        return self._lifecycle.shrink()
+
+    def reset_delta_score(self) -> None:
+        """Zero every row's delta_score (after a delta save)."""
+        self._lifecycle.reset_delta_score()
+
+    # -- rows as columns (table/restore.py) --------------------------------------------
+    def export_rows(self) -> dict[str, np.ndarray]:
+        """Every live row as columns: :meth:`RowTransfer.export_rows
+        <sparseps.table.restore.RowTransfer.export_rows>`."""
+        return self._columns.export_rows()
+
+    def export_row_parts(self, rows_per_part: int) -> Iterator[dict[str, np.ndarray]]:
+        """:meth:`export_rows` in parts: :meth:`RowTransfer.export_row_parts
+        <sparseps.table.restore.RowTransfer.export_row_parts>`."""
+        return self._columns.export_row_parts(rows_per_part)
+
+    def export_keys(self, keys: np.ndarray) -> tuple[dict, dict]:
+        """The row and pending columns of ``keys`` only: :meth:`RowTransfer.export_keys
+        <sparseps.table.restore.RowTransfer.export_keys>`."""
+        return self._columns.export_keys(keys)
+
+    def export_pending(self) -> dict[str, np.ndarray]:
+        """Admission counters of keys not admitted yet: :meth:`RowTransfer.export_pending
+        <sparseps.table.restore.RowTransfer.export_pending>`."""
+        return self._columns.export_pending()
+
+    def import_rows(
+        self,
+        columns: dict,
+        *,
+        strict: bool = False,
+        select: np.ndarray | None = None,
+        parallel: bool = True,
+    ) -> None:
+        """Upsert rows from :meth:`export_rows` columns: :meth:`RowTransfer.import_rows
+        <sparseps.table.restore.RowTransfer.import_rows>`."""
+        self._columns.import_rows(columns, strict=strict, select=select, parallel=parallel)
+
+    def import_pending(self, columns: dict, *, strict: bool = False) -> None:
+        """Upsert pending counters from :meth:`export_pending` columns:
+        :meth:`RowTransfer.import_pending <sparseps.table.restore.RowTransfer.import_pending>`."""
+        self._columns.import_pending(columns, strict=strict)
+
+    # -- restore -----------------------------------------------------------------------
+    def empty_like(self) -> Self:
+        """A new, empty table with this one's config and allocator (to restore into)."""
+        store = self._storage
+        return type(self)(self.config, allocator=store.allocator, disk_dir=store.disk_dir)
+
+    def adopt(self, other: Self) -> None:
+        """Take ``other``'s contents (rows, state, counters, pending keys) in one step.
+
+        ``other`` must come from :meth:`empty_like` (same layout); it is emptied. The
+        caller holds the table's write lock.
         """
-        step = add_rows if delta else self.config.rule.update
-        if self._hooks is None or not op:
-            return step(storage, rows, grads, self._dim) is True
-        half = rows.shape[0] // 2
-        first = step(storage, rows[:half], grads[:half], self._dim)
-        self._hooks.mid_apply(op, self.config.name, half, rows.shape[0])
-        second = step(storage, rows[half:], grads[half:], self._dim)
-        return first is True and second is True
+        if other is self:
+            return
+        if other.layout != self.layout:
+            raise InputError(
+                f"adopt into table {self.config.name!r}: layouts differ ({other.layout} vs "
+                f"{self.layout})"
+            )
+        self._storage.take(other._storage)
 
-    def _scratch_rows(self, which: str, rows: int) -> np.ndarray:
-        """A scratch ``[rows, width]`` matrix, reused across pushes (a fresh multi-MB
-        array per push costs page faults comparable to the update itself)."""
-        scratch = getattr(self, which)
-        if scratch.shape[0] < rows:
-            scratch = np.empty((max(rows, 2 * scratch.shape[0]), self.layout.width), np.float32)
-            setattr(self, which, scratch)
-        return scratch[:rows]
+    def restore(self, rows: Iterable[dict], pending: Iterable[dict] = ()) -> None:
+        """Make the table exactly the union of ``rows`` and ``pending`` column sets.
 
-    def _commit_pending(self, stage) -> None:
-        """Write a staged admission back (space was reserved: nothing here allocates)."""
-        updates, inserts = stage.updates, stage.inserts
-        scatter_rows(self._pending, stage.pids[updates], stage.counters[updates])
-        if inserts.size:
-            pids, _ = self._pending_index.find_or_insert(stage.keys[inserts])
-            scatter_rows(self._pending, pids, stage.counters[inserts])
-        erases = stage.erases
-        if erases.size:
-            self._pending_index.erase(stage.keys[erases])
+        Every part is validated and imported into a fresh table first; the table changes
+        only if all of them succeed (then atomically, by :meth:`adopt`).
 
-    def _grow(self, op: str, rows: int, pending: int, *, pending_erases: int = 0,
-              exact: bool = False) -> None:  # fmt: skip
-        """Make room for ``rows`` new rows and ``pending`` new pending keys, or raise
-        ResourceError with the table unchanged (an index may have been rehashed larger)."""
-        index = self._index
-        store = self._store if self._tier is None else self._tier
-        needed = index.high_water + max(0, rows - index.free_ids)
-        p_index, p_store = self._pending_index, self._pending_store
-        p_needed = p_index.high_water + max(0, pending - p_index.free_ids)
-        try:
-            index.reserve(max(rows, 0))
-            if self._tier is None:
-                self._store.grow_to(needed, exact=exact)
-            else:  # the per-id maps (disk space was reserved by the op's begin)
-                self._tier.grow_to(needed, op, exact=exact)
-            p_index.reserve(pending, erasing=pending_erases)
-            p_store.grow_to(p_needed)
-        except ResourceError:
-            raise
-        except MemoryError as exc:
-            wanted = (
-                index.bytes_to_reserve(max(rows, 0)) + store.bytes_to_hold(needed, exact=exact)
-                + p_index.bytes_to_reserve(pending) + p_store.bytes_to_hold(p_needed)
-            )  # fmt: skip
-            raise ResourceError(
-                f"{op} to table {self.config.name!r}: out of memory making room for {rows} new "
-                f"row(s) and {pending} new pending key(s): needed {wanted} more bytes on top of "
-                f"the table's {self.nbytes}; the push was rejected and the table is unchanged "
-                f"({exc})"
-            ) from exc
+        Raises:
+            InputError: a bad part, or parts that overlap; the table is unchanged.
+            ResourceError: out of memory; the table is unchanged.
+        """
+        fresh = self.empty_like()
+        for columns in rows:
+            fresh.import_rows(columns, strict=True)
+        for columns in pending:
+            fresh.import_pending(columns, strict=True)
+        self.adopt(fresh)

@@ -115,7 +115,7 @@ def test_strict_import_after_a_shrink_takes_the_freed_ids_first():
     table.import_rows(first, strict=True)
     assert table.shrink().size == 1000
     table.import_rows(second, strict=True)
-    assert table._index.high_water == 5000 + 2000  # the 1000 freed ids were reused
+    assert table._storage.index.high_water == 5000 + 2000  # the 1000 freed ids were reused
     kept = {name: values[1000:] for name, values in first.items()}
     _assert_same(table.export_rows(), {n: np.concatenate([kept[n], second[n]]) for n in kept})
 
@@ -174,7 +174,7 @@ def _snapshot(table: SparseTable) -> dict:
 def test_bad_input_is_refused_and_changes_nothing(fault, rows):
     table = _trained()
     before = _snapshot(table)
-    ids_before = (table._index.high_water, table._index.free_ids)
+    ids_before = (table._storage.index.high_water, table._storage.index.free_ids)
     columns = _columns(rows, seed=6)
     last = columns["key"].size - 1
     if fault == "repeat":
@@ -192,7 +192,8 @@ def test_bad_input_is_refused_and_changes_nothing(fault, rows):
     with pytest.raises(InputError, match=match):
         table.import_rows(columns, strict=True)
     _assert_same(_snapshot(table), before, by_key=False)
-    assert (table._index.high_water, table._index.free_ids) == ids_before  # no id lost
+    index = table._storage.index
+    assert (index.high_water, index.free_ids) == ids_before  # no id lost
     parts = [columns]
     if fault == "present":  # a restore starts empty: two parts that overlap
         parts.append({name: values[:1] for name, values in columns.items()})
@@ -291,7 +292,7 @@ def test_a_copy_that_breaks_beside_the_insert_takes_the_keys_back(monkeypatch):
 
     table = _trained()
     before = _snapshot(table)
-    ids_before = (table._index.high_water, table._index.free_ids)
+    ids_before = (table._storage.index.high_water, table._storage.index.free_ids)
     columns = _columns(150_000, seed=11)
 
     def broken_copy(*args, **kwargs):
@@ -301,7 +302,7 @@ def test_a_copy_that_breaks_beside_the_insert_takes_the_keys_back(monkeypatch):
     with pytest.raises(MemoryError, match="injected"):
         table.import_rows(columns, strict=True)
     _assert_same(_snapshot(table), before, by_key=False)
-    assert (table._index.high_water, table._index.free_ids) == ids_before
+    assert (table._storage.index.high_water, table._storage.index.free_ids) == ids_before
     monkeypatch.undo()
     table.import_rows(columns, strict=True)
     assert len(table) == len(before["rows.key"]) + 150_000

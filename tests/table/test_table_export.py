@@ -141,12 +141,12 @@ def test_erased_rows_memory_is_reused():
     table.decay()
     deleted = table.shrink()
     np.testing.assert_array_equal(deleted, first[10000:])
-    capacity, used = table.stats().capacity, table._index.high_water
+    capacity, used = table.stats().capacity, table._storage.index.high_water
     for round_ in range(3):  # erase and re-insert repeatedly: storage never grows
         fresh = np.arange(10**6 * (round_ + 1), 10**6 * (round_ + 1) + 10000, dtype=np.uint64)
         table.push(fresh, np.ones((fresh.size, 8), np.float32))
         assert len(table) == 20000
-        assert table.stats().capacity == capacity and table._index.high_water == used
+        assert table.stats().capacity == capacity and table._storage.index.high_water == used
         table.decay()
         table.push(first[:10000], np.ones((10000, 8), np.float32))
         table.decay()

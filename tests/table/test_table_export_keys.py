@@ -68,7 +68,7 @@ def test_a_tiered_tables_export_of_some_keys_equals_the_in_memory_tables(
     for table in (memory, disk):
         table.push(pick[:8], fresh)
     # a few keys are read where they are, most of the table in one pass over the file
-    tier = disk._tier
+    tier = disk._storage.tier
     monkeypatch.setattr(tier, "scan" if share == "few" else "locate", _refuse)
     got = disk.export_keys(keys)
     assert len(got[0]["key"]) == len(pick) and len(got[1]["key"]) == len(pending)

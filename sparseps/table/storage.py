@@ -1,0 +1,150 @@
+"""``TableStorage``: where a sparse table's rows live, and the facts of its row layout that
+every part of :class:`~sparseps.table.SparseTable` reads.
+
+A :class:`~sparseps.table.hashmap.KeyIndex` maps each live key to a dense row id; rows
+live in one float32 matrix laid out by :class:`~sparseps.table.layout.RowLayout`. Erased
+ids go to a free stack and are reused first, so the matrix only grows when the number of
+live rows does. It doubles while small and then grows by 25%, in place
+(:mod:`~sparseps.table.growth`: never old + new at once). Keys that are not admitted yet
+live in a second, small index with only their counters (show, click, unseen:
+:data:`PENDING_WHERE`).
+
+With ``config.memory_rows`` the rows live in a :class:`~sparseps.table.tier.RowTier`
+instead (the matrix stays empty): a cache of the hot rows over a row file.
+
+The table's parts (the push, pulls, export and import, whole rows, the lifecycle) read
+and write this one object; :meth:`take` moves another storage's contents in at once (a
+restore's swap).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import Admission, TableConfig
+from ..core.closing import Closing
+from ..errors import ResourceError
+from .growth import Allocator, GrowableMatrix
+from .hashmap import KeyIndex
+from .layout import STAT_COLUMNS, RowLayout
+from .tier import RowTier, tier_for
+
+__all__ = ["INITIAL_ROWS", "PENDING_WHERE", "TableStorage"]
+
+INITIAL_ROWS = 256
+# pending storage columns: no embedding, state or delta_score
+PENDING_WHERE = {"show": 0, "click": 1, "unseen": 2}
+
+
+class TableStorage(Closing):
+    """The key indexes, the rows (a matrix, or a tier) and the pending keys' counters of
+    one table, with what its config says about a row.
+
+    Args:
+        config: the table's config.
+        allocator: the memory hook (tests pass one that fails).
+        disk_dir: the tier's folder (``config.memory_rows`` set), else unused.
+
+    Raises:
+        ConfigError: the config has a memory budget and there is no ``disk_dir``.
+    """
+
+    def __init__(
+        self, config: TableConfig, *, allocator: Allocator | None, disk_dir: str | None
+    ) -> None:
+        self.config = config
+        self.layout = RowLayout.for_rule(config.dim, config.rule)
+        self.dim = config.dim
+        self.stat0 = self.layout.column("show")  # first statistics column of a row
+        # first storage column of each exported field (see RowLayout)
+        self.where = {"dim": self.dim, **{n: self.layout.column(n) for n in STAT_COLUMNS}}
+        self.policy = config.lifecycle
+        self.always = config.lifecycle.admission is Admission.ALWAYS
+        # the rule's initial state of a row
+        self.state0 = np.ascontiguousarray(config.rule.initial_state(config.dim), np.float32)
+        self.allocator = allocator
+        self.disk_dir = disk_dir
+        self.tier: RowTier | None = tier_for(config, self.layout.width, disk_dir, allocator)
+        self.index = KeyIndex(allocator=allocator)
+        # a tiered table keeps its rows in the tier; this matrix stays empty
+        initial = INITIAL_ROWS if self.tier is None else 0
+        self.matrix = GrowableMatrix(initial, self.layout.width, np.float32, allocator)
+        self.pending_index = KeyIndex(allocator=allocator)
+        self.pending_matrix = GrowableMatrix(16, len(PENDING_WHERE), np.float32, allocator)
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The row matrix (empty for a tiered table). Read it again after anything that
+        may grow it: a growth replaces the array (see growth.py)."""
+        return self.matrix.array
+
+    @property
+    def pending(self) -> np.ndarray:
+        """The pending keys' counters (:data:`PENDING_WHERE`), by pending id."""
+        return self.pending_matrix.array
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of memory (a tiered table's disk file is not counted)."""
+        tier = 0 if self.tier is None else self.tier.nbytes
+        return (
+            self.rows.nbytes
+            + tier
+            + self.index.nbytes
+            + self.pending.nbytes
+            + self.pending_index.nbytes
+        )
+
+    def empty_like(self) -> TableStorage:
+        """An empty storage of the same config, allocator and disk dir."""
+        return TableStorage(self.config, allocator=self.allocator, disk_dir=self.disk_dir)
+
+    def take(self, other: TableStorage) -> None:
+        """Hold ``other``'s rows, indexes and pending counters from now on; ``other`` is
+        left empty. This storage's former contents are dropped (a tier's file now)."""
+        fresh = other.empty_like()
+        old_tier = self.tier
+        self.index, self.matrix = other.index, other.matrix
+        self.pending_index, self.pending_matrix = other.pending_index, other.pending_matrix
+        self.tier = other.tier
+        other.index, other.matrix = fresh.index, fresh.matrix
+        other.pending_index, other.pending_matrix = fresh.pending_index, fresh.pending_matrix
+        other.tier = fresh.tier
+        if old_tier is not None:  # the replaced contents' disk file goes now, not at GC
+            old_tier.close()
+
+    def close(self) -> None:
+        """Delete a tier's disk file (the storage must not be used afterwards)."""
+        if self.tier is not None:
+            self.tier.close()
+
+    def grow(self, op: str, rows: int, pending: int, *, pending_erases: int = 0,
+             exact: bool = False) -> None:  # fmt: skip
+        """Make room for ``rows`` new rows and ``pending`` new pending keys, or raise
+        ResourceError with the table unchanged (an index may have been rehashed larger)."""
+        index = self.index
+        store = self.matrix if self.tier is None else self.tier
+        needed = index.high_water + max(0, rows - index.free_ids)
+        p_index, p_store = self.pending_index, self.pending_matrix
+        p_needed = p_index.high_water + max(0, pending - p_index.free_ids)
+        try:
+            index.reserve(max(rows, 0))
+            if self.tier is None:
+                self.matrix.grow_to(needed, exact=exact)
+            else:  # the per-id maps (disk space was reserved by the op's begin)
+                self.tier.grow_to(needed, op, exact=exact)
+            p_index.reserve(pending, erasing=pending_erases)
+            p_store.grow_to(p_needed)
+        except ResourceError:
+            raise
+        except MemoryError as exc:
+            wanted = (
+                index.bytes_to_reserve(max(rows, 0)) + store.bytes_to_hold(needed, exact=exact)
+                + p_index.bytes_to_reserve(pending) + p_store.bytes_to_hold(p_needed)
+            )  # fmt: skip
+            raise ResourceError(
+                f"{op} to table {self.config.name!r}: out of memory making room for {rows} new "
+                f"row(s) and {pending} new pending key(s): needed {wanted} more bytes on top of "
+                f"the table's {self.nbytes}; the push was rejected and the table is unchanged "
+                f"({exc})"
+            ) from exc
