@@ -187,3 +187,127 @@ def test_the_context_manager_check_follows_bases(tmp_path):
         "    def close(self): ...\n"
     )
     assert unmanaged(tmp_path) == ["mod.py:7 Bare"]
+
+
+# -- classes composed, not cut into mixins (STYLE.md, round two) ------------------------
+
+# The packages whose classes hold their parts (issue 53); Closing is the one mixin kept.
+COMPOSED_PACKAGES = ("server", "table")
+ALLOWED_MIXINS = frozenset({"Closing"})
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _own_names(tree: ast.Module, root: Path) -> set[str]:
+    """Names a module binds to something of the package at ``root``: classes it defines
+    and names it imports relatively, or absolutely from the package or a module of it."""
+    own_modules = {root.name, *(path.stem for path in root.iterdir())}
+    names = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (
+            node.level or (node.module or "").split(".")[0] in own_modules
+        ):
+            names.update(alias.asname or alias.name for alias in node.names)
+    return names
+
+
+def mixed_classes(root: Path, packages: tuple[str, ...] = COMPOSED_PACKAGES) -> list[str]:
+    """``path:line Class: bases`` of every class in ``packages`` with more than one base
+    class of the package itself, protocols and :data:`ALLOWED_MIXINS` aside."""
+    classes = _classes(root)
+    found = []
+    for path, tree in _trees(root):
+        if path.split("/")[0] not in packages:
+            continue
+        own = _own_names(tree, root)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = [
+                name for name in _base_names(node)
+                if name in own and name not in ALLOWED_MIXINS
+                and "Protocol" not in _base_names(classes.get(name, ("", node))[1])
+            ]  # fmt: skip
+            if len(bases) > 1:
+                found.append(f"{path}:{node.lineno} {node.name}: {', '.join(bases)}")
+    return found
+
+
+def type_checking_declarations(
+    root: Path, packages: tuple[str, ...] = COMPOSED_PACKAGES
+) -> list[str]:
+    """``path:line`` of every ``if TYPE_CHECKING:`` block in ``packages`` that declares
+    attributes or methods: inside a class (what the class it is mixed into provides), or
+    at module level anything but imports."""
+    found = []
+    for path, tree in _trees(root):
+        if path.split("/")[0] not in packages:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Module | ast.ClassDef):
+                continue  # a block inside a function declares nothing of a class
+            for child in node.body:
+                if not isinstance(child, ast.If) or not _is_type_checking(child.test):
+                    continue
+                declared = [
+                    stmt for stmt in child.body
+                    if not isinstance(stmt, ast.Import | ast.ImportFrom)
+                ]  # fmt: skip
+                if isinstance(node, ast.ClassDef):
+                    found.append(f"{path}:{child.lineno} (class {node.name})")
+                elif declared:
+                    found.append(f"{path}:{child.lineno} (module)")
+    return found
+
+
+def test_server_and_table_classes_are_composed():
+    mixed = mixed_classes(ROOT)
+    assert not mixed, (
+        "classes cut into mixins (hold the parts as attributes instead; split by concept, "
+        "never by line count):\n" + "\n".join(mixed)
+    )
+    declared = type_checking_declarations(ROOT)
+    assert not declared, (
+        "if TYPE_CHECKING: blocks declaring another class's attributes (give the state a "
+        "name and methods, and hold it):\n" + "\n".join(declared)
+    )
+
+
+def test_the_composition_checks_find_mixins_and_declared_state(tmp_path):
+    (tmp_path / "base.py").write_text(
+        "import typing\n"
+        "class Closing: ...\n"
+        "class Readable(typing.Protocol): ...\n"
+    )  # fmt: skip
+    package = tmp_path / "server"
+    package.mkdir()
+    (package / "parts.py").write_text(
+        "from typing import TYPE_CHECKING, Generic, TypeVar\n"
+        "from base import Closing, Readable\n"
+        "if TYPE_CHECKING:\n"
+        "    import numpy\n"
+        "T = TypeVar('T')\n"
+        "class Files:\n"
+        "    if TYPE_CHECKING:\n"
+        "        rank: int\n"
+        "class Rows: ...\n"
+        "class Mixed(Files, Rows, Closing): ...\n"
+        "class Composed(Generic[T], Readable, Closing):\n"
+        "    def __init__(self):\n"
+        "        self.files = Files()\n"
+        "class Child(Rows, Readable, Closing): ...\n"
+    )
+    (package / "declared.py").write_text(
+        "import typing\n"
+        "if typing.TYPE_CHECKING:\n"
+        "    def helper(self) -> int: ...\n"
+    )  # fmt: skip
+    assert mixed_classes(tmp_path) == ["server/parts.py:10 Mixed: Files, Rows"]
+    assert type_checking_declarations(tmp_path) == [
+        "server/declared.py:2 (module)",
+        "server/parts.py:7 (class Files)",
+    ]
