@@ -11,21 +11,9 @@ point, ``Backend.register_backend``); ``dist.all_reduce`` and friends dispatch t
 methods, which check their tensors (dense, contiguous, on the CPU, as gloo requires),
 number the collective and queue it; one thread runs the collectives in that order and
 completes each :class:`CurveWork`. Point-to-point receives complete on arrival, so any
-order of ``isend``/``irecv`` works. Whole tensors travel as one frame, without a copy.
-
-The algorithms are direct, for the job's handful of workers (each pays at most two
-rounds of latency):
-
-- all-reduce: with two workers, or at most :data:`SMALL_BYTES`, every rank sends its
-  tensor to every other and reduces them all in rank order; otherwise a reduce-scatter
-  (rank ``j`` reduces chunk ``j`` of every rank's tensor, in rank order) then an
-  all-gather of the reduced chunks. Both give every rank the same bits: each element is
-  reduced in rank order, once;
-- broadcast, all-gather, all-to-all, gather, scatter, reduce: each piece sent straight
-  to the rank that needs it; barrier: an empty message from every rank to every other.
-
-Sends read the caller's memory in place, so a collective completes (and the caller may
-write its tensors) only once zmq no longer reads it (the messages' trackers).
+order of ``isend``/``irecv`` works. How each collective moves its tensors (direct
+algorithms, whole tensors as one frame each, every rank ending with the same bits) is
+:mod:`sparseps.launch.curve_ops`.
 """
 
 from __future__ import annotations
@@ -41,28 +29,17 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..rpc.mesh import COLLECTIVE, P2P, GroupError, Mesh
+from ..rpc.mesh import P2P, GroupError, Mesh
 from ..rpc.security import Security
+from .curve_ops import Collectives, payload, pieces, reduction, typed
 
-__all__ = ["BACKEND", "SMALL_BYTES", "CurveGroup", "CurveWork", "GroupOptions"]
+__all__ = ["BACKEND", "CurveGroup", "CurveWork", "GroupOptions"]
 
 log = logging.getLogger(__name__)
 
 BACKEND = "sparseps_curve"  # the name registered with torch.distributed
-SMALL_BYTES = 64 << 10  # all-reduce: up to this, one round (everyone sends everything)
 _MAX_QUEUED = 1024  # collectives issued and not yet run
 _JOIN_S = 5.0  # shutting down: how long a collective still running may take
-ALLREDUCE, BROADCAST, ALLGATHER, ALLTOALL, BARRIER, REDUCE, GATHER, SCATTER = range(1, 9)
-
-_REDUCE = {
-    dist.ReduceOp.SUM: torch.Tensor.add_,
-    dist.ReduceOp.PRODUCT: torch.Tensor.mul_,
-    dist.ReduceOp.MIN: lambda acc, x: torch.minimum(acc, x, out=acc),
-    dist.ReduceOp.MAX: lambda acc, x: torch.maximum(acc, x, out=acc),
-    dist.ReduceOp.BAND: torch.Tensor.bitwise_and_,
-    dist.ReduceOp.BOR: torch.Tensor.bitwise_or_,
-    dist.ReduceOp.BXOR: torch.Tensor.bitwise_xor_,
-}
 
 
 @dataclass(frozen=True)
@@ -154,6 +131,7 @@ class CurveGroup(dist.ProcessGroup):
                 store, rank, size, security=options.security, host=options.host,
                 timeout_s=self.timeout_s,
             )  # fmt: skip
+        self._run_on = Collectives(self._mesh, rank, size)
         self._seq = 0
         self._closed = False
         self._issue = threading.Lock()  # numbers and queues collectives in one order
@@ -193,82 +171,21 @@ class CurveGroup(dist.ProcessGroup):
             else:
                 work._finish()
 
-    def _send(self, peer: int, op: int, step: int, seq: int, tensor: torch.Tensor, trackers):
-        assert self._mesh is not None
-        tracker = self._mesh.send(peer, COLLECTIVE, op, step, seq, _bytes(tensor), track=True)
-        trackers.append(tracker)
-
-    def _take(self, seq: int, step: int, peer: int, op: int, deadline: float, like):
-        """The tensor ``peer`` sent for step ``step`` of collective ``seq``, shaped as
-        the flat tensor ``like`` (its dtype and size)."""
-        assert self._mesh is not None
-        frame = self._mesh.take(seq, step, peer, op, deadline, f"collective {seq}")
-        return _typed(frame, like, f"collective {seq} from rank {peer}")
-
-    def _finished(self, trackers, deadline: float) -> None:
-        """Wait until zmq no longer reads the caller's tensors."""
-        for tracker in trackers:
-            if tracker is not None and not tracker.done:
-                try:
-                    tracker.wait(max(0.0, deadline - time.monotonic()))
-                except Exception:
-                    raise GroupError("sending timed out (zmq still holds a message)") from None
-
-    def _others(self) -> list[int]:
-        return [] if self._mesh is None else self._mesh.peers
-
-    # -- collectives ---------------------------------------------------------------------
+    # -- collectives: checked here, run by curve_ops.Collectives ----------------------------
 
     def allreduce(self, tensors, opts=None):
         tensor = _one("all_reduce", tensors)
-        reduce = _reduction("all_reduce", opts)
-        flat, size, me = tensor.view(-1), self.size(), self.rank()
-
-        def one_round(seq: int, deadline: float) -> None:
-            trackers: list = []
-            for peer in self._others():
-                self._send(peer, ALLREDUCE, 0, seq, flat, trackers)
-            parts = [flat if j == me else self._take(seq, 0, j, ALLREDUCE, deadline, flat)
-                     for j in range(size)]  # fmt: skip
-            total = _reduced(parts, reduce)
-            self._finished(trackers, deadline)
-            flat.copy_(total)
-
-        def two_rounds(seq: int, deadline: float) -> None:
-            bounds = [flat.numel() * j // size for j in range(size + 1)]
-            chunks = [flat[bounds[j] : bounds[j + 1]] for j in range(size)]
-            trackers: list = []
-            for peer in self._others():
-                self._send(peer, ALLREDUCE, 0, seq, chunks[peer], trackers)
-            mine = chunks[me]
-            parts = [mine if j == me else self._take(seq, 0, j, ALLREDUCE, deadline, mine)
-                     for j in range(size)]  # fmt: skip
-            total = _reduced(parts, reduce)  # a private buffer: sent as is
-            for peer in self._others():
-                self._send(peer, ALLREDUCE, 1, seq, total, [])
-            self._finished(trackers, deadline)
-            for peer in self._others():
-                chunks[peer].copy_(self._take(seq, 1, peer, ALLREDUCE, deadline, chunks[peer]))
-            mine.copy_(total)
-
-        small = size <= 2 or flat.numel() * flat.element_size() <= SMALL_BYTES
-        return self._submit("all_reduce", one_round if small else two_rounds, [tensor])
+        flat, reduce = tensor.view(-1), reduction("all_reduce", opts)
+        return self._submit(
+            "all_reduce", lambda seq, end: self._run_on.all_reduce(seq, end, flat, reduce), [tensor]
+        )
 
     def broadcast(self, tensors, opts=None):
         tensor = _one("broadcast", tensors)
-        root = 0 if opts is None else opts.rootRank
-        flat = tensor.view(-1)
-
-        def run(seq: int, deadline: float) -> None:
-            if self.rank() == root:
-                trackers: list = []
-                for peer in self._others():
-                    self._send(peer, BROADCAST, 0, seq, flat, trackers)
-                self._finished(trackers, deadline)
-            else:
-                flat.copy_(self._take(seq, 0, root, BROADCAST, deadline, flat))
-
-        return self._submit("broadcast", run, [tensor])
+        flat, root = tensor.view(-1), 0 if opts is None else opts.rootRank
+        return self._submit(
+            "broadcast", lambda seq, end: self._run_on.broadcast(seq, end, flat, root), [tensor]
+        )
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         source = _one("all_gather", input_tensors)
@@ -293,99 +210,47 @@ class CurveGroup(dist.ProcessGroup):
 
     def _gather_all(self, op: str, source, parts, result) -> CurveWork:
         flat = source.view(-1)
-
-        def run(seq: int, deadline: float) -> None:
-            trackers: list = []
-            for peer in self._others():
-                self._send(peer, ALLGATHER, 0, seq, flat, trackers)
-            parts[self.rank()].copy_(flat)
-            for peer in self._others():
-                parts[peer].copy_(self._take(seq, 0, peer, ALLGATHER, deadline, flat))
-            self._finished(trackers, deadline)
-
-        return self._submit(op, run, result)
+        return self._submit(
+            op, lambda seq, end: self._run_on.all_gather(seq, end, flat, parts), result
+        )
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         input, output = _one("all_to_all_single", [input]), _one("all_to_all_single", [output])
-        size = self.size()
-        sends = _pieces("input", input, input_split_sizes, size)
-        recvs = _pieces("output", output, output_split_sizes, size)
-
-        def run(seq: int, deadline: float) -> None:
-            trackers: list = []
-            for peer in self._others():
-                self._send(peer, ALLTOALL, 0, seq, sends[peer], trackers)
-            recvs[self.rank()].copy_(sends[self.rank()])
-            for peer in self._others():
-                recvs[peer].copy_(self._take(seq, 0, peer, ALLTOALL, deadline, recvs[peer]))
-            self._finished(trackers, deadline)
-
-        return self._submit("all_to_all_single", run, [output])
+        sends = pieces("input", input, input_split_sizes, self.size())
+        recvs = pieces("output", output, output_split_sizes, self.size())
+        return self._submit(
+            "all_to_all_single",
+            lambda seq, end: self._run_on.all_to_all(seq, end, sends, recvs),
+            [output],
+        )
 
     def barrier(self, opts=None):
-        empty = torch.empty(0, dtype=torch.uint8)
-
-        def run(seq: int, deadline: float) -> None:
-            for peer in self._others():
-                self._send(peer, BARRIER, 0, seq, empty, [])
-            for peer in self._others():
-                self._take(seq, 0, peer, BARRIER, deadline, empty)
-
-        return self._submit("barrier", run, [])
+        return self._submit("barrier", self._run_on.barrier, [])
 
     def reduce(self, tensors, opts=None):
         tensor = _one("reduce", tensors)
+        flat, reduce = tensor.view(-1), reduction("reduce", opts)
         root = 0 if opts is None else opts.rootRank
-        reduce = _reduction("reduce", opts)
-        flat = tensor.view(-1)
-
-        def run(seq: int, deadline: float) -> None:
-            if self.rank() != root:
-                trackers: list = []
-                self._send(root, REDUCE, 0, seq, flat, trackers)
-                self._finished(trackers, deadline)
-                return
-            parts = [flat if j == root else self._take(seq, 0, j, REDUCE, deadline, flat)
-                     for j in range(self.size())]  # fmt: skip
-            flat.copy_(_reduced(parts, reduce))
-
-        return self._submit("reduce", run, [tensor])
+        return self._submit(
+            "reduce", lambda seq, end: self._run_on.reduce(seq, end, flat, reduce, root), [tensor]
+        )
 
     def gather(self, output_tensors, input_tensors, opts=None):
-        source = _one("gather", input_tensors)
+        flat = _one("gather", input_tensors).view(-1)
         root = 0 if opts is None else opts.rootRank
-        outs = [out.detach() for out in output_tensors[0]] if self.rank() == root else []
-        flat = source.view(-1)
-
-        def run(seq: int, deadline: float) -> None:
-            if self.rank() != root:
-                trackers: list = []
-                self._send(root, GATHER, 0, seq, flat, trackers)
-                self._finished(trackers, deadline)
-                return
-            for j, out in enumerate(outs):
-                got = flat if j == root else self._take(seq, 0, j, GATHER, deadline, flat)
-                out.view(-1).copy_(got)
-
-        return self._submit("gather", run, outs)
+        outs = [o.detach().view(-1) for o in output_tensors[0]] if self.rank() == root else []
+        return self._submit(
+            "gather", lambda seq, end: self._run_on.gather(seq, end, flat, outs, root), outs
+        )
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         target = _one("scatter", output_tensors)
         root = 0 if opts is None else opts.rootRank
         ins = [t.detach().view(-1) for t in input_tensors[0]] if self.rank() == root else []
         flat = target.view(-1)
-
-        def run(seq: int, deadline: float) -> None:
-            if self.rank() != root:
-                flat.copy_(self._take(seq, 0, root, SCATTER, deadline, flat))
-                return
-            trackers: list = []
-            for peer in self._others():
-                self._send(peer, SCATTER, 0, seq, ins[peer], trackers)
-            flat.copy_(ins[root])
-            self._finished(trackers, deadline)
-
-        return self._submit("scatter", run, [target])
+        return self._submit(
+            "scatter", lambda seq, end: self._run_on.scatter(seq, end, flat, ins, root), [target]
+        )
 
     # -- point to point ------------------------------------------------------------------
 
@@ -394,7 +259,7 @@ class CurveGroup(dist.ProcessGroup):
         if self._mesh is None:
             raise ValueError("send: a group of one has no peer")
         # a private copy: the work completes at once, the caller may write its tensor
-        self._mesh.send(dstRank, P2P, 0, 0, tag, _bytes(tensor.clone()))
+        self._mesh.send(dstRank, P2P, 0, 0, tag, payload(tensor.clone()))
         work = CurveWork(self, "send", [tensor])
         work._finish()
         return work
@@ -404,13 +269,14 @@ class CurveGroup(dist.ProcessGroup):
         if self._mesh is None:
             raise ValueError("recv: a group of one has no peer")
         work = CurveWork(self, "recv", [tensor])
+        flat = tensor.view(-1)
 
         def arrived(frame, error) -> None:
             if error is not None:
                 work._finish(str(error))
                 return
             try:
-                tensor.view(-1).copy_(_typed(frame, tensor.view(-1), f"recv from {srcRank}"))
+                flat.copy_(typed(frame, flat, f"recv from {srcRank}"))
             except GroupError as exc:
                 work._finish(str(exc))
             else:
@@ -459,15 +325,6 @@ def _check(op: str, tensor: torch.Tensor, *, like: torch.Tensor | None = None) -
         raise ValueError(f"{op}: every tensor must match the input ({like.numel()} {like.dtype})")
 
 
-def _reduction(op: str, opts) -> Callable[[torch.Tensor, torch.Tensor], object]:
-    wanted = dist.ReduceOp.SUM if opts is None else opts.reduceOp
-    for reduce_op, reduce in _REDUCE.items():
-        if wanted == reduce_op:
-            return reduce
-    raise ValueError(f"{op}: the secure group reduces with SUM, PRODUCT, MIN, MAX, BAND, BOR "
-                     "or BXOR")  # fmt: skip
-
-
 def _one(op: str, tensors) -> torch.Tensor:
     """The one tensor of a call, detached (collectives write into parameters too)."""
     tensors = list(tensors)
@@ -475,42 +332,3 @@ def _one(op: str, tensors) -> torch.Tensor:
         raise ValueError(f"{op}: the secure group takes one tensor per call, got {len(tensors)}")
     _check(op, tensors[0])
     return tensors[0].detach()
-
-
-def _pieces(what: str, tensor: torch.Tensor, splits, size: int) -> list[torch.Tensor]:
-    """``tensor`` cut along its first axis by ``splits`` (even when empty), flat."""
-    rows = tensor.size(0) if tensor.dim() else 1
-    splits = list(splits) or [rows // size] * size
-    if len(splits) != size or sum(splits) != rows:
-        raise ValueError(f"all_to_all_single: {what} splits {splits} do not cut {rows} rows "
-                         f"into {size} pieces")  # fmt: skip
-    row = tensor.numel() // rows if rows else 0
-    flat, out, start = tensor.view(-1), [], 0
-    for n in splits:
-        out.append(flat[start * row : (start + n) * row])
-        start += n
-    return out
-
-
-def _bytes(tensor: torch.Tensor):
-    """The bytes of a contiguous tensor, as a buffer zmq sends without a copy."""
-    return tensor.reshape(-1).view(torch.uint8).numpy()
-
-
-def _typed(frame, like: torch.Tensor, what: str) -> torch.Tensor:
-    """A received payload viewed as a flat tensor like ``like`` (no copy)."""
-    expected = like.numel() * like.element_size()
-    if len(frame) != expected:
-        raise GroupError(f"{what}: {len(frame)} bytes, expected {expected} (the workers "
-                         "called collectives of different sizes)")  # fmt: skip
-    if not expected:
-        return like[:0]
-    return torch.frombuffer(frame.buffer, dtype=torch.uint8).view(like.dtype)
-
-
-def _reduced(parts: list[torch.Tensor], reduce) -> torch.Tensor:
-    """The reduction of ``parts`` in rank order, in a new tensor."""
-    total = parts[0].clone()
-    for part in parts[1:]:
-        reduce(total, part)
-    return total

@@ -68,6 +68,8 @@ class Store(Protocol):
 
     def get(self, key: str) -> bytes: ...
 
+    def check(self, keys: list[str]) -> bool: ...
+
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
 
 
@@ -121,8 +123,11 @@ class Mesh:
             self._wake_tx.setsockopt(zmq.LINGER, 0)
             self._wake_tx.connect(f"inproc://mesh-wake-{id(self)}")
             self._connect(store)
-        except BaseException:
+        except BaseException as exc:
             self._teardown(flush=False)
+            if isinstance(exc, GroupError):  # the peers waiting on this rank learn why at once
+                with contextlib.suppress(Exception):
+                    store.set(f"mesh/failed/{rank}", str(exc))
             raise
         self._thread = threading.Thread(target=self._run, name="sparseps-mesh", daemon=True)
         self._thread.start()
@@ -150,9 +155,11 @@ class Mesh:
             self._monitors[sock.get_monitor_socket(events)] = peer
             sock.connect(_endpoint(*address.rsplit(":", 1)))
             self._pushes[peer] = sock
-        self._await_handshakes(addresses)
+        self._await_handshakes(store, addresses)
 
-    def _await_handshakes(self, addresses: dict[int, str]) -> None:
+    def _await_handshakes(self, store: Store, addresses: dict[int, str]) -> None:
+        """Until every link's handshake succeeded; a peer whose own set-up failed (it
+        published why) or that refuses this rank's key fails this rank's too."""
         poller = zmq.Poller()
         for monitor in self._monitors:
             poller.register(monitor, zmq.POLLIN)
@@ -166,7 +173,11 @@ class Mesh:
                     f"connecting to rank(s) {sorted(waiting)} at "
                     f"{[addresses[p] for p in sorted(waiting)]}"
                 )
-            for monitor, _ in poller.poll(int(remaining * 1000) + 1):
+            for peer in sorted(waiting):
+                if store.check([f"mesh/failed/{peer}"]):
+                    why = store.get(f"mesh/failed/{peer}").decode()
+                    raise GroupError(f"secure group: rank {peer} could not join: {why}")
+            for monitor, _ in poller.poll(min(int(remaining * 1000) + 1, _POLL_MS)):
                 peer = self._monitors[monitor]
                 event = recv_monitor_message(monitor)["event"]
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:

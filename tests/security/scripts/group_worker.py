@@ -8,9 +8,9 @@ GROUP_KEY_DIR its group presents those keys instead (a worker of another job). M
 - ``ops``: every collective sparseps and torch offer, on inputs drawn from ``seed =
   rank``; the results go to OUT/result.RANK.npz for the test to check against an oracle.
 - ``join``: only forms the group; the error, if any, goes to OUT/result.RANK.json.
-- ``crash`` / ``leave``: one all-reduce, then rank 1 dies (``os._exit``) or shuts its
-  group down and exits 0, while rank 0 waits in a second all-reduce; rank 0 records the
-  error and how long it waited.
+- ``crash`` / ``leave``: one all-reduce; once rank 0 has it (OUT/first.0), rank 1 dies
+  (``os._exit``) or shuts its group down and exits 0, while rank 0 waits in a second
+  all-reduce; rank 0 records the error and how long it waited.
 - ``late``: rank 0 waits at a barrier (timeout 2 s) that rank 1 never reaches, records
   the error, then tries one more collective; rank 1 exits once rank 0 recorded it.
 """
@@ -136,10 +136,14 @@ def main() -> int:
     elif mode in ("crash", "leave"):
         collectives.all_reduce_sum(np.ones(3), timeout=30)
         if rank == 1:
+            # a crash right after a collective may lose its last message on the way (the
+            # peer then fails that collective instead of the next): wait for rank 0 first
+            _wait_for(folder / "first.0", 60)
             if mode == "crash":
                 os._exit(3)
             dist.destroy_process_group()
             return 0
+        (folder / "first.0").write_text("1")
         start = time.monotonic()
         try:
             collectives.all_reduce_sum(np.ones(3), timeout=120)
