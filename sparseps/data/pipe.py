@@ -10,6 +10,15 @@ A command that exits non-zero fails the read with an error naming the command, t
 the exit code and the end of its stderr; one that prints nothing for ``timeout`` seconds
 is killed and fails the same way.
 
+A bare ``python`` or ``python3`` in the command is this process's interpreter
+(``sys.executable``), wherever it stands in the script (``python reader.py``,
+``zcat | python3 reader.py``): the command runs after two shell functions of those names,
+so a job started through the full path of a virtual environment's ``bin/sparseps``, with
+that environment not on ``PATH``, runs its Paddle-style ``pipe_command="python reader.py"``
+with the interpreter that has sparseps. A path (``/usr/bin/python3``), another name
+(``python3.12``) or a command that bypasses shell functions (``exec python``,
+``env python``, ``xargs python``) is looked up on ``PATH`` as usual.
+
 The command runs in a session of its own, so its process group holds the shell *and*
 every process of a pipeline (``a | b | c``) or anything they start. On a timeout, an
 error, or a reader that stops early (the generator closed), the whole group gets SIGTERM,
@@ -23,15 +32,17 @@ import contextlib
 import math
 import os
 import select
+import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Generator
 
 from ..errors import ConfigError, DeadlineError, InputError
 
-__all__ = ["check_pipe_timeout", "pipe_chunks"]
+__all__ = ["check_pipe_timeout", "pipe_chunks", "shell_script"]
 
 READ_BYTES = 1 << 22
 STDERR_TAIL = 2000
@@ -54,8 +65,27 @@ def check_pipe_timeout(timeout: float) -> float:
     return float(timeout)
 
 
+def shell_script(command: str, interpreter: str | None = None) -> str:
+    """The script ``sh -c`` runs for ``command``: ``python`` and ``python3`` defined as
+    shell functions running ``interpreter`` (default ``sys.executable``), then the command.
+
+    Example::
+
+        >>> print(shell_script("python reader.py", "/opt/venv/bin/python"))
+        python() { /opt/venv/bin/python "$@"; }; python3() { /opt/venv/bin/python "$@"; }
+        python reader.py
+    """
+    exe = sys.executable if interpreter is None else interpreter
+    if not exe:  # an embedded interpreter may not know its own path: PATH decides
+        return command
+    run = f'{{ {shlex.quote(exe)} "$@"; }}'
+    return f"python() {run}; python3() {run}\n{command}"
+
+
 def pipe_chunks(command: str, path: str, *, timeout: float) -> Generator[bytes, None, None]:
     """Run ``command`` with ``path`` on stdin; yield its stdout in pieces.
+
+    A bare ``python``/``python3`` in ``command`` runs ``sys.executable`` (:func:`shell_script`).
 
     Raises:
         ConfigError: ``timeout`` is not a finite number > 0.
@@ -66,7 +96,7 @@ def pipe_chunks(command: str, path: str, *, timeout: float) -> Generator[bytes, 
     timeout = check_pipe_timeout(timeout)
     with open(path, "rb") as stdin, tempfile.TemporaryFile() as stderr:
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", command], stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
+            ["/bin/sh", "-c", shell_script(command)], stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
             start_new_session=True,  # its own process group: the whole pipeline
         )  # fmt: skip
         stdout = proc.stdout

@@ -22,12 +22,14 @@ class QueueDataset(DatasetBase):
 
     Args:
         files: a file, a folder (= its files, sorted) or a list of them. Every worker
-            sorts the whole list and reads ``files[rank::world]``.
+            sorts the whole list and reads ``files[rank::world]`` (see ``split``).
         schema: the columns (e.g. :data:`~sparseps.data.CRITEO`).
         batch_size: samples per batch (the last batch of a pass may be shorter).
         threads: reader threads (each parses whole files; with 1 the sample order is
             the file and line order).
         pipe_command: a shell command run per file (file on stdin); its stdout is parsed.
+            A bare ``python``/``python3`` in it is this process's interpreter
+            (:func:`sparseps.data.pipe.shell_script`).
         format: ``criteo_tsv``, ``csv`` (with header), ``slot_text``, ``parquet``,
             ``multislot`` or ``multislot_string`` (Paddle's data generators' output, see
             :mod:`sparseps.data.multislot`); default ``criteo_tsv``, or ``slot_text`` when
@@ -42,7 +44,9 @@ class QueueDataset(DatasetBase):
         pipe_timeout: seconds a pipe command may stay silent before it is killed.
         split: ``"static"`` (default): worker ``rank`` reads ``files[rank::world]``;
             ``"steal"``: its reader threads take the next file from a queue shared by the
-            job, so a slow worker reads fewer files (see :mod:`sparseps.data.steal`).
+            job, so a slow worker reads fewer files (see :mod:`sparseps.data.steal`);
+            ``"none"``: every worker reads every file (Paddle's reading when the file list
+            is not split with ``fleet.util.get_file_shard``; not with ``journal``).
         journal: a folder where each worker records the files it finished (every row
             trained), so that a pass run again after a crash skips them (see
             :mod:`sparseps.data.steal` for the exact guarantee); None: no record.
