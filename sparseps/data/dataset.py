@@ -9,7 +9,8 @@ lines; with more threads chunks of different files interleave.
 
 Which files: ``split="static"`` (default) reads ``files[rank::world]``; ``split="steal"``
 takes files one at a time from a queue shared by the job (:mod:`sparseps.data.steal`,
-which also describes ``journal=``, the record that lets a resumed pass skip finished files).
+which also describes ``journal=``, the record that lets a resumed pass skip finished files);
+``split="none"`` reads every file on every worker.
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ class DatasetOptions:
             )
         if self.pipe_command is not None and not str(self.pipe_command).strip():
             raise ConfigError("pipe_command: empty command (use None for no command)")
+        if self.split is Split.NONE and self.journal is not None:
+            raise ConfigError(
+                "journal: with split='none' every worker reads every file, so a file one "
+                "worker finished is not finished for the others; use split='static' or "
+                "'steal' with a journal"
+            )
 
     @staticmethod
     def build(
@@ -126,6 +133,9 @@ class DatasetOptions:
         )  # fmt: skip
 
     def my_files(self) -> list[tuple[int, str]]:
+        """``(file_no, path)`` of this worker's static share (``split="none"``: all)."""
+        if self.split is Split.NONE:
+            return list(enumerate(self.files))
         return shard(self.files, self.rank, self.world)
 
 

@@ -34,7 +34,10 @@ How the slots map onto a :class:`~sparseps.data.schema.Schema`:
 A bad line (a count that is not an integer, a wrong count for the label or a dense
 name, a value that does not parse, a line that ends inside a slot or goes on after the
 last one) is reported with its line number and reason and left out; blank lines are
-skipped and not counted. One compiled pass over the chunk's bytes (:func:`_parse`)
+skipped and not counted. Counts that do not fit are most often a schema whose slot order
+is not the generator's, so those reasons say where the slot is in ``multislot_order``
+(``'click' has 13 values, the schema has 1 (slot 1 of 28 in the default multislot_order:
+...; pass it as Schema(multislot_order=(...)))``). One compiled pass over the chunk's bytes (:func:`_parse`)
 does the work, then the ids are grouped by slot as in :mod:`sparseps.data.slot_text`:
 no Python code runs per line or per value.
 """
@@ -54,16 +57,22 @@ __all__ = ["parse_multislot"]
 
 _SKIP, _LABEL, _DENSE, _SLOT, _EXTRA = 0, 1, 2, 3, 4
 _OK, _BLANK = 0, -1
-_BAD_COUNT, _BAD_LABEL, _BAD_DENSE, _BAD_ID, _SHORT, _WRONG_COUNT, _EXTRA = 1, 2, 3, 4, 5, 6, 7
+_BAD_COUNT, _BAD_LABEL, _BAD_DENSE, _BAD_ID, _SHORT, _WRONG_COUNT, _TRAILING = 1, 2, 3, 4, 5, 6, 7
+# a line whose counts do not fit is most often a schema whose slot order is not the
+# generator's: those reasons say where the slot is in multislot_order ({where})
 _REASONS = {
-    _BAD_COUNT: "count {token!r} of slot {name!r} is not a non-negative integer",
+    _BAD_COUNT: "count {token!r} of slot {name!r} is not a non-negative integer{where}",
     _BAD_LABEL: "label {token!r} of {name!r} is not a finite number",
     _BAD_DENSE: "value {token!r} of {name!r} is not a finite number",
     _BAD_ID: "id {token!r} of slot {name!r} is not an unsigned 64-bit integer",
-    _SHORT: "the line ends inside slot {name!r} (slot {number} of {slots})",
-    _WRONG_COUNT: "{name!r} has {count} values, the schema has {expected}",
-    _EXTRA: "more tokens after the last slot {name!r} ({token!r}...)",
+    _SHORT: "the line ends inside slot {name!r}{where}",
+    _WRONG_COUNT: "{name!r} has {count} values, the schema has {expected}{where}",
+    _TRAILING: "more tokens after the last slot {name!r} ({token!r}...){where}",
 }
+_DEFAULT_ORDER = (
+    "the default multislot_order: label, extra labels, dense names, slots; if the generator "
+    "yields another order, pass it as Schema(multislot_order=(...))"
+)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -155,7 +164,7 @@ def _parse(data, kinds, index, expected, dense_start, dense_cols, seeds, hash_id
         if code == _OK:
             s, e = _token(data, i, end)
             if s != e:
-                code, err_s[line], err_e[line], err_g[line] = _EXTRA, s, e, groups - 1
+                code, err_s[line], err_e[line], err_g[line] = _TRAILING, s, e, groups - 1
         if code != _OK:
             ntok = first_tok  # drop the ids of a bad or blank line
         status[line] = code
@@ -173,6 +182,7 @@ class _Layout:
         slots = {name: s for s, name in enumerate(schema.slots)}
         extra = {name: k for k, name in enumerate(schema.extra_labels)}
         self.names = schema.multislot_slots()
+        self.order = "multislot_order" if schema.multislot_order is not None else _DEFAULT_ORDER
         n = len(self.names)
         self.kinds = np.zeros(n, np.int8)
         self.index = np.zeros(n, np.int64)
@@ -253,8 +263,9 @@ def parse_multislot(data: bytes, schema: Schema, *, first_line: int, file_no: in
         code, g = int(status[line]), int(err_g[line])
         reason = _REASONS[code].format(
             token=data[err_s[line] : err_e[line]].decode("utf-8", "replace")[:40],
-            name=layout.names[g], number=g + 1, slots=len(layout.names),
+            name=layout.names[g],
             count=int(err_n[line]), expected=int(layout.expected[g]),
+            where=f" (slot {g + 1} of {len(layout.names)} in {layout.order})",
         )  # fmt: skip
         examples.append((first_line + int(line), reason))
     return Parsed(batch, int(bad.size), examples, lines=int(lines))

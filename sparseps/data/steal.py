@@ -2,7 +2,8 @@
 
 With ``split="static"`` (the default) worker ``rank`` of ``world`` reads
 ``files[rank::world]``, so a worker that is 3x slower than the others sets the pace of the
-pass. With ``split="steal"`` every worker's reader threads take the next file of the pass
+pass. ``split="none"`` gives every worker every file (a Paddle job that does not split its
+file list with ``fleet.util.get_file_shard``). With ``split="steal"`` every worker's reader threads take the next file of the pass
 from one queue shared by the job, so a slow worker simply takes fewer files.
 
 This module is the worker's side: :class:`FileShare`, what a dataset delegates to, gives
@@ -70,6 +71,7 @@ class Split(StrEnum):
 
     STATIC = "static"  # files[rank::world]
     STEAL = "steal"  # the next file from a queue shared by the job
+    NONE = "none"  # every worker reads every file (Paddle without get_file_shard)
 
 
 def parse_split(value: str | Split) -> Split:

@@ -171,7 +171,9 @@ GOOD_TSV = "1\t1\t0\t0.5\t7\t11\n"
         ("slot_text", "click:1 conv:1 pay:0 d:1\n", "click:1 conv:1 pay:-inf d:1",
          "label 'pay:-inf' is not a finite number"),
         ("multislot", "1 1 1 1 1 0 1 2 0 0\n", "1 1 2 1 0 1 0 1 2 0 0",
-         "'conv' has 2 values, the schema has 1"),
+         "'conv' has 2 values, the schema has 1 (slot 2 of 6 in the default multislot_order: "
+         "label, extra labels, dense names, slots; if the generator yields another order, "
+         "pass it as Schema(multislot_order=(...)))"),
         ("multislot", "1 1 1 1 1 0 1 2 0 0\n", "1 1 1 1 1 y 1 2 0 0",
          "label 'y' of 'pay' is not a finite number"),
     ],

@@ -19,7 +19,7 @@ import pytest
 import sparseps.data as fleet
 from sparseps.data import CRITEO, CRITEO_SLOT, QueueDataset, Schema
 from sparseps.data.multislot import parse_multislot
-from sparseps.errors import ConfigError
+from sparseps.errors import ConfigError, InputError
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 SLOT_TXT = os.path.join(ROOT, "tests", "fixtures", "criteo_slot_sample.txt")
@@ -151,21 +151,27 @@ def test_multislot_string_ids_are_the_tsv_ids(tmp_path):
 
 
 SMALL = Schema("click", ("d",) * 2, ("1", "2"), dense_transform="raw")
+DEFAULT_ORDER = (
+    "the default multislot_order: label, extra labels, dense names, slots; if the generator "
+    "yields another order, pass it as Schema(multislot_order=(...))"
+)
 
 
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        ("x 1 2 1 2 1 5 0", "count 'x' of slot 'click' is not a non-negative integer"),
+        ("x 1 2 1 2 1 5 0", "count 'x' of slot 'click' is not a non-negative integer "
+                            f"(slot 1 of 4 in {DEFAULT_ORDER})"),
         ("1 y 2 1 2 1 5 0", "label 'y' of 'click' is not a finite number"),
         ("1 1 2 1 nan 1 5 0", "value 'nan' of 'd' is not a finite number"),
         ("1 1 2 1 2 1 -5 0", "id '-5' of slot '1' is not an unsigned 64-bit integer"),
-        ("1 1 2 1 2 1 5", "the line ends inside slot '2' (slot 4 of 4)"),
-        ("1 1 3 1 2 3 1 5 0", "'d' has 3 values, the schema has 2"),
-        ("2 1 1 2 1 2 1 5 0", "'click' has 2 values, the schema has 1"),
-        ("1 1 2 1 2 1 5 0 7", "more tokens after the last slot '2' ('7'...)"),
+        ("1 1 2 1 2 1 5", f"the line ends inside slot '2' (slot 4 of 4 in {DEFAULT_ORDER})"),
+        ("1 1 3 1 2 3 1 5 0", f"'d' has 3 values, the schema has 2 (slot 2 of 4 in {DEFAULT_ORDER})"),
+        ("2 1 1 2 1 2 1 5 0", "'click' has 2 values, the schema has 1 "
+                              f"(slot 1 of 4 in {DEFAULT_ORDER})"),
+        ("1 1 2 1 2 1 5 0 7", f"more tokens after the last slot '2' ('7'...) (slot 4 of 4 in {DEFAULT_ORDER})"),
     ],
-)
+)  # fmt: skip
 def test_multislot_bad_lines(line, reason):
     data = f"1 0 2 1 2 2 8 9 1 4\n\n{line}\n1 1 2 3 4 0 1 6\n".encode()
     parsed = parse_multislot(data, SMALL, first_line=1, file_no=0, first_record=0)
@@ -187,3 +193,25 @@ def test_multislot_order_names_every_schema_column_once_and_skips_others():
                              first_record=0)  # fmt: skip
     assert parsed.bad == 0 and parsed.batch.slots["1"].values.tolist() == [5, 6]
     assert parsed.batch.label.tolist() == [1] and parsed.batch.dense.tolist() == [[0.5]]
+
+
+def test_counts_that_do_not_fit_name_multislot_order(tmp_path):
+    # the generator yields the dense slot first; the schema, without multislot_order,
+    # reads the label first: every line is bad, and the error says how to fix it
+    schema = Schema("label", ("dense",) * 3, ("1", "2"), dense_transform="raw")
+    path = tmp_path / "part-0.txt"
+    path.write_text("3 0.1 0.2 0.3 1 1 1 5 1 6\n" * 4)
+    with pytest.raises(InputError) as err:
+        list(QueueDataset(str(path), schema, 8, format="multislot"))
+    assert (
+        f"{path}:1: 'label' has 3 values, the schema has 1 (slot 1 of 4 in {DEFAULT_ORDER})"
+        in str(err.value)
+    )
+    ordered = Schema("label", ("dense",) * 3, ("1", "2"), dense_transform="raw",
+                     multislot_order=("dense", "label", "1", "2"))  # fmt: skip
+    (batch,) = QueueDataset(str(path), ordered, 8, format="multislot")
+    assert batch.label.tolist() == [1] * 4 and batch.slots["2"].values.tolist() == [6] * 4
+    with pytest.raises(InputError, match=r"'label' has 3 values, the schema has 1 \(slot 1 of 4 "
+                                         r"in multislot_order\)"):  # fmt: skip
+        list(QueueDataset(str(path), Schema("label", ("dense",) * 3, ("1", "2"),
+             multislot_order=("label", "dense", "1", "2")), 8, format="multislot"))  # fmt: skip
