@@ -1,24 +1,50 @@
-# ruff: noqa: SIM108  (kept as the Paddle script has it: a port changes the import line only)
-"""PaddleRec's Criteo reader for Paddle PS (``models/rank/*/queuedataset_reader.py``), ported.
-
-The only change from the Paddle script is the import line: sparseps.data has the same
-``MultiSlotDataGenerator`` (same methods, same output). It reads PaddleRec's slot text
-(``click:0 dense_feature:0.1 ... 1:737395 2:210498 ...``) on stdin and prints Paddle's
-multislot text: ``click`` (1 value), the slots ``1``..``26`` (1 id each, 0 = padding),
-``dense_feature`` (13 values), in that order. The dataset reads it with
-``format="multislot"`` and a schema whose ``multislot_order`` is that order (train.py).
-
-Debug: python reader.py < ../../tests/fixtures/criteo_slot_sample.txt | head -2
-"""
-
-# import paddle.distributed.fleet as fleet
+# Copyright (c) 2019 PaddlePaddle Authors. All Rights Reserved.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+# Modified for sparseps (examples/paddle_port/reader.py), from PaddleRec's
+# models/rank/dnn/queuedataset_reader.py at commit 656326adf3c4117c11ec0eff5e8f61acd8191c2a
+# (the same bytes as models/rank/wide_deep/queuedataset_reader.py). Three changes, each
+# marked "sparseps:" below; every other line is PaddleRec's:
+#   1. the import line: sparseps.data has Paddle's MultiSlotDataGenerator (same output);
+#   2. no `import six` (a Python 2 package that sparseps does not install; unused here);
+#   3. no config file: PaddleRec's trainer runs `python reader.py CONFIG UTILS_DIR` so the
+#      reader can load its YAML with PaddleRec's common_ps.py (which needs six); this
+#      reader reads nothing from it, so it runs as plain `python reader.py`.
+# PaddleRec's readers with only their import line changed run in
+# tests/data/test_paddlerec_readers.py, byte for byte against Paddle's output.
+# Debug: python reader.py < ../../tests/fixtures/criteo_slot_sample.txt | head -2
+# ruff: noqa
+import sys
+import yaml
+# sparseps: import six
+import os
+import copy
+# sparseps: import paddle.distributed.fleet as fleet
 import sparseps.data as fleet
+import logging
+import numpy as np
+
+logging.basicConfig(
+    format='%(asctime)s - %(levelname)s - %(message)s', level=logging.INFO)
+logger = logging.getLogger(__name__)
 
 
 class Reader(fleet.MultiSlotDataGenerator):
-    def init(self):
+    def init(self, config):
+        self.config = config
         padding = 0
-        sparse_slots = "click " + " ".join(str(i) for i in range(1, 27))
+        sparse_slots = "click 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26"
         self.sparse_slots = sparse_slots.strip().split(" ")
         self.dense_slots = ["dense_feature"]
         self.dense_slots_shape = [13]
@@ -29,6 +55,7 @@ class Reader(fleet.MultiSlotDataGenerator):
             self.slot2index[self.slots[i]] = i
             self.visit[self.slots[i]] = False
         self.padding = padding
+        logger.info("pipe init success")
 
     def line_process(self, line):
         line = line.strip().split(" ")
@@ -48,29 +75,32 @@ class Reader(fleet.MultiSlotDataGenerator):
             slot = i
             if not self.visit[slot]:
                 if i in self.dense_slots:
-                    # PaddleRec indexes dense_slots_shape by the slot's position among all
-                    # slots, out of range for this layout; by its place among dense slots:
                     output[self.slot2index[i]][1].extend(
-                        [self.padding]
-                        * self.dense_slots_shape[self.slot2index[i] - len(self.sparse_slots)]
-                    )
+                        [self.padding] *
+                        self.dense_slots_shape[self.slot2index[i]])
                 else:
                     output[self.slot2index[i]][1].extend([self.padding])
             else:
                 self.visit[slot] = False
-        return output
 
+        return output
+        #return [label] + sparse_feature + [dense_feature]
     def generate_sample(self, line):
-        "Dataset Generator"
+        r"Dataset Generator"
 
         def reader():
-            output_list = self.line_process(line)
-            yield output_list
+            output_dict = self.line_process(line)
+            # {key, value} dict format: {'labels': [1], 'sparse_slot1': [2, 3], 'sparse_slot2': [4, 5, 6, 8], 'dense_slot': [1,2,3,4]} 
+            # dict must match static_model.create_feed()
+            yield output_dict
 
         return reader
 
 
 if __name__ == "__main__":
+    # sparseps: no yaml_path/utils_path arguments, no common_ps.YamlHelper().load_yaml
+    config = None
+
     r = Reader()
-    r.init()
+    r.init(config)
     r.run_from_stdin()

@@ -7,8 +7,11 @@ Paddle's own launcher/operator: sparseps reads TRAINING_ROLE/PADDLE_* too)::
     python examples/paddle_port/train.py --train tests/fixtures/criteo_slot_sample.txt \\
         --test tests/fixtures/criteo_slot_sample.txt --out /tmp/paddle_port
 
-The data go through reader.py (PaddleRec's MultiSlotDataGenerator reader) as the
-dataset's pipe_command, read with format="multislot". Prints one JSON line at the end.
+The data go through reader.py (PaddleRec's MultiSlotDataGenerator reader, its changes
+listed at its top) as the dataset's pipe_command ``python reader.py``, read with
+format="multislot". A bare ``python`` in a pipe command is the job's own interpreter, so
+the job runs through the full path of a virtual environment's ``bin/sparseps`` without
+that environment on PATH. Prints one JSON line at the end.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 
 import torch
@@ -39,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch-size", type=int, default=64)
     args = ap.parse_args(argv)
-    pipe = f"{sys.executable} {os.path.join(HERE, 'reader.py')}"
+    pipe = f"python {shlex.quote(os.path.join(HERE, 'reader.py'))}"  # Paddle's "python reader.py"
 
     # fleet.init(is_collective=False)
     sps.init()
