@@ -21,8 +21,16 @@ Why this order:
 - ``rpc`` is the wire and the client; ``server`` uses its protocol; ``launch`` starts
   processes and talks to servers through the client; ``role`` wires a process into a job
   (local mode starts a server through ``launch``, ``run_server`` runs ``server``).
-- ``elastic`` (placement-routed clients, live moves of virtual shards) drives servers
-  through the client, beside ``launch``, which starts the servers a scale-up adds.
+- ``elastic`` (an elastic job's client side, its migration driver and the driver's
+  connections; docs/elastic.md) sits right above ``rpc``: its placement router routes a
+  client by the servers' placement and its driver moves shards through the client, so it
+  imports ``rpc``. The client in turn must follow a job that turns elastic, and cannot
+  import ``elastic`` (that would be a circle): it takes its placement router by injection
+  (``PSClient(placement_routing=...)``, the contract in ``rpc.router``), so the plain
+  client never imports nor runs elastic code. It sits below ``server`` so that the
+  server side of elasticity (``server/elastic_ops.py`` today) can move into it once the
+  server's op table takes handlers from other packages, and below ``launch``, which
+  starts the servers a scale-up adds and drives ``sparseps scale`` with it.
 - ``checkpoint`` coordinates saves and loads through the client and the worker
   collectives; the ``worker`` (trainer) offers ``save_checkpoint`` on top of it.
 - ``models``/``recall`` build on the worker, ``online`` drives jobs, ``serving`` answers
@@ -30,8 +38,12 @@ Why this order:
   top floor is the entry points: the public front door (``__init__``), the command line,
   the demo, the bundled jobs, the benchmarks and the test helpers.
 
-``WIRING`` names the few modules that, like a user's script, start from the public front
-door (``import sparseps``): they may import any layer.
+``WIRING`` names the few modules that may import any layer: those that, like a user's
+script, start from the public front door (``import sparseps``), and ``rpc.following``,
+the default of the injection above: a client made without a placement router (a
+trainer's, made in ``worker/state.py``, which does not know whether its job will be
+scaled) gets ``elastic``'s from it, imported when the client is made. It goes once the
+code that makes clients passes the router itself (issue 53).
 """
 
 from __future__ import annotations
@@ -46,8 +58,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("table", "metrics", "data"),
     ("files",),
     ("rpc",),
+    ("elastic",),
     ("server",),
-    ("launch", "elastic"),
+    ("launch",),
     ("role",),
     ("checkpoint",),
     ("worker", "nn"),
@@ -56,4 +69,4 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("testing", "jobs", "demo", "cli", "benchmarking", "__init__"),
 )
 
-WIRING: frozenset[str] = frozenset({"sparseps.online.job"})
+WIRING: frozenset[str] = frozenset({"sparseps.online.job", "sparseps.rpc.following"})

@@ -1,9 +1,10 @@
 """``ElasticClient``: a :class:`~sparseps.rpc.client.PSClient` that requires a placement.
 
-Routing by placement and resending what a server refuses during a move live in one
-place, :mod:`sparseps.rpc.placed`, which every ``PSClient`` uses (a launched job's
-trainers too). This class only insists that the servers already hold a placement, and
-keeps the name ``retry_for`` the migration tests and the bench use.
+Every ``PSClient`` that follows placements (the default, a launched job's trainers too)
+holds a placement router (:mod:`sparseps.elastic.routing`) and switches to it once it
+finds its servers hold a placement. This class hands the client that router itself and
+insists that the servers already hold a placement, and keeps the name ``retry_for`` the
+migration tests and the bench use.
 
 Example::
 
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 
 from ..errors import InputError
 from ..rpc.client import PSClient
+from .routing import PlacementRouter
 
 __all__ = ["ElasticClient"]
 
@@ -41,7 +43,8 @@ class ElasticClient(PSClient):
     def __init__(self, endpoints: Sequence[str], *, timeout: float = 30.0,
                  job_id: str | None = None, retry_for: float = 60.0) -> None:  # fmt: skip
         super().__init__(list(endpoints), timeout=timeout, job_id=job_id,
-                         placement_retry_s=retry_for)  # fmt: skip
+                         placement_retry_s=retry_for, follow_placement=True,
+                         placement_routing=PlacementRouter)  # fmt: skip
         try:
             found = self.refresh_placement()
         except BaseException:

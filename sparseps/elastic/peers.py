@@ -29,9 +29,9 @@ from ..errors import InputError, SparsePSError
 from ..rpc.channel import Channel
 from ..rpc.client import DEFAULT_MAX_IN_FLIGHT, PSClient
 from ..rpc.handle import Handle
-from ..rpc.placed import is_placement_error
 from ..rpc.protocol import Limits
 from ..rpc.security import security_from_env
+from .routing import is_placement_error
 
 __all__ = ["Peers", "is_placement_error"]
 

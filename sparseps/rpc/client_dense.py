@@ -1,9 +1,11 @@
-"""Dense tables through :class:`~sparseps.rpc.client.PSClient`.
+"""Dense tables through :class:`~sparseps.rpc.client.PSClient`: what each call sends.
 
 A dense table (a model's non-embedding weights: one float32 vector) lives whole on one
-server, the one :func:`sparseps.core.routing.dense_server_of` names for it, so every
-call here is one request to that server's shard (with replicas: to the shard's head). Updates are checked finite before anything is sent: a
-NaN pushed into shared weights would spoil every worker's next pull.
+server, the one :func:`sparseps.core.routing.dense_server_of` names for it over the
+client's endpoint list (an elastic job's too: the job's start count), so every call here
+is one request to that server's shard through the plain router (with replicas: to the
+shard's head). Updates are checked finite before anything is sent: a NaN pushed into
+shared weights would spoil every worker's next pull.
 
 - ``create_dense(name, size, rule, init=None)``: blocks; idempotent for an equal table.
 - ``pull_dense`` / ``push_dense`` / ``push_dense_delta`` / ``set_dense``: a
@@ -25,72 +27,59 @@ import numpy as np
 
 from ..core.routing import dense_server_of
 from .client_checks import check_finite_vector
-from .client_parts import ClientParts
 from .handle import Handle
 
 if TYPE_CHECKING:
     from ..optim.base import Rule
+    from .router import PlainRouter
 
-__all__ = ["ClientDense"]
+__all__ = ["create_dense", "load_dense", "pull_dense", "save_dense", "update_dense"]
 
 
-class ClientDense(ClientParts):
-    """The dense-table calls, mixed into :class:`~sparseps.rpc.client.PSClient`."""
+def _shard(router: PlainRouter, name: str) -> int:
+    return dense_server_of(name, router.num_servers)
 
-    def _dense_rank(self, name: str) -> int:
-        return dense_server_of(name, self.num_servers)
 
-    def create_dense(
-        self, name: str, size: int, rule: Rule, init: np.ndarray | None = None
-    ) -> None:
-        """Create a dense table of ``size`` floats on its server (idempotent when equal)."""
-        bufs = [] if init is None else [check_finite_vector(init, f"create_dense {name!r} init")]
-        args = {"size": int(size), "rule": rule.to_dict()}
-        call = self._shard_request(self._dense_rank(name), "create_dense", name, bufs, args)
-        Handle(self._channel, [call], lambda _: None).wait()
+def create_dense(router: PlainRouter, name: str, size: int, rule: Rule,
+                 init: np.ndarray | None) -> None:  # fmt: skip
+    bufs = [] if init is None else [check_finite_vector(init, f"create_dense {name!r} init")]
+    args = {"size": int(size), "rule": rule.to_dict()}
+    call = router.request(_shard(router, name), "create_dense", name, bufs, args)
+    Handle(router.channel, [call], _nothing).wait()
 
-    def pull_dense(self, name: str) -> Handle:
-        """``wait()`` -> float32 ``[size]`` (a fresh writable copy)."""
-        call = self._shard_request(self._dense_rank(name), "pull_dense", name)
-        return Handle(self._channel, [call], _values)
 
-    def _dense_op(self, op: str, name: str, values: np.ndarray, *, pull: bool = False) -> Handle:
-        values = check_finite_vector(values, f"{op} {name!r}")
-        args = {"pull": True} if pull else None
-        call = self._shard_request(self._dense_rank(name), op, name, [values], args)
-        return Handle(self._channel, [call], _values if pull else _nothing)
+def pull_dense(router: PlainRouter, name: str) -> Handle:
+    call = router.request(_shard(router, name), "pull_dense", name)
+    return Handle(router.channel, [call], _values)
 
-    def push_dense(self, name: str, grad: np.ndarray, *, pull: bool = False) -> Handle:
-        """Apply a dense gradient with the table's rule. ``pull=True``: ``wait()`` -> the
-        values after this step, float32 ``[size]`` (what a ``pull_dense`` sent right
-        after would read, in the same round trip)."""
-        return self._dense_op("push_dense", name, grad, pull=pull)
 
-    def push_dense_delta(self, name: str, delta: np.ndarray) -> Handle:
-        """Geo mode: add ``delta`` to the dense values."""
-        return self._dense_op("push_dense_delta", name, delta)
+def update_dense(router: PlainRouter, op: str, name: str, values: np.ndarray, *,
+                 pull: bool = False) -> Handle:  # fmt: skip
+    """``push_dense``, ``push_dense_delta`` or ``set_dense``: the values checked finite;
+    ``pull``: the handle answers the values after the step."""
+    values = check_finite_vector(values, f"{op} {name!r}")
+    args = {"pull": True} if pull else None
+    call = router.request(_shard(router, name), op, name, [values], args)
+    return Handle(router.channel, [call], _values if pull else _nothing)
 
-    def set_dense(self, name: str, values: np.ndarray) -> Handle:
-        """Overwrite the dense values (optimizer state is kept)."""
-        return self._dense_op("set_dense", name, values)
 
-    def save_dense(self, name: str, directory: str | os.PathLike) -> str:
-        """The owning server writes the dense table (values + optimizer state) into
-        ``directory``; returns the file name (``dense.npz``)."""
-        folder = os.path.abspath(os.fspath(directory))
-        shard = self._dense_rank(name)
-        return self._each_shard(
-            "save_dense", name, {"directory": folder},
-            timeout=self.file_timeout, shards=[shard],
-        )[0]["name"]  # fmt: skip
+def save_dense(router: PlainRouter, name: str, directory: str | os.PathLike,
+               timeout: float) -> str:  # fmt: skip
+    folder = os.path.abspath(os.fspath(directory))
+    answers = router.each_shard("save_dense", name, {"directory": folder}, timeout=timeout,
+                                pick=_result, shards=[_shard(router, name)])  # fmt: skip
+    return answers[0]["name"]
 
-    def load_dense(self, name: str, path: str | os.PathLike, *, sha256: str | None = None) -> None:
-        """The owning server restores the dense table from a :meth:`save_dense` file."""
-        args = {"path": os.path.abspath(os.fspath(path)), "sha256": sha256}
-        self._each_shard(
-            "load_dense", name, args, timeout=self.file_timeout,
-            shards=[self._dense_rank(name)],
-        )  # fmt: skip
+
+def load_dense(router: PlainRouter, name: str, path: str | os.PathLike, sha256: str | None,
+               timeout: float) -> None:  # fmt: skip
+    args = {"path": os.path.abspath(os.fspath(path)), "sha256": sha256}
+    router.each_shard("load_dense", name, args, timeout=timeout, pick=_result,
+                      shards=[_shard(router, name)])  # fmt: skip
+
+
+def _result(reply) -> object:
+    return reply.result
 
 
 def _values(replies: list) -> np.ndarray:

@@ -12,7 +12,8 @@ writes both back after it:
   writer), show/click are added as ``push_delta`` adds them. Keys must be unique. Sent to
   head of a shard's copies with one sequence number (applied once per copy).
 
-Server side: :mod:`sparseps.server.row_ops`, :mod:`sparseps.table.full_rows`.
+Both are keyed calls (:mod:`sparseps.rpc.keyed`), grouped and sent by the client's
+router. Server side: :mod:`sparseps.server.row_ops`, :mod:`sparseps.table.full_rows`.
 """
 
 from __future__ import annotations
@@ -25,62 +26,47 @@ from ..core.keysets import has_repeats
 from ..core.validate import check_key_array
 from ..errors import InputError
 from .client_checks import check_counts_or_none, check_finite_rows
-from .client_parts import ClientParts
 from .handle import Handle, completed
-from .placed import RoutedHandle, rows_of
+from .keyed import KeyedBatch, rows_of
 
-__all__ = ["ClientRows"]
+if TYPE_CHECKING:
+    from .router import Router
+
+__all__ = ["pull_full", "write_rows"]
 
 
-class ClientRows(ClientParts):
-    """``pull_full`` / ``write_rows``, mixed into :class:`~sparseps.rpc.client.PSClient`."""
+def pull_full(router: Router, table: str, keys: np.ndarray) -> Handle:
+    keys = check_key_array(f"pull_full {table!r}", keys, contiguous=False)
+    grouping = router.group(keys, dedup=True)
+    batch = KeyedBatch("pull_full", table, grouping.keys, ())
+    return router.send(batch, grouping, rows_of(len(grouping.keys), grouping.inverse))
 
-    if TYPE_CHECKING:  # placed.PlacementRouting's keyed ops (see client_parts.py)
 
-        def _group(self, keys: np.ndarray, *, dedup: bool = True) -> tuple: ...
-        def _keyed(self, op: str, table: str, group: tuple, columns, finish
-                   ) -> RoutedHandle: ...  # fmt: skip
+def write_rows(router: Router, table: str, keys: np.ndarray, rows: np.ndarray,
+               shows: np.ndarray | None, clicks: np.ndarray | None) -> Handle:  # fmt: skip
+    what = f"write_rows {table!r}"
+    keys = check_key_array(what, keys, contiguous=False)
+    rows = check_finite_rows(rows, "rows", what, len(keys))
+    shows = check_counts_or_none(shows, "shows", what, len(keys))
+    clicks = check_counts_or_none(clicks, "clicks", what, len(keys))
+    if not len(keys):
+        return completed(None)
+    if has_repeats(keys):
+        raise InputError(
+            f"{what}: keys must be unique (each row is written once); nothing was sent"
+        )
+    grouping = router.group(keys, dedup=True)
+    inverse = grouping.inverse
+    assert inverse is not None, "a deduplicated grouping maps the caller's keys"
+    order = np.empty(len(keys), np.int64)
+    order[inverse] = np.arange(len(keys))  # grouped[i] == keys[order[i]]
+    columns = [np.ascontiguousarray(rows[order])]
+    columns += [np.ascontiguousarray(c[order]) for c in (shows, clicks) if c is not None]
+    if shows is None and clicks is not None:  # clicks alone: shows take their default
+        columns.insert(1, np.ones(len(keys), np.float32))
+    batch = KeyedBatch("write_rows", table, grouping.keys, columns)
+    return router.send(batch, grouping, _nothing)
 
-    def pull_full(self, table: str, keys: np.ndarray) -> RoutedHandle:
-        """Embedding and optimizer state of ``keys``; ``wait()`` -> float32
-        ``[len(keys), dim + state_dim]`` in the caller's order."""
-        keys = check_key_array(f"pull_full {table!r}", keys, contiguous=False)
-        group = self._group(keys)
-        return self._keyed("pull_full", table, group, (), rows_of(len(group[0]), group[2]))
 
-    def write_rows(
-        self,
-        table: str,
-        keys: np.ndarray,
-        rows: np.ndarray,
-        shows: np.ndarray | None = None,
-        clicks: np.ndarray | None = None,
-    ) -> Handle | RoutedHandle:
-        """Overwrite the embedding and state of ``keys`` (unique), add show/click;
-        ``wait()`` -> None (module docstring).
-
-        Raises:
-            InputError: keys not 1-D uint64 or repeated, rows not float32 ``[n, width]``
-                or not finite, bad counts; nothing was sent. A width other than the
-                table's ``dim + state_dim`` is refused by the servers (``RemoteError``).
-        """
-        what = f"write_rows {table!r}"
-        keys = check_key_array(what, keys, contiguous=False)
-        rows = check_finite_rows(rows, "rows", what, len(keys))
-        shows = check_counts_or_none(shows, "shows", what, len(keys))
-        clicks = check_counts_or_none(clicks, "clicks", what, len(keys))
-        if not len(keys):
-            return completed(None)
-        if has_repeats(keys):
-            raise InputError(
-                f"{what}: keys must be unique (each row is written once); nothing was sent"
-            )
-        group = self._group(keys)
-        inverse = group[2]
-        order = np.empty(len(keys), np.int64)
-        order[inverse] = np.arange(len(keys))  # grouped[i] == keys[order[i]]
-        columns = [np.ascontiguousarray(rows[order])]
-        columns += [np.ascontiguousarray(c[order]) for c in (shows, clicks) if c is not None]
-        if shows is None and clicks is not None:  # clicks alone: shows take their default
-            columns.insert(1, np.ones(len(keys), np.float32))
-        return self._keyed("write_rows", table, group, columns, lambda _: None)
+def _nothing(got: list) -> None:
+    return None

@@ -1,9 +1,11 @@
-"""Whole-table calls on sparse tables through :class:`~sparseps.rpc.client.PSClient`.
+"""Whole-table calls on sparse tables: what :class:`~sparseps.rpc.client.PSClient` sends
+for each and how the servers' answers combine.
 
-Where ``pull``/``push`` touch the rows of some keys, these act on a whole table at
-once: every server does its shard, and the call blocks until every one answered (an
-elastic job: every live server of the placement, with servers in a move asked again
-once it ended, :mod:`sparseps.rpc.placed`).
+Where ``pull``/``push`` touch the rows of some keys, these act on a whole table at once:
+every server does its shard, and the call blocks until every one answered. Each function
+takes ``send``, the client's table-wide send (:class:`TableWide`): to every shard, or in
+an elastic job to every live server of the newest placement, with servers in a move asked
+again once it ended (:mod:`sparseps.elastic.table_wide`).
 
 - ``create_table``: on every server (idempotent for an equal config).
 - ``decay`` / ``shrink``: the lifecycle of rows (end of day: decay show/click, age
@@ -17,106 +19,84 @@ once it ended, :mod:`sparseps.rpc.placed`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .client_parts import ClientParts
-from .handle import Handle
-
 if TYPE_CHECKING:
     from ..config import TableConfig
+    from .protocol import Reply
 
-__all__ = ["ClientTables"]
+__all__ = [
+    "TableWide",
+    "commit_inference",
+    "create_table",
+    "decay",
+    "load",
+    "save",
+    "save_inference",
+    "shrink",
+]
 
 
-class ClientTables(ClientParts):
-    """The whole-table calls, mixed into :class:`~sparseps.rpc.client.PSClient`."""
+def result_of(reply: Reply) -> object:
+    """A server's answer to a table-wide op: its result (most ops)."""
+    return reply.result
 
-    def create_table(self, config: TableConfig) -> None:
-        """Create a sparse table on every server (idempotent for an equal config).
 
-        Raises:
-            RemoteError: a table of that name exists with a different config (the message
-                names the differing fields and both configs).
-        """
-        self._each_shard("create_table", config.name, {"config": config.to_dict()})
+class TableWide(Protocol):
+    """The client's table-wide send: ``pick(reply)`` of every server's answer."""
 
-    def decay(self, table: str, rate: float | None = None) -> None:
-        """End of day on every server: decay show/click, age unseen rows."""
-        self._each_shard("decay", table, {} if rate is None else {"rate": float(rate)})
+    def __call__(self, op: str, table: str | None, args: dict | None = None, *,
+                 timeout: float | None = None,
+                 pick: Callable[[Reply], object] = result_of) -> list: ...  # fmt: skip
 
-    def shrink(self, table: str) -> np.ndarray:
-        """Delete rows per the lifecycle policy; returns the deleted keys (sorted uint64)."""
-        self._probe_placement()
-        if self._routing is not None:  # elastic: servers in a move refuse, sent again
-            parts = self._table_wide("shrink", table, None, None, lambda reply: reply.bufs[0])
+
+def create_table(send: TableWide, config: TableConfig) -> None:
+    send("create_table", config.name, {"config": config.to_dict()})
+
+
+def decay(send: TableWide, table: str, rate: float | None) -> None:
+    send("decay", table, {} if rate is None else {"rate": float(rate)})
+
+
+def shrink(send: TableWide, table: str) -> np.ndarray:
+    """The keys every server deleted, sorted."""
+    parts = send("shrink", table, pick=lambda reply: reply.bufs[0])
+    return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+
+
+def save(send: TableWide, table: str, directory: str | os.PathLike, timeout: float) -> list[dict]:
+    """Every server's file records, one list."""
+    folder = os.path.abspath(os.fspath(directory))
+    parts = send("save", table, {"directory": folder}, timeout=timeout)
+    return [record for part in parts for record in part]  # type: ignore[attr-defined]
+
+
+def load(send: TableWide, table: str, files: Sequence, timeout: float) -> dict:
+    """Totals over servers: ``{"rows", "pending", "files"}``."""
+    specs: list = []
+    for spec in files:
+        if isinstance(spec, dict):
+            specs.append(
+                {
+                    "path": os.path.abspath(spec["path"]),
+                    # the checksums the record has (xxh3-128 is verified when present)
+                    **{key: spec[key] for key in ("sha256", "xxh3_128") if key in spec},
+                }
+            )
         else:
-            calls = [self._shard_request(shard, "shrink", table)
-                     for shard in range(self.num_servers)]  # fmt: skip
-            parts = Handle(self._channel, calls,
-                           lambda replies: [r.bufs[0] for r in replies]).wait()  # fmt: skip
-        return np.sort(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
+            specs.append(os.path.abspath(os.fspath(spec)))
+    parts = send("load", table, {"files": specs}, timeout=timeout)
+    return {key: sum(part[key] for part in parts) for key in ("rows", "pending", "files")}
 
-    def save(
-        self, table: str, directory: str | os.PathLike, *, timeout: float | None = None
-    ) -> list[dict]:
-        """Every server writes its shard of ``table`` into ``directory`` (seen by the servers).
 
-        Returns:
-            one record per file: ``name``, ``path``, ``bytes``, ``sha256``, ``xxh3_128``,
-            ``rows``, ``kind`` (``rows``/``pending``) and ``rank``.
-        """
-        folder = os.path.abspath(os.fspath(directory))
-        return [
-            record
-            for part in self._each_shard(
-                "save",
-                table,
-                {"directory": folder},
-                timeout=timeout or self.file_timeout,
-            )  # fmt: skip
-            for record in part
-        ]
+def save_inference(send: TableWide, table: str, directory: str | os.PathLike, mode: str,
+                   timeout: float) -> list[dict]:  # fmt: skip
+    folder = os.path.abspath(os.fspath(directory))
+    return send("save_inference", table, {"directory": folder, "mode": mode}, timeout=timeout)
 
-    def load(self, table: str, files: Sequence, *, timeout: float | None = None) -> dict:
-        """Load shard files written by any number of servers; each keeps the keys it owns.
 
-        Args:
-            table: an existing table with the same dim and rule as the saved one.
-            files: paths, or the records returned by :meth:`save` (checksums verified).
-
-        Returns:
-            totals over servers: ``{"rows", "pending", "files"}``.
-        """
-        specs = []
-        for spec in files:
-            if isinstance(spec, dict):
-                specs.append(
-                    {
-                        "path": os.path.abspath(spec["path"]),
-                        # the checksums the record has (xxh3-128 is verified when present)
-                        **{key: spec[key] for key in ("sha256", "xxh3_128") if key in spec},
-                    }
-                )
-            else:
-                specs.append(os.path.abspath(os.fspath(spec)))
-        parts = self._each_shard(
-            "load", table, {"files": specs}, timeout=timeout or self.file_timeout
-        )
-        return {key: sum(part[key] for part in parts) for key in ("rows", "pending", "files")}
-
-    def save_inference(self, table: str, directory: str | os.PathLike, mode: str) -> list[dict]:
-        """Every server writes its embeddings for serving (``mode`` base or delta, see
-        :mod:`sparseps.checkpoint.inference`); returns one file record per server."""
-        folder = os.path.abspath(os.fspath(directory))
-        return self._each_shard(
-            "save_inference", table, {"directory": folder, "mode": mode},
-            timeout=self.file_timeout,
-        )  # fmt: skip
-
-    def commit_inference(self, table: str) -> None:
-        """After an inference save is in place: every server restarts ``table``'s
-        changed-rows marker, so the next delta holds only rows changed from now on."""
-        self._each_shard("commit_inference", table)
+def commit_inference(send: TableWide, table: str) -> None:
+    send("commit_inference", table)

@@ -15,6 +15,7 @@ import pytest
 
 from sparseps import optim
 from sparseps.cli import main
+from sparseps.core.routing import dense_server_of
 from sparseps.launch.scaling import WORKERS_KEY, JobScaler, ScaleService
 from sparseps.launch.store import StoreClient
 from sparseps.launch.store_server import StoreServer
@@ -89,7 +90,7 @@ def test_the_launcher_refuses_replicas_dense_removal_and_workers_without_members
             scaler().servers(0)
         with cluster.client() as client:  # a dense table on the server a shrink removes
             name = next(n for n in (f"dense{i}" for i in range(64))
-                        if client._dense_rank(n) == 1)  # fmt: skip
+                        if dense_server_of(n, client.num_servers) == 1)  # fmt: skip
             client.create_dense(name, 4, optim.SGD(lr=0.1), np.zeros(4, np.float32))
         with pytest.raises(Exception, match=rf"holds dense table\(s\) \['{name}'\]"):
             scaler().servers(1)
