@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from ..core.lazy import lazy_names
 
-__all__ = ["DEFAULT_TIMEOUT", "PROTOCOL_VERSION", "Handle", "Limits", "PSClient"]
+__all__ = ["DEFAULT_TIMEOUT", "PROTOCOL_VERSION", "ClientConfig", "Handle", "Limits", "PSClient"]
 
 __getattr__ = lazy_names(
     __name__,
     {
         "DEFAULT_TIMEOUT": "client",
+        "ClientConfig": "client_config",
         "Handle": "client",
         "PSClient": "client",
         "PROTOCOL_VERSION": "protocol",

@@ -32,7 +32,7 @@ class Handle:
     The outcome is kept: every ``wait()`` after the first returns (or raises) the same.
     A subclass changes how the outcome is collected (:meth:`_collect`) and whether
     waiting threads take turns (:meth:`_settle`), e.g.
-    :class:`~sparseps.rpc.placed.RoutedHandle`.
+    :class:`~sparseps.rpc.keyed.KeyedHandle` (a keyed call: a request per owner).
     """
 
     def __init__(
