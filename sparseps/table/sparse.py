@@ -96,7 +96,7 @@ class SparseTable(Closing):
         self.config = config
         self._storage = TableStorage(config, allocator=allocator, disk_dir=disk_dir)
         self.layout = self._storage.layout
-        self._push = PushTransaction(self._storage, hooks)
+        self._updates = PushTransaction(self._storage, hooks)
         self._columns = RowTransfer(self._storage)
         self._full_rows = FullRows(self._storage)
         self._lifecycle = LifecycleOps(self._storage)
@@ -238,7 +238,7 @@ class SparseTable(Closing):
             InputError: a dtype, shape or contiguity problem, or NaN/inf anywhere in
                 ``grads`` (the whole push is rejected; the table is unchanged).
         """
-        self._push.apply("push", keys, grads, "grads", shows, clicks, delta=False)
+        self._updates.apply("push", keys, grads, "grads", shows, clicks, delta=False)
 
     def push_delta(
         self,
@@ -251,7 +251,7 @@ class SparseTable(Closing):
 
         Same arguments, validation, admission and statistics as :meth:`push`.
         """
-        self._push.apply("push_delta", keys, deltas, "deltas", shows, clicks, delta=True)
+        self._updates.apply("push_delta", keys, deltas, "deltas", shows, clicks, delta=True)
 
     # -- whole rows (GPUPS; table/full_rows.py) ------------------------------------------
     @property
