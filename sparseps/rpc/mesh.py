@@ -39,6 +39,7 @@ from typing import Protocol
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from ..core.closing import Closing
 from .security import Security, handshake_failed_events
 
 __all__ = ["BYE", "COLLECTIVE", "GONE_GRACE_S", "HEADER", "P2P", "GroupError", "Mesh"]
@@ -73,7 +74,7 @@ class Store(Protocol):
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
 
 
-class Mesh:
+class Mesh(Closing):
     """The links of one rank to every other rank of a group (module docstring).
 
     Args:

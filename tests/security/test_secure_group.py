@@ -105,6 +105,16 @@ def test_a_worker_with_another_jobs_keys_cannot_join(tmp_path, keys):
         assert "refused the key" in error and "same job keys" in error, error
 
 
+def test_a_group_formed_from_the_environment_is_the_secure_one(tmp_path, keys):
+    """An online job's regroup calls ``init_process_group(worker_backend(), ...)`` with no
+    options: the keys and the interface come from the worker's SPARSEPS_* variables."""
+    codes, output = _run("environ", 2, keys, tmp_path)
+    assert codes == [0, 0], output[-4000:]
+    for rank in (0, 1):
+        record = _record(tmp_path, rank)
+        assert record == {"rank": rank, "backend": "sparseps_curve", "sum": [3]}, record
+
+
 @pytest.mark.parametrize("mode", ["crash", "leave"])
 def test_a_worker_that_dies_or_leaves_fails_the_others_at_once(tmp_path, keys, mode):
     codes, output = _run(mode, 2, keys, tmp_path)

@@ -8,6 +8,9 @@ GROUP_KEY_DIR its group presents those keys instead (a worker of another job). M
 - ``ops``: every collective sparseps and torch offer, on inputs drawn from ``seed =
   rank``; the results go to OUT/result.RANK.npz for the test to check against an oracle.
 - ``join``: only forms the group; the error, if any, goes to OUT/result.RANK.json.
+- ``environ``: forms the group as an online job's regroup does (``init_process_group``
+  with ``worker_backend()`` and no options: the keys and the interface come from this
+  process's ``SPARSEPS_*`` variables), then one all-reduce.
 - ``crash`` / ``leave``: one all-reduce; once rank 0 has it (OUT/first.0), rank 1 dies
   (``os._exit``) or shuts its group down and exits 0, while rank 0 waits in a second
   all-reduce; rank 0 records the error and how long it waited.
@@ -36,14 +39,20 @@ from sparseps.metrics import distributed as metrics_dist
 SIZES = (10, 50_000)  # float32: under and over curve_group.SMALL_BYTES
 
 
-def _form_group(env: RoleEnv, group_key_dir: str) -> None:
-    from sparseps.launch.rendezvous import init_worker_group
+def _form_group(env: RoleEnv, group_key_dir: str, mode: str) -> None:
+    from sparseps.launch.rendezvous import init_worker_group, worker_backend
+
+    if mode == "environ":
+        os.environ.update(env.to_environ())
+        dist.init_process_group(
+            backend=worker_backend(), store=dist.PrefixStore("online/group/1", _store),
+            rank=env.rank, world_size=env.worker_num, timeout=datetime.timedelta(seconds=30),
+        )  # fmt: skip
+        return
 
     if not group_key_dir:
         init_worker_group(env, _store, timeout_s=30)
         return
-    from sparseps.launch.rendezvous import worker_backend
-
     other = RoleEnv(**{**env.__dict__, "key_dir": group_key_dir})
     dist.init_process_group(
         backend=worker_backend(env), store=dist.PrefixStore("sparseps/group", _store),
@@ -125,7 +134,7 @@ def main() -> int:
     store_barrier(_store, "start", rank=rank, world=world, timeout_s=30, warn_s=30, address=master)
     record: dict = {"rank": rank}
     try:
-        _form_group(env, group_key_dir)
+        _form_group(env, group_key_dir, mode)
     except Exception as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
         (folder / f"result.{rank}.json").write_text(json.dumps(record))
@@ -133,6 +142,8 @@ def main() -> int:
     record["backend"] = dist.get_backend()
     if mode == "ops":
         np.savez(folder / f"result.{rank}.npz", **_ops(rank, world))
+    elif mode == "environ":
+        record["sum"] = collectives.all_reduce_sum(np.array([rank + 1]), timeout=30).tolist()
     elif mode in ("crash", "leave"):
         collectives.all_reduce_sum(np.ones(3), timeout=30)
         if rank == 1:
