@@ -62,6 +62,7 @@ HEAVY_FILES = frozenset(
         "rpc/test_rpc_hardening.py",
         "security/test_secure_group.py",
         "security/test_secure_job.py",
+        "security/test_secure_sync_training.py",
         "security/test_socket_census.py",
         "security/test_unauthenticated_peer.py",
         "server/test_server_disk_tier.py",

@@ -64,7 +64,7 @@ def test_every_listening_socket_of_a_secure_two_host_job_refuses_an_outsider(tmp
     from sparseps.data.synthetic import write_dataset
 
     data, job, keys = tmp_path / "data", tmp_path / "job", tmp_path / "keys"
-    write_dataset(data, rows=12_000, seed=7, files=2)
+    write_dataset(data, rows=20_000, seed=7, files=4)
     write_job_keys(keys)
     job.mkdir()
     nodes = start_two_launchers(
@@ -95,9 +95,11 @@ def test_every_listening_socket_of_a_secure_two_host_job_refuses_an_outsider(tmp
         assert not plain, f"listening sockets that do not refuse an outsider: {plain}"
     for rank in (0, 1):
         record = json.loads((job / f"worker.{rank}.json").read_text())
+        print(f"worker {rank}: {record}")
         assert record["checks"] == [True, True], record  # exact collectives before and after
         assert record["backend"] == "sparseps_curve", record
-        assert record["test_auc"] > 0.6, record  # trained (a broken exchange gives ~0.5)
+        # trained (seeded: 0.76 here); a broken gradient exchange gives ~0.5
+        assert record["test_auc"] > 0.7, record
 
 
 @pytest.mark.parametrize("flag", [("--metrics",), ("--status-port", "0")])
