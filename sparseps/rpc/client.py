@@ -68,7 +68,7 @@ from .client_config import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT, ClientConfig
 from .following import default_placement_routing
 from .handle import Handle, completed
 from .keyed import KeyedBatch, rows_of
-from .router import PlainRouter
+from .router import PlainRouter, result_of
 from .shard_views import ShardViews
 
 if TYPE_CHECKING:
@@ -245,7 +245,7 @@ class PSClient(Closing):
 
     def _table_wide(self, op: str, table: str | None, args: dict | None = None, *,
                     timeout: float | None = None,
-                    pick: Callable[[Reply], object] = client_tables.result_of) -> list:  # fmt: skip
+                    pick: Callable[[Reply], object] = result_of) -> list:  # fmt: skip
         """A table-wide op: to every shard, or, once the servers hold a placement (asked
         first when following), to every live server of it."""
         if self._placed is not None:

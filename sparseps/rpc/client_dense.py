@@ -28,6 +28,7 @@ import numpy as np
 from ..core.routing import dense_server_of
 from .client_checks import check_finite_vector
 from .handle import Handle
+from .router import result_of
 
 if TYPE_CHECKING:
     from ..optim.base import Rule
@@ -67,19 +68,15 @@ def save_dense(router: PlainRouter, name: str, directory: str | os.PathLike,
                timeout: float) -> str:  # fmt: skip
     folder = os.path.abspath(os.fspath(directory))
     answers = router.each_shard("save_dense", name, {"directory": folder}, timeout=timeout,
-                                pick=_result, shards=[_shard(router, name)])  # fmt: skip
+                                pick=result_of, shards=[_shard(router, name)])  # fmt: skip
     return answers[0]["name"]
 
 
 def load_dense(router: PlainRouter, name: str, path: str | os.PathLike, sha256: str | None,
                timeout: float) -> None:  # fmt: skip
     args = {"path": os.path.abspath(os.fspath(path)), "sha256": sha256}
-    router.each_shard("load_dense", name, args, timeout=timeout, pick=_result,
+    router.each_shard("load_dense", name, args, timeout=timeout, pick=result_of,
                       shards=[_shard(router, name)])  # fmt: skip
-
-
-def _result(reply) -> object:
-    return reply.result
 
 
 def _values(replies: list) -> np.ndarray:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from .router import result_of
+
 if TYPE_CHECKING:
     from ..config import TableConfig
     from .protocol import Reply
@@ -38,11 +40,6 @@ __all__ = [
     "save_inference",
     "shrink",
 ]
-
-
-def result_of(reply: Reply) -> object:
-    """A server's answer to a table-wide op: its result (most ops)."""
-    return reply.result
 
 
 class TableWide(Protocol):

@@ -41,7 +41,19 @@ if TYPE_CHECKING:
     from .protocol import Reply
     from .shard_views import ShardViews
 
-__all__ = ["Grouping", "PlacementRouting", "PlacementRoutingFactory", "PlainRouter", "Router"]
+__all__ = [
+    "Grouping",
+    "PlacementRouting",
+    "PlacementRoutingFactory",
+    "PlainRouter",
+    "Router",
+    "result_of",
+]
+
+
+def result_of(reply: Reply) -> object:
+    """What most ops answer: the reply's result (a table-wide op's default ``pick``)."""
+    return reply.result
 
 
 class Grouping(NamedTuple):
