@@ -105,7 +105,6 @@ class DeadlineError(_PeerError, TimeoutError):
     setting: str | None
 
 
-
 class RemoteError(_PeerError):
     """The peer raised while serving a request.
 
