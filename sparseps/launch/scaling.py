@@ -17,7 +17,7 @@ Servers (:meth:`JobScaler.servers`), growing S -> N:
 3. on the first scale, install the default placement on the job's servers (it routes
    exactly as ``server_of(key, S)``: no row moves);
 4. rebalance over the live ranks and migrate (:func:`sparseps.elastic.scale`) while the
-   workers keep training; their clients follow the new placement (:mod:`sparseps.rpc.placed`).
+   workers keep training; their clients follow the new placement (:mod:`sparseps.elastic.routing`).
 
 Shrinking N < S drains the highest live ranks (refused when one holds a dense table:
 dense tables stay on ``dense_server_of(name, S_start)``), waits ``DRAIN_LINGER_S`` so

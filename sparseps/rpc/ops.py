@@ -3,8 +3,9 @@ what its ok reply holds for the caller.
 
 :func:`sparseps.rpc.protocol.decode_request` checks every request against
 :data:`OPS` before a handler sees it; the client checks every ok reply against its op's
-answer (:mod:`sparseps.rpc.answers`) before the caller reads it. Adding an op means one entry here and one
-``_op_<name>`` method on :class:`sparseps.server.handlers.ServerState`.
+answer (:mod:`sparseps.rpc.answers`) before the caller reads it. Adding an op means one
+entry here and one in the server's op table (:func:`sparseps.server.handlers.op_table`,
+which names the handler; ``tests/server/test_op_table.py`` keeps the two together).
 """
 
 from __future__ import annotations

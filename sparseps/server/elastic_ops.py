@@ -33,7 +33,7 @@ receive=1)``, until ``set_placement`` installs a newer version) refuses the tabl
 ops that read or rewrite every row (decay, shrink, save, load, save_inference,
 commit_inference) with :class:`MoveInProgressError`, checked inside the table's lock
 (:meth:`ElasticMoves.refuse_during_move`, called by those ops' parts); the client waits
-for the move to end and sends them again (:mod:`sparseps.rpc.placed`). A save, an
+for the move to end and sends them again (:mod:`sparseps.elastic.routing`). A save, an
 inference save and a shrink's answer keep only the rows of shards the server owns (a
 source still holds the moved rows between the bump and ``move_drop``;
 :class:`~sparseps.server.ownership.KeyOwnership`).
