@@ -12,6 +12,7 @@ rule                state per row     reference semantics
 ``RowwiseAdagrad``  1                 FBGEMM exact row-wise Adagrad (mean of g**2)
 ``Adam``            2*dim + 1         torch.optim.Adam per row, per-row step counter
 ``FTRL``            2*dim             FTRL-proximal, McMahan et al. 2013
+``SparseAdagrad``   1                 Paddle's SparseAdaGradSGDRule (one g2sum per row)
 ==================  ================  =====================================================
 """
 
@@ -23,6 +24,7 @@ from .base import RULES, Rule, rule_from_dict
 from .ftrl import FTRL
 from .rowwise_adagrad import RowwiseAdagrad
 from .sgd import SGD
+from .sparse_adagrad import SparseAdagrad
 
 __all__ = [
     "DENSE_RULES",
@@ -33,6 +35,7 @@ __all__ = [
     "Adam",
     "Rule",
     "RowwiseAdagrad",
+    "SparseAdagrad",
     "rule_from_dict",
 ]
 

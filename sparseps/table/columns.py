@@ -10,6 +10,8 @@ checkpoint code writes it as Arrow/Parquet columns. One row per key::
     delta_score  float32 [n]                score gained since the last delta save
     unseen_days  int32   [n]                decays since the row was last pushed
     touched      uint8   [n]  (optional)    1 = pushed since the last decay
+    has_embedx   uint8   [n]  (split tables, optional on import)  1 = the row has an
+                                            embedx part (docs/table.md, "Accessor")
 
 Pending keys (not admitted yet) export ``key``, ``show``, ``click`` and optionally
 ``unseen_days`` and ``touched``.
@@ -30,6 +32,7 @@ __all__ = [
     "OPTIONAL_ROW_COLUMNS",
     "PENDING_COLUMNS",
     "ROW_COLUMNS",
+    "SPLIT_ROW_COLUMNS",
     "check_columns",
     "gather_columns",
     "scatter_row_columns",
@@ -39,6 +42,7 @@ __all__ = [
 ROW_COLUMNS = ("key", "embedding", "state", "show", "click", "unseen_days", "delta_score")
 PENDING_COLUMNS = ("key", "show", "click")
 OPTIONAL_ROW_COLUMNS = ("touched",)
+SPLIT_ROW_COLUMNS = ("has_embedx",)
 OPTIONAL_PENDING_COLUMNS = ("unseen_days", "touched")
 
 
@@ -163,6 +167,7 @@ COLUMN_TYPES = {
     "delta_score": np.float32,
     "unseen_days": np.int32,
     "touched": np.uint8,
+    "has_embedx": np.uint8,
 }
 
 

@@ -32,8 +32,10 @@ from ..core.keysets import has_repeats
 from ..errors import InputError
 from . import input_checks as checks
 from .batch import gather, init_rows, touch_rows
+from .columns import gather_columns
 from .initializers import fill_initial
 from .push import check_staged, gather_rows, scatter_rows
+from .split_transfer import embedx_mask, import_split, widen
 from .storage import TableStorage
 
 __all__ = ["FullRows"]
@@ -44,7 +46,8 @@ class FullRows:
 
     def __init__(self, storage: TableStorage) -> None:
         self.storage = storage
-        self.full_width = storage.layout.dim + storage.layout.state_dim
+        layout = storage.export_layout  # a split table's whole rows: both parts
+        self.full_width = layout.dim + layout.state_dim
 
     def pull_full(self, keys: np.ndarray) -> np.ndarray:
         """Embedding and optimizer state of ``keys`` (uint64 ``[n]``, repeats allowed).
@@ -60,6 +63,8 @@ class FullRows:
         keys = checks.check_key_array("pull_full", keys)
         ids = store.index.find(keys)
         tier, width = store.tier, self.full_width
+        if store.split:
+            return self._pull_split(keys, ids)
         if tier is None:
             out, missing = gather(store.rows, ids, width)
         else:
@@ -72,6 +77,39 @@ class FullRows:
                 config = store.config
                 fill_initial(out, where, keys[where], store.dim, config.initializer, config.seed)
             out[where, store.dim :] = store.state0
+        return out
+
+    def _pull_split(self, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """:meth:`pull_full` of a split table: ``[embedding (dim) | embed state | embedx
+        state]``; a row without an embedx part reads zeros and the initial state there."""
+        store = self.storage
+        config = store.config
+        dim, edim = config.dim, store.dim
+        out = np.zeros((keys.shape[0], self.full_width), np.float32)
+        esd = store.layout.state_dim
+        out[:, dim : dim + esd] = store.state0
+        out[:, dim + esd :] = store.embedx.state0  # type: ignore[union-attr]
+        found = np.flatnonzero(ids >= 0)
+        if found.size:
+            fids = ids[found]
+            tier = store.tier
+            if tier is None:
+                base = gather_columns(store.rows, keys[found], fids, store.where)
+            else:
+                rows = np.empty((found.size, store.layout.width), np.float32)
+                with tier.lock:
+                    slots = tier.gather_slots(fids, "pull_full")  # first: it may move the cache
+                    gather_rows(tier.cache, slots, rows)
+                base = gather_columns(rows, keys[found], np.arange(found.size), store.where)
+            whole = widen(store, base, fids, "pull_full")
+            out[found, :dim] = whole["embedding"]
+            out[found, dim:] = whole["state"]
+        if found.size < keys.shape[0] and store.always:
+            where = np.flatnonzero(ids < 0)
+            fill_initial(out, where, keys[where], edim, store.initializer, config.seed)
+            if config.accessor.embedx_threshold == 0:
+                fill_initial(out, where, keys[where], config.embedx_dim, config.initializer,
+                             config.seed, column=edim, element=edim)  # fmt: skip
         return out
 
     def write_rows(
@@ -121,7 +159,8 @@ class FullRows:
                 gather_rows(store.rows, ids[old], current)
             else:
                 with tier.lock:
-                    gather_rows(tier.cache, tier.gather_slots(ids[old], op), current)
+                    slots = tier.gather_slots(ids[old], op)  # first: it may move the cache
+                    gather_rows(tier.cache, slots, current)
             staged[old] = current
         pending = np.empty(0, np.uint64)
         if new.size:  # new rows start from their pending counters, if any
@@ -137,6 +176,9 @@ class FullRows:
         policy = store.config.lifecycle
         touch_rows(staged, np.arange(n, dtype=np.int64), shows, clicks, store.stat0,
                    policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
+        if store.split:
+            self._write_split(keys, ids, rows, staged)
+            return
         staged[:, : self.full_width] = rows
         check_staged(op, store.config.name, staged, keys, "row")
         # -- commit ---------------------------------------------------------------------
@@ -149,3 +191,26 @@ class FullRows:
             store.tier.write(ids, staged, op)
         if pending.size:
             store.pending_index.erase(pending)
+
+    def _write_split(self, keys, ids, rows, staged) -> None:
+        """:meth:`write_rows` of a split table: the counters staged as for any table, the
+        row's parts overwritten; a row keeps (or gets) an embedx part if it had one or its
+        new score reaches ``embedx_threshold``."""
+        store = self.storage
+        stat0, dim = store.stat0, store.config.dim
+        has = np.zeros(keys.shape[0], np.bool_)
+        old = np.flatnonzero(ids >= 0)
+        has[old] = store.embedx.xids_of(ids[old]) >= 0  # type: ignore[union-attr]
+        columns = {
+            "key": keys,
+            "embedding": np.ascontiguousarray(rows[:, :dim]),
+            "state": np.ascontiguousarray(rows[:, dim:]),
+            "show": np.ascontiguousarray(staged[:, stat0]),
+            "click": np.ascontiguousarray(staged[:, stat0 + 1]),
+            "delta_score": np.ascontiguousarray(staged[:, stat0 + 2]),
+            "unseen_days": np.zeros(keys.shape[0], np.int32),
+            "touched": np.ones(keys.shape[0], np.uint8),
+        }
+        has |= embedx_mask(store, columns)
+        columns["has_embedx"] = has.astype(np.uint8)
+        import_split(store, columns, "write_rows", strict=False, refuse=None)

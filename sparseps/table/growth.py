@@ -77,11 +77,13 @@ class Allocator:
 DEFAULT_ALLOCATOR = Allocator()
 
 
-def planned_rows(capacity: int, needed: int, row_bytes: int) -> int:
-    """The capacity after growing a ``capacity``-row matrix to hold ``needed`` rows."""
+def planned_rows(capacity: int, needed: int, row_bytes: int, *, divisor: int = 4,
+                 doubling_bytes: int = DOUBLING_BYTES) -> int:  # fmt: skip
+    """The capacity after growing a ``capacity``-row matrix to hold ``needed`` rows: double
+    below ``doubling_bytes``, else grow by ``1 / divisor``."""
     if needed <= capacity:
         return capacity
-    step = capacity if capacity * row_bytes < DOUBLING_BYTES else capacity // 4
+    step = capacity if capacity * row_bytes < doubling_bytes else capacity // divisor
     return max(needed, capacity + max(step, 1))
 
 
@@ -106,10 +108,15 @@ class GrowableMatrix:
         width: columns.
         dtype: numpy dtype of the elements.
         allocator: the memory hook (default: the C allocator).
+        divisor, doubling_bytes: the growth step (:func:`planned_rows`): a split table's
+            small rows grow by 1/8 (their slack is a larger share of a feature's bytes;
+            a step costs a ``realloc``, which moves page tables, not bytes).
     """
 
-    def __init__(self, rows: int, width: int, dtype, allocator: Allocator | None = None) -> None:
+    def __init__(self, rows: int, width: int, dtype, allocator: Allocator | None = None, *,
+                 divisor: int = 4, doubling_bytes: int = DOUBLING_BYTES) -> None:  # fmt: skip
         self.allocator = DEFAULT_ALLOCATOR if allocator is None else allocator
+        self.divisor, self.doubling_bytes = divisor, doubling_bytes
         self.width = int(width)
         self.dtype = np.dtype(dtype)
         self.row_bytes = self.width * self.dtype.itemsize
@@ -140,7 +147,10 @@ class GrowableMatrix:
     def _planned(self, needed: int, exact: bool) -> int:
         if needed <= self.capacity:
             return self.capacity
-        return needed if exact else planned_rows(self.capacity, needed, self.row_bytes)
+        if exact:
+            return needed
+        return planned_rows(self.capacity, needed, self.row_bytes, divisor=self.divisor,
+                            doubling_bytes=self.doubling_bytes)  # fmt: skip
 
     def bytes_to_hold(self, needed: int, *, exact: bool = False) -> int:
         """Bytes :meth:`grow_to` would add to hold ``needed`` rows (0 if it holds them)."""

@@ -42,36 +42,41 @@ def _params(init: Initializer) -> tuple[int, float, float]:
 
 
 @njit(nogil=True, cache=True)
-def _fill(target, target_rows, keys, dim, kind, a, b, seed):  # pragma: no cover - compiled
+def _fill(target, target_rows, keys, dim, kind, a, b, seed, col0, elem0):  # pragma: no cover
+    # element e of a key's vector is written to column col0 + e - elem0
     seed_word = mix64(np.uint64(seed) ^ np.uint64(_INIT_SALT))
     golden = GOLDEN
     for i in range(keys.shape[0]):
         r = target_rows[i]
         if kind == 0:
             for j in range(dim):
-                target[r, j] = 0.0
+                target[r, col0 + j] = 0.0
             continue
         if kind == 1:
             for j in range(dim):
-                target[r, j] = a
+                target[r, col0 + j] = a
             continue
         base = mix64(keys[i] ^ seed_word)
         if kind == 2:
             for j in range(dim):
-                word = mix64(base + np.uint64(j + 1) * golden)
+                word = mix64(base + np.uint64(elem0 + j + 1) * golden)
                 u = np.float64(word >> np.uint64(40)) * (1.0 / 16777216.0)  # [0, 1), 24 bits
-                target[r, j] = a + (b - a) * u
+                target[r, col0 + j] = a + (b - a) * u
             continue
-        # normal: Box-Muller on pairs; u1 in (0, 1] so log(u1) is finite
-        for j in range(0, dim, 2):
-            w1 = mix64(base + np.uint64(j + 1) * golden)
-            w2 = mix64(base + np.uint64(j + 2) * golden)
+        # normal: Box-Muller on the pairs of elements (2m, 2m + 1); u1 in (0, 1] so log(u1)
+        # is finite
+        for j in range(dim):
+            e = elem0 + j
+            pair = e - e % 2
+            w1 = mix64(base + np.uint64(pair + 1) * golden)
+            w2 = mix64(base + np.uint64(pair + 2) * golden)
             u1 = (np.float64(w1 >> np.uint64(11)) + 1.0) * (1.0 / 9007199254740992.0)
             u2 = np.float64(w2 >> np.uint64(11)) * (1.0 / 9007199254740992.0)
             radius = np.sqrt(-2.0 * np.log(u1))
-            target[r, j] = a + b * radius * np.cos(_TWO_PI * u2)
-            if j + 1 < dim:
-                target[r, j + 1] = a + b * radius * np.sin(_TWO_PI * u2)
+            if e % 2 == 0:
+                target[r, col0 + j] = a + b * radius * np.cos(_TWO_PI * u2)
+            else:
+                target[r, col0 + j] = a + b * radius * np.sin(_TWO_PI * u2)
 
 
 def fill_initial(
@@ -81,8 +86,15 @@ def fill_initial(
     dim: int,
     init: Initializer,
     seed: int,
+    *,
+    column: int = 0,
+    element: int = 0,
 ) -> None:
     """Write the initial vector of ``keys[i]`` into ``target[target_rows[i], :dim]``.
+
+    With ``column``/``element``: elements ``element .. element + dim - 1`` of each key's
+    vector go to columns ``column ..`` (a split row's embedx part is elements
+    ``embed_dim ..`` of the vector a pull returns, wherever it is stored).
 
     Args:
         target: float32 2-D array (a table's row storage or an output batch).
@@ -93,7 +105,7 @@ def fill_initial(
         seed: the table seed, ``[0, 2**64)``.
     """
     kind, a, b = _params(init)
-    _fill(target, target_rows, keys, dim, kind, a, b, np.uint64(seed))
+    _fill(target, target_rows, keys, dim, kind, a, b, np.uint64(seed), column, element)
 
 
 def initial_values(keys: np.ndarray, dim: int, init: Initializer, seed: int) -> np.ndarray:

@@ -24,12 +24,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import Admission, Lifecycle
+from ..config import Accessor, Admission, Lifecycle
 from ..core.hashing import GOLDEN, mix64
 from ..core.jit import njit
 from .hashmap_kernels import FULL
 
-__all__ = ["admit", "decay_slots", "seed_word", "shrink_select", "shrink_select_rows", "score"]
+__all__ = [
+    "admit",
+    "decay_slots",
+    "delta_keep",
+    "reset_delta_rows",
+    "seed_word",
+    "shrink_select",
+    "shrink_select_rows",
+    "score",
+]
 
 ADMISSION_CODES = {
     Admission.ALWAYS: 0,
@@ -46,7 +55,9 @@ def seed_word(seed: int) -> np.uint64:
 
 
 def score(show: np.ndarray, click: np.ndarray, policy: Lifecycle) -> np.ndarray:
-    """Paddle's show_click_score, vectorised."""
+    """Paddle's show_click_score, vectorised (float64, as the compiled passes compute it
+    from the stored float32 counters)."""
+    show, click = np.asarray(show), np.asarray(click, np.float64)
     return (show - click) * policy.nonclick_coeff + click * policy.click_coeff
 
 
@@ -108,6 +119,52 @@ def admit(pending, pids, is_new, keys, shows, clicks, policy: Lifecycle, seed: i
         admitted, prior_show, prior_click,
     )  # fmt: skip
     return admitted, prior_show, prior_click
+
+
+def base_keep(show, click, lifecycle: Lifecycle) -> np.ndarray:
+    """Rows a base inference save keeps: ``score >= base_score`` (Paddle's
+    ``base_threshold``)."""
+    return score(show, click, lifecycle) >= lifecycle.base_score
+
+
+def delta_keep(show, click, delta_score, unseen_days, lifecycle: Lifecycle,
+               accessor: Accessor) -> np.ndarray:  # fmt: skip
+    """Rows a delta inference save keeps (Paddle's ``CtrCommonAccessor::Save(param=1)``):
+    changed since the last delta save (``delta_score > 0``) by at least
+    ``delta_threshold``, seen within ``delta_keep_days``, and scoring at least the base
+    threshold."""
+    return (
+        (delta_score > 0)
+        & (delta_score >= accessor.delta_threshold)
+        & (unseen_days <= accessor.delta_keep_days)
+        & base_keep(show, click, lifecycle)
+    )
+
+
+@njit(nogil=True, cache=True)
+def _reset_delta(rows, stat0, nonclick, click_coeff, base, threshold, keep_days):
+    # pragma: no cover - compiled
+    for r in range(rows.shape[0]):
+        show = np.float64(rows[r, stat0])
+        click = np.float64(rows[r, stat0 + 1])
+        delta = rows[r, stat0 + 2]
+        unseen = max(rows[r, stat0 + 3], 0.0)  # -1: pushed since the last decay (0 days)
+        if (
+            delta > 0
+            and delta >= threshold
+            and unseen <= keep_days
+            and (show - click) * nonclick + click * click_coeff >= base
+        ):
+            rows[r, stat0 + 2] = 0.0
+
+
+def reset_delta_rows(rows: np.ndarray, stat0: int, lifecycle: Lifecycle,
+                     accessor: Accessor) -> None:  # fmt: skip
+    """Zero the delta_score of the rows of ``rows`` that :func:`delta_keep` keeps (rows
+    of deleted ids too: harmless, a reused id's row is written whole)."""
+    _reset_delta(rows, stat0, lifecycle.nonclick_coeff, lifecycle.click_coeff,
+                 lifecycle.base_score, accessor.delta_threshold,
+                 float(accessor.delta_keep_days))  # fmt: skip
 
 
 @njit(nogil=True, cache=True)

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import InputError
 from . import input_checks as checks
-from .lifecycle import decay_slots, shrink_select, shrink_select_rows
+from .lifecycle import decay_slots, reset_delta_rows, shrink_select, shrink_select_rows
 from .storage import TableStorage
 
 __all__ = ["LifecycleOps"]
@@ -59,6 +59,8 @@ class LifecycleOps:
         freed = store.index.erase(keys)
         if store.tier is not None:
             store.tier.forget(freed[freed >= 0])
+        if store.embedx is not None:
+            store.embedx.release(freed)
         store.pending_index.erase(keys)
         return int(np.count_nonzero(freed >= 0))
 
@@ -75,12 +77,15 @@ class LifecycleOps:
         unseen, policy, tier = store.where["unseen"], store.policy, store.tier
         if tier is None:
             dead = shrink_select(store.index, store.rows, store.stat0, unseen, policy)
-            store.index.erase(dead)
+            freed = store.index.erase(dead)
         else:  # the deleted rows leave the disk too: zeroed, their space reused
-            keys, where, disk = tier.scan(store.index, "shrink")
+            keys, _, where, disk = tier.scan(store.index, "shrink")
             dead = shrink_select_rows(keys, where, disk, store.stat0, unseen, policy)
-            tier.forget(store.index.erase(dead))
+            freed = store.index.erase(dead)
+            tier.forget(freed)
             tier.drop_pages()
+        if store.embedx is not None:  # a deleted row's embedx part goes with it
+            store.embedx.release(freed)
         forgotten = shrink_select(store.pending_index, store.pending, 0, 2, policy)
         store.pending_index.erase(forgotten)
         log.info(
@@ -90,9 +95,16 @@ class LifecycleOps:
         return dead
 
     def reset_delta_score(self) -> None:
-        """Zero every row's delta_score (after a delta save)."""
+        """After a delta save: zero the delta_score of the rows a delta save keeps
+        (:func:`~sparseps.table.lifecycle.delta_keep`: Paddle's ``UpdateStatAfterSave``);
+        the others keep theirs for a later delta. With the default accessor that is every
+        row whose delta_score is > 0."""
         store = self.storage
+        config = store.config
         if store.tier is None:
-            store.rows[: store.index.high_water, store.where["delta_score"]] = 0.0
+            rows = store.rows[: store.index.high_water]
+            reset_delta_rows(rows, store.stat0, config.lifecycle, config.accessor)
         else:
-            store.tier.set_column(store.where["delta_score"], 0.0)
+            store.tier.map_rows(
+                lambda rows: reset_delta_rows(rows, store.stat0, config.lifecycle, config.accessor)
+            )

@@ -27,7 +27,7 @@ update brings into cache anyway); the restore costs a scatter only when a push f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from .storage import TableStorage
 
 __all__ = [
+    "EmbedxHalf",
     "PendingStage",
     "PushHooks",
     "PushTransaction",
@@ -52,6 +53,19 @@ __all__ = [
     "scatter_rows",
     "stage_pending",
 ]
+
+
+class EmbedxHalf(Protocol):
+    """The embedx half of a split table's push (:mod:`~sparseps.table.embedx_push`): run
+    in the transaction's phases (after the base rows' counters, before the growth; undone
+    on failure; committed after the new keys are in)."""
+
+    def apply(self, op, base, old_slots, old_ids, old_keys, old_grads, fresh, new_keys,
+              new_grads, *, delta: bool) -> int: ...  # fmt: skip
+
+    def rollback(self) -> None: ...
+
+    def commit(self, op: str, old_ids: np.ndarray, new_ids: np.ndarray) -> None: ...
 
 
 class PushHooks:
@@ -226,9 +240,11 @@ class PushTransaction:
         hooks: test hooks called in the middle of the in-place apply; None in production.
     """
 
-    def __init__(self, storage: TableStorage, hooks: PushHooks | None) -> None:
+    def __init__(self, storage: TableStorage, hooks: PushHooks | None,
+                 embedx: EmbedxHalf | None = None) -> None:  # fmt: skip
         self.storage = storage
         self.hooks = hooks
+        self.embedx = embedx  # a split table's embedx half (table/embedx_push.py)
         # reused scratch rows (see _scratch_rows): the push's backup and its new rows
         width = storage.layout.width
         self._scratch = {"backup": np.empty((0, width), np.float32),
@@ -236,12 +252,15 @@ class PushTransaction:
 
     def apply(self, op, keys, values, name, shows, clicks, *, delta: bool) -> None:
         """Validate, then update the rows of ``keys`` by ``values`` (the rule's step, or
-        geo's add with ``delta``), all or nothing; ``name`` names ``values`` in errors."""
+        geo's add with ``delta``), all or nothing; ``name`` names ``values`` in errors.
+
+        A split table's ``values`` are ``[n, config.dim]``: the base rows take the first
+        ``embed_dim`` columns, the embedx half (:attr:`embedx`) the others."""
         store = self.storage
         dim, config = store.dim, store.config
         keys = checks.check_key_array(op, keys)
         n = keys.shape[0]
-        values = checks.check_matrix(op, name, values, n, dim)
+        values = checks.check_matrix(op, name, values, n, config.dim)
         shows = checks.counts_or_default(op, "shows", shows, n, 1.0)
         clicks = checks.counts_or_default(op, "clicks", clicks, n, 0.0)
         checks.check_finite(op, name, values, keys)
@@ -253,6 +272,10 @@ class PushTransaction:
             check_staged(op, table, merged, uniq, f"merged {name} row")
             merged_counts = np.stack([merged_shows, merged_clicks], axis=1)
             check_staged(op, table, merged_counts, uniq, "merged shows/clicks of a key")
+        xgrads = None
+        if self.embedx is not None:  # the embed columns go to the base rows
+            xgrads = merged[:, dim:]
+            merged = np.ascontiguousarray(merged[:, :dim])
         # -- stage: nothing here changes the table -----------------------------------------
         tier, policy = store.tier, store.policy
         ids = store.index.find(uniq)
@@ -278,20 +301,21 @@ class PushTransaction:
         if new.size:  # the rows this push creates, built and checked aside
             fresh = self._scratch_rows("fresh", new.size)
             local = np.arange(new.size, dtype=np.int64)
-            fill_initial(fresh, local, uniq[new], dim, config.initializer, config.seed)
+            fill_initial(fresh, local, uniq[new], dim, store.initializer, config.seed)
             init_rows(fresh, local, store.state0, prior_show, prior_click, dim,
                       store.stat0, policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
             touch_rows(fresh, local, merged_shows[new], merged_clicks[new], store.stat0,
                        policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
             self._update(fresh, local, np.ascontiguousarray(merged[new]), delta)
             check_staged(op, table, fresh, uniq[new], "row")
-        if missing.size:
-            old = np.flatnonzero(ids >= 0)
+        old = np.flatnonzero(ids >= 0) if missing.size else None
+        if old is not None:
             old_ids, old_keys = ids[old], uniq[old]
             merged = np.ascontiguousarray(merged[old])
             merged_shows, merged_clicks = merged_shows[old], merged_clicks[old]
         else:
             old_ids, old_keys = ids, uniq
+        base_ids = old_ids
         # -- apply to the existing rows in place, restoring them if anything fails ---------
         # (tiered: to their cached copies, promoted here; the same kernels on slots)
         if tier is not None:
@@ -304,13 +328,26 @@ class PushTransaction:
                        policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
             if not self._update(rows, old_ids, merged, delta, op=op):
                 check_rows(op, table, rows, old_ids, old_keys)  # names the rows; raises
+            created = 0
+            if self.embedx is not None:
+                assert xgrads is not None
+                empty = np.empty((0, store.layout.width), np.float32)
+                created = self.embedx.apply(
+                    op, rows, old_ids, base_ids, old_keys,
+                    xgrads if old is None else xgrads[old],
+                    empty if fresh is None else fresh, uniq[new], xgrads[new], delta=delta,
+                )  # fmt: skip
             store.grow(op, new.size, 0 if pending is None else pending.inserts.size,
-                       pending_erases=0 if pending is None else pending.erases.size)  # fmt: skip
+                       pending_erases=0 if pending is None else pending.erases.size,
+                       embedx_rows=created)  # fmt: skip
         except BaseException:
             # re-read: a growth may have moved the matrix (the cache does not grow here)
             scatter_rows(store.rows if tier is None else tier.cache, old_ids, backup)
+            if self.embedx is not None:
+                self.embedx.rollback()
             raise
         # -- commit: allocates nothing --------------------------------------------------
+        new_ids = _NO_ROWS
         if fresh is not None:
             new_ids, _ = store.index.find_or_insert(uniq[new])
             if tier is None:
@@ -318,6 +355,8 @@ class PushTransaction:
             else:  # begin() made room: placing them evicts only rows this push did not touch
                 slots = tier.slots(new_ids, op, load=False, dirty=True)
                 scatter_rows(tier.cache, slots, fresh)
+        if self.embedx is not None:
+            self.embedx.commit(op, base_ids, new_ids)
         if pending is not None:
             self._commit_pending(pending)
 
@@ -330,7 +369,7 @@ class PushTransaction:
         otherwise the caller checks the rows.
         """
         dim, config = self.storage.dim, self.storage.config
-        step = add_rows if delta else config.rule.update
+        step = add_rows if delta else self.storage.rule.update
         if self.hooks is None or not op:
             return step(matrix, rows, grads, dim) is True
         half = rows.shape[0] // 2

@@ -39,13 +39,16 @@ from .columns import (
     OPTIONAL_ROW_COLUMNS,
     PENDING_COLUMNS,
     ROW_COLUMNS,
+    SPLIT_ROW_COLUMNS,
     check_columns,
     gather_columns,
     scatter_row_columns,
     write_stats,
 )
+from .hashmap import KeyIndex
 from .push import scatter_rows
 from .row_import import NOT_FINITE, advise_huge_pages, copy_new_rows
+from .split_transfer import import_split, widen
 from .storage import PENDING_WHERE, TableStorage
 
 __all__ = ["RowTransfer"]
@@ -83,9 +86,12 @@ class RowTransfer:
             keys, ids = store.index.items()
             columns = gather_columns(store.rows, keys, ids, store.where)
         else:  # every row from the disk (flushed), in file order: one sequential read
-            keys, where, disk = store.tier.scan(store.index, "export_rows")
+            keys, ids, where, disk = store.tier.scan(store.index, "export_rows")
             columns = gather_columns(disk, keys, where, store.where)
             store.tier.drop_pages()
+        return widen(store, self._names(columns), ids, "export_rows")
+
+    def _names(self, columns: dict) -> dict[str, np.ndarray]:
         return {name: columns[name] for name in (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)}
 
     def export_row_parts(self, rows_per_part: int) -> Iterator[dict[str, np.ndarray]]:
@@ -102,14 +108,13 @@ class RowTransfer:
             yield self.export_rows()
             return
         step = max(1, int(rows_per_part))
-        names = (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)
         with store.tier.lock:
-            keys, where, disk = store.tier.scan(store.index, "export_rows")
+            keys, ids, where, disk = store.tier.scan(store.index, "export_rows")
             for at in range(0, max(keys.size, 1), step):
                 part = slice(at, at + step)
                 columns = gather_columns(disk, keys[part], where[part], store.where)
                 store.tier.drop_pages()
-                yield {name: columns[name] for name in names}
+                yield widen(store, self._names(columns), ids[part], "export_rows")
 
     def export_keys(self, keys: np.ndarray) -> tuple[dict, dict]:
         """:meth:`export_rows` and :meth:`export_pending` columns of ``keys`` only (uint64,
@@ -117,18 +122,17 @@ class RowTransfer:
         to another server (:mod:`sparseps.server.elastic_ops`)."""
         store = self.storage
         keys = np.ascontiguousarray(keys, np.uint64)
-        names = (*ROW_COLUMNS, *OPTIONAL_ROW_COLUMNS)
         ids = store.index.find(keys)
         keep = ids >= 0
         if store.tier is None:
             columns = gather_columns(store.rows, keys[keep], ids[keep], store.where)
-            rows = {name: columns[name] for name in names}
+            rows = widen(store, self._names(columns), ids[keep], "export_keys")
         elif np.count_nonzero(keep) * _LOCATE_FRACTION <= len(store.index):
             # a few rows (a dirty round of a moving shard): read them where they are
             order, where, disk = store.tier.locate(ids[keep], "export_keys")
             columns = gather_columns(disk, keys[keep][order], where, store.where)
             store.tier.drop_pages()
-            rows = {name: columns[name] for name in names}
+            rows = widen(store, self._names(columns), ids[keep][order], "export_keys")
         else:  # most of the table: one sequential read of the disk copies, then the selection
             every = self.export_rows()
             keep = np.isin(every["key"], keys)
@@ -179,12 +183,18 @@ class RowTransfer:
             ResourceError: out of memory; nothing is imported.
         """
         store = self.storage
-        layout = store.layout
-        bulk = strict and store.tier is None
-        cols = check_columns("import_rows", columns, ROW_COLUMNS, OPTIONAL_ROW_COLUMNS,
+        layout = store.export_layout
+        bulk = strict and store.tier is None and not store.split
+        optional = (*OPTIONAL_ROW_COLUMNS, *(SPLIT_ROW_COLUMNS if store.split else ()))
+        cols = check_columns("import_rows", columns, ROW_COLUMNS, optional,
                              layout.dim, layout.state_dim, values=not bulk)  # fmt: skip
         if select is not None:
             select = _check_select(select, cols["key"].size)
+        if store.split:
+            if select is not None:
+                cols = {name: np.ascontiguousarray(values[select]) for name, values in cols.items()}
+            import_split(store, cols, "import_rows", strict=strict, refuse=self._refuse_present)
+            return
         if bulk:
             self._import_new_rows(cols, select, parallel=parallel)
             return
@@ -225,6 +235,7 @@ class RowTransfer:
         pending = len(store.pending_index) > 0  # a restore imports rows before pending
         store.grow("import_rows", n, 0, pending_erases=n if pending else 0)
         index = store.index
+        assert isinstance(index, KeyIndex), "a split table imports through import_split"
         ids = index.planned_ids(n)
         high_water, free_ids = index.high_water, index.free_ids
         advise_huge_pages(store.rows[high_water : high_water + n])  # the rows past it are new

@@ -50,12 +50,14 @@ from ..core.closing import Closing
 from ..errors import ConfigError, InputError
 from . import input_checks as checks
 from .batch import gather
+from .embedx_push import EmbedxPush
 from .full_rows import FullRows
 from .growth import Allocator
 from .initializers import fill_initial
 from .lifecycle_ops import LifecycleOps
 from .push import PushHooks, PushTransaction
 from .restore import RowTransfer
+from .split_rows import pull_cvm, pull_split
 from .stats import TableStats
 from .storage import TableStorage
 from .tier import PrefetchPlan
@@ -95,8 +97,11 @@ class SparseTable(Closing):
             raise ConfigError(f"SparseTable: expected a TableConfig, got {type(config).__name__}")
         self.config = config
         self._storage = TableStorage(config, allocator=allocator, disk_dir=disk_dir)
-        self.layout = self._storage.layout
-        self._updates = PushTransaction(self._storage, hooks)
+        # the columns the table exchanges (a split table's base rows have their own)
+        self.layout = self._storage.export_layout
+        self._updates = PushTransaction(
+            self._storage, hooks, EmbedxPush(self._storage) if self._storage.split else None
+        )
         self._columns = RowTransfer(self._storage)
         self._full_rows = FullRows(self._storage)
         self._lifecycle = LifecycleOps(self._storage)
@@ -120,7 +125,8 @@ class SparseTable(Closing):
             pending=len(store.pending_index),
             capacity=int(store.rows.shape[0] if tier is None else tier.capacity),
             bytes_used=int(store.nbytes),
-            dim=store.dim,
+            dim=self.config.dim,
+            embedx_rows=rows if store.embedx is None else store.embedx.live,
             memory_rows=in_memory,
             disk_rows=rows - in_memory,
             disk_bytes=0 if tier is None else tier.file_bytes,
@@ -157,27 +163,35 @@ class SparseTable(Closing):
         """Embeddings of ``keys`` (uint64 ``[n]``, any order, repeats allowed).
 
         Args:
-            out: where to write them (a C-contiguous, writable float32 ``[n, dim]``: a
-                server writes a same-host client's reply slot); default a fresh array.
+            out: where to write them (a C-contiguous, writable float32
+                ``[n, pull_dim]``: a server writes a same-host client's reply slot);
+                default a fresh array.
 
         Returns:
-            ``out``, or a fresh float32 ``[n, dim]`` array. Rows not admitted yet are
+            ``out``, or a fresh float32 ``[n, config.pull_dim]`` array (``dim``; with
+            ``accessor.cvm`` each key's show and click first). Rows not admitted yet are
             zeros, except with admission "always", where a never-seen key gets its
-            initial value.
+            initial value. A split table's row without an embedx part reads zeros there
+            (:mod:`~sparseps.table.split_rows`).
 
         Raises:
             InputError: ``keys`` is not a C-contiguous 1-D uint64 array, or ``out`` is
                 not what it must be.
         """
         store = self._storage
-        dim = store.dim
+        width = self.config.pull_dim
         keys = checks.check_key_array("pull", keys)
         if out is not None:
-            checks.check_matrix("pull", "out", out, len(keys), dim)
+            checks.check_matrix("pull", "out", out, len(keys), width)
             if not out.flags.writeable:
                 raise InputError("pull: out must be writable")
         ids = store.index.find(keys)
         tier = store.tier
+        if store.split or self.config.accessor.cvm:
+            if out is None:
+                out = np.empty((len(keys), width), np.float32)
+            return self._pull_whole(keys, ids, out)
+        dim = store.dim
         if tier is None:
             out, missing = gather(store.rows, ids, dim, out)
         else:
@@ -187,6 +201,27 @@ class SparseTable(Closing):
         if missing and store.always:
             where = np.flatnonzero(ids < 0)
             fill_initial(out, where, keys[where], dim, self.config.initializer, self.config.seed)
+        return out
+
+    def _pull_whole(self, keys: np.ndarray, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """A pull of a split table, or with cvm (table/split_rows.py)."""
+        store = self._storage
+        tier, embedx = store.tier, store.embedx
+        if embedx is None:
+            if tier is None:
+                pull_cvm(store, keys, store.rows, ids, out)
+            else:
+                with tier.lock:
+                    pull_cvm(store, keys, tier.cache, tier.gather_slots(ids, "pull"), out)
+            return out
+        xs = embedx.xids_of(ids)
+        if tier is None:
+            pull_split(store, keys, store.rows, ids, embedx.rows, xs, out)
+            return out
+        with tier.lock, embedx.tier.lock:  # type: ignore[union-attr]
+            slots = tier.gather_slots(ids, "pull")
+            xslots = embedx.tier.gather_slots(xs, "pull")  # type: ignore[union-attr]
+            pull_split(store, keys, tier.cache, slots, embedx.tier.cache, xslots, out)  # type: ignore[union-attr]
         return out
 
     def plan_prefetch(self, keys: np.ndarray) -> PrefetchPlan | None:

@@ -26,6 +26,8 @@ class TableStats:
         disk_writes: changed rows written back to disk so far (evictions and flushes).
         prefetched: rows promoted by prefetches so far (counted in ``disk_reads`` too).
         prefetch_stale: rows a prefetch read but dropped because they changed meanwhile.
+        embedx_rows: live rows with an embedx part (every row, unless the table is split:
+            :class:`~sparseps.config.Accessor`).
     """
 
     name: str
@@ -41,3 +43,4 @@ class TableStats:
     disk_writes: int = 0
     prefetched: int = 0
     prefetch_stale: int = 0
+    embedx_rows: int = 0

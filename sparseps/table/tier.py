@@ -111,6 +111,7 @@ class RowTier(Closing):
     ) -> None:
         self.table = table
         self.width = width
+        self.folder = folder
         self.memory_rows = int(memory_rows)
         self.lock = threading.RLock()
         # segments scale with the budget: a tiny table (tests) compacts tiny segments
@@ -375,15 +376,15 @@ class RowTier(Closing):
         slots = np.flatnonzero(self._id_of >= 0)
         return slots, self._id_of[slots]
 
-    def scan(self, index, op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(keys, file rows, storage)``: every live row of ``index`` with where its disk
-        copy is, in file order, and the matrix holding them (the file's map, flushed;
+    def scan(self, index, op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(keys, ids, file rows, storage)``: every live row of ``index`` with where its
+        disk copy is, in file order, and the matrix holding them (the file's map, flushed;
         call :meth:`drop_pages` after reading)."""
         keys, ids = index.items()
         self.flush(op)
         where = self.disk.disk_of[ids]
         order = np.argsort(where, kind="stable")
-        return keys[order], where[order], self.disk.array
+        return keys[order], ids[order], where[order], self.disk.array
 
     def locate(self, ids: np.ndarray, op: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(order, file rows, storage)`` of rows ``ids``: their disk copies, flushed, to
@@ -410,14 +411,18 @@ class RowTier(Closing):
                         unseen_col, rate)  # fmt: skip
             self.drop_pages()
 
-    def set_column(self, column: int, value: float) -> None:
-        """Column ``column`` of every row (both copies) becomes ``value``."""
+    def map_rows(self, change) -> None:
+        """``change(rows)`` changes float32 rows in place, each by its own values: run it
+        on every row's copies (the disk copies, in file order, and the cached ones; a
+        superseded disk copy changes harmlessly, it is never read again)."""
         with self.lock:
             self._content_gen += 1
             self.disk.sync("reset_delta_score")
-            self.disk.array[:, column] = value
+            change(self.disk.array)
             slots, _ = self.cached()
-            self.cache[slots, column] = value
+            rows = self.cache[slots]
+            change(rows)
+            self.cache[slots] = rows
             self.drop_pages()
 
     def forget(self, ids: np.ndarray) -> None:
@@ -443,15 +448,19 @@ class RowTier(Closing):
 
 
 def tier_for(
-    config: TableConfig, width: int, disk_dir: str | None, allocator: Allocator | None
-) -> RowTier | None:
+    config: TableConfig, width: int, disk_dir: str | None, allocator: Allocator | None,
+    *, suffix: str = "", budget_bytes: int | None = None,
+) -> RowTier | None:  # fmt: skip
     """The tier of a table with a memory budget (``memory_rows`` or ``memory_bytes``),
-    None for an in-memory table.
+    None for an in-memory table. ``suffix`` names a second tier of the table (a split
+    table's embedx parts: ``TABLE.embedx`` files); ``budget_bytes``: the bytes of a row
+    ``memory_bytes`` is counted in (default the row's own; a split table counts a base
+    row and an embedx part, so its two tiers hold as many rows each).
 
     Raises:
         ConfigError: there is a budget but no disk dir (or it does not exist).
     """
-    rows = config.budget_rows(4 * width)
+    rows = config.budget_rows(4 * width if budget_bytes is None else budget_bytes)
     if rows is None:
         return None
     if disk_dir is None:
@@ -465,4 +474,5 @@ def tier_for(
             "in: start the servers with --disk-dir DIR (or SPARSEPS_DISK_DIR), or leave "
             "memory_rows and memory_bytes unset to keep every row in memory"
         )
-    return RowTier(config.name, width, rows, disk_dir, allocator)
+    name = f"{config.name}.{suffix}" if suffix else config.name
+    return RowTier(name, width, rows, disk_dir, allocator)

@@ -116,7 +116,17 @@ def ref_ftrl(rule, w, state, g):
     return _fit(_clip(w, rule.clip)), np.concatenate([z, n_new], axis=1)
 
 
+def ref_sparse_adagrad(rule, w, state, g):
+    full = g + rule.l2 * w
+    g2sum = np.maximum(state[:, 0], 0.0)  # the step uses the accumulator before it
+    step = rule.lr * np.sqrt(rule.initial_g2sum / (rule.initial_g2sum + g2sum))
+    w = w - step[:, None] * full
+    g2sum = g2sum + (full * full).sum(axis=1) / w.shape[1]
+    return _fit(_clip(w, rule.clip)), _fit(g2sum)[:, None]
+
+
 REFERENCES = {
+    "sparse_adagrad": ref_sparse_adagrad,
     "sgd": ref_sgd,
     "adagrad": ref_adagrad,
     "rowwise_adagrad": ref_rowwise,
@@ -143,6 +153,9 @@ RULES = {
         initial_accumulator=st.sampled_from([0.0, 0.1, F32_MAX]),
     ),  # fmt: skip
     "rowwise_adagrad": st.builds(optim.RowwiseAdagrad, lr=scale, eps=scale, l2=nonneg, clip=clips),
+    "sparse_adagrad": st.builds(
+        optim.SparseAdagrad, lr=scale, initial_g2sum=scale, l2=nonneg, clip=clips
+    ),
     "adam": st.builds(
         optim.Adam, lr=scale, beta1=beta, beta2=beta, eps=scale, l2=nonneg, clip=clips
     ),
@@ -270,6 +283,7 @@ def test_long_runs_of_tiny_or_huge_gradients(name):
     rules = {
         "sgd": optim.SGD(lr=1.0), "adagrad": optim.Adagrad(), "rowwise_adagrad":
         optim.RowwiseAdagrad(), "adam": optim.Adam(), "ftrl": optim.FTRL(alpha=0.1, beta=0.0),
+        "sparse_adagrad": optim.SparseAdagrad(clip=None),
     }  # fmt: skip
     rule = rules[name]
     for value in RUN_VALUES:
