@@ -64,6 +64,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disk-dir", help="the servers' folder for rows beyond --memory-rows (default OUT/disk)"
     )
+    parser.add_argument(
+        "--cvm", action="store_true",
+        help="give the model each slot's pooled show/click features (Paddle's cvm op)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--embedx-threshold", type=float, default=None,
+        help="CTR accessor: store a feature's embedx part once its show/click score reaches "
+        "this (docs/table.md, 'Accessor'); default: every row whole from its first push",
+    )  # fmt: skip
     progress.add_argument(parser)
 
 
@@ -236,6 +245,12 @@ def run(args: argparse.Namespace) -> int:
         "--mode", "gpups" if args.gpups else args.mode, "--device", args.device,
         "--checkpoint", str(out / "checkpoint"), "--inference-model", str(out / "inference_model"),
     ]  # fmt: skip
+    if args.cvm:
+        command.append("--cvm")
+    if args.embedx_threshold is not None:
+        if args.embedx_threshold < 0:
+            raise SparsePSError(f"--embedx-threshold must be >= 0, got {args.embedx_threshold}")
+        command += ["--embedx-threshold", repr(args.embedx_threshold)]
     env = dict(os.environ)
     if args.memory_rows < 0:
         raise SparsePSError(f"--memory-rows must be >= 0, got {args.memory_rows}")

@@ -174,7 +174,7 @@ def example_inputs(model, batch_size: int = 2) -> tuple[torch.Tensor, ...]:
                 f"slots={e.slots!r}, pooling={e.pooling!r}, so its shape depends on the data; "
                 "give it slots= and a pooling, or give the head an example_inputs(batch_size) method"
             )
-        pooled.append(torch.zeros(batch_size, len(e.slots), e.dim))
+        pooled.append(torch.zeros(batch_size, len(e.slots), e.output_dim))
     width = _dense_width(head, pooled)
     return (torch.zeros(batch_size, width), *pooled)
 
@@ -309,6 +309,7 @@ def _write_save(trainer, folder: Path, mode: str, sequence: int, hooks: SaveHook
             "dim": e.dim,
             "slots": list(e.slots) if e.slots is not None else None,
             "pooling": e.pooling,
+            "cvm": e.cvm,  # the slots' show/click features (the table config has the rest)
         }
         for e in trainer.model.embeddings
     ]

@@ -36,11 +36,11 @@ import torch
 
 from ..config import TableConfig
 from ..core.lookup import SlotLookup, build_lookup
-from ..core.pooling import pool_bags
+from ..core.pooling import pool_bags, slot_outputs
 from ..errors import CheckpointError
 from ..files import manifest as mf
 from ..files import shards
-from ..table.initializers import initial_values
+from ..table.split_rows import missing_rows
 from . import inference
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class EmbeddingTable:
         return cls(
             config,
             _frozen(np.empty(0, np.uint64)),
-            _frozen(np.zeros((0, config.dim), np.float32)),
+            _frozen(np.zeros((0, config.pull_dim), np.float32)),
         )
 
     def upsert(self, keys: np.ndarray, rows: np.ndarray) -> EmbeddingTable:
@@ -101,14 +101,11 @@ class EmbeddingTable:
         position = np.searchsorted(self.keys, keys)
         position = np.minimum(position, max(self.keys.size - 1, 0))
         found = self.keys[position] == keys if self.keys.size else np.zeros(keys.size, bool)
-        out = np.zeros((keys.size, self.config.dim), np.float32)
+        out = np.zeros((keys.size, self.config.pull_dim), np.float32)
         out[found] = self.rows[position[found]]
         missing = ~found
-        if missing.any() and self.config.lifecycle.admission == "always":
-            config = self.config
-            out[missing] = initial_values(
-                keys[missing], config.dim, config.initializer, config.seed
-            )
+        if missing.any():  # what a pull of a key that is not a row gives in training
+            out[missing] = missing_rows(self.config, keys[missing])
         return out
 
     @property
@@ -144,7 +141,7 @@ def _applied(
                 if meta.get("kind") == "tombstones":
                     table = table.delete(columns["key"])
                 else:
-                    rows = columns["embedding"].reshape(-1, config.dim)
+                    rows = columns["embedding"].reshape(-1, config.pull_dim)
                     table = table.upsert(columns["key"], rows)
             result[name] = table
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -265,7 +262,9 @@ class Predictor:
             lookup = lookups.get(slots) or lookups.setdefault(slots, build_lookup(batch, slots))
             rows = torch.from_numpy(self.tables[spec["table"]].lookup(lookup.keys))
             bags = pool_bags(rows, lookup, spec["pooling"] or "sum")
-            pooled.append(bags.view(len(slots), len(batch), spec["dim"]).transpose(0, 1))
+            config = self.tables[spec["table"]].config
+            pooled.append(slot_outputs(bags, len(slots), config.accessor,
+                                       cvm=bool(spec.get("cvm")), slots=slots))  # fmt: skip
         dense = torch.from_numpy(np.ascontiguousarray(batch.dense, np.float32))
         with torch.no_grad():
             logits = self.head(dense, *pooled).reshape(-1)

@@ -19,7 +19,7 @@ import torch
 
 from .lookup import SlotLookup
 
-__all__ = ["pool_bags"]
+__all__ = ["pool_bags", "slot_outputs"]
 
 _MODES = ("sum", "mean")
 
@@ -53,3 +53,37 @@ def pool_bags(rows: torch.Tensor, lookup: SlotLookup, mode: str) -> torch.Tensor
         divisor = torch.from_numpy(np.maximum(sizes, 1).astype(np.float32)).to(rows.device)
         pooled = pooled / divisor.unsqueeze(1)
     return pooled
+
+
+def slot_outputs(pooled: torch.Tensor, num_slots: int, accessor, *, cvm: bool,
+                 slots: tuple[str, ...]) -> torch.Tensor:  # fmt: skip
+    """``[B, S, width]`` of a table's pooled rows ``[S * B, pull_dim]`` (slot-major), as
+    a :class:`~sparseps.nn.SparseEmbedding` gives them to the model (its trainer's and a
+    predictor's one rule).
+
+    A table whose ``accessor.cvm`` is set pulls ``[show, click, embedding]``: with ``cvm``
+    the output is Paddle's cvm op on the pooled counts, ``log(show + 1)`` and
+    ``log(click + 1) - log(show + 1)`` (inputs: no gradient flows to them), then the
+    embedding; without it the embedding alone. Slots listed in ``accessor.slot_dims``
+    (Paddle's CtrDymfAccessor mf_dim) read their embedx columns past that width as zero
+    (so they train as zero too).
+    """
+    if accessor.cvm:
+        if cvm:
+            counts = pooled[:, :2].detach().clamp_min(0.0)
+            log_show = torch.log1p(counts[:, :1])
+            features = torch.log1p(counts[:, 1:]) - log_show
+            pooled = torch.cat([log_show, features, pooled[:, 2:]], 1)
+        else:
+            pooled = pooled[:, 2:]
+    width = pooled.shape[1]
+    out = pooled.view(num_slots, -1, width).transpose(0, 1)
+    widths = dict(accessor.slot_dims)
+    if widths:
+        mask = torch.ones((num_slots, width), dtype=out.dtype, device=out.device)
+        first = 2 * bool(cvm and accessor.cvm) + accessor.embed_dim
+        for s, name in enumerate(slots):  # one entry per slot, not per id
+            if name in widths:
+                mask[s, first + widths[name] :] = 0.0
+        out = out * mask
+    return out

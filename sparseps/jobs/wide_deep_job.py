@@ -89,6 +89,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="rows of each table a server keeps in memory, the rest in its disk dir "
         "(SPARSEPS_DISK_DIR / --disk-dir of sparseps demo); 0: every row in memory",
     )  # fmt: skip
+    p.add_argument("--cvm", action="store_true", help="slots' show/click features (cvm op)")
+    p.add_argument(
+        "--embedx-threshold", type=float, default=None,
+        help="one CTR-accessor table: a feature's embedx part is stored once its show/click "
+        "score reaches this (docs/table.md, 'Accessor'); default: today's two tables",
+    )  # fmt: skip
+    p.add_argument("--embedx-dtype", default="float32", choices=["float32", "float16"])
     p.add_argument("--threads", type=int, default=1, help="reader threads per worker")
     p.add_argument("--no-prefetch", action="store_true", help="turn off pull/compute overlap")
     p.add_argument("--print-period", type=int, default=200)
@@ -142,6 +149,9 @@ def main(argv=None) -> int:
         wide_rule=parse_rule(args.wide_rule) if args.wide_rule else None,
         lifecycle=lifecycle,
         memory_rows=args.memory_rows or None,
+        cvm=args.cvm,
+        embedx_threshold=args.embedx_threshold,
+        embedx_dtype=args.embedx_dtype,
     )
     # the Trainer first: in a heter worker it serves the dense network from here on (the
     # dense values come from the servers' table, which worker 0 creates after the prior)
@@ -197,6 +207,7 @@ def main(argv=None) -> int:
         "worker0_timings": result.timings,
         "workers": sps.worker_num(),
         "table_rows": _table_rows(stats, trainer.tables),
+        "table_bytes": _table_bytes(stats, trainer.tables),
         **_tier_figures(stats),
         **gpups,
     }
@@ -249,6 +260,19 @@ def _tier_figures(stats: dict) -> dict:
             (int(s.get("peak_rss_bytes", 0)) for s in stats["servers"]), default=0
         ),
     }
+
+
+def _table_bytes(stats: dict, tables) -> dict:
+    """Per table, summed over servers (each shard once: its primary's figures): live
+    ``rows``, ``embedx_rows`` (rows with an embedx part) and ``bytes`` of server memory."""
+    out = {name: {"rows": 0, "embedx_rows": 0, "bytes": 0} for name in tables}
+    for server in stats["servers"]:
+        for name, table in server.get("tables", {}).items():
+            if name in out:
+                out[name]["rows"] += int(table.get("rows", 0))
+                out[name]["embedx_rows"] += int(table.get("embedx_rows", table.get("rows", 0)))
+                out[name]["bytes"] += int(table.get("bytes_used", 0))
+    return out
 
 
 def _table_rows(stats: dict, tables) -> dict:

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from torch import nn
 
 from .. import optim
-from ..config import Initializer, Lifecycle
+from ..config import Accessor, Initializer, Lifecycle
 from ..worker.nn import SparseEmbedding
 
-__all__ = ["mlp", "set_output_bias", "slot_embedding"]
+__all__ = ["CvmNorm", "ctr_accessor", "mlp", "set_output_bias", "slot_embedding"]
 
 
 def mlp(in_features: int, hidden: Sequence[int], out_features: int = 1) -> nn.Sequential:
@@ -24,6 +24,26 @@ def mlp(in_features: int, hidden: Sequence[int], out_features: int = 1) -> nn.Se
     return nn.Sequential(*layers)
 
 
+class CvmNorm(nn.Module):
+    """``[B, S, w] -> [B, S * w]``: the slots' embeddings flattened for an MLP, their cvm
+    features (the first two columns of each slot, when ``cvm``) normalised by running
+    batch statistics (Paddle's models put a ``data_norm`` after the cvm op: log(show + 1)
+    reaches ~15 where embedding weights are ~0.01, and an MLP fed the raw values trains
+    badly). Without ``cvm`` it only flattens."""
+
+    def __init__(self, num_slots: int, cvm: bool) -> None:
+        super().__init__()
+        self.cvm = cvm
+        self.norm = nn.BatchNorm1d(2 * num_slots, affine=False) if cvm else None
+
+    def forward(self, emb):
+        if self.norm is None:
+            return emb.flatten(1)
+        import torch
+
+        return torch.cat([self.norm(emb[:, :, :2].flatten(1)), emb[:, :, 2:].flatten(1)], 1)
+
+
 def slot_embedding(
     table: str,
     dim: int,
@@ -33,10 +53,13 @@ def slot_embedding(
     zeros: bool = False,
     lifecycle: Lifecycle | None = None,
     memory_rows: int | None = None,
+    cvm: bool = False,
+    accessor: Accessor | None = None,
 ) -> SparseEmbedding:
     """The built-in models' sum-pooled embedding of every slot: Adam(0.01) unless ``rule``
     is given; rows start uniform in [-0.05, 0.05], or at zero (``zeros``, for linear parts);
-    ``memory_rows``: the table's memory budget per server (None: all rows in memory)."""
+    ``memory_rows``: the table's memory budget per server (None: all rows in memory);
+    ``cvm``/``accessor``: see :class:`~sparseps.nn.SparseEmbedding`."""
     return SparseEmbedding(
         table,
         dim,
@@ -45,7 +68,19 @@ def slot_embedding(
         initializer=Initializer.zeros() if zeros else Initializer.uniform(-0.05, 0.05),
         lifecycle=lifecycle,
         memory_rows=memory_rows,
+        cvm=cvm,
+        accessor=accessor,
     )
+
+
+def ctr_accessor(embedx_threshold: float | None, embedx_dtype: str, embed_rule) -> Accessor | None:
+    """The built-in models' CTR accessor (Paddle's): an embed part (``embed_rule``,
+    starting at zero: the linear weight of a feature) and an embedx part stored once a
+    feature's show/click score reaches ``embedx_threshold``; None without a threshold."""
+    if embedx_threshold is None:
+        return None
+    return Accessor(embed_dim=1, embed_rule=embed_rule, embedx_threshold=embedx_threshold,
+                    embedx_dtype=embedx_dtype)  # type: ignore[arg-type]  # fmt: skip
 
 
 def set_output_bias(model: nn.Module, click_rate: float) -> float:

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..optim import Rule
 from ..worker.nn import SparseModel
-from ._blocks import mlp, slot_embedding
+from ._blocks import CvmNorm, ctr_accessor, mlp, slot_embedding
 
 __all__ = ["DeepFM", "DeepFMHead"]
 
@@ -20,21 +20,27 @@ class DeepFMHead(nn.Module):
     The FM term is ``0.5 * sum_k((sum_i v_ik)^2 - sum_i v_ik^2)`` over the slot embeddings.
     """
 
-    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int]) -> None:
+    def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int],
+                 fm_from: int = 0) -> None:  # fmt: skip
         super().__init__()
+        self.fm_from = fm_from  # the FM term skips the cvm features
+        self.flat = CvmNorm(num_slots, fm_from == 2)
         self.dnn = mlp(num_slots * emb_dim + num_dense, hidden)
         self.dense_linear = nn.Linear(num_dense, 1)
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        square_of_sum = emb.sum(dim=1).pow(2)
-        sum_of_square = emb.pow(2).sum(dim=1)
+        factors = emb[:, :, self.fm_from :]
+        square_of_sum = factors.sum(dim=1).pow(2)
+        sum_of_square = factors.pow(2).sum(dim=1)
         fm = 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)
-        deep = self.dnn(torch.cat([emb.flatten(1), dense], dim=1))
+        deep = self.dnn(torch.cat([self.flat(emb), dense], dim=1))
         return first.sum(dim=1) + self.dense_linear(dense) + fm + deep
 
 
 class DeepFM(SparseModel):
-    """DeepFM over ``slots``: a dim-1 first-order table and a dim-``d`` FM/DNN table."""
+    """DeepFM over ``slots``: a dim-1 first-order table and a dim-``d`` FM/DNN table
+    (``cvm``: its pooled show/click features go to the DNN; ``embedx_threshold``: the FM
+    table is a CTR-accessor table, see :class:`~sparseps.models.DNN`)."""
 
     def __init__(
         self,
@@ -47,13 +53,16 @@ class DeepFM(SparseModel):
         first_rule: Rule | None = None,
         table: str = "fm_emb",
         first_table: str = "fm_first",
+        cvm: bool = False,
+        embedx_threshold: float | None = None,
+        embedx_dtype: str = "float32",
     ) -> None:
         super().__init__()
         slots = tuple(slots)
+        accessor = ctr_accessor(embedx_threshold, embedx_dtype, rule)
+        dim = emb_dim + (accessor is not None)
+        emb = slot_embedding(table, dim, slots, rule, cvm=cvm, accessor=accessor)
         self.embeddings = nn.ModuleList(
-            [
-                slot_embedding(table, emb_dim, slots, rule),
-                slot_embedding(first_table, 1, slots, first_rule, zeros=True),
-            ]
+            [emb, slot_embedding(first_table, 1, slots, first_rule, zeros=True)]
         )
-        self.head = DeepFMHead(len(slots), num_dense, emb_dim, hidden)
+        self.head = DeepFMHead(len(slots), num_dense, emb.output_dim, hidden, fm_from=2 * cvm)

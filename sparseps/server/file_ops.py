@@ -185,10 +185,14 @@ class ShardFiles:
 
     def save_inference(self, request: Request) -> Answer:
         """Write this shard's embeddings for serving: ``base`` = rows whose score reaches the
-        lifecycle's base_score, ``delta`` = rows changed since the previous inference save
-        (delta_score > 0). The delta scores restart from zero only on ``commit_inference``,
-        once the save is in place: a save that never lands leaves them to the next delta."""
-        from ..table.lifecycle import score
+        lifecycle's base_score (Paddle's base_threshold), ``delta`` = rows changed since the
+        previous inference save by at least the accessor's delta_threshold and seen within
+        its delta_keep_days (:func:`~sparseps.table.lifecycle.delta_keep`). The delta scores
+        of the saved rows restart from zero only on ``commit_inference``, once the save is
+        in place: a save that never lands leaves them to the next delta. A table whose
+        pull carries show and click (``accessor.cvm``) saves them in front of the
+        embedding, as a pull gives them."""
+        from ..table.lifecycle import base_keep, delta_keep
 
         mode = request.args["mode"]
         if mode not in ("base", "delta"):
@@ -202,12 +206,16 @@ class ShardFiles:
             self.elastic.refuse_during_move(request)
             for rows in map(self.ownership.owned_columns, table.export_row_parts(part_rows)):
                 if mode == "base":
-                    lifecycle = config.lifecycle
-                    keep = score(rows["show"], rows["click"], lifecycle) >= lifecycle.base_score
+                    keep = base_keep(rows["show"], rows["click"], config.lifecycle)
                 else:
-                    keep = rows["delta_score"] > 0
+                    keep = delta_keep(rows["show"], rows["click"], rows["delta_score"],
+                                      rows["unseen_days"], config.lifecycle, config.accessor)  # fmt: skip
                 kept_keys.append(rows["key"][keep])
-                kept_embeddings.append(rows["embedding"][keep])
+                embedding = rows["embedding"][keep]
+                if config.accessor.cvm:
+                    counts = np.stack([rows["show"][keep], rows["click"][keep]], axis=1)
+                    embedding = np.concatenate([counts, embedding], axis=1)
+                kept_embeddings.append(embedding)
         keys = np.concatenate(kept_keys)
         order = np.argsort(keys, kind="stable")
         columns = {

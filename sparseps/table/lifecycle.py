@@ -31,6 +31,7 @@ from .hashmap_kernels import FULL
 
 __all__ = [
     "admit",
+    "base_keep",
     "decay_slots",
     "delta_keep",
     "reset_delta_rows",

@@ -32,7 +32,44 @@ from ..core.jit import njit
 from ..optim.half import floats_to_halves, half_to_float
 from .initializers import fill_initial
 
-__all__ = ["embedx_columns", "pull_cvm", "pull_split", "stage_embedx"]
+__all__ = [
+    "embedx_columns",
+    "fill_missing",
+    "missing_rows",
+    "pull_cvm",
+    "pull_split",
+    "stage_embedx",
+]
+
+
+def fill_missing(config, out: np.ndarray, where: np.ndarray, keys: np.ndarray) -> None:
+    """Rows ``where`` of a pull's ``out`` (zeros) for keys that are not rows: with
+    admission "always" what their first push creates (see the module docstring).
+
+    Args:
+        keys: the keys of those rows (``keys[i]`` for ``out[where[i]]``).
+    """
+    from ..config import Admission
+
+    if config.lifecycle.admission is not Admission.ALWAYS or where.size == 0:
+        return
+    accessor = config.accessor
+    off, edim = 2 * accessor.cvm, accessor.embed_dim
+    if not accessor.split:
+        fill_initial(out, where, keys, config.dim, config.initializer, config.seed, column=off)
+        return
+    fill_initial(out, where, keys, edim, accessor.embed_initializer, config.seed, column=off)
+    if accessor.embedx_threshold == 0:
+        fill_initial(out, where, keys, config.embedx_dim, config.initializer, config.seed,
+                     column=off + edim, element=edim)  # fmt: skip
+
+
+def missing_rows(config, keys: np.ndarray) -> np.ndarray:
+    """float32 ``[n, config.pull_dim]``: what a table's pull gives keys that are not rows
+    (a predictor's fallback for keys an inference model does not hold)."""
+    out = np.zeros((keys.shape[0], config.pull_dim), np.float32)
+    fill_missing(config, out, np.arange(keys.shape[0], dtype=np.int64), keys)
+    return out
 
 
 @njit(nogil=True, cache=True)
@@ -75,12 +112,9 @@ def pull_split(storage, keys, base, bslots, xmat, xslots, out) -> None:
     halves = xmat.view(np.uint16) if layout.half else np.empty((0, 0), np.uint16)
     missing = _pull_split(base, bslots, xmat, halves, xslots, edim, layout.dim,
                           layout.weight_column, layout.half, storage.stat0, off, out)  # fmt: skip
-    if missing and storage.always:
+    if missing:
         where = np.flatnonzero(bslots < 0)
-        fill_initial(out, where, keys[where], edim, storage.initializer, config.seed, column=off)
-        if config.accessor.embedx_threshold == 0:
-            fill_initial(out, where, keys[where], layout.dim, config.initializer, config.seed,
-                         column=off + edim, element=edim)  # fmt: skip
+        fill_missing(config, out, where, keys[where])
 
 
 @njit(nogil=True, cache=True)
@@ -103,11 +137,9 @@ def _pull_cvm(storage, ids, dim, stat0, out):  # pragma: no cover - compiled
 def pull_cvm(storage, keys, rows, ids, out) -> None:
     """A full table's pull with ``cvm``: ``out[i] = [show, click, embedding...]``."""
     missing = _pull_cvm(rows, ids, storage.dim, storage.stat0, out)
-    if missing and storage.always:
+    if missing:
         where = np.flatnonzero(ids < 0)
-        config = storage.config
-        fill_initial(out, where, keys[where], storage.dim, config.initializer, config.seed,
-                     column=2)  # fmt: skip
+        fill_missing(storage.config, out, where, keys[where])
 
 
 def embedx_columns(storage, xmat, xslots) -> tuple[np.ndarray, np.ndarray]:

@@ -79,8 +79,12 @@ class TableBinder:
         out = []
         for table, lookup in lookups.items():
             grad = leaves[table].grad
-            dim = self.tables[table].dim
-            grad = np.zeros((lookup.keys.size, dim), np.float32) if grad is None else grad.numpy()
+            config = self.tables[table]
+            dim = config.dim
+            if grad is None:
+                grad = np.zeros((lookup.keys.size, dim), np.float32)
+            else:  # a table that pulls show/click (cvm) pushes only its embedding's gradient
+                grad = grad.numpy()[:, config.pull_dim - dim :]
             out.append(
                 (table, lookup.keys, np.ascontiguousarray(grad, np.float32), lookup.shows,
                  lookup.clicks)

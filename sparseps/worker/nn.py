@@ -10,20 +10,29 @@ is exactly the merged per-key gradient to push.
 
 A :class:`SparseModel` splits a model into its sparse embeddings and a dense ``head``
 taking ``(dense, *pooled)``; the head alone is what an inference model exports.
+
+CVM (Paddle's ``continuous_value_model`` op): a table whose ``accessor.cvm`` is set pulls
+each key's show and click in front of its embedding (``[U, 2 + dim]``, one request). A
+module with ``cvm=True`` pools them with the embedding and gives the model, per slot,
+``log(show + 1)`` and ``log(click + 1) - log(show + 1)`` of the pooled counts in front of
+the pooled embedding (``output_dim = dim + 2``); the counts are inputs, not weights (no
+gradient flows to them). A module with ``cvm=False`` over such a table drops them
+(Paddle's ``use_cvm=False``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..config import Initializer, Lifecycle, TableConfig
+from ..config import Accessor, Initializer, Lifecycle, TableConfig
 from ..core.lookup import SlotLookup
-from ..core.pooling import pool_bags
+from ..core.pooling import pool_bags, slot_outputs
 from ..errors import ConfigError, InputError
 
 if TYPE_CHECKING:
@@ -53,6 +62,10 @@ class SparseEmbedding(nn.Module):
         seed: table seed for the initial values.
         memory_rows: rows each server keeps in memory, the rest on its disk (the servers
             need a disk dir); None: every row in memory (see TableConfig).
+        cvm: give the model each slot's pooled show/click features in front of its
+            embedding (see the module docstring); the table then pulls the counts.
+        accessor: the table's :class:`~sparseps.config.Accessor` (Paddle's CTR accessor:
+            embed/embedx parts, ``embedx_threshold``, save thresholds, per-slot dims).
     """
 
     def __init__(
@@ -67,6 +80,8 @@ class SparseEmbedding(nn.Module):
         lifecycle: Lifecycle | None = None,
         seed: int = 0,
         memory_rows: int | None = None,
+        cvm: bool = False,
+        accessor: Accessor | None = None,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -82,7 +97,12 @@ class SparseEmbedding(nn.Module):
             kwargs["lifecycle"] = lifecycle
         if memory_rows is not None:
             kwargs["memory_rows"] = memory_rows
+        accessor = accessor or Accessor()
+        if cvm and not accessor.cvm:
+            accessor = replace(accessor, cvm=True)
+        kwargs["accessor"] = accessor
         self.config = TableConfig(**kwargs)
+        self.cvm = bool(cvm)
         self.slots = tuple(slots) if slots is not None else None
         self.pooling = pooling
         self._lookup: SlotLookup | None = None
@@ -97,16 +117,22 @@ class SparseEmbedding(nn.Module):
     def dim(self) -> int:
         return self.config.dim
 
+    @property
+    def output_dim(self) -> int:
+        """Columns per slot of ``forward``'s output: ``dim``, plus 2 with ``cvm``."""
+        return self.config.dim + 2 * self.cvm
+
     def slot_names(self, batch: Batch) -> tuple[str, ...]:
         return self.slots if self.slots is not None else tuple(batch.slots)
 
     def bind(self, lookup: SlotLookup, rows: np.ndarray | torch.Tensor, *, grad: bool) -> None:
         """Attach the pulled rows of ``lookup.keys`` for the next forward pass."""
         tensor = torch.from_numpy(rows) if isinstance(rows, np.ndarray) else rows
-        if tensor.shape != (lookup.keys.size, self.dim):
+        width = self.config.pull_dim
+        if tensor.shape != (lookup.keys.size, width):
             raise InputError(
                 f"table {self.table!r}: bound rows have shape {tuple(tensor.shape)}, "
-                f"expected ({lookup.keys.size}, {self.dim})"
+                f"expected ({lookup.keys.size}, {width})"
             )
         self._lookup = lookup
         self._rows = tensor.requires_grad_(grad)
@@ -141,13 +167,15 @@ class SparseEmbedding(nn.Module):
                 f"SparseEmbedding {self.table!r} has no rows bound: run the model through "
                 "sparseps.Trainer or sparseps.Predictor, which pull the rows of each batch"
             )
-        if self.pooling is None:
+        if self.pooling is None:  # the rows as pulled (with the table's counts, if any)
             return rows[torch.from_numpy(lookup.index)], torch.from_numpy(lookup.bag_offsets)
         pooled = pool_bags(rows, lookup, self.pooling)
-        return pooled.view(lookup.num_slots, lookup.batch_size, self.dim).transpose(0, 1)
+        return slot_outputs(pooled, lookup.num_slots, self.config.accessor, cvm=self.cvm,
+                            slots=lookup.slots)  # fmt: skip
 
     def extra_repr(self) -> str:
-        return f"table={self.table!r}, dim={self.dim}, pooling={self.pooling!r}"
+        cvm = ", cvm=True" if self.cvm else ""
+        return f"table={self.table!r}, dim={self.dim}, pooling={self.pooling!r}{cvm}"
 
 
 def dense_tensor(batch: Batch) -> torch.Tensor:
