@@ -182,6 +182,15 @@ class TableConfig:
         return self.dim + 2 * self.accessor.cvm
 
     @property
+    def full_width(self) -> int:
+        """Columns of a whole row (GPUPS' pull_full/write_rows): ``dim`` then the optimizer
+        state (a split table's embed state, then its embedx state)."""
+        if not self.accessor.split:
+            return self.dim + self.rule.state_dim(self.dim)
+        embed = self.accessor.embed_rule_or(self.rule).state_dim(self.accessor.embed_dim)
+        return self.dim + embed + self.rule.state_dim(self.embedx_dim)
+
+    @property
     def embedx_dim(self) -> int:
         """Width of the embedx part: ``dim - accessor.embed_dim``."""
         return self.dim - self.accessor.embed_dim

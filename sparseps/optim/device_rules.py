@@ -27,7 +27,7 @@ from ..errors import ConfigError
 from .base import Rule
 from .numerics import F32_MAX
 
-__all__ = ["DEVICE_RULES", "apply_rule", "check_device_rule"]
+__all__ = ["DEVICE_RULES", "apply_rule", "apply_table_rules", "check_device_rule"]
 
 _FLUSH = 2.0**-63  # FTRL's flush-to-zero threshold (sparseps.optim.ftrl.FLUSH)
 
@@ -94,7 +94,17 @@ def _ftrl(rule, w, state, g, dim):
 
 
 #: rule name -> ``kernel(rule, w64, state, g64, dim) -> (weights f32, state f32)``
+def _sparse_adagrad(rule, w, state, g, dim):
+    g = g + rule.l2 * w
+    g2sum = state[:, :1].to(torch.float64).clamp_min(0.0)  # the accumulator before the step
+    step = rule.lr * (rule.initial_g2sum / (rule.initial_g2sum + g2sum)).sqrt()
+    w = w - step * g
+    g2sum = g2sum + (g * g).sum(dim=1, keepdim=True) / dim
+    return _settle(rule, w), _fit32(g2sum).to(torch.float32)
+
+
 DEVICE_RULES = {
+    "sparse_adagrad": _sparse_adagrad,
     "sgd": _sgd,
     "adagrad": _adagrad,
     "rowwise_adagrad": _rowwise_adagrad,
@@ -134,3 +144,25 @@ def apply_rule(
     weights.index_copy_(0, rows, new_w)
     if state.shape[1]:
         state.index_copy_(0, rows, new_state)
+
+
+def apply_table_rules(config, weights: torch.Tensor, state: torch.Tensor, rows: torch.Tensor,
+                      grads: torch.Tensor) -> None:  # fmt: skip
+    """:func:`apply_rule` of a table's rule(s): a split table (Paddle's CTR accessor) steps
+    its embed columns (the first ``embed_dim`` of ``weights``, the embed rule's state first
+    in ``state``) and its embedx columns each with their own rule, as the server does."""
+    accessor = config.accessor
+    if not accessor.split:
+        apply_rule(config.rule, weights, state, rows, grads)
+        return
+    edim = accessor.embed_dim
+    embed_rule = accessor.embed_rule_or(config.rule)
+    esd = embed_rule.state_dim(edim)
+    for rule, cols, states in (
+        (embed_rule, slice(0, edim), slice(0, esd)),
+        (config.rule, slice(edim, None), slice(esd, None)),
+    ):
+        w, s = weights[:, cols].contiguous(), state[:, states].contiguous()
+        apply_rule(rule, w, s, rows, grads[:, cols])
+        weights[:, cols] = w
+        state[:, states] = s

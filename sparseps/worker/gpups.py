@@ -112,6 +112,13 @@ class GpuPsMode(SyncMode):
         self.configs = {c.name: c for c in sorted(self.tables, key=lambda c: c.name)}
         for config in self.configs.values():
             check_device_rule(config.rule, config.name)
+            check_device_rule(config.accessor.embed_rule_or(config.rule), config.name)
+            if config.accessor.cvm:
+                raise ConfigError(
+                    f"table {config.name!r}: Strategy(mode='gpups') does not pull show/click "
+                    "(accessor.cvm): a pass's rows are trained on the device, where the "
+                    "servers' counts are not; train this table with mode='sync' or 'async'"
+                )
             if config.lifecycle.admission != Admission.ALWAYS:
                 raise ConfigError(
                     f"table {config.name!r}: Strategy(mode='gpups') needs "

@@ -108,7 +108,7 @@ def pass_keys(
 
 def full_width(config: TableConfig) -> int:
     """Columns of a whole row: embedding and optimizer state."""
-    return config.dim + config.rule.state_dim(config.dim)
+    return config.full_width
 
 
 def exchange_early(

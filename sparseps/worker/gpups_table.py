@@ -29,14 +29,14 @@ import torch
 
 from ..config import TableConfig
 from ..errors import InputError
-from ..optim.device_rules import apply_rule
+from ..optim.device_rules import apply_table_rules
 
 __all__ = ["DeviceTable", "bytes_per_key"]
 
 
 def bytes_per_key(config: TableConfig) -> int:
     """Device bytes of one row: int64 key, embedding, optimizer state, show, click."""
-    return 8 + 4 * (config.dim + config.rule.state_dim(config.dim) + 2)
+    return 8 + 4 * (config.full_width + 2)
 
 
 class DeviceTable:
@@ -124,7 +124,7 @@ class DeviceTable:
         merged.index_add_(0, inverse, g)
         self.shows.index_add_(0, index, torch.from_numpy(np.ascontiguousarray(shows)).to(device))
         self.clicks.index_add_(0, index, torch.from_numpy(np.ascontiguousarray(clicks)).to(device))
-        apply_rule(self.config.rule, self.weights, self.state, unique, merged)
+        apply_table_rules(self.config, self.weights, self.state, unique, merged)
 
     @property
     def full_width(self) -> int:

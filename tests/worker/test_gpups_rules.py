@@ -24,6 +24,7 @@ RULES = [
     optim.Adam(lr=0.01, eps=1e-4, l2=0.01),
     optim.FTRL(alpha=0.05, beta=1.0, l1=0.05, l2=0.01),
     optim.FTRL(alpha=0.05, beta=0.0, l1=0.0, l2=0.0),  # the guarded zero denominator
+    optim.SparseAdagrad(lr=0.1, initial_g2sum=3.0, l2=0.01, clip=(-1.0, 1.0)),
 ]
 IDS = [f"{rule.name}-{i}" for i, rule in enumerate(RULES)]
 
@@ -77,7 +78,8 @@ def test_device_rule_saturates_like_the_server_rule(rule):
 
 
 def test_every_builtin_rule_has_a_device_kernel_and_others_are_refused():
-    builtin = (optim.SGD, optim.Adagrad, optim.RowwiseAdagrad, optim.Adam, optim.FTRL)
+    builtin = (optim.SGD, optim.Adagrad, optim.RowwiseAdagrad, optim.Adam, optim.FTRL,
+               optim.SparseAdagrad)  # fmt: skip
     assert set(DEVICE_RULES) == {rule.name for rule in builtin}
 
     class Custom(optim.SGD):
