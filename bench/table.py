@@ -19,12 +19,23 @@ are ``keys[mix(rank) % N]`` for ``rank ~ Zipf(1.1)``, so hot keys are scattered 
 Timings are the best of 5 rounds over all batches, table and baseline timed alternately
 (the machine is shared).
 Targets: pull >= 0.5x, push >= 1.0x, bytes <= 1.5x payload.
+
+Then the CTR accessor's memory (``bench/_table_memory.py``, issue 54), at embedx dim 8
+and 64 on a Zipf(1.1) stream of 10M distinct ids (quick: 1M):
+
+- ``bytes_per_feature``: a split table's bytes per live feature (embedx part stored for
+  the 10-20% of ids whose score reaches the threshold). Baseline: today's full-row layout
+  (dim D, Adagrad) on the same stream. Targets: <= 0.5x at dim 8, <= 0.25x at dim 64.
+- ``bytes_per_feature_vs_paddle``: the same against Paddle's ``CtrCommonAccessor``
+  layout, computed from its field list (target <= 1x).
 """
 
 from __future__ import annotations
 
 import gc
+import importlib.util
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -129,10 +140,21 @@ def _one_dim(dim: int, n_keys: int, n_batches: int, rounds: int) -> list[BenchRe
     return records
 
 
+def _memory_bench():
+    """``bench/_table_memory.py`` (benchmarks are loaded by path, not as a package)."""
+    path = Path(__file__).with_name("_table_memory.py")
+    spec = importlib.util.spec_from_file_location("sparseps_bench__table_memory", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run(quick: bool) -> list[BenchRecord]:
     n_keys = 1_000_000 if quick else 10_000_000
     records = []
     for dim in DIMS:
         records.extend(_one_dim(dim, n_keys, n_batches=24 if quick else 48, rounds=5))
         gc.collect()  # free this dim's table before building the next one
+    records.extend(_memory_bench().run(quick))
     return records

@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 
 # public name -> (module, attribute or None for the module itself)
 _LAZY = {
+    "Accessor": ("sparseps.config", "Accessor"),
     "Initializer": ("sparseps.config", "Initializer"),
     "Lifecycle": ("sparseps.config", "Lifecycle"),
     "TableConfig": ("sparseps.config", "TableConfig"),
@@ -61,6 +62,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "Accessor",
     "CheckpointError",
     "ConfigError",
     "DeadlineError",

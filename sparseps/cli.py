@@ -43,6 +43,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "keys": ("sparseps.rpc.keys_cli", "write a job key pair for --secure transport"),
     "gen-data": ("sparseps.data.gen_cli", "synthetic Criteo-format data from a planted model"),
+    "import-paddle": (
+        "sparseps.models.import_paddle_cli",
+        "a Paddle PS save (CTR-accessor tables, wide&deep) into a sparseps checkpoint",
+    ),
     "online": (
         "sparseps.online.online_cli",
         "streaming training in passes over time-partitioned data",

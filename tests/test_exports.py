@@ -8,7 +8,7 @@ import sparseps
 EXPECTED = {
     "CheckpointError", "ConfigError", "InputError", "ProtocolError", "RemoteError",
     "SparsePSError", "DeadlineError", "UnavailableError", "__version__", "errors",
-    "Initializer", "Lifecycle", "TableConfig", "PSClient", "Strategy", "Trainer", "Predictor",
+    "Accessor", "Initializer", "Lifecycle", "TableConfig", "PSClient", "Strategy", "Trainer", "Predictor",
     "Mode", "Sync", "Async", "Geo", "GpuPS", "Heter", "Hybrid",
     "init", "is_heter_worker", "is_server", "is_worker", "worker_index", "worker_num", "server_num",
     "server_endpoints", "run_server", "barrier_worker", "stop", "all_reduce",

@@ -48,7 +48,7 @@ def layout_of(config) -> dict:
     The rule name is part of it because two rules may store state of the same width with
     different meanings (Adagrad's accumulator vs FTRL's z); hyper-parameters are not.
     """
-    layout = RowLayout.for_rule(config.dim, config.rule).to_dict()
+    layout = RowLayout.for_config(config).to_dict()  # a split table's both parts
     return {"rule": config.rule.name, **layout}
 
 

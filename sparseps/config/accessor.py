@@ -34,11 +34,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.validate import check_float, check_int, check_known_fields
 from ..errors import ConfigError
 from .values import Initializer, enum_field, set_field
+
+if TYPE_CHECKING:
+    from ..optim.base import Rule
 
 __all__ = ["Accessor", "EmbedxDtype"]
 
@@ -146,11 +149,11 @@ class Accessor:
         part for rows that earned one) rather than as one full row."""
         return self.embed_dim > 0
 
-    def embed_rule_or(self, rule):
+    def embed_rule_or(self, rule: Rule) -> Rule:
         """The embed part's rule: ``embed_rule``, or the table's ``rule``."""
         return rule if self.embed_rule is None else self.embed_rule
 
-    def check_table(self, owner: str, dim: int, rule) -> None:
+    def check_table(self, owner: str, dim: int, rule: Rule) -> None:
         """What the accessor needs from its table's ``dim`` and ``rule``.
 
         Raises:

@@ -31,7 +31,7 @@ class CvmNorm(nn.Module):
     reaches ~15 where embedding weights are ~0.01, and an MLP fed the raw values trains
     badly). Without ``cvm`` it only flattens."""
 
-    def __init__(self, num_slots: int, cvm: bool) -> None:
+    def __init__(self, num_slots: int, *, cvm: bool) -> None:
         super().__init__()
         self.cvm = cvm
         self.norm = nn.BatchNorm1d(2 * num_slots, affine=False) if cvm else None

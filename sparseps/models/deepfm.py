@@ -24,7 +24,7 @@ class DeepFMHead(nn.Module):
                  fm_from: int = 0) -> None:  # fmt: skip
         super().__init__()
         self.fm_from = fm_from  # the FM term skips the cvm features
-        self.flat = CvmNorm(num_slots, fm_from == 2)
+        self.flat = CvmNorm(num_slots, cvm=fm_from == 2)
         self.dnn = mlp(num_slots * emb_dim + num_dense, hidden)
         self.dense_linear = nn.Linear(num_dense, 1)
 

@@ -18,9 +18,9 @@ class DNNHead(nn.Module):
     """``(dense [B, D], emb [B, S, d]) -> logits [B, 1]``."""
 
     def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int],
-                 cvm: bool = False) -> None:  # fmt: skip
+                 *, cvm: bool = False) -> None:  # fmt: skip
         super().__init__()
-        self.flat = CvmNorm(num_slots, cvm)
+        self.flat = CvmNorm(num_slots, cvm=cvm)
         self.mlp = mlp(num_slots * emb_dim + num_dense, hidden)
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:

@@ -31,9 +31,9 @@ class WideDeepHead(nn.Module):
     """The dense part: ``(dense [B, D], deep [B, S, d], wide [B, S, 1]) -> logits [B, 1]``."""
 
     def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int],
-                 cvm: bool = False) -> None:  # fmt: skip
+                 *, cvm: bool = False) -> None:  # fmt: skip
         super().__init__()
-        self.flat = CvmNorm(num_slots, cvm)
+        self.flat = CvmNorm(num_slots, cvm=cvm)
         self.deep = mlp(num_slots * emb_dim + num_dense, hidden)
         self.wide_dense = nn.Linear(num_dense, 1)
         # a constant added to every logit, set after training by a calibration step (see
@@ -55,7 +55,7 @@ class CtrWideDeepHead(nn.Module):
                  hidden: Sequence[int]) -> None:  # fmt: skip
         super().__init__()
         self.wide_column = wide_column
-        self.flat = CvmNorm(num_slots, wide_column == 2)  # cvm features in front
+        self.flat = CvmNorm(num_slots, cvm=wide_column == 2)  # cvm features in front
         self.deep = mlp(num_slots * width + num_dense, hidden)
         # the linear part starts at zero, as the features' embed_w do (FTRL): PyTorch's
         # default init of a Linear over raw dense values adds a random logit term (std ~0.8

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..config import TableConfig
     from ..optim.base import Rule
 
 __all__ = ["RowLayout", "STAT_COLUMNS"]
@@ -47,6 +48,21 @@ class RowLayout:
     def for_rule(cls, dim: int, rule: Rule) -> RowLayout:
         columns = tuple(rule.state_columns(dim))
         return cls(dim=dim, state_dim=sum(w for _, w in columns), state_columns=columns)
+
+    @classmethod
+    def for_config(cls, config: TableConfig) -> RowLayout:
+        """The columns a table of ``config`` exchanges (exports, checkpoints, whole rows):
+        ``for_rule(dim, rule)``, or for a split table (:class:`~sparseps.config.Accessor`)
+        the ``dim`` pulled columns and the embed rule's state then the embedx rule's,
+        named ``embed.*`` and ``embedx.*``."""
+        accessor = config.accessor
+        if not accessor.split:
+            return cls.for_rule(config.dim, config.rule)
+        embed_rule = accessor.embed_rule_or(config.rule)
+        columns = tuple(
+            (f"embed.{name}", w) for name, w in embed_rule.state_columns(accessor.embed_dim)
+        ) + tuple((f"embedx.{name}", w) for name, w in config.rule.state_columns(config.embedx_dim))
+        return cls(config.dim, sum(w for _, w in columns), columns)
 
     @property
     def width(self) -> int:

@@ -73,11 +73,7 @@ class TableStorage(Closing):
             self.layout = RowLayout.for_rule(accessor.embed_dim, embed_rule)
             budget = 4 * self.layout.width + EmbedxLayout.of(config).row_bytes
             self.embedx = EmbedxStore(config, allocator, disk_dir, budget)
-            xdim = config.embedx_dim
-            columns = tuple((f"embed.{n}", w) for n, w in embed_rule.state_columns(1)) + tuple(
-                (f"embedx.{n}", w) for n, w in config.rule.state_columns(xdim)
-            )
-            self.export_layout = RowLayout(config.dim, sum(w for _, w in columns), columns)
+            self.export_layout = RowLayout.for_config(config)
             self.initializer = accessor.embed_initializer
             self.state0 = np.ascontiguousarray(embed_rule.initial_state(self.layout.dim),
                                                np.float32)  # fmt: skip
