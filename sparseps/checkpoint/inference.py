@@ -16,7 +16,9 @@ shrink deleted: they fall back to what a pull of an unknown key gives in trainin
 ``head.pt2`` is ``torch.export.save`` of the model's ``head(dense, *pooled)``, exported
 with a dynamic batch dimension (:func:`load_head` reads it); the manifest's
 ``embeddings`` section lists, in head argument order, each embedding module's table,
-dim, slots and pooling, and ``head`` the file and the example input shapes.
+dim, slots and pooling, ``head`` the file, the example input shapes and the outputs per
+row, and ``input`` the data the model was trained on (:mod:`.model_input`; null when the
+trainer did not learn it).
 
 Saves made before ``torch.export`` (sparseps up to issue 19) hold ``head.pt``, a
 TorchScript module: :func:`load_head` still loads it through ``torch.jit.load`` (logging
@@ -26,6 +28,7 @@ that the format is deprecated) and names the folder and the fix if that fails.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import re
 import warnings
@@ -48,6 +51,7 @@ __all__ = [
     "chains",
     "example_inputs",
     "export_head",
+    "export_problem",
     "load_head",
     "saves",
     "write_inference",
@@ -127,8 +131,11 @@ def _head_of(model) -> torch.nn.Module:
     head = getattr(model, "head", None)
     if head is None or not hasattr(model, "embeddings"):
         raise CheckpointError(
-            "save_inference_model needs a sparseps.nn.SparseModel (embeddings + head(dense, *pooled)); "
-            f"got {type(model).__name__}"
+            f"save_inference_model needs a sparseps.nn.SparseModel, and {type(model).__name__} "
+            "is not one: subclass sparseps.nn.SparseModel, put the SparseEmbedding modules in "
+            "self.embeddings (each with slots= and a pooling) and the dense part in "
+            "self.head(dense, *pooled) -> logits (a worked port: docs/migrating-from-paddle.md, "
+            '"Porting a static-graph model")'
         )
     return head
 
@@ -138,10 +145,11 @@ def _dense_width(head: torch.nn.Module, pooled: list[torch.Tensor]) -> int:
     tensors (no memory, no compute): the model does not record it anywhere."""
     meta = copy.deepcopy(head).to("meta")
     pooled = [p.to("meta") for p in pooled]
+    rows = pooled[0].shape[0] if pooled else 2
     with torch.no_grad():
         for width in range(_MAX_DENSE_PROBE + 1):
             try:
-                meta(torch.empty(2, width, device="meta"), *pooled)
+                meta(torch.empty(rows, width, device="meta"), *pooled)
             except (RuntimeError, ValueError, IndexError, TypeError):
                 continue
             return width
@@ -179,6 +187,19 @@ def example_inputs(model, batch_size: int = 2) -> tuple[torch.Tensor, ...]:
     return (torch.zeros(batch_size, width), *pooled)
 
 
+def export_problem(model) -> str | None:
+    """Why ``save_inference_model`` could not export ``model`` (None: it can, as far as can
+    be told without exporting: a head, embeddings with fixed shapes, a dense width).
+
+    Cheap (the dense width is probed on meta tensors), so a trainer checks it when made.
+    """
+    try:
+        example_inputs(model)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
 def export_head(model) -> torch.export.ExportedProgram:
     """``torch.export`` of ``model.head`` in eval mode, every input's dim 0 dynamic."""
     head = _head_of(model)
@@ -187,7 +208,9 @@ def export_head(model) -> torch.export.ExportedProgram:
     was_training = head.training
     head.eval()
     try:
-        return torch.export.export(head, inputs, dynamic_shapes=[{0: batch} for _ in inputs])
+        return torch.export.export(
+            head, inputs, dynamic_shapes=_dynamic_shapes(head, inputs, batch)
+        )
     except Exception as exc:  # torch raises many kinds; the save must name the head
         raise CheckpointError(
             f"torch.export of {type(head).__name__} failed ({type(exc).__name__}: {exc}); "
@@ -195,6 +218,24 @@ def export_head(model) -> torch.export.ExportedProgram:
         ) from exc
     finally:
         head.train(was_training)
+
+
+def _dynamic_shapes(head: torch.nn.Module, inputs: tuple, batch) -> list | dict:
+    """Dim 0 of every input dynamic, in the structure of ``head.forward``'s signature:
+    a head taking ``(dense, *pooled)`` gets its pooled inputs as one tuple argument."""
+    dynamic = {0: batch}
+    try:
+        parameters = list(inspect.signature(head.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: one input per parameter
+        return [dynamic for _ in inputs]
+    shapes: dict = {}
+    for i, parameter in enumerate(parameters):
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            shapes[parameter.name] = tuple(dynamic for _ in inputs[i:])
+            return shapes
+        if i < len(inputs):
+            shapes[parameter.name] = dynamic
+    return shapes
 
 
 def load_head(folder: Path, manifest: dict) -> Callable[..., torch.Tensor]:
@@ -277,6 +318,7 @@ def write_inference(trainer, directory: Path, mode: str, *, hooks: SaveHooks = N
 
 
 def _write_save(trainer, folder: Path, mode: str, sequence: int, hooks: SaveHooks) -> None:
+    recorded = trainer.inference.input  # what the trainer trained on (model_input)
     files: dict[str, dict] = {}
     tables: dict[str, dict] = {}
     for name, config in trainer.tables.items():
@@ -303,6 +345,8 @@ def _write_save(trainer, folder: Path, mode: str, sequence: int, hooks: SaveHook
         torch.export.save(program, str(folder / HEAD_FILE))
     files[HEAD_FILE] = mf.file_record(folder / HEAD_FILE)
     head_inputs = [list(t.shape[1:]) for t in program.example_inputs[0]]
+    with torch.no_grad():  # one call on the example inputs: how many outputs a row gets
+        outputs = int(np.prod(program.module()(*program.example_inputs[0]).shape[1:]))
     embeddings = [
         {
             "table": e.table,
@@ -321,6 +365,7 @@ def _write_save(trainer, folder: Path, mode: str, sequence: int, hooks: SaveHook
         sequence=sequence,
         tables=tables,
         embeddings=embeddings,
-        head={"format": "torch.export", "inputs": head_inputs},
+        head={"format": "torch.export", "inputs": head_inputs, "outputs": outputs},
+        input=None if recorded is None else recorded.to_dict(),
         state={"passes": trainer.state.passes},
     )

@@ -37,14 +37,15 @@ import torch
 from ..config import TableConfig
 from ..core.lookup import SlotLookup, build_lookup
 from ..core.pooling import pool_bags, slot_outputs
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError, InputError
 from ..files import manifest as mf
 from ..files import shards
 from ..table.split_rows import missing_rows
 from . import inference
+from .model_input import ModelInput, describe_schema, schema_mismatch
 
 if TYPE_CHECKING:
-    from ..data.schema import Batch
+    from ..data.schema import Batch, Schema
 
 __all__ = ["EmbeddingTable", "Predictor", "SkippedSave"]
 
@@ -253,8 +254,51 @@ class Predictor:
         passes = self.manifest.get("state", {}).get("passes")
         return int(passes) if passes is not None else None
 
+    @property
+    def input(self) -> ModelInput | None:
+        """The data the model was trained on, as its last save records it (None: a save
+        made before inference models recorded it, or a trainer that did not learn it).
+
+        Raises:
+            CheckpointError: the record is malformed (names the save).
+        """
+        record = self.manifest.get("input")
+        if record is None:
+            return None
+        try:
+            return ModelInput.from_dict(record)
+        except ConfigError as exc:
+            raise CheckpointError(f"{self.saves[-1]}: malformed input record ({exc})") from None
+
+    @property
+    def dense_width(self) -> int | None:
+        """Dense values per row the head takes (None: a save that does not record it)."""
+        inputs = self.manifest.get("head", {}).get("inputs")
+        return int(inputs[0][0]) if inputs else None
+
+    def check_schema(self, schema: Schema, *, what: str = "the data") -> None:
+        """Raises:
+        InputError: ``schema`` cannot feed this model (no slot its embeddings read, or
+            another dense width), starting "this model expects ..." and naming ``what``.
+        """
+        slots = tuple(s for e in self.embeddings if e["slots"] for s in e["slots"])
+        problem = schema_mismatch(schema, tuple(dict.fromkeys(slots)), self.dense_width)
+        if problem is None:
+            return
+        recorded = self.input
+        expects = (
+            recorded.describe()
+            if recorded is not None
+            else f"slots {sorted(set(slots))} and {self.dense_width} dense values"
+        )
+        raise InputError(
+            f"this model expects {expects}; {what} ({describe_schema(schema)}) does not fit: "
+            f"{problem}"
+        )
+
     def predict_batch(self, batch: Batch) -> np.ndarray:
-        """Probabilities ``[B]`` for one :class:`sparseps.data.Batch`."""
+        """Probabilities for one :class:`sparseps.data.Batch`: ``[B]``, or ``[B, T]`` for a
+        head with ``T > 1`` outputs per row (e.g. a multi-task model's)."""
         pooled = []
         lookups: dict[tuple[str, ...], SlotLookup] = {}
         for spec in self.embeddings:
@@ -267,13 +311,21 @@ class Predictor:
                                        cvm=bool(spec.get("cvm")), slots=slots))  # fmt: skip
         dense = torch.from_numpy(np.ascontiguousarray(batch.dense, np.float32))
         with torch.no_grad():
-            logits = self.head(dense, *pooled).reshape(-1)
+            logits = self.head(dense, *pooled)
+        logits = logits.flatten(1) if logits.dim() > 1 else logits[:, None]  # [B, outputs]
+        if logits.shape[1] == 1:
+            logits = logits[:, 0]
         return torch.sigmoid(logits).numpy().astype(np.float32)
 
     def predict(self, dataset: Iterable[Batch]) -> np.ndarray:
         """Probabilities for every sample of an iterable of batches (a dataset)."""
         parts = [self.predict_batch(batch) for batch in dataset]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    @property
+    def outputs(self) -> int:
+        """Predictions per row (1 unless the head has several outputs)."""
+        return int(self.manifest.get("head", {}).get("outputs", 1))
 
     def rows(self) -> dict[str, int]:
         return {name: int(t.keys.size) for name, t in self.tables.items()}

@@ -82,9 +82,12 @@ def _write_files(trainer, folder: Path, state: dict, hooks: SaveHooks) -> dict:
     files[name] = mf.file_record(folder / name)
     dense = {"size": trainer.state.dense_size, "rule": trainer.dense_rule.to_dict(), "file": name}
     full_state = {"passes": trainer.state.passes, "mode": trainer.state.mode_name, **state}
+    # the data trained on, for the inference saves of a job resumed from here (model_input)
+    recorded = trainer.inference.input
     return mf.write_manifest(
-        folder, "sparseps-checkpoint", files, tables=tables, dense=dense, state=full_state
-    )
+        folder, "sparseps-checkpoint", files, tables=tables, dense=dense, state=full_state,
+        input=None if recorded is None else recorded.to_dict(),
+    )  # fmt: skip
 
 
 def load_checkpoint(trainer, directory: str | Path) -> dict:
@@ -104,6 +107,7 @@ def load_checkpoint(trainer, directory: str | Path) -> dict:
     _on_worker_zero(trainer, "load_checkpoint", _load_on_servers, trainer, directory, manifest)
     trainer.state.load_dense_local(directory / manifest["dense"]["file"])
     trainer.state.passes = int(manifest["state"].get("passes", 0))
+    trainer.inference.restore(manifest.get("input"))
     return manifest["state"]
 
 
@@ -150,6 +154,7 @@ def save_inference_model(
     """
     if mode not in ("base", "delta"):
         raise CheckpointError(f"save_inference_model: mode must be 'base' or 'delta', got {mode!r}")
+    trainer.inference.require()  # a model that cannot be exported: before any server work
     trainer.state.quiesce()
     folder = _on_worker_zero(
         trainer, "save_inference_model", _save_inference, trainer, Path(directory), mode, hooks

@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..data.schema import Schema
 from ..errors import CheckpointError
 from .config import ServeConfig
 from .metrics import CONTENT_TYPE, ServeMetrics
@@ -76,11 +77,13 @@ def _inline(body: bytes, content_type: str) -> bool:
     return len(body) <= INLINE_BYTES and kind in JSON_TYPES
 
 
-def _predict(model: ServedModel, body: bytes, content_type: str, config: ServeConfig) -> np.ndarray:
+def _predict(
+    model: ServedModel, body: bytes, content_type: str, config: ServeConfig, schema: Schema
+) -> np.ndarray:
     batch = batch_from_body(
         body,
         content_type,
-        config.request_schema,
+        schema,
         max_rows=config.max_rows,
         max_ids=config.max_ids,
         max_decoded_bytes=config.max_body_bytes,
@@ -116,12 +119,20 @@ def create_app(
     watcher: ModelWatcher,
     config: ServeConfig,
     metrics: ServeMetrics,
+    schema: Schema,
     *,
     on_startup: Callable[[], None] | None = None,
     on_shutdown: Callable[[], None] | None = None,
 ) -> Starlette:
-    """The app; ``on_startup``/``on_shutdown`` run once the server accepts / when it stops."""
-    schema = config.request_schema
+    """The app over requests of ``schema``'s columns (:mod:`.request_schema`);
+    ``on_startup``/``on_shutdown`` run once the server accepts / when it stops."""
+    widths = {name: schema.dense.count(name) for name in dict.fromkeys(schema.dense)}
+    columns = {
+        "dense": list(widths),
+        "slots": list(schema.slots),
+        # a dense name the schema repeats k times: one column of k numbers per row
+        "dense_lists": {name: k for name, k in widths.items() if k > 1},
+    }
     metrics.follow(lambda: watcher.current.created_at, lambda: watcher.current.predictor.sequence)
 
     async def predict(request: Request) -> Response:
@@ -133,9 +144,11 @@ def create_app(
             body = await _read_body(request, config.max_body_bytes)
             content_type = request.headers.get("content-type", "")
             if _inline(body, content_type):
-                predictions = _predict(model, body, content_type, config)
+                predictions = _predict(model, body, content_type, config, schema)
             else:
-                predictions = await run_in_threadpool(_predict, model, body, content_type, config)
+                predictions = await run_in_threadpool(
+                    _predict, model, body, content_type, config, schema
+                )
         except RequestError as exc:
             response = JSONResponse({"error": exc.message}, status_code=exc.status)
         except ValueError as exc:  # InputError from the lookup, a shape the head refuses
@@ -163,7 +176,8 @@ def create_app(
             **served.describe(),
             "reloads": {"applied": watcher.applied, "refused": watcher.refused},
             "last_refusal": watcher.last_refusal,
-            "request_columns": {"dense": list(schema.dense), "slots": list(schema.slots)},
+            "request_columns": columns,
+            "input": None if served.predictor.input is None else served.predictor.input.to_dict(),
         }
         metrics.observe("/model", 200, time.perf_counter() - start)
         return JSONResponse(payload)

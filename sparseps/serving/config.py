@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data.schema import AVAZU, CRITEO, Schema
+from ..checkpoint.model_input import NAMED_SCHEMAS, named_schema
+from ..data.schema import Schema
 from ..errors import ConfigError
 
 __all__ = ["SCHEMAS", "ServeConfig"]
 
-# request schemas by name: columns named once each (a repeated dense name, as in
-# CRITEO_SLOT, cannot be a JSON or Arrow column)
-SCHEMAS: dict[str, Schema] = {"criteo": CRITEO, "avazu": AVAZU}
+# request schemas by name (a dense name repeated k times, as CRITEO_SLOT's, is one request
+# column of k numbers: sparseps.serving.request_columns)
+SCHEMAS: dict[str, Schema] = NAMED_SCHEMAS
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,9 @@ class ServeConfig:
     Attributes:
         model_dir: the inference model folder (a chain ``base-NNNNN``, ``delta-NNNNN``).
         host, port: where to listen; port 0 picks a free port (see ``ready_file``).
-        schema: the request columns, a name of :data:`SCHEMAS`.
+        schema: the request columns: None (default) for the schema the model records
+            (:mod:`sparseps.checkpoint.model_input`; Criteo for a save that records
+            none), else a name of :data:`SCHEMAS` or a JSON file of Schema fields.
         poll_s: how often the chain is checked for new saves.
         max_body_bytes: larger request bodies are refused (413); so are Arrow bodies
             that decode (decompress) to more, refused from their batch headers before
@@ -42,7 +45,7 @@ class ServeConfig:
     model_dir: Path
     host: str = "127.0.0.1"
     port: int = 8080
-    schema: str = "criteo"
+    schema: str | None = None
     poll_s: float = 1.0
     max_body_bytes: int = 64 << 20
     max_rows: int = 65536
@@ -56,10 +59,11 @@ class ServeConfig:
             object.__setattr__(self, "ready_file", Path(self.ready_file))
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"ServeConfig.port: {self.port} is not in 0..65535")
-        if self.schema not in SCHEMAS:
-            raise ConfigError(
-                f"ServeConfig.schema: {self.schema!r} is not one of {sorted(SCHEMAS)}"
-            )
+        if self.schema is not None:
+            try:
+                named_schema(self.schema)
+            except ConfigError as exc:
+                raise ConfigError(f"ServeConfig.schema: {exc}") from None
         if not 0.01 <= self.poll_s <= 3600:
             raise ConfigError(f"ServeConfig.poll_s: {self.poll_s} is not in 0.01..3600 seconds")
         if self.max_body_bytes < 1024:
@@ -72,5 +76,6 @@ class ServeConfig:
             raise ConfigError(f"ServeConfig.max_ids: {self.max_ids} is below 1")
 
     @property
-    def request_schema(self) -> Schema:
-        return SCHEMAS[self.schema]
+    def request_schema(self) -> Schema | None:
+        """The schema given (None: the model's, found once it is loaded)."""
+        return None if self.schema is None else named_schema(self.schema)

@@ -25,7 +25,9 @@ from ..data.columns import (
 from ..data.schema import Batch, Schema, Slot
 from .limits import RequestError, RequestLimits, check_ids, check_rows
 
-__all__ = ["FLOAT32_MAX", "batch_from_table", "check_names", "check_type", "is_list"]
+__all__ = [
+    "FLOAT32_MAX", "batch_from_table", "check_names", "check_type", "dense_places", "is_list",
+]  # fmt: skip
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # dense values reach the model as float32
 _TYPE_TEXT = 80  # characters of an Arrow type shown in a message (nested types grow long)
@@ -50,9 +52,14 @@ def batch_from_table(
     check_ids(sum(_ids_in(table.column(name)) for name in schema.slots if name in names), max_ids)
     n = table.num_rows
     dense = np.zeros((n, schema.num_dense), np.float64)
-    for j, name in enumerate(schema.dense):
-        if name in names:
-            dense[:, j] = _dense_column(table.column(name).combine_chunks(), name)
+    for name, places in dense_places(schema).items():
+        if name not in names:
+            continue
+        column = table.column(name).combine_chunks()
+        if len(places) == 1:
+            dense[:, places[0]] = _dense_column(column, name)
+        else:
+            dense[:, places] = _dense_lists(column, name, len(places))
     slots = {
         name: _slot(table.column(name).combine_chunks(), name)
         if name in names
@@ -67,6 +74,16 @@ def batch_from_table(
     )
 
 
+def dense_places(schema: Schema) -> dict[str, list[int]]:
+    """Each distinct dense name and its columns in the dense features, in order: a name
+    the schema repeats ``k`` times (PaddleRec's ``dense_feature``) is one request column of
+    ``k`` numbers per row, the ``i``-th filling its ``i``-th place."""
+    places: dict[str, list[int]] = {}
+    for j, name in enumerate(schema.dense):
+        places.setdefault(name, []).append(j)
+    return places
+
+
 def check_names(names: list[str], schema: Schema) -> None:
     """Refuse (400) a column the request schema does not name, or one named twice."""
     known = {*schema.labels, *schema.dense, *schema.slots}
@@ -76,7 +93,7 @@ def check_names(names: list[str], schema: Schema) -> None:
         raise RequestError(
             400,
             f"{unknown[0]}: not a column of the request schema (unknown: {unknown[:5]}{more}; "
-            f"dense: {list(schema.dense)}, slots: {list(schema.slots)})",
+            f"dense: {list(dense_places(schema))}, slots: {list(schema.slots)})",
         )
     if len(set(names)) < len(names):
         twice = next(name for name in names if names.count(name) > 1)
@@ -97,8 +114,17 @@ def _type_text(kind: pa.DataType) -> str:
 def check_type(name: str, kind: pa.DataType, schema: Schema) -> None:
     """Refuse (400) a column whose type its role (dense, slot, label) cannot hold."""
     t = pa.types
-    if name in schema.dense:
-        if not (t.is_integer(kind) or t.is_floating(kind) or t.is_string(kind) or t.is_null(kind)):
+    width = schema.dense.count(name)
+    if width > 1:
+        number = is_list(kind) and _numeric(kind.value_type)
+        if not (number or t.is_null(kind)):
+            raise RequestError(
+                400,
+                f"{name}: the model takes {width} dense values of this name, sent as a list "
+                f"of {width} numbers per row; got {_type_text(kind)}",
+            )
+    elif name in schema.dense:
+        if not _numeric(kind):
             raise RequestError(
                 400, f"{name}: a dense column must hold numbers, got {_type_text(kind)}"
             )
@@ -118,6 +144,12 @@ def check_type(name: str, kind: pa.DataType, schema: Schema) -> None:
         raise RequestError(
             400, f"{name}: a label column (ignored) must hold numbers, got {_type_text(kind)}"
         )
+
+
+def _numeric(kind: pa.DataType) -> bool:
+    """A type a dense value may arrive in: a number, numeric text, or null."""
+    t = pa.types
+    return t.is_integer(kind) or t.is_floating(kind) or t.is_string(kind) or t.is_null(kind)
 
 
 def _ids_in(column: pa.ChunkedArray) -> int:
@@ -145,6 +177,36 @@ def _dense_column(column: pa.Array, name: str) -> np.ndarray:
             f"input type; its largest value is {FLOAT32_MAX:.7g})",
         )
     return values
+
+
+def _dense_lists(column: pa.Array, name: str, width: int) -> np.ndarray:
+    """A column of lists of ``width`` numbers -> ``[rows, width]`` (a null row: zeros)."""
+    rows = len(column)
+    out = np.zeros((rows, width), np.float64)
+    if pa.types.is_null(column.type):
+        return out
+    lengths = pc.list_value_length(column).fill_null(width).to_numpy(zero_copy_only=False)
+    wrong = np.flatnonzero(lengths != width)
+    if wrong.size:
+        row = int(wrong[0])
+        raise RequestError(
+            400,
+            f"{name}: row {row} holds {int(lengths[row])} values; the model takes {width} "
+            f"(a list of {width} numbers, or null)",
+        )
+    valid = np.flatnonzero(column.is_valid().to_numpy(zero_copy_only=False))
+    flat = pc.list_flatten(column)
+    if pa.types.is_integer(flat.type):  # as for one value: past 2**53 rounded, not refused
+        flat = pc.cast(flat, pa.float64(), safe=False)
+    values, _, bad = float_column(flat)
+    beyond = np.abs(values) > FLOAT32_MAX
+    if bad.any() or beyond.any():
+        at = int(np.flatnonzero(bad | beyond)[0])
+        row, value = int(valid[at // width]), flat[at].as_py()
+        what = "not a finite number" if bad[at] else "beyond float32 (the model's input type)"
+        raise RequestError(400, f"{name}: row {row} value {at % width} holds {value!r}, {what}")
+    out[valid] = values.reshape(-1, width)
+    return out
 
 
 def _slot(column: pa.Array, name: str) -> Slot:

@@ -7,9 +7,10 @@ Three body shapes, all turned into one Arrow table, then into a batch column by 
     JSON columns   {"columns": {"I1": [3, 0], "C1": ["68fd1e64", "a1"], ...}}
     Arrow          Content-Type: application/vnd.apache.arrow.stream (an IPC stream)
 
-Columns are those of the request schema (``sparseps serve --schema``, Criteo by default):
+Columns are those of the request schema (the model's, or ``sparseps serve --schema``):
 its dense columns (numbers or numeric text; null or absent = missing, then the schema's
-dense transform) and its slots, one of: a string (hashed with the slot, exactly as the
+dense transform; a name the schema repeats ``k`` times, as PaddleRec's ``dense_feature``,
+is one column of lists of ``k`` numbers) and its slots, one of: a string (hashed with the slot, exactly as the
 data files are), an integer id, or a list of integer ids (JSON integers must be below
 2**63; a negative one is the uint64 with the same bits; use Arrow ``uint64`` for any id).
 A column the schema does not name is refused, except its label columns, which are
@@ -153,6 +154,9 @@ def _typed_rows(rows: list, schema: Schema) -> pa.StructArray | None:
     numeric = {*schema.dense, *schema.labels}
     fields = []
     for name in sorted(names, key=str):
+        if schema.dense.count(name) > 1:  # a repeated dense name: a list of numbers
+            fields.append(pa.field(name, pa.list_(pa.float64())))
+            continue
         if name in numeric:
             fields.append(pa.field(name, pa.float64()))
             continue

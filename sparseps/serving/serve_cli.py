@@ -16,7 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: a free one)")
     parser.add_argument(
-        "--schema", default="criteo", help="request columns: criteo (default) or avazu"
+        "--schema",
+        default=None,
+        help="request columns: criteo, criteo_slot, avazu or a JSON file of Schema fields "
+        "(default: the schema the model records; Criteo for a save that records none)",
     )
     parser.add_argument(
         "--poll-s", type=float, default=1.0, help="seconds between checks for new saves (default 1)"

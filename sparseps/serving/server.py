@@ -20,7 +20,7 @@ from ..files.manifest import write_json_atomic
 from .app import create_app
 from .config import ServeConfig
 from .metrics import ServeMetrics
-from .requests import batch_from_body
+from .request_schema import RequestSchema
 from .watcher import ModelWatcher
 
 __all__ = ["serve"]
@@ -56,16 +56,14 @@ def serve(config: ServeConfig) -> None:
     """
     torch.set_num_threads(config.torch_threads)
     metrics = ServeMetrics()
-    schema = config.request_schema
-    warm = batch_from_body(
-        json.dumps({"rows": [{schema.slots[0]: "warmup"}]}).encode(), "", schema, max_rows=1
-    )
+    columns = RequestSchema(config.request_schema)
     watcher = ModelWatcher(
         config.model_dir,
         poll_s=config.poll_s,
         on_reload=metrics.on_reload,
-        warmup=lambda predictor: predictor.predict_batch(warm),
+        warmup=columns.warm_up,
     )
+    schema = columns.fix(watcher.current.predictor)  # the first served model's, for good
     sock = _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
@@ -80,7 +78,7 @@ def serve(config: ServeConfig) -> None:
         if config.ready_file is not None:
             config.ready_file.unlink(missing_ok=True)
 
-    app = create_app(watcher, config, metrics, on_startup=started, on_shutdown=stopped)
+    app = create_app(watcher, config, metrics, schema, on_startup=started, on_shutdown=stopped)
     server = uvicorn.Server(
         uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=10

@@ -203,6 +203,8 @@ class ModelWatcher:
         """One prediction before serving; a model that fails it is not served."""
         try:
             self._warmup(model)
+        except CheckpointError:  # the warm-up's own verdict, already naming the save
+            raise
         except Exception as exc:  # whatever the head raises, the save is what is wrong
             raise CheckpointError(
                 f"{model.saves[-1]}: the model fails on a one-row request of the service's "

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .. import optim
+from ..checkpoint.inference_needs import InferenceNeeds
 from ..core import collectives
 from ..errors import ConfigError, DeadlineError
 from ..metrics import CTRMetrics, MetricResult, ReportConfig, UserStats
@@ -94,6 +95,9 @@ class Trainer:
                 f"Trainer.report: expected a sparseps.metrics.ReportConfig, got {type(report).__name__}"
             )
         self.strategy = strategy or Strategy()
+        # what save_inference_model needs: an exportable model (checked now, warned when
+        # not) and the data trained on (learned per pass); sparseps.checkpoint.inference_needs
+        self.inference = InferenceNeeds.of(model)
         self.embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
         self._binder = TableBinder(self.embeddings)
         self.num_threads = num_threads
@@ -245,6 +249,7 @@ class Trainer:
         it adds are reduced over every worker into ``PassResult.stats``.
         """
         self._start()
+        self.inference.trained_on(dataset)  # its schema, format, pipe command
         mode, reporter = self._mode, self._started_reporter
         self.model.train()
         metrics, progress = reporter.metrics(), Progress(print_period)

@@ -74,7 +74,8 @@ def test_saves_hold_an_exported_head(chain):
         manifest = mf.read_manifest(chain.folder(name))
         assert inference.HEAD_FILE in manifest["files"]
         assert inference.LEGACY_HEAD_FILE not in manifest["files"]
-        assert manifest["head"] == {"format": "torch.export", "inputs": [[13], [26, 4], [26, 1]]}
+        head = {"format": "torch.export", "inputs": [[13], [26, 4], [26, 1]], "outputs": 1}
+        assert manifest["head"] == head
 
 
 def legacy_copy(chain, tmp_path, head_bytes: bytes):
