@@ -1,7 +1,7 @@
 """ESMM-style multi-task training: CTR and CTCVR (click, then conversion) over shared embeddings.
 
     python examples/esmm/train.py --train data/train --test data/test [--format criteo_tsv]
-        [--passes 2] [--json]
+        [--passes 2] [--json] [--out out/esmm]
 
 Entire-space multi-task model (Ma et al., 2018, as in PaddleRec's ESMM): a CTR tower and a
 CVR tower read the same sparse embeddings; ``pCTCVR = pCTR * pCVR`` is trained on every
@@ -20,6 +20,13 @@ order: ``1 1 1 0 1 17 1 93 1 4``). Every worker reads its share of the files, wh
 loaded into memory once and shuffled every pass; run alone it is a local job (1
 background server, 1 worker), and under ``sparseps launch`` every worker trains its share.
 ``tests/worker/test_esmm_example.py`` writes planted data and runs it.
+
+The model is a :class:`sparseps.nn.SparseModel` (the shared embeddings, and a head that
+maps them to the two towers' logits), so ``--out DIR`` saves it as an inference model:
+``sparseps predict DIR --data FILE`` reads FILE as the model was trained (the schema and
+format the save records) and prints two columns per row, ``pCTR`` and ``pCVR`` (the
+sigmoid of each logit; ``pCTCVR`` is their product); ``sparseps.Predictor(DIR)`` gives
+them as an array ``[rows, 2]``. ``tests/checkpoint/test_esmm_inference.py`` checks it.
 """
 
 from __future__ import annotations
@@ -41,20 +48,36 @@ SCHEMA = Schema(
 )
 
 
-class ESMM(nn.Module):
-    """Shared embeddings; a CTR tower and a CVR tower; ``forward`` -> logits ``[B, 2]``."""
+class ESMMHead(nn.Module):
+    """The two towers over the pooled embeddings: ``(dense [B, 0], emb [B, 3, dim]) ->
+    logits [B, 2]`` (CTR, CVR). The schema has no dense column; the head takes the empty
+    dense input all heads take, so it exports as one."""
 
-    def __init__(self, emb_dim: int = 8, hidden: int = 32) -> None:
+    def __init__(self, emb_dim: int, hidden: int) -> None:
         super().__init__()
-        self.emb = sps.nn.SparseEmbedding("esmm_emb", emb_dim, slots=SCHEMA.slots,
-                                          rule=sps.optim.Adagrad(lr=0.05))  # fmt: skip
         width = emb_dim * len(SCHEMA.slots)
         self.ctr = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, 1))
         self.cvr = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
-    def forward(self, batch) -> torch.Tensor:
-        x = self.emb(batch).flatten(1)
+    def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        x = emb.flatten(1)
         return torch.cat([self.ctr(x), self.cvr(x)], 1)
+
+
+class ESMM(sps.nn.SparseModel):
+    """Shared embeddings; a CTR tower and a CVR tower; ``forward`` -> logits ``[B, 2]``."""
+
+    def __init__(self, emb_dim: int = 8, hidden: int = 32) -> None:
+        super().__init__()
+        self.embeddings = nn.ModuleList([
+            sps.nn.SparseEmbedding("esmm_emb", emb_dim, slots=SCHEMA.slots,
+                                   rule=sps.optim.Adagrad(lr=0.05)),
+        ])  # fmt: skip
+        self.head = ESMMHead(emb_dim, hidden)
+
+    def forward(self, batch) -> torch.Tensor:
+        # both logits per row (SparseModel.forward flattens a head's output to one per row)
+        return self.head(sps.nn.dense_tensor(batch), *(e(batch) for e in self.embeddings))
 
 
 class ESMMLoss(Loss):
@@ -82,6 +105,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out", help="save the trained model here as an inference model")
     args = parser.parse_args()
     env = sps.init()
     torch.manual_seed(0)
@@ -100,6 +124,8 @@ def main() -> None:
     summary = {f"test_auc_{name}": round(m.auc, 6) for name, m in result.tasks.items()}
     summary.update({f"test_count_{name}": m.count for name, m in result.tasks.items()})
     summary.update({f"test_positives_{name}": m.clicks for name, m in result.tasks.items()})
+    if args.out:  # collective: every worker calls it; it records SCHEMA and the format
+        summary["inference_model"] = str(trainer.save_inference_model(args.out))
     trainer.stop()
     sps.stop()
     if env.rank == 0:
