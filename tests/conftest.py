@@ -25,7 +25,9 @@ from sparseps.env import ZYGOTE_DIR
 # files whose tests launch jobs or measure time; the rest are short and share the cores
 HEAVY_FILES = frozenset(
     {
+        "checkpoint/test_esmm_inference.py",
         "checkpoint/test_load_restores.py",
+        "checkpoint/test_model_input.py",
         "checkpoint/test_model_files.py",
         "checkpoint/test_resume_equals_fresh_load.py",
         "checkpoint/test_trainer_model_files.py",
@@ -35,6 +37,8 @@ HEAVY_FILES = frozenset(
         "elastic/test_client_routing.py",
         "elastic/test_elastic_migration.py",
         "elastic/test_scale_launched.py",
+        "examples/test_fleetx_port.py",
+        "examples/test_paddlerec_port.py",
         "heter/test_heter_launch.py",
         "launch/test_launch_jobs.py",
         "launch/test_launch_paddle_env.py",
@@ -67,6 +71,7 @@ HEAVY_FILES = frozenset(
         "security/test_unauthenticated_peer.py",
         "server/test_server_disk_tier.py",
         "serving/test_hot_reload.py",
+        "serving/test_serve_model_schema.py",
         "test_bench_quality.py",
         "test_clone.py",
         "test_demo.py",

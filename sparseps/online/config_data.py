@@ -25,12 +25,14 @@ __all__ = [
     "MINUTES_PER_DAY",
     "PATTERN_FIELDS",
     "SCHEMA_KEYS",
+    "SPLITS",
     "DataConfig",
 ]
 
 MINUTES_PER_DAY = 24 * 60
 PATTERN_FIELDS = ("day", "hhmm", "year", "month", "dd", "hour", "minute")
 BUILTIN_SCHEMAS = ("criteo", "criteo_slot", "avazu")
+SPLITS = ("static", "steal", "none")  # the datasets' split= (sparseps.data.steal.Split)
 SCHEMA_KEYS = ("label", "dense", "slots", "dense_transform", "id_column", "extra_labels",
                "multislot_order")  # fmt: skip
 
@@ -74,8 +76,10 @@ class DataConfig:
         preload: load the next pass in the background while the current one trains
             (``false``: load each pass when its turn comes, holding one pass in memory).
         split: how a pass's files are shared among the workers: ``static`` (worker ``r``
-            of ``w`` reads ``files[r::w]``) or ``steal`` (each worker takes the next file
-            from a queue shared by the pass's workers, docs/data.md §6.1).
+            of ``w`` reads ``files[r::w]``), ``steal`` (each worker takes the next file
+            from a queue shared by the pass's workers, docs/data.md §6.1) or ``none``
+            (every worker reads every file, as Paddle does when the file list is not
+            split; docs/data.md §6).
         lease_s: with ``split: steal``, a worker silent this long loses its claimed file
             to the others (docs/data.md §6.1); in an async job a worker that dies while it
             trains then *leaves*: the others re-read its files and finish the pass
@@ -139,7 +143,7 @@ class DataConfig:
         if self.shuffle_seed is not None:
             check_int("data.shuffle_seed", self.shuffle_seed, 0)
         check_bool("data.preload", self.preload)
-        check_choice("data.split", self.split, ("static", "steal"))
+        check_choice("data.split", self.split, SPLITS)
         if self.lease_s is not None:
             check_float("data.lease_s", self.lease_s, 0.0, open_lo=True)
             if self.split != "steal":
