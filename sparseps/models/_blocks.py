@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 from .. import optim
@@ -39,8 +40,8 @@ class CvmNorm(nn.Module):
     def forward(self, emb):
         if self.norm is None:
             return emb.flatten(1)
-        import torch
-
+        # torch at module level: torch.jit.script (the serving tests' heads) cannot
+        # compile an import inside forward
         return torch.cat([self.norm(emb[:, :, :2].flatten(1)), emb[:, :, 2:].flatten(1)], 1)
 
 
