@@ -50,10 +50,14 @@ def main() -> None:
     out = []
     for family in args.families.split(","):
         folder, meta = quality.data(family, args.seed, args.rows, args.test_rows)
-        runs = [("defaults", "")] + [("cvm", "--cvm")] + [
-            (f"cvm+threshold {t}", f"--cvm --embedx-threshold {t}")
-            for t in (float(x) for x in args.thresholds.split(","))
-        ]
+        runs = (
+            [("defaults", "")]
+            + [("cvm", "--cvm")]
+            + [
+                (f"cvm+threshold {t}", f"--cvm --embedx-threshold {t}")
+                for t in (float(x) for x in args.thresholds.split(","))
+            ]
+        )
         base = None
         for name, job_args in runs:
             result = quality.run_sparseps(folder, job_args)
