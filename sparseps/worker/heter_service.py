@@ -132,7 +132,7 @@ class HeterService:
                 "pooling=None (unpooled rows) is not supported in heter mode"
             )
         self.dims = [
-            (len(m.slots) if m.slots is not None else None, m.dim) for m in self.embeddings
+            (len(m.slots) if m.slots is not None else None, m.output_dim) for m in self.embeddings
         ]
         self.dense = DenseParams(self.model)
         self.forward = _OnHost(self.model)
