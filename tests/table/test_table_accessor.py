@@ -276,3 +276,32 @@ def test_split_table_memory_is_its_parts():
     full = SparseTable(TableConfig(name="f", dim=4, rule=optim.Adagrad()))
     full.push(keys, np.zeros((keys.size, 4), np.float32))
     assert table.nbytes < 0.6 * full.nbytes
+
+
+def test_out_of_memory_while_creating_embedx_parts_leaves_both_parts_unchanged():
+    """The push steps existing embedx parts in place, then fails to grow the embedx
+    matrix for the parts it creates: the backup goes back, nothing of the push stays."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from test_table_safety import FailingAllocator
+
+    from sparseps.errors import ResourceError
+
+    allocator = FailingAllocator()
+    config = _config(threshold=0.25)
+    table = SparseTable(config, allocator=allocator)
+    keys = np.arange(300, dtype=np.uint64)
+    table.push(keys, np.ones((300, DIM), np.float32), clicks=(keys % 2).astype(np.float32))
+    assert 0 < table.stats().embedx_rows < 300  # odd keys (a click) have a part
+    before = _digest(table)
+    allocator.armed = True
+    allocator.minimum = 1  # the next growth fails
+    more = np.arange(300, 5000, dtype=np.uint64)
+    with pytest.raises(ResourceError, match="unchanged"):  # odd keys step, even ones create
+        table.push(np.concatenate([keys, more]), np.ones((5000, DIM), np.float32))
+    assert _digest(table) == before
+    allocator.armed = False
+    for _ in range(2):  # even keys reach 0.3 at their third show
+        table.push(keys, np.ones((300, DIM), np.float32))
+    assert table.stats().embedx_rows == 300  # the pushes go through once memory allows
