@@ -34,7 +34,12 @@ def _mode(args: argparse.Namespace):
         from sparseps.role import role_env
 
         env = role_env()
-        return sps.Heter(**merge) if env is not None and env.heter_workers else sps.Async(**merge)
+        if env is not None and env.heter_workers:
+            gather = (
+                {} if args.heter_gather_rows is None else {"gather_rows": args.heter_gather_rows}
+            )
+            return sps.Heter(**merge, **gather)
+        return sps.Async(**merge)
     if args.mode == "hybrid":
         return sps.Hybrid(**merge)
     if args.mode == "gpups":
@@ -55,6 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--push-merge-window", type=int, default=8, help="Async.push_merge_window")
     p.add_argument("--device", default="auto", help="gpups mode: cuda, cpu or auto (GpuPS.device)")
+    p.add_argument(
+        "--heter-gather-rows", type=int, default=None,
+        help="with heter workers: Heter.gather_rows (0: no request gathering; default: the mode's)",
+    )  # fmt: skip
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--emb-dim", type=int, default=8)

@@ -75,6 +75,18 @@ def _value(metrics: dict, name: str, **labels: str) -> float | None:
     return None
 
 
+def _heter_worker(metrics: dict) -> dict:
+    """A heter worker's utilisation and mean device batch (rows, requests) from its metrics."""
+    batches = _value(metrics, "sparseps_heter_device_batches_total") or 0.0
+    rows = _value(metrics, "sparseps_heter_rows_total") or 0.0
+    requests = _value(metrics, "sparseps_heter_requests_total") or 0.0
+    return {
+        "utilisation": _value(metrics, "sparseps_heter_utilisation"),
+        "mean_batch_rows": rows / batches if batches else None,
+        "mean_batch_requests": requests / batches if batches else None,
+    }
+
+
 class StatusServer:
     """Serve the status page of a job; a context manager.
 
@@ -107,6 +119,7 @@ class StatusServer:
         self._series: collections.deque[dict] = collections.deque(maxlen=HISTORY)
         self._tables: dict[str, dict] = {}
         self._online: dict = {}
+        self._heter: dict[str, dict] = {}  # per heter worker: utilisation, mean device batch
         self._last_samples: tuple[float, float] | None = None
         self._stop = threading.Event()
         self._http = ThreadingHTTPServer((host, port), self._handler())
@@ -159,6 +172,7 @@ class StatusServer:
         auc: dict[str, float] = {}
         tables: dict[str, dict] = {}
         online: dict = {}
+        heter: dict[str, dict] = {}
         for role in self.roles():
             port = role.get("metrics_port")
             if not role.get("alive") or not port:
@@ -176,6 +190,8 @@ class StatusServer:
                 seq = _value(metrics, "sparseps_online_pass_seq")
                 if seq is not None and role["rank"] == 0:
                     online = {"pass_seq": int(seq)}
+            elif role["role"] == "heter_worker":
+                heter[str(role["rank"])] = _heter_worker(metrics)
             else:
                 tables[str(role["rank"])] = {
                     labels["table"]: {
@@ -195,6 +211,7 @@ class StatusServer:
                 self._series.append({"t": now, "samples_per_s": rate, "samples": samples, **auc})
             self._tables = tables or self._tables
             self._online = online or self._online
+            self._heter = heter or self._heter
 
     def status(self) -> dict:
         """What ``/api/status`` answers."""
@@ -215,6 +232,7 @@ class StatusServer:
                 "series": list(self._series),
                 "tables": self._tables,
                 "online": self._online,
+                "heter_workers": self._heter,
             }
 
     # -- HTTP --------------------------------------------------------------------------

@@ -38,6 +38,8 @@ from ..rpc.protocol import Limits, Request, decode_request, encode_reply, peek_r
 from ..rpc.security import Security, security_from_key_dir
 from .dense_params import DenseParams
 from .gpups import resolve_device
+from .heter_gather import DeviceBatch, Step, gather_window, group_steps
+from .heter_metrics import heter_metrics
 from .heter_ops import HETER_OPS
 from .heter_wire import check_shapes, join, split
 from .modes import DENSE_TABLE
@@ -52,6 +54,7 @@ __all__ = ["HeterService", "RemoteBatch", "serve_from_env"]
 log = logging.getLogger(__name__)
 
 POLL_MS = 100
+_COUNTS = ("steps", "batches", "rows", "busy_s", "idle_s")  # flush reports, logs
 
 
 class TrainerParts(Protocol):
@@ -91,6 +94,33 @@ class _OnHost(torch.nn.Module):
         if isinstance(out, torch.Tensor):
             return out.cpu()
         return type(out)(o.cpu() if isinstance(o, torch.Tensor) else o for o in out)
+
+
+class _RowsOf:
+    """What a loss calls as the model for one step of a device batch: that step's rows of
+    the output the model gave the whole batch (attributes are the model's)."""
+
+    def __init__(self, model: torch.nn.Module, stacked, start: int, stop: int) -> None:
+        self._model, self._stacked, self._rows = model, stacked, slice(start, stop)
+
+    def __call__(self, _batch):
+        if isinstance(self._stacked, torch.Tensor):
+            return self._stacked[self._rows]
+        return type(self._stacked)(
+            o[self._rows] if isinstance(o, torch.Tensor) else o for o in self._stacked
+        )
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+
+def _remote(dense: np.ndarray, labels: np.ndarray) -> RemoteBatch:
+    return RemoteBatch(
+        label=labels[:, 0],
+        dense=dense,
+        extra_labels=labels[:, 1:] if labels.shape[1] > 1 else None,
+        slots={},
+    )
 
 
 class HeterService:
@@ -136,50 +166,67 @@ class HeterService:
         ]
         self.dense = DenseParams(self.model)
         self.forward = _OnHost(self.model)
+        self.window = gather_window(self.config)
+        self.metrics = heter_metrics()
         self.stop_requested = threading.Event()
-        self.steps = 0
-        self.busy_s = self.idle_s = 0.0  # since the last flush
-        self.totals = {"steps": 0.0, "busy_s": 0.0, "idle_s": 0.0}  # since the first request
+        self.steps = self.batches = self.rows = 0  # since the last flush
+        self.busy_s = self.idle_s = 0.0
+        self.totals = dict.fromkeys(_COUNTS, 0.0)  # since the first request
         self._pulled = False
         self._dense_push: Handle | None = None
         self._dense_pull: Handle | None = None
 
-    # -- one step ------------------------------------------------------------------
+    # -- one device batch ----------------------------------------------------------
 
-    def step(self, request: Request) -> tuple[dict, list[np.ndarray]]:
-        """The dense half of one step: ``(result, [grads, predictions, labels])``."""
-        dense, labels, flat = (request.bufs[k] for k in ("dense", "labels", "outputs"))
-        batch = int(dense.shape[0])
-        shapes = check_shapes(request.args["shapes"], batch, self.dims, flat.size)
+    def check(self, envelope: list, request: Request) -> Step:
+        """A ``heter_step`` request checked against the model (ProtocolError if not)."""
+        dense, flat = request.bufs["dense"], request.bufs["outputs"]
+        shapes = check_shapes(request.args["shapes"], int(dense.shape[0]), self.dims, flat.size)
         scale = float(request.args["scale"])
         if not scale > 0:
             raise ProtocolError(f"heter_step: 'scale' must be > 0, got {scale!r}")
+        return Step(envelope, request, shapes)
+
+    def step(self, request: Request) -> tuple[dict, list[np.ndarray]]:
+        """The dense half of one step: ``(result, [grads, predictions, labels])``."""
+        return self.run([self.check([], request)])[0]
+
+    def run(self, steps: list[Step]) -> list[tuple[dict, list[np.ndarray]]]:
+        """The dense half of ``steps`` (one key, :func:`~.heter_gather.group_steps`) as one
+        device batch: per step ``(result, [grads, predictions, labels])``, what the step
+        alone would give (:mod:`.heter_gather`); one dense update for them all."""
+        batch = DeviceBatch(steps, split)
         self._install_dense()
         outputs = [
-            torch.tensor(part, device=self.device, requires_grad=True)
-            for part in split(flat, shapes)
+            torch.tensor(part, device=self.device, requires_grad=True) for part in batch.outputs
         ]
         for module, output in zip(self.embeddings, outputs, strict=True):
             module.bind_output(output)
         try:
-            remote = RemoteBatch(
-                label=np.array(labels[:, 0]),  # copies: the received frames are read-only
-                dense=np.array(dense, np.float32),  # writable: the model may read it in place
-                extra_labels=np.array(labels[:, 1:]) if labels.shape[1] > 1 else None,
-                slots={},
-            )
             self.dense.zero_grad()
-            out = self.loss(self.forward, remote)
-            (out.loss / scale).backward()
+            stacked = self.forward(_remote(batch.dense, batch.labels))
+            losses, scaled = [], []
+            for step, (start, stop) in zip(batch.steps, batch.bounds, strict=True):
+                rows = _RowsOf(self.forward, stacked, start, stop)
+                out = self.loss(rows, _remote(batch.dense[start:stop], batch.labels[start:stop]))
+                scaled.append(out.loss / float(step.request.args["scale"]))
+                losses.append(out)
+            torch.stack(scaled).sum().backward()
         finally:
             for module in self.embeddings:
                 module.unbind()
-        grads, _ = join([o.grad if o.grad is not None else torch.zeros_like(o) for o in outputs])
         self._push_dense(self.dense.grads())
-        self.steps += 1
-        predictions = np.ascontiguousarray(out.predictions, np.float32)
-        result_labels = np.ascontiguousarray(out.labels, np.float32)
-        return {"loss": float(out.loss.detach())}, [grads, predictions, result_labels]
+        self.steps += len(batch)
+        self.batches += 1
+        self.rows += batch.rows
+        grads = [o.grad if o.grad is not None else torch.zeros_like(o) for o in outputs]
+        replies = []
+        for (start, stop), out in zip(batch.bounds, losses, strict=True):
+            flat, _ = join([g[start:stop] for g in grads])
+            predictions = np.ascontiguousarray(out.predictions, np.float32)
+            result_labels = np.ascontiguousarray(out.labels, np.float32)
+            replies.append(({"loss": float(out.loss.detach())}, [flat, predictions, result_labels]))
+        return replies
 
     def _install_dense(self) -> None:
         if not self.dense.size:
@@ -196,7 +243,7 @@ class HeterService:
             return
         if self._dense_push is not None:  # one in flight: dense updates stay in order
             self._dense_push.wait()
-        pull = self.steps % self.config.dense_pull_interval == 0
+        pull = self.batches % self.config.dense_pull_interval == 0
         grad = np.ascontiguousarray(grad)
         self._dense_push = self.client.push_dense(DENSE_TABLE, grad, pull=pull)
         if pull:  # the values after this step come back with it (one round trip)
@@ -207,23 +254,20 @@ class HeterService:
         if self._dense_push is not None:
             self._dense_push.wait()
             self._dense_push = None
-        report = {
-            "steps": self.steps,
-            "busy_s": round(self.busy_s, 4),
-            "idle_s": round(self.idle_s, 4),
-        }
+        report = {key: round(getattr(self, key), 4) for key in _COUNTS}
         self._add_to_totals()
         return report
 
     def _add_to_totals(self) -> None:
-        for key in ("steps", "busy_s", "idle_s"):
+        for key in _COUNTS:
             self.totals[key] += getattr(self, key)
-        self.steps, self.busy_s, self.idle_s = 0, 0.0, 0.0
+        self.steps = self.batches = self.rows = 0
+        self.busy_s = self.idle_s = 0.0
 
     # -- the loop ------------------------------------------------------------------
 
-    def answer(self, frames: list) -> list:
-        """One request in, reply frames out; never raises."""
+    def decode(self, frames: list) -> Request | list:
+        """The request of ``frames``, or the error reply frames of a bad message."""
         try:
             request = decode_request(frames, self.limits, HETER_OPS)
             if request.job is not None and self.job_id and request.job != self.job_id:
@@ -235,21 +279,56 @@ class HeterService:
                 "heter worker %d: bad message dropped with an error reply: %s", self.rank, exc
             )
             return _error_reply(peek_request_id(frames), exc)
+        return request
+
+    def answer(self, frames: list) -> list:
+        """One request in, reply frames out; never raises."""
+        request = self.decode(frames)
+        if isinstance(request, list):
+            return request
+        return self.answer_request(request)
+
+    def _handle(self, request: Request) -> list:
+        if request.op == "heter_step":
+            result, bufs = self.step(request)
+            return encode_reply(request.id, result=result, bufs=bufs)
+        if request.op == "heter_flush":
+            return encode_reply(request.id, result=self.flush())
+        if request.op == "stop":
+            self.stop_requested.set()
+        return encode_reply(request.id, result=None)
+
+    def _guarded(self, request: Request, handle) -> list:
+        """``handle()``'s reply frames, or an error reply naming what failed."""
         try:
-            if request.op == "heter_step":
-                result, bufs = self.step(request)
-                return encode_reply(request.id, result=result, bufs=bufs)
-            if request.op == "heter_flush":
-                return encode_reply(request.id, result=self.flush())
-            if request.op == "stop":
-                self.stop_requested.set()
-            return encode_reply(request.id, result=None)
+            return handle()
         except SparsePSError as exc:
             log.warning("heter worker %d: %s failed: %s", self.rank, request.op, exc)
             return _error_reply(request.id, exc)
         except Exception as exc:  # a bug or a model error: the peer gets it, we keep serving
             log.exception("heter worker %d: %s failed", self.rank, request.op)
             return _error_reply(request.id, exc)
+
+    def run_replies(self, steps: list[Step]) -> list[list]:
+        """Reply frames (envelope first) of ``steps``, one device batch per key; a gathered
+        batch that fails runs again step by step, so a bad request fails alone."""
+        out: list[list] = []
+        for group in group_steps(steps):
+            if len(group) > 1:
+                try:
+                    done = self.run(group)
+                except Exception as exc:
+                    log.warning(
+                        "heter worker %d: a device batch of %d steps failed (%s); each runs alone",
+                        self.rank, len(group), exc,
+                    )  # fmt: skip
+                else:
+                    out += [[*s.envelope, *_reply(s, r)] for s, r in zip(group, done, strict=True)]
+                    continue
+            for step in group:
+                reply = self._guarded(step.request, lambda s=step: _reply(s, self.run([s])[0]))
+                out.append([*step.envelope, *reply])
+        return out
 
     def serve(self) -> None:
         """Answer requests until ``stop`` (or SIGTERM/SIGINT in the main thread)."""
@@ -281,10 +360,14 @@ class HeterService:
             context.term()
         self._add_to_totals()
         busy, idle = self.totals["busy_s"], self.totals["idle_s"]
+        batches = max(self.totals["batches"], 1)
         log.info(
-            "heter worker %d: stopped after %d steps; busy %.2f s, idle %.2f s (waiting on "
-            "its trainers %.1f%% of the time since the first request)",
-            self.rank, self.totals["steps"], busy, idle, 100 * idle / max(busy + idle, 1e-9),
+            "heter worker %d: stopped after %d steps in %d device batches (mean %.1f rows, "
+            "%.2f steps); busy %.2f s, idle %.2f s (waiting on its trainers %.1f%% of the time "
+            "since the first request)",
+            self.rank, self.totals["steps"], self.totals["batches"],
+            self.totals["rows"] / batches, self.totals["steps"] / batches,
+            busy, idle, 100 * idle / max(busy + idle, 1e-9),
         )  # fmt: skip
 
     def _loop(self, sock: zmq.Socket) -> None:
@@ -292,13 +375,51 @@ class HeterService:
         while not self.stop_requested.is_set():
             if not sock.poll(POLL_MS):
                 continue
-            frames = transport.recv_frames(sock)
             start = time.perf_counter()
-            self.idle_s += 0.0 if waited is None else start - waited
-            envelope, body = frames[:1], frames[1:]
-            transport.send_frames(sock, [*envelope, *self.answer(body)])
+            idle = 0.0 if waited is None else start - waited
+            steps, other = self._gather(sock)
+            for frames in self.run_replies(steps):
+                transport.send_frames(sock, frames)
+            if other is not None:  # after the steps before it (a flush must see them)
+                envelope, request = other
+                reply = request if isinstance(request, list) else self.answer_request(request)
+                transport.send_frames(sock, [*envelope, *reply])
             waited = time.perf_counter()
+            self.idle_s += idle
             self.busy_s += waited - start
+            if steps:
+                self.metrics.batch_done(
+                    len(steps), sum(s.rows for s in steps), waited - start, idle
+                )
+
+    def answer_request(self, request: Request) -> list:
+        return self._guarded(request, lambda: self._handle(request))
+
+    def _gather(self, sock: zmq.Socket) -> tuple[list[Step], tuple | None]:
+        """The steps of one window (:mod:`.heter_gather`), and the message that closed it
+        early when it was not a step (``(envelope, request or error reply)``). Bad steps are
+        answered here."""
+        steps: list[Step] = []
+        rows, deadline = 0, None
+        while True:
+            frames = transport.recv_frames(sock)
+            envelope, request = frames[:1], self.decode(frames[1:])
+            if isinstance(request, list) or request.op != "heter_step":
+                return steps, (envelope, request)
+            try:
+                step = self.check(envelope, request)
+            except ProtocolError as exc:
+                log.warning("heter worker %d: bad heter_step refused: %s", self.rank, exc)
+                transport.send_frames(sock, [*envelope, *_error_reply(request.id, exc)])
+            else:
+                steps.append(step)
+                rows += step.rows
+            if rows >= self.window.rows:
+                return steps, None
+            now = time.perf_counter()
+            deadline = now + self.window.wait_s if deadline is None else deadline
+            if not sock.poll(int(max(0.0, deadline - now) * 1000)):
+                return steps, None
 
     def _install_signals(self) -> dict:
         if threading.current_thread() is not threading.main_thread():
@@ -309,6 +430,11 @@ class HeterService:
             self.stop_requested.set()
 
         return {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _reply(step: Step, done: tuple[dict, list[np.ndarray]]) -> list:
+    result, bufs = done
+    return encode_reply(step.request.id, result=result, bufs=bufs)
 
 
 def _error_reply(request_id, exc: BaseException) -> list:

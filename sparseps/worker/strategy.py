@@ -176,8 +176,13 @@ class Heter(Mode):
         window: steps a trainer has in flight to its heter worker (it prepares and pools
             the next batches while the heter worker computes).
         dense_pull_interval: the heter worker pulls fresh dense parameters every this many
-            steps.
+            of its dense updates (one per device batch).
         push_merge, push_merge_window: as :class:`Async`'s.
+        gather_rows: a heter worker gathers the requests of its trainers into one device
+            batch of up to this many rows (a request is never cut; 0: one request per
+            device batch, no gathering; docs/heterps.md, "Request gathering").
+        gather_ms: ... and waits at most this many milliseconds after a window's first
+            request for more (requests already queued are taken without waiting).
     """
 
     name: ClassVar[str] = "heter"
@@ -186,10 +191,14 @@ class Heter(Mode):
     dense_pull_interval: int = 1
     push_merge: str | None = None
     push_merge_window: int = 8
+    gather_rows: int = 4096
+    gather_ms: float = 2.0
 
     def __post_init__(self) -> None:
         check_int("Heter", "window", self.window, ge=1)
         check_int("Heter", "dense_pull_interval", self.dense_pull_interval, ge=1)
+        check_int("Heter", "gather_rows", self.gather_rows, ge=0)
+        check_float("Heter", "gather_ms", self.gather_ms, ge=0)
         _merge_policy("Heter", self.push_merge, self.push_merge_window)
 
     def merge_policy(self) -> MergePolicy | None:

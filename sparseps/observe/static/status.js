@@ -70,6 +70,20 @@ function drawTables(tables) {
   }
 }
 
+function drawHeter(heter) {
+  const body = document.querySelector("#heter tbody");
+  body.textContent = "";
+  const num = (v, digits) => (v === null || v === undefined) ? "-" : Number(v).toFixed(digits);
+  for (const rank of Object.keys(heter || {}).sort()) {
+    const h = heter[rank];
+    const tr = document.createElement("tr");
+    tr.dataset.heter = rank;
+    cell(tr, rank); cell(tr, num(h.utilisation, 3));
+    cell(tr, num(h.mean_batch_rows, 1)); cell(tr, num(h.mean_batch_requests, 2));
+    body.appendChild(tr);
+  }
+}
+
 async function refresh() {
   try {
     const reply = await fetch("/api/status", {cache: "no-store"});
@@ -80,6 +94,7 @@ async function refresh() {
     drawPlot(document.getElementById("plot-samples"), s.series.map(p => [p.t, p.samples_per_s]));
     drawPlot(document.getElementById("plot-auc"), s.series.filter(p => p.train !== undefined).map(p => [p.t, p.train]));
     drawTables(s.tables);
+    drawHeter(s.heter_workers);
     if (s.online && s.online.pass_seq !== undefined) {
       document.getElementById("online").textContent = "running pass seq " + s.online.pass_seq;
     }
