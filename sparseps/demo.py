@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from . import env as sps_env
 from .errors import SparsePSError
 from .observe import progress
 
@@ -251,12 +251,12 @@ def run(args: argparse.Namespace) -> int:
         if args.embedx_threshold < 0:
             raise SparsePSError(f"--embedx-threshold must be >= 0, got {args.embedx_threshold}")
         command += ["--embedx-threshold", repr(args.embedx_threshold)]
-    env = dict(os.environ)
+    env = dict(sps_env.process_environ())
     if args.memory_rows < 0:
         raise SparsePSError(f"--memory-rows must be >= 0, got {args.memory_rows}")
     if args.memory_rows > 0:  # servers read their disk dir from the environment
         command += ["--memory-rows", str(args.memory_rows)]
-        env["SPARSEPS_DISK_DIR"] = str(Path(args.disk_dir or out / "disk").resolve())
+        env[sps_env.DISK_DIR] = str(Path(args.disk_dir or out / "disk").resolve())
     elif args.disk_dir:
         raise SparsePSError("--disk-dir needs --memory-rows N (N > 0)")
     start = time.perf_counter()

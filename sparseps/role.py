@@ -60,13 +60,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Defaults of the optional knobs (env.py declares the variables).
-_RENDEZVOUS_TIMEOUT_S = 300.0
-_BARRIER_TIMEOUT_S = 1800.0
-_BARRIER_WARN_S = 60.0
-_COLLECTIVE_TIMEOUT_S = 1800.0
-_SERVER_START_TIMEOUT_S = 60.0
-
 
 @dataclass
 class _Session:
@@ -146,11 +139,7 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
     from .launch.local import LocalServer
     from .launch.rendezvous import init_worker_group
 
-    server = LocalServer(
-        start_timeout_s=_env.float_setting(
-            _env.SERVER_START_TIMEOUT, _SERVER_START_TIMEOUT_S, environ
-        )
-    )
+    server = LocalServer(start_timeout_s=_env.settings(environ).server_start_timeout_s)
     endpoint = server.start()
     env = RoleEnv(
         role=Role.WORKER,
@@ -165,7 +154,9 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
     session = _Session(env, store=dist.HashStore(), local_server=server)
     try:
         if not dist.is_initialized():
-            init_worker_group(env, session.store, timeout_s=_COLLECTIVE_TIMEOUT_S)
+            init_worker_group(
+                env, session.store, timeout_s=_env.settings(environ).collective_timeout_s
+            )
             session.owns_group = True
     except BaseException:
         server.close()
@@ -179,7 +170,8 @@ def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
     from .launch.rendezvous import connect_store, init_worker_group, store_barrier
 
     env = session.env
-    timeout_s = _env.float_setting(_env.RENDEZVOUS_TIMEOUT, _RENDEZVOUS_TIMEOUT_S, environ)
+    settings = _env.settings(environ)
+    timeout_s = settings.rendezvous_timeout_s
     session.store = connect_store(env, timeout_s=timeout_s, setting=_env.RENDEZVOUS_TIMEOUT)
     # work-stealing datasets claim files on it (sparseps.data.steal, with several workers)
     # and an online job's membership lives on it: also with one worker, whose job may grow
@@ -191,7 +183,7 @@ def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
         rank=env.rank,
         world=env.worker_num,
         timeout_s=timeout_s,
-        warn_s=_env.float_setting(_env.BARRIER_WARN, _BARRIER_WARN_S, environ),
+        warn_s=settings.barrier_warn_s,
         address=env.master,
         op="rendezvous",
         setting=_env.RENDEZVOUS_TIMEOUT,
@@ -199,8 +191,7 @@ def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
     if dist.is_initialized():
         log.warning("torch.distributed is already initialised; sparseps uses that group")
         return
-    collective_s = _env.float_setting(_env.COLLECTIVE_TIMEOUT, _COLLECTIVE_TIMEOUT_S, environ)
-    init_worker_group(env, session.store, timeout_s=collective_s)
+    init_worker_group(env, session.store, timeout_s=settings.collective_timeout_s)
     session.owns_group = True
 
 
@@ -299,8 +290,8 @@ def barrier_worker(timeout: float | None = None) -> None:
         f"sparseps/barrier/{session.barriers}",
         rank=env.rank,
         world=env.worker_num,
-        timeout_s=timeout or _env.float_setting(_env.BARRIER_TIMEOUT, _BARRIER_TIMEOUT_S),
-        warn_s=_env.float_setting(_env.BARRIER_WARN, _BARRIER_WARN_S),
+        timeout_s=timeout or _env.settings().barrier_timeout_s,
+        warn_s=_env.settings().barrier_warn_s,
         address=env.master or "local",
         setting="barrier_worker(timeout=)" if timeout else _env.BARRIER_TIMEOUT,
     )
@@ -359,8 +350,8 @@ def _exit_barrier(session: _Session, store: Store) -> None:
             "sparseps/exit",
             rank=0,
             world=env.worker_num,
-            timeout_s=_env.float_setting(_env.BARRIER_TIMEOUT, _BARRIER_TIMEOUT_S),
-            warn_s=_env.float_setting(_env.BARRIER_WARN, _BARRIER_WARN_S),
+            timeout_s=_env.settings().barrier_timeout_s,
+            warn_s=_env.settings().barrier_warn_s,
             address=env.master,
             op="stop",
             setting=_env.BARRIER_TIMEOUT,

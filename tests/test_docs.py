@@ -326,7 +326,7 @@ def test_the_docs_environment_variables_are_the_ones_sparseps_reads():
     reader of the environment) defines; the suite's own knobs aside."""
     from sparseps import env
 
-    defined = {v for v in vars(env).values() if isinstance(v, str) and v.startswith("SPARSEPS_")}
+    defined = {setting.name for setting in env.SETTINGS}
     suite_only = {"SPARSEPS_TEST_ARTIFACTS"}  # where a test keeps its screenshots
     named = {
         name

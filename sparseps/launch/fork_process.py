@@ -19,6 +19,7 @@ import socket
 import sys
 from collections.abc import Iterator, Sequence
 
+from ..env import process_environ
 from .procutil import die_with_parent
 
 __all__ = [
@@ -156,8 +157,9 @@ def _become(request: dict, out_fds: list[int], server_pid: int) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    environ = process_environ()  # the child's whole environment is the request's
+    environ.clear()
+    environ.update(request["env"])
     random.seed()  # a fresh interpreter's generators differ between processes
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()

@@ -54,7 +54,7 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from ..core.closing import Closing
-from ..env import FORK_SERVER
+from ..env import settings
 from .fork_process import MAX_MESSAGE as _MAX_MESSAGE
 from .procutil import die_with_parent_hook
 from .zygote import Zygotes
@@ -72,8 +72,7 @@ _START_TIMEOUT_S = 120.0  # the fork server's own imports, on a loaded machine
 
 def fork_server_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether launchers fork their children (``SPARSEPS_FORK_SERVER``, on by default)."""
-    value = (os.environ if environ is None else environ).get(FORK_SERVER, "1").strip()
-    return value not in ("0", "false", "no", "off")
+    return settings(environ).fork_server
 
 
 def _per_child(name: str) -> bool:

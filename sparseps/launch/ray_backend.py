@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.closing import Closing
-from ..env import FILE_ROOTS, Role
+from ..env import FILE_ROOTS, Role, process_environ
 from ..errors import ConfigError
 from .change_gate import ChangeGate
 from .procutil import tail
@@ -169,8 +169,9 @@ class RayJob(Closing):
         env = {**role_env.to_environ(), "PYTHONUNBUFFERED": "1"}
         if self.args.file_roots:
             env[FILE_ROOTS] = os.pathsep.join(os.path.abspath(p) for p in self.args.file_roots)
-        if "OMP_NUM_THREADS" in os.environ:
-            env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
+        threads = process_environ().get("OMP_NUM_THREADS")
+        if threads is not None:
+            env["OMP_NUM_THREADS"] = threads
         return env
 
     def start(

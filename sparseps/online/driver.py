@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -236,7 +235,9 @@ class OnlineDriver:
         if self.rank == 0:  # worker 0 alone cleans, prunes and writes the ledger
             # held by the `sparseps online` command of this job (local: our parent; Ray:
             # another process tree, which recorded the job id)
-            self.lock.acquire(accept_ancestor=True, accept_job=os.environ.get(sps_env.JOB_ID))
+            self.lock.acquire(
+                accept_ancestor=True, accept_job=sps_env.process_environ().get(sps_env.JOB_ID)
+            )
         try:
             return self._run()
         finally:

@@ -107,7 +107,7 @@ def _newcomer(config) -> bool:
     role = sps_env.from_environ()
     if role is None or role.role is not sps_env.Role.WORKER or not follows_workers(config):
         return False
-    timeout = sps_env.float_setting(sps_env.RENDEZVOUS_TIMEOUT, 300.0)
+    timeout = sps_env.settings().rendezvous_timeout_s
     if not membership.is_newcomer(role, timeout_s=timeout):
         return False
     log.info("worker %d: started for a scale-up; joins at the next pass boundary", role.rank)

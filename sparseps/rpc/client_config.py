@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .. import env
 from ..errors import ConfigError
 from .protocol import JOB_ID, Limits
-from .reply_slots import DEFAULT_SLOTS, MAX_SLOTS
+from .reply_slots import MAX_SLOTS
 from .security import Security, security_from_env
 
 __all__ = [
@@ -38,8 +38,9 @@ __all__ = [
     "ClientConfig",
 ]
 
-DEFAULT_TIMEOUT = 60.0
-DEFAULT_FILE_TIMEOUT = 1800.0
+_DEFAULTS = env.settings({})  # the registry's defaults
+DEFAULT_TIMEOUT = _DEFAULTS.rpc_timeout_s
+DEFAULT_FILE_TIMEOUT = _DEFAULTS.file_timeout_s
 DEFAULT_MAX_IN_FLIGHT = 64
 DEFAULT_PLACEMENT_RETRY_S = 60.0
 
@@ -130,22 +131,22 @@ class ClientConfig:
             object.__setattr__(self, name, value)  # frozen: only while it is made
 
         if self.timeout is None:
-            put("timeout", env.float_setting(env.RPC_TIMEOUT, DEFAULT_TIMEOUT))
+            put("timeout", env.settings().rpc_timeout_s)
             put("timeout_setting", f"PSClient(timeout=...) or {env.RPC_TIMEOUT}")
         else:
             put("timeout_setting", "PSClient(timeout=...)")
         put("timeout", _seconds("timeout", self.timeout))
         if self.file_timeout is None:
-            put("file_timeout", env.float_setting(env.FILE_TIMEOUT, DEFAULT_FILE_TIMEOUT))
+            put("file_timeout", env.settings().file_timeout_s)
         put("file_timeout", _seconds("file_timeout", self.file_timeout))
         put("placement_retry_s", _seconds("placement_retry_s", self.placement_retry_s))
         _count("max_in_flight", self.max_in_flight, 1)
         _count("update_retries", self.update_retries, 0)
         if self.reply_slots is None:
-            put("reply_slots", env.reply_slots_setting(DEFAULT_SLOTS, MAX_SLOTS))
+            put("reply_slots", env.settings().reply_slots)
         _count("reply_slots", self.reply_slots, 0, MAX_SLOTS)
         if self.replicas is None:
-            put("replicas", env.replicas_setting())
+            put("replicas", env.settings().replicas)
         _count("replicas", self.replicas, 0)
         if self.job_id is None:
             put("job_id", env.job_id_setting())

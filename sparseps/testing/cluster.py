@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..env import process_environ
 from ..errors import ConfigError, SparsePSError, UnavailableError
 from ..launch.fork_server import ForkedProcess, ForkServer, fork_server_enabled
 from ..rpc.client import PSClient
@@ -191,7 +192,7 @@ def _spawn_one(
     fork: bool,
 ) -> Server:
     args = ["--rank", str(rank), "--endpoints", ",".join(endpoints), *options]
-    env = {**os.environ, **(environ or {})}
+    env = {**process_environ(), **(environ or {})}
     forks = _shared_fork_server(env) if fork else None
     with open(log_dir / f"server.{rank}.log", "ab") as log_file:
         if forks is not None:

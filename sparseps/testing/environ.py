@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..env import ZYGOTE_DIR
+from ..env import ZYGOTE_DIR, process_environ
 
 __all__ = ["CHECKOUT", "clean_environ"]
 
@@ -18,7 +18,11 @@ def clean_environ(**extra: str) -> dict[str, str]:
     inside a job: its role must not leak into the one it starts) but the zygotes' folder,
     with :data:`CHECKOUT` first on ``PYTHONPATH`` (the job imports this sparseps whatever
     its working directory), plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_") or k == ZYGOTE_DIR}
+    env = {
+        k: v
+        for k, v in process_environ().items()
+        if not k.startswith("SPARSEPS_") or k == ZYGOTE_DIR
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env

@@ -17,7 +17,7 @@ import pytest
 
 from sparseps import optim
 from sparseps.config import TableConfig
-from sparseps.env import float_setting
+from sparseps.env import settings
 from sparseps.errors import ConfigError, DeadlineError, ProtocolError
 from sparseps.rpc.client import PSClient
 from sparseps.rpc.protocol import Limits, decode_request, encode_request
@@ -185,7 +185,7 @@ def test_timeouts_must_be_finite():
             PSClient(["127.0.0.1:9"], timeout=5, file_timeout=bad)
     for text in ("inf", "nan", "-inf", "0"):
         with pytest.raises(ConfigError):
-            float_setting("SPARSEPS_RPC_TIMEOUT", 1.0, {"SPARSEPS_RPC_TIMEOUT": text})
+            settings({"SPARSEPS_RPC_TIMEOUT": text})
 
 
 def test_ping_is_answered_while_long_ops_queue_and_saves_have_their_own_timeout(tmp_path):
