@@ -5,7 +5,10 @@ A :class:`~sparseps.table.hashmap.KeyIndex` maps each live key to a dense row id
 live in one float32 matrix laid out by :class:`~sparseps.table.layout.RowLayout`. Erased
 ids go to a free stack and are reused first, so the matrix only grows when the number of
 live rows does. It doubles while small and then grows by 25%, in place
-(:mod:`~sparseps.table.growth`: never old + new at once). Keys that are not admitted yet
+(:mod:`~sparseps.table.growth`: never old + new at once), and each growth asks the kernel
+for transparent huge pages under it (a hint: 2 MB pages keep a batch's scattered row
+reads from missing the TLB on every row; where THP is off nothing changes; numpy asks
+the same for the index's arrays). Keys that are not admitted yet
 live in a second, small index with only their counters (show, click, unseen:
 :data:`PENDING_WHERE`).
 
@@ -35,6 +38,7 @@ from .embedx import EmbedxLayout, EmbedxStore
 from .growth import Allocator, GrowableMatrix
 from .hashmap import KeyIndex
 from .layout import STAT_COLUMNS, RowLayout
+from .row_import import advise_huge_pages
 from .tagged_index import TaggedIndex
 from .tier import RowTier, tier_for
 
@@ -171,7 +175,10 @@ class TableStorage(Closing):
         p_needed = p_index.high_water + max(0, pending - p_index.free_ids)
         try:
             if self.tier is None:
+                before = self.matrix.capacity
                 self.matrix.grow_to(needed, exact=exact)
+                if self.matrix.capacity != before:  # a growth: its pages are not touched yet
+                    advise_huge_pages(self.matrix.array)
             else:  # the per-id maps (disk space was reserved by the op's begin)
                 self.tier.grow_to(needed, op, exact=exact)
             if self.embedx is not None:  # a key and an xid per row the matrix holds
