@@ -67,7 +67,12 @@ class TableBinder:
         for table, modules in self.by_table.items():
             # a private copy: the pulled array may be a cached/shared buffer, and autograd
             # needs a leaf of its own whose .grad is the table's merged gradient
-            leaf = torch.from_numpy(np.array(rows[table], np.float32, copy=True))
+            # (gpups hands a fresh device tensor of its own: the leaf itself)
+            given = rows[table]
+            if isinstance(given, torch.Tensor):
+                leaf = given
+            else:
+                leaf = torch.from_numpy(np.array(given, np.float32, copy=True))
             leaves[table] = leaf
             lookup = lookups[table]
             for module in modules:

@@ -15,12 +15,14 @@ on an :class:`~sparseps.data.InMemoryDataset`):
    shared with this pass are carried over from its final rows, the others were pulled
    while it trained): the stall between the passes is the write-back and the
    exchange of keys and prepared rows.
-2. **train**: every step, like sync mode (workers in lock-step over the global batch,
-   dense gradients all-reduced and applied by every worker), but a batch's keys go to
-   their owners and the rows come back (all-to-all), and the backward sends the
-   gradients with show/click counts to the owners, which sum them per key and apply
-   the table's rule as torch kernels on the device (:mod:`sparseps.optim.device_rules`).
-   So one GPUPS step is one sync step: the same rows, the same sums, the same rule.
+2. **train**: every step on the device (:mod:`.gpups_step`), like sync mode (workers
+   in lock-step over the global batch): a batch's keys go to their owners and the rows
+   come back as device tensors bound to the model, which lives on the device with its
+   dense optimizer row (:mod:`.gpups_device`); the backward's gradients, with show/click
+   counts, go to the owners, which sum them per key and apply the table's rule as torch
+   kernels (:mod:`sparseps.optim.device_rules`); the dense gradient is summed over the
+   workers and stepped there too. Rows and gradients travel device to device (NCCL on
+   CUDA, gloo on CPU). So one GPUPS step is one sync step: the same rows, sums and rules.
 3. **write back**: each owner writes its rows whole (final embedding and optimizer
    state) with the pass's show/click counts (``PSClient.write_rows``: an overwrite,
    safe because each key has one owner) and frees the device table. The servers then
@@ -30,9 +32,8 @@ on an :class:`~sparseps.data.InMemoryDataset`):
 Outside a pass (evaluation, prediction) pulls read the servers as in sync mode. The rows
 of a pass that fails are dropped, not written back: the servers keep the sparse model of
 the last completed pass (the dense parameters keep the steps it made, as in sync mode).
-Collectives run on gloo over host tensors; with ``device="cuda"`` the table and the
-rule live on the GPU and rows cross to the host for the exchange and the model (the
-dense model runs where the trainer runs it).
+With the next pass prepared, the write-back is left in flight and settles during the
+next pass's first step (:meth:`GpuPsMode.settle_write_back`), before any server read.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from ..config import Admission
 from ..core import collectives
 from ..core.keysets import unique_keys
 from ..core.routing import server_of
-from ..errors import ConfigError, InputError
+from ..errors import ConfigError
 from ..optim.device_rules import check_device_rule
 from .gpups_build import (
     Carry,
@@ -59,6 +60,8 @@ from .gpups_build import (
     pass_keys,
     pick_rows,
 )
+from .gpups_device import DeviceDense, DeviceExchange, to_device
+from .gpups_step import DeviceSteps
 from .gpups_table import DeviceTable, bytes_per_key
 from .modes import SyncMode
 
@@ -91,15 +94,6 @@ def resolve_device(
             "only when there is one"
         )
     return torch.device("cuda", rank % torch.cuda.device_count())
-
-
-class _Route:
-    """One table's keys of one step: who owns each, and what came back (see apply)."""
-
-    def __init__(self, order, send_counts, recv_counts, index) -> None:
-        self.order, self.send_counts, self.recv_counts, self.index = (
-            order, send_counts, recv_counts, index,
-        )  # fmt: skip
 
 
 class GpuPsMode(SyncMode):
@@ -135,7 +129,16 @@ class GpuPsMode(SyncMode):
         self._carry: dict[str, Carry] | None = None  # the last pass's rows, for the next
         self._rows_after: dict[str, int] = {}  # the servers' row counts after its write-back
         self.groups: list[list[str]] = [[name] for name in self.configs]
-        self._routes: dict[str, _Route] = {}
+        self._steps: DeviceSteps | None = None  # during a pass
+        self._pending: list | None = None  # the last pass's write-back, in flight
+        self.exchange = DeviceExchange(self.device, self.collective_timeout)
+        self.device_dense = None
+        if self.local_dense is not None:  # the model's parameters move to the device
+            for param in self.dense.params:
+                param.data = param.data.to(self.device)
+            self.device_dense = DeviceDense(
+                self.dense.params, self.dense_rule, self.local_dense.export(), self.device
+            )
         self._timings = {"build_s": 0.0, "write_back_s": 0.0, "next_pass_s": 0.0}
         self.last_build: dict = {}
         log.info(
@@ -157,12 +160,13 @@ class GpuPsMode(SyncMode):
         carry = self._take_carry()
         if carry is None:
             early = {}  # the servers' rows changed between the passes (a shrink)
+            self.settle_write_back()  # everything is pulled: the writes land first
         laps = [time.perf_counter()]  # phases: keys, route (+ waiting for the others), rows
         self._local = local
         nxt = self._next
         if nxt is not None:  # prepared for the pass after this one: its pulls may start
             nxt.exclude = local
-            nxt.start_pulls.set()
+            self._release_next()
         self.groups = self._agree_groups(shared)
         timeout = self.collective_timeout
         owned, routes = {}, {}
@@ -182,6 +186,10 @@ class GpuPsMode(SyncMode):
                 self.groups, routes, local, early, owned, self.configs, self.collective_timeout
             )
         self.shards, sources = self._fill(owned, carry, received_early)
+        self._steps = DeviceSteps(
+            self.shards, self.groups, self.configs, self.exchange, self.device_dense,
+            timeout=self.collective_timeout,
+        )  # fmt: skip
         self._begun += 1
         seconds = time.perf_counter() - start
         self._timings["build_s"] += seconds
@@ -217,6 +225,12 @@ class GpuPsMode(SyncMode):
         )  # fmt: skip
         if running:
             self._next.exclude = self._local
+            self._release_next()
+
+    def _release_next(self) -> None:
+        """Let the next pass's early pulls start, once no write-back is in flight (a row
+        read before the last pass's write lands would be stale)."""
+        if self._pending is None and self._next is not None:
             self._next.start_pulls.set()
 
     def _take_next(self, dataset) -> NextPass | None:
@@ -236,8 +250,8 @@ class GpuPsMode(SyncMode):
     def _take_carry(self) -> dict[str, Carry] | None:
         """The last pass's final rows, if the servers still hold them as it left them."""
         carry, self._carry = self._carry, None
-        if carry is None:
-            return None
+        if carry is None or self._pending is not None:  # in flight: nothing ran between
+            return carry
         now = self._server_rows()
         if now != self._rows_after:
             log.info("GPUPS: rows changed on the servers since the last pass (%s -> %s): "
@@ -319,88 +333,76 @@ class GpuPsMode(SyncMode):
             )
         return bool(every[:, 2].any())
 
-    # -- per step ------------------------------------------------------------------------
+    # -- per step: on the device (gpups_step) ----------------------------------------------
 
-    def pull_rows(self, keys: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """During a pass: rows from the owners' device tables; otherwise from the servers.
+    def place_model(self, model: torch.nn.Module) -> None:
+        """The model (parameters and buffers) on this worker's device."""
+        model.to(self.device)
+        if self.device_dense is not None:
+            self.device_dense.import_(self.device_dense.export())  # params alias its row
 
-        Per group of tables sharing their keys: the keys go to their owners (two
-        collectives: counts, keys) and the rows of every table of the group come back
-        side by side in one ``[n, sum of dims]`` exchange."""
-        if self.shards is None:
-            return super().pull_rows(keys)
-        timeout, out = self.collective_timeout, {}
-        for group in self.groups:
-            wanted = _group_keys(keys, group)
-            order, counts = self._owners(wanted)
-            received, recv_counts = collectives.all_to_all_rows(
-                wanted[order], counts, timeout=timeout
-            )
-            index = self.shards[group[0]].find(received)  # a group's shards hold equal keys
-            parts = [self.shards[name].gather(index) for name in group]
-            rows, _ = collectives.all_to_all_rows(
-                np.concatenate(parts, axis=1), recv_counts, counts, timeout=timeout
-            )
-            ordered = np.empty_like(rows)
-            ordered[order] = rows
-            at = 0
-            for name in group:
-                dim = self.configs[name].dim
-                out[name] = ordered[:, at : at + dim]
-                at += dim
-            self._routes[group[0]] = _Route(order, counts, recv_counts, index)
-        return {name: out[name] for name in keys}
+    def pull_rows(self, keys: dict[str, np.ndarray]) -> dict:
+        """During a pass: the step's rows from the owners' device tables, as device tensors
+        (:class:`~.gpups_step.DeviceSteps`); otherwise from the servers, onto the device."""
+        if self._steps is None:
+            self.settle_write_back()
+            rows = super().pull_rows(keys)
+            return {name: to_device(r, self.device) for name, r in rows.items()}
+        return self._steps.rows(keys)
+
+    def step_grads(self, binder, lookups: dict, leaves: dict, dense) -> tuple[list, object]:
+        """The step's gradients where the backward left them: on the device."""
+        if self._steps is None:
+            return super().step_grads(binder, lookups, leaves, dense)
+        grads = [
+            (table, lookup.keys, leaves[table].grad, lookup.shows, lookup.clicks)
+            for table, lookup in lookups.items()
+        ]
+        return grads, None if self.device_dense is None else self.device_dense.grads()
 
     def steps(self, source: Iterable) -> Iterator:
         try:
             for item in super().steps(source):
-                if item is None and self.shards is not None:
-                    self.pull_rows({})  # no data left here: still answer the owners' exchange
+                if item is None and self._steps is not None:
+                    self._steps.rows({})  # no data left here: still answer the owners' exchange
                 yield item
         except GeneratorExit:  # the pass was abandoned (an error): its rows are not written
-            self.shards, self._routes = None, {}  # back, later pulls read the servers
+            self.shards, self._steps = None, None  # back, later pulls read the servers
             raise
 
-    def apply(self, grads: list, dense_grad: np.ndarray) -> None:
-        timeout = self.collective_timeout
-        if self.shards is None:
+    def apply(self, grads: list, dense_grad) -> None:
+        if self._steps is None:
             raise ConfigError(
                 "GPUPS mode: a training step outside a pass; train with "
                 "Trainer.train_from_dataset (it builds the pass's working set first)"
             )
-        by_table = {g[0]: g[1:] for g in grads}
-        for group in self.groups:
-            route = self._routes.pop(group[0])
-            size = route.order.size
-            columns = [
-                by_table[name][1] if name in by_table else np.zeros((size, self.configs[name].dim))
-                for name in group
-            ]
-            counts = by_table.get(group[0], (None, None, np.zeros(size), np.zeros(size)))[2:]
-            columns += [counts[0][:, None], counts[1][:, None]]  # shows, clicks
-            packed = np.concatenate(columns, axis=1, dtype=np.float32)[route.order]
-            received, _ = collectives.all_to_all_rows(
-                packed, route.send_counts, route.recv_counts, timeout=timeout
-            )
-            shows, clicks = received[:, -2], received[:, -1]
-            at = 0
-            for name in group:
-                dim = self.configs[name].dim
-                self.shards[name].apply(route.index, received[:, at : at + dim], shows, clicks)
-                at += dim
-        if self.local_dense is not None:
-            total = collectives.all_reduce_sum(dense_grad, timeout=timeout)
-            self.local_dense.push(np.ascontiguousarray(total, np.float32))
-            self.dense.set(self.local_dense.pull())
+        self._steps.apply(grads, dense_grad)
         self.step += 1
+        self.settle_write_back()  # the last pass's write-back overlapped this first step
+
+    def save_dense(self, directory) -> str:
+        if self.device_dense is not None and self.local_dense is not None:
+            self.local_dense.import_(self.device_dense.export())
+        return super().save_dense(directory)
+
+    def load_dense_local(self, path) -> None:
+        """After a checkpoint load: the servers' rows are not the ones prepared; the
+        loaded dense row goes to the device."""
+        super().load_dense_local(path)
+        if self.device_dense is not None and self.local_dense is not None:
+            self.device_dense.import_(self.local_dense.export())
+        self._drop_prepared()
 
     # -- write back ----------------------------------------------------------------------
 
     def finish_pass(self) -> None:
         """Write every owned row whole, with its counts, to the servers; free the device
-        rows (kept on the host as the next pass's carry-over when it is prepared)."""
+        rows (kept on the host as the next pass's carry-over when it is prepared). With
+        the next pass prepared the writes are left in flight: the next pass builds from
+        the carry-over and its first step waits for them (:meth:`settle_write_back`)."""
         if self.shards is None:
             return
+        self.settle_write_back()  # the last pass's writes land before this one's
         start = time.perf_counter()
         handles, carry = [], {}
         for name, shard in self.shards.items():
@@ -413,19 +415,38 @@ class GpuPsMode(SyncMode):
                         name, keys, result["rows"], shows=result["show"], clicks=result["click"]
                     )
                 )
-        for handle in handles:
-            handle.wait()
-        self.shards, self._routes = None, {}
-        collectives.barrier(timeout=self.collective_timeout)  # the servers hold every pass row
+        self.shards, self._steps = None, None
+        self._pending = handles
         nxt = self._next
         if nxt is not None and nxt.target == self._begun:  # the next pass takes the rows
-            self._carry, self._rows_after = carry, self._server_rows()
+            self._carry = carry
+        else:
+            self.settle_write_back()
         self._timings["write_back_s"] += time.perf_counter() - start
 
-    def load_dense_local(self, path) -> None:
-        """After a checkpoint load: the servers' rows are not the ones prepared."""
-        super().load_dense_local(path)
-        self._drop_prepared()
+    def settle_write_back(self) -> None:
+        """The last pass's write-back is on the servers, every worker's (a collective when
+        one is in flight: every worker has one then). Runs before anything reads the
+        servers: a step of the next pass, its build when it pulls, an evaluation, a
+        checkpoint, decay and shrink (``quiesce``)."""
+        if self._pending is None:
+            return
+        start = time.perf_counter()
+        handles, self._pending = self._pending, None
+        for handle in handles:
+            handle.wait()
+        collectives.barrier(timeout=self.collective_timeout)  # the servers hold every pass row
+        if self._carry is not None:
+            self._rows_after = self._server_rows()
+        self._release_next()  # its early pulls may read the written rows now
+        self._timings["write_back_s"] += time.perf_counter() - start
+
+    def refresh_dense(self) -> None:
+        self.settle_write_back()
+
+    def quiesce(self) -> None:
+        self.settle_write_back()
+        super().quiesce()
 
     def _drop_prepared(self) -> None:
         if self._next is not None:
@@ -433,24 +454,12 @@ class GpuPsMode(SyncMode):
         self._next, self._carry = None, None
 
     def close(self) -> None:
-        self.shards, self._routes = None, {}
+        for handle in self._pending or ():
+            handle.wait()
+        self.shards, self._steps, self._pending = None, None, None
         self._drop_prepared()
 
     def timings(self) -> dict:
         out = {k: round(v, 4) for k, v in self._timings.items()}
         self._timings = dict.fromkeys(self._timings, 0.0)
         return out
-
-
-def _group_keys(keys: dict[str, np.ndarray], group: list[str]) -> np.ndarray:
-    """The keys a group of tables shares this step (empty when this worker has no data)."""
-    first = keys.get(group[0], np.empty(0, np.uint64))
-    for name in group[1:]:
-        other = keys.get(name, np.empty(0, np.uint64))
-        if other is not first and not np.array_equal(other, first):
-            raise InputError(
-                f"GPUPS: tables {group[0]!r} and {name!r} were read through one dedup when "
-                "the pass was built but got different keys in this step; every batch of a "
-                "pass must carry the same slots"
-            )
-    return first

@@ -30,6 +30,7 @@ import torch
 from ..config import TableConfig
 from ..errors import InputError
 from ..optim.device_rules import apply_table_rules
+from .gpups_device import to_device
 
 __all__ = ["DeviceTable", "bytes_per_key"]
 
@@ -62,11 +63,9 @@ class DeviceTable:
         self.device = device
         order = np.argsort(keys.view(np.int64), kind="stable")  # int64 order: torch sorts int64
         self.keys = keys[order]
-        self._sorted = torch.from_numpy(self.keys.view(np.int64).copy()).to(device)
-        self.weights = torch.from_numpy(np.ascontiguousarray(embedding[order], np.float32)).to(
-            device
-        )
-        self.state = torch.from_numpy(np.ascontiguousarray(state[order], np.float32)).to(device)
+        self._sorted = to_device(self.keys.view(np.int64), device).clone()
+        self.weights = to_device(embedding[order], device, np.float32).clone()
+        self.state = to_device(state[order], device, np.float32).clone()
         self.shows = torch.zeros(self.keys.size, dtype=torch.float32, device=device)
         self.clicks = torch.zeros_like(self.shows)
 
@@ -84,7 +83,7 @@ class DeviceTable:
             InputError: a key is not in this shard (the pass's working set was built
                 from other data than the pass trains on).
         """
-        query = torch.from_numpy(np.ascontiguousarray(keys).view(np.int64)).to(self.device)
+        query = to_device(np.ascontiguousarray(keys).view(np.int64), self.device)
         if query.numel() == 0:
             return query
         if len(self) == 0:
@@ -102,28 +101,27 @@ class DeviceTable:
             )
         return index
 
-    def gather(self, index: torch.Tensor) -> np.ndarray:
-        """Current embeddings of rows ``index``: float32 ``[len(index), dim]`` on the host."""
-        return self.weights.index_select(0, index).cpu().numpy()
+    def gather(self, index: torch.Tensor) -> torch.Tensor:
+        """Current embeddings of rows ``index``: float32 ``[len(index), dim]``, on the device
+        (a new tensor: the step's leaf, whose gradient :meth:`apply` takes)."""
+        return self.weights.index_select(0, index)
 
     def apply(
-        self, index: torch.Tensor, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray
+        self, index: torch.Tensor, grads: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor
     ) -> None:
         """One optimizer step: gradients of repeated rows summed, then the rule once per row.
 
         Args:
             index: int64 ``[n]`` rows (repeats allowed: one per worker that used the key).
-            grads: float32 ``[n, dim]``; shows, clicks: float32 ``[n]``.
+            grads: float32 ``[n, dim]``; shows, clicks: float32 ``[n]``; on the device.
         """
         if index.numel() == 0:
             return
-        device = self.device
         unique, inverse = torch.unique(index, return_inverse=True)
-        g = torch.from_numpy(np.ascontiguousarray(grads, np.float32)).to(device)
-        merged = torch.zeros((unique.numel(), g.shape[1]), dtype=torch.float32, device=device)
-        merged.index_add_(0, inverse, g)
-        self.shows.index_add_(0, index, torch.from_numpy(np.ascontiguousarray(shows)).to(device))
-        self.clicks.index_add_(0, index, torch.from_numpy(np.ascontiguousarray(clicks)).to(device))
+        merged = grads.new_zeros((unique.numel(), grads.shape[1]))
+        merged.index_add_(0, inverse, grads)
+        self.shows.index_add_(0, index, shows)
+        self.clicks.index_add_(0, index, clicks)
         apply_table_rules(self.config, self.weights, self.state, unique, merged)
 
     @property

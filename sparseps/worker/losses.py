@@ -72,7 +72,7 @@ def label_column(batch, name_or_index: int) -> np.ndarray:
 
 
 def _probabilities(logits: torch.Tensor) -> np.ndarray:
-    return torch.sigmoid(logits.detach()).numpy().astype(np.float32).reshape(-1, 1)
+    return torch.sigmoid(logits.detach()).cpu().numpy().astype(np.float32).reshape(-1, 1)
 
 
 class BinaryCrossEntropy(Loss):
@@ -80,9 +80,10 @@ class BinaryCrossEntropy(Loss):
 
     def __call__(self, model, batch) -> LossOutput:
         logits = model(batch).reshape(-1)
-        labels = torch.from_numpy(np.asarray(batch.label, np.float32))
-        loss = F.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
-        return LossOutput(loss, _probabilities(logits), labels.numpy().reshape(-1, 1))
+        labels = np.asarray(batch.label, np.float32)
+        target = torch.from_numpy(labels).to(logits.device)  # gpups: the model's device
+        loss = F.binary_cross_entropy_with_logits(logits, target, reduction="sum")
+        return LossOutput(loss, _probabilities(logits), labels.reshape(-1, 1))
 
 
 class _FunctionLoss(Loss):

@@ -102,6 +102,14 @@ class TrainingMode(ABC, Closing):
     def loss_scale(self, batch_size: int) -> float:
         return float(max(batch_size, 1))
 
+    def step_grads(self, binder, lookups: dict, leaves: dict, dense: DenseParams) -> tuple:
+        """``(grads, dense_grad)`` of the step after its backward, as ``apply`` takes them
+        (host arrays; gpups keeps them on its device)."""
+        return binder.grads(lookups, leaves), dense.grads()
+
+    def place_model(self, model) -> None:  # noqa: B027 - optional hook, default: nothing
+        """Put the model where this mode computes it (gpups: its device)."""
+
     @abstractmethod
     def apply(self, grads: list, dense_grad: np.ndarray) -> None:
         """Send one step's gradients (``grads``: ``(table, keys, grad, shows, clicks)``)."""

@@ -112,6 +112,7 @@ class TrainingState(Closing):
             env.rank,
             tables=list(self.tables.values()),
         )
+        self.mode.place_model(self.model)
         return True
 
     @property

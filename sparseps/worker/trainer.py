@@ -339,12 +339,9 @@ class Trainer:
         out = self.loss(self.model, batch)
         (out.loss / self._mode.loss_scale(len(batch))).backward()
         self._timings["compute_s"] += time.perf_counter() - start
-        return (
-            self._binder.grads(lookups, leaves),
-            dense_params.grads(),  # a fresh array: the next backward does not touch it
-            float(out.loss.detach()) / max(len(batch), 1),
-            out,
-        )
+        # fresh arrays (or gpups' device tensors): the next backward does not touch them
+        grads, dense_grad = self._mode.step_grads(self._binder, lookups, leaves, dense_params)
+        return grads, dense_grad, float(out.loss.detach()) / max(len(batch), 1), out
 
     def infer_from_dataset(
         self, dataset: Iterable[Batch], *, on_batch: OnBatch | None = None

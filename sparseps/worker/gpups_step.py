@@ -1,0 +1,145 @@
+"""One GPUPS training step on the device: rows to the model, gradients to the rule.
+
+Built by :class:`~sparseps.worker.gpups.GpuPsMode` for each (sub-)pass over its device
+tables (:class:`~.gpups_table.DeviceTable`, this worker's shard of each table). Per step
+and per group of tables read through one dedup:
+
+1. **rows** (:meth:`DeviceSteps.rows`): the batch's unique keys (host: they are the
+   batch's input) are sent to their owners, worker ``server_of(key, W)`` (one host
+   all-to-all of keys; none with one worker); each owner finds them in its table
+   (``torch.searchsorted``) and sends the rows back, device to device (NCCL on CUDA,
+   gloo on CPU; :class:`~.gpups_device.DeviceExchange`). The rows come out as fresh
+   device tensors: the step's leaves, bound to the model.
+2. **update** (:meth:`DeviceSteps.apply`): the leaves' gradients, with the batch's
+   show/click counts, go back to the owners (one device all-to-all), which sum them per
+   key and run the table's rule (:mod:`sparseps.optim.device_rules`); the dense
+   gradient is summed over the workers on the device and the dense rule steps the
+   model's parameters there (:class:`~.gpups_device.DeviceDense`).
+
+Nothing of a row, a gradient or the dense model crosses to the host: what does is the
+batch's input (keys, counts, the model's features) and what the metrics read (the
+predictions and the loss).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..core import collectives
+from ..core.routing import server_of
+from ..errors import InputError
+from .gpups_device import DeviceDense, DeviceExchange, to_device
+from .gpups_table import DeviceTable
+
+__all__ = ["DeviceSteps"]
+
+
+class _Route:
+    """One group's keys of one step: who owns each, and where they sit in the owner's table."""
+
+    def __init__(self, order, send: list[int], recv: list[int], index: torch.Tensor) -> None:
+        self.order, self.send, self.recv, self.index = order, send, recv, index
+
+
+class DeviceSteps:
+    """The steps of one (sub-)pass over this worker's device tables (module docstring).
+
+    Args:
+        shards: ``{table: DeviceTable}`` this worker owns for the pass.
+        groups: the tables read through one dedup (every worker routes them alike).
+        configs: ``{table: TableConfig}``.
+        exchange: the device collectives.
+        dense: the dense model's device optimizer row (None: no dense parameters).
+        timeout: seconds a host collective may wait.
+    """
+
+    def __init__(self, shards: dict[str, DeviceTable], groups: list[list[str]], configs: dict,
+                 exchange: DeviceExchange, dense: DeviceDense | None, *, timeout: float) -> None:  # fmt: skip
+        self.shards, self.groups, self.configs = shards, groups, configs
+        self.exchange, self.dense, self.timeout = exchange, dense, timeout
+        self.world = exchange.world
+        self.device = exchange.device
+        self._routes: dict[str, _Route] = {}
+
+    def _owners(self, keys: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        if self.world == 1:
+            return None, np.array([keys.size], np.int64)
+        owner = server_of(keys, self.world) if keys.size else np.zeros(0, np.int64)
+        order = np.argsort(owner, kind="stable")
+        return order, np.bincount(owner, minlength=self.world).astype(np.int64)
+
+    def rows(self, keys: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """``{table: float32 [U, dim] device tensor}`` of the step's keys (a collective)."""
+        out: dict[str, torch.Tensor] = {}
+        for group in self.groups:
+            wanted = group_keys(keys, group)
+            order, counts = self._owners(wanted)
+            if order is None:
+                received, recv_counts = wanted, counts
+            else:
+                received, recv_counts = collectives.all_to_all_rows(
+                    wanted[order], counts, timeout=self.timeout
+                )
+            index = self.shards[group[0]].find(received)  # a group's shards hold equal keys
+            send, recv = counts.tolist(), recv_counts.tolist()
+            parts = [self.shards[name].gather(index) for name in group]
+            if order is not None:
+                back = self.exchange.all_to_all(torch.cat(parts, dim=1), recv, send)
+                ordered = torch.empty_like(back)
+                ordered[to_device(order, back.device)] = back
+                widths = [self.configs[name].dim for name in group]
+                parts = [p.clone() for p in torch.split(ordered, widths, dim=1)]
+            out.update(zip(group, parts, strict=True))
+            self._routes[group[0]] = _Route(order, send, recv, index)
+        return {name: out[name] for name in keys}
+
+    def apply(self, grads: list, dense_grad) -> None:
+        """Send the step's gradients to their owners, step the rules; step the dense rule.
+
+        Args:
+            grads: ``[(table, keys, grad, shows, clicks)]``: grad a device tensor (or a
+                host array: a worker with no data left), shows/clicks host arrays.
+            dense_grad: the flat dense gradient (a device tensor, or a host array).
+        """
+        device = self.device
+        by_table = {g[0]: g[1:] for g in grads}
+        for group in self.groups:
+            route = self._routes.pop(group[0])  # rows() ran this step, data or not
+            size = route.index.numel() if route.order is None else int(route.order.size)
+            columns = []
+            for name in group:
+                grad = by_table[name][1] if name in by_table else None
+                if grad is None or not isinstance(grad, torch.Tensor):
+                    grad = torch.zeros((size, self.configs[name].dim), device=device)
+                columns.append(grad)
+            counts = by_table.get(group[0], (None, None, np.zeros(size), np.zeros(size)))[2:]
+            columns += [to_device(c, device, np.float32).reshape(-1, 1) for c in counts]
+            packed = torch.cat(columns, dim=1)
+            if route.order is not None:
+                packed = packed[to_device(route.order, device)]
+                packed = self.exchange.all_to_all(packed, route.send, route.recv)
+            shows, clicks = packed[:, -2], packed[:, -1]
+            at = 0
+            for name in group:
+                dim = self.configs[name].dim
+                self.shards[name].apply(route.index, packed[:, at : at + dim], shows, clicks)
+                at += dim
+        if self.dense is not None:
+            if not isinstance(dense_grad, torch.Tensor):
+                dense_grad = to_device(dense_grad, device, np.float32)
+            self.dense.step(self.exchange.all_reduce_sum(dense_grad))
+
+
+def group_keys(keys: dict[str, np.ndarray], group: list[str]) -> np.ndarray:
+    """The keys a group of tables shares this step (empty when this worker has no data)."""
+    first = keys.get(group[0], np.empty(0, np.uint64))
+    for name in group[1:]:
+        other = keys.get(name, np.empty(0, np.uint64))
+        if other is not first and not np.array_equal(other, first):
+            raise InputError(
+                f"GPUPS: tables {group[0]!r} and {name!r} were read through one dedup when "
+                "the pass was built but got different keys in this step; every batch of a "
+                "pass must carry the same slots"
+            )
+    return first
