@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from sparseps.rpc.transport import free_port
+from sparseps.testing import run_ranks
 
 WORKER = Path(__file__).resolve().with_name("data_shuffle_worker.py")
 
@@ -29,35 +28,9 @@ def global_shuffles(tmp_path_factory) -> dict[str, list[dict[str, np.ndarray]]]:
     write_files(root / "plain", [300, 200, 250, 150])  # worker 0: files 0, 2; worker 1: 1, 3
     _extra_files(root / "extra", [300, 200, 250, 150])
     port = free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                str(rank),
-                "2",
-                str(port),
-                str(root / "plain"),
-                str(root / f"plain{rank}.npz"),
-                "--",
-                str(root / "extra"),
-                str(root / f"extra{rank}.npz"),
-                "extra",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        for rank in range(2)
-    ]
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=120)
-            assert p.returncode == 0, out.decode()[-3000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    run_ranks(WORKER, 2, lambda rank: [rank, 2, port, root / "plain", root / f"plain{rank}.npz",
+                                       "--", root / "extra", root / f"extra{rank}.npz", "extra"],
+              timeout_s=120)  # fmt: skip
     return {
         name: [dict(np.load(root / f"{name}{rank}.npz")) for rank in range(2)]
         for name in ("plain", "extra")

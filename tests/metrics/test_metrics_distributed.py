@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +17,7 @@ import pytest
 
 from sparseps.metrics import CTRMetrics
 from sparseps.rpc.transport import free_port
+from sparseps.testing import run_ranks
 
 WORKER = Path(__file__).with_name("metrics_worker.py")
 WORLD = 3
@@ -39,33 +38,8 @@ def worker_results(tmp_path_factory):
     warm.update([0.5], [1])
     warm.compute()
     port = free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                str(rank),
-                str(WORLD),
-                str(port),
-                str(out / f"{rank}.json"),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(WORLD)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=DEADLINE_S)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-    codes = [proc.returncode for proc in procs]
-    assert codes == [0] * WORLD, f"exit codes {codes}\n" + "\n".join(logs)
+    argv = lambda rank: [rank, WORLD, port, out / f"{rank}.json"]  # noqa: E731
+    run_ranks(WORKER, WORLD, argv, timeout_s=DEADLINE_S)
     return [json.loads((out / f"{rank}.json").read_text()) for rank in range(WORLD)]
 
 

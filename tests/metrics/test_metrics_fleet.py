@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ import pytest
 
 from sparseps.metrics import CTRMetrics, accuracy, mae, mse, rmse
 from sparseps.rpc.transport import free_port
+from sparseps.testing import run_ranks
 
 WORKER = Path(__file__).with_name("fleet_worker.py")
 
@@ -28,14 +27,7 @@ def test_fleet_metrics_two_workers_equal_one_process(tmp_path):
     spec.loader.exec_module(worker)
     CTRMetrics(num_buckets=8).update([0.5], [1])  # compile the kernels once, here
     port = free_port()
-    procs = [
-        subprocess.Popen([sys.executable, str(WORKER), str(r), "2", str(port), str(tmp_path / f"{r}.json")],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(2)
-    ]  # fmt: skip
-    for p in procs:
-        output, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, output
+    run_ranks(WORKER, 2, lambda r: [r, 2, port, tmp_path / f"{r}.json"], timeout_s=120)
     results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]
     got = results[0]

@@ -17,8 +17,6 @@ form their group as ``sps.init()`` does in a ``--secure`` job. Shown here:
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ import pytest
 from sparseps.rpc.mesh import GONE_GRACE_S
 from sparseps.rpc.security import write_job_keys
 from sparseps.rpc.transport import free_port
+from sparseps.testing import run_ranks
 from sparseps.testing.environ import clean_environ
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,15 +43,15 @@ def keys(tmp_path_factory) -> Path:
 def _run(mode: str, world: int, keys: Path, out: Path, group_keys: dict[int, Path] | None = None):
     master = f"127.0.0.1:{free_port()}"
     out.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for rank in reversed(range(world)):  # rank 0 last: the others wait for its store
-        extra = [str(group_keys[rank])] if group_keys and rank in group_keys else []
-        argv = [sys.executable, str(WORKER), mode, str(rank), str(world), master, str(keys),
-                str(out), *extra]  # fmt: skip
-        procs.append(subprocess.Popen(argv, env=clean_environ(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))  # fmt: skip
-    outputs = [p.communicate(timeout=150)[0] for p in procs]
-    return [p.returncode for p in procs][::-1], "\n".join(outputs)
+
+    def argv(rank: int) -> list:
+        extra = [group_keys[rank]] if group_keys and rank in group_keys else []
+        return [mode, rank, world, master, keys, out, *extra]
+
+    results = run_ranks(
+        WORKER, world, argv, timeout_s=150, env=clean_environ(), check=False, rank0_last=True
+    )
+    return [r.returncode for r in results], "\n".join(r.output for r in results)
 
 
 def _record(out: Path, rank: int) -> dict:

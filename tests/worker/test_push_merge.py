@@ -13,6 +13,7 @@ from sparseps.config import TableConfig
 from sparseps.errors import ConfigError
 from sparseps.optim import Adagrad
 from sparseps.table import SparseTable
+from sparseps.testing import FakeClock
 from sparseps.worker.pipeline import PushQueue
 from sparseps.worker.push_merge import MergePolicy, PushMerger, merge_pushes
 
@@ -140,14 +141,6 @@ def test_deadline_sends_what_is_held_and_flush_does_not_wait_for_it():
         queue.close()
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_auto_window_from_measured_latency_and_step_interval():
     clock = FakeClock()
     merger = PushMerger(MergePolicy(window=8, auto=True), clock=clock)
@@ -155,7 +148,7 @@ def test_auto_window_from_measured_latency_and_step_interval():
     for _ in range(20):  # a step every 10 ms (the second table does not count)
         merger.note_step("deep")
         merger.note_step("wide")
-        clock.now += 0.010
+        clock.advance(0.010)
     merger.note_send(0.030)
     assert merger.window == 6  # ceil(2 * 30 ms / 10 ms)
     for _ in range(50):

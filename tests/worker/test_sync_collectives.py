@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from sparseps.core.routing import server_of
 from sparseps.rpc.transport import free_port
+from sparseps.testing import run_ranks
 
 JOB = Path(__file__).parent / "jobs" / "sync_steps_job.py"
 
@@ -33,14 +32,7 @@ def _job():
 
 def test_a_sync_step_is_three_collectives_and_pushes_every_workers_keys(tmp_path):
     port = free_port()
-    procs = [
-        subprocess.Popen([sys.executable, str(JOB), str(r), str(port), str(tmp_path / f"{r}.json")],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(2)
-    ]  # fmt: skip
-    for p in procs:
-        output, _ = p.communicate(timeout=180)
-        assert p.returncode == 0, output
+    run_ranks(JOB, 2, lambda r: [r, port, tmp_path / f"{r}.json"], timeout_s=180)
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
     job = _job()
     steps = max(job.BATCHES)
