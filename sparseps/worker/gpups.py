@@ -60,9 +60,10 @@ from .gpups_build import (
     pass_keys,
     pick_rows,
 )
-from .gpups_device import DeviceDense, DeviceExchange, to_device
+from .gpups_device import DeviceDense, DeviceExchange, resolve_device, to_device
+from .gpups_split import SubPasses, check_budget
 from .gpups_step import DeviceSteps
-from .gpups_table import DeviceTable, bytes_per_key
+from .gpups_table import DeviceTable
 from .modes import SyncMode
 
 __all__ = ["GpuPsMode", "resolve_device"]
@@ -70,30 +71,6 @@ __all__ = ["GpuPsMode", "resolve_device"]
 log = logging.getLogger(__name__)
 
 _pass_keys = pass_keys  # the name the tests know
-
-
-def resolve_device(
-    device: str, rank: int = 0, *, setting: str = "Strategy.device", role: str = "worker"
-) -> torch.device:
-    """The torch device of ``Strategy.device`` for worker ``rank`` (GPUs shared round-robin);
-    ``setting`` and ``role`` name the knob and the process in the error (heter workers:
-    ``--heter-device``, ``heter_worker``).
-
-    Raises:
-        ConfigError: ``device="cuda"`` and no CUDA device is visible.
-    """
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            f"{setting}='cuda': no CUDA device is visible to {role} {rank} "
-            "(torch.cuda.is_available() is False: no GPU, no driver, a CPU-only torch, or "
-            "CUDA_VISIBLE_DEVICES hides them); use device='cpu', or 'auto' to take a GPU "
-            "only when there is one"
-        )
-    return torch.device("cuda", rank % torch.cuda.device_count())
 
 
 class GpuPsMode(SyncMode):
@@ -123,6 +100,7 @@ class GpuPsMode(SyncMode):
                     "'async', or admit every key"
                 )
         self.shards: dict[str, DeviceTable] | None = None  # during a pass
+        self._split: SubPasses | None = None  # a pass over the budget, in sub-passes
         self._begun = 0  # passes begun (NextPass.target counts them)
         self._local: dict[str, np.ndarray] = {}  # this worker's keys of the running pass
         self._next: NextPass | None = None  # the next pass, prepared in the background
@@ -139,7 +117,7 @@ class GpuPsMode(SyncMode):
             self.device_dense = DeviceDense(
                 self.dense.params, self.dense_rule, self.local_dense.export(), self.device
             )
-        self._timings = {"build_s": 0.0, "write_back_s": 0.0, "next_pass_s": 0.0}
+        self._timings = {"build_s": 0.0, "write_back_s": 0.0, "next_pass_s": 0.0, "sub_passes": 0.0}
         self.last_build: dict = {}
         log.info(
             "GPUPS mode: worker %d trains its shard of each pass on %s", self.rank, self.device
@@ -148,7 +126,8 @@ class GpuPsMode(SyncMode):
     # -- build ---------------------------------------------------------------------------
 
     def begin_pass(self, dataset: Iterable, lookups: Callable, index: int) -> None:
-        """Build this worker's shard of the pass's working set (collective)."""
+        """Build this worker's shard of the pass's working set (collective); a pass over
+        the device budget is split into sub-passes (:mod:`.gpups_split`)."""
         check_pass_dataset(dataset)
         start = time.perf_counter()
         prepared = self._take_next(dataset)
@@ -161,12 +140,47 @@ class GpuPsMode(SyncMode):
         if carry is None:
             early = {}  # the servers' rows changed between the passes (a shrink)
             self.settle_write_back()  # everything is pulled: the writes land first
-        laps = [time.perf_counter()]  # phases: keys, route (+ waiting for the others), rows
         self._local = local
         nxt = self._next
         if nxt is not None:  # prepared for the pass after this one: its pulls may start
             nxt.exclude = local
             self._release_next()
+        self._begun += 1
+        self._split = None
+        if not self._build(local, shared, early, carry, index, start):
+            total = self._total_steps(dataset)
+            self._split = SubPasses(dataset, lookups, list(self.configs), index, total)
+            self._next_sub_pass()
+
+    def _total_steps(self, dataset) -> int:
+        """The pass's global steps: the most batches a worker has (sync lock-step)."""
+        mine = np.zeros(self.world, np.int64)
+        mine[self.rank] = sum(1 for _ in dataset)
+        return int(collectives.all_reduce_sum(mine, timeout=self.collective_timeout).max())
+
+    def _next_sub_pass(self) -> None:
+        """Build the longest run of the pass's next steps that fits the budget (halving
+        the run until it does; a single step is built whatever its size)."""
+        split = self._split
+        assert split is not None
+        self.settle_write_back()
+        while True:
+            start = time.perf_counter()
+            local, shared = split.keys(split.start, split.stop)
+            if self._build(local, shared, {}, None, split.index, start, force=split.single):
+                break
+            split.halve()
+        log.info("GPUPS pass %d: over Strategy.gpups_memory_bytes=%s, sub-pass %d trains "
+                 "steps %d..%d of %d", split.index, self.config.memory_bytes, split.built,
+                 split.start, split.stop, split.total)  # fmt: skip
+        split.built += 1
+        self._timings["sub_passes"] += 1
+
+    def _build(self, local: dict, shared: np.ndarray, early: dict, carry, index: int,
+               start: float, *, force: bool = False) -> bool:  # fmt: skip
+        """Route the keys to their owners and fill the device tables; False (nothing
+        pulled) when a worker's shard is over the budget, unless ``force``."""
+        laps = [time.perf_counter()]  # phases: keys, route (+ waiting for the others), rows
         self.groups = self._agree_groups(shared)
         timeout = self.collective_timeout
         owned, routes = {}, {}
@@ -178,7 +192,12 @@ class GpuPsMode(SyncMode):
             )
             routes[group[0]] = (order, counts, received, recv_counts)
             owned.update(dict.fromkeys(group, unique_keys(received)))
-        anyone_early = self._check_budget(owned, index, bool(early))
+        fits, anyone_early = check_budget(
+            owned, self.configs, self.config.memory_bytes, self.rank, self.world, bool(early),
+            timeout=timeout,
+        )  # fmt: skip
+        if not fits and not force:
+            return False
         laps.append(time.perf_counter())
         received_early = {}
         if anyone_early:
@@ -190,7 +209,6 @@ class GpuPsMode(SyncMode):
             self.shards, self.groups, self.configs, self.exchange, self.device_dense,
             timeout=self.collective_timeout,
         )  # fmt: skip
-        self._begun += 1
         seconds = time.perf_counter() - start
         self._timings["build_s"] += seconds
         self.last_build = {
@@ -208,6 +226,7 @@ class GpuPsMode(SyncMode):
             ),  # fmt: skip
         }
         log.info("GPUPS pass %d built: %s", index, self.last_build)
+        return True
 
     def prefetch_pass(self, dataset: Iterable, lookups: Callable) -> None:
         """Prepare the pass after the running one (or, between passes, after the next one)
@@ -311,28 +330,6 @@ class GpuPsMode(SyncMode):
         order = np.argsort(owner, kind="stable")
         return order, np.bincount(owner, minlength=self.world).astype(np.int64)
 
-    def _check_budget(self, owned: dict, index: int, early: bool) -> bool:
-        """Every worker refuses the pass if any worker's shard exceeds the budget; returns
-        whether any worker has early rows to send (one collective agrees on both)."""
-        budget = self.config.memory_bytes
-        mine = np.zeros((self.world, 3), np.int64)
-        mine[self.rank] = (
-            sum(k.size for k in owned.values()),
-            sum(k.size * bytes_per_key(self.configs[n]) for n, k in owned.items()),
-            int(early),
-        )
-        every = collectives.all_reduce_sum(mine, timeout=self.collective_timeout)
-        worst = int(np.argmax(every[:, 1]))
-        keys, nbytes = (int(v) for v in every[worst, :2])
-        if budget is not None and nbytes > budget:
-            raise ConfigError(
-                f"GPUPS pass {index}: the working set of worker {worst} is {keys} keys, "
-                f"{nbytes} bytes on its device, over Strategy.gpups_memory_bytes={budget}; "
-                "GPUPS refuses a pass that does not fit (it does not split it): raise the "
-                "budget, add workers (each owns 1/W of the keys) or make the pass smaller"
-            )
-        return bool(every[:, 2].any())
-
     # -- per step: on the device (gpups_step) ----------------------------------------------
 
     def place_model(self, model: torch.nn.Module) -> None:
@@ -345,7 +342,8 @@ class GpuPsMode(SyncMode):
         """During a pass: the step's rows from the owners' device tables, as device tensors
         (:class:`~.gpups_step.DeviceSteps`); otherwise from the servers, onto the device."""
         if self._steps is None:
-            self.settle_write_back()
+            for handle in self._pending or ():  # settled by refresh_dense, collectively,
+                handle.wait()  # before an evaluation: this worker's writes at least
             rows = super().pull_rows(keys)
             return {name: to_device(r, self.device) for name, r in rows.items()}
         return self._steps.rows(keys)
@@ -362,7 +360,12 @@ class GpuPsMode(SyncMode):
 
     def steps(self, source: Iterable) -> Iterator:
         try:
-            for item in super().steps(source):
+            for step, item in enumerate(super().steps(source)):
+                split = self._split
+                if split is not None and step == split.stop:  # the next sub-pass
+                    self._write_back(defer=False)
+                    split.advance()
+                    self._next_sub_pass()
                 if item is None and self._steps is not None:
                     self._steps.rows({})  # no data left here: still answer the owners' exchange
                 yield item
@@ -396,6 +399,11 @@ class GpuPsMode(SyncMode):
     # -- write back ----------------------------------------------------------------------
 
     def finish_pass(self) -> None:
+        """The pass's (or its last sub-pass's) write-back (:meth:`_write_back`)."""
+        self._split = None
+        self._write_back(defer=True)
+
+    def _write_back(self, *, defer: bool) -> None:
         """Write every owned row whole, with its counts, to the servers; free the device
         rows (kept on the host as the next pass's carry-over when it is prepared). With
         the next pass prepared the writes are left in flight: the next pass builds from
@@ -418,8 +426,8 @@ class GpuPsMode(SyncMode):
         self.shards, self._steps = None, None
         self._pending = handles
         nxt = self._next
-        if nxt is not None and nxt.target == self._begun:  # the next pass takes the rows
-            self._carry = carry
+        if defer and nxt is not None and nxt.target == self._begun:  # the next pass takes
+            self._carry = carry  # the rows
         else:
             self.settle_write_back()
         self._timings["write_back_s"] += time.perf_counter() - start

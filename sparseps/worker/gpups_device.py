@@ -12,6 +12,7 @@ model's optimizer row, and the collectives over device tensors.
   it), the job's own group (gloo) on CPU. The counts of an all-to-all are host integers
   (they come with the batch's keys, which are inputs); the rows and gradients stay on
   the device. With one worker every call returns its input.
+- :func:`resolve_device`: the torch device of ``Strategy.device`` for a worker.
 - :func:`to_device`: a host array onto the device (pinned memory and a non-blocking copy
   on CUDA; on CPU the array itself).
 """
@@ -25,11 +26,36 @@ from torch import nn
 
 from ..core import collectives
 from ..core.deadline import wait_collective
+from ..errors import ConfigError
 from ..optim.device_rules import apply_rule
 
-__all__ = ["DeviceDense", "DeviceExchange", "to_device"]
+__all__ = ["DeviceDense", "DeviceExchange", "resolve_device", "to_device"]
 
 _SETTING = "Strategy.collective_timeout"
+
+
+def resolve_device(
+    device: str, rank: int = 0, *, setting: str = "Strategy.device", role: str = "worker"
+) -> torch.device:
+    """The torch device of ``Strategy.device`` for worker ``rank`` (GPUs shared round-robin);
+    ``setting`` and ``role`` name the knob and the process in the error (heter workers:
+    ``--heter-device``, ``heter_worker``).
+
+    Raises:
+        ConfigError: ``device="cuda"`` and no CUDA device is visible.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"{setting}='cuda': no CUDA device is visible to {role} {rank} "
+            "(torch.cuda.is_available() is False: no GPU, no driver, a CPU-only torch, or "
+            "CUDA_VISIBLE_DEVICES hides them); use device='cpu', or 'auto' to take a GPU "
+            "only when there is one"
+        )
+    return torch.device("cuda", rank % torch.cuda.device_count())
 
 
 def to_device(array: np.ndarray, device: torch.device, dtype=None) -> torch.Tensor:
