@@ -3,7 +3,14 @@
 A shard's *view* is its epoch and its copies, head first, as a copy's ``shard_info`` last
 said (at the start: epoch 0 and the shard's chain, :func:`sparseps.core.replicas.chain`).
 Requests go to the view's first copy this client does not count as lost
-(:class:`~sparseps.rpc.replicated.ShardRequest` follows refusals and losses).
+(:class:`~sparseps.rpc.replicated.ShardRequest` follows refusals and losses), except
+reads (:data:`SPREAD_OPS`): those take the view's live copies in turn, so a shard whose
+rows are hot (power-law ids send most pulls to a few shards) is read from every copy, not
+only from its head's server. Any copy may answer a read: live copies are bit-identical,
+and the head acknowledges a write only once every live copy applied it, so a read sent
+after a write's answer sees it on whichever copy answers (reads in flight with a write
+may see it or not, as with the head). A copy that is lost or refuses (recovering) sends
+the read back to the head, as any request (:mod:`sparseps.rpc.replicated`).
 
 :meth:`ShardViews.refresh` asks the copies for their view and keeps the newest. It asks
 the chain's servers this client reaches first; copies the newest view names that the
@@ -16,6 +23,7 @@ only reads finds a replacement it never heard of.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -27,7 +35,10 @@ from .channel import Channel
 from .ops import SHARD_WRITE_OPS
 from .replicated import ShardRequest
 
-__all__ = ["PROBE_S", "ShardViews"]
+__all__ = ["PROBE_S", "SPREAD_OPS", "ShardViews"]
+
+# Reads spread over a shard's live copies (writes, saves and table-wide ops: its head).
+SPREAD_OPS = frozenset({"pull", "pull_dense"})
 
 # Longest wait for a copy's shard_info while probing (a refused connection ends it sooner).
 PROBE_S = 3.0
@@ -41,14 +52,21 @@ class ShardViews:
         channel: the client's channel (loss detection on).
         num_servers: servers in the job.
         replicas: backup copies per shard.
+        spread_reads: send :data:`SPREAD_OPS` to the shard's live copies in turn (False:
+            every request to the head, as before issue 59; benches compare the two).
     """
 
-    def __init__(self, channel: Channel, num_servers: int, replicas: int) -> None:
+    def __init__(
+        self, channel: Channel, num_servers: int, replicas: int, *, spread_reads: bool = True
+    ) -> None:
         self.channel = channel
         self.num_servers = num_servers
         self.replicas = replicas
+        self.spread_reads = spread_reads
         self._views = [(0, chain(s, num_servers, replicas)) for s in range(num_servers)]
         self._lock = threading.Lock()
+        # per shard: the reads sent, which picks the copy of the next one
+        self._turns = [itertools.count() for _ in range(num_servers)]
 
     def chain(self, shard: int) -> tuple[int, ...]:
         return chain(shard, self.num_servers, self.replicas)
@@ -64,17 +82,26 @@ class ShardViews:
                 return rank
         return None
 
+    def reader(self, shard: int) -> int | None:
+        """The copy the next read of ``shard`` goes to: the view's live copies in turn
+        (None: none is live)."""
+        live = [rank for rank in self._views[shard][1] if self.channel.lost(rank) is None]
+        if not live:
+            return None
+        return live[next(self._turns[shard]) % len(live)]
+
     def request(
         self, shard: int, op: str, table: str | None, bufs: Sequence, args: dict | None,
         seq: int | None,
     ) -> ShardRequest:  # fmt: skip
-        """Send one shard's request to its head (refreshing the view first when none of
-        its copies is reachable)."""
+        """Send one shard's request to its head, or a read to one of its live copies
+        (refreshing the view first when none of its copies is reachable)."""
         request = ShardRequest(
             shard, op, [], router=self, chain=self.chain(shard), seq=seq, bufs=tuple(bufs),
             args=args, table=table,
         )  # fmt: skip
-        rank = self.head(shard)
+        spread = self.spread_reads and op in SPREAD_OPS
+        rank = self.reader(shard) if spread else self.head(shard)
         if rank is None:
             self.refresh(shard, time.monotonic() + self.channel.timeout)
             rank = self.head(shard)
