@@ -17,6 +17,10 @@ requests' dense gradients, sent to the servers as one update. The equality holds
 whose rows do not see each other (MLPs, cross networks, attention within a row); a layer
 with batch statistics (batch norm in training mode) sees the gathered batch instead.
 
+Heter in sync mode (:mod:`.heter_sync`) gathers differently: a step's window closes once
+every trainer contributing to it arrived (no rows or time bound), its rows stacked in
+trainer order.
+
 Requests are stacked only when their shapes agree past the batch dimension (a module whose
 slot count varies, or a different label width, makes a group of its own).
 """
@@ -29,9 +33,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.validate import check_float, check_int
+from ..errors import ProtocolError
 from ..rpc.protocol import Request
 
-__all__ = ["DeviceBatch", "GatherWindow", "Step", "gather_window", "group_steps"]
+__all__ = [
+    "DeviceBatch",
+    "GatherWindow",
+    "Step",
+    "check_sync",
+    "gather_window",
+    "group_steps",
+    "window_full",
+]
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,7 @@ class Step:
     envelope: list
     request: Request
     shapes: list[list[int]]
+    sync: tuple[int, int, int] | None = None  # heter in sync mode: (step, trainers, trainer)
 
     @property
     def rows(self) -> int:
@@ -85,11 +99,47 @@ class Step:
 
 
 def group_steps(steps: Sequence[Step]) -> list[list[Step]]:
-    """``steps`` cut into stackable groups, in the order of each group's first step."""
+    """``steps`` cut into stackable groups, in the order of each group's first step (the
+    steps of a sync step in trainer order: the same sums whatever the arrival order)."""
     groups: dict[tuple, list[Step]] = {}
     for step in steps:
         groups.setdefault(step.key, []).append(step)
-    return list(groups.values())
+    return [
+        sorted(group, key=_trainer) if group[0].sync is not None else group
+        for group in groups.values()
+    ]
+
+
+def _trainer(step: Step) -> int:
+    return step.sync[2] if step.sync is not None else 0
+
+
+def window_full(steps: Sequence[Step], rows: int, window: GatherWindow) -> bool:
+    """Whether a window of ``steps`` (``rows`` rows) closes: every trainer of a sync step
+    arrived, or the rows bound is reached."""
+    sync = steps[0].sync if steps else None
+    if sync is not None:
+        return len(steps) >= sync[1]
+    return rows >= window.rows
+
+
+def check_sync(value: object) -> tuple[int, int, int] | None:
+    """A ``heter_step``'s ``sync`` argument, ``[step, trainers, trainer]`` (None: async)."""
+    if value is None:
+        return None
+    found = list(value) if isinstance(value, list) else []
+    ok = (
+        len(found) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in found)
+        and found[0] >= 0
+        and 1 <= found[1] <= 1 << 16
+        and 0 <= found[2] < 1 << 16
+    )
+    if not ok:
+        raise ProtocolError(
+            f"heter_step: 'sync' must be [step >= 0, trainers >= 1, trainer >= 0], got {value!r:.80}"
+        )
+    return int(found[0]), int(found[1]), int(found[2])
 
 
 class DeviceBatch:

@@ -64,9 +64,17 @@ class HeterMode(AsyncMode):
         )
         self._seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
 
-    def _call(self, op: str, bufs=(), args: dict | None = None) -> Handle:
-        call = self.channel.submit(self.heter_rank, op, None, bufs, args)
+    def _call(
+        self, op: str, bufs=(), args: dict | None = None, *, rank: int | None = None
+    ) -> Handle:
+        rank = self.heter_rank if rank is None else rank
+        call = self.channel.submit(rank, op, None, bufs, args)
         return Handle(self.channel, [call], lambda replies: replies[0])
+
+    def step_target(self) -> tuple[int, dict]:
+        """The heter worker of the next step and what its request adds (async: this
+        trainer's heter worker, nothing)."""
+        return self.heter_rank, {}
 
     def compute(self, items: Iterable, step: Callable, binder) -> Iterator:
         """``(item, (grads, dense_grad, loss, out))`` per step, ``heter_window`` in flight."""
@@ -97,10 +105,12 @@ class HeterMode(AsyncMode):
         labels = np.asarray(batch.label, np.float32).reshape(-1, 1)
         if batch.extra_labels is not None:
             labels = np.concatenate([labels, np.asarray(batch.extra_labels, np.float32)], axis=1)
+        rank, extra = self.step_target()
         handle = self._call(
             "heter_step",
             [np.ascontiguousarray(batch.dense, np.float32), np.ascontiguousarray(labels), flat],
-            {"shapes": shapes, "scale": self.loss_scale(len(batch))},
+            {"shapes": shapes, "scale": self.loss_scale(len(batch)), **extra},
+            rank=rank,
         )
         self._seconds["compute_s"] += time.perf_counter() - start
         return item, lookups, leaves, outputs, shapes, handle

@@ -9,7 +9,10 @@ named :class:`~sparseps.errors.ProtocolError` reply and never stops it.
   schema's extra labels), ``outputs`` float32 ``[N]`` (every ``SparseEmbedding``'s
   output of the step, flattened and concatenated in module order; ``shapes`` says how
   to cut it). Reply: ``result`` ``{"loss": summed loss}``, buffers ``grads`` (the same
-  layout as ``outputs``), ``predictions`` and ``labels`` float32 ``[B, T]``.
+  layout as ``outputs``), ``predictions`` and ``labels`` float32 ``[B, T]``. Heter in sync
+  mode adds ``sync``: ``[step, trainers, trainer]`` (the step's number, how many trainers
+  contribute to it, the sender's rank): the heter worker runs the step once all of them
+  arrived, in trainer order, and answers once its dense update is applied.
 - ``heter_flush``: every dense update this heter worker sent is applied on the servers;
   ``result``: its busy and idle seconds and steps since the last flush.
 - ``ping``, ``stop``: liveness; stop (the launcher's, at the end of the job).
@@ -33,7 +36,11 @@ HETER_OPS: dict[str, OpSchema] = {
             BufSpec("outputs", "float32", 1),
         ),
         same_rows=("dense", "labels"),
-        args={"shapes": ((list,), True), "scale": ((float, int), True)},
+        args={
+            "shapes": ((list,), True),
+            "scale": ((float, int), True),
+            "sync": ((list,), False),
+        },
         answer={"loss": (float, int)},
         answer_bufs=(
             BufSpec("grads", "float32", 1),

@@ -38,7 +38,14 @@ from ..rpc.protocol import Limits, Request, decode_request, encode_reply, peek_r
 from ..rpc.security import Security, security_from_key_dir
 from .dense_params import DenseParams
 from .gpups import resolve_device
-from .heter_gather import DeviceBatch, Step, gather_window, group_steps
+from .heter_gather import (
+    DeviceBatch,
+    Step,
+    check_sync,
+    gather_window,
+    group_steps,
+    window_full,
+)
 from .heter_metrics import heter_metrics
 from .heter_ops import HETER_OPS
 from .heter_wire import check_shapes, join, split
@@ -185,7 +192,7 @@ class HeterService:
         scale = float(request.args["scale"])
         if not scale > 0:
             raise ProtocolError(f"heter_step: 'scale' must be > 0, got {scale!r}")
-        return Step(envelope, request, shapes)
+        return Step(envelope, request, shapes, check_sync(request.args.get("sync")))
 
     def step(self, request: Request) -> tuple[dict, list[np.ndarray]]:
         """The dense half of one step: ``(result, [grads, predictions, labels])``."""
@@ -196,6 +203,9 @@ class HeterService:
         device batch: per step ``(result, [grads, predictions, labels])``, what the step
         alone would give (:mod:`.heter_gather`); one dense update for them all."""
         batch = DeviceBatch(steps, split)
+        sync = steps[0].sync is not None
+        if sync:  # the step before may have run on another heter worker: fresh values
+            self._pulled, self._dense_pull = False, None
         self._install_dense()
         outputs = [
             torch.tensor(part, device=self.device, requires_grad=True) for part in batch.outputs
@@ -216,6 +226,9 @@ class HeterService:
             for module in self.embeddings:
                 module.unbind()
         self._push_dense(self.dense.grads())
+        if sync and self._dense_push is not None:  # applied before the trainers go on
+            self._dense_push.wait()
+            self._dense_push = self._dense_pull = None
         self.steps += len(batch)
         self.batches += 1
         self.rows += batch.rows
@@ -412,14 +425,36 @@ class HeterService:
                 log.warning("heter worker %d: bad heter_step refused: %s", self.rank, exc)
                 transport.send_frames(sock, [*envelope, *_error_reply(request.id, exc)])
             else:
+                first = steps[0].sync if steps else None
+                if step.sync is not None and first is not None and first[0] != step.sync[0]:
+                    self._supersede(sock, steps, step)
+                    steps, rows = [], 0
                 steps.append(step)
                 rows += step.rows
-            if rows >= self.window.rows:
+            if window_full(steps, rows, self.window):
                 return steps, None
+            if steps and steps[0].sync is not None:  # the rest of the step's trainers
+                while not sock.poll(POLL_MS):
+                    if self.stop_requested.is_set():
+                        return steps, None
+                continue
             now = time.perf_counter()
             deadline = now + self.window.wait_s if deadline is None else deadline
             if not sock.poll(int(max(0.0, deadline - now) * 1000)):
                 return steps, None
+
+    def _supersede(self, sock: zmq.Socket, steps: list[Step], newer: Step) -> None:
+        """A sync step's window left incomplete (its trainers restarted): its requests get
+        an error, the newer step's window starts."""
+        old_step = steps[0].sync[0] if steps[0].sync is not None else None
+        new_step = newer.sync[0] if newer.sync is not None else None
+        exc = ProtocolError(
+            f"heter_step: sync step {old_step} superseded by step {new_step} "
+            f"before all of its trainers arrived (the trainers restarted?)"
+        )
+        log.warning("heter worker %d: %s", self.rank, exc)
+        for old in steps:
+            transport.send_frames(sock, [*old.envelope, *_error_reply(old.request.id, exc)])
 
     def _install_signals(self) -> dict:
         if threading.current_thread() is not threading.main_thread():

@@ -303,27 +303,10 @@ class SyncMode(WorkerDenseMode):
         return float(max(self.global_batch, 1))
 
     def apply(self, grads: list, dense_grad: np.ndarray) -> None:
-        world, timeout = collectives.world_size(), self.collective_timeout
+        timeout = self.collective_timeout
         # the sizes the header announced (a step run outside steps() exchanges them first)
         sizes, self._buffer_sizes = self._buffer_sizes, None
-        handles, routed = [], None
-        for table, all_keys, all_grads, all_shows, all_clicks in gather_sparse_grads(
-            grads, sizes=sizes, timeout=timeout
-        ):
-            # tables read through one slot union (wide&deep's two) have the same keys:
-            # routed once (comparing costs a hundredth of hashing)
-            if routed is None or not np.array_equal(routed[0], all_keys):
-                routed = (all_keys, server_of(all_keys, world) == self.rank if world > 1 else None)
-            mine = routed[1] if routed[1] is not None else slice(None)
-            handles.append(
-                self.client.push(
-                    table,
-                    all_keys[mine],
-                    all_grads[mine],
-                    shows=all_shows[mine],
-                    clicks=all_clicks[mine],
-                )
-            )
+        handles = push_gathered_sparse(self.client, grads, self.rank, sizes=sizes, timeout=timeout)
         if self.local_dense is not None:
             total = collectives.all_reduce_sum(dense_grad, timeout=timeout)
             self.local_dense.push(np.ascontiguousarray(total, np.float32))
@@ -331,6 +314,29 @@ class SyncMode(WorkerDenseMode):
         for handle in handles:
             handle.wait()
         self.step += 1
+
+
+def push_gathered_sparse(client, grads: list, rank: int, *, sizes, timeout: float) -> list:
+    """Sync mode's sparse half of a step: every worker's gradients gathered (one
+    all-gather), this worker pushing the share of keys that hashes to its rank, so the
+    servers apply the sum of all workers' gradients once. Returns the push handles."""
+    world = collectives.world_size()
+    handles, routed = [], None
+    for table, all_keys, all_grads, all_shows, all_clicks in gather_sparse_grads(
+        grads, sizes=sizes, timeout=timeout
+    ):
+        # tables read through one slot union (wide&deep's two) have the same keys:
+        # routed once (comparing costs a hundredth of hashing)
+        if routed is None or not np.array_equal(routed[0], all_keys):
+            routed = (all_keys, server_of(all_keys, world) == rank if world > 1 else None)
+        mine = routed[1] if routed[1] is not None else slice(None)
+        handles.append(
+            client.push(
+                table, all_keys[mine], all_grads[mine], shows=all_shows[mine],
+                clicks=all_clicks[mine],
+            )  # fmt: skip
+        )
+    return handles
 
 
 def make_mode(

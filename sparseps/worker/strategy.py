@@ -183,6 +183,10 @@ class Heter(Mode):
             device batch, no gathering; docs/heterps.md, "Request gathering").
         gather_ms: ... and waits at most this many milliseconds after a window's first
             request for more (requests already queued are taken without waiting).
+        sync: sync mode's guarantee with the dense network on heter workers: trainers in
+            lock-step, each step one dense update of the global batch on one heter worker,
+            the sparse gradients summed once (:mod:`sparseps.worker.heter_sync`); one step
+            in flight (``window`` and the gathering knobs do not apply).
     """
 
     name: ClassVar[str] = "heter"
@@ -193,12 +197,15 @@ class Heter(Mode):
     push_merge_window: int = 8
     gather_rows: int = 4096
     gather_ms: float = 2.0
+    sync: bool = False
 
     def __post_init__(self) -> None:
         check_int("Heter", "window", self.window, ge=1)
         check_int("Heter", "dense_pull_interval", self.dense_pull_interval, ge=1)
         check_int("Heter", "gather_rows", self.gather_rows, ge=0)
         check_float("Heter", "gather_ms", self.gather_ms, ge=0)
+        if not isinstance(self.sync, bool):
+            raise ConfigError(f"Heter.sync: expected a bool, got {self.sync!r}")
         _merge_policy("Heter", self.push_merge, self.push_merge_window)
 
     def merge_policy(self) -> MergePolicy | None:
@@ -206,6 +213,10 @@ class Heter(Mode):
 
     def build(self, client: PSClient, dense: DenseParams, dense_rule: Rule,
               strategy: Strategy, rank: int, *, tables: list[TableConfig]) -> TrainingMode:  # fmt: skip
+        if self.sync:
+            from .heter_sync import HeterSyncMode
+
+            return HeterSyncMode(client, dense, dense_rule, strategy, rank, tables=tables)
         from .heter_mode import HeterMode
 
         return HeterMode(client, dense, dense_rule, strategy, rank, tables=tables)

@@ -64,7 +64,8 @@ model = WideDeep(
 merge = {"push_merge": args.push_merge, "push_merge_window": args.push_merge_window}
 # "async" with default knobs: the job's default mode (Heter() when it has heter workers)
 modes = {"geo": sps.Geo(k_steps=args.k_steps), "hybrid": sps.Hybrid(**merge),
-         "async": sps.Async(**merge) if args.push_merge else None}  # fmt: skip
+         "async": sps.Async(**merge) if args.push_merge else None,
+         "heter_sync": sps.Heter(sync=True)}  # fmt: skip
 strategy = sps.Strategy(mode=modes.get(args.mode, args.mode))
 dump = (
     sps.metrics.DumpConfig(
