@@ -320,6 +320,12 @@ class PSClient(Closing):
         ``[len(keys), dim + state_dim]`` in the caller's order (:mod:`.client_rows`)."""
         return client_rows.pull_full(self._router, table, keys)
 
+    def pull_counts(self, table: str, keys: np.ndarray) -> Handle:
+        """Per key ``[is a row (1/0), pending show, pending click]``; ``wait()`` -> float32
+        ``[len(keys), 3]`` (GPUPS under admission; :meth:`SparseTable.pull_counts
+        <sparseps.table.SparseTable.pull_counts>`)."""
+        return client_rows.pull_counts(self._router, table, keys)
+
     def write_rows(self, table: str, keys: np.ndarray, rows: np.ndarray,
                    shows: np.ndarray | None = None, clicks: np.ndarray | None = None) -> Handle:  # fmt: skip
         """Overwrite the embedding and state of ``keys`` (unique), add show/click;

@@ -32,7 +32,14 @@ from .keyed import KeyedBatch, rows_of
 if TYPE_CHECKING:
     from .router import Router
 
-__all__ = ["pull_full", "write_rows"]
+__all__ = ["pull_counts", "pull_full", "write_rows"]
+
+
+def pull_counts(router: Router, table: str, keys: np.ndarray) -> Handle:
+    keys = check_key_array(f"pull_counts {table!r}", keys, contiguous=False)
+    grouping = router.group(keys, dedup=True)
+    batch = KeyedBatch("pull_counts", table, grouping.keys, ())
+    return router.send(batch, grouping, rows_of(len(grouping.keys), grouping.inverse))
 
 
 def pull_full(router: Router, table: str, keys: np.ndarray) -> Handle:

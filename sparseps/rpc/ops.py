@@ -121,6 +121,8 @@ OPS: dict[str, OpSchema] = {
     ),
     # GPUPS: whole rows (embedding + optimizer state) out and in (sparseps.table.full_rows)
     "pull_full": OpSchema(table=True, bufs=(_KEYS,), answer_bufs=(_ROWS,), slot_reply=True),
+    # GPUPS with admission: is each key a row, and a pending key's counters
+    "pull_counts": OpSchema(table=True, bufs=(_KEYS,), answer_bufs=(_ROWS,)),
     "write_rows": OpSchema(
         table=True,
         bufs=(_KEYS, BufSpec("rows", "float32", 2)),

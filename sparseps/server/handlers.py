@@ -386,6 +386,7 @@ def op_table(state: ServerState) -> dict[str, Op]:
         "shrink": sparse.shrink,
         # GPUPS' whole rows (sparseps.server.row_ops)
         "pull_full": rows.pull_full,
+        "pull_counts": rows.pull_counts,
         "write_rows": rows.write_rows,
         # dense tables (sparseps.server.dense_ops)
         "create_dense": dense.create_dense,

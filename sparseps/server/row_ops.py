@@ -47,6 +47,15 @@ class WholeRows:
             rows = entry.table.pull_full(keys)
         return None, [rows]
 
+    def pull_counts(self, request: Request) -> Answer:
+        """Per key ``[is a row (1/0), pending show, pending click]`` (GPUPS admission)."""
+        entry = self.tables.entry(request)
+        keys = request.bufs["keys"]
+        self.ownership.check_routed(request, keys)
+        with entry.lock.read():
+            counts = entry.table.pull_counts(keys)
+        return None, [counts]
+
     def write_rows(self, request: Request) -> Answer:
         entry = self.tables.entry(request)
         bufs = request.bufs

@@ -79,6 +79,20 @@ class FullRows:
             out[where, store.dim :] = store.state0
         return out
 
+    def pull_counts(self, keys: np.ndarray) -> np.ndarray:
+        """float32 ``[n, 3]``: per key 1 when it is a row (else 0), and the show and click
+        counters of a key still pending admission (0 otherwise). GPUPS trains a pass's
+        keys under admission on its device from these (:mod:`sparseps.worker.gpups_admit`).
+        Changes nothing."""
+        store = self.storage
+        keys = checks.check_key_array("pull_counts", keys)
+        out = np.zeros((keys.shape[0], 3), np.float32)
+        out[:, 0] = store.index.find(keys) >= 0
+        pids = store.pending_index.find(keys)
+        pending = np.flatnonzero(pids >= 0)
+        out[pending, 1:] = store.pending[pids[pending], :2]
+        return out
+
     def _pull_split(self, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """:meth:`pull_full` of a split table: ``[embedding (dim) | embed state | embedx
         state]``; a row without an embedx part reads zeros and the initial state there."""

@@ -299,6 +299,11 @@ class SparseTable(Closing):
         <sparseps.table.full_rows.FullRows.pull_full>`."""
         return self._full_rows.pull_full(keys)
 
+    def pull_counts(self, keys: np.ndarray) -> np.ndarray:
+        """Is each key a row, and a pending key's counters: :meth:`FullRows.pull_counts
+        <sparseps.table.full_rows.FullRows.pull_counts>`."""
+        return self._full_rows.pull_counts(keys)
+
     def write_rows(
         self,
         keys: np.ndarray,

@@ -51,6 +51,7 @@ from ..core.keysets import unique_keys
 from ..core.routing import server_of
 from ..errors import ConfigError
 from ..optim.device_rules import check_device_rule
+from .gpups_admit import check_admission
 from .gpups_build import (
     Carry,
     NextPass,
@@ -90,15 +91,7 @@ class GpuPsMode(SyncMode):
                     "(accessor.cvm): a pass's rows are trained on the device, where the "
                     "servers' counts are not; train this table with mode='sync' or 'async'"
                 )
-            if config.lifecycle.admission != Admission.ALWAYS:
-                raise ConfigError(
-                    f"table {config.name!r}: Strategy(mode='gpups') needs "
-                    "Lifecycle(admission='always'), got "
-                    f"admission={config.lifecycle.admission.value!r}: a server admits a key "
-                    "push by push, but a pass's rows are trained on the device and reach "
-                    "the servers only at its end; train this table with mode='sync' or "
-                    "'async', or admit every key"
-                )
+            check_admission(config)
         self.shards: dict[str, DeviceTable] | None = None  # during a pass
         self._split: SubPasses | None = None  # a pass over the budget, in sub-passes
         self._begun = 0  # passes begun (NextPass.target counts them)
@@ -301,14 +294,19 @@ class GpuPsMode(SyncMode):
                 if need.size:
                     handles[name] = self.client.pull_full(name, owned[name][need])
                     counts["pulled"] += int(need.size)
+        counted = [n for n in picked if self.configs[n].lifecycle.admission != Admission.ALWAYS]
+        if counted:  # the servers' counters include the last pass's write-back
+            self.settle_write_back()
+        states = {name: self.client.pull_counts(name, owned[name]) for name in counted}
         shards = {}
         for name, (rows, need) in picked.items():
             if name in handles:
                 rows[need] = handles[name].wait()
             dim = self.configs[name].dim
             shards[name] = DeviceTable(
-                self.configs[name], owned[name], rows[:, :dim], rows[:, dim:], self.device
-            )
+                self.configs[name], owned[name], rows[:, :dim], rows[:, dim:], self.device,
+                counts=states[name].wait() if name in states else None,
+            )  # fmt: skip
         return shards, counts
 
     def _agree_groups(self, shared: np.ndarray) -> list[list[str]]:
@@ -417,12 +415,23 @@ class GpuPsMode(SyncMode):
             result = shard.result()
             keys = result["key"]
             carry[name] = Carry(keys, result["rows"])
-            if keys.size:
+            rows, shows, clicks, admitted = (
+                result[k] for k in ("rows", "show", "click", "admitted")
+            )  # fmt: skip
+            if admitted.any():
                 handles.append(
                     self.client.write_rows(
-                        name, keys, result["rows"], shows=result["show"], clicks=result["click"]
+                        name, keys[admitted], rows[admitted], shows=shows[admitted],
+                        clicks=clicks[admitted],
                     )
-                )
+                )  # fmt: skip
+            pending = ~admitted  # keys still pending admission: their counts only
+            if pending.any():
+                zeros = np.zeros((int(pending.sum()), self.configs[name].dim), np.float32)
+                handles.append(
+                    self.client.push(name, keys[pending], zeros, shows=shows[pending],
+                                     clicks=clicks[pending])
+                )  # fmt: skip
         self.shards, self._steps = None, None
         self._pending = handles
         nxt = self._next

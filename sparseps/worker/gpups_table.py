@@ -30,6 +30,7 @@ import torch
 from ..config import TableConfig
 from ..errors import InputError
 from ..optim.device_rules import apply_table_rules
+from .gpups_admit import DeviceAdmission
 from .gpups_device import to_device
 
 __all__ = ["DeviceTable", "bytes_per_key"]
@@ -49,6 +50,8 @@ class DeviceTable:
         embedding: float32 ``[n, dim]`` of each row (as the servers hold it).
         state: float32 ``[n, state_dim]`` optimizer state of each row.
         device: the torch device the rows live on.
+        counts: float32 ``[n, 3]`` from ``pull_counts`` for a table under admission
+            (:mod:`.gpups_admit`); None: admission "always".
     """
 
     def __init__(
@@ -58,6 +61,8 @@ class DeviceTable:
         embedding: np.ndarray,
         state: np.ndarray,
         device: torch.device,
+        *,
+        counts: np.ndarray | None = None,
     ) -> None:
         self.config = config
         self.device = device
@@ -68,6 +73,9 @@ class DeviceTable:
         self.state = to_device(state[order], device, np.float32).clone()
         self.shows = torch.zeros(self.keys.size, dtype=torch.float32, device=device)
         self.clicks = torch.zeros_like(self.shows)
+        self.admission = (
+            None if counts is None else DeviceAdmission(config, self.keys, counts[order], device)
+        )
 
     def __len__(self) -> int:
         return int(self.keys.size)
@@ -122,6 +130,9 @@ class DeviceTable:
         merged.index_add_(0, inverse, grads)
         self.shows.index_add_(0, index, shows)
         self.clicks.index_add_(0, index, clicks)
+        if self.admission is not None:  # pending keys: admitted now, or their grads dropped
+            stepped = self.admission.admit(unique, self.shows, self.clicks, self.weights)
+            unique, merged = unique[stepped], merged[stepped]
         apply_table_rules(self.config, self.weights, self.state, unique, merged)
 
     @property
@@ -133,11 +144,17 @@ class DeviceTable:
 
         Returns:
             ``{"key", "rows" (final embedding + optimizer state, float32
-            ``[n, dim + state_dim]``), "show", "click"}``.
+            ``[n, dim + state_dim]``), "show", "click", "admitted" (bool: a row to
+            write; the others are keys still pending admission)}``.
         """
         return {
             "key": self.keys,
             "rows": torch.cat([self.weights, self.state], dim=1).cpu().numpy(),
             "show": self.shows.cpu().numpy(),
             "click": self.clicks.cpu().numpy(),
+            "admitted": (
+                np.ones(len(self), bool)
+                if self.admission is None
+                else self.admission.admitted.cpu().numpy()
+            ),
         }

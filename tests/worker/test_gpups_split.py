@@ -84,3 +84,27 @@ def test_split_gpups_passes_over_a_disk_tier_equal_sync_passes(tmp_path, planted
     assert gpups[4]["deep_emb"]["disk_rows"] > gpups[4]["deep_emb"]["memory_rows"]  # most on disk
     assert sync[0]["deep_emb"]["key"].size == keys.size
     _compare(sync, gpups)
+
+
+def test_gpups_under_count_admission_over_a_disk_tier_and_sub_passes_equals_sync(tmp_path, planted):
+    """Count admission on: pending keys are admitted on the device at the step the server
+    would admit them (their counters before the pass plus the pass's), their rows and
+    the pending keys' counters equal sync mode's after two passes split in sub-passes."""
+    batches = planted(7, 12, 64, SLOTS, vocab=400)
+    lifecycle = sps.Lifecycle(admission="count", admit_count=4)
+    sync = _train(batches, sps.Strategy(mode="sync"), {}, None, tmp_path / "sync", lifecycle)
+    keys = np.unique(np.concatenate([s.values for b in batches for s in b.slots.values()]))
+    rows = sync[0]["deep_emb"]["key"].size
+    assert 0 < rows < keys.size, "some keys must stay pending after the two passes"
+    config = _model(None).embeddings[0].config
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    strategy = sps.Strategy(
+        mode=sps.GpuPS(device="cpu", memory_bytes=2 * keys.size * bytes_per_key(config) // 3)
+    )
+    gpups = _train(batches, strategy, {"SPARSEPS_DISK_DIR": str(disk)}, keys.size // 10,
+                   tmp_path / "gpups", lifecycle)  # fmt: skip
+    assert all(t["sub_passes"] >= 3 for t in gpups[3]), gpups[3]
+    _compare(sync, gpups)
+    for name in TABLES:  # the keys still pending hold the same counters
+        assert gpups[4][name]["pending"] == sync[4][name]["pending"] > 0
