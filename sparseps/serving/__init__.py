@@ -9,8 +9,11 @@
   decoded) and :mod:`.request_columns` (the columns checked and converted);
 - :mod:`.watcher`: :class:`ModelWatcher`, polls the chain and swaps immutable models;
 - :mod:`.metrics`: :class:`ServeMetrics`, the Prometheus registry of one service;
+- :mod:`.batcher`: ``Batcher``, concurrent requests gathered into one model call;
 - :mod:`.app`: the Starlette routes (``/predict``, ``/healthz``, ``/model``, ``/metrics``);
 - :mod:`.server`: :func:`serve`, uvicorn on a socket bound first;
+- :mod:`.workers`: ``--workers N``, a supervisor of N service processes on one socket,
+  and :mod:`.board`, what each of them serves;
 - :mod:`.process`: :class:`ServeProcess`, the service in a child process (tests, bench,
   examples).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,12 @@ class ServeConfig:
             1.7 ms measured on the shared 2-core box, bench/RESULTS.md "serve").
         ready_file: once listening, the service writes ``{"url", "host", "port", "pid"}``
             here (atomically) and removes it when it stops.
+        batch_max_rows: rows one model call gathers from concurrent requests at most
+            (:mod:`.batcher`); 0 turns batching off (each request its own call, on the
+            thread that parsed it: the service before issue 60).
+        batch_max_wait_ms: the longest a request waits for others to join its call
+            (from its arrival; no wait when no other request is on its way).
+        workers: service processes on the one port (:mod:`.workers`); 0: one per core.
     """
 
     model_dir: Path
@@ -52,6 +59,9 @@ class ServeConfig:
     max_ids: int = 1 << 21
     torch_threads: int = 1
     ready_file: Path | None = None
+    batch_max_rows: int = 1024
+    batch_max_wait_ms: float = 2.0
+    workers: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
@@ -74,8 +84,25 @@ class ServeConfig:
             raise ConfigError(f"ServeConfig.max_rows: {self.max_rows} is below 1")
         if self.max_ids < 1:
             raise ConfigError(f"ServeConfig.max_ids: {self.max_ids} is below 1")
+        if self.batch_max_rows < 0:
+            raise ConfigError(
+                f"ServeConfig.batch_max_rows: {self.batch_max_rows} is below 0 (0: no batching)"
+            )
+        if not 0 <= self.batch_max_wait_ms <= 1000:
+            raise ConfigError(
+                f"ServeConfig.batch_max_wait_ms: {self.batch_max_wait_ms} is not in 0..1000 ms"
+            )
+        if not 0 <= self.workers <= 256:
+            raise ConfigError(
+                f"ServeConfig.workers: {self.workers} is not in 0..256 (0: one per core)"
+            )
 
     @property
     def request_schema(self) -> Schema | None:
         """The schema given (None: the model's, found once it is loaded)."""
         return None if self.schema is None else named_schema(self.schema)
+
+    @property
+    def processes(self) -> int:
+        """Service processes to run: ``workers``, or the usable cores for 0."""
+        return self.workers or len(os.sched_getaffinity(0))

@@ -33,6 +33,8 @@ class ServeProcess:
         start_timeout: seconds to wait for it to listen.
         extra_args: more ``sparseps serve`` arguments (``["--max-rows", "10"]``).
         log_path: where the child's stdout and stderr go.
+        workers: service processes (``--workers``; 1 by default here, so that
+            :attr:`pid` is the process that answers; 0: one per core).
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class ServeProcess:
         stop_timeout: float = 15.0,
         extra_args: list[str] | None = None,
         log_path: str | Path | None = None,
+        workers: int = 1,
     ) -> None:
         self._work = Path(tempfile.mkdtemp(prefix="sparseps-serve-"))
         self.ready_file = self._work / "ready.json"
@@ -52,7 +55,8 @@ class ServeProcess:
         argv = [
             sys.executable, "-m", "sparseps.cli", "serve", str(model_dir),
             "--host", "127.0.0.1", "--port", "0", "--poll-s", str(poll_s),
-            "--ready-file", str(self.ready_file), *(extra_args or []),
+            "--ready-file", str(self.ready_file), "--workers", str(workers),
+            *(extra_args or []),
         ]  # fmt: skip
         with open(self.log_path, "wb") as log:  # the child keeps its own copy of the fd
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)

@@ -27,8 +27,10 @@ ids of any body are counted again, column by column, before they are hashed or l
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 
 from ..data.schema import CRITEO, Batch, Schema
@@ -85,8 +87,10 @@ def _json_table(body: bytes, max_rows: int, schema: Schema) -> pa.Table:
             raise _TooManyObjects
         return obj
 
+    payload = _fast_json(body, max_rows)
     try:
-        payload = json.loads(body, object_hook=count)
+        if payload is None:
+            payload = json.loads(body, object_hook=count)
     except _TooManyObjects:
         raise RequestError(
             413,
@@ -133,6 +137,25 @@ def _json_table(body: bytes, max_rows: int, schema: Schema) -> pa.Table:
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
             raise RequestError(400, f"columns.{name}: {_arrow_message(exc)}") from None
     return pa.table(arrays)
+
+
+_LONG_NUMBER = re.compile(rb"[0-9]{20}")
+
+
+def _fast_json(body: bytes, max_rows: int) -> object | None:
+    """``body`` parsed by orjson (3-10x faster than ``json``), or None to parse it with
+    ``json`` instead: when the body may hold more objects than ``max_rows`` rows allow
+    (orjson has no object hook to stop it early; each object opens with a ``{``, so
+    counting them bounds the objects), when it holds a number of 20 digits or more (orjson
+    reads an integer past 64 bits as a float, where ``json`` keeps it an integer, refused
+    by name) or when orjson refuses it. ``json`` then parses it as before, so every
+    refusal keeps its message (depth, NaN, integers past 64 bits)."""
+    if body.count(b"{") > max_rows + 2 or _LONG_NUMBER.search(body):
+        return None
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
 
 
 _GUESS_ROWS = 8  # rows looked at to guess a slot column's type

@@ -48,6 +48,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ready-file", default=None, help="write {url, host, port, pid} here once listening"
     )
+    parser.add_argument(
+        "--batch-max-rows",
+        type=int,
+        default=1024,
+        help="rows one model call gathers from concurrent requests at most (default 1024; "
+        "0: no batching, a call per request)",
+    )
+    parser.add_argument(
+        "--batch-max-wait-ms",
+        type=float,
+        default=2.0,
+        help="the longest a request waits for others to join its model call (default 2 ms; "
+        "no wait when no other request is on its way)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="service processes on the one port, sharing the model's memory-mapped rows "
+        "(default 0: one per core)",
+    )
+    # a worker process of --workers N: serve on the listening socket inherited as this fd
+    parser.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--board", default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +90,18 @@ def run(args: argparse.Namespace) -> int:
         max_ids=args.max_ids,
         torch_threads=args.torch_threads,
         ready_file=args.ready_file,
+        batch_max_rows=args.batch_max_rows,
+        batch_max_wait_ms=args.batch_max_wait_ms,
+        workers=args.workers,
     )
-    serve(config)
+    if args.listen_fd is not None:  # one worker of a supervisor (sparseps.serving.workers)
+        from .workers import WorkerPlace
+
+        serve(config, WorkerPlace(args.listen_fd, args.worker_index, args.board))
+    elif config.processes > 1:
+        from .workers import supervise
+
+        return supervise(config)
+    else:
+        serve(config)
     return 0

@@ -2,7 +2,9 @@
 
 The listening socket is bound here, before uvicorn starts, so that ``port=0`` works: the
 port the kernel picked is logged and written to ``config.ready_file`` once the app has
-started (the file is removed again when the service stops).
+started (the file is removed again when the service stops). A worker of
+``--workers N`` (:mod:`.workers`) serves on the socket its supervisor bound instead, and
+reports on the supervisor's board (:mod:`.board`) rather than in the ready file.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import logging
 import os
 import socket
+from typing import TYPE_CHECKING
 
 import torch
 import uvicorn
@@ -18,17 +21,21 @@ import uvicorn
 from ..errors import ConfigError
 from ..files.manifest import write_json_atomic
 from .app import create_app
+from .board import WorkerBoard
 from .config import ServeConfig
 from .metrics import ServeMetrics
 from .request_schema import RequestSchema
 from .watcher import ModelWatcher
 
-__all__ = ["serve"]
+if TYPE_CHECKING:
+    from .workers import WorkerPlace
+
+__all__ = ["bind", "serve"]
 
 log = logging.getLogger(__name__)
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto named: asyncio sets TCP_NODELAY on accepted connections only when the
     # socket says IPPROTO_TCP; with proto 0, Nagle held each response's body back until the
@@ -47,8 +54,12 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(config: ServeConfig) -> None:
+def serve(config: ServeConfig, place: WorkerPlace | None = None) -> None:
     """Load the model, listen, serve until stopped (blocks).
+
+    Args:
+        config: the service's settings.
+        place: for a worker of ``--workers N``: the inherited socket and its board slot.
 
     Raises:
         CheckpointError: ``config.model_dir`` holds no chain that loads.
@@ -57,28 +68,46 @@ def serve(config: ServeConfig) -> None:
     torch.set_num_threads(config.torch_threads)
     metrics = ServeMetrics()
     columns = RequestSchema(config.request_schema)
+    board = (
+        WorkerBoard(place.board, place.index)
+        if place is not None and place.board is not None
+        else None
+    )
+    watcher: ModelWatcher
+
+    def publish(served: object = None) -> None:
+        if board is not None:
+            board.publish(watcher.current.predictor.sequence, watcher.applied, watcher.refused)
+
     watcher = ModelWatcher(
         config.model_dir,
         poll_s=config.poll_s,
         on_reload=metrics.on_reload,
         warmup=columns.warm_up,
+        on_swap=publish,
     )
     schema = columns.fix(watcher.current.predictor)  # the first served model's, for good
-    sock = _bind(config.host, config.port)
+    sock = bind(config.host, config.port) if place is None else socket.socket(fileno=place.fd)
     host, port = sock.getsockname()[:2]
     url = f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
 
     def started() -> None:
+        if place is not None:
+            log.info("worker %d (pid %d) serving on %s", place.index, os.getpid(), url)
+            publish()
+            return
         log.info("serving %s on %s", config.model_dir, url)
         if config.ready_file is not None:
             ready = {"url": url, "host": host, "port": port, "pid": os.getpid()}
             write_json_atomic(config.ready_file, ready)
 
     def stopped() -> None:
-        if config.ready_file is not None:
+        if config.ready_file is not None and place is None:
             config.ready_file.unlink(missing_ok=True)
 
-    app = create_app(watcher, config, metrics, schema, on_startup=started, on_shutdown=stopped)
+    app = create_app(
+        watcher, config, metrics, schema, on_startup=started, on_shutdown=stopped, board=board
+    )
     server = uvicorn.Server(
         uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=10

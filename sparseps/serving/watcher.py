@@ -92,6 +92,8 @@ class ModelWatcher:
         on_reload: called after each applied or refused save (metrics).
         warmup: called with each model before it is served (a first call of a new head,
             or of the compiled hashing, costs far more than the next ones).
+        on_swap: called on the watcher's thread after a poll swapped the model or
+            refused a save (``--workers``' board, :mod:`.board`).
 
     Raises:
         CheckpointError: the folder holds no chain that loads and answers the warm-up
@@ -105,6 +107,7 @@ class ModelWatcher:
         poll_s: float = 1.0,
         on_reload: ReloadListener | None = None,
         warmup: Callable[[Predictor], object] | None = None,
+        on_swap: Callable[[ServedModel], object] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.poll_s = poll_s
@@ -117,6 +120,7 @@ class ModelWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._warmup = warmup or (lambda predictor: None)
+        self._on_swap = on_swap or (lambda served: None)
         first = Predictor(self.directory, check=self._warm)
         self._current = ServedModel(first, time.time())
         log.info("serving %s: %s", self.directory, self._summary(self._current.predictor))
@@ -149,9 +153,13 @@ class ModelWatcher:
         self.close()
 
     def _loop(self) -> None:
+        refused = self.refused
         while not self._stop.wait(self.poll_s):
             try:
-                self.poll()
+                changed = self.poll()
+                if changed or self.refused != refused:
+                    self._on_swap(self._current)
+                refused = self.refused
             except Exception:  # a bug here must not stop the service from serving
                 log.exception("%s: poll of the inference chain failed", self.directory)
 

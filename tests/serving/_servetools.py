@@ -6,6 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
+WORKERS = 2  # processes of the session's service (sparseps serve --workers)
+
 
 def land(save: Path, model_dir: Path) -> Path:
     """Deliver one save the way a writer does: copy aside, then one rename into place."""

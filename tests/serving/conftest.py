@@ -5,8 +5,8 @@ worker; a pass of 400 rows before each save): ``base-00000``, thirteen deltas,
 ``base-00014`` and ``delta-00015``, plus the last base's head as TorchScript
 (``legacy_head.pt``) for the legacy-format test. Tests copy saves out of it.
 
-``service`` is one ``sparseps serve`` child process (a real uvicorn on a free loopback
-port) for the session, over ``served`` (a folder that starts as ``base-00000`` + three
+``service`` is one ``sparseps serve --workers 2`` (a supervisor and two worker processes,
+real uvicorns on one free loopback port) for the session, over ``served`` (a folder that starts as ``base-00000`` + three
 deltas; ``test_hot_reload`` lands the rest while it serves). Starting a service costs
 seconds (torch import, the first head load), so the HTTP tests and the hot-reload test
 share it; the HTTP tests check whatever chain is served at the time against
@@ -140,10 +140,12 @@ def served(chain_job, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def service(served):
+    from _servetools import WORKERS
+
     from sparseps.serving import ServeProcess
 
     extra = ["--max-rows", "1000", "--max-body-mb", "0.5"]
-    with ServeProcess(served, poll_s=0.05, extra_args=extra) as process:
+    with ServeProcess(served, poll_s=0.05, extra_args=extra, workers=WORKERS) as process:
         yield process
 
 

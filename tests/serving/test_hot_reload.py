@@ -3,6 +3,14 @@ new base and a delta on it, land in the session service's folder; zero failed re
 answer equals the offline chain (a fresh ``Predictor`` of the folder) at the sequence the
 answer names — so no request saw a half-applied model. Then a corrupt save and an
 incomplete one are refused while the last good model keeps serving.
+
+The session's service runs ``--workers 2``: each worker follows the chain on its own, so a
+reload has landed once ``/model``'s board says every worker serves it
+(``sequence_everywhere``); until then an answer may name the sequence before, and still
+equals the chain at the sequence it names. "Equals": within 2.5e-7 (two float32 ulps
+near 1.0), since the service gathers concurrent requests into one model call and a
+call's row count changes the head's summation blocking (tests/serving/test_batching.py);
+and the answer is nearer to its sequence's predictions than to any other sequence's.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import time
 
 import httpx
 import numpy as np
-from _servetools import land
+from _servetools import WORKERS, land
 
 from sparseps.checkpoint.predictor import Predictor
 from sparseps.data import CRITEO, QueueDataset
@@ -22,6 +30,7 @@ from sparseps.files import manifest as mf
 from sparseps.serving import criteo_request_rows
 
 PAUSE_S = 0.01
+TOLERANCE = 2.5e-7
 WAIT_S = 60.0  # a reload on a loaded 2-core box takes well under a second; bounded anyway
 
 
@@ -52,10 +61,11 @@ class Client(threading.Thread):
 
 
 def wait_for_sequence(client: httpx.Client, sequence: int) -> dict:
+    """``/model`` once every worker serves ``sequence``."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         model = client.get("/model").json()
-        if model["sequence"] == sequence:
+        if model["sequence_everywhere"] == sequence and model["sequence"] == sequence:
             return model
         time.sleep(0.05)
     raise AssertionError(f"the service did not reach sequence {sequence} in {WAIT_S} s: {model}")
@@ -63,6 +73,15 @@ def wait_for_sequence(client: httpx.Client, sequence: int) -> dict:
 
 def sequence_of(name: str) -> int:
     return int(name.split("-")[1])
+
+
+def assert_answer(predictions: object, sequence: int, expected: dict[int, np.ndarray]) -> None:
+    """Within TOLERANCE of the chain at ``sequence``, and nearer to it than to any other."""
+    got = np.float32(predictions)
+    np.testing.assert_allclose(got, expected[sequence], rtol=0, atol=TOLERANCE)
+    distance = {s: float(np.abs(got - e).max()) for s, e in expected.items()}
+    others = [s for s, d in distance.items() if s != sequence and d <= distance[sequence]]
+    assert not others, (sequence, distance)
 
 
 def test_reloads_while_serving(service, client, served, chain, tmp_path):
@@ -90,7 +109,7 @@ def test_reloads_while_serving(service, client, served, chain, tmp_path):
             expected[offline.sequence] = offline.predict(dataset)
             now = client.post("/predict", json={"rows": rows}).json()
             assert now["sequence"] == offline.sequence
-            np.testing.assert_array_equal(np.float32(now["predictions"]), expected[now["sequence"]])
+            assert_answer(now["predictions"], now["sequence"], expected)
         model = client.get("/model").json()
         assert model["base"] == "base-00014" and model["deltas"] == ["delta-00015"]
         assert model["reloads"]["applied"] == start["reloads"]["applied"] + len(todo)
@@ -106,7 +125,7 @@ def test_reloads_while_serving(service, client, served, chain, tmp_path):
     seen = {sequence for _, sequence, _ in load.answers}
     assert len(load.answers) >= 20 and len(seen) >= 5, (len(load.answers), seen)
     for _, sequence, predictions in load.answers:
-        np.testing.assert_array_equal(np.float32(predictions), expected[sequence])
+        assert_answer(predictions, sequence, expected)
 
     # a corrupt delta (a shard altered after its manifest) is refused, the model stays
     last = chain.saves[-1]
@@ -123,11 +142,12 @@ def test_reloads_while_serving(service, client, served, chain, tmp_path):
     incomplete.mkdir()  # an incomplete save: no manifest
     try:
         deadline = time.monotonic() + WAIT_S
-        while client.get("/model").json()["reloads"]["refused"] == start["reloads"]["refused"]:
+        refused = start["reloads"]["refused"] + 1
+        while any(w["refused"] != refused for w in client.get("/model").json()["workers"]):
             assert time.monotonic() < deadline, "the corrupt save was never refused"
             time.sleep(0.05)
         noted = f"{incomplete.name}: no MANIFEST.json"
-        while noted not in service.log():  # the incomplete save is logged (once)
+        while service.log().count(noted) < WORKERS:  # logged (once by each worker)
             assert time.monotonic() < deadline, "the incomplete save was never logged"
             time.sleep(0.05)
         time.sleep(0.3)  # several more polls: each save logged once, not again
@@ -136,13 +156,14 @@ def test_reloads_while_serving(service, client, served, chain, tmp_path):
         assert model["reloads"]["refused"] == start["reloads"]["refused"] + 1
         assert corrupt_name in model["last_refusal"] and "checksum" in model["last_refusal"]
         now = client.post("/predict", json={"rows": rows}).json()
-        np.testing.assert_array_equal(np.float32(now["predictions"]), expected[sequence_of(last)])
+        assert now["sequence"] == sequence_of(last)
+        assert_answer(now["predictions"], now["sequence"], expected)
         metrics = client.get("/metrics").text
         refused = model["reloads"]["refused"]
         assert f'sparseps_serve_reloads_total{{outcome="refused"}} {refused}.0' in metrics
         log = service.log()
-        assert log.count(f"refusing {corrupt_name}") == 1
-        assert log.count(noted) == 1
+        assert log.count(f"refusing {corrupt_name}") == WORKERS
+        assert log.count(noted) == WORKERS
     finally:  # leave the folder a valid chain for the other tests of the session
         shutil.rmtree(served / corrupt_name)
         incomplete.rmdir()

@@ -1,0 +1,224 @@
+"""``Batcher``: concurrent ``/predict`` requests gathered into one model call.
+
+The dynamic batching of TF Serving and Triton, for one service process. Requests parse
+their bodies (on the event loop or a worker thread, :mod:`.app`) and hand the
+:class:`~sparseps.data.Batch` to :meth:`Batcher.predict`; one thread takes what is
+queued, concatenates the batches of requests on the same model (:meth:`Batch.concat`),
+calls the model once, and gives each request its own rows of the answer.
+
+A call is cut when it holds ``max_rows`` rows or when ``max_wait_s`` has passed since its
+first request arrived, whichever comes first, and it does not wait at all when no other
+request is on its way (every request the service has started reading is already queued):
+a lone client pays no window. While a call runs, the next requests queue, so under load
+calls grow by themselves without any wait. A request of ``max_rows`` rows or more is a
+call alone.
+
+Each request gets exactly what it would get alone: a call's rows are independent (the
+lookups and the pooling are per row, the head is applied row-wise), tested bit-equal
+against ``sparseps predict`` with concurrent clients (tests/serving/test_batching.py). If
+the joint call fails (a model that predicts NaN for one request's row), each request of it
+is run alone, so only the request at fault gets the error.
+
+The queue is bounded (``max_queued`` requests): past it a request is refused with 503
+rather than queued without end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.closing import Closing
+from ..data.schema import Batch
+from .limits import RequestError
+
+__all__ = ["Arrival", "Batcher", "BatcherStats"]
+
+log = logging.getLogger(__name__)
+
+# run(model, batch) -> predictions [rows]
+ModelCall = Callable[[Any, Batch], np.ndarray]
+
+
+@dataclass(frozen=True)
+class BatcherStats:
+    """Counts since start: model ``calls``, the ``requests`` and ``rows`` they answered,
+    the largest call's rows, and what is ``queued`` now."""
+
+    calls: int
+    requests: int
+    rows: int
+    largest: int
+    queued: int
+
+
+@dataclass
+class _Pending:
+    model: Any
+    batch: Batch
+    rows: int
+    arrived: float
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+
+class Arrival:
+    """One request on its way to the batcher: counted from when the service starts reading
+    it until it is queued or fails, so that a call waits for it (see the module)."""
+
+    def __init__(self, batcher: Batcher) -> None:
+        self._batcher = batcher
+        self._open = True
+
+    def __enter__(self) -> Arrival:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done()
+
+    def done(self) -> None:
+        if self._open:
+            self._open = False
+            self._batcher._arrived(queued=None)
+
+    async def predict(self, model: Any, batch: Batch) -> np.ndarray:
+        """The model's predictions for ``batch``, from a call shared with other requests."""
+        self._open = False
+        return await self._batcher._submit(model, batch)
+
+
+class Batcher(Closing):
+    """Gathers requests into model calls (see the module docstring).
+
+    Args:
+        run: ``run(model, batch) -> predictions``, the model call.
+        max_rows: rows a call gathers at most (a larger request is a call alone).
+        max_wait_s: the longest a request waits for others to join its call.
+        max_queued: requests queued at most; past it a request gets 503.
+    """
+
+    def __init__(
+        self, run: ModelCall, *, max_rows: int, max_wait_s: float, max_queued: int = 4096
+    ) -> None:
+        self._run = run
+        self.max_rows = max_rows
+        self.max_wait_s = max_wait_s
+        self.max_queued = max_queued
+        self._queue: deque[_Pending] = deque()
+        self._queued_rows = 0
+        self._arriving = 0
+        self._lock = threading.Condition()
+        self._closed = False
+        self._calls = self._requests = self._rows = self._largest = 0
+        self._thread = threading.Thread(target=self._loop, name="predict-batcher", daemon=True)
+        self._thread.start()
+
+    def arrival(self) -> Arrival:
+        """Count a request from the start of its reading (use as a context manager)."""
+        with self._lock:
+            self._arriving += 1
+        return Arrival(self)
+
+    def _arrived(self, queued: _Pending | None) -> None:
+        with self._lock:
+            self._arriving -= 1
+            if queued is not None:
+                self._queue.append(queued)
+                self._queued_rows += queued.rows
+            self._lock.notify()
+
+    async def _submit(self, model: Any, batch: Batch) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        if len(self._queue) >= self.max_queued:
+            self._arrived(queued=None)
+            raise RequestError(
+                503, f"service: {self.max_queued} requests already queued; retry shortly"
+            )
+        future = loop.create_future()
+        self._arrived(_Pending(model, batch, len(batch), time.monotonic(), future, loop))
+        return await future
+
+    def stats(self) -> BatcherStats:
+        with self._lock:
+            queued = len(self._queue)
+        return BatcherStats(self._calls, self._requests, self._rows, self._largest, queued)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop after the queued requests are answered."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(timeout)
+
+    def _take(self) -> list[_Pending]:
+        """The requests of the next call (empty: closed), waiting as the module says."""
+        with self._lock:
+            while not self._queue and not self._closed:
+                self._lock.wait()
+            if not self._queue:
+                return []
+            deadline = self._queue[0].arrived + self.max_wait_s
+            while self._queued_rows < self.max_rows and self._arriving > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(left)
+            taken = [self._queue.popleft()]
+            rows = taken[0].rows
+            while self._queue and rows + self._queue[0].rows <= self.max_rows:
+                rows += self._queue[0].rows
+                taken.append(self._queue.popleft())
+            self._queued_rows -= rows
+            return taken
+
+    def _loop(self) -> None:
+        while taken := self._take():
+            # one call per model: requests that started before a reload keep their model
+            by_model: dict[int, list[_Pending]] = {}
+            for pending in taken:
+                by_model.setdefault(id(pending.model), []).append(pending)
+            for group in by_model.values():
+                self._call(group)
+
+    def _call(self, group: list[_Pending]) -> None:
+        batch = Batch.concat([p.batch for p in group])
+        try:
+            predictions = self._run(group[0].model, batch)
+        except Exception as exc:
+            if len(group) == 1:
+                _deliver(group[0], exc)
+                return
+            for pending in group:  # one request's fault must not fail the others
+                self._call([pending])
+            return
+        self._calls += 1
+        self._requests += len(group)
+        self._rows += len(batch)
+        self._largest = max(self._largest, len(batch))
+        start = 0
+        for pending in group:
+            _deliver(pending, predictions[start : start + pending.rows])
+            start += pending.rows
+
+
+def _deliver(pending: _Pending, result: np.ndarray | BaseException) -> None:
+    def settle() -> None:
+        if pending.future.done():  # the client went away and the request was cancelled
+            return
+        if isinstance(result, BaseException):
+            pending.future.set_exception(result)
+        else:
+            pending.future.set_result(result)
+
+    try:
+        pending.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # the loop is closed: the service is stopping
+        log.debug("an answer for a stopped event loop was dropped")
