@@ -2,7 +2,7 @@
 
 ``sparseps bench collectives``: two worker processes on this machine meet on a CURVE
 rendezvous store and form both groups a job can have: gloo (a plain job's) and the CURVE
-group (a ``--secure`` job's, :mod:`sparseps.launch.curve_group`). They time the same
+group (a ``--secure`` job's, :mod:`sparseps.runtime.curve_group`). They time the same
 collectives on each, the two groups taking turns within every round (so both see the
 same load on a shared machine), at the sizes sparseps sends:
 
@@ -89,7 +89,7 @@ def _worker(rank: int, master: str, key_dir: str, folder: str, rounds: int) -> N
     import torch.distributed as dist
 
     from sparseps.env import Role, RoleEnv
-    from sparseps.launch.rendezvous import (
+    from sparseps.runtime.rendezvous import (
         connect_store,
         group_options,
         store_barrier,

@@ -18,9 +18,12 @@ Why this order:
 - ``table``, ``metrics`` and ``data`` are leaves over the config. ``files`` holds the
   file formats (shard files, the dense file, the manifest, the writer lock) that the
   servers write and the checkpoint code reads.
-- ``rpc`` is the wire and the client; ``server`` uses its protocol; ``launch`` starts
-  processes and talks to servers through the client; ``role`` wires a process into a job
-  (local mode starts a server through ``launch``, ``run_server`` runs ``server``).
+- ``rpc`` is the wire and the client; ``server`` uses its protocol; ``store`` (the job's
+  key-value store, over ``rpc``'s security) is where launchers and workers meet;
+  ``launch`` starts processes and talks to servers through the client; ``runtime`` (the
+  workers' rendezvous and process group, local mode's server, started through
+  ``launch``'s fork servers) is what ``role`` wires a process into a job with
+  (``run_server`` runs ``server``).
 - ``elastic`` (an elastic job's client side, its migration driver and the driver's
   connections; docs/elastic.md) sits right above ``rpc``: its placement router routes a
   client by the servers' placement and its driver moves shards through the client, so it
@@ -58,9 +61,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("table", "metrics", "data"),
     ("files",),
     ("rpc",),
-    ("elastic",),
+    ("elastic", "store"),
     ("server",),
     ("launch",),
+    ("runtime",),
     ("role",),
     ("checkpoint",),
     ("worker", "nn"),

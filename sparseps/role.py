@@ -13,7 +13,7 @@ One script runs on every process of a job (fleetrun semantics)::
 
 On a worker, :func:`init` also sets up ``torch.distributed`` among the workers (gloo; in
 a ``--secure`` job a group over the job's CURVE transport,
-:mod:`sparseps.launch.curve_group`), meeting at ``SPARSEPS_MASTER`` where worker 0 hosts
+:mod:`sparseps.runtime.curve_group`), meeting at ``SPARSEPS_MASTER`` where worker 0 hosts
 the rendezvous store. A script run with plain
 ``python script.py`` (no SPARSEPS_* variable) runs in local mode: one background server
 is started for it, and it is worker 0 of 1.
@@ -41,7 +41,7 @@ from .errors import ConfigError, SparsePSError
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-    from .launch.local import LocalServer
+    from .runtime.local import LocalServer
 
 __all__ = [
     "barrier_worker",
@@ -136,8 +136,8 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
 
     import torch.distributed as dist
 
-    from .launch.local import LocalServer
-    from .launch.rendezvous import init_worker_group
+    from .runtime.local import LocalServer
+    from .runtime.rendezvous import init_worker_group
 
     server = LocalServer(start_timeout_s=_env.settings(environ).server_start_timeout_s)
     endpoint = server.start()
@@ -167,7 +167,7 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
 def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
     import torch.distributed as dist
 
-    from .launch.rendezvous import connect_store, init_worker_group, store_barrier
+    from .runtime.rendezvous import connect_store, init_worker_group, store_barrier
 
     env = session.env
     settings = _env.settings(environ)
@@ -282,7 +282,7 @@ def barrier_worker(timeout: float | None = None) -> None:
         raise ConfigError("barrier_worker(): only workers take part in worker barriers")
     if timeout is not None:
         check_float("barrier_worker", "timeout", timeout, gt=0)
-    from .launch.rendezvous import store_barrier
+    from .runtime.rendezvous import store_barrier
 
     session.barriers += 1
     store_barrier(
@@ -338,7 +338,7 @@ def _teardown(session: _Session, *, wait_for_peers: bool) -> None:
 
 
 def _exit_barrier(session: _Session, store: Store) -> None:
-    from .launch.rendezvous import store_barrier
+    from .runtime.rendezvous import store_barrier
 
     env = session.env
     try:

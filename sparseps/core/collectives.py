@@ -1,7 +1,7 @@
 """Worker-to-worker collectives over ``torch.distributed``, sized for sparse data.
 
 The group is the job's workers': gloo, or in a ``--secure`` job sparseps' CURVE group
-(:mod:`sparseps.launch.curve_group`; :func:`sparseps.launch.rendezvous.worker_backend`
+(:mod:`sparseps.runtime.curve_group`; :func:`sparseps.runtime.rendezvous.worker_backend`
 chooses), so nothing here knows which. Servers are not in this group. With no process group initialised (or a group of one)
 every function degenerates to the local value, so single-worker code needs no branches.
 

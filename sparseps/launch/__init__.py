@@ -1,6 +1,7 @@
 """The launcher: who runs where (``spec``), keeping processes alive or failing fast
-(``supervisor``), the ``sparseps launch`` command (``cli``), and the worker rendezvous
-and local-mode server that :mod:`sparseps.role` builds on.
+(``supervisor``), the ``sparseps launch`` command (``cli``), fork servers, Ray and
+Kubernetes, scaling. The job's key-value store is :mod:`sparseps.store`; the workers'
+rendezvous, process group and local mode are :mod:`sparseps.runtime`.
 
 Nothing here starts at import time; heavy modules (torch) are imported inside functions.
 """

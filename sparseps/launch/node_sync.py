@@ -2,7 +2,7 @@
 
 On one node the launcher knows everything itself (:class:`LocalCoordinator`). Across
 nodes each launcher only sees its own share, so they meet at a small key-value store
-(:class:`StoreCoordinator`, a :class:`~sparseps.launch.store.StoreClient`) hosted by the
+(:class:`StoreCoordinator`, a :class:`~sparseps.store.client.StoreClient`) hosted by the
 launcher on the master host at ``ClusterSpec.control_endpoint``, bound to that address
 only and CURVE-secured when the job is:
 
@@ -31,7 +31,7 @@ from typing import Protocol
 from ..core.closing import Closing
 from ..env import parse_endpoint
 from ..errors import DeadlineError, UnavailableError
-from .store import StoreClient, open_store
+from ..store.client import StoreClient, open_store
 
 __all__ = ["Coordinator", "LocalCoordinator", "StoreCoordinator"]
 

@@ -90,7 +90,7 @@ def scale_job(log_dir: str | os.PathLike, *, servers: int | None = None,
     for name, value in (("--servers", servers), ("--workers", workers)):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"scale {name} {value}: a job needs at least one")
-    from .store import StoreClient
+    from ..store.client import StoreClient
 
     control, key_dir = _control(Path(log_dir))
     security = None

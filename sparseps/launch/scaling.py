@@ -2,7 +2,7 @@
 
 One-node local launches and ``--backend ray`` jobs share this module: they differ only
 in how a new server starts (:attr:`JobScaler.launch_servers`; the Ray backend places an
-actor per new server, ``RayJob.add_servers``). The launcher hosts a small *control store* (a :class:`~sparseps.launch.store.StoreServer`
+actor per new server, ``RayJob.add_servers``). The launcher hosts a small *control store* (a :class:`~sparseps.store.server.StoreServer`
 on its host, its address in ``LOG_DIR/pids.json`` as ``control``). ``sparseps scale``
 (:mod:`sparseps.launch.scale_cli`) takes the lock ``scale/busy`` (an ``add`` that must
 answer 1: one scale at a time), writes ``scale/request`` = JSON ``{"id", "servers",
@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any
 from ..core.closing import Closing
 from ..env import Role
 from ..errors import SparsePSError
+from ..store.client import StoreClient
+from ..store.server import StoreServer
+from ..store.worker_keys import ACCEPTS_WORKERS_KEY, WORKERS_KEY
 from .scale_error import ScaleError
-from .store import StoreClient
-from .store_server import StoreServer
-from .worker_keys import ACCEPTS_WORKERS_KEY, WORKERS_KEY
 from .worker_scaling import WorkerScaling, plan_workers
 
 if TYPE_CHECKING:

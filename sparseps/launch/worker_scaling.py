@@ -3,7 +3,7 @@ membership (issue 23; the contract with the workers' side: docs/elastic.md "Work
 joining and leaving").
 
 The launcher and an online job's workers agree on who the workers are through one
-record in the workers' store, ``elastic/workers`` (:mod:`sparseps.launch.worker_keys`):
+record in the workers' store, ``elastic/workers`` (:mod:`sparseps.store.worker_keys`):
 ``{"version", "world"}`` and, once a worker died and left, ``members`` and ``left``.
 The launcher writes it (a scale to N workers, a dead worker's leave); the workers read
 it at their pass boundaries. Worker scaling is this record plus starting the new ranks:
@@ -24,15 +24,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import SparsePSError
-from .scale_error import ScaleError
-from .store import StoreClient
-from .worker_keys import (
+from ..store.client import StoreClient
+from ..store.worker_keys import (
     ACCEPTS_WORKERS_KEY,
     FIXED_KEY,
     LEAVES_KEY,
     MEMBERS_PREFIX,
     WORKERS_KEY,
 )
+from .scale_error import ScaleError
 
 __all__ = ["WorkerScaling", "plan_workers"]
 

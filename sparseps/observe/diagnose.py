@@ -142,7 +142,7 @@ def _classify(frames: list[Frame]) -> tuple[str, str]:
     if not frames:
         return "no Python frame", ""
     for i, f in enumerate(frames):
-        if _inside(f, "sparseps/launch/rendezvous.py") and f.func == "store_barrier":
+        if _inside(f, "sparseps/runtime/rendezvous.py") and f.func == "store_barrier":
             return f"in barrier ({f.func}, {f.short()}{_caller(frames, i)})", "barrier"
         if _inside(f, "sparseps/core/collectives.py") and f.func in _COLLECTIVES:
             what = _COLLECTIVES[f.func]

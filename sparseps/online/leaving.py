@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import DeadlineError
-from ..launch.worker_keys import FIXED_KEY, LEAVES_KEY
+from ..store.worker_keys import FIXED_KEY, LEAVES_KEY
 from .membership import PREFIX, Membership, requested_members
 
 __all__ = [

@@ -50,7 +50,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import DeadlineError
-from ..launch.worker_keys import ACCEPTS_WORKERS_KEY, LEAVES_KEY, MEMBERS_PREFIX, WORKERS_KEY
+from ..store.worker_keys import ACCEPTS_WORKERS_KEY, LEAVES_KEY, MEMBERS_PREFIX, WORKERS_KEY
 
 __all__ = [
     "ACCEPTS_KEY",
@@ -170,7 +170,7 @@ def is_newcomer(env, *, timeout_s: float) -> bool:
     if env.rank == 0 or env.local:
         return False
     from ..env import RENDEZVOUS_TIMEOUT
-    from ..launch.rendezvous import connect_store
+    from ..runtime.rendezvous import connect_store
 
     store = connect_store(env, timeout_s=timeout_s, setting=RENDEZVOUS_TIMEOUT)
     try:
@@ -185,7 +185,7 @@ def single_group() -> None:
     joining the launch's group; :meth:`Membership.join` replaces it."""
     import torch.distributed as dist
 
-    from ..launch.rendezvous import worker_backend
+    from ..runtime.rendezvous import worker_backend
 
     if not dist.is_initialized():
         dist.init_process_group(worker_backend(), store=dist.HashStore(), rank=0, world_size=1)
@@ -405,7 +405,7 @@ class Membership:
     def _form_group(self, prefix: str | None = None) -> None:
         import torch.distributed as dist
 
-        from ..launch.rendezvous import worker_backend
+        from ..runtime.rendezvous import worker_backend
 
         start = time.perf_counter()
         dist.init_process_group(

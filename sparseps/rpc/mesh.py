@@ -1,6 +1,6 @@
 """A full mesh of CURVE links among the ranks of one group: the secure collectives' wire.
 
-A ``--secure`` job's worker collectives (:mod:`sparseps.launch.curve_group`) travel here
+A ``--secure`` job's worker collectives (:mod:`sparseps.runtime.curve_group`) travel here
 instead of over gloo's plain TCP pairs. Each rank binds ONE PULL socket on its interface
 (a CURVE server behind the job's one-key ZAP handler, like every listening socket of a
 secure job: a peer without the job's key gets past no handshake and nothing it sends is

@@ -52,7 +52,7 @@ def _worker(address: str, folder: str, out: str, rank: int, pause: float, kill: 
     from datetime import timedelta
 
     from sparseps.data import CRITEO, QueueDataset
-    from sparseps.launch.store import StoreClient
+    from sparseps.store.client import StoreClient
 
     store = StoreClient(address, timeout_s=30, setting="test")
     store.wait(["go"])
@@ -88,7 +88,7 @@ def _rows(path: Path) -> tuple[dict[int, int], list[int]]:
 
 
 def test_killed_workers_unfinished_file_is_read_by_another(tmp_path):
-    from sparseps.launch.store import StoreClient, StoreServer
+    from sparseps.store.client import StoreClient, StoreServer
 
     folder = _write(tmp_path / "data")
     server = StoreServer("127.0.0.1", 0)

@@ -17,8 +17,8 @@ from sparseps import optim
 from sparseps.cli import main
 from sparseps.core.routing import dense_server_of
 from sparseps.launch.scaling import WORKERS_KEY, JobScaler, ScaleService
-from sparseps.launch.store import StoreClient
-from sparseps.launch.store_server import StoreServer
+from sparseps.store.client import StoreClient
+from sparseps.store.server import StoreServer
 from sparseps.testing import local_cluster
 
 

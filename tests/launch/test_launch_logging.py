@@ -55,7 +55,7 @@ def test_a_bare_script_run_directly_shows_the_local_mode_line(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stderr.splitlines() if "local mode: no SPARSEPS_*" in line]
     assert len(lines) == 1, r.stderr
-    assert re.match(r"\S+ \S+ INFO sparseps\.launch\.local: local mode", lines[0])
+    assert re.match(r"\S+ \S+ INFO sparseps\.runtime\.local: local mode", lines[0])
     assert len(re.findall(r"INFO sparseps\.role: sparseps worker 0 of 1", r.stderr)) == 1
 
 
@@ -68,7 +68,7 @@ def test_configured_logging_gets_each_line_once(tmp_path, when):
     assert "APP sparseps.test: after init" in r.stderr
     if when == "before":
         local = [line for line in r.stderr.splitlines() if "local mode" in line]
-        assert len(local) == 1 and local[0].startswith("APP sparseps.launch.local"), r.stderr
+        assert len(local) == 1 and local[0].startswith("APP sparseps.runtime.local"), r.stderr
 
 
 def test_launched_bare_script_logs_sparseps_info_lines(tmp_path):

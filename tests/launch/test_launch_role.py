@@ -65,7 +65,7 @@ def test_server_role_from_the_environment():
 def test_store_barrier_names_missing_ranks_and_warns(caplog):
     import torch.distributed as dist
 
-    from sparseps.launch.rendezvous import store_barrier
+    from sparseps.runtime.rendezvous import store_barrier
 
     store = dist.HashStore()
     store.set("b/2", "1")  # rank 2 arrived; rank 1 never does

@@ -25,9 +25,9 @@ from sparseps.launch.scaling import (
     ScaleService,
     plan_workers,
 )
-from sparseps.launch.store import StoreClient
-from sparseps.launch.store_server import StoreServer
 from sparseps.launch.supervisor import Supervisor
+from sparseps.store.client import StoreClient
+from sparseps.store.server import StoreServer
 
 # a worker: note its rank and world, wait for its release file, exit 0
 WORKER = """

@@ -1,4 +1,4 @@
-"""The job's key-value store (sparseps.launch.store): torch Store semantics, bounded waits
+"""The job's key-value store (sparseps.store.client): torch Store semantics, bounded waits
 that name the key and the address, a server that survives bad messages, one interface
 only, gloo over it across two processes, and CURVE: the job key works, a wrong key gets
 a clear error at once."""
@@ -19,9 +19,9 @@ import zmq
 from _launchtools import clean_env, free_port
 
 from sparseps.errors import ConfigError, DeadlineError, RemoteError, UnavailableError
-from sparseps.launch.store import StoreServer
-from sparseps.launch.torch_store import ZmqStore
 from sparseps.rpc import security
+from sparseps.store.client import StoreServer
+from sparseps.store.torch_store import ZmqStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -175,7 +175,7 @@ _GLOO_CHILD = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
     from sparseps.env import Role, RoleEnv
-    from sparseps.launch.rendezvous import connect_store, init_worker_group, store_barrier
+    from sparseps.runtime.rendezvous import connect_store, init_worker_group, store_barrier
     rank, master = int(sys.argv[1]), sys.argv[2]
     env = RoleEnv(role=Role.WORKER, rank=rank, servers=("127.0.0.1:1",), worker_num=2,
                   master=master, log_dir=".", job_id="j", key_dir=sys.argv[3])

@@ -17,7 +17,7 @@ import pytest
 from sparseps.env import Role
 from sparseps.launch.records import SupervisorConfig
 from sparseps.launch.scaling import JobScaler, ScaleService
-from sparseps.launch.store import StoreClient
+from sparseps.store.client import StoreClient
 
 pytest.importorskip("ray")  # the [ray] extra: RayJob imports it
 

@@ -76,7 +76,7 @@ class Job:
 
 
 def _store(master: str):
-    from sparseps.launch.store import StoreClient
+    from sparseps.store.client import StoreClient
 
     deadline = time.monotonic() + 60
     while True:

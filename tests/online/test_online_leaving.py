@@ -17,12 +17,12 @@ import pytest
 from sparseps.env import MASTER, WORKER_NUM, Role
 from sparseps.launch.records import ChildSpec, SupervisorConfig
 from sparseps.launch.scaling import JobScaler, ScaleService
-from sparseps.launch.store import StoreClient
-from sparseps.launch.store_server import StoreServer
 from sparseps.launch.supervisor import Supervisor
-from sparseps.launch.worker_keys import ACCEPTS_WORKERS_KEY, FIXED_KEY, LEAVES_KEY, WORKERS_KEY
 from sparseps.online.leaving import Fence, FenceDecision, LeaveAware, rank_map, share_of
 from sparseps.online.membership import Decision, Membership, requested_members
+from sparseps.store.client import StoreClient
+from sparseps.store.server import StoreServer
+from sparseps.store.worker_keys import ACCEPTS_WORKERS_KEY, FIXED_KEY, LEAVES_KEY, WORKERS_KEY
 
 pytestmark = pytest.mark.timeout(60)
 

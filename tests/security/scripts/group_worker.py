@@ -33,14 +33,14 @@ import torch.distributed as dist
 
 from sparseps.core import collectives
 from sparseps.env import Role, RoleEnv
-from sparseps.launch.rendezvous import connect_store, group_options, store_barrier
 from sparseps.metrics import distributed as metrics_dist
+from sparseps.runtime.rendezvous import connect_store, group_options, store_barrier
 
 SIZES = (10, 50_000)  # float32: under and over curve_group.SMALL_BYTES
 
 
 def _form_group(env: RoleEnv, group_key_dir: str, mode: str) -> None:
-    from sparseps.launch.rendezvous import init_worker_group, worker_backend
+    from sparseps.runtime.rendezvous import init_worker_group, worker_backend
 
     if mode == "environ":
         os.environ.update(env.to_environ())

@@ -2,7 +2,7 @@
 
 Apart from :mod:`.store` because it imports torch: only processes that form a gloo group
 (the workers, tests of it) need this class; the launcher and ``sparseps scale`` talk to
-the same stores through :class:`~sparseps.launch.store.StoreClient` without torch.
+the same stores through :class:`~sparseps.store.client.StoreClient` without torch.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from .store import StoreClient
+from .client import StoreClient
 
 __all__ = ["ZmqStore"]
 
 
 class ZmqStore(StoreClient, dist.Store):
-    """A :class:`~sparseps.launch.store.StoreClient` usable wherever torch takes a ``Store``.
+    """A :class:`~sparseps.store.client.StoreClient` usable wherever torch takes a ``Store``.
 
-    Same arguments and errors as :class:`~sparseps.launch.store.StoreClient`; the
+    Same arguments and errors as :class:`~sparseps.store.client.StoreClient`; the
     timeout is torch's (``set_timeout`` changes it, as gloo does).
     """
 

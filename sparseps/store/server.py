@@ -1,7 +1,7 @@
-"""The server side of the job's key-value store (see :mod:`sparseps.launch.store`).
+"""The server side of the job's key-value store (see :mod:`sparseps.store.client`).
 
 One thread with a ROUTER socket bound to ONE address, answering the requests of
-:class:`~sparseps.launch.store.StoreClient` clients. The wire format, its bounds and the
+:class:`~sparseps.store.client.StoreClient` clients. The wire format, its bounds and the
 request checks live here too: the server is where a message is validated.
 
 Wire format: one msgpack frame each way. A request is a map ``{"op", "id", ...fields}``

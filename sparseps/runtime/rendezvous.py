@@ -1,9 +1,9 @@
 """Where workers meet: worker 0's rendezvous store and barriers on it.
 
 The workers of a job find each other at ``SPARSEPS_MASTER``: worker 0 hosts a
-:class:`~sparseps.launch.store.StoreServer` there, bound to the master's host address
+:class:`~sparseps.store.server.StoreServer` there, bound to the master's host address
 only (CURVE-secured when the job is), and every worker, worker 0 included, talks to it
-through a :class:`~sparseps.launch.torch_store.ZmqStore`. On top of the store:
+through a :class:`~sparseps.store.torch_store.ZmqStore`. On top of the store:
 
 - :func:`store_barrier` — every rank sets ``NAME/<rank>``, then polls until all keys
   exist. Unlike ``dist.barrier()`` it can say *which* ranks are missing: it logs them
@@ -12,7 +12,7 @@ through a :class:`~sparseps.launch.torch_store.ZmqStore`. On top of the store:
   collectives use (metrics all-reduce, dense all-reduce in sync mode, GPUPS rows, the
   global shuffle), initialised on the same store after a rendezvous barrier, so a missing
   worker is named instead of a bare torch timeout. Its backend is :func:`worker_backend`:
-  gloo, or in a secure job :mod:`sparseps.launch.curve_group` (gloo's TCP pairs can be
+  gloo, or in a secure job :mod:`sparseps.runtime.curve_group` (gloo's TCP pairs can be
   neither encrypted nor authenticated; ``--secure`` covers every socket of the job).
 """
 
@@ -26,9 +26,9 @@ from datetime import timedelta
 from ..env import MASTER, RoleEnv, from_environ, parse_endpoint, security_setting
 from ..errors import ConfigError, DeadlineError, UnavailableError
 from ..rpc.security import JobKeys, Security
-from .store import open_store
-from .store_server import resolve_host
-from .torch_store import ZmqStore
+from ..store.client import open_store
+from ..store.server import resolve_host
+from ..store.torch_store import ZmqStore
 
 __all__ = [
     "connect_store",
@@ -187,7 +187,7 @@ def worker_backend(env: RoleEnv | None = None) -> str:
 
 
 def _curve_group(backend_options, options):
-    """torch's constructor call of a :class:`~sparseps.launch.curve_group.CurveGroup`;
+    """torch's constructor call of a :class:`~sparseps.runtime.curve_group.CurveGroup`;
     ``options`` (``init_process_group(pg_options=)``) or, when a caller gave none, this
     process's job (its keys and role from the environment)."""
     from .curve_group import CurveGroup
@@ -202,7 +202,7 @@ def _curve_group(backend_options, options):
 
 
 def group_options(env: RoleEnv | None = None):
-    """The :class:`~sparseps.launch.curve_group.GroupOptions` of this worker: the job's
+    """The :class:`~sparseps.runtime.curve_group.GroupOptions` of this worker: the job's
     keys and :func:`listen_host` (``env``: this process's role from the environment).
 
     Raises:

@@ -2,7 +2,7 @@
 
 gloo's TCP pairs can be neither encrypted nor authenticated (torch is built without
 gloo's TLS transport), so a secure job's workers form their group with this backend
-instead (:func:`sparseps.launch.rendezvous.worker_backend` picks it; plain jobs keep
+instead (:func:`sparseps.runtime.rendezvous.worker_backend` picks it; plain jobs keep
 gloo for its speed). Every byte travels over :class:`~sparseps.rpc.mesh.Mesh`: CURVE
 links admitted by the job's one-key ZAP handler, the same transport as the servers'.
 
@@ -13,7 +13,7 @@ number the collective and queue it; one thread runs the collectives in that orde
 completes each :class:`CurveWork`. Point-to-point receives complete on arrival, so any
 order of ``isend``/``irecv`` works. How each collective moves its tensors (direct
 algorithms, whole tensors as one frame each, every rank ending with the same bits) is
-:mod:`sparseps.launch.curve_ops`.
+:mod:`sparseps.runtime.curve_ops`.
 """
 
 from __future__ import annotations

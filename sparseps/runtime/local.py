@@ -22,9 +22,9 @@ from pathlib import Path
 
 from ..env import SERVER_START_TIMEOUT, ZYGOTE_DIR, child_environ
 from ..errors import DeadlineError, SparsePSError, UnavailableError
-from .fork_server import ForkedProcess, ForkServer, fork_server_enabled
-from .procutil import die_with_parent_hook, stop_groups, tail
-from .spec import free_ports
+from ..launch.fork_server import ForkedProcess, ForkServer, fork_server_enabled
+from ..launch.procutil import die_with_parent_hook, stop_groups, tail
+from ..launch.spec import free_ports
 
 __all__ = ["LocalServer"]
 

@@ -1,7 +1,7 @@
 """The secure group's collectives: how each one moves tensors over the CURVE mesh.
 
 :class:`Collectives` holds one algorithm per collective for one rank of a
-:class:`~sparseps.launch.curve_group.CurveGroup`; the group numbers the collectives and
+:class:`~sparseps.runtime.curve_group.CurveGroup`; the group numbers the collectives and
 runs them in that order on one thread, so here each is straight-line code over
 :class:`~sparseps.rpc.mesh.Mesh` (send a tensor to a peer, take what a peer sent for
 step ``s`` of collective ``seq``). The algorithms are direct, for a job's handful of

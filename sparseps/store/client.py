@@ -12,7 +12,7 @@ before, but it cannot be authenticated and listens on every interface.
 - :class:`StoreClient` — a client with torch's ``Store`` methods (set, get, add,
   compare_set, wait, check, delete_key, num_keys), one DEALER socket, no torch import:
   the launcher and ``sparseps scale`` use it (importing torch cost every launch ~2 s of
-  CPU and ~3 s of wall before it started any child, on 2 cores). :class:`~sparseps.launch.torch_store.ZmqStore`
+  CPU and ~3 s of wall before it started any child, on 2 cores). :class:`~sparseps.store.torch_store.ZmqStore`
   is the same client as a ``torch.distributed.Store``, for gloo's rendezvous on the
   workers. Every call is bounded by the store's timeout and raises
   :class:`~sparseps.errors.DeadlineError` naming the op, the address, the seconds and the
@@ -20,7 +20,7 @@ before, but it cannot be authenticated and listens on every interface.
   key) is reported at once as :class:`~sparseps.errors.UnavailableError`, from the socket
   monitor's events, never waited out.
 
-The wire format and the server are in :mod:`sparseps.launch.store_server`.
+The wire format and the server are in :mod:`sparseps.store.server`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import msgpack
 import zmq
 
 from ..errors import DeadlineError, RemoteError, UnavailableError
-from .store_server import (
+from .server import (
     MAX_TIMEOUT_MS,
     StoreServer,
     StoreStats,
@@ -329,7 +329,7 @@ def open_store(
         cannot_listen: builds the error raised when the server cannot listen.
         no_answer: builds the error raised when the store did not answer in time.
         client: the client class: :class:`StoreClient`, or
-            :class:`~sparseps.launch.torch_store.ZmqStore` where gloo takes the store.
+            :class:`~sparseps.store.torch_store.ZmqStore` where gloo takes the store.
     """
     server = None
     if serve is not None:
