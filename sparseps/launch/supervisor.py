@@ -123,6 +123,7 @@ class Supervisor:
         self._loss = ServerLoss(self.config.replicas, self.config.server_num,
                                 self.config.max_restarts, self._replace_server)  # fmt: skip
         self._signal: int | None = None
+        self._heter_restarts: dict[int, int] = {}  # heter worker rank: restarts used
         workers = sum(1 for c in self.children if c.role is Role.WORKER)
         if self.coordinator is None:
             self.coordinator = LocalCoordinator(workers)
@@ -315,9 +316,30 @@ class Supervisor:
                     child.exit_code = child.proc.poll()
                 if child.exit_code is not None and self._is_retired(child):
                     continue  # drained by a scale-down and stopped: planned
+                if child.exit_code is not None and self._restarted_heter_worker(child):
+                    continue
                 if child.exit_code is not None and not self._loss.tolerated(child):
                     return child
         return None
+
+    def _restarted_heter_worker(self, child: Child) -> bool:
+        """Start a heter worker that exited again, in place, while ``max_restarts`` allows
+        (its own count per rank): the dense state is the servers', its trainers wait for it
+        and count the steps they had in flight to it as lost (docs/heterps.md)."""
+        rank = child.spec.rank
+        used = self._heter_restarts.get(rank, 0)
+        if child.spec.role is not Role.HETER_WORKER or used >= self.config.max_restarts:
+            return False
+        self._heter_restarts[rank] = used + 1
+        self._metrics.restarts.inc()
+        log.warning(
+            "%s (pid %d) exited with code %s: restarting it (heter worker restart %d of %d; "
+            "its trainers lose the steps they had in flight to it)",
+            child.spec.name, child.proc.pid, child.exit_code, used + 1, self.config.max_restarts,
+        )  # fmt: skip
+        self._children.running.remove(child)
+        self._start(child.spec, used + 1)
+        return True
 
     @property
     def lost_servers(self) -> set[int]:

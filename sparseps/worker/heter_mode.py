@@ -16,6 +16,7 @@ trainer pulls them before it evaluates or saves.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import role
-from ..errors import ConfigError
+from ..errors import ConfigError, DeadlineError, UnavailableError
 from ..rpc.channel import Channel
 from ..rpc.handle import Handle
 from ..rpc.protocol import Limits
@@ -34,6 +35,13 @@ from .losses import LossOutput
 from .modes import AsyncMode
 
 __all__ = ["HeterMode"]
+
+log = logging.getLogger(__name__)
+
+
+def _rank_of(sent: tuple) -> int:
+    """The heter worker a sent step went to (:meth:`HeterMode._send`'s last field)."""
+    return int(sent[-1])
 
 
 class HeterMode(AsyncMode):
@@ -61,7 +69,11 @@ class HeterMode(AsyncMode):
             job_id=self.client.job_id,
             role="heter_worker",
             ops=HETER_OPS,
+            # a heter worker that dies fails the steps in flight to it at once (not after
+            # rpc_timeout): the trainer counts them lost and waits for its restart
+            detect_loss=True,
         )
+        self.lost_steps = 0  # steps in flight to a heter worker when it died
         self._seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
 
     def _call(
@@ -77,14 +89,64 @@ class HeterMode(AsyncMode):
         return self.heter_rank, {}
 
     def compute(self, items: Iterable, step: Callable, binder) -> Iterator:
-        """``(item, (grads, dense_grad, loss, out))`` per step, ``heter_window`` in flight."""
+        """``(item, (grads, dense_grad, loss, out))`` per step, ``heter_window`` in flight
+        (the steps in flight to a heter worker that died are lost: :meth:`_finished`)."""
         window: collections.deque = collections.deque()
         for item in items:
             window.append(self._send(item, binder))
             if len(window) >= self.config.window:
-                yield self._finish(window.popleft(), binder)
+                yield from self._finished(window, binder)
         while window:
-            yield self._finish(window.popleft(), binder)
+            yield from self._finished(window, binder)
+
+    def _finished(self, window: collections.deque, binder) -> Iterator:
+        """The oldest step of ``window`` done; when its heter worker died, every step in
+        flight to it is dropped (counted, logged) and the trainer waits for the launcher
+        to restart it (``--max-restarts``)."""
+        sent = window.popleft()
+        try:
+            yield self._finish(sent, binder)
+        except UnavailableError as exc:
+            rank = _rank_of(sent)
+            lost = [sent, *(s for s in window if _rank_of(s) == rank)]
+            for other in lost[1:]:
+                window.remove(other)
+            self.lost_steps += len(lost)
+            self._seconds["heter_lost_steps"] += len(lost)
+            log.warning(
+                "trainer %d: heter worker %d at %s died (%s); the %d step(s) in flight to it "
+                "are lost (their sparse and dense updates; %d lost so far); waiting for it "
+                "to restart", self.rank, rank, self.channel.endpoints[rank], exc, len(lost),
+                self.lost_steps,
+            )  # fmt: skip
+            self._await_restart(rank)
+
+    def _await_restart(self, rank: int) -> None:
+        """Reconnect to heter worker ``rank`` once a new process serves its port."""
+        timeout = self.channel.timeout
+        start = time.monotonic()
+        deadline = start + timeout
+        while True:
+            try:
+                self.channel.revive(rank, timeout=min(10.0, timeout))
+                call = self.channel.submit(rank, "ping", None, (), None)
+                self.channel.wait(call, min(deadline, time.monotonic() + 5.0), 5.0)
+            except (UnavailableError, DeadlineError) as exc:
+                if time.monotonic() >= deadline:
+                    raise UnavailableError(
+                        f"heter worker {rank} at {self.channel.endpoints[rank]} did not come "
+                        f"back within {timeout:.3g} s ({exc}); the launcher restarts heter "
+                        "workers while --max-restarts allows (Strategy.rpc_timeout bounds the "
+                        "wait)", op="heter_step", role="heter_worker", rank=rank,
+                        address=self.channel.endpoints[rank],
+                    ) from None  # fmt: skip
+                time.sleep(0.2)
+                continue
+            log.warning(
+                "trainer %d: heter worker %d is back after %.1f s; training goes on",
+                self.rank, rank, time.monotonic() - start,
+            )  # fmt: skip
+            return
 
     def _send(self, item, binder) -> tuple:
         batch, lookups, rows = item
@@ -113,10 +175,10 @@ class HeterMode(AsyncMode):
             rank=rank,
         )
         self._seconds["compute_s"] += time.perf_counter() - start
-        return item, lookups, leaves, outputs, shapes, handle
+        return item, lookups, leaves, outputs, shapes, handle, rank
 
     def _finish(self, sent: tuple, binder) -> tuple:
-        item, lookups, leaves, outputs, shapes, handle = sent
+        item, lookups, leaves, outputs, shapes, handle, _ = sent
         start = time.perf_counter()
         reply = handle.wait()
         waited = time.perf_counter()

@@ -19,6 +19,7 @@ batch at a time.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -60,7 +61,10 @@ class HeterSyncMode(HeterMode):
                 self.step_no += 1
                 yield None, ([], np.zeros(0, np.float32), 0.0, None)
                 continue
-            yield self._finish(self._send(item, binder), binder)
+            # a step lost with a heter worker that died is lost on every trainer (they all
+            # sent it there): each still takes part in the step's sparse exchange, empty
+            done = list(self._finished(collections.deque([self._send(item, binder)]), binder))
+            yield done[0] if done else (None, ([], np.zeros(0, np.float32), 0.0, None))
             self.step_no += 1
 
     def step_target(self) -> tuple[int, dict]:
