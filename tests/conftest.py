@@ -39,6 +39,7 @@ HEAVY_FILES = frozenset(
         "elastic/test_scale_launched.py",
         "examples/test_fleetx_port.py",
         "examples/test_paddlerec_port.py",
+        "examples/test_slot_dnn_port.py",
         "heter/test_heter_launch.py",
         "launch/test_launch_jobs.py",
         "launch/test_launch_paddle_env.py",
