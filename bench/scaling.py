@@ -20,8 +20,10 @@ Three series, each point one timed window of ``seconds`` (the best of ``rounds``
 3. workers = 1, 2, 4 at the smallest size, on 1 server.
 
 Records per point: ``samples_per_s[SERIES]`` (samples trained by all workers / the window's
-wall time) and ``server_cpu_us_per_sample[SERIES]`` (utime+stime from ``/proc/PID/stat``
-of every server process over the window / samples trained). The baseline of each is the
+wall time), ``server_cpu_us_per_sample[SERIES]`` (utime+stime from ``/proc/PID/stat``
+of every server process over the window / samples trained) and
+``samples_per_s_per_server_core[SERIES]`` (1e6 / that: the samples one fully busy server
+core trains, so a job's server cores = its samples/s / this). The baseline of each is the
 first point of its series measured in the same run (1M rows / 1 server / 1 worker for the
 table and worker series, 1 server / 4 workers for the server series; ``params.baseline``
 says which). Every record's ``params`` holds the machine's CPU count (``cpus``: os.cpu_count,
@@ -39,7 +41,16 @@ why (and a line on stderr) — never silently.
 Duration: the full run is 7 points x 2 rounds of 10 s, plus ~1.5 min to write and load the
 100M-row save: ~4-5 min (2 or 16 cores); ``--quick`` (7 windows of 2.5 s) ~40 s on 2 cores.
 
-Run: ``sparseps bench scaling [--quick] [--json]``. Workers are this file run as a script
+Hot keys (``--replicas R``, instead of the three series): ``HOT_SERVERS`` = 4 servers
+keeping R backup copies of every shard, 2 workers, 1M rows, each key drawn from a Zipf
+(``ZIPF_A`` = 1.2) popularity over the rows (row r the r-th most popular, ``mix64(r)`` its
+key, so the popular rows land on whichever shards their keys hash to). Windows alternate
+between the workers reading every shard at its head and spreading reads over the shard's
+live copies (:mod:`sparseps.rpc.shard_views`), on the same cluster, ``max(rounds, 2)``
+windows each; ``busiest_server_cpu_us_per_sample[hot spread=off|on]`` is the CPU per sample
+of the server that used the most (the lowest window of each), with spread=off as baseline.
+
+Run: ``sparseps bench scaling [--quick] [--replicas R] [--json]``. Workers are this file run as a script
 (``python bench/scaling.py --worker RANK``), driven by JSON lines on stdin.
 """
 
@@ -77,6 +88,8 @@ CHUNK = 10_000_000  # rows per generated shard file: bounds this process's memor
 ROW_BYTES = 106  # a dim-8 Adagrad row in a server (bench table's bytes_per_row)
 FILE_ROW_BYTES = 89  # the same row in a shard file
 MAX_ROWS_ENV = "SPARSEPS_SCALING_MAX_ROWS"
+# the hot-keys series (--replicas R): Zipf-distributed keys over this many servers
+HOT_SERVERS, HOT_WORKERS, HOT_ROWS, ZIPF_A = 4, 2, 1_000_000, 1.2
 REPLY_TIMEOUT = 300.0
 
 
@@ -233,17 +246,21 @@ def _window(cluster, workers: _Workers, count: int, rows: int, seconds: float) -
     workers.call(ranks, {"op": "warm", "rows": rows, "steps": 3})
     server_pids = [cluster.pid(rank) for rank in range(len(cluster.endpoints))]
     worker_pids = [workers.procs[rank].pid for rank in ranks]
-    server_cpu = sum(cpu_seconds(pid) for pid in server_pids)
+    each_server = [cpu_seconds(pid) for pid in server_pids]
     worker_cpu = sum(cpu_seconds(pid) for pid in worker_pids)
     start = time.perf_counter()
     results = workers.call(ranks, {"op": "train", "rows": rows, "seconds": seconds})
     wall = time.perf_counter() - start
-    server_cpu = sum(cpu_seconds(pid) for pid in server_pids) - server_cpu
+    each_server = [
+        cpu_seconds(pid) - cpu for pid, cpu in zip(server_pids, each_server, strict=True)
+    ]
     worker_cpu = sum(cpu_seconds(pid) for pid in worker_pids) - worker_cpu
     samples = sum(r["samples"] for r in results)
     return {
         "samples_per_s": samples / wall,
-        "server_cpu_us": server_cpu / samples * 1e6,
+        "server_cpu_us": sum(each_server) / samples * 1e6,
+        # the busiest server's (hot keys: the server holding the popular rows)
+        "busiest_server_cpu_us": max(each_server) / samples * 1e6,
         "worker_cpu_us": worker_cpu / samples * 1e6,
         "samples": samples,
         "wall_s": wall,
@@ -272,6 +289,9 @@ def _records(series: str, points: list, base: dict, base_name: str, common: dict
                         base["samples_per_s"], params),
             BenchRecord(f"server_cpu_us_per_sample[{series}]", got["server_cpu_us"], "us",
                         base["server_cpu_us"], params),
+            # what one server core trains: the servers a job needs = its samples/s / this
+            BenchRecord(f"samples_per_s_per_server_core[{series}]", 1e6 / got["server_cpu_us"],
+                        "samples/s", 1e6 / base["server_cpu_us"], params),
         ]  # fmt: skip
     return records
 
@@ -287,6 +307,47 @@ def _fill(client, folder: Path, rows: int, servers: int) -> None:
         raise SparsePSError(f"bench scaling: the servers loaded {done} of {rows} rows")
 
 
+def _hot_keys(
+    replicas: int, rows: int, seconds: float, rounds: int, common: dict
+) -> list[BenchRecord]:
+    """The busiest server's CPU per sample with reads spread over a shard's copies against
+    reads at the head only, alternating windows on one cluster (module docstring)."""
+    folder = Path(tempfile.mkdtemp(prefix="sparseps-bench-scaling-hot-"))
+    pool = _Workers(HOT_WORKERS, folder)
+    ranks = range(HOT_WORKERS)
+    got: dict[bool, list[dict]] = {False: [], True: []}
+    try:
+        with local_cluster(servers=HOT_SERVERS, replicas=replicas, timeout=60) as cluster:
+            client = cluster.client(timeout=120)
+            client.create_table(_config())
+            _fill(client, folder, rows, HOT_SERVERS)
+            connect = {"op": "connect", "endpoints": list(cluster.endpoints),
+                       "replicas": replicas, "zipf": ZIPF_A}  # fmt: skip
+            pool.call(ranks, connect)
+            for _ in range(rounds):
+                for spread in (False, True):
+                    pool.call(ranks, {"op": "spread", "on": spread})
+                    got[spread].append(_window(cluster, pool, HOT_WORKERS, rows, seconds))
+    finally:
+        pool.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    off, on = (min(got[s], key=lambda r: r["busiest_server_cpu_us"]) for s in (False, True))
+    params = {"series": "hot", "rows": rows, "servers": HOT_SERVERS, "workers": HOT_WORKERS,
+              "replicas": replicas, **common, "keys": f"zipf({ZIPF_A}) over all rows",
+              "baseline": "the same cluster with every read at the shard's head, windows "
+                          "alternating in one run"}  # fmt: skip
+    records = []
+    for spread, point in (("off", off), ("on", on)):
+        extra = {**params, "spread_reads": spread,
+                 "server_cpu_us_per_sample": round(point["server_cpu_us"], 2),
+                 "samples_per_s": round(point["samples_per_s"]), "samples": point["samples"]}  # fmt: skip
+        records.append(
+            BenchRecord(f"busiest_server_cpu_us_per_sample[hot spread={spread}]",
+                        point["busiest_server_cpu_us"], "us", off["busiest_server_cpu_us"], extra)
+        )  # fmt: skip
+    return records
+
+
 def run(
     quick: bool = False,
     *,
@@ -295,11 +356,19 @@ def run(
     workers: tuple[int, ...] = WORKERS,
     seconds: float | None = None,
     rounds: int | None = None,
+    replicas: int | None = None,
 ) -> list[BenchRecord]:
-    """The three series (module docstring); the keyword arguments shrink them for tests."""
+    """The three series (module docstring); the keyword arguments shrink them for tests.
+    ``replicas`` (``--replicas R``): the hot-keys series instead (on ``sizes[0]`` rows
+    when ``sizes`` is given, else :data:`HOT_ROWS`)."""
+    hot_rows = sizes[0] if sizes else HOT_ROWS
     sizes = sizes or (QUICK_SIZES if quick else SIZES)
     seconds = seconds or (QUICK_SECONDS if quick else SECONDS)
     rounds = rounds or (QUICK_ROUNDS if quick else ROUNDS)
+    if replicas is not None:
+        common = {"seconds": seconds, "rounds": rounds, "batch": BATCH, "slots": SLOTS,
+                  "dim": DIM, "rule": "adagrad", **cpu_note()}  # fmt: skip
+        return _hot_keys(replicas, hot_rows, seconds, max(rounds, 2), common)
     small, most, s0, w0 = sizes[0], max(workers), servers[0], workers[0]
     common = {"seconds": seconds, "rounds": rounds, "batch": BATCH, "slots": SLOTS, "dim": DIM,
               "dense": DENSE, "rule": "adagrad",
@@ -375,9 +444,14 @@ def _worker(rank: int) -> None:
     wide = torch.zeros(BATCH, SLOTS, 1)
     rng = np.random.default_rng(1000 + rank)
     client = None
+    zipf = None  # the hot-keys series: Zipf exponent of the rows' popularity
 
     def draw(rows: int):
-        keys = mix64_array(rng.integers(0, rows, BATCH * SLOTS, dtype=np.uint64))
+        if zipf is None:
+            picked = rng.integers(0, rows, BATCH * SLOTS, dtype=np.uint64)
+        else:  # row r is the r-th most popular; the rare draws past the table wrap around
+            picked = ((rng.zipf(zipf, BATCH * SLOTS) - 1) % rows).astype(np.uint64)
+        keys = mix64_array(picked)
         dense = rng.random((BATCH, DENSE), np.float32)
         label = (rng.random(BATCH) < 0.25).astype(np.float32)
         return keys, torch.from_numpy(dense), torch.from_numpy(label)
@@ -416,8 +490,15 @@ def _worker(rank: int) -> None:
         if op == "connect":
             if client is not None:
                 client.close()
-            client = PSClient(message["endpoints"], timeout=120)
+            client = PSClient(
+                message["endpoints"], timeout=120, replicas=message.get("replicas", 0)
+            )
+            zipf = message.get("zipf")
             answer: dict = {"ok": True}
+        elif op == "spread":
+            assert client is not None
+            client.views.spread_reads = message["on"]
+            answer = {"ok": True}
         elif op == "warm":
             answer = {"samples": train(message["rows"], message["steps"], None)}
         elif op == "train":

@@ -50,8 +50,12 @@ def test_bench_scaling_records(bench, monkeypatch):
         ("workers", 20_000, 1, 1), ("workers", 20_000, 1, 2),
     ]  # fmt: skip
     for (_series, _rows, _servers, workers), got in points.items():
-        assert set(got) == {"samples_per_s", "server_cpu_us_per_sample"}
+        assert set(got) == {
+            "samples_per_s", "server_cpu_us_per_sample", "samples_per_s_per_server_core"
+        }  # fmt: skip
         throughput, cpu = got["samples_per_s"], got["server_cpu_us_per_sample"]
+        per_core = got["samples_per_s_per_server_core"]
+        assert per_core["value"] == pytest.approx(1e6 / cpu["value"])
         assert throughput["unit"] == "samples/s" and cpu["unit"] == "us"
         # samples/s is what was trained over the window; server CPU a plausible share of it
         params = throughput["params"]
@@ -71,6 +75,24 @@ def test_bench_scaling_records(bench, monkeypatch):
     skipped = [r for r in as_json if r["metric"] == "skipped[rows]"]
     assert [(r["value"], r["params"]["rows"]) for r in skipped] == [(40_000, 40_000)]
     assert bench.MAX_ROWS_ENV in skipped[0]["params"]["reason"]
+
+
+def test_bench_scaling_hot_keys_records(bench):
+    """--replicas 1: the busiest server's CPU per sample with spread reads against head
+    reads, on one replicated cluster (issue 59)."""
+    records = bench.run(quick=True, sizes=(20_000,), seconds=0.6, rounds=1, replicas=1)
+    got = {r.metric: r for r in records}
+    assert set(got) == {
+        "busiest_server_cpu_us_per_sample[hot spread=off]",
+        "busiest_server_cpu_us_per_sample[hot spread=on]",
+    }
+    off = got["busiest_server_cpu_us_per_sample[hot spread=off]"]
+    on = got["busiest_server_cpu_us_per_sample[hot spread=on]"]
+    assert off.ratio == pytest.approx(1.0) and on.baseline == off.value
+    for record in (off, on):
+        assert 0.01 < record.value < 1e5 and record.unit == "us"
+        assert record.params["replicas"] == 1 and record.params["servers"] == bench.HOT_SERVERS
+        assert record.params["samples"] >= 512
 
 
 def test_skip_reason_names_memory(bench, monkeypatch, tmp_path):
