@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from torch.distributed import Store
 
     from .runtime.local import LocalServer
+    from .runtime.worker_group import WorkerGroup
 
 __all__ = [
     "barrier_worker",
@@ -67,7 +68,7 @@ class _Session:
     store: Store | None = None  # workers only
     local_server: LocalServer | None = None  # in local mode
     barriers: int = 0
-    owns_group: bool = False
+    group: WorkerGroup | None = None  # the workers' torch.distributed group (workers only)
 
 
 _lock = threading.Lock()
@@ -137,7 +138,7 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
     import torch.distributed as dist
 
     from .runtime.local import LocalServer
-    from .runtime.rendezvous import init_worker_group
+    from .runtime.worker_group import WorkerGroup
 
     server = LocalServer(start_timeout_s=_env.settings(environ).server_start_timeout_s)
     endpoint = server.start()
@@ -151,13 +152,10 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
         job_id=f"local-{os.getpid()}",
         local=True,
     )
-    session = _Session(env, store=dist.HashStore(), local_server=server)
+    group = WorkerGroup(timeout_s=_env.settings(environ).collective_timeout_s, env=env)
+    session = _Session(env, store=dist.HashStore(), local_server=server, group=group)
     try:
-        if not dist.is_initialized():
-            init_worker_group(
-                env, session.store, timeout_s=_env.settings(environ).collective_timeout_s
-            )
-            session.owns_group = True
+        group.form(session.store, rank=0, world=1, prefix="sparseps/group")
     except BaseException:
         server.close()
         raise
@@ -165,9 +163,8 @@ def _init_local(environ: Mapping[str, str] | None) -> _Session:
 
 
 def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
-    import torch.distributed as dist
-
-    from .runtime.rendezvous import connect_store, init_worker_group, store_barrier
+    from .runtime.rendezvous import connect_store, store_barrier
+    from .runtime.worker_group import WorkerGroup
 
     env = session.env
     settings = _env.settings(environ)
@@ -188,11 +185,11 @@ def _join_workers(session: _Session, environ: Mapping[str, str] | None) -> None:
         op="rendezvous",
         setting=_env.RENDEZVOUS_TIMEOUT,
     )
-    if dist.is_initialized():
+    session.group = WorkerGroup(timeout_s=settings.collective_timeout_s, env=env)
+    if not session.group.form(
+        session.store, rank=env.rank, world=env.worker_num, prefix="sparseps/group"
+    ):
         log.warning("torch.distributed is already initialised; sparseps uses that group")
-        return
-    init_worker_group(env, session.store, timeout_s=settings.collective_timeout_s)
-    session.owns_group = True
 
 
 def _current() -> _Session:
@@ -325,11 +322,8 @@ def _teardown(session: _Session, *, wait_for_peers: bool) -> None:
     try:
         if wait_for_peers and env.role is Role.WORKER and env.worker_num > 1 and session.store:
             _exit_barrier(session, session.store)
-        if session.owns_group:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        if session.group is not None and session.group.owned:
+            session.group.leave()
     finally:
         worker_store.register(None)
         session.store = None  # worker 0: closes the store's server

@@ -46,10 +46,10 @@ import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from ..errors import DeadlineError
+from ..runtime.worker_group import WorkerGroup
 from ..store.worker_keys import ACCEPTS_WORKERS_KEY, LEAVES_KEY, MEMBERS_PREFIX, WORKERS_KEY
 
 __all__ = [
@@ -181,14 +181,9 @@ def is_newcomer(env, *, timeout_s: float) -> bool:
 
 
 def single_group() -> None:
-    """A gloo group of one (this process), so that ``sps.init()`` keeps it instead of
-    joining the launch's group; :meth:`Membership.join` replaces it."""
-    import torch.distributed as dist
-
-    from ..runtime.rendezvous import worker_backend
-
-    if not dist.is_initialized():
-        dist.init_process_group(worker_backend(), store=dist.HashStore(), rank=0, world_size=1)
+    """A group of one (this process), so that ``sps.init()`` keeps it instead of joining
+    the launch's group; :meth:`Membership.join` replaces it."""
+    WorkerGroup(timeout_s=60.0).form_alone()
 
 
 class Membership:
@@ -212,6 +207,7 @@ class Membership:
         self._listed: tuple[int, ...] | None = None  # members when not 0..world-1
         self.boundary = 0
         self.collective_timeout_s, self.wait_s, self.poll_s = collective_timeout_s, wait_s, poll_s
+        self.group = WorkerGroup(timeout_s=collective_timeout_s)
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -395,26 +391,13 @@ class Membership:
 
     # -- the gloo group -----------------------------------------------------------------
 
-    @staticmethod
-    def _leave_group() -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    def _leave_group(self) -> None:
+        self.group.leave()
 
     def _form_group(self, prefix: str | None = None) -> None:
-        import torch.distributed as dist
-
-        from ..runtime.rendezvous import worker_backend
-
         start = time.perf_counter()
-        dist.init_process_group(
-            backend=worker_backend(),
-            store=dist.PrefixStore(prefix or f"{PREFIX}/group/{self.version}", self.store),
-            rank=self.group_rank,
-            world_size=len(self.members),
-            timeout=timedelta(seconds=self.collective_timeout_s),
-        )
+        self.group.reform(self.store, rank=self.group_rank, world=len(self.members),
+                          prefix=prefix or f"{PREFIX}/group/{self.version}")  # fmt: skip
         log.info("worker %d (group rank %d of %d): group of membership version %d formed "
                  "in %.2f s", self.rank, self.group_rank, len(self.members), self.version,
                  time.perf_counter() - start)  # fmt: skip

@@ -8,10 +8,10 @@ through a :class:`~sparseps.store.torch_store.ZmqStore`. On top of the store:
 - :func:`store_barrier` — every rank sets ``NAME/<rank>``, then polls until all keys
   exist. Unlike ``dist.barrier()`` it can say *which* ranks are missing: it logs them
   every ``warn_s`` and raises :class:`~sparseps.errors.DeadlineError` naming them.
-- :func:`init_worker_group` — the ``torch.distributed`` process group the workers'
-  collectives use (metrics all-reduce, dense all-reduce in sync mode, GPUPS rows, the
-  global shuffle), initialised on the same store after a rendezvous barrier, so a missing
-  worker is named instead of a bare torch timeout. Its backend is :func:`worker_backend`:
+- :func:`worker_backend` — the backend of the workers' ``torch.distributed`` group
+  (:class:`~sparseps.runtime.worker_group.WorkerGroup`: metrics all-reduce, dense
+  all-reduce in sync mode, GPUPS rows, the global shuffle), formed on the same store after
+  a rendezvous barrier, so a missing worker is named instead of a bare torch timeout:
   gloo, or in a secure job :mod:`sparseps.runtime.curve_group` (gloo's TCP pairs can be
   neither encrypted nor authenticated; ``--secure`` covers every socket of the job).
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from datetime import timedelta
 
 from ..env import MASTER, RoleEnv, from_environ, parse_endpoint, security_setting
 from ..errors import ConfigError, DeadlineError, UnavailableError
@@ -33,7 +32,6 @@ from ..store.torch_store import ZmqStore
 __all__ = [
     "connect_store",
     "group_options",
-    "init_worker_group",
     "listen_host",
     "store_barrier",
     "worker_backend",
@@ -171,8 +169,8 @@ def worker_backend(env: RoleEnv | None = None) -> str:
 
     ``"gloo"`` in a plain job; in a secure one (``env.key_dir``, or ``SPARSEPS_SECURE``
     without ``env``) the CURVE group's (registered with torch here, on first use).
-    Whoever forms a worker group passes this name (:func:`init_worker_group`, the online
-    job's regroups); a secure job's group then never opens a plain socket.
+    The :class:`~sparseps.runtime.worker_group.WorkerGroup` forms every group with it; a
+    secure job's group then never opens a plain socket.
     """
     key_dir = env.key_dir if env is not None else security_setting()
     if not key_dir:
@@ -231,32 +229,3 @@ def listen_host(master: str) -> str:
     with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((ip, port))  # a UDP "connect" sends nothing: it only picks the route
         return str(s.getsockname()[0])
-
-
-def init_worker_group(env: RoleEnv, store, *, timeout_s: float) -> None:
-    """Initialise ``torch.distributed`` among the job's workers on ``store``: gloo, or
-    in a secure job the CURVE group (:func:`worker_backend`).
-
-    Args:
-        env: this worker's role.
-        store: the job's store (from :func:`connect_store`) or a ``HashStore`` for a
-            world of one.
-        timeout_s: the timeout of every collective of the group.
-
-    Raises:
-        ConfigError: a secure job's keys do not load.
-        RuntimeError: the group could not form (torch's, or
-            :class:`~sparseps.rpc.mesh.GroupError` naming the worker that is missing or
-            refused this worker's key).
-    """
-    import torch.distributed as dist
-
-    backend = worker_backend(env)
-    dist.init_process_group(
-        backend=backend,
-        store=dist.PrefixStore("sparseps/group", store),
-        rank=env.rank,
-        world_size=env.worker_num,
-        timeout=timedelta(seconds=timeout_s),
-        pg_options=None if backend == "gloo" else group_options(env),
-    )

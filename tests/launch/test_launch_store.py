@@ -175,13 +175,14 @@ _GLOO_CHILD = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
     from sparseps.env import Role, RoleEnv
-    from sparseps.runtime.rendezvous import connect_store, init_worker_group, store_barrier
+    from sparseps.runtime.rendezvous import connect_store, store_barrier
+    from sparseps.runtime.worker_group import WorkerGroup
     rank, master = int(sys.argv[1]), sys.argv[2]
     env = RoleEnv(role=Role.WORKER, rank=rank, servers=("127.0.0.1:1",), worker_num=2,
                   master=master, log_dir=".", job_id="j", key_dir=sys.argv[3])
     store = connect_store(env, timeout_s=30, setting="S")
     store_barrier(store, "b", rank=rank, world=2, timeout_s=30, warn_s=30, address=master)
-    init_worker_group(env, store, timeout_s=30)
+    WorkerGroup(timeout_s=30, env=env).form(store, rank=rank, world=2, prefix="sparseps/group")
     t = torch.tensor([float(rank + 1)] * 4)
     dist.all_reduce(t)
     dist.barrier()

@@ -2,15 +2,15 @@
 
 Usage: ``group_worker.py MODE RANK WORLD MASTER KEY_DIR OUT [GROUP_KEY_DIR]``. The worker
 meets the others on a CURVE rendezvous store (the job's keys in KEY_DIR) and forms the
-secure worker group the way ``sps.init()`` does (``init_worker_group``); with
+secure worker group the way ``sps.init()`` does (a ``WorkerGroup`` given the role); with
 GROUP_KEY_DIR its group presents those keys instead (a worker of another job). Modes:
 
 - ``ops``: every collective sparseps and torch offer, on inputs drawn from ``seed =
   rank``; the results go to OUT/result.RANK.npz for the test to check against an oracle.
 - ``join``: only forms the group; the error, if any, goes to OUT/result.RANK.json.
-- ``environ``: forms the group as an online job's regroup does (``init_process_group``
-  with ``worker_backend()`` and no options: the keys and the interface come from this
-  process's ``SPARSEPS_*`` variables), then one all-reduce.
+- ``environ``: forms the group as an online job's regroup does (a ``WorkerGroup`` with no
+  role: the keys and the interface come from this process's ``SPARSEPS_*`` variables),
+  then one all-reduce.
 - ``crash`` / ``leave``: one all-reduce; once rank 0 has it (OUT/first.0), rank 1 dies
   (``os._exit``) or shuts its group down and exits 0, while rank 0 waits in a second
   all-reduce; rank 0 records the error and how long it waited.
@@ -40,18 +40,18 @@ SIZES = (10, 50_000)  # float32: under and over curve_group.SMALL_BYTES
 
 
 def _form_group(env: RoleEnv, group_key_dir: str, mode: str) -> None:
-    from sparseps.runtime.rendezvous import init_worker_group, worker_backend
+    from sparseps.runtime.rendezvous import worker_backend
+    from sparseps.runtime.worker_group import WorkerGroup
 
-    if mode == "environ":
+    if mode == "environ":  # as an online job's membership re-forms it: the role from os.environ
         os.environ.update(env.to_environ())
-        dist.init_process_group(
-            backend=worker_backend(), store=dist.PrefixStore("online/group/1", _store),
-            rank=env.rank, world_size=env.worker_num, timeout=datetime.timedelta(seconds=30),
-        )  # fmt: skip
+        WorkerGroup(timeout_s=30).reform(_store, rank=env.rank, world=env.worker_num,
+                                         prefix="online/group/1")  # fmt: skip
         return
 
-    if not group_key_dir:
-        init_worker_group(env, _store, timeout_s=30)
+    if not group_key_dir:  # as sps.init() forms it
+        WorkerGroup(timeout_s=30, env=env).form(_store, rank=env.rank, world=env.worker_num,
+                                                prefix="sparseps/group")  # fmt: skip
         return
     other = RoleEnv(**{**env.__dict__, "key_dir": group_key_dir})
     dist.init_process_group(
