@@ -1,9 +1,10 @@
 """``sparseps.Predictor``: predictions from an inference model, without servers.
 
 Loads the chain of saves (newest complete base, then its deltas in order; see
-:mod:`sparseps.checkpoint.inference`), verifies every manifest, keeps each table as a
-sorted key array plus an embedding matrix (lookups are one ``searchsorted``), and runs
-the exported head of the last save. A key the model does not hold gets what a pull
+:mod:`sparseps.checkpoint.inference`), verifies every manifest, serves each table's base
+rows from its memory-mapped Arrow files through a sorted-key index
+(:mod:`.mapped_table`: lookups are one ``searchsorted``, the rows stay in the page cache)
+with the deltas' rows in memory over them, and runs the exported head of the last save. A key the model does not hold gets what a pull
 of an unknown key gives during training: its deterministic initial value when the
 table admits every key, zeros otherwise — so predictions match the trainer's.
 
@@ -42,6 +43,7 @@ from ..files import manifest as mf
 from ..files import shards
 from ..table.split_rows import missing_rows
 from . import inference
+from .mapped_table import MappedTable, RowIndex, index_name, remove_stale_indexes
 from .model_input import ModelInput, describe_schema, schema_mismatch
 
 if TYPE_CHECKING:
@@ -114,17 +116,28 @@ class EmbeddingTable:
         return int(self.keys.nbytes + self.rows.nbytes)
 
 
+Table = EmbeddingTable | MappedTable
+
+
 def _applied(
-    tables: Mapping[str, EmbeddingTable], folder: Path, manifest: dict
-) -> dict[str, EmbeddingTable]:
+    tables: Mapping[str, Table], folder: Path, manifest: dict, index_dir: Path | None = None
+) -> dict[str, Table]:
     """``tables`` with the save in ``folder`` applied (new tables; the inputs unchanged).
+
+    A base's tables map its files (:class:`MappedTable`; ``index_dir``: where their
+    sorted-key indexes are shared, None: in memory); a delta's rows are merged in memory.
 
     Raises:
         CheckpointError: the manifest lacks a section, or a table's dim changed.
     """
     try:
         kind, entries = manifest["kind"], manifest["tables"]
-        result = {} if kind == "base" else dict(tables)
+        if kind == "base":
+            return {
+                name: _mapped_base(folder, name, entry, manifest["files"], index_dir)
+                for name, entry in entries.items()
+            }
+        result = dict(tables)
         for name, entry in entries.items():
             config = TableConfig.from_dict(entry["config"])
             table = result.get(name)
@@ -152,6 +165,27 @@ def _applied(
     return result
 
 
+def _mapped_base(
+    folder: Path, name: str, entry: dict, records: dict, index_dir: Path | None
+) -> MappedTable:
+    """One table of a base, its files memory-mapped (read-only views, no copy)."""
+    config = TableConfig.from_dict(entry["config"])
+    files = [folder / f for f in sorted(entry["files"]) if not f.endswith(".tombstones.arrow")]
+    columns = [shards.read_shard(path, copy=False)[1] for path in files]
+    index = None
+    if index_dir is not None:
+        mine = {f.name: records.get(f.name) for f in files}
+        stem = index_name(folder, name, mine)
+        try:
+            index = RowIndex.shared([c["key"] for c in columns], index_dir, stem)
+        except OSError as exc:  # a folder the service cannot write: each process its own
+            log.warning("%s: cannot keep the row index there (%s); built in memory", index_dir,
+                        exc)  # fmt: skip
+        else:
+            remove_stale_indexes(index_dir, folder.parent)
+    return MappedTable.of_files(config, files, columns, index)
+
+
 class SkippedSave(NamedTuple):
     """A save a predictor did not load, and why (the error it gave)."""
 
@@ -172,6 +206,9 @@ class Predictor:
         check: called with each candidate model (the chain up to each save); a
             ``CheckpointError`` it raises skips that save as if it did not verify (the
             service's one-row warm-up request). Only with the default ``saves``.
+        index_dir: a folder where the bases' sorted-key indexes are kept and shared by
+            every process that serves them (:mod:`.mapped_table`); None: each predictor
+            builds its own in memory. A base's rows are memory-mapped either way.
 
     Raises:
         CheckpointError: no complete base, or no chain that verifies (naming each save
@@ -181,7 +218,7 @@ class Predictor:
 
     directory: Path
     saves: tuple[Path, ...]
-    tables: Mapping[str, EmbeddingTable]
+    tables: Mapping[str, Table]
     embeddings: tuple[dict, ...]
     manifest: dict  # the last save's
     head: Callable[..., torch.Tensor]
@@ -194,13 +231,15 @@ class Predictor:
         *,
         on_loaded: Callable[[Path], None] | None = None,
         check: Callable[[Predictor], object] | None = None,
+        index_dir: str | Path | None = None,
     ) -> None:
+        self.index_dir = None if index_dir is None else Path(index_dir)
         if not saves:
-            newest = _newest_verified(Path(directory), on_loaded, check)
+            newest = _newest_verified(Path(directory), on_loaded, check, self.index_dir)
             newest._copy_to(self)
             return
         folders = [Path(f) for f in saves]
-        tables: dict[str, EmbeddingTable] = {}
+        tables: dict[str, Table] = {}
         manifest: dict = {}
         for i, folder in enumerate(folders):
             manifest = _verified(folder)
@@ -209,7 +248,7 @@ class Predictor:
                     f"{folder}: a chain is one base then deltas; this {manifest['kind']} is "
                     f"save {i} of {[f.name for f in folders]}"
                 )
-            tables = _applied(tables, folder, manifest)
+            tables = _applied(tables, folder, manifest, self.index_dir)
             if on_loaded is not None:
                 on_loaded(folder)
         head = inference.load_head(folders[-1], manifest)
@@ -225,6 +264,7 @@ class Predictor:
         self.skipped = tuple(skipped)
 
     def _copy_to(self, other: Predictor) -> None:
+        other.index_dir = self.index_dir
         other._set(self.directory, self.saves, self.tables, self.manifest, self.head, self.skipped)
 
     def then(self, folder: Path) -> Predictor:
@@ -237,10 +277,11 @@ class Predictor:
         folder = Path(folder)
         manifest = _verified(folder)
         if manifest["kind"] == "base":
-            return Predictor(self.directory, [folder])
+            return Predictor(self.directory, [folder], index_dir=self.index_dir)
         tables = _applied(self.tables, folder, manifest)
         head = inference.load_head(folder, manifest)
         successor = object.__new__(Predictor)
+        successor.index_dir = self.index_dir
         successor._set(self.directory, (*self.saves, folder), tables, manifest, head)
         return successor
 
@@ -331,14 +372,20 @@ class Predictor:
         return {name: int(t.keys.size) for name, t in self.tables.items()}
 
     def nbytes(self) -> int:
-        """Bytes of every table's keys and rows."""
+        """Bytes of every table's keys and rows (mapped and in memory)."""
         return sum(t.nbytes for t in self.tables.values())
+
+    def mapped_files(self) -> list[Path]:
+        """The files whose maps hold the rows (the base's, the shared indexes)."""
+        return [f for t in self.tables.values() if isinstance(t, MappedTable)
+                for f in t.mapped_files]  # fmt: skip
 
 
 def _newest_verified(
     directory: Path,
     on_loaded: Callable[[Path], None] | None,
     check: Callable[[Predictor], object] | None,
+    index_dir: Path | None,
 ) -> Predictor:
     """The newest chain of ``directory`` that loads (see the module docstring).
 
@@ -352,7 +399,7 @@ def _newest_verified(
     skipped: list[SkippedSave] = []
     for folders in candidates:
         try:
-            model = Predictor(directory, folders[:1], on_loaded=on_loaded)
+            model = Predictor(directory, folders[:1], on_loaded=on_loaded, index_dir=index_dir)
             verify(model)
         except CheckpointError as exc:
             skipped.append(SkippedSave(folders[0], str(exc)))

@@ -47,6 +47,9 @@ class ServeConfig:
         batch_max_wait_ms: the longest a request waits for others to join its call
             (from its arrival; no wait when no other request is on its way).
         workers: service processes on the one port (:mod:`.workers`); 0: one per core.
+        index_dir: where the bases' sorted-key row indexes are kept and shared by the
+            processes (:mod:`sparseps.checkpoint.mapped_table`); None (default):
+            ``model_dir/.serving-index`` (the chain ignores hidden folders).
     """
 
     model_dir: Path
@@ -62,9 +65,12 @@ class ServeConfig:
     batch_max_rows: int = 1024
     batch_max_wait_ms: float = 2.0
     workers: int = 0
+    index_dir: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_dir", Path(self.model_dir))
+        index = self.model_dir / ".serving-index" if self.index_dir is None else self.index_dir
+        object.__setattr__(self, "index_dir", Path(index))
         if self.ready_file is not None:
             object.__setattr__(self, "ready_file", Path(self.ready_file))
         if not 0 <= self.port <= 65535:

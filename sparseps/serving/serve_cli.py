@@ -69,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="service processes on the one port, sharing the model's memory-mapped rows "
         "(default 0: one per core)",
     )
+    parser.add_argument(
+        "--index-dir",
+        default=None,
+        help="where the bases' sorted-key row indexes are kept and shared by the workers "
+        "(default: MODEL_DIR/.serving-index)",
+    )
     # a worker process of --workers N: serve on the listening socket inherited as this fd
     parser.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
@@ -93,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         batch_max_rows=args.batch_max_rows,
         batch_max_wait_ms=args.batch_max_wait_ms,
         workers=args.workers,
+        index_dir=args.index_dir,
     )
     if args.listen_fd is not None:  # one worker of a supervisor (sparseps.serving.workers)
         from .workers import WorkerPlace

@@ -85,6 +85,7 @@ def serve(config: ServeConfig, place: WorkerPlace | None = None) -> None:
         on_reload=metrics.on_reload,
         warmup=columns.warm_up,
         on_swap=publish,
+        index_dir=config.index_dir,
     )
     schema = columns.fix(watcher.current.predictor)  # the first served model's, for good
     sock = bind(config.host, config.port) if place is None else socket.socket(fileno=place.fd)

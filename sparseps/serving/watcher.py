@@ -39,6 +39,7 @@ from ..checkpoint import inference
 from ..checkpoint.predictor import Predictor
 from ..errors import CheckpointError
 from ..files import manifest as mf
+from .memory import memory_report
 
 __all__ = ["ModelWatcher", "ServedModel"]
 
@@ -76,6 +77,7 @@ class ServedModel:
             "loaded_s_ago": round(now - self.loaded_at, 3),
             "rows": p.rows(),
             "bytes": p.nbytes(),
+            "memory": memory_report(p.mapped_files()),
         }
 
 
@@ -94,6 +96,8 @@ class ModelWatcher:
             or of the compiled hashing, costs far more than the next ones).
         on_swap: called on the watcher's thread after a poll swapped the model or
             refused a save (``--workers``' board, :mod:`.board`).
+        index_dir: where the bases' row indexes are shared between processes
+            (:class:`Predictor`'s ``index_dir``).
 
     Raises:
         CheckpointError: the folder holds no chain that loads and answers the warm-up
@@ -108,8 +112,10 @@ class ModelWatcher:
         on_reload: ReloadListener | None = None,
         warmup: Callable[[Predictor], object] | None = None,
         on_swap: Callable[[ServedModel], object] | None = None,
+        index_dir: Path | None = None,
     ) -> None:
         self.directory = Path(directory)
+        self.index_dir = index_dir
         self.poll_s = poll_s
         self._on_reload = on_reload or (lambda outcome, name, error: None)
         self._refused: dict[str, tuple] = {}  # folder name -> the manifest stat refused
@@ -121,7 +127,7 @@ class ModelWatcher:
         self._thread: threading.Thread | None = None
         self._warmup = warmup or (lambda predictor: None)
         self._on_swap = on_swap or (lambda served: None)
-        first = Predictor(self.directory, check=self._warm)
+        first = Predictor(self.directory, check=self._warm, index_dir=index_dir)
         self._current = ServedModel(first, time.time())
         log.info("serving %s: %s", self.directory, self._summary(self._current.predictor))
         for folder, reason in first.skipped:
@@ -192,7 +198,9 @@ class ModelWatcher:
                 break  # refused before and unchanged: deltas after it wait for a new base
             try:
                 following = (
-                    model.then(folder) if model is not None else Predictor(folder.parent, [folder])
+                    model.then(folder)
+                    if model is not None
+                    else Predictor(folder.parent, [folder], index_dir=self.index_dir)
                 )
                 self._warm(following)
             except CheckpointError as exc:

@@ -68,7 +68,7 @@ def _argv(config: ServeConfig, fd: int, index: int, board: Path) -> list[str]:
         "--torch-threads", str(config.torch_threads),
         "--batch-max-rows", str(config.batch_max_rows),
         "--batch-max-wait-ms", repr(config.batch_max_wait_ms),
-        "--workers", str(config.processes),
+        "--workers", str(config.processes), "--index-dir", str(config.index_dir),
         "--listen-fd", str(fd), "--worker-index", str(index), "--board", str(board),
     ]  # fmt: skip
     if config.schema is not None:

@@ -48,7 +48,9 @@ def test_watcher_swaps_new_objects_and_frees_the_old_base(chain, tmp_path, datas
     np.testing.assert_array_equal(first.predictor.predict(dataset), before)
     table = first.predictor.tables["deep_emb"]
     with pytest.raises(ValueError, match="read-only"):
-        table.rows[0, 0] = 1.0
+        table.parts[0][0, 0] = 1.0  # the base's rows: a map of its file
+    with pytest.raises(ValueError, match="read-only"):
+        table.overlay.rows[0, 0] = 1.0  # the delta's rows
     old_tables = weakref.ref(watcher.current.predictor.tables["deep_emb"])
     del first, table
     land(chain.folder("base-00014"), model)
