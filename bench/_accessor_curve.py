@@ -1,15 +1,18 @@
 """The CTR accessor's trade-off curve: embedx_threshold against memory and test AUC.
 
-On families of ``sparseps bench quality`` (the same data files, one seed), the demo job
-(1 server + 2 workers, async, one pass) with today's defaults, then with ``--cvm`` and a
-split table at each threshold (``--embedx-threshold T``): test AUC and the tables' bytes
-on the server (``table_bytes``). Not a registered benchmark (a leading underscore); run
-it by path:
+On the families of ``sparseps bench quality`` (its data files and its report seed), the
+demo job (1 server + 2 workers, async, one pass) with today's defaults (twice: async
+training is not deterministic, the second run shows the run-to-run noise), then with
+``--cvm`` alone (``--cvm-alone``) and with ``--cvm`` and one CTR-accessor table at each threshold
+(``--embedx-threshold T``): test AUC and the tables' bytes on the server
+(``table_bytes``). Not a registered benchmark (a leading underscore); run it by path:
 
-    python bench/_accessor_curve.py --families ctr4%,ctr25% --rows 100000 --json
+    python bench/_accessor_curve.py --rows 100000 --test-rows 100000 --out curve.jsonl
 
-Each line of output is one run: family, configuration, test AUC, the AUC against the
-defaults', bytes, bytes against the defaults', rows and rows with an embedx part.
+Each line of output (and of ``--out``, appended as it goes) is one run: family, run,
+test AUC, the AUC against the defaults' first run, bytes, bytes against the defaults',
+rows and rows with an embedx part. The end prints a markdown table per threshold: the
+worst and mean AUC gap over the families and the largest bytes ratio.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-THRESHOLDS = (0.0, 0.2, 0.5, 1.0, 2.0)
+THRESHOLDS = (1.0, 2.0, 5.0, 10.0)
 
 
 def _quality():
@@ -37,39 +40,67 @@ def _figures(result: dict) -> tuple[int, int, int]:
             sum(t["embedx_rows"] for t in tables))  # fmt: skip
 
 
+def runs(thresholds: list[float], extra: str = "", *, cvm_alone: bool = False
+         ) -> list[tuple[str, str]]:  # fmt: skip
+    """``(name, demo job flags)`` of one family's runs, the defaults first."""
+    return (
+        [("defaults", ""), ("defaults again", "")]
+        + ([("cvm", "--cvm")] if cvm_alone else [])
+        + [(f"cvm+threshold {t:g}", f"--cvm --embedx-threshold {t:g} {extra}".strip())
+           for t in thresholds]
+    )  # fmt: skip
+
+
+def summary(records: list[dict]) -> str:
+    """A markdown table: per run, the worst and mean AUC gap over the families and the
+    largest and mean bytes ratio."""
+    names = list(dict.fromkeys(r["run"] for r in records))
+    lines = ["| run | families | worst AUC gap | mean AUC gap | max bytes ratio | "
+             "mean bytes ratio | embedx rows / rows |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name in names:
+        got = [r for r in records if r["run"] == name]
+        gaps = [r["auc_gap"] for r in got]
+        ratios = [r["bytes_ratio"] for r in got]
+        share = sum(r["embedx_rows"] for r in got) / max(sum(r["rows"] for r in got), 1)
+        lines.append(f"| {name} | {len(got)} | {min(gaps):+.4f} | {sum(gaps) / len(gaps):+.4f} "
+                     f"| {max(ratios):.3f} | {sum(ratios) / len(ratios):.3f} | {share:.3f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", default="ctr4%,ctr25%")
-    ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--test-rows", type=int, default=100_000)
-    ap.add_argument("--seed", type=int, default=101)
-    ap.add_argument("--thresholds", default=",".join(str(t) for t in THRESHOLDS))
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
     quality = _quality()
-    out = []
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default=",".join(quality.FAMILIES))
+    ap.add_argument("--rows", type=int, default=quality.ROWS)
+    ap.add_argument("--test-rows", type=int, default=quality.TEST_ROWS)
+    ap.add_argument("--seed", type=int, default=quality.REPORT_SEEDS[0])
+    ap.add_argument("--thresholds", default=",".join(f"{t:g}" for t in THRESHOLDS))
+    ap.add_argument("--extra", default="", help="more demo flags for the threshold runs")
+    ap.add_argument("--cvm-alone", action="store_true", help="also --cvm without a threshold")
+    ap.add_argument("--out", default="", help="append each run's JSON line to this file")
+    args = ap.parse_args()
+    thresholds = [float(x) for x in args.thresholds.split(",") if x]
+    records = []
     for family in args.families.split(","):
         folder, meta = quality.data(family, args.seed, args.rows, args.test_rows)
-        runs = (
-            [("defaults", "")]
-            + [("cvm", "--cvm")]
-            + [
-                (f"cvm+threshold {t}", f"--cvm --embedx-threshold {t}")
-                for t in (float(x) for x in args.thresholds.split(","))
-            ]
-        )
         base = None
-        for name, job_args in runs:
+        for name, job_args in runs(thresholds, args.extra, cvm_alone=args.cvm_alone):
             result = quality.run_sparseps(folder, job_args)
             nbytes, rows, embedx = _figures(result)
             if base is None:
                 base = (result["test_auc"], nbytes)
-            record = {"family": family, "run": name, "test_auc": round(result["test_auc"], 4),
-                      "auc_gap": round(result["test_auc"] - base[0], 4), "bytes": nbytes,
-                      "bytes_ratio": round(nbytes / base[1], 3), "rows": rows,
-                      "embedx_rows": embedx, "bayes_auc": round(meta.get("bayes_auc", 0), 4)}  # fmt: skip
-            out.append(record)
-            print(json.dumps(record) if args.json else record, flush=True)
+            record = {"family": family, "seed": args.seed, "rows_train": args.rows,
+                      "run": name, "flags": job_args, "test_auc": round(result["test_auc"], 5),
+                      "auc_gap": round(result["test_auc"] - base[0], 5),
+                      "test_logloss": round(result["test_logloss"], 5), "bytes": nbytes,
+                      "bytes_ratio": round(nbytes / base[1], 4), "rows": rows,
+                      "embedx_rows": embedx, "bayes_auc": round(meta["bayes_auc_test"], 4)}  # fmt: skip
+            records.append(record)
+            print(json.dumps(record), flush=True)
+            if args.out:
+                with open(args.out, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+    print(summary(records), flush=True)
 
 
 if __name__ == "__main__":
