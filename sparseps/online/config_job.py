@@ -8,9 +8,14 @@ section is its own frozen dataclass, validated at construction.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from .config_mode import mode_from_config
 from .config_values import check_choice, check_float, check_int, check_resources, check_str
+
+if TYPE_CHECKING:
+    from ..worker.strategy import Mode
 
 __all__ = ["JobConfig"]
 
@@ -21,7 +26,13 @@ class JobConfig:
 
     Args:
         server_num, worker_num: processes the launcher starts (1..64).
-        mode: ``sync`` (exact, reproducible), ``async`` or ``geo``.
+        mode: any :class:`sparseps.Strategy` mode, by name (``sync``, exact and
+            reproducible; ``async``, ``geo``, ``hybrid``, ``heter``) or as a mapping of its
+            name and knobs (``{name: async, max_staleness: 4}``, ``{name: sync,
+            backup_workers: 1}``; :mod:`sparseps.online.config_mode`).
+        heter_worker_num: heter workers (``sparseps launch --heter-worker-num``): the
+            dense network runs on them (mode ``heter``; docs/heterps.md).
+        heter_device: where they run it (``--heter-device``: ``cpu``, ``cuda``, ``auto``).
         log_dir: per-role logs (default ``MODEL_DIR/log``).
         job_id: id of the job's processes (default: the launcher's).
         rpc_timeout_s, collective_timeout_s: see :class:`sparseps.Strategy`.
@@ -37,7 +48,9 @@ class JobConfig:
 
     server_num: int = 1
     worker_num: int = 1
-    mode: str = "sync"
+    mode: str | dict = "sync"
+    heter_worker_num: int = 0
+    heter_device: str | None = None
     log_dir: str | None = None
     job_id: str | None = None
     rpc_timeout_s: float = 120.0
@@ -50,7 +63,19 @@ class JobConfig:
     def __post_init__(self) -> None:
         check_int("job.server_num", self.server_num, 1, 64)
         check_int("job.worker_num", self.worker_num, 1, 64)
-        check_choice("job.mode", self.mode, ("sync", "async", "geo"))
+        mode = self.training_mode  # checks the name and the knobs
+        check_int("job.heter_worker_num", self.heter_worker_num, 0, 64)
+        if mode.dense_on_heter_workers and not self.heter_worker_num:
+            raise ConfigError(f"job.mode {mode.name}: needs heter workers (job.heter_worker_num)")
+        if self.heter_worker_num and not mode.dense_on_heter_workers:
+            raise ConfigError(
+                f"job.heter_worker_num: heter workers run the dense network of mode heter, "
+                f"not of {mode.name} (set job.mode: heter, or job.heter_worker_num: 0)"
+            )
+        if self.heter_device is not None:
+            check_choice("job.heter_device", self.heter_device, ("cpu", "cuda", "auto"))
+            if not self.heter_worker_num:
+                raise ConfigError("job.heter_device: the job has no heter workers")
         if self.log_dir is not None:
             check_str("job.log_dir", self.log_dir)
         if self.job_id is not None:
@@ -68,3 +93,12 @@ class JobConfig:
             value = getattr(self, key)
             if value is not None:
                 object.__setattr__(self, key, check_resources(f"job.{key}", value))
+
+    @property
+    def training_mode(self) -> Mode:
+        """The :class:`~sparseps.Mode` of ``mode`` (its knobs checked)."""
+        return mode_from_config(self.mode)
+
+    @property
+    def mode_name(self) -> str:
+        return self.training_mode.name

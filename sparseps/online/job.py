@@ -80,7 +80,7 @@ def build_trainer(config):
     m = config.model
     model = build_model(config)
     strategy = sps.Strategy(
-        mode=config.job.mode,
+        mode=config.job.training_mode,
         rpc_timeout=config.job.rpc_timeout_s,
         collective_timeout=config.job.collective_timeout_s,
     )
@@ -91,11 +91,14 @@ def build_trainer(config):
 
 
 def follows_workers(config) -> bool:
-    """Whether the job can follow workers joining and leaving between passes: async mode.
-    Sync keeps its dense parameters on the workers and geo averages dense deltas over a
-    worker count fixed at its start, so both run with the workers they were launched with
-    (and do not set ``elastic/accepts_workers``: ``sparseps scale --workers`` refuses)."""
-    return config.job.mode == "async"
+    """Whether the job can follow workers joining and leaving between passes: plain async
+    mode. Sync keeps its dense parameters on the workers, geo averages dense deltas over a
+    worker count fixed at its start, hybrid all-reduces among them, bounded staleness
+    compares a fixed set of workers' steps and heter maps trainers to heter workers at the
+    start, so they run with the workers they were launched with (and do not set
+    ``elastic/accepts_workers``: ``sparseps scale --workers`` refuses)."""
+    mode = config.job.training_mode
+    return mode.name == "async" and getattr(mode, "max_staleness", None) is None
 
 
 def _newcomer(config) -> bool:
@@ -126,9 +129,9 @@ def _members(config, rank: int, newcomer: bool):
     if store is None or not follows_workers(config):
         if rank == 0 and store is not None:
             log.info("job.mode %s: workers are fixed for the run (scaling workers needs "
-                     "async mode); sparseps scale --workers is refused", config.job.mode)  # fmt: skip
+                     "async mode); sparseps scale --workers is refused", config.job.mode_name)  # fmt: skip
             # what the launcher says when one of them dies (sparseps.online.leaving)
-            store.set(FIXED_KEY, f"job.mode {config.job.mode} trains with a fixed set of "
+            store.set(FIXED_KEY, f"job.mode {config.job.mode_name} trains with a fixed set of "
                       "workers, so a worker's death fails the job (a worker that dies leaves "
                       "only an async job with data.split: steal and data.lease_s); rerun it to "
                       "resume from its newest checkpoint")  # fmt: skip
@@ -161,6 +164,9 @@ def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> in
     sps.init()
     if sps.is_server():
         sps.run_server()
+        return 0
+    if sps.is_heter_worker():  # its Trainer serves the dense network until the job stops
+        build_trainer(config)
         return 0
     # after the server's return: the driver brings torch (about 4 s of CPU a process)
     from sparseps.online.driver import OnlineDriver

@@ -48,6 +48,10 @@ def launch_argv(
     ]  # fmt: skip
     if job.job_id:
         argv += ["--job-id", job.job_id]
+    if job.heter_worker_num:
+        argv += ["--heter-worker-num", str(job.heter_worker_num)]
+        if job.heter_device:
+            argv += ["--heter-device", job.heter_device]
     if job.backend == "ray":
         argv += ["--backend", "ray"]
         if job.ray_address:
