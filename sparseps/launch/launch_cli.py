@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..env import FILE_ROOTS, HETER_DEVICE, MASTER, REPLICAS, Role, child_environ
 from ..errors import ConfigError, SparsePSError
+from .heter_devices import heter_device_env, parse_heter_devices
 from .logsetup import LauncherLog
 from .records import Outcome, check_seconds
 
@@ -58,10 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "workers (default none; docs/heterps.md)")  # fmt: skip
     add("--heter-workers", dest="heter_workers", default=None,
         help="host:port,... of every heter worker (multi-node)")  # fmt: skip
-    add("--heter-device", dest="heter_device", choices=["cpu", "cuda", "auto"], default=None,
-        help="where heter workers run the dense network (default cpu)")  # fmt: skip
+    add("--heter-device", dest="heter_device", default=None,
+        help="where heter workers run the dense network: cpu (default), cuda, auto, or one "
+             "per heter worker, e.g. cuda,cpu (docs/heterps.md)")  # fmt: skip
     add("--max-restarts", "--max_restarts", dest="max_restarts", type=int, default=0,
-        help="restart a failed worker up to N times (default 0)")  # fmt: skip
+        help="restart a failed worker group up to N times, and each heter worker (default 0)")  # fmt: skip
     add("--grace-s", dest="grace_s", type=float, default=5.0,
         help="seconds between SIGTERM and SIGKILL when stopping processes (default 5)")  # fmt: skip
     add("--quiet-warn-s", dest="quiet_warn_s", type=float, default=300.0,
@@ -121,6 +123,7 @@ def _child(spec, role: Role, rank: int, script: str, script_args: list[str],
     argv = (
         sys.executable, "-u", "-m", "sparseps.observe.child", *observe, script, *script_args,
     )  # fmt: skip
+    extra = heter_device_env(extra, role, rank, len(spec.heter_workers))
     env = child_environ(
         {**spec.role_env(role, rank).to_environ(), "PYTHONUNBUFFERED": "1", **extra}
     )
@@ -223,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
         return run_on_ray(args)
     if args.heter_device and not (args.heter_worker_num or args.heter_workers):
         raise ConfigError("--heter-device: the job has no heter workers (--heter-worker-num H)")
+    if args.heter_device:
+        parse_heter_devices(args.heter_device)
     for flag in ("address", "server_resources", "worker_resources"):
         if getattr(args, flag) is not None:
             raise ConfigError(f"--{flag.replace('_', '-')} applies only to --backend ray")

@@ -2,9 +2,10 @@
 
 A trainer of a job with heter workers (``sparseps launch --heter-worker-num H``) reads
 its data, pulls and pools the sparse embeddings as in async mode, and sends each step's
-pooled outputs with the batch's dense features and labels to heter worker ``rank % H``
-(:mod:`.heter_service`), which runs the dense network forward and backward and sends back the
-gradients of the pooled outputs; the trainer finishes the backward into its pulled rows
+pooled outputs with the batch's dense features and labels to a heter worker (the one the
+throughput it measured says answers first, :mod:`.heter_routing`), which runs the dense
+network forward and backward (:mod:`.heter_service`) and sends back the gradients of the
+pooled outputs; the trainer finishes the backward into its pulled rows
 and pushes the sparse gradients. Up to ``Strategy.heter_window`` steps are in flight per
 trainer, so the trainer prepares and pools the next batches while the heter worker
 computes (the rows of a step in flight are pulled before the steps ahead of it pushed
@@ -19,6 +20,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,6 +32,7 @@ from ..rpc.handle import Handle
 from ..rpc.protocol import Limits
 from ..rpc.security import security_from_env
 from .heter_ops import HETER_OPS
+from .heter_routing import HeterRouter
 from .heter_wire import join, split
 from .losses import LossOutput
 from .modes import AsyncMode
@@ -39,9 +42,19 @@ __all__ = ["HeterMode"]
 log = logging.getLogger(__name__)
 
 
-def _rank_of(sent: tuple) -> int:
-    """The heter worker a sent step went to (:meth:`HeterMode._send`'s last field)."""
-    return int(sent[-1])
+@dataclass
+class _Sent:
+    """A step sent to a heter worker, until its reply."""
+
+    item: tuple
+    lookups: dict
+    leaves: dict
+    outputs: list
+    shapes: list
+    handle: Handle
+    heter: int  # the heter worker it went to
+    rows: int
+    sent_at: float  # time.perf_counter()
 
 
 class HeterMode(AsyncMode):
@@ -74,6 +87,7 @@ class HeterMode(AsyncMode):
             detect_loss=True,
         )
         self.lost_steps = 0  # steps in flight to a heter worker when it died
+        self.router = HeterRouter(len(heter_workers), home=self.heter_rank)
         self._seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
 
     def _call(
@@ -83,10 +97,10 @@ class HeterMode(AsyncMode):
         call = self.channel.submit(rank, op, None, bufs, args)
         return Handle(self.channel, [call], lambda replies: replies[0])
 
-    def step_target(self) -> tuple[int, dict]:
-        """The heter worker of the next step and what its request adds (async: this
-        trainer's heter worker, nothing)."""
-        return self.heter_rank, {}
+    def step_target(self, rows: int) -> tuple[int, dict]:
+        """The heter worker of the next step of ``rows`` rows and what its request adds
+        (async: the one the router picks by measured throughput, nothing)."""
+        return self.router.pick(rows), {}
 
     def compute(self, items: Iterable, step: Callable, binder) -> Iterator:
         """``(item, (grads, dense_grad, loss, out))`` per step, ``heter_window`` in flight
@@ -107,10 +121,12 @@ class HeterMode(AsyncMode):
         try:
             yield self._finish(sent, binder)
         except UnavailableError as exc:
-            rank = _rank_of(sent)
-            lost = [sent, *(s for s in window if _rank_of(s) == rank)]
+            rank = sent.heter
+            lost = [sent, *(s for s in window if s.heter == rank)]
             for other in lost[1:]:
                 window.remove(other)
+            for step in lost:
+                self.router.lost(rank, step.rows)
             self.lost_steps += len(lost)
             self._seconds["heter_lost_steps"] += len(lost)
             log.warning(
@@ -148,7 +164,7 @@ class HeterMode(AsyncMode):
             )  # fmt: skip
             return
 
-    def _send(self, item, binder) -> tuple:
+    def _send(self, item, binder) -> _Sent:
         batch, lookups, rows = item
         start = time.perf_counter()
         if rows is None:
@@ -167,37 +183,49 @@ class HeterMode(AsyncMode):
         labels = np.asarray(batch.label, np.float32).reshape(-1, 1)
         if batch.extra_labels is not None:
             labels = np.concatenate([labels, np.asarray(batch.extra_labels, np.float32)], axis=1)
-        rank, extra = self.step_target()
+        rank, extra = self.step_target(len(batch))
         handle = self._call(
             "heter_step",
             [np.ascontiguousarray(batch.dense, np.float32), np.ascontiguousarray(labels), flat],
             {"shapes": shapes, "scale": self.loss_scale(len(batch)), **extra},
             rank=rank,
         )
-        self._seconds["compute_s"] += time.perf_counter() - start
-        return item, lookups, leaves, outputs, shapes, handle, rank
+        sent_at = time.perf_counter()
+        self._seconds["compute_s"] += sent_at - start
+        return _Sent(item, lookups, leaves, outputs, shapes, handle, rank, len(batch), sent_at)
 
-    def _finish(self, sent: tuple, binder) -> tuple:
-        item, lookups, leaves, outputs, shapes, handle, _ = sent
+    def _finish(self, sent: _Sent, binder) -> tuple:
+        item = sent.item
         start = time.perf_counter()
-        reply = handle.wait()
+        reply = sent.handle.wait()
         waited = time.perf_counter()
+        # the heter worker's throughput: its device batch's seconds per row (the trainer's
+        # own wait would count the steps ahead of this one in its window)
+        self.router.done(
+            sent.heter, sent.rows, float(reply.result["device_s"]), int(reply.result["batch_rows"])
+        )
         self._seconds["heter_wait_s"] += waited - start
         grads, predictions, labels = reply.bufs
-        parts = [torch.from_numpy(np.array(g)) for g in split(grads, shapes)]
-        torch.autograd.backward(outputs, parts)
-        sparse = binder.grads(lookups, leaves)
+        parts = [torch.from_numpy(np.array(g)) for g in split(grads, sent.shapes)]
+        torch.autograd.backward(sent.outputs, parts)
+        sparse = binder.grads(sent.lookups, sent.leaves)
         self._seconds["compute_s"] += time.perf_counter() - waited
         loss = float(reply.result["loss"])
         out = LossOutput(torch.tensor(loss), np.array(predictions), np.array(labels))
         return item, (sparse, np.zeros(0, np.float32), loss / max(len(item[0]), 1), out)
 
-    def flush_heter(self) -> dict:
-        """The heter worker's dense updates are applied; its busy/idle seconds."""
-        report = self._call("heter_flush").wait().result
-        for key in ("busy_s", "idle_s"):
-            self._seconds[f"heter_{key}"] += float(report[key])
-        return report
+    def flush_heter(self) -> None:
+        """The dense updates of every heter worker this trainer used are applied; their
+        busy/idle seconds (since their last flush) go to the timings."""
+        used = [h for h in range(self.router.count) if self.router.steps[h]] or [self.heter_rank]
+        handles = [self._call("heter_flush", rank=h) for h in used]
+        for handle in handles:
+            report = handle.wait().result
+            for key in ("busy_s", "idle_s"):
+                self._seconds[f"heter_{key}"] += float(report[key])
+        for h in used:
+            self._seconds[f"heter_steps_{h}"] += self.router.steps[h]
+            self.router.steps[h] = 0
 
     def quiesce_local(self) -> None:
         super().quiesce_local()

@@ -8,7 +8,9 @@ named :class:`~sparseps.errors.ProtocolError` reply and never stops it.
   (the batch's dense features), ``labels`` float32 ``[B, 1 + K]`` (label, then the
   schema's extra labels), ``outputs`` float32 ``[N]`` (every ``SparseEmbedding``'s
   output of the step, flattened and concatenated in module order; ``shapes`` says how
-  to cut it). Reply: ``result`` ``{"loss": summed loss}``, buffers ``grads`` (the same
+  to cut it). Reply: ``result`` ``{"loss": summed loss, "device_s": seconds of the device
+  batch the step ran in, "batch_rows": its rows}`` (the heter worker's throughput, which
+  trainers route by), buffers ``grads`` (the same
   layout as ``outputs``), ``predictions`` and ``labels`` float32 ``[B, T]``. Heter in sync
   mode adds ``sync``: ``[step, trainers, trainer]`` (the step's number, how many trainers
   contribute to it, the sender's rank): the heter worker runs the step once all of them
@@ -41,7 +43,7 @@ HETER_OPS: dict[str, OpSchema] = {
             "scale": ((float, int), True),
             "sync": ((list,), False),
         },
-        answer={"loss": (float, int)},
+        answer={"loss": (float, int), "device_s": (float, int), "batch_rows": (int,)},
         answer_bufs=(
             BufSpec("grads", "float32", 1),
             BufSpec("predictions", "float32", 2),

@@ -202,6 +202,7 @@ class HeterService:
         """The dense half of ``steps`` (one key, :func:`~.heter_gather.group_steps`) as one
         device batch: per step ``(result, [grads, predictions, labels])``, what the step
         alone would give (:mod:`.heter_gather`); one dense update for them all."""
+        started = time.perf_counter()
         batch = DeviceBatch(steps, split)
         sync = steps[0].sync is not None
         if sync:  # the step before may have run on another heter worker: fresh values
@@ -233,12 +234,15 @@ class HeterService:
         self.batches += 1
         self.rows += batch.rows
         grads = [o.grad if o.grad is not None else torch.zeros_like(o) for o in outputs]
+        timing = {"device_s": time.perf_counter() - started, "batch_rows": batch.rows}
         replies = []
         for (start, stop), out in zip(batch.bounds, losses, strict=True):
             flat, _ = join([g[start:stop] for g in grads])
             predictions = np.ascontiguousarray(out.predictions, np.float32)
             result_labels = np.ascontiguousarray(out.labels, np.float32)
-            replies.append(({"loss": float(out.loss.detach())}, [flat, predictions, result_labels]))
+            replies.append(
+                ({"loss": float(out.loss.detach()), **timing}, [flat, predictions, result_labels])
+            )
         return replies
 
     def _install_dense(self) -> None:
