@@ -30,9 +30,9 @@ Why this order:
   imports ``rpc``. The client in turn must follow a job that turns elastic, and cannot
   import ``elastic`` (that would be a circle): it takes its placement router by injection
   (``PSClient(placement_routing=...)``, the contract in ``rpc.router``), so the plain
-  client never imports nor runs elastic code. It sits below ``server`` so that the
-  server side of elasticity (``server/elastic_ops.py`` today) can move into it once the
-  server's op table takes handlers from other packages, and below ``launch``, which
+  client never imports nor runs elastic code. It sits below ``server``, whose op table
+  maps the move ops to the server side of elasticity (``elastic/server_moves.py``), and
+  below ``launch``, which
   starts the servers a scale-up adds and drives ``sparseps scale`` with it.
 - ``checkpoint`` coordinates saves and loads through the client and the worker
   collectives; the ``worker`` (trainer) offers ``save_checkpoint`` on top of it.

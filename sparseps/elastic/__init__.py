@@ -8,7 +8,8 @@ See docs/elastic.md. One module for each side of it:
   :class:`ElasticClient` (:mod:`.client`) is a client that requires a placement;
 - the driver: :mod:`.migrate` (:func:`scale`, :func:`migrate`: move virtual shards
   between running servers while training continues) over :mod:`.peers` (its connections);
-- the server side is still :mod:`sparseps.server.elastic_ops`.
+- the server side: :mod:`.server_moves` (a server's placement and the move ops, which
+  the server's op table maps to it).
 """
 
 from .client import ElasticClient

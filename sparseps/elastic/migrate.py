@@ -32,7 +32,7 @@ same migration again (``migrate(peers, new)`` or :func:`scale` with the same ran
   then each drops the rows of shards it does not own (:func:`finish`).
 
 Servers in a move refuse table-wide ops (decay, shrink, save, ...) until the bump; the
-clients wait and send them again (:mod:`sparseps.server.elastic_ops`). Not handled:
+clients wait and send them again (:mod:`sparseps.elastic.server_moves`). Not handled:
 replicas.
 """
 

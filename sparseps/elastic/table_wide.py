@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["REDO_OPS", "MoveRaceError", "PlacedServers", "is_move_in_progress", "send_table_wide"]
 
-# the remote type of sparseps.server.elastic_ops.MoveInProgressError (no import upwards)
+# the remote type of sparseps.elastic.server_moves.MoveInProgressError (no import upwards)
 MOVE_IN_PROGRESS = "MoveInProgressError"
 # table-wide ops a client may send again whole when one raced the start of a move (each
 # rewrites what it writes: files, a restored shard, a reset marker)

@@ -66,7 +66,7 @@ _ROWS = BufSpec("rows", "float32", 2)
 # A file a server wrote (sparseps.files.shards.write_shard): what checkpoint writing reads.
 _FILE_RECORD = {"name": (str,), "path": (str,), "bytes": _INT, "rows": _INT, "kind": (str,)}
 # What move_export answers and move_import takes: a shard's rows (r_) and pending
-# counters (p_), column by column in sparseps.server.elastic_ops' order.
+# counters (p_), column by column in sparseps.elastic.server_moves' order.
 _ROW_COLUMNS = {
     "key": ("uint64", 1),
     "embedding": ("float32", 2),
@@ -84,7 +84,7 @@ _MOVED = (
 )
 
 # The table-wide ops of an elastic job carry the placement version the client sent them
-# under: a server of another version refuses them (sparseps.server.elastic_ops), so a
+# under: a server of another version refuses them (sparseps.elastic.server_moves), so a
 # server that applies one did so under the placement the client knows.
 _PLACED: dict = {"placement_version": ((int,), False)}
 
@@ -185,7 +185,7 @@ OPS: dict[str, OpSchema] = {
         args={"rank": ((int,), True), "epoch": ((int,), True)},
         answer={"epoch": _INT, "members": (list,)},
     ),
-    # elastic jobs (sparseps.server.elastic_ops): placement over virtual shards, live moves
+    # elastic jobs (sparseps.elastic.server_moves): placement over virtual shards, live moves
     "get_placement": OpSchema(answer={"version": _INT, "tables": (dict,)}),
     "set_placement": OpSchema(
         bufs=(BufSpec("owners", "int64", 1),),

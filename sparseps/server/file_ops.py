@@ -17,9 +17,9 @@ from ..errors import CheckpointError, InputError
 from ..files import shards
 
 if TYPE_CHECKING:
+    from ..elastic.server_moves import ElasticMoves
     from ..rpc.protocol import Request
     from ..table import DenseTable, SparseTable
-    from .elastic_ops import ElasticMoves
     from .entries import Answer, Tables
     from .ownership import KeyOwnership
 

@@ -14,7 +14,7 @@ each op. The state is held in parts, one concept each:
 - ``rows``: GPUPS' whole rows (:mod:`.row_ops`); ``dense_ops``: the dense tables'
   ops (:mod:`.dense_ops`); ``files``: saves and loads (:mod:`.file_ops`);
 - ``ownership``: which keys are this server's (:mod:`.ownership`); ``elastic``: an
-  elastic job's placement and moves of virtual shards (:mod:`.elastic_ops`);
+  elastic job's placement and moves of virtual shards (:mod:`sparseps.elastic.server_moves`);
 - ``chain``: this copy's place in its shard's chain of copies (:mod:`.shard_chain`);
   ``backups``: the other shards' copies this server holds, each a ServerState.
 
@@ -41,13 +41,13 @@ import numpy as np
 
 from ..core.closing import Closing
 from ..core.replicas import check_replicas, hosted
+from ..elastic.server_moves import ElasticMoves
 from ..errors import ProtocolError
 from ..rpc.ops import OPS, UPDATE_OPS, OpSchema
 from ..rpc.protocol import PROTOCOL_VERSION, Request
 from .applied import AppliedUpdates
 from .dense_ops import DenseOps
 from .disk_dir import DiskDir
-from .elastic_ops import ElasticMoves
 from .entries import Answer, Tables
 from .file_guard import FILE_ARGS, FileGuard
 from .file_ops import ShardFiles
@@ -405,7 +405,7 @@ def op_table(state: ServerState) -> dict[str, Op]:
         "shard_info": state.shard_info,
         "replicate": state.replicate,
         "replicate_done": state.replicate_done,
-        # elastic jobs: placement and moves of virtual shards (sparseps.server.elastic_ops)
+        # elastic jobs: placement and moves of virtual shards (sparseps.elastic.server_moves)
         "get_placement": elastic.get_placement,
         "set_placement": elastic.set_placement,
         "move_begin": elastic.move_begin,

@@ -2,7 +2,7 @@
 
 A plain job routes each key by :func:`sparseps.core.routing.server_of` (the formula
 every client uses); an elastic job by the placement its servers hold
-(:class:`~sparseps.server.elastic_ops.ElasticMoves`). Every keyed op checks its keys
+(:class:`~sparseps.elastic.server_moves.ElasticMoves`). Every keyed op checks its keys
 here before it touches a table: a key another server owns is refused, never applied
 here (a client with another server list would otherwise corrupt shards). Saves, inference
 saves and a shrink's answer keep only the owned rows; a load takes only the owned rows
@@ -19,8 +19,8 @@ from ..core.routing import misrouted, server_of
 from ..errors import InputError
 
 if TYPE_CHECKING:
+    from ..elastic.server_moves import ElasticMoves
     from ..rpc.protocol import Request
-    from .elastic_ops import ElasticMoves
 
 __all__ = ["KeyOwnership"]
 

@@ -18,10 +18,10 @@ from ..rpc.protocol import HEADER_ROOM
 from .entries import TableEntry, config_differences
 
 if TYPE_CHECKING:
+    from ..elastic.server_moves import ElasticMoves
     from ..rpc.protocol import Request
     from ..table import SparseTable
     from .disk_dir import DiskDir
-    from .elastic_ops import ElasticMoves
     from .entries import Answer, Tables
     from .ownership import KeyOwnership
     from .prefetch import RowPrefetcher

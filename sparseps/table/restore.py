@@ -119,7 +119,7 @@ class RowTransfer:
     def export_keys(self, keys: np.ndarray) -> tuple[dict, dict]:
         """:meth:`export_rows` and :meth:`export_pending` columns of ``keys`` only (uint64,
         unique; keys that are neither are skipped): the rows of a virtual shard that moves
-        to another server (:mod:`sparseps.server.elastic_ops`)."""
+        to another server (:mod:`sparseps.elastic.server_moves`)."""
         store = self.storage
         keys = np.ascontiguousarray(keys, np.uint64)
         ids = store.index.find(keys)

@@ -19,9 +19,9 @@ from sparseps.core.placement import Placement, rebalance
 from sparseps.elastic import ElasticClient, MoveRaceError, install_placement, migrate, scale
 from sparseps.elastic.migrate import STEPS
 from sparseps.elastic.peers import Peers
+from sparseps.elastic.server_moves import ROW_BUFS
 from sparseps.errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from sparseps.optim import Adagrad
-from sparseps.server.elastic_ops import ROW_BUFS
 from sparseps.table import SparseTable
 from sparseps.testing import LocalCluster, local_cluster
 

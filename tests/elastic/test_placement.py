@@ -55,8 +55,8 @@ def test_rebalance_and_placement_refuse_bad_input():
 
 
 def test_move_import_schema_lists_the_tables_export_columns():
+    from sparseps.elastic.server_moves import PENDING_BUFS, ROW_BUFS
     from sparseps.rpc.ops import OPS
-    from sparseps.server.elastic_ops import PENDING_BUFS, ROW_BUFS
 
     names = [b.name for b in OPS["move_import"].bufs]
     assert names == [f"r_{n}" for n in ROW_BUFS] + [f"p_{n}" for n in PENDING_BUFS]

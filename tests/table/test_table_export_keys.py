@@ -1,4 +1,4 @@
-"""``export_keys`` (the rows of a moving shard, sparseps.server.elastic_ops) of a tiered
+"""``export_keys`` (the rows of a moving shard, sparseps.elastic.server_moves) of a tiered
 table against the same export of an in-memory table fed the same pushes: a few keys are
 read where their disk copies are, most of the table in one pass over the file, and either
 way rows and pending counters equal the in-memory table's, bit for bit, including rows

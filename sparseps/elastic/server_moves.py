@@ -1,5 +1,6 @@
-"""``ElasticMoves``: a server's placement and the live migration ops (issue 23), a part of
-:class:`~sparseps.server.handlers.ServerState`.
+"""The server side of an elastic job: ``ElasticMoves``, a server's placement and the live
+migration ops (issue 23), a part of :class:`~sparseps.server.handlers.ServerState` (whose
+op table maps the ops below to it).
 
 A server with a placement (:mod:`sparseps.core.placement`) checks each key's virtual
 shard against it instead of ``server_of(key, S)``, and refuses keys of shards it does not
@@ -42,7 +43,9 @@ source still holds the moved rows between the bump and ``move_drop``;
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -59,7 +62,29 @@ from ..table.columns import (
 if TYPE_CHECKING:
     from ..rpc.protocol import Request
     from ..table import SparseTable
-    from .entries import Answer, Tables
+
+Answer = tuple[object, "list[np.ndarray]"]  # an op's (value, arrays): the server's Answer
+
+
+class _Lock(Protocol):
+    def read(self) -> AbstractContextManager[object]: ...
+    def write(self) -> AbstractContextManager[object]: ...
+
+
+class _Entry(Protocol):
+    @property
+    def table(self) -> SparseTable: ...
+    @property
+    def lock(self) -> _Lock: ...
+
+
+class _Tables(Protocol):
+    """What the moves need of the server's sparse tables
+    (:class:`sparseps.server.entries.Tables`, which this layer may not import)."""
+
+    def items(self) -> Iterable[tuple[str, _Entry]]: ...
+    def entry(self, request: Request) -> _Entry: ...
+
 
 __all__ = ["ROW_BUFS", "PENDING_BUFS", "ElasticMoves", "MoveInProgressError"]
 
@@ -84,7 +109,7 @@ class ElasticMoves:
         tables: the server's sparse tables (the rows that move).
     """
 
-    def __init__(self, rank: int, replicas: int, tables: Tables[SparseTable]) -> None:
+    def __init__(self, rank: int, replicas: int, tables: _Tables) -> None:
         self.rank = rank
         self.replicas = replicas
         self.tables = tables
