@@ -13,15 +13,24 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DeadlineError, UnavailableError
 
 __all__ = ["ServeProcess"]
+
+
+def _data_limit(limit: int) -> Callable[[], None]:
+    def apply() -> None:  # in the child, before it executes python
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    return apply
 
 
 class ServeProcess:
@@ -35,6 +44,11 @@ class ServeProcess:
         log_path: where the child's stdout and stderr go.
         workers: service processes (``--workers``; 1 by default here, so that
             :attr:`pid` is the process that answers; 0: one per core).
+        data_limit_bytes: the child's ``RLIMIT_DATA`` (None: none). It bounds the heap
+            (private writable memory: malloc, numpy and torch arrays, thread stacks)
+            and not file maps read-only, which is where the model's rows are
+            (:mod:`sparseps.checkpoint.mapped_table`); ``RLIMIT_AS`` would count those
+            maps and the libraries' address-space reservations too.
     """
 
     def __init__(
@@ -47,6 +61,7 @@ class ServeProcess:
         extra_args: list[str] | None = None,
         log_path: str | Path | None = None,
         workers: int = 1,
+        data_limit_bytes: int | None = None,
     ) -> None:
         self._work = Path(tempfile.mkdtemp(prefix="sparseps-serve-"))
         self.ready_file = self._work / "ready.json"
@@ -59,7 +74,12 @@ class ServeProcess:
             *(extra_args or []),
         ]  # fmt: skip
         with open(self.log_path, "wb") as log:  # the child keeps its own copy of the fd
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=None if data_limit_bytes is None else _data_limit(data_limit_bytes),
+            )
         try:
             self.url = self._wait_ready(start_timeout)
         except BaseException:
