@@ -89,11 +89,12 @@ class NewServer:
 
 
 @dataclass
-class JobScaler(WorkerScaling):
+class JobScaler:
     """Adds and removes servers and workers of a running launch: one implementation for
     the local launcher and the Ray backend, which differ only in how a server starts.
-    The server half is here, the worker half (:meth:`workers`, :meth:`worker_died`) is
-    :class:`~sparseps.launch.worker_scaling.WorkerScaling`.
+    The server half is here, the worker half is :attr:`worker_scaling`
+    (:class:`~sparseps.launch.worker_scaling.WorkerScaling`: ``workers``,
+    ``worker_died``).
 
     Args:
         supervisor: the launch's supervisor (starts children, plans server exits: it
@@ -130,6 +131,13 @@ class JobScaler(WorkerScaling):
     workers_world: int | None = None
 
     def __post_init__(self) -> None:
+        self.worker_scaling = WorkerScaling(
+            supervisor=self.supervisor,
+            new_worker=self.new_worker,
+            master=self.master,
+            security=self.security,
+            workers_refused=self.workers_refused,
+        )
         self.endpoints = list(self.endpoints)
         self.start_servers = len(self.endpoints)
         self.live = list(range(len(self.endpoints)))
@@ -341,7 +349,7 @@ class ScaleService(Closing):
         try:
             servers, workers = request.get("servers"), request.get("workers")
             if workers is not None:  # checked first: it may refuse without changing anything
-                out.update(self.scaler.workers(int(workers), self.world))
+                out.update(self.scaler.worker_scaling.workers(int(workers), self.world))
                 self.world = int(workers)
             if servers is not None:
                 log.info("scale: servers %d -> %d", len(self.scaler.live), int(servers))
@@ -358,7 +366,7 @@ class ScaleService(Closing):
     def worker_died(self, rank: int, code: int) -> str | None:  # noqa: ARG002 - the supervisor's hook
         """The supervisor's ``worker_left``: record a dead worker's leave (or say why not)."""
         with self._lock:
-            why = self.scaler.worker_died(rank, self.world)
+            why = self.scaler.worker_scaling.worker_died(rank, self.world)
             if not why:
                 self.world -= 1
             return why

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SparsePSError
@@ -87,12 +88,13 @@ def _ended(store) -> bool:
     return store.check([key]) and bool(json.loads(store.get(key)).get("end"))
 
 
+@dataclass(frozen=True)
 class WorkerScaling:
     """Resizes the workers of a running launch and records a dead worker's leave
-    (module docstring); mixed into :class:`~sparseps.launch.scaling.JobScaler`, whose
-    fields below it reads.
+    (module docstring); the worker half of a :class:`~sparseps.launch.scaling.JobScaler`,
+    which holds one.
 
-    Attributes:
+    Args:
         supervisor: starts the new workers (``add_child``) and follows the world
             (``set_world``).
         new_worker: builds the ChildSpec of worker ``rank`` in a world of ``N`` workers.
@@ -102,10 +104,10 @@ class WorkerScaling:
     """
 
     supervisor: Any  # the local Supervisor, Ray's RayRoles, or None (tests)
-    new_worker: Callable[[int, int], object] | None
-    master: Callable[[], str] | None
-    security: object
-    workers_refused: str
+    new_worker: Callable[[int, int], object] | None = None
+    master: Callable[[], str] | None = None
+    security: object = None
+    workers_refused: str = ""
 
     def workers(self, count: int, current: int) -> dict:
         """Announce a world of ``count`` workers and start the new ranks (the contract in

@@ -101,7 +101,7 @@ def test_the_launcher_refuses_replicas_dense_removal_and_workers_without_members
         with StoreServer("127.0.0.1", 0) as store_server:  # the workers' store
             refused = scaler(master=lambda: store_server.address)
             with pytest.raises(Exception, match="sparseps online"):
-                refused.workers(3, 2)
+                refused.worker_scaling.workers(3, 2)
             with StoreClient(store_server.address, timeout_s=5, setting="-") as store:
                 assert not store.check([WORKERS_KEY])  # nothing announced
 

@@ -83,7 +83,7 @@ def test_new_workers_start_with_the_new_world_and_the_job_waits_for_them(tmp_pat
         with StoreClient(master, timeout_s=5, setting="-") as store:
             _wait(lambda: (tmp_path / "seen.1").exists(), "the workers to start")
             store.set(ACCEPTS_WORKERS_KEY, b"1")  # what the online driver sets
-            report = scaler.workers(3, 2)
+            report = scaler.worker_scaling.workers(3, 2)
             assert report == {"workers_before": 2, "workers_after": 3, "workers_started": [2],
                               "version": 1}  # fmt: skip
             assert json.loads(store.get(WORKERS_KEY)) == {"version": 1, "world": 3}
@@ -93,7 +93,7 @@ def test_new_workers_start_with_the_new_world_and_the_job_waits_for_them(tmp_pat
             assert [(c["role"], c["rank"], c["attempt"]) for c in children] == [
                 ("worker", 0, 0), ("worker", 1, 0), ("worker", 2, 0)]  # fmt: skip
             # the world shrinks back: rank 2 leaves by itself (exit 0), counted as done
-            assert scaler.workers(2, 3)["workers_started"] == []
+            assert scaler.worker_scaling.workers(2, 3)["workers_started"] == []
             assert json.loads(store.get(WORKERS_KEY)) == {"version": 2, "world": 2}
             (tmp_path / "release.2").write_text("")
             (tmp_path / "release.0").write_text("")
@@ -149,7 +149,7 @@ def test_a_grow_after_a_worker_left_starts_a_new_rank_with_a_worker_count_above_
             # what the launcher wrote when worker 1 died (ScaleService.worker_died)
             store.set(WORKERS_KEY, json.dumps({"version": 1, "world": 2, "members": [0, 2],
                                                "left": [1]}).encode())  # fmt: skip
-            report = scaler.workers(3, 2)
+            report = scaler.worker_scaling.workers(3, 2)
             assert report == {"workers_before": 2, "workers_after": 3, "workers_started": [3],
                               "version": 2, "members": [0, 2, 3], "left": [1]}  # fmt: skip
             assert json.loads(store.get(WORKERS_KEY)) == {
@@ -157,7 +157,7 @@ def test_a_grow_after_a_worker_left_starts_a_new_rank_with_a_worker_count_above_
             _wait(lambda: (tmp_path / "seen.3").exists(), "the new worker")
             assert (tmp_path / "seen.3").read_text() == "4"  # SPARSEPS_RANK 3 < 4
             # shrink back: the highest member (3) leaves by itself at its boundary
-            assert scaler.workers(2, 3)["workers_started"] == []
+            assert scaler.worker_scaling.workers(2, 3)["workers_started"] == []
             assert json.loads(store.get(WORKERS_KEY)) == {
                 "version": 3, "world": 2, "members": [0, 2], "left": [1]}  # fmt: skip
             for rank in (0, 2, 3):
@@ -266,5 +266,5 @@ def test_scale_workers_after_the_last_pass_is_refused(tmp_path):
         store.set("sparseps/online/members/decision/3", json.dumps({"end": True}).encode())
         store.set("sparseps/online/members/latest", b"3")
         with pytest.raises(ScaleError, match="the job is finishing: its last pass is done"):
-            scaler.workers(3, 2)
+            scaler.worker_scaling.workers(3, 2)
         assert not store.check([WORKERS_KEY]) and not started  # nothing announced or started
