@@ -66,6 +66,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument(
+        "--torch-threads", type=int, default=1,
+        help="torch compute threads per worker (1: workers and servers share the cores; "
+        "GPUPS on CPU runs one worker per machine over its cores)",
+    )  # fmt: skip
+    p.add_argument(
+        "--passes", type=int, default=1,
+        help="gpups: cut the train files into this many passes, each prepared (keys, rows) "
+        "while the one before trains (the GPUPS pipeline)",
+    )  # fmt: skip
     p.add_argument("--emb-dim", type=int, default=8)
     p.add_argument("--hidden", default="400,400,400")
     p.add_argument("--lr", type=float, default=0.0003, help="dense Adam learning rate")
@@ -142,7 +152,7 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    torch.set_num_threads(1)  # workers and servers share the cores
+    torch.set_num_threads(args.torch_threads)  # workers and servers share the cores
     torch.manual_seed(0)
     lifecycle = None
     if args.admit_count > 1:
@@ -170,6 +180,7 @@ def main(argv=None) -> int:
         if args.dense_rule
         else sps.optim.Adam(lr=args.lr),
         strategy=sps.Strategy(mode=_mode(args), prefetch=not args.no_prefetch),
+        num_threads=args.torch_threads,
     )
     prior = None
     if args.bias_init == "prior":
@@ -180,10 +191,12 @@ def main(argv=None) -> int:
     samples, build_s = 0, []
     calibrator = ProgressiveCalibrator(args.calibrate_rows) if args.calibrate_rows > 0 else None
     on_batch = _held(Path(args.hold_file), calibrator) if args.hold_file else calibrator
-    for _ in range(args.epochs):
+    order = [data for _ in range(args.epochs) for data in train]  # every pass, in order
+    for i, data in enumerate(order):
         result = trainer.train_from_dataset(
-            train, print_period=args.print_period, on_batch=on_batch
-        )
+            data, print_period=args.print_period, on_batch=on_batch,
+            next_dataset=order[i + 1] if i + 1 < len(order) and args.mode == "gpups" else None,
+        )  # fmt: skip
         samples += result.samples
         build_s.append(result.timings.get("build_s"))
     train_s = time.perf_counter() - start
@@ -237,16 +250,23 @@ def main(argv=None) -> int:
 
 
 def _train_data(args) -> tuple:
-    """The train dataset: streamed, or in memory for gpups (its passes need their keys
-    up front); and for gpups ``{"load_s": seconds}`` (not part of ``train_s``)."""
+    """The train passes: one streamed dataset, or for gpups ``--passes`` in-memory datasets
+    (a pass needs its keys up front) over consecutive groups of the train files; and for
+    gpups ``{"load_s": seconds (not part of train_s), "passes": how many}``."""
     if args.mode != "gpups":
-        return QueueDataset(
-            [args.train], CRITEO, batch_size=args.batch_size, threads=args.threads
-        ), {}
+        return [
+            QueueDataset([args.train], CRITEO, batch_size=args.batch_size, threads=args.threads)
+        ], {}
     start = time.perf_counter()
-    data = InMemoryDataset([args.train], CRITEO, batch_size=args.batch_size, threads=args.threads)
-    data.load_into_memory()
-    return data, {"load_s": round(time.perf_counter() - start, 3)}
+    folder = Path(args.train)
+    files = sorted(str(f) for f in folder.iterdir()) if folder.is_dir() else [args.train]
+    passes = []
+    for group in np.array_split(np.array(files), max(1, min(args.passes, len(files)))):
+        data = InMemoryDataset(list(group), CRITEO, batch_size=args.batch_size,
+                               threads=args.threads)  # fmt: skip
+        data.load_into_memory()
+        passes.append(data)
+    return passes, {"load_s": round(time.perf_counter() - start, 3), "passes": len(passes)}
 
 
 def _click_rate(train: str, rows: int) -> float:

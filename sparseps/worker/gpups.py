@@ -38,6 +38,7 @@ next pass's first step (:meth:`GpuPsMode.settle_write_back`), before any server 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -55,6 +56,7 @@ from .gpups_admit import check_admission
 from .gpups_build import (
     Carry,
     NextPass,
+    agree_groups,
     check_pass_dataset,
     exchange_early,
     full_width,
@@ -174,7 +176,7 @@ class GpuPsMode(SyncMode):
         """Route the keys to their owners and fill the device tables; False (nothing
         pulled) when a worker's shard is over the budget, unless ``force``."""
         laps = [time.perf_counter()]  # phases: keys, route (+ waiting for the others), rows
-        self.groups = self._agree_groups(shared)
+        self.groups = agree_groups(list(self.configs), shared, self.collective_timeout)
         timeout = self.collective_timeout
         owned, routes = {}, {}
         for group in self.groups:  # tables of a group share their keys: route them once
@@ -309,17 +311,6 @@ class GpuPsMode(SyncMode):
             )  # fmt: skip
         return shards, counts
 
-    def _agree_groups(self, shared: np.ndarray) -> list[list[str]]:
-        """Tables read through one dedup (``shared[i]``: the first table with table i's
-        keys), as the first worker with data saw them: every worker must route alike."""
-        names = list(self.configs)
-        every = collectives.all_gather_arrays(shared, timeout=self.collective_timeout)
-        seen = next((g for g in every if g.size and g.min() >= 0), np.arange(len(names)))
-        groups: dict[int, list[str]] = {}
-        for i, first in enumerate(seen.tolist()):
-            groups.setdefault(first, []).append(names[i])
-        return list(groups.values())
-
     def _owners(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(order, counts)``: ``keys[order]`` grouped by owner, ``counts[w]`` per owner."""
         if self.world == 1:
@@ -357,14 +348,28 @@ class GpuPsMode(SyncMode):
         return grads, None if self.device_dense is None else self.device_dense.grads()
 
     def steps(self, source: Iterable) -> Iterator:
+        """Sync mode's lock-step, its header folded into the keys' routing
+        (``DeviceSteps.announce``: one collective)."""
+        if self._steps is None:
+            yield from super().steps(source)  # outside a pass: apply() says what is wrong
+            return
+        iterator = iter(source)
         try:
-            for step, item in enumerate(super().steps(source)):
+            for step in itertools.count():
+                item = next(iterator, None)
                 split = self._split
-                if split is not None and step == split.stop:  # the next sub-pass
+                if split is not None and step == split.stop < split.total:  # the next sub-pass
                     self._write_back(defer=False)
                     split.advance()
                     self._next_sub_pass()
-                if item is None and self._steps is not None:
+                assert self._steps is not None, "a pass's steps run over its device tables"
+                keys = None if item is None else {t: lk.keys for t, lk in item[1].items()}
+                active, self.global_batch = self._steps.announce(
+                    keys, 0 if item is None else len(item[0])
+                )
+                if not active:
+                    return
+                if item is None:
                     self._steps.rows({})  # no data left here: still answer the owners' exchange
                 yield item
         except GeneratorExit:  # the pass was abandoned (an error): its rows are not written

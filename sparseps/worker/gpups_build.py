@@ -38,6 +38,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "Carry",
+    "agree_groups",
     "NextPass",
     "check_pass_dataset",
     "exchange_early",
@@ -104,6 +105,18 @@ def pass_keys(
     unique = {name: unique_keys(np.concatenate(p)) if p else empty for name, p in parts.items()}
     keys = {name: unique.get(tables[int(j)], empty) for name, j in zip(tables, shared, strict=True)}
     return keys, shared
+
+
+def agree_groups(names: list[str], shared: np.ndarray, timeout: float) -> list[list[str]]:
+    """Tables read through one dedup (``shared[i]``: the first table with table i's keys,
+    :func:`pass_keys`), as the first worker with data saw them: every worker must route
+    alike (a collective)."""
+    every = collectives.all_gather_arrays(shared, timeout=timeout)
+    seen = next((g for g in every if g.size and g.min() >= 0), np.arange(len(names)))
+    groups: dict[int, list[str]] = {}
+    for i, first in enumerate(seen.tolist()):
+        groups.setdefault(first, []).append(names[i])
+    return list(groups.values())
 
 
 def full_width(config: TableConfig) -> int:

@@ -4,8 +4,8 @@ model's optimizer row, and the collectives over device tensors.
 - :class:`DeviceDense`: the dense parameters' optimizer row (values and state, the layout
   of :class:`~sparseps.table.DenseTable`) on the device. A step sums the workers'
   gradients (:class:`DeviceExchange`), runs the dense rule's device kernel
-  (:func:`sparseps.optim.device_rules.apply_rule`, equal to the server's) and copies the
-  new values into the model's parameters, device to device. The host sees the row only
+  (:func:`sparseps.optim.device_rules.step_rows`: the server's own kernel on a CPU
+  device) on the row the model's parameters are views of. The host sees the row only
   when a checkpoint saves or loads it.
 - :class:`DeviceExchange`: all-to-all and all-reduce of device tensors between the job's
   workers: an NCCL group on CUDA (made once, when the mode is built: every worker makes
@@ -27,7 +27,7 @@ from torch import nn
 from ..core import collectives
 from ..core.deadline import wait_collective
 from ..errors import ConfigError
-from ..optim.device_rules import apply_rule
+from ..optim.device_rules import step_rows
 
 __all__ = ["DeviceDense", "DeviceExchange", "resolve_device", "to_device"]
 
@@ -131,8 +131,9 @@ class DeviceDense:
 
     def import_(self, arrays: dict) -> None:
         """Take ``DenseTable.export``'s arrays; the parameters get the values."""
-        self.values = to_device(arrays["values"], self.device, np.float32).reshape(1, -1).clone()
-        self.state = to_device(arrays["state"], self.device, np.float32).reshape(1, -1).clone()
+        row = np.concatenate([arrays["values"], arrays["state"]], dtype=np.float32)
+        self.row = to_device(row.reshape(1, -1), self.device).clone()  # DenseTable's layout
+        self.values, self.state = self.row[:, : self.size], self.row[:, self.size :]
         self._to_params()
 
     def export(self) -> dict[str, np.ndarray]:
@@ -151,7 +152,7 @@ class DeviceDense:
 
     def step(self, grad: torch.Tensor) -> None:
         """One step of the dense rule with the summed gradient ``grad`` ``[size]``."""
-        apply_rule(self.rule, self.values, self.state, self._row0, grad.reshape(1, -1))
+        step_rows(self.rule, self.row, self._row0, grad.reshape(1, -1), self.size)
         self._to_params()
 
     def _to_params(self) -> None:

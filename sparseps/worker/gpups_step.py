@@ -61,6 +61,37 @@ class DeviceSteps:
         self.world = exchange.world
         self.device = exchange.device
         self._routes: dict[str, _Route] = {}
+        self._announced: dict[str, tuple] = {}  # this step's routing, from announce()
+
+    def announce(self, keys: dict[str, np.ndarray] | None, batch_size: int) -> tuple[bool, int]:
+        """The step's header and routing in one collective: ``(any worker has data, the
+        global batch size)``; each group's keys are grouped by owner now, and what every
+        worker sends to this one is known (the keys' exchange then needs no counts).
+
+        Args:
+            keys: ``{table: unique keys}`` of this worker's batch (None: no data left).
+            batch_size: its samples (0 without data).
+        """
+        self._announced = {}
+        routing = []
+        for group in self.groups:
+            wanted = group_keys(keys or {}, group)
+            order, counts = self._owners(wanted)
+            self._announced[group[0]] = (wanted, order, counts)
+            routing.append(counts)
+        header = np.concatenate([[int(keys is not None), batch_size], *routing]).astype(np.int64)
+        if self.world == 1:
+            return bool(header[0]), int(header[1])
+        every = np.stack(
+            collectives.all_gather_arrays(
+                header[None], sizes=np.ones(self.world, np.int64), timeout=self.timeout
+            )
+        )[:, 0]
+        for g, group in enumerate(self.groups):  # what each worker sends here
+            wanted, order, counts = self._announced[group[0]]
+            recv = every[:, 2 + g * self.world + self.exchange.rank]
+            self._announced[group[0]] = (wanted, order, counts, recv)
+        return bool(every[:, 0].any()), int(every[:, 1].sum())
 
     def _owners(self, keys: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         if self.world == 1:
@@ -73,13 +104,19 @@ class DeviceSteps:
         """``{table: float32 [U, dim] device tensor}`` of the step's keys (a collective)."""
         out: dict[str, torch.Tensor] = {}
         for group in self.groups:
-            wanted = group_keys(keys, group)
-            order, counts = self._owners(wanted)
+            announced = self._announced.pop(group[0], None)
+            if announced is None:  # not announced: route here (two collectives)
+                wanted = group_keys(keys, group)
+                order, counts = self._owners(wanted)
+                known = None
+            else:
+                wanted, order, counts, *known_list = announced
+                known = known_list[0] if known_list else None
             if order is None:
                 received, recv_counts = wanted, counts
             else:
                 received, recv_counts = collectives.all_to_all_rows(
-                    wanted[order], counts, timeout=self.timeout
+                    wanted[order], counts, known, timeout=self.timeout
                 )
             index = self.shards[group[0]].find(received)  # a group's shards hold equal keys
             send, recv = counts.tolist(), recv_counts.tolist()
@@ -104,7 +141,10 @@ class DeviceSteps:
         """
         device = self.device
         by_table = {g[0]: g[1:] for g in grads}
-        for group in self.groups:
+        if self.dense is not None and not isinstance(dense_grad, torch.Tensor):
+            dense_grad = to_device(dense_grad, device, np.float32)
+        dense_total = None if self.dense is None or self.world > 1 else dense_grad
+        for g, group in enumerate(self.groups):
             route = self._routes.pop(group[0])  # rows() ran this step, data or not
             size = route.index.numel() if route.order is None else int(route.order.size)
             columns = []
@@ -118,7 +158,8 @@ class DeviceSteps:
             packed = torch.cat(columns, dim=1)
             if route.order is not None:
                 packed = packed[to_device(route.order, device)]
-                packed = self.exchange.all_to_all(packed, route.send, route.recv)
+                rides = dense_grad if g == 0 and self.dense is not None else None
+                packed, dense_total = self._exchange_grads(packed, route, rides)
             shows, clicks = packed[:, -2], packed[:, -1]
             at = 0
             for name in group:
@@ -126,9 +167,29 @@ class DeviceSteps:
                 self.shards[name].apply(route.index, packed[:, at : at + dim], shows, clicks)
                 at += dim
         if self.dense is not None:
-            if not isinstance(dense_grad, torch.Tensor):
-                dense_grad = to_device(dense_grad, device, np.float32)
-            self.dense.step(self.exchange.all_reduce_sum(dense_grad))
+            assert dense_total is not None, "the first group's exchange carries it"
+            self.dense.step(dense_total)
+
+    def _exchange_grads(self, packed: torch.Tensor, route: _Route, dense) -> tuple:
+        """The rows ``packed`` (grouped by owner) to their owners, with ``dense`` (the
+        dense gradient, or None) to every worker in the same all-to-all; returns
+        ``(rows received, the dense gradients summed in rank order, or None)``: every
+        worker sums the same vectors in the same order, so the copies stay identical."""
+        if dense is None:
+            return self.exchange.all_to_all(packed, route.send, route.recv), None
+        width, size = packed.shape[1], dense.numel()
+        parts = torch.split(packed, route.send)
+        flat = torch.cat([t for part in parts for t in (part.reshape(-1), dense.reshape(-1))])
+        send = [n * width + size for n in route.send]
+        recv = [n * width + size for n in route.recv]
+        got = torch.split(self.exchange.all_to_all(flat, send, recv), recv)
+        rows = torch.cat(
+            [part[: n * width].reshape(n, width) for part, n in zip(got, route.recv, strict=True)]
+        )
+        total = got[0][route.recv[0] * width :].clone()
+        for part, n in zip(got[1:], route.recv[1:], strict=True):
+            total += part[n * width :]
+        return rows, total
 
 
 def group_keys(keys: dict[str, np.ndarray], group: list[str]) -> np.ndarray:

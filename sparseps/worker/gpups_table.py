@@ -29,7 +29,7 @@ import torch
 
 from ..config import TableConfig
 from ..errors import InputError
-from ..optim.device_rules import apply_table_rules
+from ..optim.device_rules import apply_table_rules, step_rows
 from .gpups_admit import DeviceAdmission
 from .gpups_device import to_device
 
@@ -69,8 +69,12 @@ class DeviceTable:
         order = np.argsort(keys.view(np.int64), kind="stable")  # int64 order: torch sorts int64
         self.keys = keys[order]
         self._sorted = to_device(self.keys.view(np.int64), device).clone()
-        self.weights = to_device(embedding[order], device, np.float32).clone()
-        self.state = to_device(state[order], device, np.float32).clone()
+        # one [n, dim + state_dim] matrix, the server's row layout: on a CPU device the
+        # server's compiled rule kernels step it in place (optim.device_rules.step_rows)
+        whole = np.concatenate([embedding[order], state[order]], axis=1, dtype=np.float32)
+        self.rows = to_device(whole, device).clone()
+        dim = embedding.shape[1]
+        self.weights, self.state = self.rows[:, :dim], self.rows[:, dim:]
         self.shows = torch.zeros(self.keys.size, dtype=torch.float32, device=device)
         self.clicks = torch.zeros_like(self.shows)
         self.admission = (
@@ -133,7 +137,10 @@ class DeviceTable:
         if self.admission is not None:  # pending keys: admitted now, or their grads dropped
             stepped = self.admission.admit(unique, self.shows, self.clicks, self.weights)
             unique, merged = unique[stepped], merged[stepped]
-        apply_table_rules(self.config, self.weights, self.state, unique, merged)
+        if self.config.accessor.split:  # two rules over the row's two parts
+            apply_table_rules(self.config, self.weights, self.state, unique, merged)
+        else:
+            step_rows(self.config.rule, self.rows, unique, merged, self.config.dim)
 
     @property
     def full_width(self) -> int:
@@ -149,7 +156,7 @@ class DeviceTable:
         """
         return {
             "key": self.keys,
-            "rows": torch.cat([self.weights, self.state], dim=1).cpu().numpy(),
+            "rows": self.rows.cpu().numpy().copy(),
             "show": self.shows.cpu().numpy(),
             "click": self.clicks.cpu().numpy(),
             "admitted": (

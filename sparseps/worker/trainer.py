@@ -239,9 +239,13 @@ class Trainer:
     # -- public API ------------------------------------------------------------------------
 
     def train_from_dataset(
-        self, dataset: Iterable[Batch], *, print_period: int = 100, on_batch: OnBatch | None = None
-    ) -> PassResult:
+        self, dataset: Iterable[Batch], *, print_period: int = 100, on_batch: OnBatch | None = None,
+        next_dataset: Iterable[Batch] | None = None,
+    ) -> PassResult:  # fmt: skip
         """One pass over ``dataset`` (this worker's share of it); returns global metrics.
+
+        ``next_dataset``: the next pass's data, prepared while this pass trains
+        (:meth:`prefetch_pass`; the GPUPS pipeline, docs/training.md).
 
         Every ``print_period`` batches this worker logs a progress line (0: none).
         ``on_batch(step, stats)``, when given, is called after each batch with a
@@ -256,6 +260,8 @@ class Trainer:
         extra, stats = self._task_metrics(), UserStats()
         start = time.perf_counter()
         mode.begin_pass(dataset, self._binder.lookups, self.passes)
+        if next_dataset is not None:  # after the build: it takes what was prepared for it
+            self.prefetch_pass(next_dataset)
         # a dataset that journals finished files (sparseps.data.steal) hears of trained rows
         trained = getattr(dataset, "trained_callback", None)
         trained = None if trained is None else trained()
