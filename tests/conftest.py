@@ -48,6 +48,7 @@ HEAVY_FILES = frozenset(
         "launch/test_launch_restart.py",
         "launch/test_launch_server_exit.py",
         "launch/test_ray_backend.py",
+        "launch/test_ray_heter.py",
         "metrics/test_metrics_distributed.py",
         "metrics/test_metrics_fleet.py",
         "observe/test_hang_diagnosis.py",

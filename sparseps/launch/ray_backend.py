@@ -4,20 +4,19 @@ Ray places, starts, supervises and wires the roles; the data plane stays zmq. Th
 (this module, run by ``sparseps launch`` on any machine of the cluster, or as the
 entrypoint of ``ray job submit``):
 
-1. reserves one placement-group bundle per server and per worker (``SPREAD``: servers,
-   then workers, spread over the nodes as far as the resources allow; the bundles are
-   ``--server-resources`` / ``--worker-resources``);
+1. reserves one placement-group bundle per role (``SPREAD``; ``ray_placement.py``);
 2. creates a :class:`~sparseps.launch.ray_actor.RoleActor` in each bundle; each checks on
    its node that the script, the working folder and ``--file-root`` folders exist, and
    picks its ports there (server port, worker 0's rendezvous, ``/metrics``);
 3. builds the job's :class:`~sparseps.launch.spec.ClusterSpec` from the gathered
    endpoints, so every role gets exactly the local launcher's environment contract, and
-   starts the servers, then the workers;
+   starts the servers, the heter workers, then the workers;
 4. polls every actor (its child's exit code and new log bytes, appended to
    ``LOG_DIR/{role}.{rank}.log`` here; worker 0's also to the console) with the local
    launcher's rules: fail fast on a non-zero exit or a server exit while workers run,
-   ``--max-restarts`` whole-group worker restarts, servers stopped by a ``stop`` request
-   once every worker exited 0, SIGINT/SIGTERM stop everything.
+   ``--max-restarts`` whole-group worker restarts and per-heter-worker restarts in place
+   (docs/heterps.md), heter workers and servers stopped once every worker exited 0,
+   SIGINT/SIGTERM stop everything.
 
 ``sparseps scale LOG_DIR --servers N`` resizes the running job, and ``--workers N`` an
 online async job's workers (``ray_scale.py``: a new placement group and actor per added
@@ -48,9 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from ..core.closing import Closing
-from ..env import FILE_ROOTS, Role, process_environ
+from ..env import FILE_ROOTS, HETER_DEVICE, Role, process_environ
 from ..errors import ConfigError
 from .change_gate import ChangeGate
+from .heter_devices import heter_device_env
 from .procutil import tail
 from .ray_placement import (
     CALL_TIMEOUT_S,
@@ -89,6 +89,7 @@ class RayJob(Closing):
         self.roles: list[RoleHandle] = []
         self.history: list[dict] = []
         self.restarts = 0
+        self.heter_restarts: dict[int, int] = {}  # heter worker rank: restarts used
         self.signum: int | None = None
         self.pg = None
         self.spec: ClusterSpec | None = None
@@ -116,9 +117,11 @@ class RayJob(Closing):
 
     def wire(self) -> ClusterSpec:
         servers = tuple(f"{r.host}:{r.ports[0]}" for r in self.roles if r.role is Role.SERVER)
+        heter = tuple(f"{r.host}:{r.ports[0]}" for r in self.roles if r.role is Role.HETER_WORKER)
         workers = [r for r in self.roles if r.role is Role.WORKER]
         spec = ClusterSpec(
             servers=servers,
+            heter_workers=heter,
             workers=tuple(r.host for r in workers),
             master=f"{workers[0].host}:{workers[0].ports[0]}",
             host=workers[0].host,
@@ -144,6 +147,7 @@ class RayJob(Closing):
             f"job id      : {self.job_id}",
             f"servers     : {len(self.spec.servers)}",
             *(f"  server {r}: {ep}" for r, ep in enumerate(self.spec.servers)),
+            *(f"  heter worker {r}: {ep}" for r, ep in enumerate(self.spec.heter_workers)),
             f"workers     : {len(self.spec.workers)}",
             *(f"  worker {r}: {h}" for r, h in enumerate(self.spec.workers)),
             f"rendezvous  : {self.spec.master}",
@@ -167,6 +171,9 @@ class RayJob(Closing):
                 role_env, restart_count=r.attempt, master=master or role_env.master
             )
         env = {**role_env.to_environ(), "PYTHONUNBUFFERED": "1"}
+        if getattr(self.args, "heter_device", None):  # each heter worker its own device
+            env = heter_device_env({**env, HETER_DEVICE: self.args.heter_device}, r.role,
+                                   r.rank, len(spec.heter_workers))  # fmt: skip
         if self.args.file_roots:
             env[FILE_ROOTS] = os.pathsep.join(os.path.abspath(p) for p in self.args.file_roots)
         threads = process_environ().get("OMP_NUM_THREADS")
@@ -277,6 +284,11 @@ class RayJob(Closing):
             dead_server = next((r for r in servers if not r.running), None)
             if dead_server is not None:
                 return self._fail(dead_server, note=SERVER_EXIT_NOTE)
+            heter = [r for r in roles if r.role is Role.HETER_WORKER]
+            dead_heter = next((r for r in heter if not r.running), None)
+            if dead_heter is not None and not self._restart_heter(dead_heter):
+                return self._fail(dead_heter, note=SERVER_EXIT_NOTE.replace(
+                    "a server exit", "a heter worker exit"))  # fmt: skip
             workers = self._workers()
             failed = next((r for r in workers if r.code not in (None, 0)), None)
             if failed is not None:
@@ -295,6 +307,7 @@ class RayJob(Closing):
                 workers = self._workers()
                 done = self._gate.finish(done=all(r.code == 0 for r in workers))
             if done:
+                self.stop(heter)  # SIGTERM: a heter worker exits 0
                 self._stop_servers(servers)
                 return Outcome(0, "completed")
             self._warn_quiet()
@@ -364,6 +377,26 @@ class RayJob(Closing):
         )  # fmt: skip
         status = _status(code) or 1
         return Outcome(status, "failed", failure)
+
+    def _restart_heter(self, r: RoleHandle) -> bool:
+        """Start heter worker ``r`` again on its actor (same node, same port) while
+        ``--max-restarts`` allows, as the local launcher does (docs/heterps.md): its
+        trainers count the steps they had in flight to it as lost and wait for it."""
+        used = self.heter_restarts.get(r.rank, 0)
+        if used >= self.config.max_restarts:
+            return False
+        self.heter_restarts[r.rank] = used + 1
+        died = " (its Ray actor died)" if r.actor_died else ""
+        log.warning(
+            "%s (pid %d) on %s exited with code %s%s: restarting it (heter worker restart %d "
+            "of %d; its trainers lose the steps they had in flight to it)",
+            r.name, r.pid, r.host, r.code, died, used + 1, self.config.max_restarts,
+        )  # fmt: skip
+        if r.actor_died:
+            return False  # its node is gone: nothing to start it on
+        r.attempt = used + 1
+        self.start([r])
+        return True
 
     def _restart(self, failed: RoleHandle, workers: list[RoleHandle]) -> None:
         self.restarts += 1
@@ -440,6 +473,7 @@ def run(args: argparse.Namespace) -> int:
 
         service = scale_service(job)  # sparseps scale LOG_DIR (before pids.json is written)
         job.start([r for r in job.roles if r.role is Role.SERVER])
+        job.start([r for r in job.roles if r.role is Role.HETER_WORKER])
         job.start([r for r in job.roles if r.role is Role.WORKER])
         outcome = job.supervise()
         if outcome.failure is not None:

@@ -1,8 +1,9 @@
 """Where the roles of a ``--backend ray`` job run: resources, the placement group, the
 role actors, and the checks the driver makes before anything starts.
 
-One placement-group bundle per server and per worker (``SPREAD``: spread over the nodes
-as far as the resources allow), one :class:`~sparseps.launch.ray_actor.RoleActor` per
+One placement-group bundle per server, heter worker and worker (``SPREAD``: spread over
+the nodes as far as the resources allow; a heter worker's bundle asks for a GPU where the
+cluster has one for each, :func:`heter_resources`), one :class:`~sparseps.launch.ray_actor.RoleActor` per
 bundle. Each actor checks on its node that the paths the role needs exist there (the
 script, the working folder, ``--file-root`` and ``--key-dir`` folders) and picks the
 role's ports on its node; :func:`place_roles` gathers both. ``ray_backend.py`` starts
@@ -22,6 +23,7 @@ from typing import Any
 
 from ..env import Role
 from ..errors import ConfigError
+from .heter_devices import device_of, parse_heter_devices
 from .records import check_seconds
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "actor_options",
     "call",
     "check_args",
+    "heter_resources",
     "key_dir_rule",
     "new_actor",
     "parse_resources",
@@ -44,9 +47,8 @@ DEFAULT_RESOURCES = '{"CPU": 1}'
 CALL_TIMEOUT_S = 60.0  # one actor call (prepare, start, poll, stop) answers within this
 _REFUSED = {"servers": "--servers", "workers": "--workers", "host": "--host",
             "master": "--master", "status_port": "--status-port",
-            # heter workers are placed by the local launcher only (docs/heterps.md)
-            "heter_worker_num": "--heter-worker-num", "heter_workers": "--heter-workers",
-            "heter_device": "--heter-device"}  # fmt: skip
+            # Ray places heter workers (--heter-worker-num) and picks their ports
+            "heter_workers": "--heter-workers"}  # fmt: skip
 
 
 def parse_resources(flag: str, text: str) -> dict[str, float]:
@@ -71,6 +73,16 @@ def role_resources(args: argparse.Namespace) -> tuple[dict[str, float], dict[str
         parse_resources("--server-resources", args.server_resources or DEFAULT_RESOURCES),
         parse_resources("--worker-resources", args.worker_resources or DEFAULT_RESOURCES),
     )
+
+
+def heter_resources(args: argparse.Namespace, cluster: dict[str, float]) -> dict[str, float]:
+    """A heter worker's bundle: ``--heter-resources``, else a CPU and, where the cluster
+    has a GPU for every heter worker, a GPU (``cluster``: ``ray.cluster_resources()``)."""
+    if getattr(args, "heter_resources", None):
+        return parse_resources("--heter-resources", args.heter_resources)
+    count = args.heter_worker_num or 0
+    gpus = float(cluster.get("GPU", 0.0))
+    return {"CPU": 1.0, **({"GPU": 1.0} if count and gpus >= count else {})}
 
 
 def actor_options(resources: dict[str, float]) -> dict[str, Any]:
@@ -139,7 +151,8 @@ def place_roles(
     """Reserve the bundles, create the actors, check paths and gather ports on each node.
 
     Returns:
-        the placement group and the roles (servers, then workers), ``host``/``ports`` set.
+        the placement group and the roles (servers, heter workers, then workers),
+        ``host``/``ports`` set.
 
     Raises:
         ConfigError: the cluster cannot fit the bundles within ``--rendezvous-timeout-s``,
@@ -148,16 +161,21 @@ def place_roles(
     from ray.util.placement_group import placement_group
 
     server_res, worker_res = role_resources(args)
-    layout = [(Role.SERVER, r, server_res) for r in range(args.server_num or 1)] + [
-        (Role.WORKER, r, worker_res) for r in range(args.worker_num or 1)
-    ]
+    heter_res = heter_resources(args, dict(ray.cluster_resources()))
+    layout = (
+        [(Role.SERVER, r, server_res) for r in range(args.server_num or 1)]
+        + [(Role.HETER_WORKER, r, heter_res) for r in range(args.heter_worker_num or 0)]
+        + [(Role.WORKER, r, worker_res) for r in range(args.worker_num or 1)]
+    )
     pg = placement_group([res for _, _, res in layout], strategy="SPREAD")
     if not pg.wait(int(max(1, args.rendezvous_timeout_s))):
         raise ConfigError(
             f"--backend ray: Ray could not place {len(layout)} bundles (servers "
-            f"{server_res}, workers {worker_res}) within {args.rendezvous_timeout_s:g} s "
+            f"{server_res}, workers {worker_res}"
+            + (f", heter workers {heter_res}" if args.heter_worker_num else "")
+            + f") within {args.rendezvous_timeout_s:g} s "
             f"(--rendezvous-timeout-s); the cluster has {ray.available_resources()}: lower "
-            "--server-resources/--worker-resources or add nodes"
+            "--server-resources/--worker-resources/--heter-resources or add nodes"
         )
     roles: list[RoleHandle] = []
     try:
@@ -165,7 +183,10 @@ def place_roles(
             actor = new_actor(ray, role, rank, job_id, res, pg, i)
             roles.append(RoleHandle(role, rank, actor, log_dir / f"{role.value}.{rank}.log"))
         metrics = 1 if args.metrics else 0
-        wants = [1 + metrics if r.role is Role.SERVER or r.rank == 0 else metrics for r in roles]
+        # a port to listen on: servers, heter workers, worker 0 (the rendezvous)
+        wants = [
+            1 + metrics if r.role is not Role.WORKER or r.rank == 0 else metrics for r in roles
+        ]
         prepare_roles(ray, roles, role_paths(args, script), wants)
     except BaseException:
         release(ray, pg, roles)
@@ -261,6 +282,14 @@ def check_args(args: argparse.Namespace) -> Path:
             )
     for flag in ("--rendezvous-timeout-s", "--grace-s", "--quiet-warn-s"):
         check_seconds(flag, getattr(args, flag[2:-2].replace("-", "_") + "_s"))
+    heter = getattr(args, "heter_worker_num", None) or 0
+    if (
+        getattr(args, "heter_device", None) or getattr(args, "heter_resources", None)
+    ) and not heter:
+        raise ConfigError("--heter-device/--heter-resources: the job has no heter workers "
+                          "(--heter-worker-num H)")  # fmt: skip
+    if getattr(args, "heter_device", None):
+        device_of(parse_heter_devices(args.heter_device), 0, heter)
     for name in ("server_num", "worker_num"):
         value = getattr(args, name)
         if value is not None and value < 1:

@@ -58,10 +58,15 @@ def test_heter_flags_are_refused_where_they_do_not_apply(tmp_path):
 
     done = run("--heter-device", "cuda")
     assert done.returncode != 0 and "--heter-device: the job has no heter workers" in done.stderr
-    done = run("--backend", "ray", "--heter-worker-num", "1")
-    assert (
-        done.returncode != 0 and "--heter-worker-num does not apply to --backend ray" in done.stderr
-    )
+    # Ray places heter workers and picks their ports: a list of endpoints does not apply
+    done = run("--backend", "ray", "--heter-workers", "127.0.0.1:7000")
+    assert done.returncode != 0 and "--heter-workers does not apply to --backend ray" in done.stderr
+    done = run("--backend", "ray", "--heter-device", "cuda")
+    assert done.returncode != 0 and "the job has no heter workers" in done.stderr
+    done = run("--backend", "ray", "--heter-worker-num", "2", "--heter-device", "cuda,cpu,cpu")
+    assert done.returncode != 0 and "3 devices (cuda,cpu,cpu) for 2 heter workers" in done.stderr
+    done = run("--heter-worker-num", "1", "--heter-device", "gpu")
+    assert done.returncode != 0 and "--heter-device: expected one of" in done.stderr
 
 
 @pytest.fixture(scope="module")

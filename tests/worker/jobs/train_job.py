@@ -19,6 +19,7 @@ p.add_argument("--keys", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--mode", default="sync")
 p.add_argument("--batch-size", type=int, default=16)
+p.add_argument("--hold-file", default="", help="after each batch, wait while it exists")
 p.add_argument("--passes", type=int, default=1)
 p.add_argument("--k-steps", type=int, default=5)
 p.add_argument("--push-merge", default=None)
@@ -85,8 +86,25 @@ if args.load:
     trainer.load_checkpoint(args.load)
 train = QueueDataset([args.train], CRITEO, batch_size=args.batch_size, threads=1)
 results, timings = [], {}
+
+
+def held(step, stats) -> None:
+    """--hold-file drills: after each batch, FILE.seen exists and the worker waits while
+    FILE does (at most 300 s)."""
+    if not args.hold_file:
+        return
+    import pathlib
+    import time
+
+    hold = pathlib.Path(args.hold_file)
+    hold.with_suffix(".seen").touch()
+    deadline = time.monotonic() + 300
+    while hold.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 for _ in range(args.passes):
-    result = trainer.train_from_dataset(train, print_period=0)
+    result = trainer.train_from_dataset(train, print_period=0, on_batch=held)
     results.append(result.metrics.auc)
     timings = result.timings
 if args.save:

@@ -1,0 +1,120 @@
+"""Heter workers placed by Ray (issue 57, item 4) on a real two-node Ray cluster on this
+machine (test_ray_backend.py's): the heter worker's bundle lands on node_b by its
+``--heter-resources``; one heter worker SIGKILLed mid-pass
+restarts in place under ``--max-restarts``, the job finishes, the restart is logged, and
+the test AUC is within 0.005 of the same job without the kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _launchtools import alive, clean_env, finish, job_processes, wait_for
+from _launchtools import text as read_text
+
+pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+
+from test_ray_backend import (  # noqa: E402  (the module's cluster: head + node_b)
+    NODE_B,
+    ROOT,
+    _data_job,  # noqa: F401
+    _env,
+    _ray_launch,
+    ray_cluster,  # noqa: F401
+)
+from test_ray_backend import (
+    pytestmark as _ray_marks,
+)
+
+pytestmark = [*_ray_marks[1:], pytest.mark.timeout(600)]
+TRAIN_JOB = ROOT / "tests" / "worker" / "jobs" / "train_job.py"
+AUC_BOUND = 0.005  # the issue's
+ANYWHERE = '{"CPU": 0.5}'
+HETER_ON_B = '{"CPU": 0.5, "node_b": 0.5}'
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ray-heter-data")
+    subprocess.run(
+        [sys.executable, "-m", "sparseps.cli", "gen-data", "--rows", "20000", "--files", "2",
+         "--test-rows", "4000", "--out", str(out), "--no-progress"],
+        env=clean_env(), check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    np.save(out / "keys.npy", np.zeros(1, np.uint64))
+    return out
+
+
+def _job(address: str, tmp: Path, data: Path, *extra: str) -> list[str]:
+    """Heter in sync mode: every run of it gives the same model, so the gap to the run
+    without the kill is the kill's (the steps it lost), not async mode's draw."""
+    return _ray_launch(
+        address, tmp / "log", "--server-num", "1", "--worker-num", "2", "--heter-worker-num",
+        "1", "--server-resources", ANYWHERE, "--worker-resources", ANYWHERE, "--heter-resources",
+        HETER_ON_B, "--heter-device", "cpu", "--no-metrics", *extra, str(TRAIN_JOB), "--train",
+        str(data / "train"), "--test", str(data / "test"), "--keys", str(data / "keys.npy"),
+        "--out", str(tmp / "out.npz"), "--mode", "heter_sync", "--batch-size", "64",
+        "--passes", "2",
+    )  # fmt: skip
+
+
+def _auc(tmp: Path) -> float:
+    return float(json.loads((tmp / "out.npz.json").read_text())["test_auc"])
+
+
+def test_heter_workers_placed_by_ray_restart_after_sigkill(ray_cluster, data, tmp_path):  # noqa: F811
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    reference.mkdir()
+    killed.mkdir()
+    hold = killed / "hold"  # the trainers pause after each batch while it exists
+    hold.touch()
+    env = _env(ray_cluster)
+    plain = subprocess.Popen(_job(ray_cluster, reference, data), cwd=reference, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    (plain_out,) = finish([plain], 300)
+    assert plain.returncode == 0, plain_out[-4000:]
+    proc = subprocess.Popen(
+        [*_job(ray_cluster, killed, data, "--max-restarts", "1"), "--hold-file", str(hold)],
+        cwd=killed, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    log = killed / "log"
+    try:
+
+        def first_batch() -> bool:
+            assert proc.poll() is None, proc.communicate()[0][-4000:]
+            return hold.with_suffix(".seen").exists()
+
+        wait_for(first_batch, 240, "the trainers' first batch")
+        record = json.loads((log / "pids.json").read_text())
+        (heter,) = [c for c in record["children"] if c["role"] == "heter_worker"]
+        assert heter["node"] == NODE_B  # Ray placed it by its resources
+        os.kill(heter["pid"], signal.SIGKILL)
+        hold.unlink()
+        (out,) = finish([proc], 400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-4000:] + read_text(log / "heter_worker.0.log")[-3000:]
+    launcher = read_text(log / "launcher.log") + out
+    assert "restarting it (heter worker restart 1 of 1" in launcher, launcher[-4000:]
+    assert read_text(log / "heter_worker.0.log").count("running heter worker 0") == 2
+    # sync: the step in flight is lost on both trainers (both sent it to heter worker 0)
+    lost = [read_text(log / f"worker.{w}.log").count("the 1 step(s) in flight to it are lost")
+            for w in (0, 1)]  # fmt: skip
+    assert lost == [1, 1], lost
+    record = json.loads((log / "pids.json").read_text())
+    heters = [c for c in record["children"] if c["role"] == "heter_worker"]
+    assert [c["attempt"] for c in heters] == [0, 1] and {c["node"] for c in heters} == {NODE_B}
+    assert not any(alive(c["pid"]) for c in record["children"])
+    assert job_processes(record["job_id"]) == []
+    want, got = _auc(reference), _auc(killed)
+    print(f"\nRay, heter worker on node_b SIGKILLed mid-pass: AUC {got:.4f} vs {want:.4f} "
+          f"without the kill; lost-step lines per trainer {lost}")  # fmt: skip
+    assert abs(got - want) <= AUC_BOUND
