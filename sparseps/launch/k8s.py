@@ -8,6 +8,13 @@ One file, ``OUT/NAME.yaml``, holds:
   ``NAME-worker`` (W pods). Pod ``i`` of an Indexed Job has the hostname ``<job>-<i>``
   and the annotation ``batch.kubernetes.io/job-completion-index = i``, so server ``i``
   is ``NAME-server-i.NAME:PORT`` and worker 0 (the rendezvous) ``NAME-worker-0.NAME``;
+- with heter workers (``--heter-worker-num H``, docs/heterps.md) one ``StatefulSet``
+  ``NAME-heter-KIND`` per device kind of ``--heter-device`` (``cuda,cuda,cpu``: two on
+  GPUs, one on CPU cores), each with its own resources (``--heter-resources``, per kind),
+  pods named ``NAME-heter-KIND-<ordinal>.NAME:HETER_PORT``; the heter ranks are the kinds'
+  pods in order (``SPARSEPS_HETER_WORKERS``), a pod's rank its kind's offset plus its
+  ordinal. A StatefulSet restarts a heter worker that dies (the trainers count the steps
+  they lose and wait for it); delete it with the rest once the job completed;
 - in every pod the whole environment contract of :mod:`sparseps.env` (``SPARSEPS_RANK``
   from the completion index through the downward API), the role's resources, and the
   shared volume (a PersistentVolumeClaim, ``--pvc``) mounted at ``--mount`` for data,
@@ -27,10 +34,22 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..env import JOB_ID, LOG_DIR, MASTER, RANK, ROLE, SERVERS, WORKER_NUM, Role
+from ..env import (
+    HETER_DEVICE,
+    HETER_WORKERS,
+    JOB_ID,
+    LOG_DIR,
+    MASTER,
+    RANK,
+    ROLE,
+    SERVERS,
+    WORKER_NUM,
+    Role,
+)
 from ..errors import ConfigError
+from .heter_devices import device_of, parse_heter_devices
 
-__all__ = ["add_arguments", "manifests", "run"]
+__all__ = ["add_arguments", "heter_endpoints", "heter_groups", "manifests", "run"]
 
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,40}[a-z0-9])?$")
@@ -62,6 +81,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON", help='each server pod\'s requests, e.g. \'{"CPU": 4, "memory": "16Gi"}\'')  # fmt: skip
     add("--worker-resources", dest="worker_resources", default='{"CPU": 1, "memory": "2Gi"}',
         metavar="JSON", help='each worker pod\'s requests, e.g. \'{"CPU": 8, "GPU": 1}\'')  # fmt: skip
+    add("--heter-worker-num", dest="heter_worker_num", type=int, default=0,
+        help="heter workers: the dense network runs on them (default none; docs/heterps.md)")  # fmt: skip
+    add("--heter-device", dest="heter_device", default="cpu",
+        help="their device kind, or one per heter worker, e.g. cuda,cpu (default cpu)")  # fmt: skip
+    add("--heter-resources", dest="heter_resources", default=None, metavar="JSON",
+        help='each heter pod\'s requests: one object for every kind, or one per kind, e.g. '
+             '\'{"cuda": {"CPU": 2, "GPU": 1}, "cpu": {"CPU": 8}}\' (default: a GPU for cuda '
+             'and auto, 2 CPUs for cpu, 4Gi)')  # fmt: skip
+    add("--heter-port", dest="heter_port", type=int, default=6200,
+        help="every heter worker's port (default 6200)")  # fmt: skip
     add("script", help="the script as the containers see it (in the image or on the volume)")
     add("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
@@ -132,12 +161,100 @@ def _job(args: argparse.Namespace, role: Role, count: int, env: list[dict]) -> d
     }
 
 
+_HETER_DEFAULTS = {
+    "cuda": '{"CPU": 2, "GPU": 1, "memory": "4Gi"}',
+    "auto": '{"CPU": 2, "GPU": 1, "memory": "4Gi"}',
+    "cpu": '{"CPU": 2, "memory": "4Gi"}',
+}
+
+
+def heter_groups(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """``(device kind, heter workers)`` per StatefulSet, in heter rank order."""
+    count = getattr(args, "heter_worker_num", 0) or 0
+    if not count:
+        return []
+    devices = parse_heter_devices(args.heter_device)
+    kinds = [device_of(devices, r, count) for r in range(count)]
+    return [(kind, kinds.count(kind)) for kind in dict.fromkeys(kinds)]
+
+
+def _heter_resources(args: argparse.Namespace, kind: str) -> dict[str, dict[str, str]]:
+    given = getattr(args, "heter_resources", None)
+    if not given:
+        return resources("--heter-resources", _HETER_DEFAULTS[kind])
+    try:
+        value = json.loads(given)
+    except json.JSONDecodeError:
+        value = None
+    if isinstance(value, dict) and value and all(k in _HETER_DEFAULTS for k in value):
+        if kind not in value:
+            raise ConfigError(f"--heter-resources: no entry for device kind {kind!r}")
+        return resources(f"--heter-resources {kind}", json.dumps(value[kind]))
+    return resources("--heter-resources", given)
+
+
+def _heter_sets(args: argparse.Namespace, env: list[dict]) -> list[dict[str, Any]]:
+    """One StatefulSet per device kind: the heter workers of that kind."""
+    out, offset = [], 0
+    for kind, count in heter_groups(args):
+        name = f"{args.name}-heter-{kind}"
+        labels = {"app.kubernetes.io/name": "sparseps", "sparseps/job": args.name,
+                  "sparseps/role": Role.HETER_WORKER.value, "sparseps/device": kind}  # fmt: skip
+        # the rank: this kind's offset in SPARSEPS_HETER_WORKERS plus the pod's ordinal
+        shell = (f'export {RANK}=$(({offset} + ${{HOSTNAME##*-}})); '
+                 'exec python -u -m sparseps.observe.child "$@"')  # fmt: skip
+        container = {
+            "name": "heter-worker",
+            "image": args.image,
+            "workingDir": args.mount,
+            "command": ["/bin/sh", "-c", shell, "sparseps", args.script, *args.script_args],
+            "env": [*env, {"name": HETER_DEVICE, "value": kind}],
+            "resources": _heter_resources(args, kind),
+            "ports": [{"name": "heter", "containerPort": args.heter_port}],
+            "volumeMounts": [{"name": "shared", "mountPath": args.mount}],
+        }
+        out.append({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": name, "namespace": args.namespace, "labels": labels},
+            "spec": {
+                "serviceName": args.name,  # the headless Service: stable DNS names
+                "replicas": count,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": dict(labels)},
+                "template": {
+                    "metadata": {"labels": dict(labels)},
+                    "spec": {
+                        "containers": [container],
+                        "volumes": [
+                            {"name": "shared", "persistentVolumeClaim": {"claimName": args.pvc}}
+                        ],
+                    },
+                },
+            },
+        })  # fmt: skip
+        offset += count
+    return out
+
+
+def heter_endpoints(args: argparse.Namespace) -> list[str]:
+    """``host:port`` of every heter worker, in rank order (the StatefulSets' pod names)."""
+    return [
+        f"{args.name}-heter-{kind}-{i}.{args.name}:{args.heter_port}"
+        for kind, count in heter_groups(args)
+        for i in range(count)
+    ]
+
+
 def manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The job's objects: the headless Service, then the server and worker Jobs."""
+    """The job's objects: the headless Service, the server and worker Jobs, then one
+    heter StatefulSet per device kind."""
     _check(args)
     svc = args.name
     servers = ",".join(f"{args.name}-server-{i}.{svc}:{args.port}" for i in range(args.server_num))
+    heter = heter_endpoints(args)
     common = {
+        **({HETER_WORKERS: ",".join(heter)} if heter else {}),
         SERVERS: servers,
         WORKER_NUM: str(args.worker_num),
         MASTER: f"{args.name}-worker-0.{svc}:{args.master_port}",
@@ -163,13 +280,17 @@ def manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
             "ports": [
                 {"name": "ps", "port": args.port, "targetPort": args.port},
                 {"name": "rendezvous", "port": args.master_port, "targetPort": args.master_port},
+                *([{"name": "heter", "port": args.heter_port, "targetPort": args.heter_port}]
+                  if heter else []),
             ],
         },
     }  # fmt: skip
+    heter_env = [e for e in env(Role.HETER_WORKER) if e["name"] != RANK]  # set by the shell
     return [
         service,
         _job(args, Role.SERVER, args.server_num, env(Role.SERVER)),
         _job(args, Role.WORKER, args.worker_num, env(Role.WORKER)),
+        *_heter_sets(args, heter_env),
     ]
 
 
@@ -186,8 +307,16 @@ def _check(args: argparse.Namespace) -> None:
     for flag, port in (("--port", args.port), ("--master-port", args.master_port)):
         if not 0 < port < 65536:
             raise ConfigError(f"{flag}: must be in 1..65535, got {port}")
-    if args.port == args.master_port:
-        raise ConfigError("--port and --master-port must differ (both are Service ports)")
+    heter = getattr(args, "heter_worker_num", 0) or 0
+    if heter < 0:
+        raise ConfigError(f"--heter-worker-num: must be >= 0, got {heter}")
+    ports = [args.port, args.master_port, *([args.heter_port] if heter else [])]
+    if heter and not 0 < args.heter_port < 65536:
+        raise ConfigError(f"--heter-port: must be in 1..65535, got {args.heter_port}")
+    if len(set(ports)) != len(ports):
+        raise ConfigError(
+            "--port, --master-port and --heter-port must differ (all are Service ports)"
+        )
     if not args.mount.startswith("/"):
         raise ConfigError(f"--mount {args.mount!r}: must be an absolute path in the container")
 
@@ -200,8 +329,10 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.name}.yaml"
     path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    heter = "".join(f", StatefulSet {args.name}-heter-{kind} x{count}"
+                    for kind, count in heter_groups(args))  # fmt: skip
     print(f"wrote {path} (Service {args.name}, Jobs {args.name}-server x{args.server_num}, "
-          f"{args.name}-worker x{args.worker_num}); apply with: kubectl apply -f {path}")  # fmt: skip
+          f"{args.name}-worker x{args.worker_num}{heter}); apply with: kubectl apply -f {path}")  # fmt: skip
     return 0
 
 
