@@ -55,6 +55,7 @@ HEAVY_FILES = frozenset(
         "observe/test_job_observability.py",
         "online/test_online_drift.py",
         "online/test_online_extra_labels.py",
+        "online/test_online_gpups.py",
         "online/test_online_missing.py",
         "online/test_online_modes.py",
         "online/test_online_predict.py",

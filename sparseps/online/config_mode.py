@@ -25,11 +25,8 @@ from ..worker.strategy import MODES, Mode
 
 __all__ = ["NOT_ONLINE", "deterministic", "mode_from_config", "mode_name"]
 
-# Modes ``sparseps online`` does not run yet, with the reason (gpups: the GPU PS issue
-# brings it; removing its line here is the whole change on this side).
-NOT_ONLINE: dict[str, str] = {
-    "gpups": "gpups in online jobs comes with the GPU PS work (issue 56); use sync or hybrid",
-}
+# Modes ``sparseps online`` does not run, with the reason (none: gpups came with issue 56).
+NOT_ONLINE: dict[str, str] = {}
 
 
 def mode_name(value: object) -> str:
@@ -75,7 +72,7 @@ def deterministic(mode: Mode) -> bool:
     """Whether a crash and rerun gives the uninterrupted run's model bit for bit: the
     result of every step depends on the data alone, not on timing (sync mode, not with
     backup workers, which drop whichever gradients come last; heter in sync mode)."""
-    if mode.name == "sync":
+    if mode.name in ("sync", "gpups"):  # gpups: sync's lock-step on device tables
         return not getattr(mode, "backup_workers", 0)
     return mode.name == "heter" and bool(getattr(mode, "sync", False))
 

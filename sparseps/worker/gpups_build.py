@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 
 import numpy as np
 
@@ -56,7 +56,8 @@ def check_pass_dataset(dataset: object) -> None:
     """A GPUPS pass needs its keys before it starts: an InMemoryDataset or a list."""
     from ..data import InMemoryDataset
 
-    if not isinstance(dataset, InMemoryDataset | list | tuple):
+    # a wrapper that knows its length holds its batches (sparseps online's counting one)
+    if not isinstance(dataset, InMemoryDataset | list | tuple | Sized):
         raise ConfigError(
             f"Strategy(mode='gpups') trains from an InMemoryDataset (or a list of "
             f"batches), got {type(dataset).__name__}: a pass's working set (its unique "

@@ -48,7 +48,6 @@ def test_job_mode_takes_every_mode_with_its_knobs():
     assert not deterministic(mode_from_config("heter"))
     assert deterministic(mode_from_config({"name": "heter", "sync": True}))
     cases = [
-        ({"mode": "gpups"}, "GPU PS work"),
         ({"mode": "fast"}, "expected one of"),
         ({"mode": {"name": "async", "k_steps": 3}}, r"unknown knob\(s\) \['k_steps'\]"),
         ({"mode": {"name": "async", "max_staleness": -1}}, "Async.max_staleness"),
