@@ -13,13 +13,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ..env import FILE_ROOTS, HETER_DEVICE, MASTER, REPLICAS, Role, child_environ
+from ..env import MASTER, Role, child_environ
 from ..errors import ConfigError, SparsePSError
-from .heter_devices import heter_device_env, parse_heter_devices
+from .config import LaunchConfig, vars_of
+from .heter_devices import heter_device_env
 from .logsetup import LauncherLog
-from .records import Outcome, check_seconds
+from .records import Outcome
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "launch", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--worker-resources", dest="worker_resources", default=None, metavar="JSON",
         help='--backend ray: each worker\'s Ray resources, e.g. \'{"CPU": 4, "GPU": 1}\' '
              '(default {"CPU": 1})')  # fmt: skip
-    add("--heter-resources", dest="heter_resources", default=None, metavar="JSON",
-        help="--backend ray: each heter worker's Ray resources (default {\"CPU\": 1}, plus "
-             "{\"GPU\": 1} where the cluster has a GPU for each)")  # fmt: skip
     add("script", help="the Python script every server and worker runs")
     add("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
@@ -141,7 +139,7 @@ def _child(spec, role: Role, rank: int, script: str, script_args: list[str],
     )
 
 
-def _scaler(args: argparse.Namespace, spec, script: Path, supervisor, security):
+def _scaler(args: LaunchConfig, spec, script: Path, supervisor, security):
     """What serves ``sparseps scale`` on this one-node launch (:mod:`.scaling`)."""
     from dataclasses import replace
 
@@ -154,12 +152,12 @@ def _scaler(args: argparse.Namespace, spec, script: Path, supervisor, security):
     def new_server(rank: int, endpoints: list[str]):
         grown = replace(spec, servers=tuple(endpoints))
         return _child(grown, Role.SERVER, rank, str(script), list(args.script_args),
-                      _job_env(args), port())  # fmt: skip
+                      args.child_settings(), port())  # fmt: skip
 
     def new_worker(rank: int, world: int):
         hosts = spec.workers + (spec.host,) * max(0, world - len(spec.workers))
         child = _child(replace(spec, workers=hosts), Role.WORKER, rank, str(script),
-                       list(args.script_args), _job_env(args), port())  # fmt: skip
+                       list(args.script_args), args.child_settings(), port())  # fmt: skip
         return replace(child, env={**child.env, MASTER: master()}, echo=False)
 
     def master() -> str:  # the rendezvous of the running generation
@@ -207,38 +205,28 @@ def _fresh_master(host: str):
     return env
 
 
-def _job_env(args: argparse.Namespace) -> dict[str, str]:
-    """Settings every child gets: ``SPARSEPS_FILE_ROOTS`` from ``--file-root`` (absolute
-    paths) and ``SPARSEPS_REPLICAS`` from ``--replicas``."""
-    out = {REPLICAS: str(args.replicas)} if args.replicas else {}
-    if args.heter_device:
-        out[HETER_DEVICE] = args.heter_device
-    if args.file_roots:
-        out[FILE_ROOTS] = os.pathsep.join(os.path.abspath(root) for root in args.file_roots)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    """Start this node's share of the job and supervise it; the exit code says how it ended."""
-    from .spec import make_spec
+    """``sparseps launch``: the job of the command line (the exit code says how it ended)."""
+    return launch(LaunchConfig.from_args(args)).exit_code
 
-    if args.backend == "ray":
+
+def launch(config: LaunchConfig) -> Outcome:
+    """Run the job of ``config`` on its backend: this node's share of it here (``local``:
+    started and supervised by this process), or placed by Ray (``ray``)."""
+    if config.backend == "ray":
         from .ray_backend import run as run_on_ray
 
-        args.metrics = True if args.metrics is None else args.metrics
-        return run_on_ray(args)
-    if args.heter_device and not (args.heter_worker_num or args.heter_workers):
-        raise ConfigError("--heter-device: the job has no heter workers (--heter-worker-num H)")
-    if args.heter_device:
-        parse_heter_devices(args.heter_device)
-    for flag in ("address", "server_resources", "worker_resources", "heter_resources"):
-        if getattr(args, flag) is not None:
-            raise ConfigError(f"--{flag.replace('_', '-')} applies only to --backend ray")
+        # the Ray backend reads the launch options by name, as they are on the config
+        code = run_on_ray(
+            argparse.Namespace(**vars_of(config.replace(metrics=config.metrics is not False)))
+        )
+        return Outcome(code, "completed" if code == 0 else "failed")
+    return _launch_here(config)
 
-    for flag in ("--rendezvous-timeout-s", "--grace-s", "--quiet-warn-s"):
-        check_seconds(flag, getattr(args, flag[2:-2].replace("-", "_") + "_s"))
-    if args.status_port is not None and not 0 <= args.status_port <= 65535:
-        raise ConfigError(f"--status-port: must be in 0..65535, got {args.status_port}")
+
+def _launch_here(args: LaunchConfig) -> Outcome:
+    from .spec import make_spec
+
     script = Path(args.script)
     if not script.is_file():
         raise ConfigError(f"launch: script {args.script!r} not found (cwd {os.getcwd()})")
@@ -256,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         heter_worker_num=args.heter_worker_num,
         heter_workers=args.heter_workers,
     )
-    _plain_http(args, secure=spec.secure)
+    args = _plain_http(args, secure=spec.secure)
     from ..core.replicas import check_replicas
 
     check_replicas(args.replicas, len(spec.servers), where="--replicas")
@@ -278,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             out.say(f"sparseps launch: job {spec.job_id} completed", sys.stdout)
-        return outcome.exit_code
+        return outcome
     except SparsePSError as exc:  # e.g. the control store; main() prints it on the console
         out.say(f"sparseps launch: error: {exc}")
         raise
@@ -286,13 +274,12 @@ def run(args: argparse.Namespace) -> int:
         out.close()
 
 
-def _plain_http(args: argparse.Namespace, *, secure: bool) -> None:
+def _plain_http(args: LaunchConfig, *, secure: bool) -> LaunchConfig:
     """``/metrics`` and the status page are plain HTTP, which CURVE cannot cover: a secure
     job serves neither (``--secure`` covers every socket of a job, docs/security.md), and
     asking for one refuses the launch, saying why."""
     if not secure:
-        args.metrics = True if args.metrics is None else args.metrics
-        return
+        return args.replace(metrics=args.metrics is not False)
     asked = "--metrics" if args.metrics else "--status-port" if args.status_port is not None else ""
     if asked:
         raise ConfigError(
@@ -300,7 +287,7 @@ def _plain_http(args: argparse.Namespace, *, secure: bool) -> None:
             f"job admits only holders of the job's key); drop {asked}, or run the job with "
             "--no-secure on a trusted network (docs/security.md)"
         )
-    args.metrics = False
+    return args.replace(metrics=False)
 
 
 def _job_security(spec, *, made_here: bool):
@@ -319,7 +306,7 @@ def _job_security(spec, *, made_here: bool):
     return Security(JobKeys.load(spec.key_dir))
 
 
-def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
+def _supervise(args: LaunchConfig, spec, script: Path, security=None) -> Outcome:
     from .node_sync import StoreCoordinator
     from .supervisor import Supervisor, SupervisorConfig
 
@@ -345,7 +332,7 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
         )
     local_servers = spec.local_servers()
     children = _children(
-        spec, str(script), list(args.script_args), _job_env(args), metrics=args.metrics
+        spec, str(script), list(args.script_args), args.child_settings(), metrics=bool(args.metrics)
     )
     extra_record: dict[str, object] = {}  # written to pids.json once run() starts
     scaler = None
@@ -387,7 +374,7 @@ def _supervise(args: argparse.Namespace, spec, script: Path, security=None):
             service.close()
 
 
-def _run_observed(args: argparse.Namespace, spec, supervisor, extra_record: dict) -> Outcome:
+def _run_observed(args: LaunchConfig, spec, supervisor, extra_record: dict) -> Outcome:
     """Run the supervisor with the launcher's ``/metrics`` and status page (when asked);
     their ports go to ``pids.json``."""
     from ..observe.registry import serve_metrics, stop_serving_metrics

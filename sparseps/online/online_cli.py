@@ -1,9 +1,10 @@
 """``sparseps online CONFIG.yaml``: run a streaming-training job end to end.
 
-Validates the config, then starts the job through the launcher (``job.server_num``
-servers and ``job.worker_num`` workers, each running :mod:`sparseps.online.job`: on this
-machine, or with ``job.backend: ray`` placed on a Ray cluster by ``sparseps launch
---backend ray``, docs/cluster.md). Re-running the same command after a crash resumes after the
+Validates the config, then starts the job through the launcher in this process
+(:func:`sparseps.launch.launch_cli.launch` of its
+:class:`~sparseps.launch.config.LaunchConfig`: ``job.server_num`` servers and
+``job.worker_num`` workers, each running :mod:`sparseps.online.job`: on this machine, or
+with ``job.backend: ray`` placed on a Ray cluster, docs/cluster.md). Re-running the same command after a crash resumes after the
 last checkpointed pass (see docs/online.md). Only one job runs on a model directory at a
 time: this process holds its lock (:mod:`sparseps.online.lock`) for the whole job, and a
 second ``sparseps online`` on the same folder exits 1 at once, naming the holder.
@@ -15,8 +16,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["add_arguments", "launch_argv", "run"]
+if TYPE_CHECKING:
+    from ..launch.config import LaunchConfig
+
+__all__ = ["add_arguments", "launch_argv", "launch_config", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,43 +36,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def launch_argv(
+def launch_config(
     config, config_path: str | Path, *, script: str | Path | None = None, script_args=(),
-    status_port: int | None = None,
-) -> list[str]:  # fmt: skip
-    """The ``sparseps launch`` arguments that run the job of ``config``.
+    status_port: int | None = None, job_id: str | None = None,
+) -> LaunchConfig:  # fmt: skip
+    """The :class:`~sparseps.launch.config.LaunchConfig` that runs the job of ``config``.
 
     ``script``: run this instead of :mod:`sparseps.online.job` (a script that calls
     ``job.main([CONFIG], on_phase=...)``), with ``script_args`` after the config path.
     ``status_port``: the launcher serves the status page there (None: no page).
     """
+    from ..launch.config import LaunchConfig
+
     job = config.job
-    argv = [
-        "--server-num", str(job.server_num), "--worker-num", str(job.worker_num),
-        "--log-dir", str(config.log_dir),
-    ]  # fmt: skip
-    if job.job_id:
-        argv += ["--job-id", job.job_id]
-    if job.heter_worker_num:
-        argv += ["--heter-worker-num", str(job.heter_worker_num)]
-        if job.heter_device:
-            argv += ["--heter-device", job.heter_device]
-    if job.backend == "ray":
-        argv += ["--backend", "ray"]
-        if job.ray_address:
-            argv += ["--address", job.ray_address]
-        for option, resources in (("--server-resources", job.server_resources),
-                                  ("--worker-resources", job.worker_resources)):  # fmt: skip
-            if resources is not None:
-                argv += [option, json.dumps(resources)]
-    if status_port is not None:
-        argv += ["--status-port", str(status_port)]
+    ray = job.backend == "ray"
     script = Path(script) if script is not None else Path(__file__).with_name("job.py")
-    return [*argv, str(script.resolve()), str(Path(config_path).resolve()), *map(str, script_args)]
+    return LaunchConfig(
+        script=str(script.resolve()),
+        script_args=(str(Path(config_path).resolve()), *map(str, script_args)),
+        server_num=job.server_num,
+        worker_num=job.worker_num,
+        log_dir=str(config.log_dir),
+        job_id=job_id or job.job_id or None,
+        heter_worker_num=job.heter_worker_num or None,
+        heter_device=job.heter_device if job.heter_worker_num else None,
+        backend="ray" if ray else "local",
+        address=job.ray_address or None if ray else None,
+        server_resources=_json(job.server_resources) if ray else None,
+        worker_resources=_json(job.worker_resources) if ray else None,
+        status_port=status_port,
+    )
+
+
+def launch_argv(config, config_path: str | Path, **options) -> list[str]:
+    """The ``sparseps launch`` command line of :func:`launch_config` (for a launcher run as
+    a process: the tests kill it)."""
+    return launch_config(config, config_path, **options).argv()
+
+
+def _json(resources) -> str | None:
+    return None if resources is None else json.dumps(resources)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..launch import launch_cli
+    from ..launch.launch_cli import launch
     from ..launch.spec import new_job_id
     from .config import load_config
     from .ledger import Ledger, LedgerError
@@ -85,16 +97,11 @@ def run(args: argparse.Namespace) -> int:
             "--status-port: not served for job.backend: ray (the Ray driver has no status "
             "page; see LOG_DIR/pids.json and the role logs in LOG_DIR)"
         )
-    parser = argparse.ArgumentParser(prog="sparseps launch")
-    launch_cli.add_arguments(parser)
-    argv = launch_argv(config, args.config, status_port=args.status_port)
-    job_id = config.job.job_id
-    if not job_id:
-        # worker 0 accepts the lock held here by the job id it runs under (lock.py): it may
-        # not descend from this process (a Ray actor; a fork server a zygote forked), so
-        # this process names the id
-        job_id = new_job_id("sps-ray" if config.job.backend == "ray" else "sps")
-        argv = ["--job-id", job_id, *argv]
+    # worker 0 accepts the lock held here by the job id it runs under (lock.py): it may not
+    # descend from this process (a Ray actor; a fork server a zygote forked), so this
+    # process names the id
+    job_id = config.job.job_id or new_job_id("sps-ray" if config.job.backend == "ray" else "sps")
+    launched = launch_config(config, args.config, status_port=args.status_port, job_id=job_id)
     model = ModelDir(config.model_dir)
     # before anything in the folder is touched (the launcher writes MODEL_DIR/log)
     with ModelDirLock(config.model_dir, job_id=job_id):
@@ -105,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         except LedgerError as exc:
             model.write_status("failed", job=job_id, error=str(exc))
             raise
-        code = launch_cli.run(parser.parse_args(argv))
+        code = launch(launched).exit_code
         if code != 0:
             status = _status(model)
             error = status.get("error") if status.get("state") == "failed" else None
