@@ -11,8 +11,10 @@ training is not deterministic, the second run shows the run-to-run noise), then 
 
 Each line of output (and of ``--out``, appended as it goes) is one run: family, run,
 test AUC, the AUC against the defaults' first run, bytes, bytes against the defaults',
-rows and rows with an embedx part. The end prints a markdown table per threshold: the
-worst and mean AUC gap over the families and the largest bytes ratio.
+rows and rows with an embedx part. The end prints markdown tables (``--summarize FILE``
+prints them from an ``--out`` file): each run's AUC against the mean of the family's two
+defaults runs and its bytes against the defaults', then per run the mean and worst gap
+over the families.
 """
 
 from __future__ import annotations
@@ -52,18 +54,42 @@ def runs(thresholds: list[float], extra: str = "", *, cvm_alone: bool = False
 
 
 def summary(records: list[dict]) -> str:
-    """A markdown table: per run, the worst and mean AUC gap over the families and the
-    largest and mean bytes ratio."""
-    names = list(dict.fromkeys(r["run"] for r in records))
-    lines = ["| run | families | worst AUC gap | mean AUC gap | max bytes ratio | "
-             "mean bytes ratio | embedx rows / rows |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    """Markdown tables: per family and run, the test AUC against the mean of the family's
+    defaults runs and the bytes against the defaults'; then per run over the families,
+    the mean and worst AUC gap and the largest bytes ratio."""
+    families = list(dict.fromkeys(r["family"] for r in records))
+    names = [n for n in dict.fromkeys(r["run"] for r in records) if not n.startswith("defaults")]
+    base = {}
+    for family in families:
+        runs = [r for r in records if r["family"] == family and r["run"].startswith("defaults")]
+        base[family] = (sum(r["test_auc"] for r in runs) / len(runs), runs[0]["bytes"],
+                        max(r["test_auc"] for r in runs) - min(r["test_auc"] for r in runs))  # fmt: skip
+    head = "| family | defaults AUC (2 runs' spread) | " + " | ".join(names) + " |"
+    lines = [head, "|---" * (2 + len(names)) + "|"]
+    gaps: dict[str, list[tuple[float, float, float]]] = {n: [] for n in names}
+    for family in families:
+        auc, nbytes, spread = base[family]
+        cells = []
+        for name in names:
+            got = [r for r in records if r["family"] == family and r["run"] == name]
+            if not got:
+                cells.append("")
+                continue
+            r = got[0]
+            gap, ratio = r["test_auc"] - auc, r["bytes"] / nbytes
+            gaps[name].append((gap, ratio, r["embedx_rows"] / max(r["rows"], 1)))
+            cells.append(f"{r['test_auc']:.4f} ({gap:+.4f}), {ratio:.2f}x")
+        lines.append(f"| {family} | {auc:.4f} ({spread:.4f}) | " + " | ".join(cells) + " |")
+    lines += ["", "| run | families | mean AUC gap | worst AUC gap | gaps below -0.002 | "
+              "max bytes ratio | mean embedx share |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for name in names:
-        got = [r for r in records if r["run"] == name]
-        gaps = [r["auc_gap"] for r in got]
-        ratios = [r["bytes_ratio"] for r in got]
-        share = sum(r["embedx_rows"] for r in got) / max(sum(r["rows"] for r in got), 1)
-        lines.append(f"| {name} | {len(got)} | {min(gaps):+.4f} | {sum(gaps) / len(gaps):+.4f} "
-                     f"| {max(ratios):.3f} | {sum(ratios) / len(ratios):.3f} | {share:.3f} |")  # fmt: skip
+        got = gaps[name]
+        if got:
+            worst = min(g for g, _, _ in got)
+            lines.append(f"| {name} | {len(got)} | {sum(g for g, _, _ in got) / len(got):+.4f} | "
+                         f"{worst:+.4f} | {sum(g < -0.002 for g, _, _ in got)} | "
+                         f"{max(b for _, b, _ in got):.3f} | "
+                         f"{sum(e for _, _, e in got) / len(got):.3f} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -78,7 +104,14 @@ def main() -> None:
     ap.add_argument("--extra", default="", help="more demo flags for the threshold runs")
     ap.add_argument("--cvm-alone", action="store_true", help="also --cvm without a threshold")
     ap.add_argument("--out", default="", help="append each run's JSON line to this file")
+    ap.add_argument(
+        "--summarize", default="", help="print the tables of an --out file, run nothing"
+    )
     args = ap.parse_args()
+    if args.summarize:
+        with open(args.summarize, encoding="utf-8") as f:
+            print(summary([json.loads(line) for line in f if line.strip()]))
+        return
     thresholds = [float(x) for x in args.thresholds.split(",") if x]
     records = []
     for family in args.families.split(","):
