@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--device", default="auto", choices=["auto", "cuda", "cpu"],
         help="with --gpups: where the pass's rows live (auto: a GPU when visible)",
     )  # fmt: skip
+    parser.add_argument(
+        "--gpups-passes", type=int, default=2,
+        help="with --gpups: the train files cut into this many passes, each one's keys and "
+        "rows prepared while the one before trains (the GPUPS pipeline)",
+    )  # fmt: skip
     parser.add_argument("--server-num", type=int, default=1)
     parser.add_argument("--worker-num", type=int, default=2)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="synthetic data seed")
@@ -245,6 +250,10 @@ def run(args: argparse.Namespace) -> int:
         "--mode", "gpups" if args.gpups else args.mode, "--device", args.device,
         "--checkpoint", str(out / "checkpoint"), "--inference-model", str(out / "inference_model"),
     ]  # fmt: skip
+    if args.gpups:
+        if args.gpups_passes < 1:
+            raise SparsePSError(f"--gpups-passes must be >= 1, got {args.gpups_passes}")
+        command += ["--passes", str(args.gpups_passes)]
     if args.cvm:
         command.append("--cvm")
     if args.embedx_threshold is not None:

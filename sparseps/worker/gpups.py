@@ -75,6 +75,11 @@ log = logging.getLogger(__name__)
 
 _pass_keys = pass_keys  # the name the tests know
 
+#: PassResult.timings of a GPUPS pass: the build, the write-back (the results copied off
+#: the device and the writes sent), the wait for an earlier write-back still in flight,
+#: the background preparation of the next pass, and the sub-passes it was cut into
+TIMINGS = ("build_s", "write_back_s", "write_back_wait_s", "next_pass_s", "sub_passes")
+
 
 class GpuPsMode(SyncMode):
     """Sync-mode steps over a pass-resident, device-sharded table (module docstring)."""
@@ -112,7 +117,7 @@ class GpuPsMode(SyncMode):
             self.device_dense = DeviceDense(
                 self.dense.params, self.dense_rule, self.local_dense.export(), self.device
             )
-        self._timings = {"build_s": 0.0, "write_back_s": 0.0, "next_pass_s": 0.0, "sub_passes": 0.0}
+        self._timings = dict.fromkeys(TIMINGS, 0.0)
         self.last_build: dict = {}
         log.info(
             "GPUPS mode: worker %d trains its shard of each pass on %s", self.rank, self.device
@@ -443,14 +448,15 @@ class GpuPsMode(SyncMode):
         if defer and nxt is not None and nxt.target == self._begun:  # the next pass takes
             self._carry = carry  # the rows
         else:
-            self.settle_write_back()
+            self.settle_write_back(timing="write_back_s")
         self._timings["write_back_s"] += time.perf_counter() - start
 
-    def settle_write_back(self) -> None:
+    def settle_write_back(self, *, timing: str = "write_back_wait_s") -> None:
         """The last pass's write-back is on the servers, every worker's (a collective when
         one is in flight: every worker has one then). Runs before anything reads the
         servers: a step of the next pass, its build when it pulls, an evaluation, a
-        checkpoint, decay and shrink (``quiesce``)."""
+        checkpoint, decay and shrink (``quiesce``). ``timing``: the PassResult.timings
+        key its wait counts in (a deferred write-back's: ``write_back_wait_s``)."""
         if self._pending is None:
             return
         start = time.perf_counter()
@@ -461,7 +467,7 @@ class GpuPsMode(SyncMode):
         if self._carry is not None:
             self._rows_after = self._server_rows()
         self._release_next()  # its early pulls may read the written rows now
-        self._timings["write_back_s"] += time.perf_counter() - start
+        self._timings[timing] += time.perf_counter() - start
 
     def refresh_dense(self) -> None:
         self.settle_write_back()
