@@ -24,7 +24,6 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -47,6 +46,7 @@ from .heter_gather import (
     window_full,
 )
 from .heter_metrics import heter_metrics
+from .heter_model import OnHost, RowsOf, remote_batch
 from .heter_ops import HETER_OPS
 from .heter_wire import check_shapes, join, split
 from .modes import DENSE_TABLE
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from ..rpc.client import PSClient
     from ..rpc.handle import Handle
 
-__all__ = ["HeterService", "RemoteBatch", "serve_from_env"]
+__all__ = ["HeterService", "serve_from_env"]
 
 log = logging.getLogger(__name__)
 
@@ -72,62 +72,6 @@ class TrainerParts(Protocol):
     loss: Any
     strategy: Any
     num_threads: int | None
-
-
-@dataclass(frozen=True)
-class RemoteBatch:
-    """What the model and the loss read of a batch on a heter worker: no slots (their
-    embeddings arrive pooled). A model whose ``forward`` reads ``batch.slots`` itself,
-    outside its ``SparseEmbedding`` modules, cannot be split."""
-
-    label: np.ndarray
-    dense: np.ndarray
-    extra_labels: np.ndarray | None
-    slots: dict
-
-    def __len__(self) -> int:
-        return int(self.label.shape[0])
-
-
-class _OnHost(torch.nn.Module):
-    """The model with its outputs moved to the host, where the loss and labels are."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, batch):
-        out = self.model(batch)
-        if isinstance(out, torch.Tensor):
-            return out.cpu()
-        return type(out)(o.cpu() if isinstance(o, torch.Tensor) else o for o in out)
-
-
-class _RowsOf:
-    """What a loss calls as the model for one step of a device batch: that step's rows of
-    the output the model gave the whole batch (attributes are the model's)."""
-
-    def __init__(self, model: torch.nn.Module, stacked, start: int, stop: int) -> None:
-        self._model, self._stacked, self._rows = model, stacked, slice(start, stop)
-
-    def __call__(self, _batch):
-        if isinstance(self._stacked, torch.Tensor):
-            return self._stacked[self._rows]
-        return type(self._stacked)(
-            o[self._rows] if isinstance(o, torch.Tensor) else o for o in self._stacked
-        )
-
-    def __getattr__(self, name: str):
-        return getattr(self._model, name)
-
-
-def _remote(dense: np.ndarray, labels: np.ndarray) -> RemoteBatch:
-    return RemoteBatch(
-        label=labels[:, 0],
-        dense=dense,
-        extra_labels=labels[:, 1:] if labels.shape[1] > 1 else None,
-        slots={},
-    )
 
 
 class HeterService:
@@ -172,7 +116,7 @@ class HeterService:
             (len(m.slots) if m.slots is not None else None, m.output_dim) for m in self.embeddings
         ]
         self.dense = DenseParams(self.model)
-        self.forward = _OnHost(self.model)
+        self.forward = OnHost(self.model)
         self.window = gather_window(self.config)
         self.metrics = heter_metrics()
         self.stop_requested = threading.Event()
@@ -215,11 +159,13 @@ class HeterService:
             module.bind_output(output)
         try:
             self.dense.zero_grad()
-            stacked = self.forward(_remote(batch.dense, batch.labels))
+            stacked = self.forward(remote_batch(batch.dense, batch.labels))
             losses, scaled = [], []
             for step, (start, stop) in zip(batch.steps, batch.bounds, strict=True):
-                rows = _RowsOf(self.forward, stacked, start, stop)
-                out = self.loss(rows, _remote(batch.dense[start:stop], batch.labels[start:stop]))
+                rows = RowsOf(self.forward, stacked, start, stop)
+                out = self.loss(
+                    rows, remote_batch(batch.dense[start:stop], batch.labels[start:stop])
+                )
                 scaled.append(out.loss / float(step.request.args["scale"]))
                 losses.append(out)
             torch.stack(scaled).sum().backward()
