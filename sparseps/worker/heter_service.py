@@ -6,13 +6,15 @@ A heter worker runs the job's user script like every role; when the script const
 exits 0: the rest of the script is a trainer's). So the same script runs with or without
 heter workers; the split point is the model's ``SparseEmbedding`` modules.
 
-Per ``heter_step`` request (see :mod:`.heter_ops`): each ``SparseEmbedding`` of the model is
-bound to the output the trainer computed (a leaf that requires grad), the trainer's loss
-runs the model forward on the request's dense features and labels, backward gives the
-gradients of the embedding outputs (sent back) and of the dense parameters, which go to
-the servers' dense table as in async mode (one push in flight, fresh values pulled every
-``dense_pull_interval`` steps, overlapped with the next request). Requests are served one
-at a time in arrival order, from any number of trainers.
+The ``heter_step`` requests of its trainers (see :mod:`.heter_ops`) are gathered into
+device batches (:mod:`.heter_gather`: a window bounded by rows and time; in sync mode one
+step of every trainer). Per device batch: each ``SparseEmbedding`` of the model is bound to
+the stacked outputs the trainers computed (leaves that require grad), the model runs
+forward once, the trainers' loss runs per request on its rows (:mod:`.heter_model`),
+backward gives the gradients of the embedding outputs (sent back, each request its rows)
+and of the dense parameters, which go to the servers' dense table as one update (one push
+in flight, fresh values pulled every ``dense_pull_interval`` updates, overlapped with the
+next batch). Utilisation and batch sizes are on ``/metrics`` (:mod:`.heter_metrics`).
 
 Nothing a peer sends stops the loop except ``stop`` (and SIGTERM / SIGINT): a bad message
 or a failing step gets an error reply naming it.
