@@ -1,44 +1,58 @@
-"""``sparseps serve`` under load: rows/s and p50/p99 latency against the in-process Predictor.
+"""``sparseps bench serve``: the prediction service against today's, the in-process
+Predictor and the same Predictor behind Ray Serve, in one run (issue 60).
 
-Records (``sparseps bench serve [--quick] [--json]``), for requests of 1, 64 and 512 rows
-at 1, 4 and 16 concurrent clients (quick: 1 and 4):
+Services, each measured alone (started, its cells run, stopped), on the same model and
+the same request bodies:
 
-- ``serve_rows_per_s``: rows answered per second by a ``sparseps serve`` child process
-  (uvicorn, JSON rows in the Criteo schema; ``body=arrow``: the same rows as an Arrow
-  stream, 512 rows). Baseline: ``Predictor.predict_batch`` in this process on the same
-  rows, already a ``Batch`` (no HTTP, no parsing), one call after another. Both use one
-  torch intra-op thread (the service's default ``--torch-threads 1``).
-- ``serve_p50_ms`` / ``serve_p99_ms``: latency of one request as the client sees it
-  (connection kept alive). Baseline: the Predictor call's p50 / p99.
+- ``today``: ``sparseps serve`` of commit ``BASELINE_REF`` (the service before issue 60:
+  one process, one model call per request, rows copied into memory), run from a
+  ``git worktree`` of it; where no git checkout is at hand, this code with
+  ``--workers 1 --batch-max-rows 0`` (``params.today`` says which);
+- ``sparseps``: ``sparseps serve`` as it is now (``--workers`` = the cores, dynamic
+  batching with its defaults);
+- ``ray``: the same model's ``Predictor`` behind Ray Serve, as many replicas as the
+  service has workers (``bench/_serve_ray.py``; skipped with a line when ``ray[serve]``
+  is not installed).
 
-The model is what ``sparseps demo --rows N`` trains and saves (wide&deep, 26 slots, dim 8,
-hidden 400-400-400); request rows are its test rows. Clients are threads of this process
-(httpx), so on a small machine they compete with the service for the same cores; the
-figures are of the whole loop, client included. Each cell runs ``SECONDS`` after a warm-up.
+Cells (``rows`` per request, ``clients`` concurrent keep-alive connections):
+1-row JSON from 1 client; 1-row JSON from 64 clients (quick: 16); 512-row Arrow from
+4 clients. Records per service and cell: ``serve_rows_per_s``, ``serve_p50_ms``,
+``serve_p99_ms``, each with the in-process baseline (``Predictor.predict_batch`` in this
+process on the same rows already parsed, one thread, one call after another: its rows/s,
+its p50 and p99), and ``serve_vs_today_rows_per_s`` (a service's rows/s against today's
+in the same cell). ``load_average`` records the machine's 1-minute load at the start and
+the end: figures from a loaded machine are the machine's, rerun them on a quiet one.
+
+The clients run on one asyncio loop of this process (``bench/_serve_load.py``), raw
+HTTP/1.1, so that 64 of them cost little CPU; on a small machine they still share its
+cores with the service. The model is what ``sparseps demo --rows N`` trains and saves
+(wide&deep, 26 slots, dim 8, hidden 400-400-400); request rows are its test rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from sparseps.benchmarking import BenchRecord
+from sparseps.benchmarking import BenchRecord, bench_dir
 
-SIZES = (1, 64, 512)
-CONCURRENCY = (1, 4, 16)
-QUICK_CONCURRENCY = (1, 4)
-SECONDS, QUICK_SECONDS = 3.0, 0.4
+BASELINE_REF = "a54d5f9"  # main before issue 60
+SECONDS, QUICK_SECONDS = 5.0, 1.0
 DEMO_ROWS, QUICK_DEMO_ROWS = 50_000, 4_000
-MIN_REQUESTS = 5
+MANY, QUICK_MANY = 64, 16
 ARROW = "application/vnd.apache.arrow.stream"
+JSON = "application/json"
 
 
 def _model(work: Path, rows: int) -> tuple[Path, Path]:
@@ -46,7 +60,7 @@ def _model(work: Path, rows: int) -> tuple[Path, Path]:
     done = subprocess.run(
         [sys.executable, "-m", "sparseps.cli", "demo", "--rows", str(rows), "--out",
          str(work / "demo"), "--json"],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True, text=True, timeout=1800,
     )  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"sparseps demo failed:\n{done.stderr[-3000:]}")
@@ -66,97 +80,159 @@ def _arrow_body(rows: list[dict]) -> bytes:
     return sink.getvalue()
 
 
-def _load(
-    url: str, body: bytes, content_type: str, clients: int, seconds: float
-) -> tuple[list[float], float]:
-    """Latencies (s) of every request ``clients`` threads sent in about ``seconds`` (each
-    at least ``MIN_REQUESTS``, timed after every client connected and warmed up), and the
-    wall time of that window."""
-    import httpx
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    failures: list[str] = []
-    ready = threading.Barrier(clients + 1)
-    window = {"start": 0.0, "end": 0.0}
 
-    def client(mine: list[float]) -> None:
-        headers = {"content-type": content_type}
-        with httpx.Client(base_url=url, timeout=60) as c:
-            c.post("/predict", content=body, headers=headers)  # connect + warm
-            ready.wait(120)
-            ready.wait(120)
-            while time.perf_counter() - window["start"] < seconds or len(mine) < MIN_REQUESTS:
-                start = time.perf_counter()
-                got = c.post("/predict", content=body, headers=headers)
-                mine.append(time.perf_counter() - start)
-                if got.status_code != 200:
-                    failures.append(got.text[:200])
-            window["end"] = max(window["end"], time.perf_counter())
+@contextlib.contextmanager
+def _today(model: Path, work: Path) -> Iterator[tuple[str, str]]:
+    """Today's service: ``BASELINE_REF``'s code from a git worktree; (url, what it is)."""
+    from sparseps.serving import ServeProcess
 
-    threads = [threading.Thread(target=client, args=(m,)) for m in latencies]
-    for t in threads:
-        t.start()
-    ready.wait(120)  # every client warmed up
-    window["start"] = time.perf_counter()
-    ready.wait(120)  # go
-    for t in threads:
-        t.join(seconds + 300)
-    if failures:
-        raise RuntimeError(f"{len(failures)} failed requests, first: {failures[0]}")
-    return [x for mine in latencies for x in mine], window["end"] - window["start"]
+    repo = bench_dir().parent
+    tree = work / "today"
+    made = subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), BASELINE_REF],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if made.returncode != 0:  # no checkout: the new code in the old shape
+        extra = ["--batch-max-rows", "0"]
+        with ServeProcess(model, poll_s=60, extra_args=extra, workers=1) as service:
+            yield service.url, "this code, --workers 1 --batch-max-rows 0"
+        return
+    ready = work / "today-ready.json"
+    log = open(work / "today.log", "wb")  # noqa: SIM115 (closed below)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sparseps.cli", "serve", str(model), "--port", "0",
+         "--poll-s", "60", "--ready-file", str(ready)],
+        cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.is_file():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"today's service did not start: {work / 'today.log'}")
+            time.sleep(0.1)
+        yield json.loads(ready.read_text())["url"], f"commit {BASELINE_REF} (git worktree)"
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(30)
+        log.close()
+        subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _ours(model: Path, workers: int) -> Iterator[tuple[str, str]]:
+    from sparseps.serving import ServeProcess
+
+    with ServeProcess(model, poll_s=60, workers=workers) as service:
+        yield service.url, f"--workers {workers}"
+
+
+@contextlib.contextmanager
+def _ray(model: Path, replicas: int) -> Iterator[tuple[str, str]]:
+    sys.path.insert(0, str(bench_dir()))
+    import _serve_ray
+
+    try:
+        url = _serve_ray.start(model, replicas, _free_port(), replicas)
+        yield url, f"ray serve, {replicas} replicas"
+    finally:
+        _serve_ray.stop()
 
 
 def _predictor_times(predictor, batch, seconds: float) -> list[float]:
     predictor.predict_batch(batch)
     times = []
     stop = time.perf_counter() + seconds
-    while time.perf_counter() < stop or len(times) < MIN_REQUESTS:
+    while time.perf_counter() < stop or len(times) < 5:
         start = time.perf_counter()
         predictor.predict_batch(batch)
         times.append(time.perf_counter() - start)
     return times
 
 
-def _records(
-    rows: int, clients: int, body: str, load: tuple[list[float], float], base: list[float]
-) -> list[BenchRecord]:
-    served, wall = load
-    params = {"rows": rows, "concurrency": clients, "body": body, "requests": len(served)}
-    p = lambda xs, q: float(np.percentile(xs, q)) * 1e3  # noqa: E731
-    return [
-        BenchRecord("serve_rows_per_s", rows * len(served) / wall, "rows/s",
-                    rows * len(base) / sum(base), params),
-        BenchRecord("serve_p50_ms", p(served, 50), "ms", p(base, 50), params),
-        BenchRecord("serve_p99_ms", p(served, 99), "ms", p(base, 99), params),
-    ]  # fmt: skip
+def _ms(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) * 1e3
 
 
 def run(quick: bool = False) -> list[BenchRecord]:
+    import orjson
     import torch
+
+    sys.path.insert(0, str(bench_dir()))
+    from _serve_load import load, request_bytes
 
     from sparseps.checkpoint.predictor import Predictor
     from sparseps.data import CRITEO
-    from sparseps.serving import ServeProcess
     from sparseps.serving.requests import batch_from_body, criteo_request_rows
 
     torch.set_num_threads(1)  # as the service (ServeConfig.torch_threads)
     seconds = QUICK_SECONDS if quick else SECONDS
-    levels = QUICK_CONCURRENCY if quick else CONCURRENCY
-    records: list[BenchRecord] = []
+    many = QUICK_MANY if quick else MANY
+    cores = len(os.sched_getaffinity(0))
+    records: list[BenchRecord] = [BenchRecord("load_average", os.getloadavg()[0], "",
+                                              params={"when": "start", "cores": cores})]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
-        model, test_file = _model(Path(tmp), QUICK_DEMO_ROWS if quick else DEMO_ROWS)
+        work = Path(tmp)
+        model, test_file = _model(work, QUICK_DEMO_ROWS if quick else DEMO_ROWS)
+        rows = criteo_request_rows(test_file, 512)
+        one = orjson.dumps({"rows": rows[:1]})
+        cells = [  # (name, rows, clients, body, content type)
+            ("json1", 1, 1, one, JSON),
+            ("json1", 1, many, one, JSON),
+            ("arrow512", 512, 4, _arrow_body(rows), ARROW),
+        ]
         predictor = Predictor(model)
-        all_rows = criteo_request_rows(test_file, max(SIZES))
-        with ServeProcess(model, poll_s=5.0) as service:
-            cells = [(n, c, "json") for n in SIZES for c in levels] + [(512, levels[-1], "arrow")]
-            for rows, clients, kind in cells:
-                chosen = all_rows[:rows]
-                if kind == "json":
-                    body, content_type = json.dumps({"rows": chosen}).encode(), "application/json"
-                else:
-                    body, content_type = _arrow_body(chosen), ARROW
-                batch = batch_from_body(body, content_type, CRITEO, max_rows=rows)
-                base = _predictor_times(predictor, batch, seconds)
-                served = _load(service.url, body, content_type, clients, seconds)
-                records += _records(rows, clients, kind, served, base)
+        inproc = {}
+        for name, n, _, body, kind in cells:
+            if (name, n) not in inproc:
+                batch = batch_from_body(body, kind, CRITEO, max_rows=n)
+                inproc[name, n] = _predictor_times(predictor, batch, seconds)
+        del predictor
+        services = {
+            "today": lambda: _today(model, work),
+            "sparseps": lambda: _ours(model, cores),
+            "ray": lambda: _ray(model, cores),
+        }
+        measured: dict[tuple[str, str, int], float] = {}
+        for service, opened in services.items():
+            try:
+                context = opened()
+                url, what = context.__enter__()
+            except ImportError as exc:
+                print(f"bench serve: {service} skipped ({exc})", file=sys.stderr)
+                continue
+            try:
+                for name, n, clients, body, kind in cells:
+                    latencies, wall = load(url, request_bytes(url, body, kind), clients, seconds)
+                    base = inproc[name, n]
+                    params = {"service": service, "what": what, "body": name, "rows": n,
+                              "clients": clients, "requests": len(latencies)}  # fmt: skip
+                    rate = n * len(latencies) / wall
+                    measured[service, name, clients] = rate
+                    records += [
+                        BenchRecord("serve_rows_per_s", rate, "rows/s",
+                                    n * len(base) / sum(base), params),
+                        BenchRecord("serve_p50_ms", _ms(latencies, 50), "ms", _ms(base, 50),
+                                    params),
+                        BenchRecord("serve_p99_ms", _ms(latencies, 99), "ms", _ms(base, 99),
+                                    params),
+                    ]  # fmt: skip
+                    today = measured.get(("today", name, clients))
+                    if service != "today" and today:
+                        records.append(BenchRecord("serve_vs_today_rows_per_s", rate,
+                                                   "rows/s", today, params))  # fmt: skip
+            finally:
+                context.__exit__(None, None, None)
+    records.append(BenchRecord("load_average", os.getloadavg()[0], "",
+                               params={"when": "end", "cores": cores}))  # fmt: skip
     return records

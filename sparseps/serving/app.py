@@ -12,10 +12,13 @@
 Errors are JSON ``{"error": message}``: 400 malformed (the message names the field), 413
 too large (``Content-Length`` or the body read so far over ``max_body_bytes``; an Arrow
 body that decodes to more; too many rows or feature ids), 415 another content type.
-Parsing and prediction run on a worker thread, so the event loop keeps answering
-(``/healthz`` too) meanwhile; only a small JSON body (up to ``INLINE_BYTES``, which is
-also what it decodes to) runs on the event loop, where it costs less than the thread hop.
-An Arrow body always goes to the thread: a few KB of it may decompress to far more.
+A body is parsed and checked into an Arrow table on a worker thread, so the event loop
+keeps answering (``/healthz`` too) meanwhile; only a small JSON body (up to
+``INLINE_BYTES``, which is also what it decodes to) is parsed on the event loop, where it
+costs less than the thread hop. An Arrow body always goes to the thread: a few KB of it
+may decompress to far more. The table then waits for a model call shared with the other
+requests in flight (:mod:`.batcher`; ``--batch-max-rows 0``: a call per request, made
+where the body was parsed).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from .batcher import Batcher
 from .board import WorkerBoard
 from .config import ServeConfig
 from .metrics import CONTENT_TYPE, ServeMetrics
-from .requests import ARROW_STREAM, RequestError, batch_from_body
+from .requests import ARROW_STREAM, RequestError, batch_from_body, checked_batch, table_from_body
 from .watcher import ModelWatcher, ServedModel
 
 __all__ = ["create_app"]
@@ -79,6 +82,17 @@ def _inline(body: bytes, content_type: str) -> bool:
     """Whether a body is small work: a JSON body of at most ``INLINE_BYTES``."""
     kind = content_type.split(";")[0].strip().lower()
     return len(body) <= INLINE_BYTES and kind in JSON_TYPES
+
+
+def _table(body: bytes, content_type: str, config: ServeConfig, schema: Schema) -> pa.Table:
+    return table_from_body(
+        body,
+        content_type,
+        schema,
+        max_rows=config.max_rows,
+        max_ids=config.max_ids,
+        max_decoded_bytes=config.max_body_bytes,
+    )
 
 
 def _parse(body: bytes, content_type: str, config: ServeConfig, schema: Schema) -> Batch:
@@ -148,9 +162,18 @@ def create_app(
         "dense_lists": {name: k for name, k in widths.items() if k > 1},
     }
     metrics.follow(lambda: watcher.current.created_at, lambda: watcher.current.predictor.sequence)
+
+    def predict_tables(served: ServedModel, tables: list[pa.Table]) -> np.ndarray:
+        """One model call for the checked tables of one or several requests."""
+        if len(tables) == 1:
+            table = tables[0]
+        else:  # columns by name; a column a request lacks is null (missing) in its rows
+            table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+        return _predict(served, checked_batch(table, schema))
+
     batcher = (
         Batcher(
-            _predict,
+            predict_tables,
             max_rows=config.batch_max_rows,
             max_wait_s=config.batch_max_wait_ms / 1e3,
         )
@@ -178,10 +201,10 @@ def create_app(
                     )
             else:
                 if inline:
-                    batch = _parse(body, content_type, config, schema)
+                    table = _table(body, content_type, config, schema)
                 else:
-                    batch = await run_in_threadpool(_parse, body, content_type, config, schema)
-                predictions = await arrival.predict(model, batch)
+                    table = await run_in_threadpool(_table, body, content_type, config, schema)
+                predictions = await arrival.predict(model, table, table.num_rows)
         except RequestError as exc:
             response = JSONResponse({"error": exc.message}, status_code=exc.status)
         except ValueError as exc:  # InputError from the lookup, a shape the head refuses

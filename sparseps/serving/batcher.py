@@ -1,10 +1,12 @@
 """``Batcher``: concurrent ``/predict`` requests gathered into one model call.
 
 The dynamic batching of TF Serving and Triton, for one service process. Requests parse
-their bodies (on the event loop or a worker thread, :mod:`.app`) and hand the
-:class:`~sparseps.data.Batch` to :meth:`Batcher.predict`; one thread takes what is
-queued, concatenates the batches of requests on the same model (:meth:`Batch.concat`),
-calls the model once, and gives each request its own rows of the answer.
+and check their bodies (on the event loop or a worker thread, :mod:`.app`) and hand what
+they parsed (a payload of so many rows: the service's are Arrow tables) to
+:meth:`Arrival.predict`; one thread takes what is queued and makes one call of ``run``
+with the payloads of the requests on the same model (the service's concatenates the
+tables, converts them to one batch, calls the model), and gives each request its own
+rows of the answer.
 
 A call is cut when it holds ``max_rows`` rows or when ``max_wait_s`` has passed since its
 first request arrived, whichever comes first, and it does not wait at all when no other
@@ -37,15 +39,14 @@ from typing import Any
 import numpy as np
 
 from ..core.closing import Closing
-from ..data.schema import Batch
 from .limits import RequestError
 
 __all__ = ["Arrival", "Batcher", "BatcherStats"]
 
 log = logging.getLogger(__name__)
 
-# run(model, batch) -> predictions [rows]
-ModelCall = Callable[[Any, Batch], np.ndarray]
+# run(model, payloads) -> predictions [rows of every payload, in order]
+ModelCall = Callable[[Any, list], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class BatcherStats:
 @dataclass
 class _Pending:
     model: Any
-    batch: Batch
+    payload: Any
     rows: int
     arrived: float
     future: asyncio.Future
@@ -89,17 +90,18 @@ class Arrival:
             self._open = False
             self._batcher._arrived(queued=None)
 
-    async def predict(self, model: Any, batch: Batch) -> np.ndarray:
-        """The model's predictions for ``batch``, from a call shared with other requests."""
+    async def predict(self, model: Any, payload: Any, rows: int) -> np.ndarray:
+        """The model's predictions for ``payload`` (``rows`` rows), from a call shared
+        with other requests."""
         self._open = False
-        return await self._batcher._submit(model, batch)
+        return await self._batcher._submit(model, payload, rows)
 
 
 class Batcher(Closing):
     """Gathers requests into model calls (see the module docstring).
 
     Args:
-        run: ``run(model, batch) -> predictions``, the model call.
+        run: ``run(model, payloads) -> predictions``, the model call.
         max_rows: rows a call gathers at most (a larger request is a call alone).
         max_wait_s: the longest a request waits for others to join its call.
         max_queued: requests queued at most; past it a request gets 503.
@@ -135,7 +137,7 @@ class Batcher(Closing):
                 self._queued_rows += queued.rows
             self._lock.notify()
 
-    async def _submit(self, model: Any, batch: Batch) -> np.ndarray:
+    async def _submit(self, model: Any, payload: Any, rows: int) -> np.ndarray:
         loop = asyncio.get_running_loop()
         if len(self._queue) >= self.max_queued:
             self._arrived(queued=None)
@@ -143,7 +145,7 @@ class Batcher(Closing):
                 503, f"service: {self.max_queued} requests already queued; retry shortly"
             )
         future = loop.create_future()
-        self._arrived(_Pending(model, batch, len(batch), time.monotonic(), future, loop))
+        self._arrived(_Pending(model, payload, rows, time.monotonic(), future, loop))
         return await future
 
     def stats(self) -> BatcherStats:
@@ -189,9 +191,8 @@ class Batcher(Closing):
                 self._call(group)
 
     def _call(self, group: list[_Pending]) -> None:
-        batch = Batch.concat([p.batch for p in group])
         try:
-            predictions = self._run(group[0].model, batch)
+            predictions = self._run(group[0].model, [p.payload for p in group])
         except Exception as exc:
             if len(group) == 1:
                 _deliver(group[0], exc)
@@ -201,8 +202,9 @@ class Batcher(Closing):
             return
         self._calls += 1
         self._requests += len(group)
-        self._rows += len(batch)
-        self._largest = max(self._largest, len(batch))
+        rows = sum(p.rows for p in group)
+        self._rows += rows
+        self._largest = max(self._largest, rows)
         start = 0
         for pending in group:
             _deliver(pending, predictions[start : start + pending.rows])

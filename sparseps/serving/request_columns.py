@@ -26,7 +26,8 @@ from ..data.schema import Batch, Schema, Slot
 from .limits import RequestError, RequestLimits, check_ids, check_rows
 
 __all__ = [
-    "FLOAT32_MAX", "batch_from_table", "check_names", "check_type", "dense_places", "is_list",
+    "FLOAT32_MAX", "batch_from_table", "check_names", "check_table", "check_type",
+    "checked_batch", "dense_places", "is_list",
 ]  # fmt: skip
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # dense values reach the model as float32
@@ -42,6 +43,17 @@ def batch_from_table(
         RequestError: 400 naming the column, or 413 for more than ``max_rows`` rows or
             ``max_ids`` feature ids.
     """
+    check_table(table, schema, max_rows=max_rows, max_ids=max_ids)
+    return checked_batch(table, schema)
+
+
+def check_table(table: pa.Table, schema: Schema, *, max_rows: int, max_ids: int) -> None:
+    """What can be checked of a request table without converting its values: rows, names,
+    types, feature ids (:func:`checked_batch` checks the values as it converts them).
+
+    Raises:
+        RequestError: as :func:`batch_from_table`.
+    """
     check_rows(table.num_rows, max_rows)
     if table.num_rows == 0:
         raise RequestError(400, "rows: the request holds no rows")
@@ -50,6 +62,17 @@ def batch_from_table(
         check_type(field.name, field.type, schema)
     names = set(table.column_names)
     check_ids(sum(_ids_in(table.column(name)) for name in schema.slots if name in names), max_ids)
+
+
+def checked_batch(table: pa.Table, schema: Schema) -> Batch:
+    """The batch of a table :func:`check_table` passed (one request's, or several
+    requests' concatenated: every conversion is row by row, so a row converts the same
+    in either).
+
+    Raises:
+        RequestError: 400 for a value that does not convert, naming the column and row.
+    """
+    names = set(table.column_names)
     n = table.num_rows
     dense = np.zeros((n, schema.num_dense), np.float64)
     for name, places in dense_places(schema).items():

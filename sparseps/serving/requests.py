@@ -36,11 +36,11 @@ import pyarrow as pa
 from ..data.schema import CRITEO, Batch, Schema
 from .arrow_body import arrow_table
 from .limits import RequestError, RequestLimits, check_rows
-from .request_columns import batch_from_table
+from .request_columns import batch_from_table, check_table, checked_batch
 
 __all__ = [
     "ARROW_STREAM", "RequestError", "RequestLimits", "batch_from_body", "batch_from_table",
-    "criteo_request_rows",
+    "checked_batch", "criteo_request_rows", "table_from_body",
 ]  # fmt: skip
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -62,6 +62,33 @@ def batch_from_body(
             rows, ``max_ids`` feature ids or ``max_decoded_bytes`` decoded), 415 (a
             content type other than JSON or Arrow).
     """
+    table = table_from_body(
+        body,
+        content_type,
+        schema,
+        max_rows=max_rows,
+        max_ids=max_ids,
+        max_decoded_bytes=max_decoded_bytes,
+    )
+    return checked_batch(table, schema)
+
+
+def table_from_body(
+    body: bytes,
+    content_type: str,
+    schema: Schema,
+    *,
+    max_rows: int,
+    max_ids: int = RequestLimits.ids,
+    max_decoded_bytes: int = RequestLimits.decoded_bytes,
+) -> pa.Table:
+    """A request body as an Arrow table, checked but for its values (rows, ids, names,
+    types: :func:`~.request_columns.check_table`); :func:`checked_batch` converts it, or
+    several requests' tables concatenated (the service's batching, :mod:`.batcher`).
+
+    Raises:
+        RequestError: as :func:`batch_from_body`.
+    """
     limits = RequestLimits(max_rows, max_ids, max_decoded_bytes)
     kind = content_type.split(";")[0].strip().lower()
     if kind == ARROW_STREAM:
@@ -70,7 +97,8 @@ def batch_from_body(
         table = _json_table(body, max_rows, schema)
     else:
         raise RequestError(415, f"Content-Type: {kind!r} is not application/json or {ARROW_STREAM}")
-    return batch_from_table(table, schema, max_rows=max_rows, max_ids=max_ids)
+    check_table(table, schema, max_rows=max_rows, max_ids=max_ids)
+    return table
 
 
 class _TooManyObjects(Exception):
@@ -193,7 +221,11 @@ def _typed_rows(rows: list, schema: Schema) -> pa.StructArray | None:
             ),
             None,
         )
-        kind = {str: pa.string(), int: pa.int64(), list: pa.list_(pa.int64())}.get(type(value))
+        # null in every row looked at: the null type, as inference gives an all-null
+        # column (a value in a later row fails the conversion, and inference runs)
+        kinds = {str: pa.string(), int: pa.int64(), list: pa.list_(pa.int64()),
+                 type(None): pa.null()}  # fmt: skip
+        kind = kinds.get(type(value))
         if kind is None:
             return None
         fields.append(pa.field(name, kind))
