@@ -93,38 +93,41 @@ def _baseline(folder: Path) -> dict:
     return plain_torch(folder, threads=len(os.sched_getaffinity(0)))
 
 
-def plain_torch(
-    folder: Path, *, hash_rows: int = HASH_ROWS, wide_lr: float = 0.05, threads: int | None = None
-) -> dict:
-    """The demo's wide&deep in one PyTorch process, one pass over ``folder/train`` and an
-    evaluation on ``folder/test``: the same head as the job, dim-8 deep and dim-1 wide
-    ``nn.EmbeddingBag`` tables of ``hash_rows`` hashed rows with ``SparseAdam`` (deep 0.01,
-    wide ``wide_lr``), dense Adam 0.001, batch 512, one reader thread. ``threads``: torch's
-    compute threads (None: torch's default). The baseline of this bench and of ``bench quality``."""
-    import torch
-    import torch.nn.functional as F
+class TorchWideDeep:
+    """The demo's wide&deep in one PyTorch process: the same head as the job, dim-8 deep
+    and dim-1 wide ``nn.EmbeddingBag`` tables of ``hash_rows`` hashed rows with
+    ``SparseAdam`` (deep ``deep_lr``, wide ``wide_lr``), dense Adam ``dense_lr``, the
+    job's reader. One object trains as many passes as asked (``train_pass``) and
+    evaluates between them (``evaluate``): ``plain_torch`` is one pass of it, the
+    learnable-limit reference of ``bench quality`` several."""
 
-    from sparseps.data import CRITEO, QueueDataset
-    from sparseps.metrics import CTRMetrics
-    from sparseps.models.wide_deep import WideDeepHead
+    def __init__(self, *, hash_rows: int = HASH_ROWS, wide_lr: float = 0.05,
+                 deep_lr: float = 0.01, dense_lr: float = 0.001, seed: int = 0) -> None:  # fmt: skip
+        import torch
 
-    if threads is not None:
-        torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    slots = len(CRITEO.slots)
-    head = WideDeepHead(slots, len(CRITEO.dense), 8, (400, 400, 400))
-    deep = torch.nn.EmbeddingBag(hash_rows, 8, mode="sum", sparse=True)
-    wide = torch.nn.EmbeddingBag(hash_rows, 1, mode="sum", sparse=True)
-    torch.nn.init.uniform_(deep.weight, -0.05, 0.05)
-    torch.nn.init.zeros_(wide.weight)
-    optimizers = (
-        torch.optim.Adam(head.parameters(), lr=0.001),
-        torch.optim.SparseAdam([deep.weight], lr=0.01),
-        torch.optim.SparseAdam([wide.weight], lr=wide_lr),
-    )
+        from sparseps.data import CRITEO
+        from sparseps.models.wide_deep import WideDeepHead
 
-    def forward(batch):
-        index = np.concatenate([batch.slots[s].values for s in CRITEO.slots]) % np.uint64(hash_rows)
+        torch.manual_seed(seed)
+        self.hash_rows = hash_rows
+        self.head = WideDeepHead(len(CRITEO.slots), len(CRITEO.dense), 8, (400, 400, 400))
+        self.deep = torch.nn.EmbeddingBag(hash_rows, 8, mode="sum", sparse=True)
+        self.wide = torch.nn.EmbeddingBag(hash_rows, 1, mode="sum", sparse=True)
+        torch.nn.init.uniform_(self.deep.weight, -0.05, 0.05)
+        torch.nn.init.zeros_(self.wide.weight)
+        self.optimizers = (
+            torch.optim.Adam(self.head.parameters(), lr=dense_lr),
+            torch.optim.SparseAdam([self.deep.weight], lr=deep_lr),
+            torch.optim.SparseAdam([self.wide.weight], lr=wide_lr),
+        )
+
+    def forward(self, batch):
+        import torch
+
+        from sparseps.data import CRITEO
+
+        slots, hash_rows = len(CRITEO.slots), np.uint64(self.hash_rows)
+        index = np.concatenate([batch.slots[s].values for s in CRITEO.slots]) % hash_rows
         starts, base = [], 0
         for s in CRITEO.slots:
             offsets = batch.slots[s].offsets
@@ -133,34 +136,61 @@ def plain_torch(
         idx = torch.from_numpy(index.astype(np.int64))
         off = torch.from_numpy(np.concatenate(starts))
         n = len(batch)
-        d = deep(idx, off).view(slots, n, 8).transpose(0, 1)
-        w = wide(idx, off).view(slots, n, 1).transpose(0, 1)
-        return head(torch.from_numpy(batch.dense), d, w).reshape(-1)
+        d = self.deep(idx, off).view(slots, n, 8).transpose(0, 1)
+        w = self.wide(idx, off).view(slots, n, 1).transpose(0, 1)
+        return self.head(torch.from_numpy(batch.dense), d, w).reshape(-1)
 
-    def reader(split: str, size: int):
-        return QueueDataset([str(folder / split)], CRITEO, batch_size=size, rank=0, world=1)
+    @staticmethod
+    def batches(paths: list[Path], size: int):
+        from sparseps.data import CRITEO, QueueDataset
 
-    start, samples = time.perf_counter(), 0
-    for batch in reader("train", BATCH):
-        loss = F.binary_cross_entropy_with_logits(forward(batch), torch.from_numpy(batch.label))
-        for opt in optimizers:
-            opt.zero_grad()
-        loss.backward()
-        for opt in optimizers:
-            opt.step()
-        samples += len(batch)
-    seconds = time.perf_counter() - start
-    metrics = CTRMetrics()
-    with torch.no_grad():
-        for batch in reader("test", 4096):
-            metrics.update(torch.sigmoid(forward(batch)).numpy(), batch.label)
-    m = metrics.compute()
-    return {
-        "samples_per_s": samples / seconds,
-        "test_auc": m.auc,
-        "test_logloss": m.logloss,
-        "test_copc": m.copc,
-    }
+        return QueueDataset([str(p) for p in paths], CRITEO, batch_size=size, rank=0, world=1)
+
+    def train_pass(self, paths: list[Path], batch_size: int = BATCH) -> tuple[int, float]:
+        """One pass over ``paths`` (files or folders): (samples, seconds)."""
+        import torch
+        import torch.nn.functional as F
+
+        start, samples = time.perf_counter(), 0
+        for batch in self.batches(paths, batch_size):
+            logits = self.forward(batch)
+            loss = F.binary_cross_entropy_with_logits(logits, torch.from_numpy(batch.label))
+            for opt in self.optimizers:
+                opt.zero_grad()
+            loss.backward()
+            for opt in self.optimizers:
+                opt.step()
+            samples += len(batch)
+        return samples, time.perf_counter() - start
+
+    def evaluate(self, paths: list[Path]) -> dict:
+        """``test_auc``, ``test_logloss`` and ``test_copc`` over every row of ``paths``."""
+        import torch
+
+        from sparseps.metrics import CTRMetrics
+
+        metrics = CTRMetrics()
+        with torch.no_grad():
+            for batch in self.batches(paths, 4096):
+                metrics.update(torch.sigmoid(self.forward(batch)).numpy(), batch.label)
+        m = metrics.compute()
+        return {"test_auc": m.auc, "test_logloss": m.logloss, "test_copc": m.copc}
+
+
+def plain_torch(
+    folder: Path, *, hash_rows: int = HASH_ROWS, wide_lr: float = 0.05, threads: int | None = None
+) -> dict:
+    """The demo's wide&deep in one PyTorch process (:class:`TorchWideDeep`), one pass over
+    ``folder/train`` and an evaluation on ``folder/test``: deep ``SparseAdam`` 0.01, wide
+    ``wide_lr``, dense Adam 0.001, batch 512, one reader thread. ``threads``: torch's
+    compute threads (None: torch's default). The baseline of this bench and of ``bench quality``."""
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model = TorchWideDeep(hash_rows=hash_rows, wide_lr=wide_lr)
+    samples, seconds = model.train_pass([folder / "train"])
+    return {"samples_per_s": samples / seconds, **model.evaluate([folder / "test"])}
 
 
 def _alternating(rounds: int, runners: dict[str, Callable[[Path], dict]]) -> dict[str, list]:
