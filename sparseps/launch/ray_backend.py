@@ -383,17 +383,14 @@ class RayJob(Closing):
         ``--max-restarts`` allows, as the local launcher does (docs/heterps.md): its
         trainers count the steps they had in flight to it as lost and wait for it."""
         used = self.heter_restarts.get(r.rank, 0)
-        if used >= self.config.max_restarts:
+        if used >= self.config.max_restarts or r.actor_died:  # actor died: its node is gone
             return False
         self.heter_restarts[r.rank] = used + 1
-        died = " (its Ray actor died)" if r.actor_died else ""
         log.warning(
-            "%s (pid %d) on %s exited with code %s%s: restarting it (heter worker restart %d "
-            "of %d; its trainers lose the steps they had in flight to it)",
-            r.name, r.pid, r.host, r.code, died, used + 1, self.config.max_restarts,
+            "%s (pid %d) on %s exited with code %s: restarting it (heter worker restart %d of "
+            "%d; its trainers lose the steps they had in flight to it)",
+            r.name, r.pid, r.host, r.code, used + 1, self.config.max_restarts,
         )  # fmt: skip
-        if r.actor_died:
-            return False  # its node is gone: nothing to start it on
         r.attempt = used + 1
         self.start([r])
         return True
