@@ -37,3 +37,104 @@ def test_bench_quality_quick_records(capsys):
     # --quick never runs the peer (about 80 s a family) and says so
     assert "the Paddle peer is not run" in out.err
     assert not any(name.startswith("paddle_") for name in by_name)
+    assert "the TensorFlow peer is not run" in out.err
+    assert not any(name.startswith("tf_") for name in by_name)
+
+
+def _quality():
+    return load_benchmark("quality")
+
+
+@pytest.mark.timeout(900)
+def test_learnable_limit_tiny_data():
+    """The learnable-limit reference on a 10k-row family: each setting's chosen pass is its
+    best on validation (so never worse than its first pass), early stopping ends a setting
+    once a pass brings nothing, the chosen setting is the best on validation, and the
+    reported test figures are the chosen model's. It comes out as ``learnable_auc[F]``
+    beside the one-pass job, in the same grid run."""
+    bench = _quality()
+    family = "ctr25%"
+    records = bench.grid((family,), bench.REPORT_SEEDS, rows=bench.QUICK_ROWS,
+                         test_rows=bench.QUICK_TEST_ROWS, hash_rows=bench.QUICK_HASH_ROWS,
+                         torch_baseline=False, paddle=False, tf=False, learnable=True,
+                         log=lambda *a, **k: None)  # fmt: skip
+    by_name = {r.metric: r for r in records}
+    record = by_name[f"learnable_auc[{family}]"]
+    assert record.baseline == by_name[f"test_auc[{family}]"].value  # sparseps, one pass
+    params = record.params
+    curves = params["learnable_curves"]
+    assert [c["setting"] for c in curves] == list(bench._learnable().SETTINGS)
+    limit = bench._learnable()
+    best_per_setting = []
+    for curve in curves:
+        val = curve["val_auc"]
+        assert 1 <= len(val) <= limit.MAX_EPOCHS
+        best = max(val)
+        assert best >= val[0]  # more passes never give a worse validation AUC than the first
+        if len(val) < limit.MAX_EPOCHS:  # stopped early: the last PATIENCE passes brought nothing
+            assert all(v <= best for v in val[-limit.PATIENCE :])
+            assert val.index(best) == len(val) - 1 - limit.PATIENCE
+        best_per_setting.append(best)
+    chosen = curves[best_per_setting.index(max(best_per_setting))]
+    assert params["learnable_setting"] == chosen["setting"]
+    assert round(params["learnable_val_auc"], 4) == max(best_per_setting)
+    assert params["learnable_epochs"] == chosen["val_auc"].index(max(chosen["val_auc"])) + 1
+    assert 0.5 < record.value <= by_name[f"bayes_auc[{family}]"].value + 0.02
+    assert math.isfinite(params["learnable_test_logloss"])
+
+
+def test_validation_split_cuts_the_tail_of_each_training_file(tmp_path):
+    bench = _quality()
+    folder, _ = bench.data("ctr25%", bench.REPORT_SEEDS[0], bench.QUICK_ROWS,
+                           bench.QUICK_TEST_ROWS)  # fmt: skip
+    fit, validation = bench._learnable().split_validation(folder, 0.1)
+    for path in sorted((folder / "train").iterdir()):
+        lines = path.read_bytes().splitlines(keepends=True)
+        head, tail = (fit / path.name).read_bytes(), (validation / path.name).read_bytes()
+        assert head + tail == b"".join(lines)
+        assert tail.count(b"\n") == int(len(lines) * 0.1)
+    with pytest.raises(ValueError, match="validation share"):
+        bench._learnable().split_validation(folder, 1.5)
+
+
+def test_peer_last_line_parsed_and_failures_raise(tmp_path):
+    """A peer's last line read into our keys (a figure it prints as None is NaN); a peer
+    that fails raises with its output, and the grid records nothing for it."""
+    bench = _quality()
+    ok = tmp_path / "ok.sh"
+    ok.write_text("echo starting >&2\necho 'tf_ps samples_per_s=1234 auc=0.7766 rows=10 "
+                  "test_logloss=None wall_s=3.0'\n")  # fmt: skip
+    got = bench.run_tf(ok, tmp_path)
+    assert got["samples_per_s"] == 1234 and got["test_auc"] == 0.7766
+    assert math.isnan(got["test_logloss"])
+    bad = tmp_path / "bad.sh"
+    bad.write_text("echo 'ImportError: no tensorflow' >&2\nexit 3\n")
+    with pytest.raises(RuntimeError, match="no tensorflow"):
+        bench.run_tf(bad, tmp_path)
+    lines: list[str] = []
+    assert bench._peer_or_none(bench.run_tf, bad, tmp_path, lines.append) is None
+    assert "exit 3" in lines[0]
+
+
+@pytest.mark.timeout(900)
+def test_tf_peer_beside_sparseps_quick():
+    """The TensorFlow peer on the same 10k-row files as the demo job, one grid run: its
+    ``tf_*`` records (value: sparseps, baseline: TF). Needs the peer's venv."""
+    bench = _quality()
+    if bench.tf_peer() is None:
+        pytest.skip(
+            f"no TensorFlow peer venv (tensorflow-cpu and tf-keras {bench.TF_VERSION} at "
+            "$TF_VENV or /tmp/tf-venv; ../shared/peers/tf/run.sh makes it on first use)"
+        )
+    family = "ctr25%"
+    records = bench.grid((family,), bench.REPORT_SEEDS, rows=bench.QUICK_ROWS,
+                         test_rows=bench.QUICK_TEST_ROWS, hash_rows=bench.QUICK_HASH_ROWS,
+                         torch_baseline=False, paddle=False, tf=True,
+                         log=lambda *a, **k: None)  # fmt: skip
+    by_name = {r.metric: r for r in records}
+    ours = by_name[f"test_auc[{family}]"].value
+    auc, logloss, speed = (by_name[f"tf_{m}[{family}]"] for m in
+                           ("test_auc", "test_logloss", "samples_per_s"))  # fmt: skip
+    assert auc.value == ours and 0.5 < auc.baseline < 0.95
+    assert 0 < logloss.baseline < 1 and speed.baseline > 0
+    assert auc.params["tf_samples_per_s"] == speed.baseline
