@@ -428,7 +428,9 @@ class GpuPsMode(SyncMode):
             rows, shows, clicks, admitted = (
                 result[k] for k in ("rows", "show", "click", "admitted")
             )  # fmt: skip
-            if admitted.any():
+            if admitted.all():  # every key a row (admission "always"): no copies
+                handles.append(self.client.write_rows(name, keys, rows, shows=shows, clicks=clicks))
+            elif admitted.any():
                 handles.append(
                     self.client.write_rows(
                         name, keys[admitted], rows[admitted], shows=shows[admitted],

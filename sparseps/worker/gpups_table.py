@@ -156,7 +156,7 @@ class DeviceTable:
         """
         return {
             "key": self.keys,
-            "rows": self.rows.cpu().numpy().copy(),
+            "rows": self.rows.cpu().numpy(),  # on CPU a view: the table is done with
             "show": self.shows.cpu().numpy(),
             "click": self.clicks.cpu().numpy(),
             "admitted": (
