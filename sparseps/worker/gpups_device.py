@@ -8,8 +8,9 @@ model's optimizer row, and the collectives over device tensors.
   device) on the row the model's parameters are views of. The host sees the row only
   when a checkpoint saves or loads it.
 - :class:`DeviceExchange`: all-to-all and all-reduce of device tensors between the job's
-  workers: an NCCL group on CUDA (made once, when the mode is built: every worker makes
-  it), the job's own group (gloo) on CPU. The counts of an all-to-all are host integers
+  workers: an NCCL group on CUDA when every worker has a GPU of its own (made once, when
+  the mode is built: every worker makes it), the job's own group (gloo) on CPU, and
+  through host copies on gloo when workers share a GPU (NCCL refuses two ranks on one). The counts of an all-to-all are host integers
   (they come with the batch's keys, which are inputs); the rows and gradients stay on
   the device. With one worker every call returns its input.
 - :func:`resolve_device`: the torch device of ``Strategy.device`` for a worker.
@@ -81,9 +82,13 @@ class DeviceExchange:
         self.rank = dist.get_rank() if self.world > 1 else 0
         self.group = None  # None: the default group (gloo on CPU tensors)
         self.backend = "local" if self.world == 1 else "gloo"
-        if self.world > 1 and device.type == "cuda":
+        # NCCL needs a GPU per worker; workers sharing a GPU exchange through the host
+        own_gpu = device.type == "cuda" and torch.cuda.device_count() >= self.world
+        if self.world > 1 and own_gpu:
+            torch.cuda.set_device(device)
             self.group = dist.new_group(backend="nccl")  # every worker builds its mode
             self.backend = "nccl"
+        self._staged = device.type == "cuda" and self.group is None
 
     def _wait(self, op: str, work) -> None:
         wait_collective(
@@ -96,18 +101,20 @@ class DeviceExchange:
         rank order (``recv[j]`` rows from worker j)."""
         if self.world == 1:
             return rows
-        out = rows.new_empty((sum(recv), *rows.shape[1:]))
-        work = dist.all_to_all_single(
-            out, rows.contiguous(), recv, send, group=self.group, async_op=True
-        )
+        source = rows.cpu() if self._staged else rows.contiguous()
+        out = source.new_empty((sum(recv), *rows.shape[1:]))
+        work = dist.all_to_all_single(out, source, recv, send, group=self.group, async_op=True)
         self._wait("all_to_all", work)
-        return out
+        return out.to(self.device) if self._staged else out
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """The element-wise sum over workers (in place)."""
         if self.world > 1:
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+            target = tensor.cpu() if self._staged else tensor
+            work = dist.all_reduce(target, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
             self._wait("all_reduce", work)
+            if self._staged:
+                tensor.copy_(target)
         return tensor
 
 
