@@ -14,14 +14,28 @@ label noise and more missing values. For each family (one seed) and on the same 
 - **paddle**: the peer (``../shared/peers/paddle/run.sh``: Paddle 2.6.2 PS, 1 server +
   2 trainers, async, Adam 0.01) when its environment exists; otherwise the bench says so
   and records nothing for it.
+- **tf**: the TensorFlow peer (``../shared/peers/tf/run.sh``: TF 2.21 + tf-keras
+  ``ParameterServerStrategy``, 1 ps + 2 workers, tables Adagrad 0.02, dense Adam 0.001)
+  when its venv (/tmp/tf-venv) exists, whenever Paddle runs; likewise skipped with a line.
+- **learnable** (the full run, ``--learnable``): the learnable-limit reference of
+  ``bench/_learnable.py``, the torch model trained for several passes with settings and
+  early stopping chosen on a validation split of the training files, so each gap reads as
+  "gap to what the data allows" and not only to Bayes.
 
 Records per family ``F``: ``test_auc[F]``, ``test_logloss[F]``, ``copc[F]`` and
 ``samples_per_s[F]`` (value: sparseps, baseline: torch), ``bayes_auc[F]`` (the planted
 model's test AUC), ``legacy_test_auc[F]`` / ``legacy_samples_per_s[F]`` (value: sparseps,
 baseline: legacy), ``paddle_test_auc[F]``, ``paddle_test_logloss[F]`` and
 ``paddle_samples_per_s[F]`` (value: sparseps, baseline: Paddle; the full grid only, not
-``--quick``) and, on ``MODE_FAMILIES``, ``sync_test_auc[F]`` / ``geo_test_auc[F]``
-(value: that mode, baseline: async).
+``--quick``), the same three as ``tf_*[F]`` (baseline: TensorFlow; its logloss is the one
+its ``run.sh`` prints), ``learnable_auc[F]`` (value: the learnable limit, baseline:
+sparseps one pass; its logloss, COPC, validation AUC, passes and setting in the params)
+and, on ``MODE_FAMILIES``, ``sync_test_auc[F]`` / ``geo_test_auc[F]`` (value: that mode,
+baseline: async).
+
+The full run is ``REPORT_FAMILIES`` at ``REPORT_ROWS`` (1M training rows, where both
+peers have converged); ``--quick`` two families at 10k rows, without peers or the
+learnable limit.
 
 Seeds: families are drawn with ``TUNE_SEEDS`` while choosing defaults and reported with
 ``REPORT_SEEDS`` (never used for choosing). ``python bench/quality.py --help`` runs
