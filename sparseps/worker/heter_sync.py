@@ -67,7 +67,7 @@ class HeterSyncMode(HeterMode):
             yield done[0] if done else (None, ([], np.zeros(0, np.float32), 0.0, None))
             self.step_no += 1
 
-    def step_target(self) -> tuple[int, dict]:
+    def step_target(self, rows: int) -> tuple[int, dict]:
         return self.step_no % self.heter_count, {
             "sync": [self.step_no, self.contributing, self.rank]
         }
