@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config import TableConfig
+from ..config import Admission, TableConfig
 from ..errors import InputError
 from ..optim.device_rules import apply_table_rules, step_rows
 from .gpups_admit import DeviceAdmission
@@ -37,8 +37,11 @@ __all__ = ["DeviceTable", "bytes_per_key"]
 
 
 def bytes_per_key(config: TableConfig) -> int:
-    """Device bytes of one row: int64 key, embedding, optimizer state, show, click."""
-    return 8 + 4 * (config.full_width + 2)
+    """Device bytes of one row: int64 key, embedding, optimizer state, show, click; under
+    admission also the initial embedding, the admitted flag and the counters before the
+    pass (:mod:`.gpups_admit`)."""
+    admission = 0 if config.lifecycle.admission == Admission.ALWAYS else 4 * config.dim + 9
+    return 8 + 4 * (config.full_width + 2) + admission
 
 
 class DeviceTable:
