@@ -80,6 +80,7 @@ HEAVY_FILES = frozenset(
         "serving/test_hot_reload.py",
         "serving/test_larger_than_memory.py",
         "serving/test_serve_model_schema.py",
+        "serving/test_workers.py",
         "test_bench_quality.py",
         "test_clone.py",
         "test_demo.py",
