@@ -8,13 +8,11 @@ on an :class:`~sparseps.data.InMemoryDataset`):
    each key to its owner, worker ``server_of(key, W)`` (all-to-all). Each owner gets
    its keys' whole rows (embedding and optimizer state: ``PSClient.pull_full``) into a
    :class:`~.gpups_table.DeviceTable` on its device. A shard larger than
-   ``Strategy.gpups_memory_bytes`` is refused, on every worker, before anything is
-   pulled (the pass is not split). With the next pass prepared during this one
-   (:meth:`GpuPsMode.prefetch_pass`, ``Trainer.prefetch_pass``) its keys are known and
-   its rows mostly at hand when it begins (:mod:`.gpups_build`: the rows of keys
-   shared with this pass are carried over from its final rows, the others were pulled
-   while it trained): the stall between the passes is the write-back and the
-   exchange of keys and prepared rows.
+   ``Strategy.gpups_memory_bytes`` is cut into sub-passes that fit (:mod:`.gpups_split`),
+   decided on every worker before anything is pulled. With the next pass prepared
+   during this one (``Trainer.train_from_dataset(next_dataset=...)``) its keys are known
+   and its rows at hand when it begins (:mod:`.gpups_build`: carried over from this
+   pass's final rows, or pulled while it trained).
 2. **train**: every step on the device (:mod:`.gpups_step`), like sync mode (workers
    in lock-step over the global batch): a batch's keys go to their owners and the rows
    come back as device tensors bound to the model, which lives on the device with its

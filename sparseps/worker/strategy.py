@@ -282,14 +282,16 @@ class Geo(Mode):
 @dataclass(frozen=True)
 class GpuPS(Mode):
     """Each pass's rows are pulled once into device tables sharded over the workers,
-    trained there step by step as in sync mode, and written back at the end of the pass
-    (needs an ``InMemoryDataset``; docs/training.md, "GPUPS").
+    trained there step by step as in sync mode with the model on the device too, and
+    written back at the end of the pass (needs an ``InMemoryDataset``; docs/training.md,
+    "GPUPS").
 
     Args:
-        device: where the pass's rows and their optimizer rule live: ``"cuda"`` (an error
+        device: where the pass's rows, the model and the rules live: ``"cuda"`` (an error
             when no GPU is visible), ``"cpu"``, or ``"auto"`` (cuda when available).
         memory_bytes: the most device bytes one worker's shard of a pass may take
-            (``sparseps.worker.gpups_table.bytes_per_key`` per key). None: no limit.
+            (``sparseps.worker.gpups_table.bytes_per_key`` per key); a pass over it is
+            split into sub-passes. None: no limit.
     """
 
     name: ClassVar[str] = "gpups"
