@@ -15,6 +15,7 @@ import numpy as np
 from ..core.hashing import seeded_hash
 from ..core.jit import njit
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch
+from .hashmap_kernels import FIND_AHEAD
 
 __all__ = ["EMPTY", "TOMBSTONE", "erase", "find", "find_or_insert", "items", "rehash"]
 
@@ -31,15 +32,24 @@ def _place(key, capacity, seed):  # pragma: no cover - compiled
 
 @njit(nogil=True, cache=True)
 def find(tags, ids, row_keys, keys, out, seed):  # pragma: no cover - compiled
+    # Two phases, as hashmap_kernels.find: every key's home and tag first, then the probes
+    # with the slots of the key FIND_AHEAD places on already requested (was: each key
+    # hashed twice, PREFETCH_AHEAD ahead): 54-57 -> 36-37 ns a key on a 1M-key index,
+    # 13k-key batches, 2-core box.
     capacity = tags.shape[0]
     n = keys.shape[0]
+    start = np.empty(n, np.int64)
+    want = np.empty(n, np.uint8)
     for k in range(n):
-        if k + PREFETCH_AHEAD < n:
-            ahead, _ = _place(keys[k + PREFETCH_AHEAD], capacity, seed)
+        start[k], want[k] = _place(keys[k], capacity, seed)
+    for k in range(n):
+        if k + FIND_AHEAD < n:
+            ahead = start[k + FIND_AHEAD]
             prefetch(tags, ahead, 0)
             prefetch(ids, ahead, 0)
         key = keys[k]
-        i, tag = _place(key, capacity, seed)
+        i = start[k]
+        tag = want[k]
         result = -1
         while True:
             t = tags[i]
