@@ -41,25 +41,37 @@ def _launch(tmp: Path, data: Path, mode: str, launcher: tuple[str, ...] = ()) ->
     return arrays
 
 
-def test_heter_sync_trains_as_sync_mode(tmp_path):
-    data = tmp_path / "data"
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory) -> tuple[Path, dict]:
+    """The data and a plain sync job's result on it."""
+    tmp = tmp_path_factory.mktemp("heter-sync")
+    data = tmp / "data"
     write_dataset(data, rows=6000, seed=17, files=2, test_rows=2000)
     batches = list(QueueDataset([str(data / "train")], CRITEO, batch_size=512, threads=1))
     keys = np.unique(np.concatenate([s.values for b in batches for s in b.slots.values()]))
     np.save(data / "keys.npy", keys[:: max(1, keys.size // 500)])  # 500 keys' rows compared
-    (tmp_path / "sync").mkdir()
-    (tmp_path / "heter").mkdir()
-    sync = _launch(tmp_path / "sync", data, "sync")
-    heter = _launch(tmp_path / "heter", data, "heter_sync", ("--heter-worker-num", "1"))
-    log = (tmp_path / "heter" / "log" / "heter_worker.0.log").read_text()
-    assert "running heter worker 0" in log
-    # every step ran on the heter worker, the two trainers' requests as one device batch
-    found = re.search(r"after (\d+) steps in (\d+) device", log)
-    assert found is not None, log[-2000:]
-    steps, batches = int(found.group(1)), int(found.group(2))
+    (tmp / "sync").mkdir()
+    return data, _launch(tmp / "sync", data, "sync")
+
+
+@pytest.mark.parametrize("heter_workers", [1, 2])
+def test_heter_sync_trains_as_sync_mode(tmp_path, sync_run, heter_workers):
+    # with 2 heter workers the steps alternate between them (step i on i % 2): each pulls
+    # the values the other's update left before it computes
+    data, sync = sync_run
+    heter = _launch(tmp_path, data, "heter_sync", ("--heter-worker-num", str(heter_workers)))
+    steps = batches = 0
+    for rank in range(heter_workers):
+        log = (tmp_path / "log" / f"heter_worker.{rank}.log").read_text()
+        found = re.search(r"after (\d+) steps in (\d+) device", log)
+        assert found is not None, log[-2000:]
+        steps, batches = steps + int(found.group(1)), batches + int(found.group(2))
+        assert int(found.group(2)) > 5, log[-2000:]  # every heter worker took steps
+    # every step ran on a heter worker, the two trainers' requests as one device batch
     assert batches > 10 and steps == 2 * batches, (steps, batches)
     s_auc, h_auc = sync["summary"]["test_auc"], heter["summary"]["test_auc"]
-    print(f"\nsync AUC {s_auc:.6f}, heter sync {h_auc:.6f}; {batches} device batches")
+    print(f"\nsync AUC {s_auc:.6f}, heter sync ({heter_workers} heter workers) {h_auc:.6f}; "
+          f"{batches} device batches")  # fmt: skip
     assert abs(s_auc - h_auc) < 1e-3
     np.testing.assert_allclose(heter["dense"], sync["dense"], atol=2e-3)
     for name in (k for k in sync if k.startswith("table.")):
