@@ -4,6 +4,7 @@ job fast, named (the training AUC of heter mode: tests/worker/test_training_mode
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,3 +113,33 @@ def test_a_killed_heter_worker_fails_the_job_fast_and_named(tmp_path, data):
     assert "heter_worker 0 (pid" in out and "killed by signal 9 (SIGKILL)" in out, out[-3000:]
     assert "a heter worker exit always stops the job" in out, out[-3000:]
     assert took < 30, took  # the launcher noticed the exit, not a worker's RPC timeout
+
+
+def test_each_heter_worker_runs_on_its_own_device_kind(tmp_path, data):
+    # --heter-device with one kind per heter worker: each process gets its own (auto is
+    # cuda where a GPU is visible, else cpu); the other roles get none
+    log = tmp_path / "log"
+    done = subprocess.run(
+        launch_argv(
+            "--server-num", "1", "--worker-num", "2", "--heter-worker-num", "2",
+            "--heter-device", "cpu,auto", "--log-dir", str(log), "--no-metrics", str(JOB),
+            "--train", str(data / "train"), "--test", str(data / "test"), "--result",
+            str(tmp_path / "result.json"), "--hidden", "16", "--batch-size", "256",
+            "--calibrate-rows", "0",
+        ),
+        cwd=tmp_path, env=clean_env(), capture_output=True, text=True, timeout=200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    auto = "cuda:0" if torch_cuda() else "cpu"
+    assert " on cpu (" in text(log / "heter_worker.0.log")
+    assert f" on {auto} (" in text(log / "heter_worker.1.log")
+    # both took steps: the trainers route by throughput over both
+    for rank in (0, 1):
+        found = re.search(r"after (\d+) steps", text(log / f"heter_worker.{rank}.log"))
+        assert found is not None and int(found.group(1)) > 0, rank
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
