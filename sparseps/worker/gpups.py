@@ -75,8 +75,10 @@ _pass_keys = pass_keys  # the name the tests know
 
 #: PassResult.timings of a GPUPS pass: the build, the write-back (the results copied off
 #: the device and the writes sent), the wait for an earlier write-back still in flight,
-#: the background preparation of the next pass, and the sub-passes it was cut into
-TIMINGS = ("build_s", "write_back_s", "write_back_wait_s", "next_pass_s", "sub_passes")
+#: the background preparation of the next pass, the sub-passes it was cut into, and the
+#: steps' time in the exchanges (waits for the other workers included) and the rules
+TIMINGS = ("build_s", "write_back_s", "write_back_wait_s", "next_pass_s", "sub_passes",
+           "exchange_s", "rule_s")  # fmt: skip
 
 
 class GpuPsMode(SyncMode):
@@ -442,6 +444,9 @@ class GpuPsMode(SyncMode):
                     self.client.push(name, keys[pending], zeros, shows=shows[pending],
                                      clicks=clicks[pending])
                 )  # fmt: skip
+        if self._steps is not None:  # the steps' exchange and rule seconds
+            for key, seconds in self._steps.seconds.items():
+                self._timings[key] += seconds
         self.shards, self._steps = None, None
         self._pending = handles
         nxt = self._next

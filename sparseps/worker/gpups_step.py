@@ -23,6 +23,8 @@ predictions and the loss).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -58,6 +60,9 @@ class DeviceSteps:
                  exchange: DeviceExchange, dense: DeviceDense | None, *, timeout: float) -> None:  # fmt: skip
         self.shards, self.groups, self.configs = shards, groups, configs
         self.exchange, self.dense, self.timeout = exchange, dense, timeout
+        # seconds of the steps in the exchanges (waiting for the other workers included)
+        # and in the rules (sparse and dense); on CUDA the launches, not the kernels
+        self.seconds = {"exchange_s": 0.0, "rule_s": 0.0}
         self.world = exchange.world
         self.device = exchange.device
         self._routes: dict[str, _Route] = {}
@@ -82,11 +87,13 @@ class DeviceSteps:
         header = np.concatenate([[int(keys is not None), batch_size], *routing]).astype(np.int64)
         if self.world == 1:
             return bool(header[0]), int(header[1])
+        start = time.perf_counter()
         every = np.stack(
             collectives.all_gather_arrays(
                 header[None], sizes=np.ones(self.world, np.int64), timeout=self.timeout
             )
         )[:, 0]
+        self.seconds["exchange_s"] += time.perf_counter() - start
         for g, group in enumerate(self.groups):  # what each worker sends here
             wanted, order, counts = self._announced[group[0]]
             recv = every[:, 2 + g * self.world + self.exchange.rank]
@@ -115,14 +122,18 @@ class DeviceSteps:
             if order is None:
                 received, recv_counts = wanted, counts
             else:
+                start = time.perf_counter()
                 received, recv_counts = collectives.all_to_all_rows(
                     wanted[order], counts, known, timeout=self.timeout
                 )
+                self.seconds["exchange_s"] += time.perf_counter() - start
             index = self.shards[group[0]].find(received)  # a group's shards hold equal keys
             send, recv = counts.tolist(), recv_counts.tolist()
             parts = [self.shards[name].gather(index) for name in group]
             if order is not None:
+                start = time.perf_counter()
                 back = self.exchange.all_to_all(torch.cat(parts, dim=1), recv, send)
+                self.seconds["exchange_s"] += time.perf_counter() - start
                 ordered = torch.empty_like(back)
                 ordered[to_device(order, back.device)] = back
                 widths = [self.configs[name].dim for name in group]
@@ -159,16 +170,22 @@ class DeviceSteps:
             if route.order is not None:
                 packed = packed[to_device(route.order, device)]
                 rides = dense_grad if g == 0 and self.dense is not None else None
+                start = time.perf_counter()
                 packed, dense_total = self._exchange_grads(packed, route, rides)
+                self.seconds["exchange_s"] += time.perf_counter() - start
             shows, clicks = packed[:, -2], packed[:, -1]
+            start = time.perf_counter()
             at = 0
             for name in group:
                 dim = self.configs[name].dim
                 self.shards[name].apply(route.index, packed[:, at : at + dim], shows, clicks)
                 at += dim
+            self.seconds["rule_s"] += time.perf_counter() - start
         if self.dense is not None:
             assert dense_total is not None, "the first group's exchange carries it"
+            start = time.perf_counter()
             self.dense.step(dense_total)
+            self.seconds["rule_s"] += time.perf_counter() - start
 
     def _exchange_grads(self, packed: torch.Tensor, route: _Route, dense) -> tuple:
         """The rows ``packed`` (grouped by owner) to their owners, with ``dense`` (the

@@ -54,6 +54,7 @@ def test_two_gpups_workers_equal_two_sync_workers_on_every_key(tmp_path):
     # worker 0 has 2 of the 3 files: 13 batches of 32 against worker 1's 7
     assert summary["sync_batches"] == summary["gpups_batches"] == 13
     assert summary["gpups_timings"]["build_s"] > 0
+    assert summary["gpups_timings"]["exchange_s"] > 0 and summary["gpups_timings"]["rule_s"] > 0
     # each worker owns about half of the keys; together every key of the data once
     assert 0.7 * keys.size < sum(summary["last_build"]["keys"].values()) < 1.3 * keys.size
     # the second pass was prepared during the first: nothing left to pull at its start
