@@ -290,5 +290,8 @@ def test_the_environment_turns_slots_off(monkeypatch):
     monkeypatch.setenv("SPARSEPS_REPLY_SLOTS", "many")
     with pytest.raises(ConfigError, match="SPARSEPS_REPLY_SLOTS"):
         PSClient(["127.0.0.1:1"], timeout=1)
+    # a malformed variable fails every read of the settings, naming it (above); the
+    # argument's own check, with the environment sound again:
+    monkeypatch.delenv("SPARSEPS_REPLY_SLOTS")
     with pytest.raises(ConfigError, match="reply_slots"):
         PSClient(["127.0.0.1:1"], timeout=1, reply_slots=65)
