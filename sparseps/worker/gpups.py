@@ -54,6 +54,7 @@ from .gpups_admit import check_admission
 from .gpups_build import (
     Carry,
     NextPass,
+    WriteBack,
     agree_groups,
     check_pass_dataset,
     exchange_early,
@@ -108,7 +109,7 @@ class GpuPsMode(SyncMode):
         self._rows_after: dict[str, int] = {}  # the servers' row counts after its write-back
         self.groups: list[list[str]] = [[name] for name in self.configs]
         self._steps: DeviceSteps | None = None  # during a pass
-        self._pending: list | None = None  # the last pass's write-back, in flight
+        self._pending: WriteBack | None = None  # the last pass's write-back, in flight
         self.exchange = DeviceExchange(self.device, self.collective_timeout)
         self.device_dense = None
         if self.local_dense is not None:  # the model's parameters move to the device
@@ -336,8 +337,8 @@ class GpuPsMode(SyncMode):
         """During a pass: the step's rows from the owners' device tables, as device tensors
         (:class:`~.gpups_step.DeviceSteps`); otherwise from the servers, onto the device."""
         if self._steps is None:
-            for handle in self._pending or ():  # settled by refresh_dense, collectively,
-                handle.wait()  # before an evaluation: this worker's writes at least
+            if self._pending is not None:  # settled by refresh_dense, collectively,
+                self._pending.wait()  # before an evaluation: this worker's writes at least
             rows = super().pull_rows(keys)
             return {name: to_device(r, self.device) for name, r in rows.items()}
         return self._steps.rows(keys)
@@ -420,38 +421,19 @@ class GpuPsMode(SyncMode):
             return
         self.settle_write_back()  # the last pass's writes land before this one's
         start = time.perf_counter()
-        handles, carry = [], {}
-        for name, shard in self.shards.items():
-            result = shard.result()
-            keys = result["key"]
-            carry[name] = Carry(keys, result["rows"])
-            rows, shows, clicks, admitted = (
-                result[k] for k in ("rows", "show", "click", "admitted")
-            )  # fmt: skip
-            if admitted.all():  # every key a row (admission "always"): no copies
-                handles.append(self.client.write_rows(name, keys, rows, shows=shows, clicks=clicks))
-            elif admitted.any():
-                handles.append(
-                    self.client.write_rows(
-                        name, keys[admitted], rows[admitted], shows=shows[admitted],
-                        clicks=clicks[admitted],
-                    )
-                )  # fmt: skip
-            pending = ~admitted  # keys still pending admission: their counts only
-            if pending.any():
-                zeros = np.zeros((int(pending.sum()), self.configs[name].dim), np.float32)
-                handles.append(
-                    self.client.push(name, keys[pending], zeros, shows=shows[pending],
-                                     clicks=clicks[pending])
-                )  # fmt: skip
+        jobs = [
+            (name, shard.result(), self.configs[name].dim) for name, shard in self.shards.items()
+        ]
+        carry = {name: Carry(result["key"], result["rows"]) for name, result, _ in jobs}
         if self._steps is not None:  # the steps' exchange and rule seconds
             for key, seconds in self._steps.seconds.items():
                 self._timings[key] += seconds
         self.shards, self._steps = None, None
-        self._pending = handles
         nxt = self._next
-        if defer and nxt is not None and nxt.target == self._begun:  # the next pass takes
-            self._carry = carry  # the rows
+        keep = defer and nxt is not None and nxt.target == self._begun  # the next pass
+        self._pending = WriteBack(self.client, jobs, background=keep)  # takes the rows
+        if keep:
+            self._carry = carry
         else:
             self.settle_write_back(timing="write_back_s")
         self._timings["write_back_s"] += time.perf_counter() - start
@@ -465,9 +447,8 @@ class GpuPsMode(SyncMode):
         if self._pending is None:
             return
         start = time.perf_counter()
-        handles, self._pending = self._pending, None
-        for handle in handles:
-            handle.wait()
+        pending, self._pending = self._pending, None
+        pending.wait()
         collectives.barrier(timeout=self.collective_timeout)  # the servers hold every pass row
         if self._carry is not None:
             self._rows_after = self._server_rows()
@@ -487,8 +468,8 @@ class GpuPsMode(SyncMode):
         self._next, self._carry = None, None
 
     def close(self) -> None:
-        for handle in self._pending or ():
-            handle.wait()
+        if self._pending is not None:
+            self._pending.wait()
         self.shards, self._steps, self._pending = None, None, None
         self._drop_prepared()
 

@@ -38,6 +38,7 @@ from ..errors import ConfigError
 
 __all__ = [
     "Carry",
+    "WriteBack",
     "agree_groups",
     "NextPass",
     "check_pass_dataset",
@@ -309,3 +310,68 @@ class NextPass:
             )
             self.early = {}
         return not self._cancelled.is_set()
+
+
+def send_rows(client, name: str, result: dict, dim: int) -> list:
+    """Send one table's pass result (``DeviceTable.result``) to the servers: admitted
+    rows whole (``write_rows``), the counts of keys still pending admission as a push of
+    zero gradients (:mod:`.gpups_admit`); returns the handles."""
+    keys, rows, shows, clicks, admitted = (
+        result[k] for k in ("key", "rows", "show", "click", "admitted")
+    )  # fmt: skip
+    if admitted.all():  # every key a row (admission "always"): no copies
+        return [client.write_rows(name, keys, rows, shows=shows, clicks=clicks)]
+    handles = []
+    if admitted.any():
+        handles.append(client.write_rows(name, keys[admitted], rows[admitted],
+                                         shows=shows[admitted], clicks=clicks[admitted]))  # fmt: skip
+    pending = ~admitted
+    if pending.any():
+        zeros = np.zeros((int(pending.sum()), dim), np.float32)
+        handles.append(client.push(name, keys[pending], zeros, shows=shows[pending],
+                                   clicks=clicks[pending]))  # fmt: skip
+    return handles
+
+
+class WriteBack:
+    """A pass's write-back: its sends (:func:`send_rows` per table), in a background
+    thread when the next pass goes on meanwhile (the results are host arrays the device
+    tables no longer change); :meth:`wait` joins it and waits for every answer.
+
+    Args:
+        client: the worker's PSClient (thread-safe: the next pass's early pulls share it).
+        jobs: ``(table, result, dim)`` per table.
+        background: send from a thread (else now, before returning).
+    """
+
+    def __init__(self, client, jobs: list, *, background: bool) -> None:
+        self._handles: list = []
+        self._error: BaseException | None = None
+        self._done = False
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._send, args=(client, jobs), name="gpups-write-back", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._send(client, jobs)
+
+    def _send(self, client, jobs: list) -> None:
+        try:
+            for name, result, dim in jobs:
+                self._handles += send_rows(client, name, result, dim)
+        except BaseException as exc:  # raised by wait(), on the training thread
+            self._error = exc
+
+    def wait(self) -> None:
+        """Every write answered (idempotent); raises what a send raised."""
+        if self._done:
+            return
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        for handle in self._handles:
+            handle.wait()
+        self._done = True
