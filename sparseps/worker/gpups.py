@@ -194,8 +194,8 @@ class GpuPsMode(SyncMode):
             routes[group[0]] = (order, counts, received, recv_counts)
             owned.update(dict.fromkeys(group, unique_keys(received)))
         fits, anyone_early = check_budget(
-            owned, self.configs, self.config.memory_bytes, self.rank, self.world, bool(early),
-            timeout=timeout,
+            owned, self.configs, self.config.memory_bytes, self.rank, self.world,
+            early=bool(early), timeout=timeout,
         )  # fmt: skip
         if not fits and not force:
             return False

@@ -28,8 +28,8 @@ from .gpups_table import bytes_per_key
 __all__ = ["SubPasses", "check_budget"]
 
 
-def check_budget(owned: dict, configs: dict, budget: int | None, rank: int, world: int,
-                 early: bool, *, timeout: float) -> tuple[bool, bool]:  # fmt: skip
+def check_budget(owned: dict, configs: dict, budget: int | None, rank: int, world: int, *,
+                 early: bool, timeout: float) -> tuple[bool, bool]:  # fmt: skip
     """``(fits, anyone_early)``: whether every worker's shard ``owned`` (``{table: keys}``)
     fits ``budget`` bytes, and whether any worker has early rows to send (one collective
     agrees on both)."""
