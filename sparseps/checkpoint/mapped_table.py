@@ -32,16 +32,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
 
 from ..config import TableConfig
 from ..table.split_rows import missing_rows
-
-if TYPE_CHECKING:
-    from .predictor import EmbeddingTable
+from .embedding_table import EmbeddingTable
 
 __all__ = ["MappedTable", "RowIndex"]
 
@@ -142,8 +139,6 @@ class MappedTable:
     ) -> MappedTable:
         """A table over a base's files and their mapped ``columns`` (``key``,
         ``embedding``); ``index``: a shared one, or None to build it in memory."""
-        from .predictor import EmbeddingTable
-
         parts = tuple(c["embedding"].reshape(-1, config.pull_dim) for c in columns)
         sizes = [p.shape[0] for p in parts]
         starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)

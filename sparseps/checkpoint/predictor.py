@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
@@ -41,8 +40,8 @@ from ..core.pooling import pool_bags, slot_outputs
 from ..errors import CheckpointError, ConfigError, InputError
 from ..files import manifest as mf
 from ..files import shards
-from ..table.split_rows import missing_rows
 from . import inference
+from .embedding_table import EmbeddingTable
 from .mapped_table import MappedTable, RowIndex, index_name, remove_stale_indexes
 from .model_input import ModelInput, describe_schema, schema_mismatch
 
@@ -52,68 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["EmbeddingTable", "Predictor", "SkippedSave"]
 
 log = logging.getLogger(__name__)
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
-
-
-@dataclass(frozen=True)
-class EmbeddingTable:
-    """One table of an inference model: sorted keys, their rows, and the fallback rule.
-
-    Immutable: :meth:`upsert` and :meth:`delete` return a new table.
-    """
-
-    config: TableConfig
-    keys: np.ndarray  # uint64 [n], sorted, unique, read-only
-    rows: np.ndarray  # float32 [n, dim], read-only
-
-    @classmethod
-    def empty(cls, config: TableConfig) -> EmbeddingTable:
-        return cls(
-            config,
-            _frozen(np.empty(0, np.uint64)),
-            _frozen(np.zeros((0, config.pull_dim), np.float32)),
-        )
-
-    def upsert(self, keys: np.ndarray, rows: np.ndarray) -> EmbeddingTable:
-        """This table with ``keys`` set to ``rows`` (a delta over a base: newer rows win;
-        of a key repeated in ``keys``, the first). One merge, O(n + m log n)."""
-        keys, first = np.unique(np.asarray(keys, np.uint64), return_index=True)
-        rows = np.asarray(rows, np.float32)[first]
-        position = np.searchsorted(self.keys, keys)
-        hit = position < self.keys.size
-        hit[hit] = self.keys[position[hit]] == keys[hit]
-        merged = self.rows.copy()
-        merged[position[hit]] = rows[hit]
-        new = ~hit
-        return EmbeddingTable(
-            self.config,
-            _frozen(np.insert(self.keys, position[new], keys[new])),
-            _frozen(np.ascontiguousarray(np.insert(merged, position[new], rows[new], axis=0))),
-        )
-
-    def delete(self, keys: np.ndarray) -> EmbeddingTable:
-        keep = ~np.isin(self.keys, keys)
-        return EmbeddingTable(self.config, _frozen(self.keys[keep]), _frozen(self.rows[keep]))
-
-    def lookup(self, keys: np.ndarray) -> np.ndarray:
-        """Rows of ``keys`` (any order); unknown keys get the training fallback."""
-        position = np.searchsorted(self.keys, keys)
-        position = np.minimum(position, max(self.keys.size - 1, 0))
-        found = self.keys[position] == keys if self.keys.size else np.zeros(keys.size, bool)
-        out = np.zeros((keys.size, self.config.pull_dim), np.float32)
-        out[found] = self.rows[position[found]]
-        missing = ~found
-        if missing.any():  # what a pull of a key that is not a row gives in training
-            out[missing] = missing_rows(self.config, keys[missing])
-        return out
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.rows.nbytes)
 
 
 Table = EmbeddingTable | MappedTable

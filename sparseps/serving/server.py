@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import torch
 import uvicorn
 
-from ..errors import ConfigError
 from ..files.manifest import write_json_atomic
 from .app import create_app
 from .board import WorkerBoard
 from .config import ServeConfig
+from .listen import bind
 from .metrics import ServeMetrics
 from .request_schema import RequestSchema
 from .watcher import ModelWatcher
@@ -30,28 +30,9 @@ from .watcher import ModelWatcher
 if TYPE_CHECKING:
     from .workers import WorkerPlace
 
-__all__ = ["bind", "serve"]
+__all__ = ["serve"]
 
 log = logging.getLogger(__name__)
-
-
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto named: asyncio sets TCP_NODELAY on accepted connections only when the
-    # socket says IPPROTO_TCP; with proto 0, Nagle held each response's body back until the
-    # client's delayed ACK of its headers: 40+ ms per request on a kept-alive connection
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(
-            f"serve: cannot listen on {host}:{port} ({exc}); pick another --port"
-        ) from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def serve(config: ServeConfig, place: WorkerPlace | None = None) -> None:

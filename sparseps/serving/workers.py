@@ -38,7 +38,7 @@ from ..errors import UnavailableError
 from ..files.manifest import write_json_atomic
 from .board import WorkerBoard
 from .config import ServeConfig
-from .server import bind
+from .listen import bind
 
 __all__ = ["WorkerPlace", "supervise"]
 
