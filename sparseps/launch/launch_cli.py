@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--worker-resources", dest="worker_resources", default=None, metavar="JSON",
         help='--backend ray: each worker\'s Ray resources, e.g. \'{"CPU": 4, "GPU": 1}\' '
              '(default {"CPU": 1})')  # fmt: skip
+    add("--heter-resources", dest="heter_resources", default=None, metavar="JSON",
+        help="--backend ray: each heter worker's Ray resources (default {\"CPU\": 1}, plus "
+             "{\"GPU\": 1} where the cluster has a GPU for each)")  # fmt: skip
     add("script", help="the Python script every server and worker runs")
     add("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
