@@ -32,11 +32,14 @@ from sparseps.benchmarking import load_benchmark
 
 VALIDATION_SHARE = 0.1
 MAX_EPOCHS, PATIENCE = 3, 1
-# the one-pass rates of bench quality's torch baseline, then a third of them (several
-# passes at one-pass rates overfit hashed id tables after the first)
+# the one-pass rates of bench quality's torch baseline, then a third of them, then that
+# with the id tables frozen after the first pass (``freeze_tables_after``: later passes
+# train the dense part only): at 1M rows every second pass that moves the hashed id
+# tables overfits them (bench/RESULTS.md), at any of these rates
 SETTINGS: tuple[dict[str, float], ...] = (
     {"deep_lr": 0.01, "wide_lr": 0.01, "dense_lr": 0.001},
     {"deep_lr": 0.003, "wide_lr": 0.003, "dense_lr": 0.0003},
+    {"deep_lr": 0.003, "wide_lr": 0.003, "dense_lr": 0.0003, "freeze_tables_after": 1},
 )
 
 
@@ -73,16 +76,28 @@ def _e2e():
     return load_benchmark("e2e")
 
 
+def freeze_tables(model) -> None:
+    """From now on ``model`` (a ``TorchWideDeep``) trains its dense part only: no gradient
+    for the id tables, and only the dense optimizer steps."""
+    model.deep.weight.requires_grad_(False)
+    model.wide.weight.requires_grad_(False)
+    model.optimizers = model.optimizers[:1]
+
+
 def train_setting(folder: Path, fit: Path, validation: Path, setting: dict[str, float], *,
                   hash_rows: int, max_epochs: int = MAX_EPOCHS, patience: int = PATIENCE,
                   log: Callable[..., None] = print) -> dict:  # fmt: skip
     """One setting: passes over ``fit`` until validation AUC stops rising. Returns the
     per-pass ``curve`` (validation and test figures) and ``best``, the pass with the best
     validation AUC."""
-    model = _e2e().TorchWideDeep(hash_rows=hash_rows, **setting)
+    rates = {k: v for k, v in setting.items() if k != "freeze_tables_after"}
+    freeze_after = setting.get("freeze_tables_after")
+    model = _e2e().TorchWideDeep(hash_rows=hash_rows, **rates)
     curve: list[dict] = []
     best: dict | None = None
     for epoch in range(1, max_epochs + 1):
+        if freeze_after is not None and epoch == freeze_after + 1:
+            freeze_tables(model)
         samples, seconds = model.train_pass([fit])
         val = model.evaluate([validation])
         test = model.evaluate([folder / "test"])

@@ -139,3 +139,18 @@ def test_tf_peer_beside_sparseps_quick():
     assert auc.value == ours and 0.5 < auc.baseline < 0.95
     assert 0 < logloss.baseline < 1 and speed.baseline > 0
     assert auc.params["tf_samples_per_s"] == speed.baseline
+
+
+def test_frozen_tables_stay_put_while_the_dense_part_trains():
+    """``freeze_tables_after``: after the freeze a pass moves the head, not the id tables."""
+    bench = _quality()
+    folder, _ = bench.data("ctr25%", bench.REPORT_SEEDS[0], bench.QUICK_ROWS,
+                           bench.QUICK_TEST_ROWS)  # fmt: skip
+    model = load_benchmark("e2e").TorchWideDeep(hash_rows=bench.QUICK_HASH_ROWS)
+    model.train_pass([folder / "test"])
+    bench._learnable().freeze_tables(model)
+    deep, wide = model.deep.weight.clone(), model.wide.weight.clone()
+    head = [p.detach().clone() for p in model.head.parameters()]
+    model.train_pass([folder / "test"])
+    assert (model.deep.weight == deep).all() and (model.wide.weight == wide).all()
+    assert any((p != q).any() for p, q in zip(model.head.parameters(), head, strict=True))
