@@ -332,7 +332,10 @@ def push_gathered_sparse(client, grads: list, rank: int, *, sizes, timeout: floa
         mine = routed[1] if routed[1] is not None else slice(None)
         handles.append(
             client.push(
-                table, all_keys[mine], all_grads[mine], shows=all_shows[mine],
+                table,
+                all_keys[mine],
+                all_grads[mine],
+                shows=all_shows[mine],
                 clicks=all_clicks[mine],
             )  # fmt: skip
         )
