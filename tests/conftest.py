@@ -95,6 +95,9 @@ HEAVY_FILES = frozenset(
     }
 )
 _TESTS = Path(__file__).parent
+_RAY_CLUSTER_FILES = frozenset(
+    {"tests/launch/test_ray_backend.py", "tests/launch/test_ray_heter.py"}
+)
 _zygote_folder: str | None = None  # the zygotes' folder this process made
 
 
@@ -109,10 +112,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class FilesInOrder(LoadScopeScheduling):
-        """Work units: each test file, in collection order."""
+        """Work units: each test file, in collection order; the files that start Ray
+        clusters and count the machine's Ray processes are one unit (run one after the
+        other: side by side, each counted the other's actors)."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid.split("::", 1)[0]
+            path = nodeid.split("::", 1)[0]
+            return "ray clusters" if path in _RAY_CLUSTER_FILES else path
 
     config.option.loadscopereorder = False
     return FilesInOrder(config, log)
