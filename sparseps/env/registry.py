@@ -23,7 +23,6 @@ __all__ = [
     "SETTINGS",
     "Setting",
     "Settings",
-    "declared",
     "number",
     "process_environ",
     "settings",
@@ -256,13 +255,6 @@ SETTINGS: tuple[Setting, ...] = (
        "the job id; else `paddle-` and a hash of the server list and the worker count"),
     _s(PADDLE_LOG_DIR, "paddle", "text", "the log folder", default="log"),
 )  # fmt: skip
-
-_BY_NAME = {s.name: s for s in SETTINGS}
-
-
-def declared(name: str) -> Setting:
-    """The declaration of ``name``; KeyError for a variable nobody declared."""
-    return _BY_NAME[name]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from .heter_devices import parse_heter_devices
 from .records import check_seconds
 
-__all__ = ["BACKENDS", "LaunchConfig", "vars_of"]
+__all__ = ["BACKENDS", "LaunchConfig"]
 
 BACKENDS = ("local", "ray")
 _RAY_ONLY = ("address", "server_resources", "worker_resources", "heter_resources")
@@ -142,8 +142,3 @@ class LaunchConfig:
             else:
                 out += [flag, str(value)]
         return [*out, self.script, *self.script_args]
-
-
-def vars_of(config: LaunchConfig) -> dict[str, object]:
-    """The config's fields by name (what ``vars()`` gives of the parsed command line)."""
-    return {f.name: getattr(config, f.name) for f in fields(config)}

@@ -7,6 +7,7 @@ and calls ``sps.run_server()`` when it is a server. See docs/launch.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from ..env import MASTER, Role, child_environ
 from ..errors import ConfigError, SparsePSError
-from .config import LaunchConfig, vars_of
+from .config import LaunchConfig
 from .heter_devices import heter_device_env
 from .logsetup import LauncherLog
 from .records import Outcome
@@ -221,7 +222,9 @@ def launch(config: LaunchConfig) -> Outcome:
 
         # the Ray backend reads the launch options by name, as they are on the config
         code = run_on_ray(
-            argparse.Namespace(**vars_of(config.replace(metrics=config.metrics is not False)))
+            argparse.Namespace(
+                **dataclasses.asdict(config.replace(metrics=config.metrics is not False))
+            )
         )
         return Outcome(code, "completed" if code == 0 else "failed")
     return _launch_here(config)
