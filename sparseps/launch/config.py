@@ -1,9 +1,11 @@
 """What to launch: one frozen :class:`LaunchConfig`, from the command line, a mapping
 (an online job's YAML) or Python, checked once when it is made.
 
-``sparseps launch`` builds it from its arguments (:meth:`LaunchConfig.from_args`),
-``sparseps online`` from its YAML's ``launch`` settings (:meth:`LaunchConfig.from_dict`),
-and a Python caller directly; :func:`sparseps.launch.launch` runs it on its backend.
+``sparseps launch`` and ``sparseps k8s`` build it from their arguments
+(:meth:`LaunchConfig.from_args`), ``sparseps online`` from its YAML's job settings
+(:meth:`LaunchConfig.from_dict`), ``sparseps demo`` and a Python caller directly;
+:func:`sparseps.launch.launch_cli.launch` runs it on the backend ``backend`` names
+(``local``, ``ray`` or ``kubernetes``: the table ``launch_cli.BACKENDS``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
@@ -18,10 +21,46 @@ from ..errors import ConfigError
 from .heter_devices import parse_heter_devices
 from .records import check_seconds
 
-__all__ = ["BACKENDS", "LaunchConfig"]
+__all__ = ["BACKEND_NAMES", "KubernetesConfig", "LaunchConfig"]
 
-BACKENDS = ("local", "ray")
-_RAY_ONLY = ("address", "server_resources", "worker_resources", "heter_resources")
+# the backends by name; launch_cli.BACKENDS maps each to its implementation
+BACKEND_NAMES = ("local", "ray", "kubernetes")
+_RAY_ONLY = ("address",)
+_PLACED_ONLY = ("server_resources", "worker_resources", "heter_resources")  # ray, kubernetes
+_K8S_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,40}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    """What the ``kubernetes`` backend (``sparseps k8s``, :mod:`sparseps.launch.k8s`) needs
+    besides the job itself: the image, the objects' names and the pods' ports and volume.
+
+    The fields are ``sparseps k8s``'s options of the same names (docs/cluster.md).
+    """
+
+    image: str
+    name: str = "sparseps"
+    namespace: str = "default"
+    out: str = "k8s"
+    port: int = 6000
+    master_port: int = 6170
+    heter_port: int = 6200
+    pvc: str = "sparseps-shared"
+    mount: str = "/shared"
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--name", self.name), ("--namespace", self.namespace)):
+            if not isinstance(value, str) or not _K8S_NAME.match(value):
+                raise ConfigError(
+                    f"{flag} {value!r}: use lower-case letters, digits and '-' (a DNS label of "
+                    "at most 42 characters, starting with a letter)"
+                )
+        for flag, port in (("--port", self.port), ("--master-port", self.master_port),
+                           ("--heter-port", self.heter_port)):  # fmt: skip
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+                raise ConfigError(f"{flag}: must be in 1..65535, got {port}")
+        if not self.mount.startswith("/"):
+            raise ConfigError(f"--mount {self.mount!r}: must be an absolute path in the container")
 
 
 @dataclass(frozen=True)
@@ -61,26 +100,33 @@ class LaunchConfig:
     server_resources: str | None = None
     worker_resources: str | None = None
     heter_resources: str | None = None
+    kubernetes: KubernetesConfig | None = None  # backend "kubernetes" only
     env: Mapping[str, str] = field(default_factory=dict)  # extra variables for every child
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "script_args", tuple(self.script_args))
         if self.file_roots is not None:
             object.__setattr__(self, "file_roots", tuple(self.file_roots))
-        if self.backend not in BACKENDS:
+        if self.backend not in BACKEND_NAMES:
             raise ConfigError(
-                f"--backend: expected one of {', '.join(BACKENDS)}, got {self.backend!r}"
+                f"--backend: expected one of {', '.join(BACKEND_NAMES)}, got {self.backend!r}"
             )
+        if (self.backend == "kubernetes") != (self.kubernetes is not None):
+            raise ConfigError(
+                "backend kubernetes needs kubernetes=KubernetesConfig(image=...), and only it "
+                f"takes one (backend {self.backend!r}, kubernetes {self.kubernetes!r})"
+            )
+        object.__setattr__(self, "env", dict(self.env))
         if self.heter_device:
             if not (self.heter_worker_num or self.heter_workers):
                 raise ConfigError(
                     "--heter-device: the job has no heter workers (--heter-worker-num H)"
                 )
             parse_heter_devices(self.heter_device)
-        if self.backend != "ray":
-            for name in _RAY_ONLY:
-                if getattr(self, name) is not None:
-                    raise ConfigError(f"--{name.replace('_', '-')} applies only to --backend ray")
+        for name in (*_RAY_ONLY, *_PLACED_ONLY):
+            placed = self.backend == "ray" or (self.backend == "kubernetes" and name != "address")
+            if getattr(self, name) is not None and not placed:
+                raise ConfigError(f"--{name.replace('_', '-')} applies only to --backend ray")
         for name in ("rendezvous_timeout_s", "grace_s", "quiet_warn_s"):
             check_seconds("--" + name[:-2].replace("_", "-") + "-s", getattr(self, name))
         for name in ("replicas", "max_restarts"):
@@ -93,8 +139,12 @@ class LaunchConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
-        """The config of ``sparseps launch``'s parsed arguments."""
+        """The config of ``sparseps launch``'s (or ``sparseps k8s``'s) parsed arguments."""
         values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        if values.get("backend") == "kubernetes":
+            values["kubernetes"] = KubernetesConfig(
+                **{f.name: getattr(args, f.name) for f in fields(KubernetesConfig)}
+            )
         return cls(**values)
 
     @classmethod
@@ -106,6 +156,14 @@ class LaunchConfig:
         if unknown:
             raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: "
                               f"{', '.join(sorted(known))}")  # fmt: skip
+        values = dict(values)
+        kube = values.get("kubernetes")
+        if isinstance(kube, Mapping):
+            known = {f.name for f in fields(KubernetesConfig)}
+            if unknown := sorted(set(kube) - known):
+                raise ConfigError(f"{where}.kubernetes: unknown setting(s) {', '.join(unknown)}; "
+                                  f"known: {', '.join(sorted(known))}")  # fmt: skip
+            values["kubernetes"] = KubernetesConfig(**kube)
         return cls(**values)  # type: ignore[arg-type]
 
     def replace(self, **changes: object) -> LaunchConfig:
@@ -131,7 +189,7 @@ class LaunchConfig:
         out: list[str] = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("script", "script_args", "env") or value == f.default:
+            if f.name in ("script", "script_args", "env", "kubernetes") or value == f.default:
                 continue
             flag = "--" + f.name.replace("_", "-")
             if f.name == "file_roots":

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +46,22 @@ from ..env import (
     Role,
 )
 from ..errors import ConfigError
+from .config import KubernetesConfig, LaunchConfig
 from .heter_devices import device_of, parse_heter_devices
+from .records import Outcome
 
-__all__ = ["add_arguments", "heter_endpoints", "heter_groups", "manifests", "run"]
+__all__ = [
+    "KubernetesBackend",
+    "add_arguments",
+    "heter_endpoints",
+    "heter_groups",
+    "manifests",
+    "render",
+    "run",
+]
 
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,40}[a-z0-9])?$")
+_DEFAULT_RESOURCES = '{"CPU": 1, "memory": "2Gi"}'  # a server's or a worker's pod
 _RESOURCE_NAMES = {"CPU": "cpu", "GPU": "nvidia.com/gpu", "memory": "memory"}
 # Worker 0 stops the servers once it has finished (sps.stop() waited for every worker).
 _WORKER_SHELL = (
@@ -83,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON", help='each worker pod\'s requests, e.g. \'{"CPU": 8, "GPU": 1}\'')  # fmt: skip
     add("--heter-worker-num", dest="heter_worker_num", type=int, default=0,
         help="heter workers: the dense network runs on them (default none; docs/heterps.md)")  # fmt: skip
-    add("--heter-device", dest="heter_device", default="cpu",
+    add("--heter-device", dest="heter_device", default=None,
         help="their device kind, or one per heter worker, e.g. cuda,cpu (default cpu)")  # fmt: skip
     add("--heter-resources", dest="heter_resources", default=None, metavar="JSON",
         help='each heter pod\'s requests: one object for every kind, or one per kind, e.g. '
@@ -93,6 +102,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="every heter worker's port (default 6200)")  # fmt: skip
     add("script", help="the script as the containers see it (in the image or on the volume)")
     add("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    parser.set_defaults(backend="kubernetes")  # LaunchConfig.from_args: its kubernetes part
+
+
+def _kube(config: LaunchConfig) -> KubernetesConfig:
+    if config.kubernetes is None:
+        raise ConfigError("the kubernetes backend needs LaunchConfig(kubernetes=KubernetesConfig(image=...))")  # fmt: skip
+    return config.kubernetes
 
 
 def resources(flag: str, text: str) -> dict[str, dict[str, str]]:
@@ -117,30 +133,33 @@ def resources(flag: str, text: str) -> dict[str, dict[str, str]]:
     return {"requests": requests, **({"limits": limits} if limits else {})}
 
 
-def _job(args: argparse.Namespace, role: Role, count: int, env: list[dict]) -> dict[str, Any]:
-    name = f"{args.name}-{role.value}"
+def _job(config: LaunchConfig, role: Role, count: int, env: list[dict]) -> dict[str, Any]:
+    kube = _kube(config)
+    name = f"{kube.name}-{role.value}"
     flag = f"--{role.value}-resources"
     container: dict[str, Any] = {
         "name": role.value,
-        "image": args.image,
-        "workingDir": args.mount,
+        "image": kube.image,
+        "workingDir": kube.mount,
         "env": env,
-        "resources": resources(flag, getattr(args, f"{role.value}_resources")),
-        "volumeMounts": [{"name": "shared", "mountPath": args.mount}],
+        "resources": resources(
+            flag, getattr(config, f"{role.value}_resources") or _DEFAULT_RESOURCES
+        ),
+        "volumeMounts": [{"name": "shared", "mountPath": kube.mount}],
     }
-    script = [args.script, *args.script_args]
+    script = [config.script, *config.script_args]
     if role is Role.SERVER:
         container["command"] = ["python", "-u", "-m", "sparseps.observe.child", *script]
-        container["ports"] = [{"name": "ps", "containerPort": args.port}]
+        container["ports"] = [{"name": "ps", "containerPort": kube.port}]
     else:
         container["command"] = ["/bin/sh", "-c", _WORKER_SHELL, "sparseps", *script]
-        container["ports"] = [{"name": "rendezvous", "containerPort": args.master_port}]
-    labels = {"app.kubernetes.io/name": "sparseps", "sparseps/job": args.name,
+        container["ports"] = [{"name": "rendezvous", "containerPort": kube.master_port}]
+    labels = {"app.kubernetes.io/name": "sparseps", "sparseps/job": kube.name,
               "sparseps/role": role.value}  # fmt: skip
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": name, "namespace": args.namespace, "labels": labels},
+        "metadata": {"name": name, "namespace": kube.namespace, "labels": labels},
         "spec": {
             "completionMode": "Indexed",
             "completions": count,
@@ -149,11 +168,11 @@ def _job(args: argparse.Namespace, role: Role, count: int, env: list[dict]) -> d
             "template": {
                 "metadata": {"labels": dict(labels)},  # a copy: no YAML anchors
                 "spec": {
-                    "subdomain": args.name,  # with the headless Service: stable DNS names
+                    "subdomain": kube.name,  # with the headless Service: stable DNS names
                     "restartPolicy": "Never",
                     "containers": [container],
                     "volumes": [
-                        {"name": "shared", "persistentVolumeClaim": {"claimName": args.pvc}}
+                        {"name": "shared", "persistentVolumeClaim": {"claimName": kube.pvc}}
                     ],
                 },
             },
@@ -168,18 +187,18 @@ _HETER_DEFAULTS = {
 }
 
 
-def heter_groups(args: argparse.Namespace) -> list[tuple[str, int]]:
+def heter_groups(config: LaunchConfig) -> list[tuple[str, int]]:
     """``(device kind, heter workers)`` per StatefulSet, in heter rank order."""
-    count = getattr(args, "heter_worker_num", 0) or 0
+    count = config.heter_worker_num or 0
     if not count:
         return []
-    devices = parse_heter_devices(args.heter_device)
+    devices = parse_heter_devices(config.heter_device or "cpu")
     kinds = [device_of(devices, r, count) for r in range(count)]
     return [(kind, kinds.count(kind)) for kind in dict.fromkeys(kinds)]
 
 
-def _heter_resources(args: argparse.Namespace, kind: str) -> dict[str, dict[str, str]]:
-    given = getattr(args, "heter_resources", None)
+def _heter_resources(config: LaunchConfig, kind: str) -> dict[str, dict[str, str]]:
+    given = config.heter_resources
     if not given:
         return resources("--heter-resources", _HETER_DEFAULTS[kind])
     try:
@@ -193,32 +212,33 @@ def _heter_resources(args: argparse.Namespace, kind: str) -> dict[str, dict[str,
     return resources("--heter-resources", given)
 
 
-def _heter_sets(args: argparse.Namespace, env: list[dict]) -> list[dict[str, Any]]:
+def _heter_sets(config: LaunchConfig, env: list[dict]) -> list[dict[str, Any]]:
     """One StatefulSet per device kind: the heter workers of that kind."""
+    kube = _kube(config)
     out, offset = [], 0
-    for kind, count in heter_groups(args):
-        name = f"{args.name}-heter-{kind}"
-        labels = {"app.kubernetes.io/name": "sparseps", "sparseps/job": args.name,
+    for kind, count in heter_groups(config):
+        name = f"{kube.name}-heter-{kind}"
+        labels = {"app.kubernetes.io/name": "sparseps", "sparseps/job": kube.name,
                   "sparseps/role": Role.HETER_WORKER.value, "sparseps/device": kind}  # fmt: skip
         # the rank: this kind's offset in SPARSEPS_HETER_WORKERS plus the pod's ordinal
         shell = (f'export {RANK}=$(({offset} + ${{HOSTNAME##*-}})); '
                  'exec python -u -m sparseps.observe.child "$@"')  # fmt: skip
         container = {
             "name": "heter-worker",
-            "image": args.image,
-            "workingDir": args.mount,
-            "command": ["/bin/sh", "-c", shell, "sparseps", args.script, *args.script_args],
+            "image": kube.image,
+            "workingDir": kube.mount,
+            "command": ["/bin/sh", "-c", shell, "sparseps", config.script, *config.script_args],
             "env": [*env, {"name": HETER_DEVICE, "value": kind}],
-            "resources": _heter_resources(args, kind),
-            "ports": [{"name": "heter", "containerPort": args.heter_port}],
-            "volumeMounts": [{"name": "shared", "mountPath": args.mount}],
+            "resources": _heter_resources(config, kind),
+            "ports": [{"name": "heter", "containerPort": kube.heter_port}],
+            "volumeMounts": [{"name": "shared", "mountPath": kube.mount}],
         }
         out.append({
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
-            "metadata": {"name": name, "namespace": args.namespace, "labels": labels},
+            "metadata": {"name": name, "namespace": kube.namespace, "labels": labels},
             "spec": {
-                "serviceName": args.name,  # the headless Service: stable DNS names
+                "serviceName": kube.name,  # the headless Service: stable DNS names
                 "replicas": count,
                 "podManagementPolicy": "Parallel",
                 "selector": {"matchLabels": dict(labels)},
@@ -227,7 +247,7 @@ def _heter_sets(args: argparse.Namespace, env: list[dict]) -> list[dict[str, Any
                     "spec": {
                         "containers": [container],
                         "volumes": [
-                            {"name": "shared", "persistentVolumeClaim": {"claimName": args.pvc}}
+                            {"name": "shared", "persistentVolumeClaim": {"claimName": kube.pvc}}
                         ],
                     },
                 },
@@ -237,29 +257,33 @@ def _heter_sets(args: argparse.Namespace, env: list[dict]) -> list[dict[str, Any
     return out
 
 
-def heter_endpoints(args: argparse.Namespace) -> list[str]:
+def heter_endpoints(config: LaunchConfig) -> list[str]:
     """``host:port`` of every heter worker, in rank order (the StatefulSets' pod names)."""
+    kube = _kube(config)
     return [
-        f"{args.name}-heter-{kind}-{i}.{args.name}:{args.heter_port}"
-        for kind, count in heter_groups(args)
+        f"{kube.name}-heter-{kind}-{i}.{kube.name}:{kube.heter_port}"
+        for kind, count in heter_groups(config)
         for i in range(count)
     ]
 
 
-def manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
+def manifests(config: LaunchConfig) -> list[dict[str, Any]]:
     """The job's objects: the headless Service, the server and worker Jobs, then one
     heter StatefulSet per device kind."""
-    _check(args)
-    svc = args.name
-    servers = ",".join(f"{args.name}-server-{i}.{svc}:{args.port}" for i in range(args.server_num))
-    heter = heter_endpoints(args)
+    kube = _kube(config)
+    _check(config)
+    svc = kube.name
+    servers = ",".join(
+        f"{kube.name}-server-{i}.{svc}:{kube.port}" for i in range(_count(config.server_num))
+    )
+    heter = heter_endpoints(config)
     common = {
         **({HETER_WORKERS: ",".join(heter)} if heter else {}),
         SERVERS: servers,
-        WORKER_NUM: str(args.worker_num),
-        MASTER: f"{args.name}-worker-0.{svc}:{args.master_port}",
-        LOG_DIR: f"{args.mount.rstrip('/')}/log/{args.name}",
-        JOB_ID: args.name,
+        WORKER_NUM: str(_count(config.worker_num)),
+        MASTER: f"{kube.name}-worker-0.{svc}:{kube.master_port}",
+        LOG_DIR: f"{kube.mount.rstrip('/')}/log/{kube.name}",
+        JOB_ID: kube.name,
         "PYTHONUNBUFFERED": "1",
     }
 
@@ -271,16 +295,16 @@ def manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": svc, "namespace": args.namespace,
-                     "labels": {"app.kubernetes.io/name": "sparseps", "sparseps/job": args.name}},
+        "metadata": {"name": svc, "namespace": kube.namespace,
+                     "labels": {"app.kubernetes.io/name": "sparseps", "sparseps/job": kube.name}},
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,  # names resolve before any readiness probe
-            "selector": {"sparseps/job": args.name},
+            "selector": {"sparseps/job": kube.name},
             "ports": [
-                {"name": "ps", "port": args.port, "targetPort": args.port},
-                {"name": "rendezvous", "port": args.master_port, "targetPort": args.master_port},
-                *([{"name": "heter", "port": args.heter_port, "targetPort": args.heter_port}]
+                {"name": "ps", "port": kube.port, "targetPort": kube.port},
+                {"name": "rendezvous", "port": kube.master_port, "targetPort": kube.master_port},
+                *([{"name": "heter", "port": kube.heter_port, "targetPort": kube.heter_port}]
                   if heter else []),
             ],
         },
@@ -288,52 +312,67 @@ def manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
     heter_env = [e for e in env(Role.HETER_WORKER) if e["name"] != RANK]  # set by the shell
     return [
         service,
-        _job(args, Role.SERVER, args.server_num, env(Role.SERVER)),
-        _job(args, Role.WORKER, args.worker_num, env(Role.WORKER)),
-        *_heter_sets(args, heter_env),
+        _job(config, Role.SERVER, _count(config.server_num), env(Role.SERVER)),
+        _job(config, Role.WORKER, _count(config.worker_num), env(Role.WORKER)),
+        *_heter_sets(config, heter_env),
     ]
 
 
-def _check(args: argparse.Namespace) -> None:
-    for flag, value in (("--server-num", args.server_num), ("--worker-num", args.worker_num)):
-        if value < 1:
+def _count(value: int | None) -> int:
+    return 1 if value is None else value  # sparseps k8s: one server, one worker by default
+
+
+def _check(config: LaunchConfig) -> None:
+    """What the manifests need of the job beyond :class:`KubernetesConfig`'s own checks."""
+    kube = _kube(config)
+    for flag, value in (("--server-num", config.server_num), ("--worker-num", config.worker_num)):
+        if _count(value) < 1:
             raise ConfigError(f"{flag}: must be >= 1, got {value}")
-    for flag, value in (("--name", args.name), ("--namespace", args.namespace)):
-        if not _NAME.match(value):
-            raise ConfigError(
-                f"{flag} {value!r}: use lower-case letters, digits and '-' (a DNS label of at "
-                "most 42 characters, starting with a letter)"
-            )
-    for flag, port in (("--port", args.port), ("--master-port", args.master_port)):
-        if not 0 < port < 65536:
-            raise ConfigError(f"{flag}: must be in 1..65535, got {port}")
-    heter = getattr(args, "heter_worker_num", 0) or 0
+    heter = config.heter_worker_num or 0
     if heter < 0:
         raise ConfigError(f"--heter-worker-num: must be >= 0, got {heter}")
-    ports = [args.port, args.master_port, *([args.heter_port] if heter else [])]
-    if heter and not 0 < args.heter_port < 65536:
-        raise ConfigError(f"--heter-port: must be in 1..65535, got {args.heter_port}")
+    ports = [kube.port, kube.master_port, *([kube.heter_port] if heter else [])]
     if len(set(ports)) != len(ports):
         raise ConfigError(
             "--port, --master-port and --heter-port must differ (all are Service ports)"
         )
-    if not args.mount.startswith("/"):
-        raise ConfigError(f"--mount {args.mount!r}: must be an absolute path in the container")
+
+
+def render(config: LaunchConfig) -> Path:
+    """Write the job's manifests to ``OUT/NAME.yaml`` (for ``kubectl apply -f``) and say so;
+    nothing starts here."""
+    import yaml
+
+    kube = _kube(config)
+    docs = manifests(config)
+    out = Path(kube.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{kube.name}.yaml"
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    heter = "".join(f", StatefulSet {kube.name}-heter-{kind} x{count}"
+                    for kind, count in heter_groups(config))  # fmt: skip
+    print(f"wrote {path} (Service {kube.name}, Jobs {kube.name}-server "
+          f"x{_count(config.server_num)}, {kube.name}-worker x{_count(config.worker_num)}"
+          f"{heter}); apply with: kubectl apply -f {path}")  # fmt: skip
+    return path
+
+
+class KubernetesBackend:
+    """The ``kubernetes`` backend: the job as Kubernetes objects (:func:`render`); the
+    cluster runs them once applied, so the outcome is ``rendered``, never a job's end."""
+
+    name = "kubernetes"
+
+    def launch(self, config: LaunchConfig) -> Outcome:
+        render(config)
+        return Outcome(0, "rendered")
 
 
 def run(args: argparse.Namespace) -> int:
-    import yaml
+    """``sparseps k8s``: the manifests of the command line's job."""
+    from .launch_cli import launch
 
-    docs = manifests(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{args.name}.yaml"
-    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    heter = "".join(f", StatefulSet {args.name}-heter-{kind} x{count}"
-                    for kind, count in heter_groups(args))  # fmt: skip
-    print(f"wrote {path} (Service {args.name}, Jobs {args.name}-server x{args.server_num}, "
-          f"{args.name}-worker x{args.worker_num}{heter}); apply with: kubectl apply -f {path}")  # fmt: skip
-    return 0
+    return launch(LaunchConfig.from_args(args)).exit_code
 
 
 def stop_servers() -> None:

@@ -7,12 +7,13 @@ and calls ``sps.run_server()`` when it is a server. See docs/launch.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from ..env import MASTER, Role, child_environ
 from ..errors import ConfigError, SparsePSError
@@ -21,7 +22,7 @@ from .heter_devices import heter_device_env
 from .logsetup import LauncherLog
 from .records import Outcome
 
-__all__ = ["add_arguments", "launch", "run"]
+__all__ = ["BACKENDS", "Backend", "LocalBackend", "add_arguments", "backend_of", "launch", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -214,20 +215,52 @@ def run(args: argparse.Namespace) -> int:
     return launch(LaunchConfig.from_args(args)).exit_code
 
 
-def launch(config: LaunchConfig) -> Outcome:
-    """Run the job of ``config`` on its backend: this node's share of it here (``local``:
-    started and supervised by this process), or placed by Ray (``ray``)."""
-    if config.backend == "ray":
-        from .ray_backend import run as run_on_ray
+@runtime_checkable
+class Backend(Protocol):
+    """Where a :class:`LaunchConfig`'s job runs: ``launch`` runs it (or, for Kubernetes,
+    writes what runs it) and says how it ended."""
 
-        # the Ray backend reads the launch options by name, as they are on the config
-        code = run_on_ray(
-            argparse.Namespace(
-                **dataclasses.asdict(config.replace(metrics=config.metrics is not False))
-            )
-        )
-        return Outcome(code, "completed" if code == 0 else "failed")
-    return _launch_here(config)
+    name: str
+
+    def launch(self, config: LaunchConfig) -> Outcome: ...
+
+
+class LocalBackend:
+    """``local``: this node's share of the job started and supervised by this process."""
+
+    name = "local"
+
+    def launch(self, config: LaunchConfig) -> Outcome:
+        return _launch_here(config)
+
+
+# config.backend -> "module:class" of its Backend (imported when chosen: Ray and the YAML
+# writer stay out of a local launch)
+BACKENDS: dict[str, str] = {
+    "local": "sparseps.launch.launch_cli:LocalBackend",
+    "ray": "sparseps.launch.ray_backend:RayBackend",
+    "kubernetes": "sparseps.launch.k8s:KubernetesBackend",
+}
+
+
+def backend_of(name: str) -> Backend:
+    """The :class:`Backend` named ``name`` (``LaunchConfig.backend``)."""
+    try:
+        module, cls = BACKENDS[name].split(":")
+    except KeyError:
+        raise ConfigError(
+            f"--backend: expected one of {', '.join(BACKENDS)}, got {name!r}"
+        ) from None
+    backend = getattr(importlib.import_module(module), cls)()
+    assert isinstance(backend, Backend)
+    return backend
+
+
+def launch(config: LaunchConfig) -> Outcome:
+    """Run the job of ``config`` on its backend (:data:`BACKENDS`): this node's share of it
+    here (``local``: started and supervised by this process), placed by Ray (``ray``), or
+    written as Kubernetes objects (``kubernetes``)."""
+    return backend_of(config.backend).launch(config)
 
 
 def _launch_here(args: LaunchConfig) -> Outcome:

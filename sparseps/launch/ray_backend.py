@@ -34,7 +34,6 @@ children die with them (``ray_actor.py``). ``LOG_DIR/pids.json`` lists every pro
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -50,13 +49,14 @@ from ..core.closing import Closing
 from ..env import FILE_ROOTS, HETER_DEVICE, Role, process_environ
 from ..errors import ConfigError
 from .change_gate import ChangeGate
+from .config import LaunchConfig
 from .heter_devices import heter_device_env
 from .procutil import tail
 from .ray_placement import (
     CALL_TIMEOUT_S,
     RoleHandle,
     call,
-    check_args,
+    check_config,
     key_dir_rule,
     place_roles,
     release,
@@ -64,7 +64,7 @@ from .ray_placement import (
 from .records import SERVER_EXIT_NOTE, Failure, Outcome, SupervisorConfig
 from .spec import ClusterSpec, new_job_id
 
-__all__ = ["RayJob", "run"]
+__all__ = ["RayBackend", "RayJob", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +77,16 @@ def _status(code: int) -> int:
 class RayJob(Closing):
     """One job on a Ray cluster: placement, start, supervision, teardown."""
 
-    def __init__(self, args: argparse.Namespace, script: Path, out) -> None:
+    def __init__(self, launch: LaunchConfig, script: Path, out) -> None:
         import ray
 
-        self.ray, self.args, self.script, self.out = ray, args, script, out
+        self.ray, self.launch, self.script, self.out = ray, launch, script, out
         self.config = SupervisorConfig(
-            max_restarts=args.max_restarts, grace_s=args.grace_s, quiet_warn_s=args.quiet_warn_s
-        )
-        self.log_dir = Path(os.path.abspath(args.log_dir))
-        self.job_id = args.job_id or new_job_id("sps-ray")
+            max_restarts=launch.max_restarts, grace_s=launch.grace_s,
+            quiet_warn_s=launch.quiet_warn_s,
+        )  # fmt: skip
+        self.log_dir = Path(os.path.abspath(launch.log_dir))
+        self.job_id = launch.job_id or new_job_id("sps-ray")
         self.roles: list[RoleHandle] = []
         self.history: list[dict] = []
         self.restarts = 0
@@ -112,7 +113,7 @@ class RayJob(Closing):
     # -- placement and wiring -------------------------------------------------------------
     def place(self) -> None:
         self.pg, self.roles = place_roles(
-            self.ray, self.args, self.job_id, self.script, self.log_dir
+            self.ray, self.launch, self.job_id, self.script, self.log_dir
         )
 
     def wire(self) -> ClusterSpec:
@@ -130,7 +131,7 @@ class RayJob(Closing):
         )
         self.master = spec.master
         key_dir = key_dir_rule(
-            self.args, spec.nodes, str(self.ray.util.get_node_ip_address()), self.log_dir
+            self.launch, spec.nodes, str(self.ray.util.get_node_ip_address()), self.log_dir
         )
         if key_dir:
             from ..rpc.security import JobKeys, Security
@@ -170,12 +171,12 @@ class RayJob(Closing):
             role_env = dataclasses.replace(
                 role_env, restart_count=r.attempt, master=master or role_env.master
             )
-        env = {**role_env.to_environ(), "PYTHONUNBUFFERED": "1"}
-        if getattr(self.args, "heter_device", None):  # each heter worker its own device
-            env = heter_device_env({**env, HETER_DEVICE: self.args.heter_device}, r.role,
+        env = {**self.launch.env, **role_env.to_environ(), "PYTHONUNBUFFERED": "1"}
+        if self.launch.heter_device:  # each heter worker its own device
+            env = heter_device_env({**env, HETER_DEVICE: self.launch.heter_device}, r.role,
                                    r.rank, len(spec.heter_workers))  # fmt: skip
-        if self.args.file_roots:
-            env[FILE_ROOTS] = os.pathsep.join(os.path.abspath(p) for p in self.args.file_roots)
+        if self.launch.file_roots:
+            env[FILE_ROOTS] = os.pathsep.join(os.path.abspath(p) for p in self.launch.file_roots)
         threads = process_environ().get("OMP_NUM_THREADS")
         if threads is not None:
             env["OMP_NUM_THREADS"] = threads
@@ -188,9 +189,9 @@ class RayJob(Closing):
         added worker's grown world, which that worker keeps across group restarts)."""
         calls = []
         for r in roles:
-            metrics = r.ports[-1] if self.args.metrics else None
+            metrics = r.ports[-1] if self.launch.metrics else None
             observe = ["--metrics-port", str(metrics), "--metrics-host", r.host] if metrics else []
-            argv = [*observe, str(self.script), *self.args.script_args]
+            argv = [*observe, str(self.script), *self.launch.script_args]
             calls.append(
                 r.actor.start.remote(
                     argv, self._env(r, master, spec), cwd=os.getcwd(), attempt=r.attempt
@@ -205,7 +206,7 @@ class RayJob(Closing):
                 r.last_output = r.warned_at = time.monotonic()
                 self.history.append({"role": r.role.value, "rank": r.rank, "pid": pid,
                                      "attempt": r.attempt, "node": r.host,
-                                     **({"metrics_port": r.ports[-1]} if self.args.metrics else {})})  # fmt: skip
+                                     **({"metrics_port": r.ports[-1]} if self.launch.metrics else {})})  # fmt: skip
             record = {"job_id": self.job_id, "launcher": os.getpid(), "backend": "ray",
                       **self.extra_record, "children": self.history}  # fmt: skip
             tmp = self.log_dir / "pids.json.tmp"
@@ -440,11 +441,23 @@ class RayJob(Closing):
                 release(self.ray, group, [])
 
 
-def run(args: argparse.Namespace) -> int:
-    """``sparseps launch --backend ray``: the exit code says how the job ended."""
+class RayBackend:
+    """``ray``: the job's roles placed, started and supervised on a Ray cluster (:func:`run`)."""
+
+    name = "ray"
+
+    def launch(self, config: LaunchConfig) -> Outcome:
+        return run(config)
+
+
+def run(config: LaunchConfig) -> Outcome:
+    """``sparseps launch --backend ray``: how the job ended (the outcome's exit code is the
+    command's). SIGINT/SIGTERM stop the job when this runs on the main thread (the handlers
+    are restored afterwards)."""
     from .logsetup import LauncherLog
 
-    script = check_args(args)
+    config = config.replace(metrics=config.metrics is not False)  # on by default
+    script = check_config(config)
     try:
         import ray
     except ImportError:
@@ -452,16 +465,18 @@ def run(args: argparse.Namespace) -> int:
             "--backend ray needs Ray on this machine: pip install 'sparseps[ray]' "
             "(or use the default --backend local)"
         ) from None
-    log_dir = Path(os.path.abspath(args.log_dir))
+    log_dir = Path(os.path.abspath(config.log_dir))
     log_dir.mkdir(parents=True, exist_ok=True)
     out = LauncherLog(log_dir / "launcher.log")
-    ray.init(address=args.address, log_to_driver=False, logging_level=logging.WARNING)
-    job = RayJob(args, script, out)
+    ray.init(address=config.address, log_to_driver=False, logging_level=logging.WARNING)
+    job = RayJob(config, script, out)
     service = None
-    previous = {
-        s: signal.signal(s, lambda signum, frame: setattr(job, "signum", signum))  # noqa: ARG005
-        for s in (signal.SIGINT, signal.SIGTERM)
-    }
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # signals reach only it
+        previous = {
+            s: signal.signal(s, lambda signum, frame: setattr(job, "signum", signum))  # noqa: ARG005
+            for s in (signal.SIGINT, signal.SIGTERM)
+        }
     try:
         job.place()
         job.wire()
@@ -481,7 +496,7 @@ def run(args: argparse.Namespace) -> int:
                     sys.stderr)  # fmt: skip
         else:
             out.say(f"sparseps launch: job {job.job_id} completed", sys.stdout)
-        return outcome.exit_code
+        return outcome
     except ConfigError as exc:
         out.say(f"sparseps launch: error: {exc}")
         raise

@@ -12,26 +12,27 @@ and supervises the processes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ipaddress
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..env import Role
 from ..errors import ConfigError
 from .heter_devices import device_of, parse_heter_devices
-from .records import check_seconds
+
+if TYPE_CHECKING:
+    from .config import LaunchConfig
 
 __all__ = [
     "CALL_TIMEOUT_S",
     "RoleHandle",
     "actor_options",
     "call",
-    "check_args",
+    "check_config",
     "heter_resources",
     "key_dir_rule",
     "new_actor",
@@ -67,20 +68,20 @@ def parse_resources(flag: str, text: str) -> dict[str, float]:
     return {str(k): float(v) for k, v in value.items()}
 
 
-def role_resources(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
+def role_resources(config: LaunchConfig) -> tuple[dict[str, float], dict[str, float]]:
     """The bundles of a server and of a worker (``--server-resources``/``--worker-resources``)."""
     return (
-        parse_resources("--server-resources", args.server_resources or DEFAULT_RESOURCES),
-        parse_resources("--worker-resources", args.worker_resources or DEFAULT_RESOURCES),
+        parse_resources("--server-resources", config.server_resources or DEFAULT_RESOURCES),
+        parse_resources("--worker-resources", config.worker_resources or DEFAULT_RESOURCES),
     )
 
 
-def heter_resources(args: argparse.Namespace, cluster: dict[str, float]) -> dict[str, float]:
+def heter_resources(config: LaunchConfig, cluster: dict[str, float]) -> dict[str, float]:
     """A heter worker's bundle: ``--heter-resources``, else a CPU and, where the cluster
     has a GPU for every heter worker, a GPU (``cluster``: ``ray.cluster_resources()``)."""
-    if getattr(args, "heter_resources", None):
-        return parse_resources("--heter-resources", args.heter_resources)
-    count = args.heter_worker_num or 0
+    if config.heter_resources:
+        return parse_resources("--heter-resources", config.heter_resources)
+    count = config.heter_worker_num or 0
     gpus = float(cluster.get("GPU", 0.0))
     return {"CPU": 1.0, **({"GPU": 1.0} if count and gpus >= count else {})}
 
@@ -146,7 +147,7 @@ def call(ray, refs: list, what: str, timeout: float = CALL_TIMEOUT_S, *, raw: bo
 
 
 def place_roles(
-    ray, args: argparse.Namespace, job_id: str, script: Path, log_dir: Path
+    ray, config: LaunchConfig, job_id: str, script: Path, log_dir: Path
 ) -> tuple[Any, list[RoleHandle]]:
     """Reserve the bundles, create the actors, check paths and gather ports on each node.
 
@@ -160,20 +161,20 @@ def place_roles(
     """
     from ray.util.placement_group import placement_group
 
-    server_res, worker_res = role_resources(args)
-    heter_res = heter_resources(args, dict(ray.cluster_resources()))
+    server_res, worker_res = role_resources(config)
+    heter_res = heter_resources(config, dict(ray.cluster_resources()))
     layout = (
-        [(Role.SERVER, r, server_res) for r in range(args.server_num or 1)]
-        + [(Role.HETER_WORKER, r, heter_res) for r in range(args.heter_worker_num or 0)]
-        + [(Role.WORKER, r, worker_res) for r in range(args.worker_num or 1)]
+        [(Role.SERVER, r, server_res) for r in range(config.server_num or 1)]
+        + [(Role.HETER_WORKER, r, heter_res) for r in range(config.heter_worker_num or 0)]
+        + [(Role.WORKER, r, worker_res) for r in range(config.worker_num or 1)]
     )
     pg = placement_group([res for _, _, res in layout], strategy="SPREAD")
-    if not pg.wait(int(max(1, args.rendezvous_timeout_s))):
+    if not pg.wait(int(max(1, config.rendezvous_timeout_s))):
         raise ConfigError(
             f"--backend ray: Ray could not place {len(layout)} bundles (servers "
             f"{server_res}, workers {worker_res}"
-            + (f", heter workers {heter_res}" if args.heter_worker_num else "")
-            + f") within {args.rendezvous_timeout_s:g} s "
+            + (f", heter workers {heter_res}" if config.heter_worker_num else "")
+            + f") within {config.rendezvous_timeout_s:g} s "
             f"(--rendezvous-timeout-s); the cluster has {ray.available_resources()}: lower "
             "--server-resources/--worker-resources/--heter-resources or add nodes"
         )
@@ -182,12 +183,12 @@ def place_roles(
         for i, (role, rank, res) in enumerate(layout):
             actor = new_actor(ray, role, rank, job_id, res, pg, i)
             roles.append(RoleHandle(role, rank, actor, log_dir / f"{role.value}.{rank}.log"))
-        metrics = 1 if args.metrics else 0
+        metrics = 1 if config.metrics else 0
         # a port to listen on: servers, heter workers, worker 0 (the rendezvous)
         wants = [
             1 + metrics if r.role is not Role.WORKER or r.rank == 0 else metrics for r in roles
         ]
-        prepare_roles(ray, roles, role_paths(args, script), wants)
+        prepare_roles(ray, roles, role_paths(config, script), wants)
     except BaseException:
         release(ray, pg, roles)
         raise
@@ -211,13 +212,13 @@ def new_actor(ray, role: Role, rank: int, job_id: str, resources: dict[str, floa
     ).remote(role.value, rank, job_id)  # fmt: skip
 
 
-def role_paths(args: argparse.Namespace, script: Path) -> dict[str, str]:
+def role_paths(config: LaunchConfig, script: Path) -> dict[str, str]:
     """What -> path for every path a role needs on its node."""
     paths = {"script": str(script), "working folder": os.getcwd()}
-    for i, root in enumerate(args.file_roots or ()):
+    for i, root in enumerate(config.file_roots or ()):
         paths[f"--file-root {i}"] = os.path.abspath(root)
-    if args.key_dir:
-        paths["--key-dir"] = os.path.abspath(args.key_dir)
+    if config.key_dir:
+        paths["--key-dir"] = os.path.abspath(config.key_dir)
     return paths
 
 
@@ -237,14 +238,14 @@ def prepare_roles(ray, roles: list[RoleHandle], paths: dict[str, str], ports: li
         r.host, r.ports = info["host"], list(info["ports"])
 
 
-def key_dir_rule(args: argparse.Namespace, nodes: tuple[str, ...], here: str, log_dir: Path) -> str:
+def key_dir_rule(config: LaunchConfig, nodes: tuple[str, ...], here: str, log_dir: Path) -> str:
     """The job's key folder ("" for plain transport): the local launcher's rule
     (docs/security.md) over the hosts Ray chose; ``here`` is the driver's node address."""
-    if args.key_dir:
-        if args.secure is False:
+    if config.key_dir:
+        if config.secure is False:
             raise ConfigError("--key-dir and --no-secure contradict each other; drop one")
-        return os.path.abspath(args.key_dir)
-    secure = args.secure if args.secure is not None else not all(map(_loopback, nodes))
+        return os.path.abspath(config.key_dir)
+    secure = config.secure if config.secure is not None else not all(map(_loopback, nodes))
     if not secure:
         return ""
     if any(h != here for h in nodes):
@@ -272,29 +273,26 @@ def release(ray, pg, roles: list[RoleHandle]) -> None:
             remove_placement_group(pg)
 
 
-def check_args(args: argparse.Namespace) -> Path:
+def check_config(config: LaunchConfig) -> Path:
+    """What a Ray job refuses beyond :class:`LaunchConfig`'s own checks; the script's path."""
     for name, flag in _REFUSED.items():
-        if getattr(args, name, None) is not None:
+        if getattr(config, name) is not None:
             raise ConfigError(
                 f"{flag} does not apply to --backend ray: Ray places the roles and each "
                 "picks its ports on its node; use --server-resources/--worker-resources "
                 "to steer placement"
             )
-    for flag in ("--rendezvous-timeout-s", "--grace-s", "--quiet-warn-s"):
-        check_seconds(flag, getattr(args, flag[2:-2].replace("-", "_") + "_s"))
-    heter = getattr(args, "heter_worker_num", None) or 0
-    if (
-        getattr(args, "heter_device", None) or getattr(args, "heter_resources", None)
-    ) and not heter:
+    heter = config.heter_worker_num or 0
+    if (config.heter_device or config.heter_resources) and not heter:
         raise ConfigError("--heter-device/--heter-resources: the job has no heter workers "
                           "(--heter-worker-num H)")  # fmt: skip
-    if getattr(args, "heter_device", None):
-        device_of(parse_heter_devices(args.heter_device), 0, heter)
+    if config.heter_device:
+        device_of(parse_heter_devices(config.heter_device), 0, heter)
     for name in ("server_num", "worker_num"):
-        value = getattr(args, name)
+        value = getattr(config, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
-    script = Path(args.script).resolve()
+    script = Path(config.script).resolve()
     if not script.is_file():
-        raise ConfigError(f"launch: script {args.script!r} not found (cwd {os.getcwd()})")
+        raise ConfigError(f"launch: script {config.script!r} not found (cwd {os.getcwd()})")
     return script

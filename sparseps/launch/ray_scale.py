@@ -90,7 +90,7 @@ class RayRoles:
         from ray.util.placement_group import placement_group
 
         job, ray = self.job, self.job.ray
-        wait_s = max(1.0, float(job.args.rendezvous_timeout_s))
+        wait_s = max(1.0, float(job.launch.rendezvous_timeout_s))
         placed: list[tuple[Any, RoleHandle | None]] = []
         try:
             for rank in ranks:
@@ -106,9 +106,9 @@ class RayRoles:
                 log_path = job.log_dir / f"{role.value}.{rank}.log"
                 placed[-1] = (pg, RoleHandle(role, rank, actor, log_path))
             handles = [h for _, h in placed if h is not None]
-            metrics = 1 if job.args.metrics else 0
+            metrics = 1 if job.launch.metrics else 0
             ports = [metrics + (role is Role.SERVER) for _ in handles]
-            prepare_roles(ray, handles, role_paths(job.args, job.script), ports)
+            prepare_roles(ray, handles, role_paths(job.launch, job.script), ports)
         except BaseException:
             for pg, h in placed:
                 release(ray, pg, [h] if h is not None else [])
@@ -119,7 +119,7 @@ class RayRoles:
     def add_servers(self, ranks: list[int], endpoints: list[str]) -> list[NewServer]:
         """Place, prepare and start servers ``ranks``; ``endpoints``: the job's list so far."""
         job = self.job
-        resources, _ = role_resources(job.args)
+        resources, _ = role_resources(job.launch)
         placed = self._place(Role.SERVER, ranks, resources)
         handles = [h for _, h in placed]
         grown = [*endpoints, *(f"{h.host}:{h.ports[0]}" for h in handles)]
@@ -176,7 +176,7 @@ class RayRoles:
     def reserve_workers(self, ranks: list[int]) -> None:
         """Place workers ``ranks`` before the new world is announced: a worker Ray cannot
         place refuses the scale (ScaleError) and nothing changes."""
-        _, resources = role_resources(self.job.args)
+        _, resources = role_resources(self.job.launch)
         for rank in ranks:
             self._drop_exited(rank)
         for pg, h in self._place(Role.WORKER, ranks, resources):
@@ -221,7 +221,7 @@ class RayRoles:
             pg, h = self.reserved.pop(new.rank)
         else:
             self._drop_exited(new.rank)
-            _, resources = role_resources(job.args)
+            _, resources = role_resources(job.launch)
             ((pg, h),) = self._place(Role.WORKER, [new.rank], resources)
         spec = job.spec
         hosts = list(spec.workers[: new.world])

@@ -6,7 +6,6 @@ exit codes the test sets (no Ray cluster is needed to order completion)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import threading
 import time
@@ -21,6 +20,7 @@ from sparseps.store.client import StoreClient
 
 pytest.importorskip("ray")  # the [ray] extra: RayJob imports it
 
+from sparseps.launch.config import LaunchConfig  # noqa: E402
 from sparseps.launch.ray_backend import RayJob  # noqa: E402
 from sparseps.launch.ray_placement import RoleHandle  # noqa: E402
 from sparseps.launch.ray_scale import RayRoles  # noqa: E402
@@ -29,9 +29,9 @@ from sparseps.launch.ray_scale import RayRoles  # noqa: E402
 def _job(folder: Path) -> tuple[RayJob, RoleHandle, list]:
     """A RayJob with one server and one worker that are still running, supervised in a
     thread; ``(job, worker, outcome)``: ``outcome`` gets the Outcome once it returns."""
-    args = argparse.Namespace(max_restarts=0, grace_s=1.0, quiet_warn_s=300.0,
-                              log_dir=str(folder), job_id="ray-gate")  # fmt: skip
-    job = RayJob(args, folder / "train.py", out=None)
+    config = LaunchConfig(script=str(folder / "train.py"), grace_s=1.0, log_dir=str(folder),
+                          job_id="ray-gate")  # fmt: skip
+    job = RayJob(config, folder / "train.py", out=None)
     job.config = SupervisorConfig(poll_s=0.02)
     server = RoleHandle(Role.SERVER, 0, actor=None, log_path=folder / "server.0.log",
                         running=True)  # fmt: skip
