@@ -1,7 +1,8 @@
 """``job.mode`` of an online config: any :class:`sparseps.Strategy` mode, with its knobs.
 
-A mode is a name (its defaults) or a mapping of the name and the mode's own knobs, checked
-by the mode's config class (:mod:`sparseps.worker.strategy`)::
+A mode is a name (its defaults) or a mapping of the name and the mode's own knobs, read by
+:meth:`sparseps.Strategy.from_dict` and checked by the mode's config class
+(:mod:`sparseps.worker.strategy`): the YAML takes exactly what ``Strategy`` takes::
 
     job: {mode: sync}
     job: {mode: {name: sync, backup_workers: 1}}       # backup workers
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import ConfigError
-from ..worker.strategy import MODES, Mode
+from ..worker.strategy import MODES, Mode, Strategy
 
 __all__ = ["NOT_ONLINE", "deterministic", "mode_from_config", "mode_name"]
 
@@ -56,16 +57,9 @@ def mode_from_config(value: object) -> Mode:
     name = mode_name(value)
     if name in NOT_ONLINE:
         raise ConfigError(f"job.mode {name}: {NOT_ONLINE[name]}")
-    if name not in MODES:
-        raise ConfigError(f"job.mode: expected one of {_names()}, got {name!r}")
-    knobs = {k: v for k, v in value.items() if k != "name"} if isinstance(value, Mapping) else {}
-    cls = MODES[name]
-    try:
-        return cls(**knobs)
-    except TypeError:
-        known = sorted(f for f in getattr(cls, "__dataclass_fields__", {}))
-        unknown = sorted(set(knobs) - set(known))
-        raise ConfigError(f"job.mode {name}: unknown knob(s) {unknown} (known: {known})") from None
+    mode = Strategy.from_dict({"mode": value}, where="job").mode  # the library's parser
+    assert mode is not None
+    return mode
 
 
 def deterministic(mode: Mode) -> bool:

@@ -7,11 +7,17 @@ One of the sections :class:`sparseps.online.config.OnlineConfig` is made of.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from .config_values import check_choice, check_float, check_int, check_ref, check_str
 
+if TYPE_CHECKING:
+    from ..config.values import Lifecycle
+
 __all__ = ["ModelConfig"]
+
+_FLAT_LIFECYCLE = ("decay_rate", "shrink_score", "shrink_unseen_days")  # Lifecycle knobs
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,11 @@ class ModelConfig:
         seed: torch seed of the dense initialisation.
         decay_rate: end-of-day show/click decay (in (0, 1]).
         shrink_score, shrink_unseen_days: end-of-day shrink thresholds.
+        lifecycle: any other :class:`sparseps.Lifecycle` knob of the tables (feature
+            admission: ``{admission: count, admit_count: 3}``, score coefficients...).
+            With ``decay_rate``, ``shrink_score`` and ``shrink_unseen_days`` it is read by
+            :meth:`sparseps.Lifecycle.from_dict` (:meth:`build_lifecycle`); a knob left
+            unset takes the Lifecycle's default.
         init_checkpoint: warm start from this checkpoint when the model dir has none.
         builder: ``module:function`` called as ``function(schema, **params)`` on every
             worker, returning the model (a ``torch.nn.Module`` with SparseEmbedding
@@ -43,9 +54,10 @@ class ModelConfig:
     deep_lr: float = 0.01
     wide_lr: float = 0.1
     seed: int = 0
-    decay_rate: float = 0.98
-    shrink_score: float = 0.0
-    shrink_unseen_days: int = 30
+    decay_rate: float | None = None  # filled in: the Lifecycle's default
+    shrink_score: float | None = None
+    shrink_unseen_days: int | None = None
+    lifecycle: dict | None = None
     init_checkpoint: str | None = None
     builder: str | None = None
     params: dict | None = None
@@ -76,8 +88,31 @@ class ModelConfig:
         check_float("model.deep_lr", self.deep_lr, 0.0, open_lo=True)
         check_float("model.wide_lr", self.wide_lr, 0.0, open_lo=True)
         check_int("model.seed", self.seed, 0)
-        check_float("model.decay_rate", self.decay_rate, 0.0, 1.0, open_lo=True)
-        check_float("model.shrink_score", self.shrink_score, 0.0)
-        check_int("model.shrink_unseen_days", self.shrink_unseen_days, 0)
+        if self.decay_rate is not None:
+            check_float("model.decay_rate", self.decay_rate, 0.0, 1.0, open_lo=True)
+        if self.shrink_score is not None:
+            check_float("model.shrink_score", self.shrink_score, 0.0)
+        if self.shrink_unseen_days is not None:
+            check_int("model.shrink_unseen_days", self.shrink_unseen_days, 0)
+        if self.lifecycle is not None and not isinstance(self.lifecycle, dict):
+            raise ConfigError(f"model.lifecycle: expected a mapping, got {self.lifecycle!r}")
+        both = sorted(set(self.lifecycle or {}) & set(_FLAT_LIFECYCLE))
+        if both:
+            raise ConfigError(f"model.lifecycle: {', '.join(both)} given twice (also as "
+                              f"model.{both[0]}); give each once")  # fmt: skip
+        built = self.build_lifecycle()
+        for key in _FLAT_LIFECYCLE:
+            object.__setattr__(self, key, getattr(built, key))
+
+    def build_lifecycle(self) -> Lifecycle:
+        """The tables' :class:`sparseps.Lifecycle` (:meth:`~sparseps.Lifecycle.from_dict`)."""
+        from ..config.values import Lifecycle
+
+        given = dict(self.lifecycle or {})
+        given.update({k: getattr(self, k) for k in _FLAT_LIFECYCLE if getattr(self, k) is not None})
+        try:
+            return Lifecycle.from_dict(given)
+        except ConfigError as exc:  # name the YAML's keys
+            raise ConfigError(str(exc).replace("Lifecycle.", "model.lifecycle.")) from None
         if self.init_checkpoint is not None:
             check_str("model.init_checkpoint", self.init_checkpoint)

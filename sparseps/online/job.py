@@ -54,11 +54,7 @@ def build_model(config):
         hidden=m.hidden,
         deep_rule=rules[m.deep_rule](lr=m.deep_lr),
         wide_rule=sps.optim.FTRL(alpha=m.wide_lr, beta=0.0, l1=0.0, l2=0.0),
-        lifecycle=sps.Lifecycle(
-            decay_rate=m.decay_rate,
-            shrink_score=m.shrink_score,
-            shrink_unseen_days=m.shrink_unseen_days,
-        ),
+        lifecycle=m.build_lifecycle(),
     )
 
 
@@ -79,11 +75,7 @@ def build_trainer(config):
 
     m = config.model
     model = build_model(config)
-    strategy = sps.Strategy(
-        mode=config.job.training_mode,
-        rpc_timeout=config.job.rpc_timeout_s,
-        collective_timeout=config.job.collective_timeout_s,
-    )
+    strategy = config.job.strategy  # Strategy.from_dict of the job section
     return sps.Trainer(
         model, dense_optimizer=sps.optim.Adam(lr=m.dense_lr), strategy=strategy,
         loss=build_loss(config),

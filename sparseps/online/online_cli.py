@@ -51,21 +51,23 @@ def launch_config(
     job = config.job
     ray = job.backend == "ray"
     script = Path(script) if script is not None else Path(__file__).with_name("job.py")
-    return LaunchConfig(
-        script=str(script.resolve()),
-        script_args=(str(Path(config_path).resolve()), *map(str, script_args)),
-        server_num=job.server_num,
-        worker_num=job.worker_num,
-        log_dir=str(config.log_dir),
-        job_id=job_id or job.job_id or None,
-        heter_worker_num=job.heter_worker_num or None,
-        heter_device=job.heter_device if job.heter_worker_num else None,
-        backend="ray" if ray else "local",
-        address=job.ray_address or None if ray else None,
-        server_resources=_json(job.server_resources) if ray else None,
-        worker_resources=_json(job.worker_resources) if ray else None,
-        status_port=status_port,
-    )
+    values: dict[str, object] = {
+        **(job.launch or {}),  # the launcher's other settings (job.launch)
+        "script": str(script.resolve()),
+        "script_args": (str(Path(config_path).resolve()), *map(str, script_args)),
+        "server_num": job.server_num,
+        "worker_num": job.worker_num,
+        "log_dir": str(config.log_dir),
+        "job_id": job_id or job.job_id or None,
+        "heter_worker_num": job.heter_worker_num or None,
+        "heter_device": job.heter_device if job.heter_worker_num else None,
+        "backend": job.backend,
+        "address": job.ray_address if ray else None,
+        "server_resources": _json(job.server_resources) if ray else None,
+        "worker_resources": _json(job.worker_resources) if ray else None,
+        "status_port": status_port,
+    }
+    return LaunchConfig.from_dict(values, where="job.launch")
 
 
 def launch_argv(config, config_path: str | Path, **options) -> list[str]:

@@ -20,6 +20,7 @@ mode than the one chosen is refused, naming the mode it belongs to.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, fields
 from typing import TYPE_CHECKING, ClassVar
 
@@ -431,6 +432,48 @@ class Strategy:
     def mode_name(self) -> str:
         """The mode's name (``"async"`` for the default)."""
         return "async" if self.mode is None else self.mode.name
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object], *, where: str = "Strategy") -> Strategy:
+        """A strategy from a mapping (an online job's YAML): the keys are the fields
+        (``mode``, ``prefetch``, ``push_queue_size``, ``rpc_timeout``,
+        ``collective_timeout``), a missing one takes the field's default. ``mode`` is a
+        :class:`Mode`, a built-in mode's name, or a mapping of its name and its knobs
+        (``{"name": "async", "max_staleness": 4}``).
+
+        Raises:
+            ConfigError: an unknown key (naming the known ones), an unknown mode or knob
+                (naming ``where.mode``), or a value the fields refuse.
+        """
+        known = ("mode", "prefetch", "push_queue_size", "rpc_timeout", "collective_timeout")
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: "
+                              f"{', '.join(known)}")  # fmt: skip
+        values = dict(d)
+        if "mode" in values:
+            values["mode"] = _mode_of(values["mode"], f"{where}.mode")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _mode_of(value: object, where: str) -> Mode | None:
+    """The :class:`Mode` of ``value``: a Mode, None, a built-in name, or ``{name: ..., knobs}``."""
+    if value is None or isinstance(value, Mode):
+        return value
+    knobs: dict[str, object] = {}
+    if isinstance(value, Mapping):
+        knobs = {str(k): v for k, v in value.items() if k != "name"}
+        value = value.get("name")
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: a mapping needs 'name' (one of {tuple(MODES)})")
+    if not isinstance(value, str) or value not in MODES:
+        raise ConfigError(f"{where}: expected one of {tuple(MODES)} or a mapping "
+                          f"{{name: ..., knob: value}}, got {value!r}")  # fmt: skip
+    cls = MODES[value]
+    known = sorted(f.name for f in fields(cls))
+    if unknown := sorted(set(knobs) - set(known)):
+        raise ConfigError(f"{where} {value}: unknown knob(s) {unknown} (known: {known})")
+    return cls(**knobs)
 
 
 for _name in _FLAT_KNOBS:  # no class attribute: strategy.k_steps is an AttributeError
