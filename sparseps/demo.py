@@ -16,8 +16,12 @@ the job's output passes through untouched and no worker is scraped.
 from __future__ import annotations
 
 import argparse
+import codecs
+import io
 import json
-import subprocess
+import logging
+import os
+import signal
 import sys
 import threading
 import time
@@ -26,13 +30,15 @@ from pathlib import Path
 
 from . import env as sps_env
 from .errors import SparsePSError
+from .launch.config import LaunchConfig
+from .launch.launch_cli import launch
+from .launch.records import Outcome
 from .observe import progress
 
 DEFAULT_ROWS = 2_000_000
 DEFAULT_SEED = 2026
 DATA_FILES = 4  # synthetic train files (and one test file)
 POLL_S = 0.5  # how often the bars read the workers' /metrics
-STOP_GRACE_S = 30.0  # an interrupted demo waits this long for the launcher to stop the job
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,71 +172,123 @@ def _worker_progress(log_dir: Path) -> tuple[int, int, int] | None:
     return len(latest), rows, done
 
 
-def _launch(command: list[str], env: dict, log_dir: Path, total: int | None, enabled) -> int:
-    """Run the launcher; with the bars on, they follow its workers and its output is
-    printed above them (line by line, to the same stream as before).
+def _launch(config: LaunchConfig, total: int | None, enabled) -> Outcome:
+    """Run the job in this process (:func:`sparseps.launch.launch_cli.launch`); with the
+    bars on, a thread follows its workers and the launcher's output (its lines, worker 0's
+    echo, log records on stderr) is printed above them.
 
-    The launcher dies with this process (it gets SIGTERM when we exit, however we exit,
-    and stops every process of the job as for any SIGTERM); interrupted here (Ctrl-C),
-    we ask it to stop the job and wait for it, SIGKILL only after ``STOP_GRACE_S``.
+    On the main thread the launcher's supervisor takes SIGINT/SIGTERM for as long as it
+    runs (and gives them back): either stops every process of the job. Then SIGINT raises
+    ``KeyboardInterrupt`` here (``sparseps demo: interrupted``, exit 130) and SIGTERM ends
+    this process as SIGTERM would have.
     """
-    from .launch.procutil import die_with_parent_hook
-
     train = progress.bar(enabled, total=total, unit="row", unit_scale=True, desc="demo: train")
-    bars = not train.disable
-    piped: dict = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
-    with subprocess.Popen(
-        command, env=env, preexec_fn=die_with_parent_hook(), **(piped if bars else {})
-    ) as proc:
-        pumps = [
-            threading.Thread(target=_pump, args=(stream, target), daemon=True)
-            for stream, target in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
-            if bars
-        ]
-        for pump in pumps:
-            pump.start()
-        phase = train
+    if train.disable:
+        outcome = launch(config)
+    else:
+        done = threading.Event()
+        phases = [train]
+        follower = threading.Thread(
+            target=_follow, args=(Path(config.log_dir), train, phases, done, enabled), daemon=True
+        )
+        follower.start()
         try:
-            while True:
-                try:
-                    code = proc.wait(timeout=POLL_S if bars else None)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if phase is train and (seen := _worker_progress(log_dir)) is not None:
-                    workers, rows, done = seen
-                    train.n = rows
-                    train.refresh()
-                    if workers and done == workers:
-                        train.close()
-                        phase = progress.bar(
-                            enabled, desc="demo: evaluate, save", bar_format="{desc} ({elapsed})"
-                        )
-        except BaseException:
-            _stop(proc)
-            raise
+            with _AboveTheBars():
+                outcome = launch(config)
         finally:
-            for pump in pumps:
-                pump.join(timeout=2.0)
-            phase.close()
+            done.set()
+            follower.join(timeout=5.0)
+            phases[-1].close()
             train.close()
-    return code
+    if outcome.reason == "interrupted":
+        if outcome.exit_code == 128 + signal.SIGTERM:  # end as SIGTERM ends a process
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise KeyboardInterrupt
+    return outcome
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """Ask the launcher to stop the job (SIGTERM: it stops its children), then SIGKILL."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _follow(log_dir: Path, train, phases: list, done: threading.Event, enabled) -> None:
+    """The ``train`` bar from the workers' ``/metrics``, then the ``evaluate, save`` phase
+    once every worker ended its training pass (``phases[-1]`` is the bar that is up)."""
+    while not done.wait(POLL_S):
+        if (seen := _worker_progress(log_dir)) is None:
+            continue
+        workers, rows, finished = seen
+        train.n = rows
+        train.refresh()
+        if workers and finished == workers:
+            train.close()
+            phases.append(
+                progress.bar(enabled, desc="demo: evaluate, save", bar_format="{desc} ({elapsed})")
+            )
+            return
 
 
-def _pump(stream, target) -> None:
-    for line in stream:
-        progress.write(line.rstrip("\n"), file=target)
+class _Lines(io.TextIOBase):
+    """A console stream whose lines go through :func:`progress.write` to ``target`` (the
+    bars stay below them); ``buffer`` takes bytes (worker 0's echo)."""
+
+    def __init__(self, target) -> None:
+        self._target = target
+        self._partial = ""
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._lock = threading.Lock()
+        self.buffer = _LineBytes(self)
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *lines, self._partial = (self._partial + text).split("\n")
+        for line in lines:
+            progress.write(line, file=self._target)
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            line, self._partial = self._partial, ""
+        if line:
+            progress.write(line, file=self._target)
+
+    def fileno(self) -> int:
+        return self._target.fileno()
+
+
+class _LineBytes:
+    def __init__(self, lines: _Lines) -> None:
+        self._lines = lines
+
+    def write(self, data: bytes) -> int:
+        self._lines.write(self._lines.decoder.decode(data))
+        return len(data)
+
+    def flush(self) -> None:
+        pass  # a line is written once it is whole
+
+
+class _AboveTheBars:
+    """For the launch: ``sys.stdout``/``sys.stderr`` and the logging handlers that write
+    to the console print their lines above the bars (as the lines of the launcher's process did
+    before the launch ran in this one)."""
+
+    def __enter__(self) -> _AboveTheBars:
+        self._saved = sys.stdout, sys.stderr
+        out, err = _Lines(sys.stdout), _Lines(sys.stderr)
+        self._handlers = [
+            (h, h.stream)
+            for h in logging.getLogger().handlers
+            if isinstance(h, logging.StreamHandler) and h.stream in self._saved
+        ]
+        for handler, stream in self._handlers:
+            handler.setStream(err if stream is self._saved[1] else out)
+        sys.stdout, sys.stderr = out, err
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = self._saved
+        for handler, stream in self._handlers:
+            handler.setStream(stream)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -243,9 +301,6 @@ def run(args: argparse.Namespace) -> int:
     result_path.unlink(missing_ok=True)
     job = Path(__file__).resolve().parent / "jobs" / "wide_deep_job.py"
     command = [
-        sys.executable, "-m", "sparseps.cli", "launch",
-        "--server-num", str(args.server_num), "--worker-num", str(args.worker_num),
-        "--log-dir", str(out / "log"), str(job),
         "--train", train, "--test", test, "--result", str(result_path),
         "--mode", "gpups" if args.gpups else args.mode, "--device", args.device,
         "--checkpoint", str(out / "checkpoint"), "--inference-model", str(out / "inference_model"),
@@ -260,17 +315,21 @@ def run(args: argparse.Namespace) -> int:
         if args.embedx_threshold < 0:
             raise SparsePSError(f"--embedx-threshold must be >= 0, got {args.embedx_threshold}")
         command += ["--embedx-threshold", repr(args.embedx_threshold)]
-    env = dict(sps_env.process_environ())
+    settings: dict[str, str] = {}  # every child's environment besides its role
     if args.memory_rows < 0:
         raise SparsePSError(f"--memory-rows must be >= 0, got {args.memory_rows}")
-    if args.memory_rows > 0:  # servers read their disk dir from the environment
+    if args.memory_rows > 0:  # servers read their disk dir from their settings
         command += ["--memory-rows", str(args.memory_rows)]
-        env[sps_env.DISK_DIR] = str(Path(args.disk_dir or out / "disk").resolve())
+        settings[sps_env.DISK_DIR] = str(Path(args.disk_dir or out / "disk").resolve())
     elif args.disk_dir:
         raise SparsePSError("--disk-dir needs --memory-rows N (N > 0)")
+    config = LaunchConfig(
+        script=str(job), script_args=tuple(command), server_num=args.server_num,
+        worker_num=args.worker_num, log_dir=str(out / "log"), env=settings,
+    )  # fmt: skip
     start = time.perf_counter()
     rows = None if args.train else args.rows
-    code = _launch(command, env, out / "log", rows, args.progress)
+    code = _launch(config, rows, args.progress).exit_code
     if code != 0 or not result_path.is_file():
         raise SparsePSError(
             f"the demo job failed (exit code {code}); see the logs in {out / 'log'}"

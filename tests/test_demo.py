@@ -149,11 +149,30 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stopping_the_demo_stops_its_job(tmp_path, sig):
-    """SIGTERM (a process manager) or SIGINT (Ctrl-C) to ``sparseps demo`` alone stops the
-    launcher it started and every process of the job; none trains on as an orphan (before:
-    the launcher and its children ran the job to its end after the demo was gone)."""
+    """SIGTERM (a process manager) or SIGINT (Ctrl-C) to ``sparseps demo`` alone stops
+    every process of the job; none trains on as an orphan (before: the launcher and its
+    children ran the job to its end after the demo was gone). The launcher is the demo's
+    own process (``launch()`` in process, issue 53), whose supervisor takes both signals."""
     out = tmp_path / "out"
     env = clean_environ()
     demo = subprocess.Popen(
@@ -169,6 +188,11 @@ def test_stopping_the_demo_stops_its_job(tmp_path, sig):
                 break
             assert demo.poll() is None and time.monotonic() < deadline, demo.stderr.read()[-3000:]
             time.sleep(0.1)
+        # the launcher runs in the demo's own process: no `sparseps.cli launch` child
+        assert record["launcher"] == demo.pid, record
+        assert not [
+            pid for pid in _children_of(demo.pid) if b"sparseps.cli\x00launch" in _cmdline(pid)
+        ]
         pids = [record["launcher"], *(c["pid"] for c in record["children"])]
         pids += record.get("fork_servers", [])
         demo.send_signal(sig)

@@ -129,3 +129,18 @@ def test_a_local_launch_runs_in_this_process_and_gives_the_signals_back(tmp_path
     thread.join(timeout=240)
     assert got and got[0].reason == "failed", got
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_the_path_of_a_launch_names_at_most_six_modules_that_exist():
+    """docs/architecture.md, "The path of a launch": at most 6 steps, each a module that
+    exists; the launch step names the backend table it dispatches through."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "docs" / "architecture.md").read_text()
+    section = text.split("### The path of a launch", 1)[1].split("\n## ", 1)[0]
+    steps = re.findall(r"^\d+\. \*\*`([^`]+)`\.\*\*", section, flags=re.M)
+    assert 1 <= len(steps) <= 6, steps
+    for module in steps:
+        assert (root / "sparseps" / module).is_file(), module
+    assert "BACKENDS" in section and "launch/launch_cli.py" in steps

@@ -109,9 +109,9 @@ def test_gen_data_progress_bar_only_on_a_terminal_or_when_asked(tmp_path, capsys
 def test_online_passes_the_status_port_to_the_launcher(tmp_path):
     from types import SimpleNamespace
 
-    job = SimpleNamespace(server_num=1, worker_num=2, job_id=None, backend="local",
-                          heter_worker_num=0, heter_device=None)  # fmt: skip
-    config = SimpleNamespace(job=job, log_dir=tmp_path / "log")
+    from sparseps.online.config import JobConfig
+
+    config = SimpleNamespace(job=JobConfig(worker_num=2), log_dir=tmp_path / "log")
     argv = launch_argv(config, tmp_path / "job.yaml", status_port=0)
     assert argv[argv.index("--status-port") + 1] == "0"
     assert "--status-port" not in launch_argv(config, tmp_path / "job.yaml")
