@@ -110,6 +110,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--cvm", action="store_true", help="slots' show/click features (cvm op)")
     p.add_argument(
+        "--mlp-init", default="torch", choices=["torch", "glorot"],
+        help="the dense layers' initialisation (sparseps.models.WideDeep's mlp_init)",
+    )  # fmt: skip
+    p.add_argument(
+        "--emb-init", type=float, default=0.05,
+        help="deep rows start uniform in [-X, X] (sparseps.models.WideDeep's emb_init)",
+    )  # fmt: skip
+    p.add_argument(
         "--embedx-threshold", type=float, default=None,
         help="one CTR-accessor table: a feature's embedx part is stored once its show/click "
         "score reaches this (docs/table.md, 'Accessor'); default: today's two tables",
@@ -171,6 +179,8 @@ def main(argv=None) -> int:
         cvm=args.cvm,
         embedx_threshold=args.embedx_threshold,
         embedx_dtype=args.embedx_dtype,
+        mlp_init=args.mlp_init,
+        emb_init=args.emb_init,
     )
     # the Trainer first: in a heter worker it serves the dense network from here on (the
     # dense values come from the servers' table, which worker 0 creates after the prior)

@@ -14,15 +14,29 @@ from ..worker.nn import SparseEmbedding
 __all__ = ["CvmNorm", "ctr_accessor", "mlp", "set_output_bias", "slot_embedding"]
 
 
-def mlp(in_features: int, hidden: Sequence[int], out_features: int = 1) -> nn.Sequential:
-    """``Linear -> ReLU`` for each hidden width, then a final ``Linear``."""
+MLP_INITS = ("torch", "glorot")
+
+
+def mlp(in_features: int, hidden: Sequence[int], out_features: int = 1, *,
+        init: str = "torch") -> nn.Sequential:  # fmt: skip
+    """``Linear -> ReLU`` for each hidden width, then a final ``Linear``.
+
+    ``init``: ``"torch"`` (PyTorch's default: weights and biases uniform in
+    ``±1/sqrt(fan_in)``) or ``"glorot"`` (Keras's default, what the TensorFlow and Paddle
+    peers start from: weights uniform in ``±sqrt(6 / (fan_in + fan_out))``, biases zero).
+    """
+    if init not in MLP_INITS:
+        raise ValueError(f"mlp init {init!r}: expected one of {MLP_INITS}")
     layers: list[nn.Module] = []
     width = in_features
-    for size in hidden:
-        layers += [nn.Linear(width, size), nn.ReLU()]
+    for size in [*hidden, out_features]:
+        layer = nn.Linear(width, size)
+        if init == "glorot":
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
+        layers += [layer, nn.ReLU()]
         width = size
-    layers.append(nn.Linear(width, out_features))
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers[:-1])
 
 
 class CvmNorm(nn.Module):
@@ -67,9 +81,11 @@ def slot_embedding(
     memory_rows: int | None = None,
     cvm: bool = False,
     accessor: Accessor | None = None,
+    init_scale: float = 0.05,
 ) -> SparseEmbedding:
     """The built-in models' sum-pooled embedding of every slot: Adam(0.01) unless ``rule``
-    is given; rows start uniform in [-0.05, 0.05], or at zero (``zeros``, for linear parts);
+    is given; rows start uniform in [-init_scale, init_scale] (0.05 by default), or at zero
+    (``zeros``, for linear parts);
     ``memory_rows``: the table's memory budget per server (None: all rows in memory);
     ``cvm``/``accessor``: see :class:`~sparseps.nn.SparseEmbedding`."""
     return SparseEmbedding(
@@ -77,7 +93,9 @@ def slot_embedding(
         dim,
         slots=tuple(slots),
         rule=rule or optim.Adam(lr=0.01),
-        initializer=Initializer.zeros() if zeros else Initializer.uniform(-0.05, 0.05),
+        initializer=Initializer.zeros()
+        if zeros or init_scale == 0
+        else Initializer.uniform(-init_scale, init_scale),
         lifecycle=lifecycle,
         memory_rows=memory_rows,
         cvm=cvm,

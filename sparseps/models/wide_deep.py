@@ -31,11 +31,14 @@ class WideDeepHead(nn.Module):
     """The dense part: ``(dense [B, D], deep [B, S, d], wide [B, S, 1]) -> logits [B, 1]``."""
 
     def __init__(self, num_slots: int, num_dense: int, emb_dim: int, hidden: Sequence[int],
-                 *, cvm: bool = False) -> None:  # fmt: skip
+                 *, cvm: bool = False, mlp_init: str = "torch") -> None:  # fmt: skip
         super().__init__()
         self.flat = CvmNorm(num_slots, cvm=cvm)
-        self.deep = mlp(num_slots * emb_dim + num_dense, hidden)
+        self.deep = mlp(num_slots * emb_dim + num_dense, hidden, init=mlp_init)
         self.wide_dense = nn.Linear(num_dense, 1)
+        if mlp_init == "glorot":
+            nn.init.xavier_uniform_(self.wide_dense.weight)
+            nn.init.zeros_(self.wide_dense.bias)
         # a constant added to every logit, set after training by a calibration step (see
         # sparseps.models.calibration); a buffer, not a parameter: it is not trained and
         # not in the dense table, but it is exported with the head
@@ -52,11 +55,11 @@ class CtrWideDeepHead(nn.Module):
     ``wide_column`` of ``emb``: after the cvm features, if any)."""
 
     def __init__(self, num_slots: int, num_dense: int, width: int, wide_column: int,
-                 hidden: Sequence[int]) -> None:  # fmt: skip
+                 hidden: Sequence[int], *, mlp_init: str = "torch") -> None:  # fmt: skip
         super().__init__()
         self.wide_column = wide_column
         self.flat = CvmNorm(num_slots, cvm=wide_column == 2)  # cvm features in front
-        self.deep = mlp(num_slots * width + num_dense, hidden)
+        self.deep = mlp(num_slots * width + num_dense, hidden, init=mlp_init)
         # the linear part starts at zero, as the features' embed_w do (FTRL): PyTorch's
         # default init of a Linear over raw dense values adds a random logit term (std ~0.8
         # on the demo's data) that the slow dense rule needs most of a pass to remove; with
@@ -89,6 +92,9 @@ class WideDeep(SparseModel):
             is stored once a feature's score reaches it (see the module docstring).
         embedx_dtype: ``"float32"`` or ``"float16"`` embedx weights (with a threshold;
             float16 takes ``SparseAdagrad`` as the deep rule unless one is given).
+        mlp_init: the dense layers' initialisation, ``"torch"`` or ``"glorot"``
+            (:func:`~sparseps.models._blocks.mlp`).
+        emb_init: the deep rows start uniform in ``[-emb_init, emb_init]`` (0: at zero).
     """
 
     def __init__(
@@ -107,6 +113,8 @@ class WideDeep(SparseModel):
         cvm: bool = False,
         embedx_threshold: float | None = None,
         embedx_dtype: str = "float32",
+        mlp_init: str = "torch",
+        emb_init: float = 0.05,
     ) -> None:
         super().__init__()
         slots = tuple(slots)
@@ -129,12 +137,13 @@ class WideDeep(SparseModel):
         if accessor is not None:  # one table: embed_w (the wide weight) + the embedx part
             table = slot_embedding(deep_table, 1 + emb_dim, slots, deep_rule,
                                    lifecycle=lifecycle, memory_rows=memory_rows, cvm=cvm,
-                                   accessor=accessor)  # fmt: skip
+                                   accessor=accessor, init_scale=emb_init)  # fmt: skip
             self.embeddings = nn.ModuleList([table])
-            self.head = CtrWideDeepHead(len(slots), num_dense, table.output_dim, 2 * cvm, hidden)
+            self.head = CtrWideDeepHead(len(slots), num_dense, table.output_dim, 2 * cvm, hidden,
+                                        mlp_init=mlp_init)  # fmt: skip
             return
         deep = slot_embedding(deep_table, emb_dim, slots, deep_rule, lifecycle=lifecycle,
-                              memory_rows=memory_rows, cvm=cvm)  # fmt: skip
+                              memory_rows=memory_rows, cvm=cvm, init_scale=emb_init)  # fmt: skip
         self.embeddings = nn.ModuleList(
             [
                 deep,
@@ -149,4 +158,5 @@ class WideDeep(SparseModel):
                 ),
             ]
         )
-        self.head = WideDeepHead(len(slots), num_dense, deep.output_dim, hidden, cvm=cvm)
+        self.head = WideDeepHead(len(slots), num_dense, deep.output_dim, hidden, cvm=cvm,
+                                 mlp_init=mlp_init)  # fmt: skip
