@@ -135,10 +135,12 @@ class DeviceTable:
         unique, inverse = torch.unique(index, return_inverse=True)
         merged = grads.new_zeros((unique.numel(), grads.shape[1]))
         merged.index_add_(0, inverse, grads)
+        before = None if self.admission is None else self.shows.index_select(0, unique)
         self.shows.index_add_(0, index, shows)
         self.clicks.index_add_(0, index, clicks)
         if self.admission is not None:  # pending keys: admitted now, or their grads dropped
-            stepped = self.admission.admit(unique, self.shows, self.clicks, self.weights)
+            assert before is not None
+            stepped = self.admission.admit(unique, self.shows, self.clicks, self.weights, before)
             unique, merged = unique[stepped], merged[stepped]
         if self.config.accessor.split:  # two rules over the row's two parts
             apply_table_rules(self.config, self.weights, self.state, unique, merged)

@@ -107,16 +107,6 @@ def test_gpups_refuses_a_stream_and_splits_a_pass_over_its_memory_budget(
                 trainer.train_from_dataset(batches, print_period=0)
         finally:
             trainer.stop()
-    drawn = sps.nn.SparseEmbedding(
-        "drawn", 2, slots=SLOTS,
-        lifecycle=sps.Lifecycle(admission="probability", admit_probability=0.5),
-    )  # fmt: skip
-    trainer = sps.Trainer(drawn, strategy=sps.Strategy(mode=sps.GpuPS(device="cpu")))
-    try:  # count and score are decided on the device (test_gpups_split.py); a draw is not
-        with pytest.raises(ConfigError, match="'drawn'.*admission='probability'.*'count' or"):
-            trainer.train_from_dataset(batches, print_period=0)
-    finally:
-        trainer.stop()
     model = _model("b")
     keys = np.unique(np.concatenate([s.values for b in batches for s in b.slots.values()]))
     need = sum(keys.size * bytes_per_key(e.config) for e in model.embeddings)

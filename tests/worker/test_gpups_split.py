@@ -86,12 +86,23 @@ def test_split_gpups_passes_over_a_disk_tier_equal_sync_passes(tmp_path, planted
     _compare(sync, gpups)
 
 
-def test_gpups_under_count_admission_over_a_disk_tier_and_sub_passes_equals_sync(tmp_path, planted):
-    """Count admission on: pending keys are admitted on the device at the step the server
-    would admit them (their counters before the pass plus the pass's), their rows and
-    the pending keys' counters equal sync mode's after two passes split in sub-passes."""
+ADMISSIONS = {
+    "count": sps.Lifecycle(admission="count", admit_count=4),
+    "score": sps.Lifecycle(admission="score", admit_score=3.0),
+    "probability": sps.Lifecycle(admission="probability", admit_probability=0.3),
+}
+
+
+@pytest.mark.parametrize("kind", list(ADMISSIONS))
+def test_gpups_under_admission_over_a_disk_tier_and_sub_passes_equals_sync(tmp_path, planted,
+                                                                           kind):  # fmt: skip
+    """Each admission kind on: pending keys are admitted on the device at the step the
+    server would admit them (count, score: their counters before the pass plus the
+    pass's; probability: the server's draw of the key at the attempt of its shows before
+    the step), their rows and the pending keys' counters equal sync mode's after two
+    passes split in sub-passes."""
     batches = planted(7, 12, 64, SLOTS, vocab=400)
-    lifecycle = sps.Lifecycle(admission="count", admit_count=4)
+    lifecycle = ADMISSIONS[kind]
     sync = _train(batches, sps.Strategy(mode="sync"), {}, None, tmp_path / "sync", lifecycle)
     keys = np.unique(np.concatenate([s.values for b in batches for s in b.slots.values()]))
     rows = sync[0]["deep_emb"]["key"].size
