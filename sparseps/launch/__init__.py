@@ -1,6 +1,6 @@
-"""The launcher: who runs where (``spec``), keeping processes alive or failing fast
-(``supervisor``), the ``sparseps launch`` command (``cli``), fork servers, Ray and
-Kubernetes, scaling. The job's key-value store is :mod:`sparseps.store`; the workers'
+"""The launcher: what to launch (``config.LaunchConfig``), where it runs (the backends
+behind ``launch_cli.launch``: local, Ray, Kubernetes), who runs where (``spec``), keeping
+processes alive or failing fast (``supervisor``), fork servers, scaling. The job's key-value store is :mod:`sparseps.store`; the workers'
 rendezvous, process group and local mode are :mod:`sparseps.runtime`.
 
 Nothing here starts at import time; heavy modules (torch) are imported inside functions.

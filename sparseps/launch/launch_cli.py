@@ -252,7 +252,8 @@ def backend_of(name: str) -> Backend:
             f"--backend: expected one of {', '.join(BACKENDS)}, got {name!r}"
         ) from None
     backend = getattr(importlib.import_module(module), cls)()
-    assert isinstance(backend, Backend)
+    if not isinstance(backend, Backend):
+        raise TypeError(f"BACKENDS[{name!r}]: {module}.{cls} is no Backend (name, launch)")
     return backend
 
 
