@@ -9,10 +9,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from sparseps.testing import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,7 +42,7 @@ KERNELS = textwrap.dedent(
     go = Path(sys.argv[1])
     Path(sys.argv[2]).touch()  # imported: ready
     deadline = time.monotonic() + 60
-    while not go.exists() and time.monotonic() < deadline:
+    while not go.exists() and time.monotonic() < deadline:  # the go signal between processes
         time.sleep(0.005)
     value = outer(np.arange(4, dtype=np.float64))
     stats = [kernel.stats for kernel in (outer, inner)]
@@ -70,10 +71,12 @@ def test_processes_starting_together_compile_a_kernel_once(tmp_path):
         )  # fmt: skip
         for i in range(3)
     ]
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"ready.{i}").exists() for i in range(3)):
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-        time.sleep(0.01)
+
+    def ready() -> bool:
+        assert all(p.poll() is None for p in procs), "a process died before it was ready"
+        return all((tmp_path / f"ready.{i}").exists() for i in range(3))
+
+    wait_until(ready, 60, "the three processes to import the kernels", interval=0.01)
     go.touch()  # all three call the kernels now
     results = []
     for proc in procs:

@@ -1,5 +1,5 @@
 """Test helpers shipped with the package: local clusters, ranks run as processes, a fake
-clock, fault injection, planted data."""
+clock, waiting on a condition, fault injection, planted data, launched jobs."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from .clock import FakeClock
 from .cluster import LocalCluster, local_cluster
 from .planted import planted_batches
 from .ranks import RankResult, run_ranks
+from .wait import wait_until
 
 __all__ = [
     "FakeClock",
@@ -15,4 +16,5 @@ __all__ = [
     "local_cluster",
     "planted_batches",
     "run_ranks",
+    "wait_until",
 ]

@@ -6,7 +6,9 @@ wire protocol (see :mod:`sparseps.rpc.protocol`), mixed with pure noise. A corre
 server answers every one with a ``ProtocolError`` reply and keeps serving.
 :class:`FakeServer` is the other direction: a real socket on loopback that reads requests
 as a server does and answers each with what the test's function returns (a malformed
-answer, say), so a test sees what a client makes of it.
+answer, say), so a test sees what a client makes of it. :class:`FailingAllocator` is a
+table's allocator hook that raises ``MemoryError`` on demand (out of memory while a table
+grows).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import zmq
 
 from ..core.closing import Closing
 from ..rpc.protocol import PROTOCOL_VERSION, ReplyArea, Request, decode_request, encode_reply
+from ..table.growth import Allocator
 
-__all__ = ["KINDS", "FakeServer", "RawPeer", "malformed_messages"]
+__all__ = ["KINDS", "FailingAllocator", "FakeServer", "RawPeer", "malformed_messages"]
 
 
 def _header(
@@ -259,3 +262,26 @@ class FakeServer(Closing):
         self._thread.join(timeout=10)
         self._socket.close()
         self._context.term()
+
+
+class FailingAllocator(Allocator):
+    """The table's allocator hook: fails every allocation of ``minimum`` bytes or more once
+    ``armed`` (counted in ``failures``)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.minimum = 0
+        self.failures = 0
+
+    def _check(self, nbytes: int) -> None:
+        if self.armed and nbytes >= self.minimum:
+            self.failures += 1
+            raise MemoryError(f"injected: {nbytes} bytes")
+
+    def realloc(self, address: int, nbytes: int) -> int:
+        self._check(nbytes)
+        return super().realloc(address, nbytes)
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        self._check(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        return super().empty(shape, dtype)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 from sparseps.cli import main as cli_main
 from sparseps.data.synthetic import write_dataset
 from sparseps.files import manifest as mf
+from sparseps.testing import wait_until
 from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,12 +218,12 @@ def test_server_killed_during_a_save_leaves_the_previous_checkpoint_usable(
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, (
-                "the job never reached the stalled save"
-            )
-            time.sleep(0.2)
+
+        def stalled() -> bool:
+            assert proc.poll() is None, "the job ended before it reached the stalled save"
+            return marker.exists()
+
+        wait_until(stalled, 120, "the job to reach the stalled save", interval=0.1)
         good_manifest = (good / mf.MANIFEST).read_bytes()
         server = json.loads((work / "log" / "pids.json").read_text())
         pid = _server_pid(server, 1)

@@ -12,6 +12,7 @@ from sparseps.data import CRITEO, Batch, InMemoryDataset, QueueDataset, Schema, 
 from sparseps.data import sources as sources_module
 from sparseps.data.schema import ID_FILE_SHIFT
 from sparseps.errors import ConfigError, DeadlineError
+from sparseps.testing import wait_until
 
 
 def write_files(folder, rows_per_file: list[int]) -> list[str]:
@@ -137,10 +138,10 @@ def test_a_stalled_consumer_leaves_a_bounded_number_of_chunks_buffered(
     first = next(batches)  # the consumer holds one chunk, then stalls
     # the queue's chunks, plus one chunk per reader blocked in put(), plus the one held
     bound = queue_size + threads + 1
-    deadline = time.monotonic() + 10
-    while len(parsed) < bound and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.5)  # stalled well past the time it took to fill the buffer
+    wait_until(lambda: len(parsed) >= bound, 10, f"the readers to fill the buffer ({bound} chunks)")
+    # what is tested is that nothing more happens: no event marks an absence, so the
+    # consumer stays stalled well past the time it took to fill the buffer
+    time.sleep(0.5)
     assert len(parsed) == bound, parsed
     rest = sum(len(b) for b in batches)  # resuming delivers every sample exactly once
     assert len(first) + rest == 300 == sum(parsed) and len(parsed) > 3 * bound
@@ -217,6 +218,7 @@ def test_wait_preload_done_times_out(tmp_path, monkeypatch):
     write_files(tmp_path / "d", [10])
     ds = InMemoryDataset(str(tmp_path / "d"), CRITEO, batch_size=4)
     real = ds.load_into_memory
+    # a load that takes 1 s: the deadline under test passes while it runs
     monkeypatch.setattr(ds, "load_into_memory", lambda: (time.sleep(1.0), real()))
     ds.preload_into_memory()
     with pytest.raises(DeadlineError, match="preload_into_memory"):

@@ -13,6 +13,7 @@ from sparseps.data.pipe import KILL_GRACE_S, pipe_chunks
 from sparseps.data.schema import CRITEO
 from sparseps.data.sources import CHUNK_BYTES, Format, read_file
 from sparseps.errors import ConfigError, DeadlineError, InputError
+from sparseps.testing import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -33,18 +34,13 @@ def _member(pidfile: Path, *, ignore_term: bool = False) -> str:
 
 
 def _pids(*files: Path, within: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + within
-    while not all(f.is_file() and f.read_text().strip() for f in files):
-        assert time.monotonic() < deadline, "the pipeline's members never started"
-        time.sleep(0.02)
+    started = lambda: all(f.is_file() and f.read_text().strip() for f in files)  # noqa: E731
+    wait_until(started, within, "the pipeline's members to start")
     return [int(f.read_text()) for f in files]
 
 
 def _all_gone(pids: list[int], within: float) -> None:
-    deadline = time.monotonic() + within
-    while any(_alive(p) for p in pids):
-        assert time.monotonic() < deadline, [p for p in pids if _alive(p)]
-        time.sleep(0.02)
+    wait_until(lambda: not any(_alive(p) for p in pids), within, f"pipeline members {pids} to exit")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from sparseps.elastic.server_moves import ROW_BUFS
 from sparseps.errors import DeadlineError, ProtocolError, RemoteError, UnavailableError
 from sparseps.optim import Adagrad
 from sparseps.table import SparseTable
-from sparseps.testing import LocalCluster, local_cluster
+from sparseps.testing import LocalCluster, local_cluster, wait_until
 
 DIM = 4
 VSHARDS = 256
@@ -128,9 +128,8 @@ class _Pusher(threading.Thread):
 
     def wait_steps(self, count: int, timeout: float = 60.0) -> None:
         target = len(self.done) + count
-        deadline = time.monotonic() + timeout
-        while len(self.done) < target and self.error is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        moved = lambda: len(self.done) >= target or self.error is not None  # noqa: E731
+        wait_until(moved, timeout, f"pushes to pass {target} (stalled at {len(self.done)})")
         assert self.error is None, self.error
         assert len(self.done) >= target, f"pushes stalled at {len(self.done)}"
 
@@ -192,10 +191,7 @@ def _lifecycle_config() -> TableConfig:
 
 
 def _wait_for(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+    wait_until(predicate, timeout, what, interval=0.005)
 
 
 class _Paused:

@@ -27,6 +27,7 @@ from _scaletools import (
     step_times,
 )
 
+from sparseps.testing import wait_until
 from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,10 +52,7 @@ def _launch(tmp: Path, name: str, *extra: str) -> subprocess.Popen:
 
 
 def _wait(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.05)
+    wait_until(predicate, timeout, what)
 
 
 def test_scale_a_launched_job_2_to_3_to_2_equals_the_unscaled_job(tmp_path, capsys):

@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,11 +16,10 @@ from sparseps.cli import main as cli_main
 from sparseps.env import HETER_WORKERS, Role, RoleEnv, from_environ
 from sparseps.errors import ConfigError
 from sparseps.launch.spec import make_spec
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import clean_env, launch_argv, read_pids, text
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "launch"))
-from _launchtools import clean_env, launch_argv, read_pids, text, wait_for  # noqa: E402
-
 JOB = ROOT / "sparseps" / "jobs" / "wide_deep_job.py"
 pytestmark = pytest.mark.timeout(240)
 
@@ -99,7 +97,7 @@ def test_a_killed_heter_worker_fails_the_job_fast_and_named(tmp_path, data):
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             return "batch: [" in text(log / "worker.0.log")
 
-        wait_for(first_batch, 150, "worker 0's first batch")
+        wait_until(first_batch, 150, "worker 0's first batch")
         pid = next(c["pid"] for c in read_pids(log)["children"] if c["role"] == "heter_worker")
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()

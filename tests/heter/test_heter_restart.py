@@ -11,17 +11,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sparseps.cli import main as cli_main
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import clean_env, launch_argv, read_pids, text
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "launch"))
-from _launchtools import clean_env, launch_argv, read_pids, text, wait_for  # noqa: E402
-
 JOB = ROOT / "sparseps" / "jobs" / "wide_deep_job.py"
 pytestmark = pytest.mark.timeout(600)
 # async heter mode: two runs of this job without a kill differ by up to ~0.009 (0.7620 and
@@ -70,7 +68,7 @@ def test_a_killed_heter_worker_restarts_and_the_job_finishes(tmp_path, data):
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             return "batch: [" in text(log / "worker.0.log")
 
-        wait_for(first_batch, 200, "worker 0's first batch")
+        wait_until(first_batch, 200, "worker 0's first batch")
         pid = next(c["pid"] for c in read_pids(log)["children"] if c["role"] == "heter_worker")
         os.kill(pid, signal.SIGKILL)
         hold.unlink()

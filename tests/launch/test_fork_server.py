@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from _launchtools import alive, assert_all_gone
 
 from sparseps.env import ZYGOTE_DIR
 from sparseps.launch.fork_server import ForkServer, fork_server_enabled
 from sparseps.testing.environ import clean_environ
+from sparseps.testing.jobs import alive, assert_all_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 

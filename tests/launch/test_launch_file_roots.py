@@ -7,7 +7,8 @@ import json
 import textwrap
 
 import pytest
-from _launchtools import run_launch
+
+from sparseps.testing.jobs import run_launch
 
 pytestmark = pytest.mark.timeout(180)
 

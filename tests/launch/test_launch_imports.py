@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from _launchtools import clean_env
+from sparseps.testing.jobs import clean_env
 
 JOB = """
 import sparseps as sps

@@ -13,11 +13,13 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
-from _launchtools import (
-    JOB,
+
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import (
     MINIMAL,
     alive,
     clean_env,
@@ -27,10 +29,11 @@ from _launchtools import (
     run_launch,
     start_two_launchers,
     text,
-    wait_for,
 )
-from _launchtools import assert_all_gone as _assert_all_gone
-from _launchtools import results as _results
+from sparseps.testing.jobs import assert_all_gone as _assert_all_gone
+from sparseps.testing.jobs import results as _results
+
+JOB = Path(__file__).resolve().parent / "scripts" / "job.py"  # the launcher tests' job
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -123,7 +126,7 @@ def test_signal_to_the_launcher_stops_every_child(tmp_path, sig):
     )  # fmt: skip
     try:
         for rank in (0, 1):
-            wait_for(
+            wait_until(
                 lambda rank=rank: f"worker {rank} ready" in text(log / f"worker.{rank}.log"),
                 90,
                 f"worker {rank} to start",
@@ -255,4 +258,4 @@ def test_local_mode_server_never_outlives_the_script(tmp_path, how):
     match = re.search(r"background server \(pid (\d+)", err)
     assert match, err
     server = int(match.group(1))
-    wait_for(lambda: not alive(server), 5.0, f"local server {server} to exit")
+    wait_until(lambda: not alive(server), 5.0, f"local server {server} to exit")

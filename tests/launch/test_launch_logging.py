@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from _launchtools import assert_all_gone, clean_env, run_launch
+
+from sparseps.testing.jobs import assert_all_gone, clean_env, run_launch
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,10 +8,10 @@ import threading
 import time
 
 import pytest
-from _launchtools import free_port
 
 from sparseps.errors import DeadlineError, UnavailableError
 from sparseps.launch.node_sync import StoreCoordinator
+from sparseps.testing.jobs import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

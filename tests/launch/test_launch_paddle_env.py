@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from _launchtools import clean_env, free_port
 
 from sparseps.data.synthetic import write_dataset
 from sparseps.env import Role, from_environ
 from sparseps.errors import ConfigError
 from sparseps.rpc.client import PSClient
+from sparseps.testing.jobs import clean_env, free_port
 
 pytestmark = pytest.mark.timeout(120)
 

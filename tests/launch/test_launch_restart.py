@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from _launchtools import (
-    JOB,
+
+from sparseps.testing.jobs import (
     assert_all_gone,
     finish,
     read_pids,
@@ -22,6 +23,8 @@ from _launchtools import (
     run_launch,
     start_two_launchers,
 )
+
+JOB = Path(__file__).resolve().parent / "scripts" / "job.py"  # the launcher tests' job
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,9 +12,20 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
-from _launchtools import JOB, assert_all_gone, clean_env, launch_argv, read_pids, text, wait_for
+
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import (
+    assert_all_gone,
+    clean_env,
+    launch_argv,
+    read_pids,
+    text,
+)
+
+JOB = Path(__file__).resolve().parent / "scripts" / "job.py"  # the launcher tests' job
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -33,7 +44,7 @@ def _launch(tmp_path, mode: str) -> subprocess.Popen:
 
 def _wait(launcher: subprocess.Popen, predicate, what: str) -> None:
     """Wait for ``predicate`` (bounded); fail at once, with its output, if the launcher ended."""
-    wait_for(lambda: predicate() or launcher.poll() is not None, 90, what)
+    wait_until(lambda: predicate() or launcher.poll() is not None, 90, what)
     if not predicate():
         out, err = launcher.communicate()
         raise AssertionError(f"the launcher ended ({launcher.returncode}) before {what}: {err}")

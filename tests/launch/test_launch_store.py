@@ -16,12 +16,12 @@ from datetime import timedelta
 import msgpack
 import pytest
 import zmq
-from _launchtools import clean_env, free_port
 
 from sparseps.errors import ConfigError, DeadlineError, RemoteError, UnavailableError
 from sparseps.rpc import security
 from sparseps.store.client import StoreServer
 from sparseps.store.torch_store import ZmqStore
+from sparseps.testing.jobs import clean_env, free_port
 
 pytestmark = pytest.mark.timeout(60)
 

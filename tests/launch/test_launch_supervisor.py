@@ -10,11 +10,12 @@ import time
 from dataclasses import replace
 
 import pytest
-from _launchtools import alive, clean_env, read_pids, wait_for
 
 from sparseps.env import Role
 from sparseps.errors import ConfigError
 from sparseps.launch import ChildSpec, Supervisor, SupervisorConfig
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import alive, clean_env, read_pids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -60,7 +61,7 @@ def test_failure_stops_everyone_and_names_the_child(tmp_path):
     pids = [c["pid"] for c in read_pids(tmp_path / "log")["children"]]
     assert len(pids) == 3 and not any(alive(p) for p in pids)
     # the sleeping grandchild was in worker 0's process group: gone too
-    wait_for(lambda: not alive(int(grandchild.read_text())), 2.0, "the grandchild to exit")
+    wait_until(lambda: not alive(int(grandchild.read_text())), 2.0, "the grandchild to exit")
 
 
 def test_killed_child_reports_the_signal(tmp_path):

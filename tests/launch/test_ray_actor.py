@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from _launchtools import alive, wait_for
 
 from sparseps.cli import main as cli_main
 from sparseps.errors import ConfigError
 from sparseps.launch.ray_actor import RoleActor
 from sparseps.launch.ray_placement import actor_options, parse_resources
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import alive
 
 
 def test_prepare_names_the_node_and_the_missing_path(tmp_path):
@@ -44,10 +45,10 @@ def test_child_output_is_pulled_by_offset_and_stop_ends_its_group(tmp_path):
         assert reply["code"] is None
         return int(out.split()[1]) if out.startswith(b"grandchild") else None
 
-    child_of_child = wait_for(grandchild, 30, "the role to print its grandchild's pid")
+    child_of_child = wait_until(grandchild, 30, "the role to print its grandchild's pid")
     assert alive(pid) and alive(child_of_child)
     assert actor.stop(grace_s=2.0) is not None
-    wait_for(lambda: not alive(child_of_child), 5, "the grandchild to die with the group")
+    wait_until(lambda: not alive(child_of_child), 5, "the grandchild to die with the group")
     assert actor.poll(len(out))["code"] is not None
 
 

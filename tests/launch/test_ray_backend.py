@@ -23,18 +23,20 @@ import time
 from pathlib import Path
 
 import pytest
-from _launchtools import (
-    JOB,
-    ROOT,
+
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import (
     alive,
     can_bind,
     clean_env,
     finish,
     job_processes,
     launch_argv,
-    wait_for,
 )
-from _launchtools import text as read_text
+from sparseps.testing.jobs import text as read_text
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).resolve().parent / "scripts" / "job.py"  # the launcher tests' job
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
@@ -124,7 +126,7 @@ def ray_cluster(_data_job):
     turns token authentication on for new clusters, and the second node then failed to
     join).
     """
-    from _launchtools import free_port
+    from sparseps.testing.jobs import free_port
 
     temp_dir = tempfile.mkdtemp(prefix="spsray-", dir="/tmp")  # Unix sockets: keep it short
     port = free_port(HEAD)
@@ -139,7 +141,7 @@ def ray_cluster(_data_job):
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))  # fmt: skip
         # node_b starts as soon as the head's GCS listens, while the head finishes its start
-        wait_for(lambda: _listening(HEAD, port), 60, "the Ray head's GCS port")
+        wait_until(lambda: _listening(HEAD, port), 60, "the Ray head's GCS port")
         starts.append(subprocess.Popen(
             [str(RAY), "start", "--address", address, "--node-ip-address", NODE_B,
              "--resources", '{"node_b": 1}', *common],
@@ -153,7 +155,7 @@ def ray_cluster(_data_job):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: not any(alive(p) for p in pids), 20, "the Ray cluster to stop")
+        wait_until(lambda: not any(alive(p) for p in pids), 20, "the Ray cluster to stop")
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
@@ -261,7 +263,7 @@ def test_a_worker_exiting_3_fails_the_ray_job_fast_and_names_it(ray_cluster, tmp
     attempts = sorted((c["role"], c["rank"], c["attempt"]) for c in record["children"])
     assert attempts == [("server", 0, 0), ("worker", 0, 0), ("worker", 0, 1), ("worker", 1, 0),
                         ("worker", 1, 1)]  # fmt: skip
-    wait_for(lambda: not any(alive(c["pid"]) for c in record["children"]), 10, "roles to exit")
+    wait_until(lambda: not any(alive(c["pid"]) for c in record["children"]), 10, "roles to exit")
     assert job_processes(record["job_id"]) == []
 
 
@@ -276,13 +278,13 @@ def test_killing_the_driver_leaves_no_actor_or_process_behind(ray_cluster, tmp_p
     )  # fmt: skip
     try:
         # every role's process has started (the driver writes pids.json after each start)
-        record = wait_for(lambda: _started(log, 3), 120, "the job's 3 processes to start")
+        record = wait_until(lambda: _started(log, 3), 120, "the job's 3 processes to start")
         pids = [c["pid"] for c in record["children"]]
         assert all(alive(p) for p in pids) and len(_actor_pids()) == 3
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=10)
-        wait_for(lambda: not any(alive(p) for p in pids), 20, f"roles {pids} to exit")
-        wait_for(lambda: not _actor_pids(), 20, "the role actors to exit")
+        wait_until(lambda: not any(alive(p) for p in pids), 20, f"roles {pids} to exit")
+        wait_until(lambda: not _actor_pids(), 20, "the role actors to exit")
         assert job_processes(record["job_id"]) == []
     finally:
         if driver.poll() is None:
@@ -328,7 +330,7 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
         )  # fmt: skip
     plain = None
     try:
-        wait_for(lambda: (out / "progress").exists() or scaled.poll() is not None, 90,
+        wait_until(lambda: (out / "progress").exists() or scaled.poll() is not None, 90,
                  "the Ray job to train")  # fmt: skip
         assert scaled.poll() is None, read_text(tmp_path / "ray" / "launch.out")[-3000:]
         # the reference starts now (it shares the two cores with the Ray job's start
@@ -346,7 +348,7 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
         assert len(_actor_pids()) == 5  # the new server's own actor
         shrunk = helpers.scale(log, "--servers", "2", capsys=capsys)
         t1 = time.time()
-        wait_for(lambda: len(_actor_pids()) == 4, 20, "the retired server's actor to end")
+        wait_until(lambda: len(_actor_pids()) == 4, 20, "the retired server's actor to end")
         gate.write_text("go")
         assert scaled.wait(90) == 0, read_text(tmp_path / "ray" / "launch.out")[-3000:]
         assert plain.wait(90) == 0, read_text(tmp_path / "plain" / "launch.out")[-3000:]
@@ -368,7 +370,7 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
     assert "running server with rank id: 2" in read_text(log / "server.2.log")
     assert not any(alive(c["pid"]) for c in record["children"])
     assert job_processes(record["job_id"]) == []
-    wait_for(lambda: not _actor_pids(), 20, "the role actors to exit")
+    wait_until(lambda: not _actor_pids(), 20, "the role actors to exit")
     stall, _ = helpers.stall_while_scaled(out, t0, t_mid, t1)
     with capsys.disabled():
         print(f"\nray scale: grow {grown['seconds']:.2f} s (cut-over "
@@ -398,11 +400,11 @@ def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_pa
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        record = wait_for(lambda: _started(log, 2), 120, "the job's 2 processes to start")
+        record = wait_until(lambda: _started(log, 2), 120, "the job's 2 processes to start")
         assert isinstance(record["control"], str)
         # a --workers request asks the workers' store, which worker 0 hosts once it is up
         # (a request before that is refused for another reason: "does not answer")
-        wait_for(lambda: "worker 0 ready" in read_text(log / "worker.0.log"), 120,
+        wait_until(lambda: "worker 0 ready" in read_text(log / "worker.0.log"), 120,
                  "worker 0 to host the workers' store")  # fmt: skip
         with pytest.raises(ScaleError, match="needs a job whose workers follow membership"):
             scale_job(log, workers=2, timeout_s=30)
@@ -458,7 +460,7 @@ def test_online_job_on_ray_grows_to_3_workers_and_back(ray_cluster, tmp_path, ca
             assert job.poll() is None, read_text(out)[-3000:]
             return book.path.exists() and seq in {r["seq"] for r in book.passes()}
 
-        wait_for(recorded, 120, f"pass {seq} in the ledger")
+        wait_until(recorded, 120, f"pass {seq} in the ledger")
 
     out = tmp_path / "online.out"
     with open(out, "wb") as console:
@@ -511,7 +513,7 @@ def test_online_job_on_ray_grows_to_3_workers_and_back(ray_cluster, tmp_path, ca
     assert read_text(config.log_dir / "worker.2.log")
     assert not any(alive(c["pid"]) for c in record["children"])
     assert job_processes(record["job_id"]) == []
-    wait_for(lambda: not _actor_pids(), 20, "the role actors to exit")
+    wait_until(lambda: not _actor_pids(), 20, "the role actors to exit")
     with capsys.disabled():
         print(f"\nray online workers: grow to 3 answered in {t_grown - t_grow:.2f} s; test "
               f"wall {time.time() - start:.1f} s")  # fmt: skip
@@ -560,11 +562,11 @@ def test_a_worker_killed_in_an_online_ray_job_leaves_and_the_job_goes_on(ray_clu
                                cwd=tmp_path, env=_env(ray_cluster), stdout=console,
                                stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        wait_for(lambda: len(list(claims.iterdir())) >= files or job.poll() is not None, 120,
+        wait_until(lambda: len(list(claims.iterdir())) >= files or job.poll() is not None, 120,
                  "each worker to claim one of pass 0's files")  # fmt: skip
         assert job.poll() is None, read_text(out)[-3000:]
         gate.touch()
-        wait_for(lambda: "LEFT the job" in read_text(out) or job.poll() is not None, 60,
+        wait_until(lambda: "LEFT the job" in read_text(out) or job.poll() is not None, 60,
                  "the driver to record worker 1's leave")  # fmt: skip
         assert job.poll() is None, read_text(out)[-3000:]
         report = scale_job(config.log_dir, workers=3, timeout_s=60)
@@ -588,7 +590,7 @@ def test_a_worker_killed_in_an_online_ray_job_leaves_and_the_job_goes_on(ray_clu
     assert [c["rank"] for c in workers] == [0, 1, 2, 3]  # no restart; rank 1 not reused
     assert workers[3]["node"] == NODE_B  # the added worker: a Ray actor
     assert not any(alive(c["pid"]) for c in record["children"])
-    wait_for(lambda: not _actor_pids(), 20, "the role actors to exit")
+    wait_until(lambda: not _actor_pids(), 20, "the role actors to exit")
     print(f"ray worker death: test wall {time.time() - start:.1f} s")
 
 

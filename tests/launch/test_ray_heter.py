@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _launchtools import alive, clean_env, finish, job_processes, wait_for
-from _launchtools import text as read_text
+
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import alive, clean_env, finish, job_processes
+from sparseps.testing.jobs import text as read_text
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
@@ -90,7 +92,7 @@ def test_heter_workers_placed_by_ray_restart_after_sigkill(ray_cluster, data, tm
             assert proc.poll() is None, proc.communicate()[0][-4000:]
             return hold.with_suffix(".seen").exists()
 
-        wait_for(first_batch, 240, "the trainers' first batch")
+        wait_until(first_batch, 240, "the trainers' first batch")
         record = json.loads((log / "pids.json").read_text())
         (heter,) = [c for c in record["children"] if c["role"] == "heter_worker"]
         assert heter["node"] == NODE_B  # Ray placed it by its resources

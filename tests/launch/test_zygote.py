@@ -16,12 +16,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from _launchtools import alive, assert_all_gone, wait_for
 
 from sparseps.env import ZYGOTE_DIR
 from sparseps.launch.fork_server import ForkServer
 from sparseps.launch.zygote import Zygotes
+from sparseps.testing import wait_until
 from sparseps.testing.environ import clean_environ
+from sparseps.testing.jobs import alive, assert_all_gone
 
 SCRIPT = """
 import gc, json, os, random, sys
@@ -96,7 +97,7 @@ def test_fork_servers_come_from_the_zygotes_of_their_environment(folder, tmp_pat
         assert all(_parent(pid) == os.getpid() for pid in server.pids)  # ours, fresh
         worker.stdout.close()
         server.close()
-    wait_for(lambda: len(list(folder.glob("*.sock"))) == 2, 120, "the two zygotes")
+    wait_until(lambda: len(list(folder.glob("*.sock"))) == 2, 120, "the two zygotes")
     zygotes = _zygote_pids(folder)
     assert len(zygotes) == 2
 
@@ -126,10 +127,10 @@ def test_fork_servers_come_from_the_zygotes_of_their_environment(folder, tmp_pat
     finally:
         server.close()
     forked = server.pids
-    wait_for(lambda: not any(map(alive, forked)), 10, "the fork servers to exit")
+    wait_until(lambda: not any(map(alive, forked)), 10, "the fork servers to exit")
     assert sorted(_zygote_pids(folder)) == sorted(zygotes)  # they stay for the next launch
     shutil.rmtree(folder)  # and go with their folder
-    wait_for(lambda: not _zygote_pids(folder), 15, "the zygotes to exit")
+    wait_until(lambda: not _zygote_pids(folder), 15, "the zygotes to exit")
 
 
 def test_a_killed_launcher_takes_its_zygote_forked_fork_servers_down(folder, tmp_path):
@@ -149,11 +150,11 @@ def test_a_killed_launcher_takes_its_zygote_forked_fork_servers_down(folder, tmp
         )  # fmt: skip
 
     for attempt in range(3):  # the zygotes start at the second launch
-        wait_for(lambda: not list(folder.glob("*.starting")), 120, "the zygotes' imports")
+        wait_until(lambda: not list(folder.glob("*.starting")), 120, "the zygotes' imports")
         if len(list(folder.glob("*.sock"))) == 2:
             break
         assert launch(log=f"warm{attempt}").wait(timeout=120) == 0
-    wait_for(lambda: len(list(folder.glob("*.sock"))) == 2, 120, "the two zygotes")
+    wait_until(lambda: len(list(folder.glob("*.sock"))) == 2, 120, "the two zygotes")
     zygotes = _zygote_pids(folder)
 
     launcher = launch("sleep", log="log")
@@ -165,7 +166,7 @@ def test_a_killed_launcher_takes_its_zygote_forked_fork_servers_down(folder, tmp
             assert launcher.poll() is None
             return len(record.get("children", [])) == 2 and len(record["fork_servers"]) == 2
 
-        wait_for(started, 120, "the job's server and worker")
+        wait_until(started, 120, "the job's server and worker")
         record = json.loads(pids_json.read_text())
         assert {_parent(pid) for pid in record["fork_servers"]} == set(zygotes)
         for child in record["children"]:
@@ -220,12 +221,12 @@ def test_local_mode_forks_its_server_from_a_zygote(folder, tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        wait_for(lambda: not alive(server), 10, "the server to exit with the script")
+        wait_until(lambda: not alive(server), 10, "the server to exit with the script")
         return server
 
     alone()  # the first run marks the environment; the second starts the server zygote
     alone()
-    wait_for(lambda: len(list(folder.glob("*-server.sock"))) == 1, 120, "the server zygote")
+    wait_until(lambda: len(list(folder.glob("*-server.sock"))) == 1, 120, "the server zygote")
     (zygote,) = _zygote_pids(folder)
     forkers = []
 
@@ -234,4 +235,4 @@ def test_local_mode_forks_its_server_from_a_zygote(folder, tmp_path):
         assert _parent(forkers[0]) == zygote
 
     alone(forked_by_the_zygote)
-    wait_for(lambda: not alive(forkers[0]), 10, "its fork server to exit with the script")
+    wait_until(lambda: not alive(forkers[0]), 10, "its fork server to exit with the script")

@@ -22,12 +22,11 @@ import pytest
 faiss = pytest.importorskip("faiss", reason="the recall extra: pip install sparseps[recall]")
 
 from sparseps.recall import RecallIndex, brute_force_top_k, recall_at_k  # noqa: E402
+from sparseps.testing.jobs import clean_env, launch_argv  # noqa: E402
 from sparseps.worker.predict import read_manifest, read_predictions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("two_tower_job.py")
-sys.path.insert(0, str(ROOT / "tests" / "launch"))
-from _launchtools import clean_env, launch_argv  # noqa: E402
 
 CLUSTERS, USERS, ITEMS, ROWS = 10, 300, 200, 2500
 

@@ -143,7 +143,7 @@ def _drill(scenario: str, servers: int, replicas: int, seed: int) -> None:
         alive = set(range(servers))
         try:
             for event, rank in _scenario(scenario, servers, rng):
-                time.sleep(rng.uniform(0.1, 0.6))
+                time.sleep(rng.uniform(0.1, 0.6))  # the drill: events at random times
                 if event == "kill":
                     cluster.kill(rank)
                     alive.discard(rank)
@@ -152,7 +152,7 @@ def _drill(scenario: str, servers: int, replicas: int, seed: int) -> None:
                     alive.add(rank)
                 else:
                     _wait_in_sync(cluster, replicas, time.monotonic() + TIMEOUT)
-            time.sleep(rng.uniform(0.1, 0.5))
+            time.sleep(rng.uniform(0.1, 0.5))  # writes go on after the last event
         finally:
             stop.set()
             for writer in writers:

@@ -16,17 +16,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from sparseps.cli import main as cli_main
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import clean_env, finish, launch_argv, read_pids, text
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "launch"))
-from _launchtools import clean_env, finish, launch_argv, read_pids, text, wait_for  # noqa: E402
-
 JOB = ROOT / "sparseps" / "jobs" / "wide_deep_job.py"
 pytestmark = pytest.mark.timeout(240)
 
@@ -70,14 +68,14 @@ def test_job_survives_a_killed_server_with_the_same_auc(tmp_path, data):
     killed = _start(data, tmp_path / "killed")
     log, hold = tmp_path / "killed" / "log", tmp_path / "killed" / "hold"
     # worker 0 has logged progress (every 5 steps; about 94 steps per worker)
-    wait_for(
+    wait_until(
         lambda: text(log / "worker.0.log").count("batch: [") >= 1, 150, "worker 0's progress lines"
     )
     hold.touch()  # the workers pause after their current batch, so that the replacement's
     pid = _server_pid(log, 1)  # copy surely ends before training does (no race)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    wait_for(
+    wait_until(
         lambda: text(log / "server.1.log").count("re-replicated shard") == 2, 150,
         "the replacement's copies of shards 1 and 0",
     )  # fmt: skip

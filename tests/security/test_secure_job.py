@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-from _launchtools import clean_env, finish, start_two_launchers, wait_for  # noqa: E402
-
 from sparseps.rpc.security import write_job_keys  # noqa: E402
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import clean_env, finish, start_two_launchers
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -54,7 +53,7 @@ def _run_job(tmp_path: Path, data: Path, options: tuple, probe=None) -> tuple[fl
     probed = None
     if probe is not None:
         first_log = nodes[0][1]
-        wait_for(lambda: "running server" in _text(first_log / "server.0.log"), 120, "server 0")
+        wait_until(lambda: "running server" in _text(first_log / "server.0.log"), 120, "server 0")
         with _workers_paused([log_dir for _, log_dir, _ in nodes]):
             probed = probe(_server_endpoint(first_log))
     outputs = finish([proc for _, _, proc in nodes], timeout=400)
@@ -76,7 +75,7 @@ def _workers_paused(log_dirs: list[Path]):
             pids += [c["pid"] for c in children if c["role"] == "worker"]
         return pids
 
-    wait_for(lambda: len(workers()) == len(log_dirs), 120, "a worker on every node")
+    wait_until(lambda: len(workers()) == len(log_dirs), 120, "a worker on every node")
     pids = workers()
     for pid in pids:  # each worker leads its own process group
         os.killpg(pid, signal.SIGSTOP)

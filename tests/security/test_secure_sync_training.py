@@ -10,13 +10,11 @@ the global test AUC must be the same number.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-from _launchtools import run_launch  # noqa: E402
+from sparseps.testing.jobs import run_launch
 
 pytestmark = pytest.mark.timeout(600)
 

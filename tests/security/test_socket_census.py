@@ -19,16 +19,14 @@ role and launcher.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from _census import flood, job_processes, listening, probe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
-from _launchtools import finish, start_two_launchers, wait_for  # noqa: E402
-
 from sparseps.rpc.security import JobKeys, write_job_keys  # noqa: E402
+from sparseps.testing import wait_until
+from sparseps.testing.jobs import finish, start_two_launchers
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -57,7 +55,7 @@ def _wait_ready(job: Path, phase: int, nodes) -> None:
                 raise AssertionError("a launcher exited early:\n" + "\n\n".join(outputs))
         return all((job / f"ready.{phase}.{rank}").exists() for rank in (0, 1))
 
-    wait_for(ready, 300, f"both workers at pause {phase}")
+    wait_until(ready, 300, f"both workers at pause {phase}")
 
 
 def test_every_listening_socket_of_a_secure_two_host_job_refuses_an_outsider(tmp_path):
@@ -106,7 +104,7 @@ def test_every_listening_socket_of_a_secure_two_host_job_refuses_an_outsider(tmp
 def test_a_secure_job_refuses_plain_http_and_says_why(tmp_path, flag):
     """``/metrics`` and the status page are plain HTTP: a secure job that asks for one
     does not start (no process of it runs), and the error says which flag and why."""
-    from _launchtools import MINIMAL, run_launch
+    from sparseps.testing.jobs import MINIMAL, run_launch
 
     done = run_launch("--server-num", "1", "--worker-num", "1", "--secure", *flag,
                       "--log-dir", str(tmp_path / "log"), str(MINIMAL), cwd=tmp_path)  # fmt: skip

@@ -76,7 +76,7 @@ def _attack_with_zmq(endpoint: str, security: Security | None) -> None:
             break
     with contextlib.suppress(zmq.Again):
         send_frames(sock, encode_request("stop", 99, job=JOB), flags=zmq.NOBLOCK)
-    time.sleep(1.5)  # several reconnect attempts
+    time.sleep(1.5)  # the attack: its socket stays open through several reconnect attempts
     sock.close()
     context.term()
 
@@ -118,7 +118,7 @@ def test_unauthenticated_peers_are_never_buffered_nor_served(tmp_path):
             _attack_with_zmq(endpoint, None)  # no key at all
             raw_sent = _attack_with_raw_tcp(endpoint)
 
-            time.sleep(0.5)
+            time.sleep(0.5)  # nothing must happen: give a stop that got through time to act
             assert process.poll() is None, "an unauthenticated peer stopped the server"
             after = client.stats()["servers"][0]
             rss_after = _rss_bytes(process.pid)

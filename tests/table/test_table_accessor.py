@@ -281,12 +281,8 @@ def test_split_table_memory_is_its_parts():
 def test_out_of_memory_while_creating_embedx_parts_leaves_both_parts_unchanged():
     """The push steps existing embedx parts in place, then fails to grow the embedx
     matrix for the parts it creates: the backup goes back, nothing of the push stays."""
-    import sys
-
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from test_table_safety import FailingAllocator
-
     from sparseps.errors import ResourceError
+    from sparseps.testing.faults import FailingAllocator
 
     allocator = FailingAllocator()
     config = _config(threshold=0.25)

@@ -21,7 +21,7 @@ from sparseps.config import Initializer, Lifecycle, TableConfig
 from sparseps.errors import InputError, ResourceError, SparsePSError
 from sparseps.files import shards
 from sparseps.table import DenseTable, SparseTable
-from sparseps.table.growth import Allocator
+from sparseps.testing.faults import FailingAllocator
 
 BIG = np.float32(2e38)
 RULES = {
@@ -167,28 +167,6 @@ def test_a_dense_step_not_vouched_for_is_checked_and_rejected():
     with pytest.raises(InputError, match="head.push: the step would make 1 value"):
         dense.push(np.ones(3, np.float32))
     assert all(dense.export()[k].tobytes() == before[k].tobytes() for k in before)
-
-
-class FailingAllocator(Allocator):
-    """The allocator hook: fails every allocation of ``minimum`` bytes or more once armed."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.minimum = 0
-        self.failures = 0
-
-    def _check(self, nbytes: int) -> None:
-        if self.armed and nbytes >= self.minimum:
-            self.failures += 1
-            raise MemoryError(f"injected: {nbytes} bytes")
-
-    def realloc(self, address: int, nbytes: int) -> int:
-        self._check(nbytes)
-        return super().realloc(address, nbytes)
-
-    def empty(self, shape, dtype):
-        self._check(int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        return super().empty(shape, dtype)
 
 
 @pytest.mark.parametrize("where", ["rows", "index", "pending"])

@@ -162,7 +162,7 @@ def test_prefetcher_keeps_the_order():
     delays = rng.uniform(0, 0.005, 30)
 
     def prepare(x):
-        time.sleep(delays[x])
+        time.sleep(delays[x])  # work of random length: items finish out of order
         return x * 2
 
     p = Prefetcher(range(30), prepare, depth=3, timeout=5)

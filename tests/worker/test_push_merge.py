@@ -101,8 +101,8 @@ def test_window_fills_then_one_merged_push_per_table():
     try:
         for keys, grads, shows, clicks in parts[:2]:
             queue.put_sparse("t", keys, grads, shows, clicks)
-        time.sleep(0.2)
-        assert client.calls == []  # two of three steps held: nothing sent
+        assert not client.sent.wait(0.2)  # two of three steps held: nothing sent
+        assert client.calls == []
         queue.put_sparse("t", *parts[2])
         assert client.sent.wait(5)
         queue.flush()

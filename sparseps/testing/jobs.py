@@ -1,4 +1,9 @@
-"""Helpers for the launcher tests: run ``sparseps launch``, find a job's processes."""
+"""Run ``sparseps launch`` jobs from a test, find their processes, wait on a condition.
+
+The suite's one home for the helpers its job tests share (the launcher, heter, replica,
+security and recall tests start real jobs with them); :func:`sparseps.testing.wait_until`
+waits for what the job does.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,33 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from sparseps.rpc import port_claims, transport
-from sparseps.testing.environ import clean_environ
+from ..rpc import port_claims, transport
+from .environ import CHECKOUT, clean_environ
+from .wait import wait_until
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
-JOB = SCRIPTS / "job.py"
-MINIMAL = ROOT / "examples" / "minimal" / "train.py"
+__all__ = [
+    "MINIMAL",
+    "alive",
+    "assert_all_gone",
+    "can_bind",
+    "clean_env",
+    "finish",
+    "free_port",
+    "free_port_pair",
+    "job_processes",
+    "launch_argv",
+    "read_pids",
+    "results",
+    "run_launch",
+    "start_two_launchers",
+    "text",
+    "two_nodes",
+]
+
+# the checkout's smallest example job (examples/minimal/train.py)
+MINIMAL = CHECKOUT / "examples" / "minimal" / "train.py"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -28,7 +52,9 @@ def launch_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "sparseps.cli", "launch", *args]
 
 
-def run_launch(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None):
+def run_launch(
+    *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``sparseps launch ARGS`` to completion; returns the CompletedProcess."""
     return subprocess.run(
         launch_argv(*args),
@@ -65,18 +91,10 @@ def job_processes(job_id: str) -> list[int]:
     return found
 
 
-def read_pids(log_dir: Path) -> dict:
-    return json.loads((log_dir / "pids.json").read_text())
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+def read_pids(log_dir: Path) -> dict[str, Any]:
+    """The launcher's record of its job's processes (``LOG_DIR/pids.json``)."""
+    record: dict[str, Any] = json.loads((log_dir / "pids.json").read_text())
+    return record
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -106,22 +124,23 @@ def can_bind(host: str) -> bool:
         return False
 
 
-def results(folder: Path, count: int) -> list[dict]:
+def results(folder: Path, count: int) -> list[dict[str, Any]]:
     """The ``worker.R.json`` records the job scripts write, rank order."""
     return [json.loads((folder / f"worker.{r}.json").read_text()) for r in range(count)]
 
 
-def assert_all_gone(log_dir: Path, within: float = 5.0) -> dict:
+def assert_all_gone(log_dir: Path, within: float = 5.0) -> dict[str, Any]:
     """Every pid the launcher recorded (its fork server too) exits within ``within`` s;
     none of the job is left."""
     record = read_pids(log_dir)
     pids = [c["pid"] for c in record["children"]] + record.get("fork_servers", [])
-    wait_for(lambda: not any(alive(p) for p in pids), within, f"children {pids} to exit")
+    wait_until(lambda: not any(alive(p) for p in pids), within, f"children {pids} to exit")
     assert job_processes(record["job_id"]) == []
     return record
 
 
 def text(path: Path) -> str:
+    """The file's text; empty while it does not exist yet."""
     try:
         return path.read_text()
     except FileNotFoundError:
@@ -134,7 +153,9 @@ def two_nodes() -> tuple[str, str]:
     return "127.0.0.1", ("127.0.0.2" if can_bind("127.0.0.2") else "localhost")
 
 
-def start_two_launchers(tmp_path: Path, script: Path, *args: str, options: tuple = ()):
+def start_two_launchers(
+    tmp_path: Path, script: Path, *args: str, options: tuple[str, ...] = ()
+) -> list[tuple[str, Path, subprocess.Popen[str]]]:
     """Start one launcher per node (1 server + 1 worker each; worker 1 on the second node).
 
     Returns ``[(host, log_dir, Popen)]``; the node hosting the control store starts last,
@@ -158,7 +179,7 @@ def start_two_launchers(tmp_path: Path, script: Path, *args: str, options: tuple
     return started[::-1]
 
 
-def finish(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+def finish(procs: list[subprocess.Popen[str]], timeout: float) -> list[str]:
     """Wait for every process (bounded); kill any still running. Returns their outputs."""
     deadline = time.monotonic() + timeout
     outputs = []
