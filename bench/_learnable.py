@@ -161,11 +161,22 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=quality.REPORT_ROWS)
     p.add_argument("--test-rows", type=int, default=quality.TEST_ROWS)
     p.add_argument("--max-epochs", type=int, default=MAX_EPOCHS)
+    p.add_argument(
+        "--settings", default="",
+        help="comma-separated indices into SETTINGS to train (default: all of them)",
+    )  # fmt: skip
     p.add_argument("--out", default="", help="append one JSON line per family here")
     args = p.parse_args(argv)
+    settings = SETTINGS
+    if args.settings:
+        try:
+            settings = tuple(SETTINGS[int(i)] for i in args.settings.split(","))
+        except (ValueError, IndexError):
+            p.error(f"--settings {args.settings!r}: expected indices in 0..{len(SETTINGS) - 1}")
     for family in args.families.split(","):
         folder, meta = quality.data(family, args.seed, args.rows, args.test_rows)
-        got = learnable(folder, hash_rows=quality.HASH_ROWS, max_epochs=args.max_epochs)
+        got = learnable(folder, hash_rows=quality.HASH_ROWS, settings=settings,
+                        max_epochs=args.max_epochs)  # fmt: skip
         line = {"family": family, "seed": args.seed, "rows": args.rows,
                 "bayes_auc": meta["bayes_auc_test"], **got}  # fmt: skip
         print(json.dumps({k: v for k, v in line.items() if k != "trials"}), flush=True)

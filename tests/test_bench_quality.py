@@ -154,3 +154,19 @@ def test_frozen_tables_stay_put_while_the_dense_part_trains():
     model.train_pass([folder / "test"])
     assert (model.deep.weight == deep).all() and (model.wide.weight == wide).all()
     assert any((p != q).any() for p, q in zip(model.head.parameters(), head, strict=True))
+
+
+def test_learnable_cli_trains_only_the_settings_asked_for(tmp_path, capsys):
+    """``bench/_learnable.py --settings 1``: one setting of SETTINGS (what a short report
+    run uses), its line appended to ``--out``; an index outside SETTINGS is refused."""
+    limit = _quality()._learnable()
+    out = tmp_path / "limit.jsonl"
+    assert limit.main(["--families", "ctr25%", "--rows", "10000", "--test-rows", "4000",
+                       "--settings", "1", "--max-epochs", "1", "--out", str(out)]) == 0  # fmt: skip
+    line = json.loads(out.read_text())
+    assert line["setting"] == limit.SETTINGS[1]
+    assert [t["setting"] for t in line["trials"]] == [limit.SETTINGS[1]]
+    assert line["epochs"] == 1 and 0.5 < line["test_auc"] < 1
+    with pytest.raises(SystemExit):
+        limit.main(["--settings", str(len(limit.SETTINGS))])
+    assert "expected indices in 0.." in capsys.readouterr().err
