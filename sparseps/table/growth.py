@@ -16,15 +16,30 @@ run during a push), and every method re-reads :attr:`GrowableMatrix.array`.
 All-or-nothing: :meth:`GrowableMatrix.grow_to` either returns with the capacity it was
 asked for or raises ``MemoryError`` with the matrix unchanged (``realloc`` keeps the old
 block when it fails). Tests pass an :class:`Allocator` subclass that fails on purpose.
+
+Huge pages (Linux): a block of :data:`HUGE_MIN_BYTES` or more is its own anonymous
+mapping, 2 MB-aligned, sized in whole 2 MB pages and advised ``MADV_HUGEPAGE``, so the
+kernel can back all of it with transparent huge pages (a server's batch reads rows
+scattered over the whole matrix: with 4 KB pages nearly every row is a TLB miss). glibc's
+``realloc`` grows such blocks with ``mremap`` to wherever it likes, and the kernel splits
+huge pages that land misaligned; here a growth maps a new aligned region and moves the old
+pages to its start with ``mremap(MREMAP_FIXED)`` (page tables move, 2 MB at a time; no
+bytes are copied). Where the C library lacks ``mmap``/``mremap``/``malloc_usable_size``
+the blocks stay glibc's (the previous behaviour); where the kernel refuses the advice the
+block works with small pages.
 """
 
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import numpy as np
 
-__all__ = ["DEFAULT_ALLOCATOR", "DOUBLING_BYTES", "Allocator", "GrowableMatrix", "planned_rows"]
+__all__ = [
+    "DEFAULT_ALLOCATOR", "DOUBLING_BYTES", "HUGE_MIN_BYTES", "HUGE_PAGE", "Allocator",
+    "GrowableMatrix", "is_huge_mapping", "planned_rows",
+]  # fmt: skip
 
 DOUBLING_BYTES = 64 << 20  # below this a matrix doubles; above it grows by 25%
 
@@ -46,6 +61,60 @@ def _load_libc():
 
 _LIBC = _load_libc()
 
+HUGE_PAGE = 2 << 20
+HUGE_MIN_BYTES = 4 << 20  # blocks from this size on: an aligned mapping of their own
+_PROT_RW, _MAP_ANON_PRIVATE = 0x3, 0x22  # PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS
+_MREMAP_MAYMOVE, _MREMAP_FIXED, _MADV_HUGEPAGE = 1, 2, 14
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _load_mm():
+    """libc's mmap, munmap, mremap, madvise and malloc_usable_size, or None (not Linux)."""
+    if _LIBC is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        mm = {name: getattr(_LIBC, name)
+              for name in ("mmap", "munmap", "mremap", "madvise", "malloc_usable_size")}  # fmt: skip
+    except AttributeError:  # pragma: no cover - a C library without them
+        return None
+    void, size = ctypes.c_void_p, ctypes.c_size_t
+    mm["mmap"].restype = void
+    mm["mmap"].argtypes = [void, size, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    mm["munmap"].argtypes = [void, size]
+    mm["mremap"].restype = void
+    mm["mremap"].argtypes = [void, size, size, ctypes.c_int, void]
+    mm["madvise"].argtypes = [void, size, ctypes.c_int]
+    mm["malloc_usable_size"].restype = size
+    mm["malloc_usable_size"].argtypes = [void]
+    return mm
+
+
+_MM = _load_mm()
+# address -> mapped bytes of the blocks that are aligned mappings (module-level: every
+# Allocator, subclasses included, frees what any of them mapped)
+_MAPPED: dict[int, int] = {}
+
+
+def _pages(nbytes: int) -> int:
+    return -(-nbytes // HUGE_PAGE) * HUGE_PAGE
+
+
+def _map_aligned(nbytes: int) -> int:
+    """A fresh anonymous mapping of ``nbytes`` (whole 2 MB pages) at a 2 MB boundary,
+    advised MADV_HUGEPAGE (refused advice is ignored: small pages still work)."""
+    assert _MM is not None
+    raw = _MM["mmap"](None, nbytes + HUGE_PAGE, _PROT_RW, _MAP_ANON_PRIVATE, -1, 0)
+    if raw is None or raw == _MAP_FAILED:
+        raise MemoryError(f"mmap of {nbytes} bytes failed")
+    start = -(-raw // HUGE_PAGE) * HUGE_PAGE
+    if start > raw:
+        _MM["munmap"](raw, start - raw)
+    tail = raw + nbytes + HUGE_PAGE - (start + nbytes)
+    if tail:
+        _MM["munmap"](start + nbytes, tail)
+    _MM["madvise"](start, nbytes, _MADV_HUGEPAGE)
+    return start
+
 
 class Allocator:
     """Where tables get memory: the single hook for out-of-memory tests.
@@ -56,22 +125,74 @@ class Allocator:
     """
 
     def malloc(self, nbytes: int) -> int:
+        if _MM is not None and nbytes >= HUGE_MIN_BYTES:
+            size = _pages(nbytes)
+            address = _map_aligned(size)
+            _MAPPED[address] = size
+            return address
         address = _LIBC.malloc(max(nbytes, 1))
         if not address:
             raise MemoryError(f"malloc of {nbytes} bytes failed")
         return address
 
     def realloc(self, address: int, nbytes: int) -> int:
+        mapped = _MAPPED.get(address)
+        if mapped is not None:
+            return _remap(address, mapped, nbytes)
+        if _MM is not None and nbytes >= HUGE_MIN_BYTES:  # a small block becomes a mapping
+            new = self.malloc(nbytes)
+            ctypes.memmove(new, address, min(_MM["malloc_usable_size"](address), nbytes))
+            _LIBC.free(address)
+            return new
         moved = _LIBC.realloc(address, max(nbytes, 1))
         if not moved:
             raise MemoryError(f"realloc to {nbytes} bytes failed")
         return moved
 
     def free(self, address: int) -> None:
-        _LIBC.free(address)
+        mapped = _MAPPED.pop(address, None)
+        if mapped is None:
+            _LIBC.free(address)
+        else:
+            assert _MM is not None
+            _MM["munmap"](address, mapped)
 
     def empty(self, shape, dtype) -> np.ndarray:
-        return np.empty(shape, dtype)
+        """An uninitialised array (a key index's slots): from :data:`HUGE_MIN_BYTES` on,
+        on an aligned mapping of its own (module docstring), unmapped with the array."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if _MM is None or nbytes < HUGE_MIN_BYTES:
+            return np.empty(shape, dtype)
+        size = _pages(nbytes)
+        address = _map_aligned(size)
+        _MAPPED[address] = size
+        block = _Block(self, address)
+        buffer = (ctypes.c_byte * nbytes).from_address(address)
+        buffer.block = block  # the array keeps its mapping alive
+        return np.frombuffer(buffer, dtype).reshape(shape)
+
+
+def _remap(address: int, mapped: int, nbytes: int) -> int:
+    """Grow (or keep) the aligned mapping at ``address`` to hold ``nbytes``: its pages
+    move to the start of a new aligned mapping; on failure the old one is unchanged."""
+    assert _MM is not None
+    size = _pages(nbytes)
+    if size <= mapped:
+        return address
+    new = _map_aligned(size)
+    moved = _MM["mremap"](address, mapped, mapped, _MREMAP_MAYMOVE | _MREMAP_FIXED, new)
+    if moved is None or moved == _MAP_FAILED:
+        _MM["munmap"](new, size)
+        raise MemoryError(f"mremap of {mapped} to {size} bytes failed")
+    del _MAPPED[address]
+    _MAPPED[new] = size
+    return new
+
+
+def is_huge_mapping(address: int) -> bool:
+    """Whether the block at ``address`` is one of this module's aligned mappings."""
+    return address in _MAPPED
 
 
 DEFAULT_ALLOCATOR = Allocator()

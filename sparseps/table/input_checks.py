@@ -12,6 +12,7 @@ from typing import NoReturn
 
 import numpy as np
 
+from ..core.jit import njit
 from ..core.validate import check_key_array, describe_array
 from ..errors import InputError
 
@@ -22,6 +23,43 @@ __all__ = [
     "check_matrix",
     "counts_or_default",
 ]
+
+
+@njit(nogil=True, cache=True)
+def any_nonfinite(bits):  # pragma: no cover - compiled
+    """Whether a float32 array, seen as its ``uint32`` bits, holds a NaN or inf."""
+    # NaN/inf <=> all exponent bits set <=> (bits & 0x7F800000) + 0x00800000 has bit 31:
+    # an integer OR-reduction, which LLVM vectorises (a float test per element does not;
+    # np.isfinite(...).all() also writes a bool temporary of the batch's size)
+    flags = np.uint32(0)
+    for i in range(bits.shape[0]):
+        flags |= (bits[i] & np.uint32(0x7F800000)) + np.uint32(0x00800000)
+    return (flags & np.uint32(0x80000000)) != 0
+
+
+@njit(nogil=True, cache=True)
+def _counts_ok(values):  # pragma: no cover - compiled
+    ok = True
+    for i in range(values.shape[0]):
+        x = values[i]
+        ok &= (x >= 0.0) & (x <= _F32_MAX)  # False for NaN, inf and negatives
+    return ok
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
+# read-only default counts (1 show, 0 clicks a key), grown as batches grow: a push that
+# sends no counts does not fill two fresh arrays of its batch's size
+_DEFAULTS: dict[float, np.ndarray] = {}
+
+
+def _default_counts(default: float, n: int) -> np.ndarray:
+    values = _DEFAULTS.get(default)
+    if values is None or values.shape[0] < n:
+        values = np.full(max(n, 2 * (0 if values is None else values.shape[0])), default,
+                         np.float32)  # fmt: skip
+        values.flags.writeable = False
+        _DEFAULTS[default] = values
+    return values[:n]
 
 
 def _fail(op: str, name: str, expected: str, array: object, fix: str = "") -> NoReturn:
@@ -62,8 +100,10 @@ def counts_or_default(op: str, name: str, values: object, n: int, default: float
     default counts the push applies.
     """
     if values is None:
-        return np.full(n, default, np.float32)
+        return _default_counts(default, n)
     values = check_contiguous_vector(op, name, values, n, np.float32)
+    if _counts_ok(values):
+        return values
     bad = ~(np.isfinite(values) & (values >= 0))
     if bad.any():
         raise InputError(
@@ -75,7 +115,10 @@ def counts_or_default(op: str, name: str, values: object, n: int, default: float
 
 def check_finite(op: str, name: str, values: np.ndarray, keys: np.ndarray) -> None:
     """Reject the whole batch if any value is NaN or inf (names the count and first key)."""
-    if np.isfinite(values).all():
+    if values.dtype == np.float32 and values.flags.c_contiguous:
+        if not any_nonfinite(values.reshape(-1).view(np.uint32)):
+            return
+    elif np.isfinite(values).all():
         return
     bad = ~np.isfinite(values)
     rows = np.flatnonzero(bad.reshape(values.shape[0], -1).any(axis=1))
