@@ -91,6 +91,12 @@ MAX_ROWS_ENV = "SPARSEPS_SCALING_MAX_ROWS"
 # the hot-keys series (--replicas R): Zipf-distributed keys over this many servers
 HOT_SERVERS, HOT_WORKERS, HOT_ROWS, ZIPF_A = 4, 2, 1_000_000, 1.2
 REPLY_TIMEOUT = 300.0
+# today's code against a commit (SPARSEPS_SCALING_AGAINST=REF): 1 server, 2 workers at the
+# smallest size, SPARSEPS_SCALING_PAIRS alternating pairs of runs
+AGAINST_ENV, PAIRS_ENV, AGAINST_WORKERS = "SPARSEPS_SCALING_AGAINST", "SPARSEPS_SCALING_PAIRS", 2
+# SPARSEPS_SCALING_PEER=paddle: the Paddle peer's server CPU per sample beside ours
+PEER_ENV, PEER_ROWS, PEER_QUICK_ROWS = "SPARSEPS_SCALING_PEER", 400_000, 100_000
+PADDLE_RUN = Path(__file__).resolve().parents[2] / "shared" / "peers" / "paddle" / "run.sh"
 
 
 def _config() -> TableConfig:
@@ -348,6 +354,193 @@ def _hot_keys(
     return records
 
 
+def _point(rows: int, count: int, seconds: float, rounds: int) -> dict:
+    """One point measured by this process's ``sparseps`` (whatever ``PYTHONPATH`` gave it):
+    1 server, ``count`` workers, ``rows`` rows; the best of ``rounds`` windows."""
+    folder = Path(tempfile.mkdtemp(prefix="sparseps-bench-scaling-point-"))
+    pool = _Workers(count, folder)
+    try:
+        with local_cluster(servers=1, timeout=60) as cluster:
+            client = cluster.client(timeout=120)
+            client.create_table(_config())
+            pool.call(range(count), {"op": "connect", "endpoints": list(cluster.endpoints)})
+            _fill(client, folder, rows, 1)
+            got = _measure(cluster, pool, count, rows, seconds, rounds)
+    finally:
+        pool.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    import sparseps
+
+    return {**got, "code": str(Path(sparseps.__file__).resolve().parent)}
+
+
+def _tree_of(ref: str, folder: Path) -> Path:
+    """The repository's files at commit ``ref`` (``git archive``), extracted under ``folder``."""
+    root = Path(__file__).resolve().parents[1]
+    tree = folder / f"tree-{ref}"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", ref],
+                             capture_output=True, check=False)  # fmt: skip
+    if archive.returncode != 0:
+        raise ConfigError(f"bench scaling: {AGAINST_ENV}={ref}: git archive failed: "
+                          f"{archive.stderr.decode(errors='replace').strip()}")  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree
+
+
+def _run_point(code: Path, rows: int, count: int, seconds: float, rounds: int) -> dict:
+    """:func:`_point` in a fresh interpreter importing ``sparseps`` from ``code``."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    env.pop(AGAINST_ENV, None)
+    arg = json.dumps({"rows": rows, "workers": count, "seconds": seconds, "rounds": rounds})
+    done = subprocess.run([sys.executable, "-P", __file__, "--point", arg], env=env,
+                          capture_output=True, check=False, timeout=1800)  # fmt: skip
+    if done.returncode != 0:
+        raise SparsePSError(f"bench scaling: the point run on {code} failed "
+                            f"({done.returncode}): {done.stderr.decode(errors='replace')[-2000:]}")  # fmt: skip
+    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _against(ref: str, pairs: int, rows: int, count: int, seconds: float, rounds: int,
+             common: dict) -> list[BenchRecord]:  # fmt: skip
+    """Today's code against commit ``ref`` on one point, runs alternating (module docstring)."""
+    folder = Path(tempfile.mkdtemp(prefix="sparseps-bench-scaling-against-"))
+    try:
+        trees = {"before": _tree_of(ref, folder), "after": Path(__file__).resolve().parents[1]}
+        got: dict[str, list[dict]] = {"before": [], "after": []}
+        for pair in range(pairs):
+            for side in ("before", "after") if pair % 2 == 0 else ("after", "before"):
+                point = _run_point(trees[side], rows, count, seconds, rounds)
+                point["load"] = _load()
+                got[side].append(point)
+                print(f"bench scaling: pair {pair} {side}: {point['server_cpu_us']:.2f} us of "
+                      f"server CPU a sample, {point['samples_per_s']:.0f} samples/s "
+                      f"({point['load']})", file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    med = {side: {k: float(np.median([p[k] for p in got[side]]))
+                  for k in ("server_cpu_us", "samples_per_s")} for side in got}  # fmt: skip
+    ratios = [a["server_cpu_us"] / b["server_cpu_us"]
+              for a, b in zip(got["after"], got["before"], strict=True)]  # fmt: skip
+    params = {"series": "against", "rows": rows, "servers": 1, "workers": count,
+              "against": ref, "pairs": pairs, **common,
+              "before_us": [round(p["server_cpu_us"], 2) for p in got["before"]],
+              "after_us": [round(p["server_cpu_us"], 2) for p in got["after"]],
+              "pair_ratios": [round(r, 3) for r in ratios],
+              "loads": [p["load"] for side in got for p in got[side]],
+              "baseline": f"commit {ref} (git archive on PYTHONPATH), medians of runs "
+                          "alternating with today's in this run"}  # fmt: skip
+    return [
+        BenchRecord("server_cpu_us_per_sample[against]", med["after"]["server_cpu_us"], "us",
+                    med["before"]["server_cpu_us"], params),
+        BenchRecord("samples_per_s[against]", med["after"]["samples_per_s"], "samples/s",
+                    med["before"]["samples_per_s"], params),
+    ]  # fmt: skip
+
+
+def _sample_cpu(pid_file: Path, samples: list, stop) -> None:
+    """Append ``(time, CPU seconds)`` of the process named in ``pid_file`` every 0.1 s
+    until ``stop`` is set (the peer's server: its pid appears once it is up)."""
+    pid = None
+    while not stop.is_set():
+        if pid is None and pid_file.is_file():
+            with contextlib.suppress(ValueError, KeyError):
+                pid = int(json.loads(pid_file.read_text())["pid"])
+        if pid is not None:
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                samples.append((time.time(), cpu_seconds(pid)))
+        stop.wait(0.1)
+
+
+def _cpu_at(samples: list, when: float) -> float:
+    """The sampled CPU seconds at time ``when`` (linear between the samples around it)."""
+    times = np.array([t for t, _ in samples])
+    cpus = np.array([c for _, c in samples])
+    if not times.size or when < times[0] or when > times[-1]:
+        raise SparsePSError(f"bench scaling: the peer's server CPU was not sampled at {when}")
+    return float(np.interp(when, times, cpus))
+
+
+def paddle_server_cpu(rows: int, workers: int) -> dict:
+    """The Paddle peer (:data:`PADDLE_RUN`) on ``rows`` generated Criteo-format rows, 1
+    server + ``workers`` trainers, deep table only (dim 8, ``--no-wide``), its default
+    rule (sparse Adam): the server process's CPU over the trainers' training window
+    (first ``train_start`` to last ``train_end``, read from ``/proc/PID/stat`` every 0.1 s
+    and interpolated) / the rows they trained."""
+    import threading
+
+    from sparseps.data.synthetic import write_dataset
+
+    if not PADDLE_RUN.is_file():
+        raise SparsePSError(f"bench scaling: {PEER_ENV}=paddle needs {PADDLE_RUN}")
+    folder = Path(tempfile.mkdtemp(prefix="sparseps-bench-scaling-paddle-"))
+    try:
+        write_dataset(folder / "data", rows=rows, seed=2026, files=2 * workers,
+                      test_rows=10_000)  # fmt: skip
+        run_dir = folder / "run"
+        env = {**os.environ, "TRAIN_DIR": str(folder / "data" / "train"),
+               "TEST_FILE": str(folder / "data" / "test" / "part-00000.tsv"),
+               "TRAINERS": str(workers), "SERVERS": "1", "RUN_DIR": str(run_dir)}  # fmt: skip
+        samples: list = []
+        stop = threading.Event()
+        sampler = threading.Thread(
+            target=_sample_cpu, args=(run_dir / "res" / "server.0.json", samples, stop)
+        )
+        sampler.start()
+        try:
+            done = subprocess.run(["bash", str(PADDLE_RUN), "--no-wide", "--emb-dim", str(DIM)],
+                                  env=env, capture_output=True, check=False, timeout=1800)  # fmt: skip
+        finally:
+            stop.set()
+            sampler.join()
+        trainers = [
+            json.loads(p.read_text()) for p in sorted((run_dir / "res").glob("trainer.*.json"))
+        ]
+        if done.returncode != 0 or len(trainers) != workers:
+            raise SparsePSError(f"bench scaling: the Paddle peer failed ({done.returncode}): "
+                                f"{done.stderr.decode(errors='replace')[-2000:]}")  # fmt: skip
+        start = min(t["train_start"] for t in trainers)
+        end = max(t["train_end"] for t in trainers)
+        trained = sum(t["rows"] for t in trainers)
+        cpu = _cpu_at(samples, end) - _cpu_at(samples, start)
+        return {"server_cpu_us": cpu / trained * 1e6, "samples_per_s": trained / (end - start),
+                "samples": trained, "wall_s": end - start,
+                "summary": done.stdout.decode(errors="replace").strip().splitlines()[-1]}  # fmt: skip
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _with_peer(records: list[BenchRecord], rows: int, common: dict) -> list[BenchRecord]:
+    """Add the Paddle peer's server CPU per sample beside ours (2 workers, the first size)."""
+    ours = next((r for r in records if r.metric in ("server_cpu_us_per_sample[workers]",
+                                                  "server_cpu_us_per_sample[against]")
+                 and r.params.get("workers") == 2), None)  # fmt: skip
+    peer = paddle_server_cpu(rows, 2)
+    params = {**common, "series": "peer", "workers": 2, "servers": 1, "peer": "paddle 2.6.2 PS",
+              "peer_rows": peer["samples"], "peer_samples_per_s": round(peer["samples_per_s"]),
+              "peer_model": f"wide&deep without the wide table, dim {DIM}, sparse Adam (the "
+                            "peer's default rule), its reader on generated Criteo-format rows",
+              "peer_run": peer["summary"],
+              "baseline": "the Paddle peer's server, same machine, same run"}  # fmt: skip
+    if ours is None:
+        raise SparsePSError("bench scaling: no 2-worker point of ours to set beside the peer's")
+    return [*records, BenchRecord("server_cpu_us_per_sample[vs paddle]", ours.value, "us",
+                                  peer["server_cpu_us"], params)]  # fmt: skip
+
+
+def _peer(records: list[BenchRecord], quick: bool, common: dict) -> list[BenchRecord]:
+    peer = os.environ.get(PEER_ENV)
+    if not peer:
+        return records
+    if peer != "paddle":
+        raise ConfigError(f"bench scaling: {PEER_ENV} must be 'paddle', got {peer!r}")
+    return _with_peer(records, PEER_QUICK_ROWS if quick else PEER_ROWS, common)
+
+
 def run(
     quick: bool = False,
     *,
@@ -369,6 +562,14 @@ def run(
         common = {"seconds": seconds, "rounds": rounds, "batch": BATCH, "slots": SLOTS,
                   "dim": DIM, "rule": "adagrad", **cpu_note()}  # fmt: skip
         return _hot_keys(replicas, hot_rows, seconds, max(rounds, 2), common)
+    against = os.environ.get(AGAINST_ENV)
+    if against:
+        pairs = int(os.environ.get(PAIRS_ENV, "3" if quick else "5"))
+        common = {"seconds": seconds, "rounds": rounds, "batch": BATCH, "slots": SLOTS,
+                  "dim": DIM, "rule": "adagrad", "keys": "uniform over all rows",
+                  **cpu_note()}  # fmt: skip
+        records = _against(against, pairs, sizes[0], AGAINST_WORKERS, seconds, rounds, common)
+        return _peer(records, quick, common)
     small, most, s0, w0 = sizes[0], max(workers), servers[0], workers[0]
     common = {"seconds": seconds, "rounds": rounds, "batch": BATCH, "slots": SLOTS, "dim": DIM,
               "dense": DENSE, "rule": "adagrad",
@@ -413,6 +614,7 @@ def run(
         if configs[0] in got:  # else its size was skipped: the skipped record says why
             points = [(c, got[c]) for c in configs if c in got]
             records += _records(name, points, got[configs[0]], base_name, common)
+    records = _peer(records, quick, common)
     for rows, reason in skipped.items():
         print(f"bench scaling: {rows} rows skipped: {reason}", file=sys.stderr)
         records.append(
@@ -514,5 +716,9 @@ def _worker(rank: int) -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--worker":
         _worker(int(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--point":
+        spec = json.loads(sys.argv[2])
+        point = _point(spec["rows"], spec["workers"], spec["seconds"], spec["rounds"])
+        sys.stdout.write(json.dumps(point) + "\n")
     else:
         sys.exit("usage: sparseps bench scaling [--quick] (this file runs workers itself)")
