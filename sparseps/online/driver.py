@@ -11,7 +11,12 @@ Per pass, in order:
    sees the same order);
 3. **evaluate the new data with the current model** (progressive metrics: the model has
    never seen these samples);
-4. train one pass;
+4. train one pass; once the next pass's data is loaded, the trainer prepares that pass
+   while this one trains (``Trainer.prefetch_pass``, :class:`~.pass_loader.PrepareNext`:
+   the GPUPS pipeline reads its keys and pulls its rows; the other modes ignore it). Not
+   with members or ``leaves`` (the next pass's share may change at the boundary) nor
+   ``schedule.evaluate_only``; a global shuffle keeps the union of the workers' keys, so
+   the keys read before it build the same device tables;
 5. the saves :func:`sparseps.online.schedule.plan_pass` plans: at the end of a day
    decay + shrink and a base inference model, otherwise a delta every
    ``save.delta_every`` passes (``save.check_inference``: each inference save is checked
@@ -75,7 +80,7 @@ from .ledger import Ledger
 from .lock import ModelDirLock
 from .membership import Membership
 from .model_dir import ModelDir
-from .pass_loader import PassLoader
+from .pass_loader import PassLoader, PrepareNext
 from .phases import CountingDataset, PhaseEvent, PhaseHook
 from .schedule import plan_pass
 
@@ -268,7 +273,8 @@ class OnlineDriver:
             loader = None
             if preload and i + 1 < len(todo):
                 loader = self._loader(todo[i + 1])
-            records.append(self._run_pass(pass_id, folders, dataset, timing, rows))
+            ahead = self._prepare_next(loader) if loader is not None else None
+            records.append(self._run_pass(pass_id, folders, dataset, timing, rows, ahead))
             dataset.release_memory()
             if self.members is not None and i + 1 < len(todo):
                 stays, loader = self._boundary(pass_id, loader)
@@ -279,6 +285,12 @@ class OnlineDriver:
         if self.rank == 0:
             self.dir.write_status("completed", passes=len(self.ledger.passes()))
         return records
+
+    def _prepare_next(self, loader: PassLoader) -> PrepareNext | None:
+        """The hook that prepares the next pass while the current one trains (step 4)."""
+        if self.members is not None or self.config.schedule.evaluate_only:
+            return None
+        return PrepareNext(loader, self.trainer.prefetch_pass)
 
     # -- workers joining and leaving (async mode) ----------------------------------------
 
@@ -334,7 +346,7 @@ class OnlineDriver:
         return np.max(every[:, :2], axis=0).tolist(), every[:, 2].astype(np.int64).tolist()
 
     def _run_pass(self, pass_id: PassId, folders, dataset, timing: list[float],
-                  rows: list[int]) -> dict:  # fmt: skip
+                  rows: list[int], ahead: PrepareNext | None = None) -> dict:  # fmt: skip
         trainer, config, save = self.trainer, self.config, self.config.save
         start = time.perf_counter()
         online_pass().set(pass_id.seq)
@@ -366,10 +378,12 @@ class OnlineDriver:
             assert self.members is not None, "leaves needs members"
             fence = Fence(self.members, pass_id.seq, timeout_s=config.job.collective_timeout_s)
             dataset = LeaveAware(dataset, list(dataset.files), fence, self._reread)
-        if self.on_phase is not None:
+        if self.on_phase is not None:  # the same batches (CountingDataset.pass_data)
             dataset = CountingDataset(dataset, self.on_phase, pass_id, self.rank)
-        result = trainer.train_from_dataset(dataset, print_period=0)
+        result = trainer.train_from_dataset(dataset, print_period=0, on_batch=ahead)
         record.update(trained=True, train=result.metrics.to_dict(), samples=result.metrics.count)
+        if "prepared" in result.timings:  # GPUPS: built from a pass prepared during the last
+            record["prepared"] = bool(result.timings["prepared"])
         if fence is not None and fence.departed:  # workers died and left (leaving.py)
             assert self.members is not None, "a fence has members"
             self.world = len(self.members.members)

@@ -5,6 +5,10 @@ worker's share into memory, so the next pass loads while the current one trains
 (``data.preload``). It records how long that took; the driver takes the result with a
 deadline. A load started for a membership that has since changed is discarded: its share
 was cut for the old workers (:mod:`sparseps.online.membership`).
+
+:class:`PrepareNext` hands a loaded next pass to the trainer while the current one trains
+(``Trainer.prefetch_pass``: the GPUPS pipeline reads its keys and pulls its rows then;
+the other modes do nothing).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from .layout import DataLayout, PassId
 if TYPE_CHECKING:
     from ..data import InMemoryDataset
 
-__all__ = ["PassLoader"]
+__all__ = ["PassLoader", "PrepareNext"]
 
 
 class PassLoader:
@@ -77,6 +81,13 @@ class PassLoader:
             self._result[1].release_memory()
             self._result = None
 
+    def ready(self) -> InMemoryDataset | None:
+        """The loaded dataset if the load is done and succeeded (never waits); else None."""
+        with self._lock:
+            if not self._done or self._dropped or self._result is None:
+                return None
+            return self._result[1]
+
     def get(self, timeout: float) -> tuple[list[Path], InMemoryDataset]:
         """``(folders, dataset)`` once loaded; raises the loader's error."""
         self._thread.join(timeout)
@@ -89,3 +100,28 @@ class PassLoader:
             raise self._error
         assert self._result is not None, "the thread ended without an error, so it loaded"
         return self._result
+
+
+class PrepareNext:
+    """``on_batch`` hook of a training pass: the first batch after the next pass's data is
+    loaded hands it to ``prepare`` (``Trainer.prefetch_pass``), once, on the training
+    thread. Not a collective: each worker hands its share over when its load is done, and
+    a worker whose load ends after the pass builds the next pass unprepared (GPUPS agrees
+    on it at the pass's end).
+
+    Args:
+        loader: the next pass's loader.
+        prepare: called with the loaded dataset.
+    """
+
+    def __init__(self, loader: PassLoader, prepare: Callable[[InMemoryDataset], None]) -> None:
+        self._loader, self._prepare = loader, prepare
+        self.handed = False
+
+    def __call__(self, step, stats) -> None:
+        if self.handed:
+            return
+        dataset = self._loader.ready()
+        if dataset is not None:
+            self.handed = True
+            self._prepare(dataset)

@@ -71,6 +71,7 @@ class CountingDataset:
         self, dataset: Collection[Batch], hook: PhaseHook, pass_id: PassId, rank: int
     ) -> None:
         self._dataset = dataset
+        self.pass_data = dataset  # the batches it yields (a prepared GPUPS pass is of them)
         self._hook = hook
         self._pass_id = pass_id
         self._rank = rank

@@ -63,6 +63,7 @@ from .gpups_build import (
     pick_rows,
 )
 from .gpups_device import DeviceDense, DeviceExchange, resolve_device, to_device
+from .gpups_inputs import InputStager, step_inputs
 from .gpups_split import SubPasses, check_budget
 from .gpups_step import DeviceSteps
 from .gpups_table import DeviceTable
@@ -76,10 +77,11 @@ _pass_keys = pass_keys  # the name the tests know
 
 #: PassResult.timings of a GPUPS pass: the build, the write-back (the results copied off
 #: the device and the writes sent), the wait for an earlier write-back still in flight,
-#: the background preparation of the next pass, the sub-passes it was cut into, and the
-#: steps' time in the exchanges (waits for the other workers included) and the rules
+#: the background preparation of the next pass, the sub-passes it was cut into, the
+#: steps' time in the exchanges (waits for the other workers included) and the rules,
+#: and ``prepared`` (1: the pass's build took a pass prepared while the one before trained)
 TIMINGS = ("build_s", "write_back_s", "write_back_wait_s", "next_pass_s", "sub_passes",
-           "exchange_s", "rule_s")  # fmt: skip
+           "exchange_s", "rule_s", "prepared")  # fmt: skip
 
 
 class GpuPsMode(SyncMode):
@@ -111,6 +113,7 @@ class GpuPsMode(SyncMode):
         self._steps: DeviceSteps | None = None  # during a pass
         self._pending: WriteBack | None = None  # the last pass's write-back, in flight
         self.exchange = DeviceExchange(self.device, self.collective_timeout)
+        self._stager = InputStager(self.device)  # a step's inputs, one step ahead
         self.device_dense = None
         if self.local_dense is not None:  # the model's parameters move to the device
             for param in self.dense.params:
@@ -259,12 +262,15 @@ class GpuPsMode(SyncMode):
         if nxt is None or nxt.target == self._begun + 1:
             return None
         self._next = None
-        if nxt.target != self._begun or nxt.dataset is not dataset:
+        # a wrapper that yields a dataset's batches unchanged names it (``pass_data``:
+        # the online driver's CountingDataset), so a pass prepared over it is this one
+        if nxt.target != self._begun or nxt.dataset is not getattr(dataset, "pass_data", dataset):
             nxt.cancel()
             log.info("GPUPS: the prepared pass is not this one (another dataset or pass); dropped")
             return None
         usable = nxt.result(self.collective_timeout)
         self._timings["next_pass_s"] += nxt.seconds
+        self._timings["prepared"] = float(usable)
         return nxt if usable else None
 
     def _take_carry(self) -> dict[str, Carry] | None:
@@ -360,9 +366,10 @@ class GpuPsMode(SyncMode):
             yield from super().steps(source)  # outside a pass: apply() says what is wrong
             return
         iterator = iter(source)
+        item = next(iterator, None)
+        staged = self._stager.stage(step_inputs(item))
         try:
             for step in itertools.count():
-                item = next(iterator, None)
                 split = self._split
                 if split is not None and step == split.stop < split.total:  # the next sub-pass
                     self._write_back(defer=False)
@@ -375,9 +382,14 @@ class GpuPsMode(SyncMode):
                 )
                 if not active:
                     return
+                # the next step's inputs go to the device while this one computes
+                following = None if item is None else next(iterator, None)
+                ahead = self._stager.stage(step_inputs(following))
+                self._steps.inputs = staged.take()
                 if item is None:
                     self._steps.rows({})  # no data left here: still answer the owners' exchange
                 yield item
+                item, staged = following, ahead
         except GeneratorExit:  # the pass was abandoned (an error): its rows are not written
             self.shards, self._steps = None, None  # back, later pulls read the servers
             raise
@@ -431,6 +443,13 @@ class GpuPsMode(SyncMode):
         self.shards, self._steps = None, None
         nxt = self._next
         keep = defer and nxt is not None and nxt.target == self._begun  # the next pass
+        if defer and self.world > 1:  # every worker leaves its writes in flight, or none:
+            # settling them is a collective (a worker may hold no prepared pass: e.g. the
+            # online driver prepares one only once its data is loaded, on each worker)
+            votes = collectives.all_reduce_sum(
+                np.array([int(keep)], np.int64), timeout=self.collective_timeout
+            )  # fmt: skip
+            keep = int(votes[0]) == self.world
         self._pending = WriteBack(self.client, jobs, background=keep)  # takes the rows
         if keep:
             self._carry = carry

@@ -65,6 +65,9 @@ class DeviceSteps:
         self.seconds = {"exchange_s": 0.0, "rule_s": 0.0}
         self.world = exchange.world
         self.device = exchange.device
+        # this step's inputs on the device (gpups_inputs.step_inputs' names), staged
+        # while the step before computed
+        self.inputs: dict[str, torch.Tensor] = {}
         self._routes: dict[str, _Route] = {}
         self._announced: dict[str, tuple] = {}  # this step's routing, from announce()
 
@@ -127,7 +130,10 @@ class DeviceSteps:
                     wanted[order], counts, known, timeout=self.timeout
                 )
                 self.seconds["exchange_s"] += time.perf_counter() - start
-            index = self.shards[group[0]].find(received)  # a group's shards hold equal keys
+            # one worker: the batch's own keys, staged on the device (gpups_inputs)
+            staged = self.inputs.get(f"keys/{group[0]}") if order is None else None
+            # a group's shards hold equal keys
+            index = self.shards[group[0]].find(received if staged is None else staged)
             send, recv = counts.tolist(), recv_counts.tolist()
             parts = [self.shards[name].gather(index) for name in group]
             if order is not None:
@@ -164,8 +170,11 @@ class DeviceSteps:
                 if grad is None or not isinstance(grad, torch.Tensor):
                     grad = torch.zeros((size, self.configs[name].dim), device=device)
                 columns.append(grad)
-            counts = by_table.get(group[0], (None, None, np.zeros(size), np.zeros(size)))[2:]
-            columns += [to_device(c, device, np.float32).reshape(-1, 1) for c in counts]
+            for kind in ("shows", "clicks"):  # staged on the device with the step's keys
+                count = self.inputs.get(f"{kind}/{group[0]}")
+                if count is None:  # no data left on this worker
+                    count = torch.zeros(size, dtype=torch.float32, device=device)
+                columns.append(count.reshape(-1, 1))
             packed = torch.cat(columns, dim=1)
             if route.order is not None:
                 packed = packed[to_device(route.order, device)]

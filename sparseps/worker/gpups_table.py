@@ -91,14 +91,18 @@ class DeviceTable:
     def nbytes(self) -> int:
         return len(self) * bytes_per_key(self.config)
 
-    def find(self, keys: np.ndarray) -> torch.Tensor:
+    def find(self, keys: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Row index of each key (int64 tensor on the device); every key must be held.
+        ``keys``: uint64 host keys, or their int64 bits already on the device.
 
         Raises:
             InputError: a key is not in this shard (the pass's working set was built
                 from other data than the pass trains on).
         """
-        query = to_device(np.ascontiguousarray(keys).view(np.int64), self.device)
+        if isinstance(keys, torch.Tensor):
+            query = keys
+        else:
+            query = to_device(np.ascontiguousarray(keys).view(np.int64), self.device)
         if query.numel() == 0:
             return query
         if len(self) == 0:

@@ -26,6 +26,7 @@ class FakeMetrics:
 class FakeResult:
     def __init__(self, count: int) -> None:
         self.metrics = FakeMetrics(count)
+        self.timings: dict[str, float] = {}  # PassResult.timings (the mode's figures)
 
 
 class FakeDataset:
@@ -59,6 +60,7 @@ class FakeTrainer:
 
     def __init__(self, *, train_s: float = 0.0) -> None:
         self.train_s, self.passes, self.calls = train_s, 0, []
+        self.prepared: list[str] = []  # datasets handed to prefetch_pass, by name
 
     def load_checkpoint(self, path) -> dict:
         state = mf.read_manifest(Path(path))["state"]
@@ -70,12 +72,20 @@ class FakeTrainer:
         self.calls.append(("evaluate", dataset.name))
         return FakeMetrics(len(dataset))
 
-    def train_from_dataset(self, dataset, *, print_period: int = 100) -> FakeResult:
-        seen = sum(1 for _ in dataset)
-        time.sleep(self.train_s)
+    def train_from_dataset(self, dataset, *, print_period: int = 100,
+                           on_batch=None) -> FakeResult:  # fmt: skip
+        batches = list(dataset)
+        for _ in batches:  # training sleeps train_s in all, on_batch after each batch
+            time.sleep(self.train_s / max(len(batches), 1))
+            if on_batch is not None:
+                on_batch(None, None)
+        seen = len(batches)
         self.calls.append(("train", seen))
         self.passes += 1
         return FakeResult(10 * seen)
+
+    def prefetch_pass(self, dataset) -> None:
+        self.prepared.append(dataset.name)
 
     def decay(self, rate=None) -> None:
         self.calls.append(("decay", rate))

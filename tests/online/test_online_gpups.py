@@ -1,8 +1,9 @@
 """``sparseps online`` with ``job.mode: gpups`` (issue 56, item 5): each pass's rows on the
 workers' devices (device "cpu" here), written back to the servers at its end, so the
-ledger, checkpoints, base/delta saves and crash-resume work as in sync mode. GPUPS is
-sync's lock-step over device tables, so a job killed in pass 2's training and rerun ends
-with the uninterrupted job's final checkpoint bit for bit, with an exact ledger."""
+ledger, checkpoints, base/delta saves and crash-resume work as in sync mode, each pass
+prepared while the one before trains (its keys read and rows pulled). GPUPS is sync's
+lock-step over device tables, so a job killed in pass 2's training and rerun ends with
+the uninterrupted job's final checkpoint bit for bit, with an exact ledger."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from _fakes import FakeDriver, FakeTrainer, fake_config
 from _onlinetools import checkpoint_arrays, history, run_crashing, run_online, write_config
 
 from sparseps.online import Ledger, write_stream
@@ -52,6 +54,10 @@ def test_a_gpups_online_job_killed_mid_pass_and_rerun_ends_with_the_same_model(t
     assert [r["seq"] for r in book if r["kind"] == "resume"] == [0]
     assert json.loads(ModelDir(tmp_path / "crash").status_path.read_text())["state"] == "completed"
     assert history(ours) == history(theirs)  # the same saves and progressive metrics
+    # each pass after the first was prepared while the one before trained, once its data
+    # was loaded (a load that ends after the pass leaves the next pass unprepared: rare)
+    prepared = [r["prepared"] for r in theirs]
+    assert prepared[0] is False and any(prepared[1:]), prepared
     final = f"checkpoints/{PASSES - 1:06d}-20240101-{PASSES - 1:03d}"
     want = checkpoint_arrays(tmp_path / "ref" / final)
     got = checkpoint_arrays(tmp_path / "crash" / final)
@@ -59,3 +65,16 @@ def test_a_gpups_online_job_killed_mid_pass_and_rerun_ends_with_the_same_model(t
     for key, value in want.items():
         np.testing.assert_array_equal(got[key], value, err_msg=key)
     assert theirs[-1]["eval"]["auc"] > 0.55  # it learned
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_the_driver_prepares_each_loaded_next_pass_while_a_pass_trains(tmp_path, preload):
+    """With ``data.preload`` the next pass's data loads while a pass trains, and the first
+    batch after it is loaded hands it to ``Trainer.prefetch_pass`` (the GPUPS pipeline;
+    loading sleeps 0.2 s, a pass's 3 batches 1 s in all); without preload nothing is."""
+    config = fake_config(tmp_path, days=1, passes_per_day=3, data={"preload": preload})
+    trainer = FakeTrainer(train_s=1.0)
+    FakeDriver(config, trainer, load_s=0.2).run()
+    trained = [call[1] for call in trainer.calls if call[0] == "evaluate"]
+    assert len(trained) == 3
+    assert trainer.prepared == (trained[1:] if preload else [])
