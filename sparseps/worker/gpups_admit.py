@@ -107,13 +107,15 @@ class DeviceAdmission:
         pending = np.flatnonzero(counts[:, 0] == 0)
         initial = np.zeros((keys.size, config.dim), np.float32)
         fill_initial(initial, pending, keys[pending], config.dim, config.initializer, config.seed)
-        self.initial = to_device(initial, device).clone()
-        self.admitted = to_device(counts[:, 0] > 0, device).clone()
-        self.prior_show = to_device(counts[:, 1], device, np.float32).clone()
-        self.prior_click = to_device(counts[:, 2], device, np.float32).clone()
+        # the arrays are this build's own (``counts`` a fresh copy in the table's order):
+        # on CPU the tensors are their memory, on CUDA ``to_device`` copies; no clones
+        self.initial = to_device(initial, device)
+        self.admitted = to_device(counts[:, 0] > 0, device)
+        self.prior_show = to_device(counts[:, 1], device, np.float32)
+        self.prior_click = to_device(counts[:, 2], device, np.float32)
         self.base = None  # probability: each key's part of the draw
         if self.lifecycle.admission == Admission.PROBABILITY:
-            self.base = to_device(draw_base(keys, config.seed), device).clone()
+            self.base = to_device(draw_base(keys, config.seed), device)
 
     def admit(self, rows: torch.Tensor, shows: torch.Tensor, clicks: torch.Tensor,
               weights: torch.Tensor, before: torch.Tensor) -> torch.Tensor:  # fmt: skip
