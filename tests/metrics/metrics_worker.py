@@ -13,12 +13,14 @@ import datetime
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch.distributed as dist
 
 from sparseps.errors import DeadlineError, UnavailableError
 from sparseps.metrics import CTRMetrics
+from sparseps.testing import wait_until
 
 N = 30_000
 GROUPED_SPLITS = (0, 1_500, 11_000, N)  # uneven shares: 1.5k, 9.5k, 19k samples
@@ -66,7 +68,10 @@ def main(rank: int, world: int, port: int, out: str) -> None:
     dist.barrier()
     # timeout probe: rank 2 stays alive but skips the collective; the others must give up
     if rank == world - 1:
-        time.sleep(TIMEOUT_PROBE_S + 3.0)
+        # alive but absent (not dead: the others must time out, not see a closed peer)
+        # until every other rank has given up and written its results
+        others = [Path(out).with_name(f"{r}.json") for r in range(world - 1)]
+        wait_until(lambda: all(p.exists() for p in others), 60, "the other ranks' probes")
         result["probe"] = "skipped"
     else:
         start = time.monotonic()
