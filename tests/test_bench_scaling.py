@@ -124,3 +124,37 @@ def test_filled_save_puts_each_key_in_its_owners_file(bench, tmp_path):
         assert np.abs(columns["embedding"]).max() <= 0.01
         keys.append(columns["key"])
     assert np.array_equal(np.sort(np.concatenate(keys)), np.sort(bench.table_keys(0, 5000)))
+
+
+@pytest.mark.timeout(600)
+def test_bench_scaling_against_a_commit(bench, monkeypatch):
+    """SPARSEPS_SCALING_AGAINST: today's code and a commit's, in alternating fresh
+    processes, each importing its own sparseps (the point says which it ran)."""
+    monkeypatch.setenv(bench.AGAINST_ENV, "HEAD")
+    monkeypatch.setenv(bench.PAIRS_ENV, "1")
+    records = bench.run(quick=True, sizes=(20_000,), seconds=0.6, rounds=1)
+    by_name = {r.metric: r for r in records}
+    assert set(by_name) == {"server_cpu_us_per_sample[against]", "samples_per_s[against]"}
+    cpu = by_name["server_cpu_us_per_sample[against]"]
+    assert cpu.value > 0 and cpu.baseline > 0
+    params = cpu.params
+    assert params["against"] == "HEAD" and params["workers"] == 2 and params["pairs"] == 1
+    assert len(params["before_us"]) == len(params["after_us"]) == len(params["loads"]) // 2 == 1
+    assert "alternating" in params["baseline"]
+
+
+def test_bench_scaling_against_an_unknown_commit_says_so(bench, monkeypatch):
+    monkeypatch.setenv(bench.AGAINST_ENV, "no-such-commit-xyz")
+    with pytest.raises(Exception, match="git archive failed"):
+        bench.run(quick=True, sizes=(20_000,), seconds=0.6, rounds=1)
+
+
+def test_peer_cpu_is_read_over_the_training_window(bench, monkeypatch):
+    samples = [(10.0, 1.0), (11.0, 1.5), (13.0, 3.5)]
+    assert bench._cpu_at(samples, 12.0) == pytest.approx(2.5)  # noqa: SLF001
+    with pytest.raises(Exception, match="not sampled"):
+        bench._cpu_at(samples, 14.0)  # noqa: SLF001
+    assert bench._peer([], False, {}) == []  # noqa: SLF001 - no peer asked for
+    monkeypatch.setenv(bench.PEER_ENV, "tensorflow")
+    with pytest.raises(Exception, match="must be 'paddle'"):
+        bench._peer([], False, {})  # noqa: SLF001
