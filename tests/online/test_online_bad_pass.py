@@ -31,7 +31,8 @@ class CountingTrainer(FakeTrainer):
         self.calls.append(("evaluate", len(dataset)))
         return FakeMetrics(len(dataset))
 
-    def train_from_dataset(self, dataset, *, print_period: int = 100) -> FakeResult:
+    def train_from_dataset(self, dataset, *, print_period: int = 100,
+                           on_batch=None) -> FakeResult:  # fmt: skip
         seen = sum(len(b) for b in dataset)
         self.calls.append(("train", seen))
         self.passes += 1
