@@ -235,4 +235,44 @@ def run(quick: bool = False) -> list[BenchRecord]:
                 context.__exit__(None, None, None)
     records.append(BenchRecord("load_average", os.getloadavg()[0], "",
                                params={"when": "end", "cores": cores}))  # fmt: skip
+    records += must_show(records, many)
     return records
+
+
+# issue 60's must-show cells: (record metric, body, clients (None: the many), what is
+# compared, the target, its test on the figure)
+TARGETS = [
+    ("serve_p50_ms", "json1", 1, "p50 ms", "<= 3 ms", lambda r: r.value <= 3.0),
+    ("serve_vs_today_rows_per_s", "json1", None, "rows/s vs today", ">= 10x today",
+     lambda r: r.ratio is not None and r.ratio >= 10.0),
+    ("serve_p99_ms", "json1", None, "p99 ms", "<= 50 ms", lambda r: r.value <= 50.0),
+    ("serve_rows_per_s", "arrow512", 4, "rows/s vs in-process", ">= 1.0x in-process",
+     lambda r: r.ratio is not None and r.ratio >= 1.0),
+]  # fmt: skip
+
+
+def must_show(records: list[BenchRecord], many: int) -> list[BenchRecord]:
+    """One ``serve_must_show`` record per target of issue 60, for the ``sparseps`` service
+    (``params``: the cell, the target, ``met``, the load at start and end), also printed
+    to stderr as a table; a cell the run did not measure is ``met: false``."""
+    loads = [r.value for r in records if r.metric == "load_average"]
+    load = "-".join(f"{x:.1f}" for x in loads)
+    out = []
+    lines = [f"bench serve: issue 60's targets (sparseps service; load average {load})"]
+    for metric, body, clients, what, target, test in TARGETS:
+        clients = many if clients is None else clients
+        found = [r for r in records if r.metric == metric and r.params.get("service") == "sparseps"
+                 and r.params.get("body") == body and r.params.get("clients") == clients]  # fmt: skip
+        cell = f"{body}, {clients} clients: {what}"
+        if not found:
+            lines.append(f"  {cell:<40} not measured   target {target:<20} met: no")
+            out.append(BenchRecord("serve_must_show", float("nan"), "", None,
+                                   {"cell": cell, "target": target, "met": False, "load": load}))  # fmt: skip
+            continue
+        record, met = found[0], bool(test(found[0]))
+        figure = f"{record.value:.4g}" + (f" ({record.ratio:.2f}x)" if record.ratio else "")
+        lines.append(f"  {cell:<40} {figure:<22} target {target:<20} met: {'yes' if met else 'no'}")
+        out.append(BenchRecord("serve_must_show", record.value, record.unit, record.baseline,
+                               {"cell": cell, "target": target, "met": met, "load": load}))  # fmt: skip
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    return out

@@ -1,11 +1,14 @@
 """``WorkerBoard``: what each process of ``sparseps serve --workers N`` serves, shared.
 
 A small file of one fixed slot per worker (pid, served sequence, saves applied and
-refused, when it last swapped models), memory-mapped by every worker. A worker writes only
-its own slot, after each swap; any worker reads them all to answer ``GET /model``'s
-``workers`` list and ``sequence_everywhere`` (the sequence when every worker serves the
-same one, else null), so a client that reaches any one process can tell when a reload has
-landed in all of them.
+refused, when it last swapped models, connections it was handed and has closed),
+memory-mapped by every worker and by the supervisor. A worker writes only its own slot,
+after each swap and as its connections come and go; any worker reads them all to answer
+``GET /model``'s ``workers`` list and ``sequence_everywhere`` (the sequence when every
+worker serves the same one, else null), so a client that reaches any one process can tell
+when a reload has landed in all of them. The supervisor reads the ``closed`` counts to
+hand each new connection to the worker with the fewest open (:mod:`.workers`), and clears
+the slot of a worker it starts again.
 
 A slot is written field by field, and a reader may see one half-written: the board
 reports, it does not synchronise (each worker's own model swap is one assignment,
@@ -30,6 +33,8 @@ _FIELDS = (
     ("applied", "<i8"),
     ("refused", "<i8"),
     ("swapped_at", "<f8"),
+    ("accepted", "<i8"),
+    ("closed", "<i8"),
 )
 SLOT = np.dtype(list(_FIELDS))
 
@@ -66,8 +71,22 @@ class WorkerBoard(Closing):
         slot["swapped_at"] = time.time()
         slot["pid"] = os.getpid()
 
+    def connection(self, opened: bool) -> None:
+        """Count one connection of this process's: handed to it, or closed."""
+        if self.index is not None:
+            self._slots[self.index]["accepted" if opened else "closed"] += 1
+
+    def closed(self) -> np.ndarray:
+        """Every worker's count of closed connections (int64 ``[workers]``)."""
+        return np.array(self._slots["closed"])
+
+    def clear(self, index: int) -> None:
+        """Empty slot ``index`` (the supervisor's, before that worker starts again)."""
+        self._slots[index] = np.zeros((), SLOT)
+
     def read(self) -> list[dict]:
-        """Every slot: ``[{"index", "pid", "sequence", "applied", "refused", "swapped_at"}]``."""
+        """Every slot: ``[{"index", "pid", "sequence", "applied", "refused", "swapped_at",
+        "accepted", "closed"}]``."""
         slots = np.array(self._slots)  # one copy, then read at leisure
         return [
             {"index": i, **{name: slot[name].item() for name, _ in _FIELDS}}

@@ -64,6 +64,7 @@ class ServeMetrics:
         )
         for outcome in ("applied", "refused"):
             self.reloads.labels(outcome)  # present (at 0) before the first reload
+        self._children: dict[tuple[str, int], tuple] = {}
 
     def follow(self, created_at: Callable[[], float], sequence: Callable[[], int]) -> None:
         """Read the served model's creation time and sequence at each scrape."""
@@ -71,8 +72,12 @@ class ServeMetrics:
         self.model_sequence.set_function(lambda: float(sequence()))
 
     def observe(self, route: str, status: int, seconds: float, rows: int = 0) -> None:
-        self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        children = self._children.get((route, status))
+        if children is None:  # a label lookup per request cost as much as the rest here
+            children = (self.requests.labels(route, str(status)), self.latency.labels(route))
+            self._children[route, status] = children
+        children[0].inc()
+        children[1].observe(seconds)
         if rows:
             self.rows.inc(rows)
             self.request_rows.observe(rows)

@@ -26,6 +26,7 @@ ids of any body are counted again, column by column, before they are hashed or l
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -187,6 +188,23 @@ def _fast_json(body: bytes, max_rows: int) -> object | None:
 
 
 _GUESS_ROWS = 8  # rows looked at to guess a slot column's type
+_SLOT = None  # a column's role in _roles: a slot (its type guessed from its values)
+# a slot value's Python type -> its column's Arrow type; null in every row looked at: the
+# null type, as inference gives an all-null column (a value in a later row fails the
+# conversion, and inference runs)
+_SLOT_TYPES = {str: pa.string(), int: pa.int64(), list: pa.list_(pa.int64()),
+               type(None): pa.null()}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=16)
+def _roles(schema: Schema) -> dict[str, pa.DataType | None]:
+    """Each request column's Arrow type (a repeated dense name: a list of numbers; dense
+    and label columns: float64), or ``_SLOT`` for a slot."""
+    roles: dict[str, pa.DataType | None] = {name: _SLOT for name in schema.slots}
+    roles.update({name: pa.float64() for name in (*schema.dense, *schema.labels)})
+    roles.update({name: pa.list_(pa.float64()) for name in schema.dense
+                  if schema.dense.count(name) > 1})  # fmt: skip
+    return roles
 
 
 def _typed_rows(rows: list, schema: Schema) -> pa.StructArray | None:
@@ -196,43 +214,45 @@ def _typed_rows(rows: list, schema: Schema) -> pa.StructArray | None:
     modules on every call); with a type the conversion of a 1-row request takes 10 µs.
     Dense and label columns are float64; a slot column's type comes from its first
     non-null value in the first rows. A wrong guess (a numeric text, mixed types, a
-    non-object row) fails and falls back to inference, which finds the error.
+    non-object row) fails and falls back to inference, which finds the error. The struct
+    type is made once per set of columns and value types (cached): for a 1-row request,
+    looking at its 39 columns one by one cost more than the rest of its parse.
     """
-    try:
-        names = set().union(*rows)
-    except TypeError:  # a row that is not iterable: inference names it
+    if len(rows) == 1 and type(rows[0]) is dict:
+        row = rows[0]
+        struct = _struct(tuple(row), tuple(map(type, row.values())), schema)
+    else:
+        try:
+            names = sorted(set().union(*rows), key=str)
+        except TypeError:  # a row that is not iterable: inference names it
+            return None
+        head = [r for r in rows[:_GUESS_ROWS] if isinstance(r, dict)]
+        first = [next((type(v) for r in head if (v := r.get(name)) is not None), type(None))
+                 for name in names]  # fmt: skip
+        struct = _struct(tuple(names), tuple(first), schema)
+    if struct is None:
         return None
-    numeric = {*schema.dense, *schema.labels}
-    fields = []
-    for name in sorted(names, key=str):
-        if schema.dense.count(name) > 1:  # a repeated dense name: a list of numbers
-            fields.append(pa.field(name, pa.list_(pa.float64())))
-            continue
-        if name in numeric:
-            fields.append(pa.field(name, pa.float64()))
-            continue
-        if name not in schema.slots:
-            return None
-        value = next(
-            (
-                r.get(name)
-                for r in rows[:_GUESS_ROWS]
-                if isinstance(r, dict) and r.get(name) is not None
-            ),
-            None,
-        )
-        # null in every row looked at: the null type, as inference gives an all-null
-        # column (a value in a later row fails the conversion, and inference runs)
-        kinds = {str: pa.string(), int: pa.int64(), list: pa.list_(pa.int64()),
-                 type(None): pa.null()}  # fmt: skip
-        kind = kinds.get(type(value))
-        if kind is None:
-            return None
-        fields.append(pa.field(name, kind))
     try:
-        return pa.array(rows, type=pa.struct(fields))
+        return pa.array(rows, type=struct)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
         return None
+
+
+@functools.lru_cache(maxsize=256)
+def _struct(names: tuple, kinds: tuple[type, ...], schema: Schema) -> pa.StructType | None:
+    """The struct of columns ``names`` whose (first non-null) values are of Python types
+    ``kinds``: by the schema's role of each (:func:`_roles`), a slot's by its values' type;
+    None where no type is guessed (a column the schema lacks, a value of another type)."""
+    roles = _roles(schema)
+    fields = []
+    for name, kind in sorted(zip(names, kinds, strict=True), key=lambda c: str(c[0])):
+        role = roles.get(name, _SLOT)
+        if role is _SLOT:
+            role = _SLOT_TYPES.get(kind) if name in roles else None
+            if role is None:
+                return None
+        fields.append(pa.field(name, role))
+    return pa.struct(fields)
 
 
 def _arrow_message(exc: Exception) -> str:

@@ -75,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the bases' sorted-key row indexes are kept and shared by the workers "
         "(default: MODEL_DIR/.serving-index)",
     )
-    # a worker process of --workers N: serve on the listening socket inherited as this fd
-    parser.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
+    # a worker process of --workers N: serve the connections handed over on this fd
+    parser.add_argument("--channel-fd", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--board", default=None, help=argparse.SUPPRESS)
 
@@ -101,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         index_dir=args.index_dir,
     )
-    if args.listen_fd is not None:  # one worker of a supervisor (sparseps.serving.workers)
+    if args.channel_fd is not None:  # one worker of a supervisor (sparseps.serving.workers)
         from .workers import WorkerPlace
 
-        serve(config, WorkerPlace(args.listen_fd, args.worker_index, args.board))
+        serve(config, WorkerPlace(args.channel_fd, args.worker_index, args.board))
     elif config.processes > 1:
         from .workers import supervise
 

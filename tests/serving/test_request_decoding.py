@@ -138,3 +138,40 @@ def test_integers_past_float64_precision_are_dense_values():
     for body, kind in ((arrow, ARROW_STREAM), (json.dumps({"rows": [{"I2": big}]}).encode(), JSON)):
         batch = batch_from_body(body, kind, CRITEO, max_rows=10)
         assert batch.dense[0, 1] == np.log1p(np.float32(big))  # the float32 transform
+
+
+ONE_ROWS = [  # one-row JSON requests: each converts through the cached struct of its shape
+    {"I1": 3, "I2": None, "C1": "68fd1e64", "C2": None, "C3": 7},
+    {"I1": 3.5, "C1": None, "C2": [1, 2, 3], "C3": -5},
+    {"C1": "68fd1e64"},
+    {"I1": "4", "C1": "a"},  # numeric text: no guess fits, inference converts it
+]
+
+
+@pytest.mark.parametrize("row", ONE_ROWS)
+def test_a_one_row_request_converts_as_its_columns_do(row):
+    """The 1-row path (a struct type cached per column names and value types) gives the
+    batch the columns body gives (pyarrow's inference, column by column), each time."""
+    by_columns = batch_from_body(
+        json.dumps({"columns": {k: [v] for k, v in row.items()}}).encode(), JSON, CRITEO,
+        max_rows=10,
+    )  # fmt: skip
+    for _ in range(2):  # the second from the cache
+        same_batch(batch_from_body(json.dumps({"rows": [row]}).encode(), JSON, CRITEO,
+                                   max_rows=10), by_columns)  # fmt: skip
+    # and as the same row among others (the many-row path guesses from the first rows)
+    many = batch_from_body(json.dumps({"rows": [row, row]}).encode(), JSON, CRITEO, max_rows=10)
+    np.testing.assert_array_equal(many.dense[0], by_columns.dense[0])
+
+
+def test_a_refused_shape_is_refused_every_time():
+    """The column checks are cached per shape; a refusal is not: it raises each time."""
+    body = json.dumps({"rows": [{"I1": 1, "C1": 2.5}]}).encode()  # a float slot value
+    for _ in range(2):
+        with pytest.raises(RequestError, match="C1: a slot column") as refused:
+            batch_from_body(body, JSON, CRITEO, max_rows=10)
+        assert refused.value.status == 400
+    table = pa.table({"I1": [1.0], "C1": pa.array([1.5])})
+    for _ in range(2):
+        with pytest.raises(RequestError, match="C1: a slot column"):
+            batch_from_body(arrow_body(table), ARROW_STREAM, CRITEO, max_rows=10)

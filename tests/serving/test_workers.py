@@ -1,15 +1,20 @@
 """``sparseps serve --workers 2``: one port, two processes that share the model's mapped
-row files; a worker that dies is started again; stopping the supervisor stops them all.
+row files; connections opened at once are spread evenly over the workers; a worker that
+dies is started again; stopping the supervisor stops them all.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
+import orjson
 from _servetools import land
 
 from sparseps.serving import ServeProcess, criteo_request_rows
@@ -34,6 +39,36 @@ def mapped_by(pid: int) -> set[str]:
     }
 
 
+def at_once(url: str, body: bytes, count: int) -> list[socket.socket]:
+    """``count`` connections opened together, one request each answered; still open."""
+    parts = urlsplit(url)
+    request = (
+        f"POST /predict HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json"
+        f"\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    go = threading.Barrier(count)
+    conns: list[socket.socket] = []
+    answers: list[bytes] = []
+
+    def one() -> None:
+        go.wait()
+        conn = socket.create_connection((parts.hostname, parts.port), timeout=60)
+        conn.sendall(request)
+        got = b""
+        while b"\r\n\r\n" not in got or not got.rstrip().endswith(b"}"):
+            got += conn.recv(1 << 16)
+        conns.append(conn)
+        answers.append(got)
+
+    threads = [threading.Thread(target=one) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(answers) == count and all(a.startswith(b"HTTP/1.1 200") for a in answers)
+    return conns
+
+
 def test_two_workers_share_the_rows_and_a_dead_one_comes_back(chain, tmp_path):
     model = tmp_path / "model"
     land(chain.folder("base-00000"), model)
@@ -52,6 +87,18 @@ def test_two_workers_share_the_rows_and_a_dead_one_comes_back(chain, tmp_path):
         assert described["memory"]["mapped_bytes"] > 0
         first = client.post("/predict", json={"rows": rows}).json()["predictions"]
 
+        # 6 connections opened at once: 3 to each worker (with `client`'s: 4 and 3), where
+        # workers accepting from one socket got them 4-2, 5-1 or 6-0 as often as not
+        opened = at_once(service.url, orjson.dumps({"rows": rows}), 6)
+        accepted = [w["accepted"] for w in client.get("/model").json()["workers"]]
+        assert sorted(accepted) == [3, 4], accepted
+        for conn in opened:
+            conn.close()
+        deadline = time.monotonic() + WAIT_S
+        while sum(w["closed"] for w in client.get("/model").json()["workers"]) < 6:
+            assert time.monotonic() < deadline, "closed connections were not counted"
+            time.sleep(0.1)
+
         os.kill(pids[0], signal.SIGKILL)
         deadline = time.monotonic() + WAIT_S
         while True:
@@ -66,6 +113,9 @@ def test_two_workers_share_the_rows_and_a_dead_one_comes_back(chain, tmp_path):
         with httpx.Client(base_url=service.url, timeout=60) as fresh:
             again = fresh.post("/predict", json={"rows": rows})
         assert again.status_code == 200 and again.json()["predictions"] == first
+        # the new worker's slot was cleared, and it took the new connections (fewest open)
+        restarted = client.get("/model").json()["workers"][0]
+        assert restarted["accepted"] >= 1 and restarted["closed"] <= restarted["accepted"]
         assert "worker 0" in service.log() and "starting it again" in service.log()
     # the supervisor stopped: so did every worker
     deadline = time.monotonic() + 30
