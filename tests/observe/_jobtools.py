@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from sparseps.testing import wait_until
 from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,16 +32,15 @@ def start_launch(*args: str, cwd: Path) -> subprocess.Popen:
 
 def wait_for(predicate, timeout: float, what: str, proc: subprocess.Popen | None = None):
     """Poll ``predicate`` until truthy; fails naming ``what`` (and the launcher's output)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def check():
         value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
+        if not value and proc is not None and proc.poll() is not None:
             raise AssertionError(f"launcher exited {proc.returncode} waiting for {what}:\n"
                                  f"{proc.stdout.read()[-4000:] if proc.stdout else ''}")  # fmt: skip
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        return value
+
+    return wait_until(check, timeout, what, interval=0.1)
 
 
 def read_pids(log_dir: Path) -> dict:
