@@ -25,6 +25,7 @@ from _onlinetools import (
 from sparseps.online import Ledger, write_stream
 from sparseps.online.lock import LOCK_NAME
 from sparseps.online.model_dir import ModelDir
+from sparseps.testing import wait_until
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -74,13 +75,11 @@ def scenario(tmp_path_factory) -> dict:
     try:
         # worker 0 resumed (holding the folder too) and marked the job running: it waits
         # for split 0010 now
-        deadline = time.monotonic() + 120
-        while _status(model).get("state") != "running":
-            assert time.monotonic() < deadline and first.poll() is None, (
-                "the resumed job never waited for split 0010",
-                first.poll() is not None and first.communicate(timeout=10),
-            )
-            time.sleep(0.2)
+        def waiting_for_the_split() -> bool:
+            assert first.poll() is None, ("the resumed job ended", first.communicate(timeout=10))
+            return _status(model).get("state") == "running"
+
+        wait_until(waiting_for_the_split, 120, "the resumed job to wait for split 0010", 0.2)
         seen["holder"] = json.loads((model_dir / LOCK_NAME).read_text())
         seen["before"] = _files(model_dir)
         start = time.monotonic()

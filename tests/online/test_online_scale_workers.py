@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from _onlinetools import clean_env, online_argv, write_config
 
 from sparseps.online import DataLayout, Ledger, load_config, write_stream
+from sparseps.testing import wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -33,14 +33,13 @@ def _ready(layout: DataLayout, seq: int) -> None:
 
 
 def _wait_pass(book: Ledger, seq: int, job: subprocess.Popen, log: str) -> dict:
-    deadline = time.monotonic() + 120
-    while True:
+    def recorded() -> dict | None:
         records = {r["seq"]: r for r in book.passes()} if book.path.exists() else {}
-        if seq in records:
-            return records[seq]
-        assert job.poll() is None, f"the job ended ({job.returncode}): {log}"
-        assert time.monotonic() < deadline, f"pass {seq} not in the ledger after 120 s"
-        time.sleep(0.1)
+        if seq not in records:
+            assert job.poll() is None, f"the job ended ({job.returncode}): {log}"
+        return records.get(seq)
+
+    return wait_until(recorded, 120, f"pass {seq} in the ledger", interval=0.1)
 
 
 def _scale(log_dir, workers: int) -> dict:

@@ -32,6 +32,7 @@ from _onlinetools import clean_env, write_config
 from sparseps.launch import scale_job
 from sparseps.online import DataLayout, Ledger, load_config, write_stream
 from sparseps.online.online_cli import launch_argv
+from sparseps.testing import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -72,15 +73,20 @@ def test_a_worker_killed_mid_pass_leaves_and_the_survivors_finish_every_pass(tmp
                                cwd=tmp_path)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
-        while len(list(claims.iterdir())) < FILES:  # each worker holds one of pass 0's files
-            assert job.poll() is None, out.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the workers did not claim pass 0's files"
-            time.sleep(0.05)
+
+        def running(condition):
+            def check() -> bool:
+                assert job.poll() is None, out.read_text()[-3000:]
+                return condition()
+
+            return check
+
+        # each worker holds one of pass 0's files
+        claimed = running(lambda: len(list(claims.iterdir())) >= FILES)
+        wait_until(claimed, 120, "the workers to claim pass 0's files")
         gate.touch()
-        while "LEFT the job" not in out.read_text():  # the launcher recorded the leave
-            assert job.poll() is None, out.read_text()[-3000:]
-            assert time.monotonic() < deadline, "worker 1's death was not recorded"
-            time.sleep(0.05)
+        left = running(lambda: "LEFT the job" in out.read_text())  # the launcher recorded it
+        wait_until(left, max(0.0, deadline - time.monotonic()), "worker 1's death recorded")
         report = scale_job(config.log_dir, workers=3, timeout_s=60)
         assert report["workers_started"] == [3] and report["members"] == [0, 2, 3], report
         assert report["left"] == [1] and report["workers_before"] == 2, report

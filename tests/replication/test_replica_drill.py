@@ -32,7 +32,7 @@ from sparseps.config import Initializer, TableConfig
 from sparseps.core.replicas import chain
 from sparseps.core.routing import server_of
 from sparseps.optim import SGD, Adagrad
-from sparseps.testing import local_cluster
+from sparseps.testing import local_cluster, wait_until
 
 DIM = 4
 POOL = np.arange(1, 1501, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -72,19 +72,22 @@ class Writer(threading.Thread):
 def _wait_in_sync(cluster, replicas: int, deadline: float) -> None:
     """Until every shard has its full chain of copies, none recovering (asked by a fresh
     client each time: it connects to every server that runs)."""
-    while True:
+    seen: list = []
+
+    def in_sync() -> bool:
         with cluster.client(timeout=TIMEOUT) as client:
-            status = client.replica_status()
-        full = all(
+            seen[:] = client.replica_status()
+        return all(
             len(s["copies"]) == replicas + 1
             and not any(c["recovering"] for c in s["copies"])
             and all(len(c["members"]) == replicas + 1 for c in s["copies"])
-            for s in status
+            for s in seen
         )
-        if full:
-            return
-        assert time.monotonic() < deadline, status
-        time.sleep(0.05)
+
+    try:
+        wait_until(in_sync, max(0.0, deadline - time.monotonic()), "every copy in sync")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {seen}") from None
 
 
 def _copies_of(client, table: str, servers: int, replicas: int, alive: set[int]) -> None:
