@@ -268,6 +268,7 @@ class PushTransaction:
         self.embedx = embedx  # a split table's embedx half (table/embedx_push.py)
         # reused scratch rows (see _scratch_rows): the push's backup and its new rows
         width = storage.layout.width
+        self._backed_up = 0  # see _apply_old
         self._scratch = {"backup": np.empty((0, width), np.float32),
                          "fresh": np.empty((0, width), np.float32)}  # fmt: skip
 
@@ -343,6 +344,7 @@ class PushTransaction:
             old_ids = tier.slots(old_ids, op, dirty=True)
         rows = store.rows if tier is None else tier.cache
         backup = self._scratch_rows("backup", old_ids.size)
+        self._backed_up = 0  # rows of old_ids backed up so far (_apply_old's chunks)
         try:
             if not self._apply_old(rows, old_ids, backup, merged, merged_shows, merged_clicks,
                                    delta, op):  # fmt: skip
@@ -361,7 +363,9 @@ class PushTransaction:
                        embedx_rows=created)  # fmt: skip
         except BaseException:
             # re-read: a growth may have moved the matrix (the cache does not grow here)
-            scatter_rows(store.rows if tier is None else tier.cache, old_ids, backup)
+            done = self._backed_up  # the rows after it were neither backed up nor changed
+            scatter_rows(store.rows if tier is None else tier.cache, old_ids[:done],
+                         backup[:done])  # fmt: skip
             if self.embedx is not None:
                 self.embedx.rollback()
             raise
@@ -387,7 +391,8 @@ class PushTransaction:
         before: each row missed once and was read from L3 twice more).
 
         The backup of every row is taken before its update, so a failure in any chunk
-        restores the whole batch. With test hooks: one chunk (their mid-apply call sits
+        restores the whole batch (the rows backed up so far, :attr:`_backed_up`: the later
+        chunks' rows were not touched). With test hooks: one chunk (their mid-apply call sits
         between two halves of the rule's step, as before). Returns :meth:`_update`'s
         verdict over all chunks.
         """
@@ -399,6 +404,7 @@ class PushTransaction:
             stop = min(n, start + chunk)
             backup_touch(matrix, rows, start, stop, backup, shows, clicks, store.stat0,
                          policy.nonclick_coeff, policy.click_coeff)  # fmt: skip
+            self._backed_up = stop
             finite &= self._update(matrix, rows[start:stop], grads[start:stop], delta, op=op)
         return finite
 

@@ -5,6 +5,8 @@ and a failure in a late chunk must restore the rows of the earlier ones."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pytest
 
@@ -63,4 +65,33 @@ def test_a_failure_in_the_last_chunk_restores_every_chunk() -> None:
     with pytest.raises(InputError, match="non-finite"):
         table.push_delta(keys, deltas)
     # every chunk's rows, counters included, are what they were
+    np.testing.assert_array_equal(store.rows.view(np.uint32), before.view(np.uint32))
+
+
+@dataclass(frozen=True)
+class _RaisesOnSecondChunk(optim.Adagrad):
+    """A user's rule whose kernel fails half-way through a push, once armed (its second
+    call after arming: the second chunk's step)."""
+
+    calls: list = field(default_factory=list, compare=False)
+
+    def update(self, storage, rows, grads, dim):
+        if self.calls:  # armed
+            self.calls.append(rows.shape[0])
+            if len(self.calls) == 3:
+                raise RuntimeError("injected: the rule failed in the second chunk")
+        return super().update(storage, rows, grads, dim)
+
+
+def test_a_rule_failing_in_a_later_chunk_leaves_every_row_as_it_was() -> None:
+    rule = _RaisesOnSecondChunk()
+    table = _filled(rule)
+    store = table._storage  # noqa: SLF001
+    keys = mix64_array(np.arange(ROWS, dtype=np.uint64))
+    before = store.rows.copy()
+    rule.calls.append("armed")
+    with pytest.raises(RuntimeError, match="second chunk"):
+        table.push(keys, np.full((ROWS, 8), 0.5, np.float32))
+    assert rule.calls[1:] == [CHUNK_ROWS, CHUNK_ROWS]
+    # the first chunk is restored, the chunks after the failure were never touched
     np.testing.assert_array_equal(store.rows.view(np.uint32), before.view(np.uint32))
