@@ -28,6 +28,7 @@ from sparseps.launch.scaling import (
 from sparseps.launch.supervisor import Supervisor
 from sparseps.store.client import StoreClient
 from sparseps.store.server import StoreServer
+from sparseps.testing import wait_until
 
 # a worker: note its rank and world, wait for its release file, exit 0
 WORKER = """
@@ -70,10 +71,7 @@ def _running(folder: Path, master: str, ranks: tuple[int, ...], *, world: int):
 
 
 def _wait(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    wait_until(predicate, timeout, what)
 
 
 def test_new_workers_start_with_the_new_world_and_the_job_waits_for_them(tmp_path):

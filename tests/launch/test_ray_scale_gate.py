@@ -24,6 +24,7 @@ from sparseps.launch.config import LaunchConfig  # noqa: E402
 from sparseps.launch.ray_backend import RayJob  # noqa: E402
 from sparseps.launch.ray_placement import RoleHandle  # noqa: E402
 from sparseps.launch.ray_scale import RayRoles  # noqa: E402
+from sparseps.testing import wait_until
 
 
 def _job(folder: Path) -> tuple[RayJob, RoleHandle, list]:
@@ -47,10 +48,7 @@ def _job(folder: Path) -> tuple[RayJob, RoleHandle, list]:
 
 
 def _wait(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    wait_until(predicate, timeout, what)
 
 
 def test_a_scale_in_flight_delays_a_ray_jobs_completion_and_one_after_it_is_refused(tmp_path):
