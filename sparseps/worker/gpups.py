@@ -187,14 +187,11 @@ class GpuPsMode(SyncMode):
         laps = [time.perf_counter()]  # phases: keys, route (+ waiting for the others), rows
         self.groups = agree_groups(list(self.configs), shared, self.collective_timeout)
         timeout = self.collective_timeout
-        owned, routes = {}, {}
+        owned = {}
         for group in self.groups:  # tables of a group share their keys: route them once
             keys = local[group[0]]
             order, counts = self._owners(keys)
-            received, recv_counts = collectives.all_to_all_rows(
-                keys[order], counts, timeout=timeout
-            )
-            routes[group[0]] = (order, counts, received, recv_counts)
+            received, _ = collectives.all_to_all_rows(keys[order], counts, timeout=timeout)
             owned.update(dict.fromkeys(group, unique_keys(received)))
         fits, anyone_early = check_budget(
             owned, self.configs, self.config.memory_bytes, self.rank, self.world,
@@ -206,7 +203,7 @@ class GpuPsMode(SyncMode):
         received_early = {}
         if anyone_early:
             received_early = exchange_early(
-                self.groups, routes, local, early, owned, self.configs, self.collective_timeout
+                self.groups, early, owned, self.configs, self.collective_timeout
             )
         self.shards, sources = self._fill(owned, carry, received_early)
         self._steps = DeviceSteps(

@@ -34,6 +34,7 @@ import numpy as np
 from ..config import TableConfig
 from ..core import collectives
 from ..core.keysets import unique_keys
+from ..core.routing import server_of
 from ..errors import ConfigError
 
 __all__ = [
@@ -127,18 +128,16 @@ def full_width(config: TableConfig) -> int:
 
 
 def exchange_early(
-    groups: list[list[str]], routes: dict, local: dict, early: dict, owned: dict,
-    configs: dict, timeout: float,
-) -> dict:  # fmt: skip
+    groups: list[list[str]], early: dict, owned: dict, configs: dict, timeout: float
+) -> dict:
     """Send each key's early row (where this worker pulled one) to its owner (collective:
-    every worker calls it when any has early rows).
+    every worker calls it when any has early rows; two collectives a group, the counts
+    and the rows, with only the early rows and their keys on the wire).
 
     Args:
         groups: the tables sharing keys, as the build routes them.
-        routes: per group's first table, ``(order, send counts, received keys, received
-            counts)`` of the build's key exchange.
-        local: this worker's keys of the pass per table (sorted, unique).
-        early: per group's first table, ``(keys, rows of the group's tables)``.
+        early: per group's first table, ``(keys, rows of the group's tables)``: keys of
+            this worker's share of the pass.
         owned: the owner's keys per table (sorted, unique: ``unique_keys`` of received).
         configs: the table configs by name.
 
@@ -148,25 +147,27 @@ def exchange_early(
         the row (equal rows from several workers: any one).
     """
     out = {}
+    world = collectives.world_size()
     for group in groups:
         first = group[0]
-        order, counts, received, recv_counts = routes[first]
-        keys = local[first]
         width = sum(full_width(configs[n]) for n in group)
-        payload = np.zeros((keys.size, 1 + width), np.float32)
-        if first in early and early[first][0].size:
-            ekeys, erows = early[first]
-            at = np.searchsorted(keys, ekeys)  # the early keys are some of the keys
-            payload[at, 0] = 1.0
-            payload[at, 1:] = erows
-        got, _ = collectives.all_to_all_rows(payload[order], counts, recv_counts, timeout=timeout)
-        sent = np.flatnonzero(got[:, 0] == 1.0)
+        ekeys, erows = early.get(first, (np.empty(0, np.uint64), np.empty((0, width), np.float32)))
+        # only the early rows travel, each with its key (two float32 words of its bits):
+        # half the bytes of a slot per pass key when half of them were pulled early
+        payload = np.empty((ekeys.size, 2 + width), np.float32)
+        payload[:, :2] = np.ascontiguousarray(ekeys, np.uint64).view(np.float32).reshape(-1, 2)
+        payload[:, 2:] = erows
+        owner = server_of(ekeys, world) if ekeys.size else np.zeros(0, np.int64)
+        order = np.argsort(owner, kind="stable")
+        counts = np.bincount(owner, minlength=world).astype(np.int64)
+        got, _ = collectives.all_to_all_rows(payload[order], counts, timeout=timeout)
+        keys = np.ascontiguousarray(got[:, :2]).view(np.uint64).reshape(-1)
         mine = owned[first]
-        at = np.searchsorted(mine, received[sent])
+        at = np.searchsorted(mine, keys)  # every early key sent here is owned here
         has = np.zeros(mine.size, bool)
         has[at] = True
         rows = np.empty((mine.size, width), np.float32)
-        rows[at] = got[sent, 1:]
+        rows[at] = got[:, 2:]
         out[first] = (has, rows)
     return out
 
