@@ -24,7 +24,7 @@ from sparseps.config import TableConfig
 from sparseps.core.routing import server_of
 from sparseps.rpc import channel
 from sparseps.rpc.client import PSClient
-from sparseps.testing import local_cluster
+from sparseps.testing import local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -128,10 +128,7 @@ def test_a_reply_nobody_waits_for_is_read_by_done(servers, no_sweep):
     endpoints, expected, _ = servers
     with PSClient(endpoints, timeout=WAIT_S) as client:
         handle = client.pull("emb", KEYS[:100])
-        deadline = time.monotonic() + WAIT_S
-        while not handle.done():
-            assert time.monotonic() < deadline, "done() never saw the reply that arrived"
-            time.sleep(0.01)
+        wait_until(handle.done, WAIT_S, "done() to see the reply that arrived", interval=0.01)
         np.testing.assert_array_equal(handle.wait(timeout=0.001), expected[:100])
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from sparseps.server.disk_dir import DiskDir
 from sparseps.server.handlers import ServerState
 from sparseps.server.heap import return_large_frees
 from sparseps.table import SparseTable
-from sparseps.testing import local_cluster
+from sparseps.testing import local_cluster, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -95,11 +94,18 @@ def test_tiered_table_on_servers_equals_an_in_memory_table(tmp_path):
         client.pull("emb", np.sort(oracle.keys())[-300:]).wait()  # evicts most others
         wanted = np.sort(oracle.keys())[:14]  # fits the budget of 16
         client.prefetch("emb", wanted).wait()
-        for _ in range(200):  # bounded: 14 rows take the thread well under a second
-            servers = client.stats()["servers"]
-            if all(s["prefetch"]["done"] + s["prefetch"]["dropped"] == 61 for s in servers):
-                break
-            time.sleep(0.05)
+        servers: list[dict] = []
+
+        def prefetched() -> bool:  # every prefetch request each server took is finished
+            servers[:] = client.stats()["servers"]
+            return all(
+                s["prefetch"]["done"] + s["prefetch"]["dropped"] == s["prefetch"]["requests"]
+                for s in servers
+            )
+
+        # 14 rows take the prefetch thread well under a second (this waited for a count
+        # no server reaches, 61 per server: the loop ran out its 10 s on every run)
+        wait_until(prefetched, 10, "the prefetches to finish", interval=0.05)
         assert sum(s["prefetch"]["rows"] for s in servers) > 0
         reads = sum(s["tables"]["emb"]["disk_reads"] for s in servers)
         np.testing.assert_array_equal(client.pull("emb", wanted).wait(), oracle.pull(wanted))
