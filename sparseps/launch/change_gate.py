@@ -6,7 +6,7 @@ complete while one is in flight; and once the job is *finishing* (it decided to
 complete: its servers are being stopped) a new request would start processes nobody
 waits for, so it is refused with :data:`~sparseps.launch.records.FINISHING_NOTE`. The
 local launcher's :class:`~sparseps.launch.worker_world.WorkerWorld` and the Ray
-driver's :class:`~sparseps.launch.ray_backend.RayJob` follow this one rule.
+driver's :class:`~sparseps.launch.ray_job.RayJob` follow this one rule.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ class _NewWorker:
 
 class RayRoles:
     """Starts and retires servers, and starts workers, of a running
-    :class:`~sparseps.launch.ray_backend.RayJob` for :class:`JobScaler` (module docstring)."""
+    :class:`~sparseps.launch.ray_job.RayJob` for :class:`JobScaler` (module docstring)."""
 
     def __init__(self, job: Any) -> None:
         self.job = job

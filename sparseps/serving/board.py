@@ -71,7 +71,7 @@ class WorkerBoard(Closing):
         slot["swapped_at"] = time.time()
         slot["pid"] = os.getpid()
 
-    def connection(self, opened: bool) -> None:
+    def connection(self, *, opened: bool) -> None:
         """Count one connection of this process's: handed to it, or closed."""
         if self.index is not None:
             self._slots[self.index]["accepted" if opened else "closed"] += 1

@@ -50,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.closing import Closing
 from ..errors import UnavailableError
 from ..files.manifest import write_json_atomic
 from .board import WorkerBoard
@@ -76,7 +77,7 @@ class WorkerPlace:
     board: str | None
 
 
-class Dispatcher:
+class Dispatcher(Closing):
     """Accepts on ``sock`` on its own thread and hands each connection to a worker (see
     the module docstring). :meth:`attach` gives worker ``index`` a new channel (its start
     or restart); :meth:`close` stops accepting."""

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.keysets import unique_inverse
+from ..core.validate import check_int
 from ..errors import ConfigError
 from ..rpc.batching import merge_by_group
 
@@ -64,6 +65,24 @@ class MergePolicy:
             raise ConfigError(
                 f"MergePolicy.deadline_s: expected seconds > 0, got {self.deadline_s!r}"
             )
+
+    @classmethod
+    def from_knobs(
+        cls, owner: str, push_merge: str | None, window: int, default: MergePolicy | None = None
+    ) -> MergePolicy | None:
+        """A mode's ``push_merge`` / ``push_merge_window`` knobs as a policy, checked
+        (``owner``, the mode, is named in the error): None keeps ``default``, ``"off"``
+        merges nothing, ``"on"`` a fixed window, ``"auto"`` one sized by measurement."""
+        if push_merge is not None and push_merge not in MERGE_MODES:
+            raise ConfigError(
+                f"{owner}.push_merge: expected None or one of {MERGE_MODES}, got {push_merge!r}"
+            )
+        check_int(owner, "push_merge_window", window, ge=1)
+        if push_merge is None:
+            return default
+        if push_merge == "off":
+            return None
+        return cls(window=window, auto=push_merge == "auto")
 
 
 def merge_pushes(parts: list[tuple]) -> tuple[np.ndarray, ...]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from ..core.validate import check_float, check_int
 from ..errors import ConfigError
-from .push_merge import MERGE_MODES, MergePolicy
+from .push_merge import MergePolicy
 
 if TYPE_CHECKING:
     from ..config import TableConfig
@@ -74,22 +74,6 @@ class Mode:
     def merge_policy(self) -> MergePolicy | None:
         """How the mode merges its sparse pushes (None: it does not)."""
         return None
-
-
-def _merge_policy(owner: str, push_merge: str | None, window: int) -> None:
-    if push_merge is not None and push_merge not in MERGE_MODES:
-        raise ConfigError(
-            f"{owner}.push_merge: expected None or one of {MERGE_MODES}, got {push_merge!r}"
-        )
-    check_int(owner, "push_merge_window", window, ge=1)
-
-
-def _policy(push_merge: str | None, window: int, default: MergePolicy | None):
-    if push_merge is None:
-        return default
-    if push_merge == "off":
-        return None
-    return MergePolicy(window=window, auto=push_merge == "auto")
 
 
 @dataclass(frozen=True)
@@ -150,12 +134,12 @@ class Async(Mode):
     def __post_init__(self) -> None:
         owner = type(self).__name__
         check_int(owner, "dense_pull_interval", self.dense_pull_interval, ge=1)
-        _merge_policy(owner, self.push_merge, self.push_merge_window)
+        MergePolicy.from_knobs(owner, self.push_merge, self.push_merge_window)
         if self.max_staleness is not None:
             check_int(owner, "max_staleness", self.max_staleness, ge=0)
 
     def merge_policy(self) -> MergePolicy | None:
-        return _policy(self.push_merge, self.push_merge_window, None)
+        return MergePolicy.from_knobs(type(self).__name__, self.push_merge, self.push_merge_window)
 
     def build(self, client: PSClient, dense: DenseParams, dense_rule: Rule,
               strategy: Strategy, rank: int, *, tables: list[TableConfig]) -> TrainingMode:  # fmt: skip
@@ -207,10 +191,10 @@ class Heter(Mode):
         check_float("Heter", "gather_ms", self.gather_ms, ge=0)
         if not isinstance(self.sync, bool):
             raise ConfigError(f"Heter.sync: expected a bool, got {self.sync!r}")
-        _merge_policy("Heter", self.push_merge, self.push_merge_window)
+        MergePolicy.from_knobs("Heter", self.push_merge, self.push_merge_window)
 
     def merge_policy(self) -> MergePolicy | None:
-        return _policy(self.push_merge, self.push_merge_window, None)
+        return MergePolicy.from_knobs(type(self).__name__, self.push_merge, self.push_merge_window)
 
     def build(self, client: PSClient, dense: DenseParams, dense_rule: Rule,
               strategy: Strategy, rank: int, *, tables: list[TableConfig]) -> TrainingMode:  # fmt: skip
@@ -241,10 +225,10 @@ class Hybrid(Mode):
     push_merge_window: int = 8
 
     def __post_init__(self) -> None:
-        _merge_policy("Hybrid", self.push_merge, self.push_merge_window)
+        MergePolicy.from_knobs("Hybrid", self.push_merge, self.push_merge_window)
 
     def merge_policy(self, default: MergePolicy | None = None) -> MergePolicy | None:
-        return _policy(self.push_merge, self.push_merge_window, default)
+        return MergePolicy.from_knobs("Hybrid", self.push_merge, self.push_merge_window, default)
 
     def build(self, client: PSClient, dense: DenseParams, dense_rule: Rule,
               strategy: Strategy, rank: int, *, tables: list[TableConfig]) -> TrainingMode:  # fmt: skip

@@ -21,7 +21,7 @@ from sparseps.store.client import StoreClient
 pytest.importorskip("ray")  # the [ray] extra: RayJob imports it
 
 from sparseps.launch.config import LaunchConfig  # noqa: E402
-from sparseps.launch.ray_backend import RayJob  # noqa: E402
+from sparseps.launch.ray_job import RayJob  # noqa: E402
 from sparseps.launch.ray_placement import RoleHandle  # noqa: E402
 from sparseps.launch.ray_scale import RayRoles  # noqa: E402
 from sparseps.testing import wait_until
