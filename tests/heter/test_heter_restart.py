@@ -22,9 +22,12 @@ from sparseps.testing.jobs import clean_env, launch_argv, read_pids, text
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "sparseps" / "jobs" / "wide_deep_job.py"
 pytestmark = pytest.mark.timeout(600)
-# async heter mode: two runs of this job without a kill differ by up to ~0.009 (0.7620 and
-# 0.7706 seen on the Ray cluster, 0.7676 here), so the kill's own effect (2 steps of 156
-# lost per trainer) is bounded by that draw plus a margin
+# async heter mode: two runs of this job without a kill differ by up to ~0.009 at a quiet
+# box's staleness (0.7620 and 0.7706 seen on the Ray cluster, 0.7676 here), and more under
+# load (CI at 2 cores: an unkilled run of 0.7556 beside a killed one of 0.7712), so the
+# kill's own effect (2 steps of 156 lost per trainer) is bounded by that draw plus a
+# margin, and only downwards: a restart that lost the dense state or trained on stale
+# parameters would cost AUC; a killed run luckier than its reference is no failure
 AUC_BOUND = 0.015
 
 
@@ -89,4 +92,4 @@ def test_a_killed_heter_worker_restarts_and_the_job_finishes(tmp_path, data):
     got = json.loads((killed / "result.json").read_text())
     print(f"\nkilled mid-pass: AUC {got['test_auc']:.4f} vs {want:.4f} without the kill; "
           f"steps lost per trainer {lost}")  # fmt: skip
-    assert abs(got["test_auc"] - want) <= AUC_BOUND
+    assert got["test_auc"] >= want - AUC_BOUND, (got["test_auc"], want)
