@@ -51,6 +51,7 @@ COLLECTIVE, P2P, BYE = 1, 2, 3
 GONE_GRACE_S = 5.0  # a closed link without a bye: how long its last messages may still come
 _CLOSE_LINGER_MS = 5000  # flushing the last messages to live peers when the group shuts down
 _POLL_MS = 500
+_STORE_LOST_GRACE_S = 2.0  # the store went away: how long a refusal of our key may take to show
 
 Frame = zmq.Frame
 OnMessage = Callable[[Frame | None, "GroupError | None"], None]
@@ -175,10 +176,30 @@ class Mesh(Closing):
                     f"{[addresses[p] for p in sorted(waiting)]}"
                 )
             for peer in sorted(waiting):
-                if store.check([f"mesh/failed/{peer}"]):
+                try:
+                    failed = store.check([f"mesh/failed/{peer}"])
+                except Exception as exc:  # noqa: BLE001 - any store's "gone": see below
+                    # the store's host (rank 0) exits once its own set-up failed, often
+                    # because it refused this rank's key: that refusal is on a monitor
+                    # within moments, and it is the cause to report
+                    self._watch_handshakes(poller, waiting, addresses, _STORE_LOST_GRACE_S)
+                    raise GroupError(
+                        f"secure group: rank {self.rank} lost the group's store while "
+                        f"connecting ({exc})"
+                    ) from None
+                if failed:
                     why = store.get(f"mesh/failed/{peer}").decode()
                     raise GroupError(f"secure group: rank {peer} could not join: {why}")
-            for monitor, _ in poller.poll(min(int(remaining * 1000) + 1, _POLL_MS)):
+            self._watch_handshakes(poller, waiting, addresses, min(remaining, _POLL_MS / 1e3))
+
+    def _watch_handshakes(
+        self, poller: zmq.Poller, waiting: set[int], addresses: dict[int, str], seconds: float
+    ) -> None:
+        """Read the links' handshake events for up to ``seconds``: a success takes the
+        peer off ``waiting``; a refusal of this rank's key raises :class:`GroupError`."""
+        deadline = time.monotonic() + seconds
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for monitor, _ in poller.poll(int(left * 1000) + 1):
                 peer = self._monitors[monitor]
                 event = recv_monitor_message(monitor)["event"]
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -189,6 +210,8 @@ class Mesh(Closing):
                         f"rank {self.rank} ({zmq.Event(event).name}); every worker must "
                         f"load the same job keys (this one: {self._security.key_dir or 'in memory'})"
                     )
+            if seconds <= _POLL_MS / 1e3:  # the set-up loop's one round: back to the store
+                return
 
     # -- sending --------------------------------------------------------------------------
 
