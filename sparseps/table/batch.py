@@ -109,6 +109,15 @@ def init_rows(
 
 
 @njit(nogil=True, cache=True)
+def touch_row(storage, r, s, c, stat0, nonclick, click_coeff):  # pragma: no cover
+    """Row ``r``'s part of :func:`touch_rows` (the push's fused kernel calls it too)."""
+    storage[r, stat0] = fit32(storage[r, stat0] + s)
+    storage[r, stat0 + 1] = fit32(storage[r, stat0 + 1] + c)
+    storage[r, stat0 + 2] = fit32(storage[r, stat0 + 2] + ((s - c) * nonclick + c * click_coeff))
+    storage[r, stat0 + 3] = -1.0
+
+
+@njit(nogil=True, cache=True)
 def touch_rows(storage, rows, shows, clicks, stat0, nonclick, click_coeff):  # pragma: no cover
     """Add a push's shows/clicks, its score increment to delta_score, mark pushed (-1).
 
@@ -122,12 +131,7 @@ def touch_rows(storage, rows, shows, clicks, stat0, nonclick, click_coeff):  # p
         r = rows[i]
         s = np.float64(shows[i])
         c = np.float64(clicks[i])
-        storage[r, stat0] = fit32(storage[r, stat0] + s)
-        storage[r, stat0 + 1] = fit32(storage[r, stat0 + 1] + c)
-        storage[r, stat0 + 2] = fit32(
-            storage[r, stat0 + 2] + ((s - c) * nonclick + c * click_coeff)
-        )
-        storage[r, stat0 + 3] = -1.0
+        touch_row(storage, r, s, c, stat0, nonclick, click_coeff)
 
 
 @njit(nogil=True, cache=True)

@@ -33,10 +33,9 @@ import numpy as np
 
 from ..core.jit import njit
 from ..errors import InputError
-from ..optim.numerics import fit32
 from ..optim.prefetch import PREFETCH_AHEAD, prefetch_row
 from . import input_checks as checks
-from .batch import GATHER_AHEAD, add_rows, dedup_merge, init_rows, touch_rows
+from .batch import GATHER_AHEAD, add_rows, dedup_merge, init_rows, touch_row, touch_rows
 from .initializers import fill_initial
 from .lifecycle import admit
 
@@ -124,12 +123,7 @@ def backup_touch(storage, ids, start, stop, backup, shows, clicks, stat0, noncli
             backup[i, j] = storage[r, j]
         s = np.float64(shows[i])
         c = np.float64(clicks[i])
-        storage[r, stat0] = fit32(storage[r, stat0] + s)
-        storage[r, stat0 + 1] = fit32(storage[r, stat0 + 1] + c)
-        storage[r, stat0 + 2] = fit32(
-            storage[r, stat0 + 2] + ((s - c) * nonclick + c * click_coeff)
-        )
-        storage[r, stat0 + 3] = -1.0
+        touch_row(storage, r, s, c, stat0, nonclick, click_coeff)
 
 
 @njit(nogil=True, cache=True)
