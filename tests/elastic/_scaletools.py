@@ -44,13 +44,15 @@ def stall_while_scaled(out: Path, t0: float, t_mid: float, t1: float) -> tuple[f
     (``t0``..``t_mid``) and while it was shrunk (``t_mid``..``t1``), each window ending
     at the gate if worker 0 reached it first.
 
-    How many steps a window must hold follows the job's own pace outside the windows (a
-    loaded machine slows every step, scaled or not): a fifth of the steps that pace fits
-    in the window, at least one and at most five. A scale that held training up for the
-    whole window fails it whenever the window is two steps long or more."""
+    How many steps a window must hold follows the job's own pace before the first scale
+    (a loaded machine slows every step, scaled or not; the steps after ``t1`` are not
+    that pace: the test opens the gate there, which ends worker 0's step sleep): a fifth
+    of the steps that pace fits in the window, at least one and at most five. A scale
+    that held training up for the whole window fails it whenever the window is two steps
+    long or more."""
     times = step_times(out)
-    outside = np.diff(times[(times < t0) | (times > t1)])
-    pace = float(np.median(outside)) if outside.size else STEP_PACE_S
+    before = np.diff(times[times < t0])
+    pace = float(np.median(before)) if before.size else STEP_PACE_S
     # worker 0 waits at the gate (no steps, by design) once it gets there: on a loaded
     # machine a slow first scale lets it get there before the second one ends
     gate_at = float((out / "at_gate").read_text())
