@@ -245,6 +245,10 @@ class Channel(Closing):
         """Whether ``call`` is answered within ``seconds`` (reading replies meanwhile)."""
         return self._receiving.await_reply(call, time.monotonic() + seconds)
 
+    def waiting(self) -> int:
+        """How many threads wait for replies now (one reads, the others follow it)."""
+        return self._receiving.waiting()
+
     def forget(self, call: Call) -> None:
         """Stop waiting for ``call`` (its reply, if any arrives, is dropped)."""
         if self._calls.take(call.id) is not None and call.slot is not None:

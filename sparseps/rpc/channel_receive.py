@@ -93,6 +93,12 @@ class ReceivingByWaiters:
                 if waiting is call:
                     wake.set()
 
+    def waiting(self) -> int:
+        """How many threads wait for replies now (the reader and its followers): the
+        event a caller can wait on to know its threads are inside ``await_reply``."""
+        with self._lock:
+            return int(self._leading) + len(self._followers)
+
     def await_reply(self, call: Call, deadline: float) -> bool:
         """Wait until ``call`` is answered (True) or ``deadline`` (monotonic) passed (False),
         reading the sockets when no other waiting thread does."""

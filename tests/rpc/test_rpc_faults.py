@@ -141,7 +141,9 @@ def test_connection_reset_during_the_handshake_is_not_an_authentication_failure(
         for _ in range(2):  # reset the first connection and the reconnection
             conn, _ = listener.accept()
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            time.sleep(0.05)  # the client has sent its greeting: its handshake is under way
+            conn.settimeout(10)
+            # the client's greeting has arrived: its handshake is under way
+            assert conn.recv(1, socket.MSG_PEEK)
             conn.close()  # SO_LINGER 0: a reset, not an orderly close
         time.sleep(0.2)  # the monitor event has arrived
         start = time.monotonic()

@@ -114,7 +114,8 @@ def test_threads_waiting_for_one_handle_all_get_the_values(servers, no_sweep):
             threads = [threading.Thread(target=wait) for _ in "abc"]
             for thread in threads:
                 thread.start()
-            time.sleep(0.3)  # all wait (one reads) before the servers answer
+            wait_until(lambda: client._channel.waiting() == 3, WAIT_S,
+                       "the three threads to wait (one reads) before the servers answer")  # fmt: skip
             resumed = time.monotonic()
         for thread in threads:
             thread.join(WAIT_S + 10)
@@ -163,14 +164,15 @@ def test_the_reading_passes_to_a_waiting_thread_when_the_reader_is_answered(serv
         second = client.pull("emb", KEYS[mine[1]])
         a = threading.Thread(target=wait_for, args=("a", first, mine[0]))
         b = threading.Thread(target=wait_for, args=("b", second, mine[1]))
+        waiting = client._channel.waiting
         a.start()
-        time.sleep(0.3)  # A is the reader now
+        wait_until(lambda: waiting() == 1, WAIT_S, "A to read")
         b.start()
-        time.sleep(0.3)
+        wait_until(lambda: waiting() == 2, WAIT_S, "B to wait behind A")
         os.kill(pids[0], signal.SIGCONT)
         a.join(WAIT_S)
         assert "a" in done, errors
-        time.sleep(0.3)  # A has left; B waits alone
+        wait_until(lambda: waiting() == 1, WAIT_S, "B to wait alone")  # A has left
         resumed = time.monotonic()
         os.kill(pids[1], signal.SIGCONT)
         b.join(WAIT_S)
