@@ -377,7 +377,12 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
               f"(cut-over {shrunk['longest_cutover_s'] * 1000:.1f} ms); test wall "
               f"{time.time() - start:.1f} s (training from {t0 - start:.1f} s, scaled by "
               f"{t1 - start:.1f} s, both jobs done at {t_done - start:.1f} s)")  # fmt: skip
-    stall, _ = helpers.stall_while_scaled(out, t0, t_mid, t1)
+    try:
+        stall, _ = helpers.stall_while_scaled(out, t0, t_mid, t1)
+    except AssertionError as exc:  # what the launcher and the workers logged meanwhile
+        logs = "\n".join(f"--- {name}\n{read_text(log / name)[-1500:]}"
+                         for name in ("launcher.log", "worker.0.log", "worker.1.log"))  # fmt: skip
+        raise AssertionError(f"{exc}\n{logs}") from None
     print(f"longest step gap while scaled {stall * 1000:.0f} ms")
     assert stall < helpers.STALL_BOUND_S
     helpers.assert_same_training(tmp_path / "plain" / "out", out)
