@@ -18,7 +18,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _scaletools import (
+
+from sparseps.testing import wait_until
+from sparseps.testing.environ import clean_environ
+from sparseps.testing.scaled_jobs import (
     JOB,
     STALL_BOUND_S,
     assert_same_training,
@@ -26,9 +29,6 @@ from _scaletools import (
     stall_while_scaled,
     step_times,
 )
-
-from sparseps.testing import wait_until
-from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 400

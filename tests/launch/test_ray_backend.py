@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sparseps.testing import wait_until
+from sparseps.testing import scaled_jobs, wait_until
 from sparseps.testing.jobs import (
     alive,
     can_bind,
@@ -303,21 +303,15 @@ def _tests_module(folder: str, name: str):
     return module
 
 
-def _scale_helpers():
-    """tests/elastic/_scaletools.py: the scaled-job tests' job script and checks."""
-    return _tests_module("elastic", "_scaletools")
-
-
 def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_job(
     ray_cluster, tmp_path, capsys
 ):
     # A Ray job (2 servers, workers on node_b, sync mode) is grown to 3 servers and back
     # to 2 through `sparseps scale` while it trains; the same job under the local
     # launcher, never scaled, runs beside it: every saved row and dense parameter equal.
-    helpers = _scale_helpers()
     start = time.time()
     gate = tmp_path / "go"
-    job = [str(helpers.JOB), "--steps", "160", "--step-sleep", "0.08", "--gate", str(gate)]
+    job = [str(scaled_jobs.JOB), "--steps", "160", "--step-sleep", "0.08", "--gate", str(gate)]
     for name in ("ray", "plain"):
         (tmp_path / name).mkdir()
     log, out = tmp_path / "ray" / "log", tmp_path / "ray" / "out"
@@ -343,10 +337,10 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
                 cwd=tmp_path, env=clean_env(), stdout=console, stderr=subprocess.STDOUT,
             )  # fmt: skip
         t0 = time.time()
-        grown = helpers.scale(log, "--servers", "3", capsys=capsys)
+        grown = scaled_jobs.scale(log, "--servers", "3", capsys=capsys)
         t_mid = time.time()
         assert len(_actor_pids()) == 5  # the new server's own actor
-        shrunk = helpers.scale(log, "--servers", "2", capsys=capsys)
+        shrunk = scaled_jobs.scale(log, "--servers", "2", capsys=capsys)
         t1 = time.time()
         wait_until(lambda: len(_actor_pids()) == 4, 20, "the retired server's actor to end")
         gate.write_text("go")
@@ -378,14 +372,14 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
               f"{time.time() - start:.1f} s (training from {t0 - start:.1f} s, scaled by "
               f"{t1 - start:.1f} s, both jobs done at {t_done - start:.1f} s)")  # fmt: skip
     try:
-        stall, _ = helpers.stall_while_scaled(out, t0, t_mid, t1)
+        stall, _ = scaled_jobs.stall_while_scaled(out, t0, t_mid, t1)
     except AssertionError as exc:  # what the launcher and the workers logged meanwhile
         logs = "\n".join(f"--- {name}\n{read_text(log / name)[-1500:]}"
                          for name in ("launcher.log", "worker.0.log", "worker.1.log"))  # fmt: skip
         raise AssertionError(f"{exc}\n{logs}") from None
     print(f"longest step gap while scaled {stall * 1000:.0f} ms")
-    assert stall < helpers.STALL_BOUND_S
-    helpers.assert_same_training(tmp_path / "plain" / "out", out)
+    assert stall < scaled_jobs.STALL_BOUND_S
+    scaled_jobs.assert_same_training(tmp_path / "plain" / "out", out)
 
 
 def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_path):

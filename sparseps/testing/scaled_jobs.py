@@ -1,6 +1,7 @@
-"""Helpers of the scaled-job tests (tests/elastic/test_scale_launched.py under the local
-launcher, tests/launch/test_ray_backend.py under Ray): the job script, ``sparseps scale``
-through the command line, and the check that a scaled job saved what the unscaled one did.
+"""The scaled-job tests' job and checks (tests/elastic/test_scale_launched.py under the
+local launcher, tests/launch/test_ray_backend.py under Ray): the job script, ``sparseps
+scale`` through the command line, the stall while scaled, and the check that a scaled job
+saved what the unscaled one did.
 """
 
 from __future__ import annotations
@@ -11,7 +12,19 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-JOB = Path(__file__).resolve().parent / "scripts" / "train_job.py"
+from .environ import CHECKOUT
+
+__all__ = [
+    "JOB",
+    "STALL_BOUND_S",
+    "assert_same_training",
+    "scale",
+    "stall_while_scaled",
+    "step_times",
+    "tables",
+]
+
+JOB = CHECKOUT / "tests" / "elastic" / "scripts" / "train_job.py"
 # The longest a training step may wait while servers join or leave: a step waits only for
 # the cut-over of the shards it touches (measured: tens to a few hundred ms on this box).
 STALL_BOUND_S = 5.0
@@ -21,7 +34,7 @@ STEP_PACE_S = 0.06
 
 def scale(log_dir: Path, *args: str, capsys) -> dict:
     """``sparseps scale LOG_DIR ARGS --json`` through the command line's entry point."""
-    from sparseps.cli import main
+    from ..cli import main
 
     capsys.readouterr()
     code = main(["scale", str(log_dir), *args, "--json"])
