@@ -141,15 +141,20 @@ def _head_of(model) -> torch.nn.Module:
 
 
 def _dense_width(head: torch.nn.Module, pooled: list[torch.Tensor]) -> int:
-    """The dense input width ``head`` accepts, found by calling a copy of it on meta
-    tensors (no memory, no compute): the model does not record it anywhere."""
-    meta = copy.deepcopy(head).to("meta")
-    pooled = [p.to("meta") for p in pooled]
+    """The dense input width ``head`` accepts, found by calling a copy of it (in eval mode,
+    as it is exported) on zeros of a few rows, one width after the other: the model does
+    not record it anywhere.
+
+    CPU tensors, not meta ones: a process's first meta op imports torch's meta kernels
+    (~1.5 CPU-s), and every trainer probes when it is made. Here a width that does not fit
+    fails at the first layer's shape check, and the one that fits costs one small forward.
+    """
+    probe = copy.deepcopy(head).to("cpu").eval()
     rows = pooled[0].shape[0] if pooled else 2
     with torch.no_grad():
         for width in range(_MAX_DENSE_PROBE + 1):
             try:
-                meta(torch.empty(rows, width, device="meta"), *pooled)
+                probe(torch.zeros(rows, width), *pooled)
             except (RuntimeError, ValueError, IndexError, TypeError):
                 continue
             return width
@@ -191,7 +196,7 @@ def export_problem(model) -> str | None:
     """Why ``save_inference_model`` could not export ``model`` (None: it can, as far as can
     be told without exporting: a head, embeddings with fixed shapes, a dense width).
 
-    Cheap (the dense width is probed on meta tensors), so a trainer checks it when made.
+    Cheap (the dense width is probed on zeros of two rows), so a trainer checks it when made.
     """
     try:
         example_inputs(model)

@@ -4,11 +4,12 @@ It needs two things:
 
 - **a model it can export**: a :class:`~sparseps.nn.SparseModel` (embeddings with fixed
   slots and a pooling, a ``head(dense, *pooled)`` whose dense width can be found). The
-  trainer checks this when it is made (:func:`~.inference.export_problem`, cheap: meta
-  tensors), so a job hears before its first pass, not after it, that its inference saves
-  will fail, and how to fix the model. A model that cannot be exported still trains (a
-  job may never save an inference model): the problem is logged once as a warning, and
-  ``save_inference_model`` raises it at once, before any server is asked for anything.
+  trainer checks this when it is made (:func:`~.inference.export_problem`, cheap: a few
+  calls of a copy of the head on zeros of two rows), so a job hears before its first pass,
+  not after it, that its inference saves will fail, and how to fix the model. A model
+  that cannot be exported still trains (a job may never save an inference model): the
+  problem is logged once as a warning, and ``save_inference_model`` raises it at once,
+  before any server is asked for anything.
 - **the data the model was trained on** (:class:`~.model_input.ModelInput`), recorded in
   the save so that ``sparseps predict`` and ``sparseps serve`` read rows as training
   did: learned from each dataset the trainer trains on, the latest one winning; restored
