@@ -127,6 +127,19 @@ class LaunchConfig:
             placed = self.backend == "ray" or (self.backend == "kubernetes" and name != "address")
             if getattr(self, name) is not None and not placed:
                 raise ConfigError(f"--{name.replace('_', '-')} applies only to --backend ray")
+        if self.replicas and self.backend != "local":
+            raise ConfigError(
+                f"--replicas {self.replicas}: only --backend local routes around and replaces "
+                f"a lost server; under --backend {self.backend} the first server loss would "
+                "fail the job all the same (run a replicated job with --backend local)"
+            )
+        if self.backend == "kubernetes" and any(
+            not os.path.isabs(r) for r in self.file_roots or ()
+        ):
+            raise ConfigError(
+                f"--file-root {list(self.file_roots or ())}: a Kubernetes job's roots are paths "
+                "in its containers: give them absolute (e.g. under --mount)"
+            )
         for name in ("rendezvous_timeout_s", "grace_s", "quiet_warn_s"):
             check_seconds("--" + name[:-2].replace("_", "-") + "-s", getattr(self, name))
         for name in ("replicas", "max_restarts"):

@@ -277,7 +277,11 @@ def manifests(config: LaunchConfig) -> list[dict[str, Any]]:
         f"{kube.name}-server-{i}.{svc}:{kube.port}" for i in range(_count(config.server_num))
     )
     heter = heter_endpoints(config)
+    # the job's settings (--env, file roots) as the local launcher's children get them;
+    # each heter set names its own device kind
+    settings = {k: v for k, v in config.child_settings().items() if k != HETER_DEVICE}
     common = {
+        **settings,
         **({HETER_WORKERS: ",".join(heter)} if heter else {}),
         SERVERS: servers,
         WORKER_NUM: str(_count(config.worker_num)),

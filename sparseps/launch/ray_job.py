@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.closing import Closing
-from ..env import FILE_ROOTS, HETER_DEVICE, Role, process_environ
+from ..env import Role, process_environ
 from .change_gate import ChangeGate
 from .config import LaunchConfig
 from .heter_devices import heter_device_env
@@ -138,12 +138,10 @@ class RayJob(Closing):
             role_env = dataclasses.replace(
                 role_env, restart_count=r.attempt, master=master or role_env.master
             )
-        env = {**self.launch.env, **role_env.to_environ(), "PYTHONUNBUFFERED": "1"}
+        # what the local launcher's children get: the job's settings, then the role's
+        env = {**self.launch.child_settings(), **role_env.to_environ(), "PYTHONUNBUFFERED": "1"}
         if self.launch.heter_device:  # each heter worker its own device
-            env = heter_device_env({**env, HETER_DEVICE: self.launch.heter_device}, r.role,
-                                   r.rank, len(spec.heter_workers))  # fmt: skip
-        if self.launch.file_roots:
-            env[FILE_ROOTS] = os.pathsep.join(os.path.abspath(p) for p in self.launch.file_roots)
+            env = heter_device_env(env, r.role, r.rank, len(spec.heter_workers))
         threads = process_environ().get("OMP_NUM_THREADS")
         if threads is not None:
             env["OMP_NUM_THREADS"] = threads

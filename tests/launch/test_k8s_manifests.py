@@ -104,3 +104,22 @@ def test_bad_options_name_the_flag(tmp_path, capsys):
         ["k8s", "--image", "x", "--worker-resources", "{", "--out", str(tmp_path), "a.py"]
     )
     assert code == 1 and "--worker-resources: not JSON" in capsys.readouterr().err
+
+
+def test_the_jobs_settings_reach_every_pod_and_roots_must_be_container_paths():
+    # --env and --file-root as the local launcher's children get them (the file roots
+    # confine the servers' save/load: dropping them would open every path)
+    from sparseps.errors import ConfigError
+    from sparseps.launch.config import KubernetesConfig, LaunchConfig
+    from sparseps.launch.k8s import manifests
+
+    kube = KubernetesConfig(image="example/sparseps:1", name="ctr")
+    config = LaunchConfig("train.py", backend="kubernetes", kubernetes=kube, server_num=2,
+                          env={"MY_FLAG": "1"}, file_roots=("/shared/models",))  # fmt: skip
+    jobs = _containers(manifests(config))
+    assert sorted(jobs) == ["ctr-server", "ctr-worker"]
+    for container in jobs.values():
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["MY_FLAG"] == "1" and env[sps_env.FILE_ROOTS] == "/shared/models"
+    with pytest.raises(ConfigError, match="absolute"):
+        LaunchConfig("train.py", backend="kubernetes", kubernetes=kube, file_roots=("models",))

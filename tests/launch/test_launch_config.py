@@ -43,6 +43,7 @@ def test_the_command_line_and_the_config_are_one_thing():
         ({"grace_s": 0}, "--grace-s"),
         ({"rendezvous_timeout_s": float("inf")}, "--rendezvous-timeout-s"),
         ({"replicas": -1}, "--replicas"),
+        ({"replicas": 1, "backend": "ray"}, "only --backend local routes around"),
         ({"status_port": 70000}, "--status-port"),
         ({"server_nums": 2}, "unknown setting"),
     ],
