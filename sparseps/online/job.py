@@ -14,6 +14,7 @@ launched with :func:`sparseps.online.online_cli.launch_argv` ``(..., script=that
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 
@@ -97,11 +98,14 @@ def _newcomer(config) -> bool:
     """A worker started for a scale-up (before ``sps.init()``, which it must not let join
     the launch's group: it gets a group of one, replaced when it joins)."""
     from sparseps import env as sps_env
-    from sparseps.online import membership
 
     role = sps_env.from_environ()
     if role is None or role.role is not sps_env.Role.WORKER or not follows_workers(config):
         return False
+    # only now: membership brings the workers' group and with it torch, which a server
+    # never needs (seconds of CPU to import and again to tear down at exit)
+    from sparseps.online import membership
+
     timeout = sps_env.settings().rendezvous_timeout_s
     if not membership.is_newcomer(role, timeout_s=timeout):
         return False
@@ -190,4 +194,9 @@ def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> in
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # the process exits next: its objects (torch's modules, the job's state) go to the
+    # permanent generation, so the interpreter's last collections do not walk them (a
+    # worker spent 1-2 s of CPU there while the launcher waited for it to exit)
+    gc.freeze()
+    sys.exit(code)
