@@ -3,6 +3,7 @@ interrupted inference saves, and the Predictor's fallback for keys not admitted.
 
 Each job is ``tests/checkpoint/jobs/model_job.py`` run in local mode (one background
 server, one worker), a few seconds each; a "restart" is a second job on the same files.
+Four jobs serve the module's tests (see ``jobs``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "checkpoint" / "jobs" / "model_job.py"
+SHARD = "deep_emb.shard-00000-of-00001.arrow"  # the deep table's one shard
 
 
 def run_job(work: Path, data: Path, steps: list[str], *options: str) -> dict:
@@ -63,57 +65,89 @@ def data(tmp_path_factory):
     return folder
 
 
-def _deletions(data: Path, root: Path) -> tuple[dict, dict]:
-    """Train, save a base, train, shrink, checkpoint; then a "restart" loads the checkpoint
-    and saves the next delta. Returns both jobs' summaries."""
-    ckpt, model = root / "ckpt", root / "infer"
-    before = run_job(
-        root / "a",
-        data,
-        ["train", f"base={model}", "train", "shrink", f"save={ckpt}"],
-        "--shrink-score", "0.5",
-    )  # fmt: skip
-    after = run_job(root / "b", data, [f"load={ckpt}", f"delta={model}"], "--shrink-score", "0.5")
-    return before, after
+class Folders:
+    """Where the module's jobs run and save (``jobs`` says what each holds)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.checkpoint = root / "saved" / "checkpoint"  # alone in its job's folder
+        self.ckpt, self.infer = root / "ckpt", root / "infer"
+        self.interrupted, self.not_admitted = root / "interrupted", root / "not_admitted"
+        self.damaged = root / "damaged"
 
 
-def _interrupted(data: Path, root: Path) -> dict:
-    model = root / "infer"
-    steps = ["train", f"base={model}", "train", f"delta-interrupted={model}", f"delta={model}"]
-    return run_job(root, data, steps)
-
-
-def _not_admitted(data: Path, root: Path) -> dict:
-    model = root / "infer"
-    steps = ["train", f"base={model}", "train", f"delta={model}"]
-    return run_job(root, data, steps, "--admission", "count", "--admit-count", "3")
+def _damage(checkpoint: Path, into: Path) -> None:
+    """Copies of ``checkpoint`` in ``into``: ``no_manifest`` (its manifest removed) and
+    ``flipped`` (one bit of a shard flipped)."""
+    shutil.copytree(checkpoint, into / "no_manifest")
+    (into / "no_manifest" / mf.MANIFEST).unlink()
+    shutil.copytree(checkpoint, into / "flipped")
+    shard = into / "flipped" / SHARD
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    shard.write_bytes(bytes(raw))
 
 
 @pytest.fixture(scope="module")
-def background(data, tmp_path_factory):
-    """The jobs that need nothing from a test, one after another in a thread while the
-    tests of the saved checkpoint run theirs: two jobs at a time, each mostly one busy
-    process (the job's values depend on its steps only, not on timing). Eight jobs one
-    after another were most of this module's time. Maps name -> (future, folder)."""
-    started = {}
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        for name, job in (("deletions", _deletions), ("interrupted", _interrupted),
-                          ("not_admitted", _not_admitted)):  # fmt: skip
-            root = tmp_path_factory.mktemp(name)
-            started[name] = (pool.submit(job, data, root), root)
-        yield started
+def jobs(data, tmp_path_factory):
+    """The module's four jobs, two at a time (each mostly one busy process; a job's values
+    depend on its steps only, not on timing). A job costs seconds of start-up, so each
+    serves several tests, with its steps in an order that keeps each check's meaning (a
+    load that fails changes nothing: the failing loads come first). Yields the folders
+    and name -> future of the job's summary:
+
+    - ``saved`` (shrink score 0.5): one pass, saved twice to ``checkpoint`` (deep table
+      SGD dim 4, wide table Adagrad dim 1; the second save replaces the first), an
+      inference base in ``infer``, a second pass, ``shrink``, a checkpoint in ``ckpt``;
+    - ``interrupted``: a pass, a base in ``interrupted``, a pass, a delta interrupted
+      after the servers wrote their rows, the next delta;
+    - once ``saved`` is done, ``restart`` (learning rate 0.2): loads that must fail
+      (``checkpoint`` without its manifest, with a shard altered, a folder never saved),
+      then ``ckpt``, the next delta in ``infer``, one more pass; and ``not_admitted``
+      (dim 8, rows admitted after 3 shows): a load of ``checkpoint`` that must fail (dim
+      4), a pass, a base in ``not_admitted``, a pass, a delta.
+    """
+    at = Folders(tmp_path_factory.mktemp("jobs"))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        saved = pool.submit(
+            run_job, at.root / "saved", data,
+            [f"save={at.checkpoint}", "train", f"save={at.checkpoint}", f"base={at.infer}",
+             "train", "shrink", f"save={at.ckpt}"],
+            "--shrink-score", "0.5",
+        )  # fmt: skip
+        interrupted = pool.submit(
+            run_job, at.root / "interrupted_job", data,
+            ["train", f"base={at.interrupted}", "train", f"delta-interrupted={at.interrupted}",
+             f"delta={at.interrupted}"],
+        )  # fmt: skip
+
+        def restart() -> dict:
+            saved.result()
+            at.damaged.mkdir()
+            _damage(at.checkpoint, at.damaged)
+            steps = [f"load={at.damaged / 'no_manifest'}", f"load={at.damaged / 'flipped'}",
+                     f"load={at.damaged / 'never_saved'}", f"load={at.ckpt}",
+                     f"delta={at.infer}", "train"]  # fmt: skip
+            return run_job(
+                at.root / "restart_job", data, steps, "--lr", "0.2", "--shrink-score", "0.5"
+            )
+
+        def not_admitted() -> dict:
+            saved.result()
+            steps = [f"load={at.checkpoint}", "train", f"base={at.not_admitted}", "train",
+                     f"delta={at.not_admitted}"]  # fmt: skip
+            return run_job(at.root / "not_admitted_job", data, steps, "--emb-dim", "8",
+                           "--admission", "count", "--admit-count", "3")  # fmt: skip
+
+        # queued behind the first two: each waits for "saved" in the slot it takes
+        yield at, {"saved": saved, "interrupted": interrupted,
+                   "restart": pool.submit(restart), "not_admitted": pool.submit(not_admitted)}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def checkpoint(data, background, tmp_path_factory):
-    """One pass of training, saved (deep table SGD dim 4, wide table Adagrad dim 1)."""
-    work = tmp_path_factory.mktemp("saved")
-    run_job(work, data, [f"save={work / 'ckpt'}", "train", f"save={work / 'ckpt'}"])
-    return work / "ckpt"
-
-
-def test_manifest_records_each_tables_layout(checkpoint):
-    tables = mf.read_manifest(checkpoint)["tables"]
+def test_manifest_records_each_tables_layout(jobs):
+    at, started = jobs
+    started["saved"].result()
+    tables = mf.read_manifest(at.checkpoint)["tables"]
     assert tables["deep_emb"]["layout"] == {
         "rule": "sgd",
         "dim": 4,
@@ -122,63 +156,61 @@ def test_manifest_records_each_tables_layout(checkpoint):
         "stat_columns": ["show", "click", "delta_score", "unseen"],
     }
     assert tables["wide_emb"]["layout"]["state_columns"] == [["accumulator", 1]]
-    assert [p.name for p in checkpoint.parent.iterdir() if p.name.startswith(".")] == []
+    # the second save over the first left no staging folder behind
+    assert [p.name for p in at.checkpoint.parent.iterdir() if p.name.startswith(".")] == []
 
 
-def test_resume_with_another_learning_rate_loads(checkpoint, data, tmp_path):
-    summary = run_job(tmp_path, data, [f"load={checkpoint}", "train"], "--lr", "0.2")
-    assert summary["load_errors"] == []
-    assert summary["load_state"]["passes"] == 1
-
-
-def test_a_dim_change_names_the_table_expected_and_found(checkpoint, data, tmp_path):
-    summary = run_job(tmp_path, data, [f"load={checkpoint}"], "--emb-dim", "8")
-    [error] = summary["load_errors"]
-    assert str(checkpoint) in error and "'deep_emb'" in error
-    assert "expects dim=8, rule=sgd" in error and "holds dim=4, rule=sgd" in error
-
-
-def test_clear_errors_for_missing_manifest_altered_shard_and_no_folder(checkpoint, data, tmp_path):
-    no_manifest = tmp_path / "no_manifest"
-    shutil.copytree(checkpoint, no_manifest)
-    (no_manifest / mf.MANIFEST).unlink()
-    flipped = tmp_path / "flipped"
-    shutil.copytree(checkpoint, flipped)
-    shard = flipped / "deep_emb.shard-00000-of-00001.arrow"
-    raw = bytearray(shard.read_bytes())
-    raw[len(raw) // 2] ^= 0x01
-    shard.write_bytes(bytes(raw))
-    steps = [f"load={no_manifest}", f"load={flipped}", f"load={tmp_path / 'never_saved'}"]
-    summary = run_job(tmp_path / "job", data, steps)
-    missing, altered, absent = summary["load_errors"]
+def test_clear_errors_for_missing_manifest_altered_shard_and_no_folder(jobs):
+    at, started = jobs
+    summary = started["restart"].result()
+    missing, altered, absent = summary["load_errors"]  # and the load of ckpt had none
+    no_manifest, shard = at.damaged / "no_manifest", at.damaged / "flipped" / SHARD
     assert str(no_manifest) in missing and "no MANIFEST.json" in missing
     assert str(shard) in altered and "checksum mismatch" in altered
-    assert absent == f"{tmp_path / 'never_saved'}: no such model directory"
-    assert "load_state" not in summary  # none of them loaded
+    assert absent == f"{at.damaged / 'never_saved'}: no such model directory"
 
 
-def test_deletions_survive_a_restart_into_the_next_delta(background):
-    future, root = background["deletions"]
-    before, after = future.result()
-    ckpt, model = root / "ckpt", root / "infer"
+def test_resume_with_another_learning_rate_loads(jobs):
+    """ckpt was saved after two passes at learning rate 0.05; the restart loads it at 0.2
+    (after the failing loads) and trains on."""
+    at, started = jobs
+    summary = started["restart"].result()
+    assert len(summary["load_errors"]) == 3  # the three failing loads only
+    assert not any(str(at.ckpt) in error for error in summary["load_errors"])
+    assert summary["load_state"]["passes"] == 2
+
+
+def test_a_dim_change_names_the_table_expected_and_found(jobs):
+    at, started = jobs
+    summary = started["not_admitted"].result()
+    [error] = summary["load_errors"]
+    assert str(at.checkpoint) in error and "'deep_emb'" in error
+    assert "expects dim=8, rule=sgd" in error and "holds dim=4, rule=sgd" in error
+    assert "load_state" not in summary  # nothing loaded
+
+
+def test_deletions_survive_a_restart_into_the_next_delta(jobs):
+    at, started = jobs
+    before, after = started["saved"].result(), started["restart"].result()
     deleted = before["deleted"]
     assert deleted["deep_emb"] > 100 and deleted["wide_emb"] > 100
-    assert mf.read_manifest(ckpt)["tables"]["deep_emb"]["tombstones"]["keys"] == deleted["deep_emb"]
+    manifest = mf.read_manifest(at.ckpt)
+    assert manifest["tables"]["deep_emb"]["tombstones"]["keys"] == deleted["deep_emb"]
     assert after["tombstones_after_load"] == deleted
     [delta] = after["predict"]
     assert delta["chain"] == ["base-00000", "delta-00001"]
     assert delta["tombstones"] == deleted
     assert delta["diff"] < 1e-6, delta
-    predictor = Predictor(model)
+    predictor = Predictor(at.infer)
     for table in ("deep_emb", "wide_emb"):
-        gone = ck.read_tombstones(ckpt / f"{table}.tombstones.arrow")
+        gone = ck.read_tombstones(at.ckpt / f"{table}.tombstones.arrow")
         assert gone.size == deleted[table]
         assert not np.isin(gone, predictor.tables[table].keys).any()
 
 
-def test_an_interrupted_delta_leaves_its_rows_to_the_next_one(background):
-    future, root = background["interrupted"]
-    summary, model = future.result(), root / "infer"
+def test_an_interrupted_delta_leaves_its_rows_to_the_next_one(jobs):
+    at, started = jobs
+    summary, model = started["interrupted"].result(), at.interrupted
     assert len(summary["interrupted"]) == 1 and "injected crash" in summary["interrupted"][0]
     base, delta = summary["predict"]
     # the second pass touched every row again: the delta must hold all of them, although
@@ -191,8 +223,8 @@ def test_an_interrupted_delta_leaves_its_rows_to_the_next_one(background):
     assert sorted(p.name for p in model.iterdir()) == ["base-00000", "delta-00001"]
 
 
-def test_predictor_gives_zeros_for_keys_not_admitted(background):
-    summary = background["not_admitted"][0].result()
+def test_predictor_gives_zeros_for_keys_not_admitted(jobs):
+    summary = jobs[1]["not_admitted"].result()
     assert summary["pending"]["deep_emb"] > 100  # many keys were seen but not admitted
     base, delta = summary["predict"]
     assert delta["chain"] == ["base-00000", "delta-00001"]
