@@ -5,17 +5,27 @@ meets the others on a CURVE rendezvous store (the job's keys in KEY_DIR) and for
 secure worker group the way ``sps.init()`` does (a ``WorkerGroup`` given the role); with
 GROUP_KEY_DIR its group presents those keys instead (a worker of another job). Modes:
 
-- ``ops``: every collective sparseps and torch offer, on inputs drawn from ``seed =
-  rank``; the results go to OUT/result.RANK.npz for the test to check against an oracle.
 - ``join``: only forms the group; the error, if any, goes to OUT/result.RANK.json.
-- ``environ``: forms the group as an online job's regroup does (a ``WorkerGroup`` with no
-  role: the keys and the interface come from this process's ``SPARSEPS_*`` variables),
-  then one all-reduce.
-- ``crash`` / ``leave``: one all-reduce; once rank 0 has it (OUT/first.0), rank 1 dies
-  (``os._exit``) or shuts its group down and exits 0, while rank 0 waits in a second
-  all-reduce; rank 0 records the error and how long it waited.
-- ``late``: rank 0 waits at a barrier (timeout 2 s) that rank 1 never reaches, records
-  the error, then tries one more collective; rank 1 exits once rank 0 recorded it.
+- ``phases`` (three workers): the other checks one after the other on the same processes
+  (a worker costs seconds of CPU before its first collective, torch's import, and a
+  group forms in milliseconds), each phase on a group of its own on the same store.
+  Every phase's record goes into OUT/result.RANK.json, written again after each phase:
+
+  1. ``ops``: a group formed as ``sps.init()`` forms it; every collective sparseps and
+     torch offer, on inputs drawn from ``seed = rank``; the results go to
+     OUT/result.RANK.npz for the test to check against an oracle.
+  2. ``environ``: the group re-formed as an online job's regroup does (a ``WorkerGroup``
+     with no role: the keys and the interface come from this process's ``SPARSEPS_*``
+     variables), then one all-reduce. Rank 2 then leaves and exits 0: the phases below
+     are about a pair, ranks 0 and 1, each on a group of two formed as in 1.
+  3. ``late``: rank 0 waits at a barrier (timeout 2 s) that rank 1 never reaches, records
+     the error, then tries one more collective; rank 1 goes on once rank 0 recorded it.
+  4. ``leave`` / ``crash``: one all-reduce; once rank 0 has it, rank 1 shuts its group
+     down (and goes on to the next phase) or dies (``os._exit(3)``), while rank 0 waits
+     in a second all-reduce; rank 0 records the error and how long it waited.
+
+The ranks tell each other where they are through keys on the store (its ``wait`` returns
+when the key is set).
 """
 
 from __future__ import annotations
@@ -33,23 +43,18 @@ import torch.distributed as dist
 
 from sparseps.core import collectives
 from sparseps.env import Role, RoleEnv
-from sparseps.metrics import distributed as metrics_dist
 from sparseps.runtime.rendezvous import connect_store, group_options, store_barrier
+from sparseps.runtime.worker_group import WorkerGroup
 
 SIZES = (10, 50_000)  # float32: under and over curve_group.SMALL_BYTES
+_WAIT = datetime.timedelta(seconds=60)  # a rank waiting for another's step
 
 
-def _form_group(env: RoleEnv, group_key_dir: str, mode: str) -> None:
+def _join(env: RoleEnv, group_key_dir: str) -> None:
+    """Form the group as ``sps.init()`` does; with ``group_key_dir`` presenting its keys."""
     from sparseps.runtime.rendezvous import worker_backend
-    from sparseps.runtime.worker_group import WorkerGroup
 
-    if mode == "environ":  # as an online job's membership re-forms it: the role from os.environ
-        os.environ.update(env.to_environ())
-        WorkerGroup(timeout_s=30).reform(_store, rank=env.rank, world=env.worker_num,
-                                         prefix="online/group/1")  # fmt: skip
-        return
-
-    if not group_key_dir:  # as sps.init() forms it
+    if not group_key_dir:
         WorkerGroup(timeout_s=30, env=env).form(_store, rank=env.rank, world=env.worker_num,
                                                 prefix="sparseps/group")  # fmt: skip
         return
@@ -62,6 +67,8 @@ def _form_group(env: RoleEnv, group_key_dir: str, mode: str) -> None:
 
 
 def _ops(rank: int, world: int) -> dict[str, np.ndarray]:
+    from sparseps.metrics import distributed as metrics_dist  # numba: this phase only
+
     rng = np.random.default_rng(rank)
     out: dict[str, np.ndarray] = {}
     for n in SIZES:
@@ -117,10 +124,82 @@ def _ops(rank: int, world: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _wait_for(path: Path, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+def _environ(env: RoleEnv) -> dict:
+    os.environ.update(env.to_environ())  # as in a launched job's worker
+    WorkerGroup(timeout_s=30).reform(_store, rank=env.rank, world=env.worker_num,
+                                     prefix="online/group/1")  # fmt: skip
+    total = collectives.all_reduce_sum(np.array([env.rank + 1]), timeout=30)
+    return {"backend": dist.get_backend(), "sum": total.tolist()}
+
+
+def _late(rank: int) -> dict:
+    record: dict = {}
+    if rank == 1:
+        _store.wait(["late/recorded"], _WAIT)
+        return record
+    start = time.monotonic()
+    for attempt in ("error", "after"):
+        try:
+            collectives.barrier(timeout=2)
+        except Exception as exc:
+            record[attempt] = f"{type(exc).__name__}: {exc}"
+        record[f"{attempt}_s"] = time.monotonic() - start
+    return record
+
+
+def _peer_gone(rank: int, phase: str) -> dict:
+    """``leave`` / ``crash`` (module docstring); rank 1 returns only from ``leave``."""
+    collectives.all_reduce_sum(np.ones(3), timeout=30)
+    if rank == 1:
+        # a crash right after a collective may lose its last message on the way (the
+        # peer then fails that collective instead of the next): wait for rank 0 first
+        _store.wait([f"{phase}/first"], _WAIT)
+        if phase == "crash":
+            _exit(3)
+        dist.destroy_process_group()
+        return {}
+    _store.set(f"{phase}/first", "1")
+    record: dict = {}
+    start = time.monotonic()
+    try:
+        collectives.all_reduce_sum(np.ones(3), timeout=120)
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    record["waited_s"] = time.monotonic() - start
+    return record
+
+
+def _phases(env: RoleEnv, folder: Path) -> None:
+    rank, record = env.rank, {"rank": env.rank}
+    result = folder / f"result.{rank}.json"
+    WorkerGroup(timeout_s=30, env=env).form(_store, rank=rank, world=env.worker_num,
+                                            prefix="sparseps/group")  # fmt: skip
+    record["backend"] = dist.get_backend()
+    np.savez(folder / f"result.{rank}.npz", **_ops(rank, env.worker_num))
+    result.write_text(json.dumps(record))
+    record["environ"] = _environ(env)
+    result.write_text(json.dumps(record))
+    pair = WorkerGroup(timeout_s=30, env=env)
+    if rank == 2:
+        pair.leave()
+        return
+    for phase in ("late", "leave", "crash"):
+        pair.reform(_store, rank=rank, world=2, prefix=f"pair/{phase}")
+        record[phase] = _late(rank) if phase == "late" else _peer_gone(rank, phase)
+        result.write_text(json.dumps(record))
+        if phase == "late" and rank == 0:
+            _store.set("late/recorded", "1")
+    pair.leave()
+
+
+def _exit(code: int) -> None:
+    # skips the interpreter's teardown (~1 CPU-s freeing torch's objects): the records
+    # are written and the group is shut down (or, for a crash, deliberately is not). Not
+    # in ``join``: there rank 0, the store's host, exits as a failed worker does, and
+    # rank 1 may still read why from the store in the seconds its teardown takes
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main() -> int:
@@ -132,48 +211,17 @@ def main() -> int:
                   master=master, log_dir=out, job_id="group-test", key_dir=key_dir)  # fmt: skip
     _store = connect_store(env, timeout_s=30, setting="S")
     store_barrier(_store, "start", rank=rank, world=world, timeout_s=30, warn_s=30, address=master)
+    if mode == "phases":
+        _phases(env, folder)
+        _exit(0)
     record: dict = {"rank": rank}
     try:
-        _form_group(env, group_key_dir, mode)
+        _join(env, group_key_dir)
     except Exception as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
-        (folder / f"result.{rank}.json").write_text(json.dumps(record))
-        return 0
-    record["backend"] = dist.get_backend()
-    if mode == "ops":
-        np.savez(folder / f"result.{rank}.npz", **_ops(rank, world))
-    elif mode == "environ":
-        record["sum"] = collectives.all_reduce_sum(np.array([rank + 1]), timeout=30).tolist()
-    elif mode in ("crash", "leave"):
-        collectives.all_reduce_sum(np.ones(3), timeout=30)
-        if rank == 1:
-            # a crash right after a collective may lose its last message on the way (the
-            # peer then fails that collective instead of the next): wait for rank 0 first
-            _wait_for(folder / "first.0", 60)
-            if mode == "crash":
-                os._exit(3)
-            dist.destroy_process_group()
-            return 0
-        (folder / "first.0").write_text("1")
-        start = time.monotonic()
-        try:
-            collectives.all_reduce_sum(np.ones(3), timeout=120)
-        except Exception as exc:
-            record["error"] = f"{type(exc).__name__}: {exc}"
-        record["waited_s"] = time.monotonic() - start
-    elif mode == "late":
-        if rank == 1:
-            _wait_for(folder / "result.0.json", 60)
-            return 0
-        start = time.monotonic()
-        for attempt in ("error", "after"):
-            try:
-                collectives.barrier(timeout=2)
-            except Exception as exc:
-                record[attempt] = f"{type(exc).__name__}: {exc}"
-            record[f"{attempt}_s"] = time.monotonic() - start
+    else:
+        dist.destroy_process_group()
     (folder / f"result.{rank}.json").write_text(json.dumps(record))
-    dist.destroy_process_group()
     return 0
 
 
