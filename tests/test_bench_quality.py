@@ -2,18 +2,51 @@
 
 Two tiny families (10k rows): this checks the records' names, units and baselines and
 that the figures are sane, not the quality itself (bench/RESULTS.md has the full grid).
+The learnable limit and the TensorFlow peer are checked on one grid run of one family
+(``tiny_grid``): the demo job is launched once for both.
 """
 
 import json
 import math
 
 import pytest
+import torch
 
 from sparseps.benchmarking import load_benchmark
 from sparseps.cli import main
 
 # generous: the box these run on is often shared (load 10-20 stretches a 60 s run to 4 min)
 pytestmark = pytest.mark.timeout(600)
+
+TINY_FAMILY = "ctr25%"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The in-process torch models here (the torch baseline, the learnable limit) on one
+    intra-op thread, as the demo job's workers are: on two cores shared with the rest of
+    the suite, two threads spin-waiting on each other made the learnable limit ~10x
+    slower (9 passes: 207 s against 21 s at load 11). Only the threads change, not a
+    figure a check reads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_grid(one_torch_thread):
+    """One grid run on ``TINY_FAMILY`` at 10k rows: the demo job, the learnable limit and
+    the TensorFlow peer when its venv is here. The records by metric name, whether the
+    peer was run, and the grid's log (where a failing peer says why)."""
+    bench = _quality()
+    tf = bench.tf_peer() is not None
+    lines: list[str] = []
+    records = bench.grid((TINY_FAMILY,), bench.REPORT_SEEDS, rows=bench.QUICK_ROWS,
+                         test_rows=bench.QUICK_TEST_ROWS, hash_rows=bench.QUICK_HASH_ROWS,
+                         torch_baseline=False, paddle=False, tf=tf, learnable=True,
+                         log=lambda *a, **k: lines.append(" ".join(map(str, a))))  # fmt: skip
+    return {r.metric: r for r in records}, tf, lines
 
 
 def test_bench_quality_quick_records(capsys):
@@ -47,19 +80,15 @@ def _quality():
 
 
 @pytest.mark.timeout(900)
-def test_learnable_limit_tiny_data():
+def test_learnable_limit_tiny_data(tiny_grid):
     """The learnable-limit reference on a 10k-row family: each setting's chosen pass is its
     best on validation (so never worse than its first pass), early stopping ends a setting
     once a pass brings nothing, the chosen setting is the best on validation, and the
     reported test figures are the chosen model's. It comes out as ``learnable_auc[F]``
     beside the one-pass job, in the same grid run."""
     bench = _quality()
-    family = "ctr25%"
-    records = bench.grid((family,), bench.REPORT_SEEDS, rows=bench.QUICK_ROWS,
-                         test_rows=bench.QUICK_TEST_ROWS, hash_rows=bench.QUICK_HASH_ROWS,
-                         torch_baseline=False, paddle=False, tf=False, learnable=True,
-                         log=lambda *a, **k: None)  # fmt: skip
-    by_name = {r.metric: r for r in records}
+    family = TINY_FAMILY
+    by_name, _, _ = tiny_grid
     record = by_name[f"learnable_auc[{family}]"]
     assert record.baseline == by_name[f"test_auc[{family}]"].value  # sparseps, one pass
     params = record.params
@@ -118,21 +147,18 @@ def test_peer_last_line_parsed_and_failures_raise(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_tf_peer_beside_sparseps_quick():
+def test_tf_peer_beside_sparseps_quick(tiny_grid):
     """The TensorFlow peer on the same 10k-row files as the demo job, one grid run: its
     ``tf_*`` records (value: sparseps, baseline: TF). Needs the peer's venv."""
     bench = _quality()
-    if bench.tf_peer() is None:
+    by_name, tf, lines = tiny_grid
+    if not tf:
         pytest.skip(
             f"no TensorFlow peer venv (tensorflow-cpu and tf-keras {bench.TF_VERSION} at "
             "$TF_VENV or /tmp/tf-venv; ../shared/peers/tf/run.sh makes it on first use)"
         )
-    family = "ctr25%"
-    records = bench.grid((family,), bench.REPORT_SEEDS, rows=bench.QUICK_ROWS,
-                         test_rows=bench.QUICK_TEST_ROWS, hash_rows=bench.QUICK_HASH_ROWS,
-                         torch_baseline=False, paddle=False, tf=True,
-                         log=lambda *a, **k: None)  # fmt: skip
-    by_name = {r.metric: r for r in records}
+    family = TINY_FAMILY
+    assert f"tf_test_auc[{family}]" in by_name, lines  # a failing peer is only logged
     ours = by_name[f"test_auc[{family}]"].value
     auc, logloss, speed = (by_name[f"tf_{m}[{family}]"] for m in
                            ("test_auc", "test_logloss", "samples_per_s"))  # fmt: skip
