@@ -143,11 +143,14 @@ def test_slot_dnn_online_job_uses_the_configs_accessor_and_predicts_as_trained(t
             slot_lines(data / DAY / folder / f"part-{part}", 900, seed=10 * n + part)
     out, dump = tmp_path / "output_model", tmp_path / "dump"
     # the inference saves keep every row (base and delta thresholds 0) so that the
-    # predictor sees what the trainer saw; every other setting is the config's
+    # predictor sees what the trainer saw; batches of 128 rows, not 32 (a quarter of the
+    # steps: what is checked here, the counts, the saves and the predictions, does not
+    # depend on the batch); every other setting of the table and the model is the config's
     accessor = "table_parameters.embedding.accessor.ctr_accessor_param"
     options = [f"runner.train_data_dir={data}", f"runner.model_save_path={out}",
                f"runner.start_day={DAY}", f"runner.end_day={DAY}", "runner.split_interval=720",
-               "runner.split_per_pass=1", "runner.print_interval=20",
+               "runner.split_per_pass=1", "runner.print_interval=5",
+               "runner.train_batch_size=128", "runner.infer_batch_size=128",
                "runner.need_infer_dump=True", f"runner.infer_dump_fields_dir={dump}",
                f"{accessor}.base_threshold=0", f"{accessor}.delta_threshold=0"]  # fmt: skip
     launch(job / MODEL, "../../../tools/static_ps_online_trainer.py", "-m", "config_online.yaml",
@@ -174,16 +177,19 @@ def test_slot_dnn_online_job_uses_the_configs_accessor_and_predicts_as_trained(t
     assert 0 < has_embedx.sum() < has_embedx.size  # embedx_threshold 10: only some earned one
     assert _score(show, click)[has_embedx].max() >= 10 * 0.98 - 1e-4
 
-    # sparseps predict on the day's chain == the trainer's infer dump of pass 2
+    # sparseps predict on the day's chain == the trainer's infer dump of pass 2: one
+    # command on the pass's folder (its files in name order, as the dump numbers them;
+    # each command pays ~5 CPU-s of imports before its first row)
     dumped = read_predictions(dump / DAY / "2")
     by_id = dict(
         zip(dumped.column("key").to_pylist(), dumped.column("pred").to_pylist(), strict=True)
     )
-    files_of_pass = sorted((data / DAY / "1200").iterdir())
+    pass_folder = data / DAY / "1200"
+    lines = [len(path.read_text().splitlines()) for path in sorted(pass_folder.iterdir())]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    for file_no, path in enumerate(files_of_pass):
-        predicted = predict(chain, path, cwd=elsewhere)
-        trained = np.array([by_id[(file_no << 40) | i] for i in range(predicted.size)])
-        assert len(by_id) == 2 * predicted.size  # the two files, each line once
-        np.testing.assert_allclose(predicted, trained, rtol=0, atol=5e-7)  # 7 places printed
+    predicted = predict(chain, pass_folder, cwd=elsewhere)
+    assert predicted.size == len(by_id) == sum(lines) == 1800  # both files, each line once
+    trained = np.array([by_id[(file_no << 40) | i] for file_no, n in enumerate(lines)
+                        for i in range(n)])  # fmt: skip
+    np.testing.assert_allclose(predicted, trained, rtol=0, atol=5e-7)  # 7 places printed
