@@ -52,6 +52,7 @@ GONE_GRACE_S = 5.0  # a closed link without a bye: how long its last messages ma
 _CLOSE_LINGER_MS = 5000  # flushing the last messages to live peers when the group shuts down
 _POLL_MS = 500
 _STORE_LOST_GRACE_S = 2.0  # the store went away: how long a refusal of our key may take to show
+_TOLD_S = 5.0  # a failed set-up: how long it waits for its peers to read why (see _tell_peers)
 
 Frame = zmq.Frame
 OnMessage = Callable[[Frame | None, "GroupError | None"], None]
@@ -129,7 +130,7 @@ class Mesh(Closing):
             self._teardown(flush=False)
             if isinstance(exc, GroupError):  # the peers waiting on this rank learn why at once
                 with contextlib.suppress(Exception):
-                    store.set(f"mesh/failed/{rank}", str(exc))
+                    self._tell_peers(store, str(exc))
             raise
         self._thread = threading.Thread(target=self._run, name="sparseps-mesh", daemon=True)
         self._thread.start()
@@ -158,6 +159,24 @@ class Mesh(Closing):
             sock.connect(_endpoint(*address.rsplit(":", 1)))
             self._pushes[peer] = sock
         self._await_handshakes(store, addresses)
+
+    def _tell_peers(self, store: Store, why: str) -> None:
+        """Publish why this rank's set-up failed, then wait (up to :data:`_TOLD_S`) until
+        each peer it connected to has read it or failed on its own. The store may live in
+        this process (rank 0 hosts it), which exits once this raises: a peer that had not
+        read why yet (it looks every ``_POLL_MS``) could then only report a lost store,
+        its own link to this rank never having got as far as the refusal of its key."""
+        store.set(f"mesh/failed/{self.rank}", why)
+        unread = set(self._pushes)
+        deadline = time.monotonic() + _TOLD_S
+        while unread and time.monotonic() < deadline:
+            unread = {
+                p for p in unread
+                if not store.check([f"mesh/read/{self.rank}/{p}"])
+                and not store.check([f"mesh/failed/{p}"])
+            }  # fmt: skip
+            if unread:
+                time.sleep(0.02)
 
     def _await_handshakes(self, store: Store, addresses: dict[int, str]) -> None:
         """Until every link's handshake succeeded; a peer whose own set-up failed (it
@@ -189,6 +208,7 @@ class Mesh(Closing):
                     ) from None
                 if failed:
                     why = store.get(f"mesh/failed/{peer}").decode()
+                    store.set(f"mesh/read/{peer}/{self.rank}", "1")  # it waits for this
                     raise GroupError(f"secure group: rank {peer} could not join: {why}")
             self._watch_handshakes(poller, waiting, addresses, min(remaining, _POLL_MS / 1e3))
 

@@ -195,8 +195,7 @@ def _phases(env: RoleEnv, folder: Path) -> None:
 def _exit(code: int) -> None:
     # skips the interpreter's teardown (~1 CPU-s freeing torch's objects): the records
     # are written and the group is shut down (or, for a crash, deliberately is not). Not
-    # in ``join``: there rank 0, the store's host, exits as a failed worker does, and
-    # rank 1 may still read why from the store in the seconds its teardown takes
+    # in ``join``: there each rank exits as a worker whose set-up failed does
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
