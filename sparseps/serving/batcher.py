@@ -16,8 +16,15 @@ a lone client pays no window. Nor does a call that already holds a quarter of
 few rows; for large requests it only put them in step (two 512-row clients of one process
 parsed together, then waited together for one 1,024-row call), where one request's
 model call can run while the next is being read and parsed. While a call runs, the next requests queue, so under load
-calls grow by themselves without any wait. A request of ``max_rows`` rows or more is a
-call alone.
+calls grow by themselves without any wait. A request of a quarter of ``max_rows`` rows or
+more is a call alone: its table goes to the model as it came, with no concatenation, and
+its answer does not wait for another's rows.
+
+A lone request (none queued, none in a call, no other being read) makes its call itself,
+where it was parsed (:meth:`Arrival.alone`: on the event loop for a small JSON body, on
+the parsing thread otherwise): the hand-off to the batcher's thread and back cost two
+thread wake-ups, more than a 1-row model call on a busy machine. The calls of a process
+still run one at a time: the batcher's thread waits for such a call to end.
 
 Each request gets exactly what it would get alone: a call's rows are independent (the
 lookups and the pooling are per row, the head is applied row-wise), tested bit-equal
@@ -94,6 +101,15 @@ class Arrival:
             self._open = False
             self._batcher._arrived(queued=None)
 
+    def alone(self, model: Any, payload: Any, rows: int) -> np.ndarray | None:
+        """The predictions for ``payload`` from a call made here and now, when this is
+        the only request in the process (none queued, in a call or being read); None
+        otherwise, and the request is still on its way (then :meth:`predict`)."""
+        if not self._batcher._claim():
+            return None
+        self._open = False
+        return self._batcher._call_here(model, payload, rows)
+
     async def predict(self, model: Any, payload: Any, rows: int) -> np.ndarray:
         """The model's predictions for ``payload`` (``rows`` rows), from a call shared
         with other requests."""
@@ -122,6 +138,7 @@ class Batcher(Closing):
         self._queue: deque[_Pending] = deque()
         self._queued_rows = 0
         self._arriving = 0
+        self._busy = False  # a call is running (the batcher's, or a lone request's)
         self._lock = threading.Condition()
         self._closed = False
         self._calls = self._requests = self._rows = self._largest = 0
@@ -141,6 +158,34 @@ class Batcher(Closing):
                 self._queue.append(queued)
                 self._queued_rows += queued.rows
             self._lock.notify()
+
+    def _claim(self) -> bool:
+        """Whether the one request being read may call the model itself (it is no longer
+        counted as on its way then)."""
+        with self._lock:
+            if self._busy or self._queue or self._arriving != 1 or self._closed:
+                return False
+            self._busy = True
+            self._arriving = 0
+            return True
+
+    def _call_here(self, model: Any, payload: Any, rows: int) -> np.ndarray:
+        """A claimed call (:meth:`_claim`) on the caller's thread."""
+        try:
+            predictions = self._run(model, [payload])
+            self._count(rows, 1)
+            return predictions
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._queue or self._closed:  # the batcher's thread waits for this call
+                    self._lock.notify()
+
+    def _count(self, rows: int, requests: int) -> None:
+        self._calls += 1
+        self._requests += requests
+        self._rows += rows
+        self._largest = max(self._largest, rows)
 
     async def _submit(self, model: Any, payload: Any, rows: int) -> np.ndarray:
         loop = asyncio.get_running_loop()
@@ -168,7 +213,9 @@ class Batcher(Closing):
     def _take(self) -> list[_Pending]:
         """The requests of the next call (empty: closed), waiting as the module says."""
         with self._lock:
-            while not self._queue and not self._closed:
+            while (not self._queue or self._busy) and not self._closed:
+                self._lock.wait()
+            while self._busy:  # closing: a lone request's call ends first
                 self._lock.wait()
             if not self._queue:
                 return []
@@ -180,10 +227,17 @@ class Batcher(Closing):
                 self._lock.wait(left)
             taken = [self._queue.popleft()]
             rows = taken[0].rows
-            while self._queue and rows + self._queue[0].rows <= self.max_rows:
+            small = rows < self.enough_rows  # small requests share a call, a large one not
+            while (
+                small
+                and self._queue
+                and self._queue[0].rows < self.enough_rows
+                and rows + self._queue[0].rows <= self.max_rows
+            ):
                 rows += self._queue[0].rows
                 taken.append(self._queue.popleft())
             self._queued_rows -= rows
+            self._busy = True
             return taken
 
     def _loop(self) -> None:
@@ -192,40 +246,48 @@ class Batcher(Closing):
             by_model: dict[int, list[_Pending]] = {}
             for pending in taken:
                 by_model.setdefault(id(pending.model), []).append(pending)
-            for group in by_model.values():
-                self._call(group)
+            try:
+                for group in by_model.values():
+                    self._call(group)
+            finally:
+                with self._lock:
+                    self._busy = False
 
     def _call(self, group: list[_Pending]) -> None:
         try:
             predictions = self._run(group[0].model, [p.payload for p in group])
         except Exception as exc:
             if len(group) == 1:
-                _deliver(group[0], exc)
+                _deliver([(group[0], exc)])
                 return
             for pending in group:  # one request's fault must not fail the others
                 self._call([pending])
             return
-        self._calls += 1
-        self._requests += len(group)
-        rows = sum(p.rows for p in group)
-        self._rows += rows
-        self._largest = max(self._largest, rows)
-        start = 0
+        self._count(sum(p.rows for p in group), len(group))
+        answers, start = [], 0
         for pending in group:
-            _deliver(pending, predictions[start : start + pending.rows])
+            answers.append((pending, predictions[start : start + pending.rows]))
             start += pending.rows
+        by_loop: dict[int, list[tuple[_Pending, np.ndarray | BaseException]]] = {}
+        for pending, answer in answers:
+            by_loop.setdefault(id(pending.loop), []).append((pending, answer))
+        for delivered in by_loop.values():  # one wake-up of each loop for all its answers
+            _deliver(delivered)
 
 
-def _deliver(pending: _Pending, result: np.ndarray | BaseException) -> None:
+def _deliver(answers: list[tuple[_Pending, np.ndarray | BaseException]]) -> None:
+    """Settle the futures of ``answers`` (of requests on one event loop) on their loop."""
+
     def settle() -> None:
-        if pending.future.done():  # the client went away and the request was cancelled
-            return
-        if isinstance(result, BaseException):
-            pending.future.set_exception(result)
-        else:
-            pending.future.set_result(result)
+        for pending, result in answers:
+            if pending.future.done():  # the client went away and the request was cancelled
+                continue
+            if isinstance(result, BaseException):
+                pending.future.set_exception(result)
+            else:
+                pending.future.set_result(result)
 
     try:
-        pending.loop.call_soon_threadsafe(settle)
+        answers[0][0].loop.call_soon_threadsafe(settle)
     except RuntimeError:  # the loop is closed: the service is stopping
-        log.debug("an answer for a stopped event loop was dropped")
+        log.debug("answers for a stopped event loop were dropped")

@@ -181,12 +181,21 @@ def serve(config: ServeConfig, place: WorkerPlace | None = None) -> None:
             config.ready_file.unlink(missing_ok=True)
 
     app = create_app(
-        watcher, config, metrics, schema, on_startup=started, on_shutdown=stopped, board=board
+        watcher,
+        config,
+        metrics,
+        schema,
+        on_startup=started,
+        on_shutdown=stopped,
+        board=board,
+        connections=lambda: len(server.server_state.connections),  # `server`: below
     )
     settings = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=10
     )
-    server = uvicorn.Server(settings) if place is None else HandedConnections(settings, sock, board)
+    server: uvicorn.Server = (
+        uvicorn.Server(settings) if place is None else HandedConnections(settings, sock, board)
+    )
     gc.collect()
     gc.freeze()  # see the module docstring
     with watcher:

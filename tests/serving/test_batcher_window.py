@@ -1,16 +1,18 @@
 """The batcher's window in process (real threads and an event loop, no service): a small
 call waits for a request on its way and shares one model call with it; a call that
 already holds a quarter of ``max_rows`` does not wait (issue 60: two 512-row clients of
-one process were put in step by the wait)."""
+one process were put in step by the wait), and such a request is a call alone; the
+process's only request calls the model itself, where it was parsed."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
 
-from sparseps.serving.batcher import Batcher
+from sparseps.serving.batcher import Batcher, BatcherStats
 
 WAIT_S = 5.0  # the window: far longer than either case may take
 
@@ -63,3 +65,80 @@ def test_a_call_of_a_quarter_of_max_rows_does_not_wait():
     finally:
         batcher.close()
     assert calls == [[300]] and took < WAIT_S / 2, took
+
+
+def test_a_lone_request_calls_the_model_where_it_is():
+    """The process's only request makes its call on its own thread (no hand-off to the
+    batcher's thread and back); with another on its way it queues and shares a call."""
+    threads: list[int] = []
+
+    def run(model: object, payloads: list) -> np.ndarray:
+        threads.append(threading.get_ident())
+        return np.concatenate(payloads).astype(np.float32)
+
+    batcher = Batcher(run, max_rows=1024, max_wait_s=WAIT_S)
+    try:
+        got = batcher.arrival().alone(None, np.arange(3.0), 3)
+        np.testing.assert_array_equal(got, np.arange(3.0))
+        assert threads == [threading.get_ident()]
+        assert batcher.stats() == BatcherStats(calls=1, requests=1, rows=3, largest=3, queued=0)
+
+        later, mine = batcher.arrival(), batcher.arrival()
+        assert mine.alone(None, np.arange(3.0), 3) is None  # `later` is on its way
+
+        async def both() -> list[np.ndarray]:
+            return list(
+                await asyncio.gather(
+                    mine.predict(None, np.arange(3.0), 3), later.predict(None, np.ones(2), 2)
+                )
+            )
+
+        first, second = asyncio.run(both())
+    finally:
+        batcher.close()
+    np.testing.assert_array_equal(first, np.arange(3.0))
+    np.testing.assert_array_equal(second, np.ones(2))
+    assert len(threads) == 2 and threads[1] != threading.get_ident()  # the batcher's
+    assert batcher.stats().calls == 2 and batcher.stats().largest == 5  # one call for both
+
+
+def test_a_large_request_is_a_call_alone_and_small_ones_share():
+    """Queued behind a running call: a request of a quarter of max_rows or more goes to
+    the model alone, as it came (no concatenation); the small ones between share calls."""
+    calls: list[list[int]] = []
+    running, release = threading.Event(), threading.Event()
+
+    def run(model: object, payloads: list) -> np.ndarray:
+        calls.append([len(p) for p in payloads])
+        if len(calls) == 1:  # hold the first call while the others queue behind it
+            running.set()
+            release.wait(WAIT_S)
+        return np.concatenate(payloads).astype(np.float32)
+
+    batcher = Batcher(run, max_rows=1024, max_wait_s=0.0)
+    sizes = [300, 5, 5, 300, 5]
+
+    async def main() -> list[np.ndarray]:
+        first = asyncio.create_task(batcher.arrival().predict(None, np.zeros(1), 1))
+        assert await asyncio.to_thread(running.wait, WAIT_S)
+        queued = [
+            asyncio.create_task(batcher.arrival().predict(None, np.full(n, float(n)), n))
+            for n in sizes
+        ]
+        for _ in range(100):  # each task queues at its first step
+            if batcher.stats().queued == len(sizes):
+                break
+            await asyncio.sleep(0)
+        assert batcher.stats().queued == len(sizes)
+        release.set()
+        await first
+        return list(await asyncio.gather(*queued))
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        release.set()
+        batcher.close()
+    assert calls == [[1], [300], [5, 5], [300], [5]]
+    for n, got in zip(sizes, answers, strict=True):
+        np.testing.assert_array_equal(got, np.full(n, float(n)))

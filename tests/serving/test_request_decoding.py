@@ -13,7 +13,8 @@ import pytest
 
 from sparseps.data.schema import CRITEO
 from sparseps.serving.arrow_header import batch_header
-from sparseps.serving.requests import ARROW_STREAM, RequestError, batch_from_body
+from sparseps.serving.request_columns import SMALL_ROWS
+from sparseps.serving.requests import ARROW_STREAM, RequestError, batch_from_body, checked_batch
 
 JSON = "application/json"
 
@@ -175,3 +176,65 @@ def test_a_refused_shape_is_refused_every_time():
     for _ in range(2):
         with pytest.raises(RequestError, match="C1: a slot column"):
             batch_from_body(arrow_body(table), ARROW_STREAM, CRITEO, max_rows=10)
+
+
+def mixed_table(rows: int, seed: int) -> pa.Table:
+    """Every column type a small table converts value by value: float and integer dense
+    values (nulls, past 2**53, float32), string slots (nulls, empty strings: no id),
+    signed and unsigned integer ids (negative: the uint64 of the same bits), a slot null
+    in every row, a label (ignored); and absent columns."""
+    rng = np.random.default_rng(seed)
+    words = ["68fd1e64", "", None, "80e26c9b", "é~ü", "0" * 40]  # 40: XXH64's long path
+    return pa.table(
+        {
+            "label": pa.array(rng.integers(0, 2, rows)),
+            "I1": pa.array([None if v < 0.2 else v * 1e3 for v in rng.random(rows)]),
+            "I2": pa.array(rng.integers(-(2**62), 2**62, rows)),
+            "I3": pa.array(rng.random(rows), pa.float32()),
+            "I4": pa.array([None] * rows, pa.null()),
+            "C1": pa.array([words[i] for i in rng.integers(0, len(words), rows)]),
+            "C2": pa.array(rng.integers(-(2**63), 2**63, rows, dtype=np.int64)),
+            "C3": pa.array(rng.integers(2**63, 2**64, rows, dtype=np.uint64)),
+            "C4": pa.array([None if v < 0.5 else int(v * 100) for v in rng.random(rows)]),
+            "C5": pa.array([None] * rows, pa.null()),
+            "C6": pa.array(
+                [words[i] for i in rng.integers(0, len(words), rows)], pa.large_string()
+            ),
+        }
+    )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_small_table_converts_as_a_large_one_does(seed):
+    """Tables of at most SMALL_ROWS rows convert value by value, larger ones column by
+    column (pyarrow, the compiled hash): each row of a small table gets the batch row it
+    gets inside a large one, bit for bit."""
+    big = mixed_table(3 * SMALL_ROWS, seed)
+    whole = checked_batch(big, CRITEO)
+    for start, rows in ((0, 1), (1, 2), (5, 7), (17, SMALL_ROWS), (2 * SMALL_ROWS, SMALL_ROWS)):
+        small = checked_batch(big.slice(start, rows), CRITEO)
+        np.testing.assert_array_equal(small.dense, whole.dense[start : start + rows])
+        assert small.dense.dtype == whole.dense.dtype and small.dense.flags.c_contiguous
+        for name in CRITEO.slots:
+            part = whole.slots[name].slice(start, start + rows)
+            np.testing.assert_array_equal(small.slots[name].values, part.values, err_msg=name)
+            np.testing.assert_array_equal(small.slots[name].offsets, part.offsets, err_msg=name)
+            assert small.slots[name].values.dtype == np.uint64
+            assert small.slots[name].offsets.dtype == np.int64
+    assert whole.slots["C1"].values.size > 0 and whole.slots["C5"].values.size == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (float("nan"), r"^I1: row 1 holds nan, not a finite number"),
+        (float("inf"), r"^I1: row 1 holds inf, not a finite number"),
+        (1e39, r"^I1: row 1 holds 1e\+39, beyond float32"),
+    ],
+)
+def test_a_small_table_refuses_a_dense_value_as_a_large_one(value, message):
+    for rows in (2, 3 * SMALL_ROWS):
+        table = pa.table({"I1": pa.array([1.0, value] + [2.0] * (rows - 2))})
+        with pytest.raises(RequestError, match=message) as refused:
+            checked_batch(table, CRITEO)
+        assert refused.value.status == 400
