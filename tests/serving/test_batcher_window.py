@@ -1,8 +1,8 @@
 """The batcher's window in process (real threads and an event loop, no service): a small
 call waits for a request on its way and shares one model call with it; a call that
 already holds a quarter of ``max_rows`` does not wait (issue 60: two 512-row clients of
-one process were put in step by the wait), and such a request is a call alone; the
-process's only request calls the model itself, where it was parsed."""
+one process were put in step by the wait); the process's only request calls the model
+itself, where it was parsed."""
 
 from __future__ import annotations
 
@@ -100,45 +100,3 @@ def test_a_lone_request_calls_the_model_where_it_is():
     np.testing.assert_array_equal(second, np.ones(2))
     assert len(threads) == 2 and threads[1] != threading.get_ident()  # the batcher's
     assert batcher.stats().calls == 2 and batcher.stats().largest == 5  # one call for both
-
-
-def test_a_large_request_is_a_call_alone_and_small_ones_share():
-    """Queued behind a running call: a request of a quarter of max_rows or more goes to
-    the model alone, as it came (no concatenation); the small ones between share calls."""
-    calls: list[list[int]] = []
-    running, release = threading.Event(), threading.Event()
-
-    def run(model: object, payloads: list) -> np.ndarray:
-        calls.append([len(p) for p in payloads])
-        if len(calls) == 1:  # hold the first call while the others queue behind it
-            running.set()
-            release.wait(WAIT_S)
-        return np.concatenate(payloads).astype(np.float32)
-
-    batcher = Batcher(run, max_rows=1024, max_wait_s=0.0)
-    sizes = [300, 5, 5, 300, 5]
-
-    async def main() -> list[np.ndarray]:
-        first = asyncio.create_task(batcher.arrival().predict(None, np.zeros(1), 1))
-        assert await asyncio.to_thread(running.wait, WAIT_S)
-        queued = [
-            asyncio.create_task(batcher.arrival().predict(None, np.full(n, float(n)), n))
-            for n in sizes
-        ]
-        for _ in range(100):  # each task queues at its first step
-            if batcher.stats().queued == len(sizes):
-                break
-            await asyncio.sleep(0)
-        assert batcher.stats().queued == len(sizes)
-        release.set()
-        await first
-        return list(await asyncio.gather(*queued))
-
-    try:
-        answers = asyncio.run(main())
-    finally:
-        release.set()
-        batcher.close()
-    assert calls == [[1], [300], [5, 5], [300], [5]]
-    for n, got in zip(sizes, answers, strict=True):
-        np.testing.assert_array_equal(got, np.full(n, float(n)))
