@@ -145,6 +145,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if not os.environ.get(ZYGOTE_DIR):
         _zygote_folder = tempfile.mkdtemp(prefix="sparseps-zygotes-")  # mode 700
         os.environ[ZYGOTE_DIR] = _zygote_folder
+    # An xdist worker shares the cores with the other one and with the jobs its tests
+    # launch: torch's default (a thread per core) had two threads spin-wait on each other
+    # (the learnable-limit training of tests/test_bench_quality.py: 207 s against 21 s with
+    # one thread at load 11). The launched jobs' processes set their own.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
