@@ -50,7 +50,7 @@ HEAVY_FILES: dict[str, int] = {
     "launch/test_launch_server_exit.py": 26,
     "launch/test_ray_backend.py": 175,
     "launch/test_ray_heter.py": 133,
-    "metrics/test_metrics_distributed.py": 156,
+    "metrics/test_metrics_distributed.py": 122,
     "metrics/test_metrics_fleet.py": 94,
     "observe/test_hang_diagnosis.py": 71,
     "observe/test_job_observability.py": 90,

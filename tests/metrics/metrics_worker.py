@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -88,3 +89,8 @@ def main(rank: int, world: int, port: int, out: str) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    # the results are written and closed: skip the interpreter's teardown (torch's modules
+    # and the gloo group, seconds of CPU on a loaded 2-core box while the test waits)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
