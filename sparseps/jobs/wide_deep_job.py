@@ -8,7 +8,6 @@ evaluate global metrics on the test files, and worker 0 writes a JSON result.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import sys
@@ -322,9 +321,4 @@ def _table_rows(stats: dict, tables) -> dict:
 
 
 if __name__ == "__main__":
-    code = main()
-    # the process exits next: its objects (torch's modules, the job's state) go to the
-    # permanent generation, so the interpreter's last collections do not walk them (as
-    # sparseps/online/job.py: the launcher, and the demo, wait for every process to exit)
-    gc.freeze()
-    sys.exit(code)
+    sys.exit(main())

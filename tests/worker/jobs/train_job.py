@@ -5,7 +5,6 @@ Trains WideDeep (tiny MLP) for --passes passes over the train files in --mode, t
 """
 
 import argparse
-import gc
 import json
 import sys
 
@@ -45,7 +44,6 @@ if sps.is_server():
     # (its import was ~3 s of CPU per server on 2 cores). Building the model before this
     # check is covered by straggler_job.py and examples/wide_deep/train.py.
     sps.run_server()
-    gc.freeze()  # as at the end below
     sys.exit(0)
 
 import torch  # noqa: E402
@@ -222,7 +220,3 @@ if sps.worker_index() == 0:
         json.dump(summary, f)
 trainer.stop()
 sps.stop()
-# the process exits next: its objects (torch's modules, the job's state) go to the
-# permanent generation, so the interpreter's last collections do not walk them (~1 s of
-# CPU per worker, paid while the launcher waits for it to exit)
-gc.freeze()
