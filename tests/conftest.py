@@ -29,7 +29,7 @@ HEAVY_FILES: dict[str, int] = {
     "checkpoint/test_esmm_inference.py": 18,
     "checkpoint/test_load_restores.py": 4,
     "checkpoint/test_model_input.py": 50,
-    "checkpoint/test_model_files.py": 129,
+    "checkpoint/test_model_files.py": 156,
     "checkpoint/test_resume_equals_fresh_load.py": 105,
     "checkpoint/test_trainer_model_files.py": 260,
     "data/test_data_paddle_port.py": 93,
