@@ -18,6 +18,7 @@ __all__ = [
     "JOB",
     "STALL_BOUND_S",
     "assert_same_training",
+    "first_divergence",
     "scale",
     "stall_while_scaled",
     "step_times",
@@ -112,6 +113,32 @@ def assert_same_training(want: Path, got: Path) -> None:
     """The job that wrote ``got`` (its OUT folder) saved what the one that wrote ``want``
     did, bit for bit: every row of every saved table (embedding, optimizer state,
     counters; pending admission counters too) and every dense parameter."""
+    try:
+        _assert_same_saves(want, got)
+    except AssertionError as exc:  # when the jobs' training first differed, for the report
+        raise AssertionError(f"{exc}\n{first_divergence(want, got)}") from None
+
+
+def first_divergence(want: Path, got: Path) -> str:
+    """The first step (per worker) whose predictions differ between the two jobs, and
+    when it ran in the job that wrote ``got`` (from its OUT/steps.R.json)."""
+    lines = []
+    for path in sorted(want.glob("steps.*.json")):
+        a = json.loads(path.read_text())
+        b = json.loads((got / path.name).read_text())
+        sums_a, sums_b = a.get("prediction_sums", []), b.get("prediction_sums", [])
+        differ = [i for i, (x, y) in enumerate(zip(sums_a, sums_b, strict=False)) if x != y]
+        if not differ:
+            lines.append(f"{path.name}: every step's predictions equal ({len(sums_b)} steps)")
+            continue
+        i = differ[0]
+        times = b["times"]
+        lines.append(f"{path.name}: predictions first differ at step {i} of {len(sums_b)} "
+                     f"(wall time {times[i]:.3f}, steps from {times[0]:.3f} to {times[-1]:.3f})")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _assert_same_saves(want: Path, got: Path) -> None:
     want_rows, got_rows = tables(want / "ckpt"), tables(got / "ckpt")
     assert sorted(got_rows) == sorted(want_rows) and want_rows["deep_emb.shard"]["key"].size > 0
     for kind in want_rows:

@@ -55,8 +55,13 @@ def main() -> int:
     times: list[float] = []
     gate = {"step": args.steps - 5, "waited_s": 0.0}
 
+    # each step's predictions, summed: the first step where a scaled job's differ from the
+    # unscaled one's is where its state first differed (the tests name it on a mismatch)
+    sums: list[float] = []
+
     def on_batch(step, stats) -> None:  # noqa: ARG001 - the callback's signature
         times.append(time.time())
+        sums.append(float(np.asarray(step.predictions, np.float64).sum()))
         if rank == 0 and len(times) == 10:
             (out / "progress").write_text("10")  # the test scales from here on
         if rank == 0 and args.step_sleep and not (args.gate and Path(args.gate).exists()):
@@ -70,7 +75,9 @@ def main() -> int:
             gate["waited_s"] = time.time() - start
 
     trainer.train_from_dataset(batches(rank, args.steps), print_period=0, on_batch=on_batch)
-    (out / f"steps.{rank}.json").write_text(json.dumps({"times": times, "gate": gate}))
+    (out / f"steps.{rank}.json").write_text(
+        json.dumps({"times": times, "gate": gate, "prediction_sums": sums})
+    )
     trainer.save_checkpoint(out / "ckpt")
     if rank == 0:
         np.savez(
