@@ -14,7 +14,6 @@ launched with :func:`sparseps.online.online_cli.launch_argv` ``(..., script=that
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 
@@ -194,9 +193,6 @@ def main(argv: list[str] | None = None, *, on_phase=None, save_hooks=None) -> in
 
 
 if __name__ == "__main__":
-    code = main()
-    # the process exits next: its objects (torch's modules, the job's state) go to the
-    # permanent generation, so the interpreter's last collections do not walk them (a
-    # worker spent 1-2 s of CPU there while the launcher waited for it to exit)
-    gc.freeze()
-    sys.exit(code)
+    # launched, so sparseps.observe.child freezes the heap once this exits (the
+    # interpreter's last collections then skip torch's modules)
+    sys.exit(main())
