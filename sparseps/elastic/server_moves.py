@@ -20,14 +20,18 @@ The ops, in the order the migration driver (:mod:`sparseps.elastic.migrate`) sen
   the dirty ones; the dirty keys of these shards restart from the export's snapshot (the
   driver repeats dirty exports until few keys are dirty, then freezes).
 - ``move_freeze(vshards)``: refuse requests for these shards from now on; answers once
-  every push that was already past its check has been applied.
+  every push and pull that was already past its check is done.
 - ``move_import(table, columns)``: upsert exported rows (no routing check: the shards are
   not this server's until the placement that gives them to it is installed).
 - ``move_drop(table, vshards)``: delete the rows of shards this server no longer owns.
 
-Pushes check their keys *inside* the table's write lock, so a freeze orders them: each
-push is either applied before the final (dirty) export or refused and resent to the new
-owner. Never both, never neither.
+Every keyed op checks its keys *inside* the table's lock (pushes and writes the write
+lock, pulls the read lock), so a freeze orders them: each push is either applied before
+the final (dirty) export or refused and resent to the new owner, never both, never
+neither; and no pull that passed its check reads a row after the source dropped it (it
+would read a fresh row's value). The check reads the move's state as one snapshot
+(:class:`MoveState`, replaced whole): a bump that lands mid-check cannot pair the old
+placement with the new state's "nothing frozen".
 
 A server in a move (a source from ``move_begin``, a destination from ``move_begin(...,
 receive=1)``, until ``set_placement`` installs a newer version) refuses the table-wide
@@ -45,6 +49,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -86,7 +91,7 @@ class _Tables(Protocol):
     def entry(self, request: Request) -> _Entry: ...
 
 
-__all__ = ["ROW_BUFS", "PENDING_BUFS", "ElasticMoves", "MoveInProgressError"]
+__all__ = ["ROW_BUFS", "PENDING_BUFS", "ElasticMoves", "MoveInProgressError", "MoveState"]
 
 # move_export's reply buffers and move_import's request buffers (r_/p_ prefixed), in order:
 # the table's export columns (their dtypes are listed in rpc/ops.py)
@@ -97,6 +102,33 @@ PENDING_BUFS = (*PENDING_COLUMNS, *OPTIONAL_PENDING_COLUMNS)
 class MoveInProgressError(InputError):
     """A table-wide op reached a server while it hands over or receives virtual shards:
     nothing was applied; send it again once the move ended (PSClient does)."""
+
+
+@dataclass(frozen=True)
+class MoveState:
+    """A server's placement and the move it is in, read and replaced as one value.
+
+    Attributes:
+        placement: the installed placement (None: not an elastic job).
+        frozen: bool ``[V]``, shards refused while handed over (None: none).
+        moving: bool ``[V]``, shards whose pushed keys are remembered (None: none).
+        receiving: bool ``[V]``, shards whose rows arrive here (None: none).
+    """
+
+    placement: Placement | None = None
+    frozen: np.ndarray | None = None
+    moving: np.ndarray | None = None
+    receiving: np.ndarray | None = None
+
+    @property
+    def in_move(self) -> bool:
+        return self.placement is not None and (
+            self.moving is not None or self.receiving is not None or self.frozen is not None
+        )
+
+
+def _union(mask: np.ndarray | None, more: np.ndarray) -> np.ndarray:
+    return more if mask is None else (mask | more)
 
 
 class ElasticMoves:
@@ -113,17 +145,19 @@ class ElasticMoves:
         self.rank = rank
         self.replicas = replicas
         self.tables = tables
-        self._placement: Placement | None = None
-        self._lock = threading.Lock()
-        self._frozen: np.ndarray | None = None  # bool [V]: refused while handed over
-        self._moving: np.ndarray | None = None  # bool [V]: dirty keys are remembered
-        self._receiving: np.ndarray | None = None  # bool [V]: rows arrive (destination)
+        self._lock = threading.Lock()  # held to replace the state and for the dirty keys
+        self._state = MoveState()
         self._dirty: dict[str, list[np.ndarray]] = {}
 
     @property
     def placement(self) -> Placement | None:
         """The installed placement; None: not an elastic job (keys route by formula)."""
-        return self._placement
+        return self._state.placement
+
+    @property
+    def state(self) -> MoveState:
+        """The placement and the move, as one snapshot."""
+        return self._state
 
     def install(self, new: Placement) -> tuple[int, bool]:
         """Install ``new`` unless this server holds a newer (or the same) version; ends any
@@ -133,7 +167,7 @@ class ElasticMoves:
             InputError: ``new`` has another number of virtual shards than the job's.
         """
         with self._lock:
-            current = self._placement
+            current = self._state.placement
             if current is not None:
                 if new.vshards != current.vshards:
                     raise InputError(
@@ -142,8 +176,7 @@ class ElasticMoves:
                     )
                 if new.version <= current.version:
                     return current.version, False
-            self._placement = new
-            self._frozen = self._moving = self._receiving = None
+            self._state = MoveState(new)
             self._dirty = {}
         return new.version, True
 
@@ -152,13 +185,13 @@ class ElasticMoves:
         """Refuse keys of shards this server does not own or hands over
         (:class:`PlacementError`: the client refreshes and resends); remember the updated
         keys of moving shards (the dirty keys)."""
-        placement = self._placement
+        state = self._state  # one snapshot: a bump may land meanwhile
+        placement, frozen, moving = state.placement, state.frozen, state.moving
         assert placement is not None  # called only with one installed
         if not len(keys):
             return
         vs = vshards_of(keys, placement.vshards)
         refused = placement.owners[vs] != self.rank
-        frozen = self._frozen
         if frozen is not None:
             refused |= frozen[vs]
         if refused.any():
@@ -170,7 +203,6 @@ class ElasticMoves:
                 f"{', being handed over' if frozen is not None and frozen[vs[first]] else ''}); "
                 "refresh the placement and resend"
             )
-        moving = self._moving
         if moving is not None and request.op in UPDATE_OPS:
             mask = moving[vs]
             if mask.any():
@@ -180,7 +212,7 @@ class ElasticMoves:
     # -- placement --------------------------------------------------------------------
     def get_placement(self, request: Request) -> Answer:
         tables = {name: entry.table.config.to_dict() for name, entry in self.tables.items()}
-        placement = self._placement
+        placement = self._state.placement
         if placement is None:
             return {"version": 0, "tables": tables}, []
         args, owners = placement.to_wire()
@@ -195,7 +227,7 @@ class ElasticMoves:
         return {"version": version, "installed": installed}, []
 
     def _vshard_mask(self, request: Request) -> np.ndarray:
-        placement = self._placement
+        placement = self._state.placement
         if placement is None:
             raise InputError(
                 f"server {self.rank}: {request.op} needs a placement (set_placement first)"
@@ -213,11 +245,11 @@ class ElasticMoves:
         mask = self._vshard_mask(request)
         if not request.args.get("receive"):
             with self._lock:
-                self._moving = mask if self._moving is None else (self._moving | mask)
+                self._state = replace(self._state, moving=_union(self._state.moving, mask))
             return None, []
         self._refuse_owned(request, mask)
         with self._lock:
-            self._receiving = mask if self._receiving is None else (self._receiving | mask)
+            self._state = replace(self._state, receiving=_union(self._state.receiving, mask))
         dropped = 0  # rows an interrupted move left here: the copy starts from nothing
         for _, entry in self.tables.items():
             with entry.lock.write():
@@ -225,35 +257,32 @@ class ElasticMoves:
         return {"rows": dropped}, []
 
     # -- table-wide ops during a move --------------------------------------------------
-    def _in_move(self) -> bool:
-        return self._placement is not None and (
-            self._moving is not None or self._receiving is not None or self._frozen is not None
-        )
-
     def refuse_during_move(self, request: Request) -> None:
         """Raise :class:`MoveInProgressError` while this server is in a move (the caller
         holds the table's lock: a copy then sees the op's effect, or the op waits)."""
-        if self._in_move():
-            role = "receives" if self._receiving is not None else "hands over"
+        state = self._state
+        placement = state.placement
+        if state.in_move:
+            role = "receives" if state.receiving is not None else "hands over"
             raise MoveInProgressError(
                 f"server {self.rank}: {request.op} {request.table!r} refused: this server "
                 f"{role} virtual shards (a migration to placement version "
-                f"{self._placement.version + 1 if self._placement else '?'} runs); "
+                f"{placement.version + 1 if placement else '?'} runs); "
                 "send it again once the migration ended"
             )
         sent = request.args.get("placement_version")
-        if sent is not None and self._placement is not None and sent != self._placement.version:
+        if sent is not None and placement is not None and sent != placement.version:
             # the sender's placement is not this server's (a bump just landed here or is
             # about to): applied now, the client could not tell which shards it reached
             raise MoveInProgressError(
                 f"server {self.rank}: {request.op} {request.table!r} refused: sent for "
-                f"placement version {sent}, this server has version {self._placement.version}; "
+                f"placement version {sent}, this server has version {placement.version}; "
                 "send it again with the newest placement"
             )
 
     def owned_mask(self, keys: np.ndarray) -> np.ndarray | None:
         """Which of ``keys`` this server owns under its placement (None: no placement)."""
-        placement = self._placement
+        placement = self._state.placement
         if placement is None:
             return None
         return placement.owner_of(keys) == self.rank if len(keys) else np.zeros(0, bool)
@@ -261,8 +290,8 @@ class ElasticMoves:
     def move_freeze(self, request: Request) -> Answer:
         mask = self._vshard_mask(request)
         with self._lock:
-            self._frozen = mask if self._frozen is None else (self._frozen | mask)
-        for _, entry in self.tables.items():  # wait out pushes already past the check
+            self._state = replace(self._state, frozen=_union(self._state.frozen, mask))
+        for _, entry in self.tables.items():  # wait out pushes and pulls past the check
             with entry.lock.write():
                 pass
         return None, []
@@ -318,7 +347,7 @@ class ElasticMoves:
         return {"rows": dropped}, []
 
     def _refuse_owned(self, request: Request, mask: np.ndarray) -> None:
-        placement = self._placement
+        placement = self._state.placement
         assert placement is not None  # _vshard_mask checked it
         owned = mask & (placement.owners == self.rank)
         if owned.any():

@@ -41,9 +41,9 @@ class WholeRows:
     def pull_full(self, request: Request) -> Answer:
         entry = self.tables.entry(request)
         keys = request.bufs["keys"]
-        self.ownership.check_routed(request, keys)
         check_reply_size(self.rank, request, len(keys), entry.table.full_width, "keys")
-        with entry.lock.read():
+        with entry.lock.read():  # checked inside, as pull
+            self.ownership.check_routed(request, keys)
             rows = entry.table.pull_full(keys)
         return None, [rows]
 
@@ -51,8 +51,8 @@ class WholeRows:
         """Per key ``[is a row (1/0), pending show, pending click]`` (GPUPS admission)."""
         entry = self.tables.entry(request)
         keys = request.bufs["keys"]
-        self.ownership.check_routed(request, keys)
-        with entry.lock.read():
+        with entry.lock.read():  # checked inside, as pull
+            self.ownership.check_routed(request, keys)
             counts = entry.table.pull_counts(keys)
         return None, [counts]
 

@@ -108,14 +108,14 @@ class SparseOps:
     def pull(self, request: Request) -> Answer:
         entry = self.tables.entry(request)
         keys = request.bufs["keys"]
-        self.ownership.check_routed(request, keys)
         # a table with accessor.cvm pulls each key's show and click before its embedding
         width = entry.table.config.pull_dim
         check_reply_size(self.rank, request, len(keys), width, "keys")
         # a same-host client's slot: the rows are gathered straight into its memory
         slot = cast("ServerSlot | None", request.reply_to)
         out = None if slot is None else slot.array((len(keys), width), np.float32)
-        with entry.lock.read():
+        with entry.lock.read():  # checked inside: a migration's drop cannot come between
+            self.ownership.check_routed(request, keys)
             rows = entry.table.pull(keys, out=out)
         return None, [rows]
 
