@@ -308,9 +308,10 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
 ):
     # A Ray job (2 servers, workers on node_b, sync mode) is grown to 3 servers and back
     # to 2 through `sparseps scale` while it trains; the same job under the local
-    # launcher, never scaled, runs beside it: every saved row and dense parameter equal.
+    # launcher, never scaled, runs to its end before the scales: every saved row and
+    # dense parameter equal.
     start = time.time()
-    gate = tmp_path / "go"
+    gate, hold = tmp_path / "go", tmp_path / "hold"
     job = [str(scaled_jobs.JOB), "--steps", "160", "--step-sleep", "0.08", "--gate", str(gate)]
     for name in ("ray", "plain"):
         (tmp_path / name).mkdir()
@@ -319,16 +320,15 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
         scaled = subprocess.Popen(
             _ray_launch(ray_cluster, log, "--server-num", "2", "--worker-num", "2",
                         "--server-resources", ANYWHERE, "--worker-resources", ON_B,
-                        "--no-metrics", job[0], str(out), *job[1:]),
+                        "--no-metrics", job[0], str(out), *job[1:], "--hold", str(hold)),
             cwd=tmp_path, env=_env(ray_cluster), stdout=console, stderr=subprocess.STDOUT,
         )  # fmt: skip
     plain = None
     try:
-        wait_until(lambda: (out / "progress").exists() or scaled.poll() is not None, 90,
-                 "the Ray job to train")  # fmt: skip
-        assert scaled.poll() is None, read_text(tmp_path / "ray" / "launch.out")[-3000:]
-        # the reference starts now (it shares the two cores with the Ray job's start
-        # otherwise); no gate or step sleep: they change the timing, not what is trained
+        # the reference runs while the Ray job starts, and ends before the scales: a job
+        # starting beside the scales (five processes importing torch) held the scaled
+        # job's steps up for seconds on CI's two cores. No gate, hold or step sleep:
+        # they change the timing, not what is trained
         with open(tmp_path / "plain" / "launch.out", "wb") as console:
             plain = subprocess.Popen(
                 launch_argv("--server-num", "2", "--worker-num", "2", "--no-metrics",
@@ -336,6 +336,11 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
                             str(tmp_path / "plain" / "out"), "--steps", job[2]),
                 cwd=tmp_path, env=clean_env(), stdout=console, stderr=subprocess.STDOUT,
             )  # fmt: skip
+        assert plain.wait(120) == 0, read_text(tmp_path / "plain" / "launch.out")[-3000:]
+        wait_until(lambda: (out / "progress").exists() or scaled.poll() is not None, 90,
+                 "the Ray job to train")  # fmt: skip
+        assert scaled.poll() is None, read_text(tmp_path / "ray" / "launch.out")[-3000:]
+        hold.write_text("go")  # worker 0 waited at step 10: the job trains on from here
         t0 = time.time()
         grown = scaled_jobs.scale(log, "--servers", "3", capsys=capsys)
         t_mid = time.time()
@@ -345,10 +350,10 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
         wait_until(lambda: len(_actor_pids()) == 4, 20, "the retired server's actor to end")
         gate.write_text("go")
         assert scaled.wait(90) == 0, read_text(tmp_path / "ray" / "launch.out")[-3000:]
-        assert plain.wait(90) == 0, read_text(tmp_path / "plain" / "launch.out")[-3000:]
         t_done = time.time()
     finally:
         gate.write_text("go")
+        hold.write_text("go")
         for proc in (scaled, plain):
             if proc is not None and proc.poll() is None:
                 proc.kill()
@@ -376,7 +381,7 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
     except AssertionError as exc:  # what the launcher and the workers logged meanwhile
         logs = "\n".join(f"--- {name}\n{read_text(log / name)[-1500:]}"
                          for name in ("launcher.log", "worker.0.log", "worker.1.log"))  # fmt: skip
-        raise AssertionError(f"{exc}\n{logs}") from None
+        raise AssertionError(f"{exc}\ngrow {grown}\nshrink {shrunk}\n{logs}") from None
     print(f"longest step gap while scaled {stall * 1000:.0f} ms")
     assert stall < scaled_jobs.STALL_BOUND_S
     try:

@@ -1,12 +1,14 @@
 """A small sync-mode training job for tests/elastic/test_scale_launched.py (run it with
 ``sparseps launch``): wide&deep on planted data, per-step timestamps, a checkpoint.
 
-Usage: train_job.py OUT [--steps N] [--gate FILE] [--step-sleep S]. Each worker trains
-``--steps`` batches of its own planted data (one pass) and records the wall time of every
-step in ``OUT/steps.R.json``. Worker 0 sleeps ``--step-sleep`` after each step while the
-gate FILE does not exist, and waits at step ``steps - 5`` until it does (the test opens
-the gate once it has scaled the job, so the scales happen mid-training; the wait is
-recorded and left out of the stall). Neither changes what is trained. Worker 0 saves a
+Usage: train_job.py OUT [--steps N] [--gate FILE] [--step-sleep S] [--hold FILE]. Each
+worker trains ``--steps`` batches of its own planted data (one pass) and records the wall
+time of every step in ``OUT/steps.R.json``. Worker 0 sleeps ``--step-sleep`` after each
+step while the gate FILE does not exist, and waits at step ``steps - 5`` until it does
+(the test opens the gate once it has scaled the job, so the scales happen mid-training;
+the wait is recorded and left out of the stall). With ``--hold``, worker 0 also waits at
+step 10 (after writing ``OUT/progress``) until the hold FILE exists: the test lets the job
+go on once nothing else runs beside it. None of them changes what is trained. Worker 0 saves a
 checkpoint to ``OUT/ckpt`` and every dense parameter to ``OUT/dense.npz``.
 """
 
@@ -41,6 +43,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--gate", default="")
     parser.add_argument("--step-sleep", type=float, default=0.0, help="worker 0, per step")
+    parser.add_argument("--hold", default="", help="worker 0 waits at step 10 for this file")
     args = parser.parse_args()
     sps.init()
     if sps.is_server():
@@ -55,6 +58,11 @@ def main() -> int:
     times: list[float] = []
     gate = {"step": args.steps - 5, "waited_s": 0.0}
 
+    def wait_for(path: str) -> None:
+        deadline = time.monotonic() + 120
+        while not Path(path).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     # each step's predictions, summed: the first step where a scaled job's differ from the
     # unscaled one's is where its state first differed (the tests name it on a mismatch)
     sums: list[float] = []
@@ -64,14 +72,14 @@ def main() -> int:
         sums.append(float(np.asarray(step.predictions, np.float64).sum()))
         if rank == 0 and len(times) == 10:
             (out / "progress").write_text("10")  # the test scales from here on
+            if args.hold:
+                wait_for(args.hold)
         if rank == 0 and args.step_sleep and not (args.gate and Path(args.gate).exists()):
             time.sleep(args.step_sleep)  # a longer pass until the gate opens (sync: both wait)
         if rank == 0 and args.gate and len(times) == gate["step"]:
             start = time.time()
             (out / "at_gate").write_text(str(start))
-            deadline = time.monotonic() + 120
-            while not Path(args.gate).exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_for(args.gate)
             gate["waited_s"] = time.time() - start
 
     trainer.train_from_dataset(batches(rank, args.steps), print_period=0, on_batch=on_batch)
