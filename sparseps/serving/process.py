@@ -6,7 +6,8 @@
 It starts ``python -m sparseps.cli serve DIR --port 0 --ready-file F``, waits (bounded)
 for the ready file, and on exit stops the child by its pid (SIGTERM, then SIGKILL after
 ``stop_timeout``). The child's output goes to ``log_path`` (default: a file next to the
-ready file), named in every error.
+ready file), named in every error. Closing removes the working folder it made (the ready
+file and a default log; :meth:`ServeProcess.log` still returns that log's text).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,6 +66,7 @@ class ServeProcess:
         data_limit_bytes: int | None = None,
     ) -> None:
         self._work = Path(tempfile.mkdtemp(prefix="sparseps-serve-"))
+        self._closed_log: str | None = None  # a default log's text, once its folder is gone
         self.ready_file = self._work / "ready.json"
         self.log_path = Path(log_path) if log_path else self._work / "serve.log"
         self.stop_timeout = stop_timeout
@@ -107,6 +110,8 @@ class ServeProcess:
         )
 
     def log(self) -> str:
+        if self._closed_log is not None:
+            return self._closed_log
         return self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
 
     def close(self) -> int | None:
@@ -118,6 +123,10 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(self.stop_timeout)
+        if self._work.exists():  # the child is gone: nothing writes here any more
+            if self.log_path.parent == self._work:
+                self._closed_log = self.log()
+            shutil.rmtree(self._work, ignore_errors=True)
         return self.process.returncode
 
     def __enter__(self) -> ServeProcess:

@@ -105,6 +105,9 @@ def test_service_restarts_on_the_previous_verified_chain(corrupt_base, chain, da
             rtol=0,
             atol=1e-7,
         )
+    # closed: its working folder (ready file, default log) is gone, its log still readable
+    assert not service.ready_file.parent.exists()
+    assert "base-00014" in service.log()
 
 
 def test_the_skipped_base_is_not_read_again_until_it_is_rewritten(corrupt_base, chain):
