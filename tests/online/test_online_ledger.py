@@ -2,9 +2,13 @@
 anything, with one ``sparseps online: error:`` line naming the file, the line and what is
 wrong with it, and ``status.json`` says ``failed`` with that error, never an earlier run's.
 
-Every kind of damage is a real ``sparseps online`` run on a model directory whose ledger
-holds two good pass records and one damaged line (about a second each: the command reads
-the ledger under the folder's lock before it launches anything). A job that fails inside
+Every kind of damage is a ``sparseps online`` run on a model directory whose ledger holds
+two good pass records and one damaged line: the command's entry point
+(``sparseps.cli.main``), called in this process for most kinds (the command reads the
+ledger under the folder's lock before it launches anything, so a process of its own would
+only add its interpreter's start: about 0.7 s of CPU a kind, most of this module's time),
+and in a process of its own for one damaged and the unreadable ledger (the exit code and
+stderr as a shell sees them). A job that fails inside
 worker 0 for a reason of its own (a broken model builder, launched for real) replaces an
 earlier run's error in ``status.json`` too; a damaged ledger seen by worker 0 itself (a
 job started without the command) stops its driver before it trains.
@@ -12,6 +16,8 @@ job started without the command) stops its driver before it trains.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -21,6 +27,7 @@ import pytest
 from _fakes import FakeDriver, FakeTrainer, fake_config
 from _onlinetools import clean_env, online_argv, run_online, write_config
 
+from sparseps import cli
 from sparseps.online import Ledger, LedgerError
 
 pytestmark = pytest.mark.timeout(300)
@@ -112,9 +119,31 @@ def _model_dir(job: Path) -> Path:
     return job.parent / "model"
 
 
-def _run_damaged(job: Path, content: bytes | None) -> tuple[subprocess.CompletedProcess, bytes]:
+# the kind whose command runs in a process of its own (the others call its entry point)
+IN_A_PROCESS = "issue_52_pass_without_fields"
+assert IN_A_PROCESS in CASES
+
+
+def _run_in_this_process(job: Path) -> subprocess.CompletedProcess:
+    """``sparseps.cli.main(["online", job])`` here, in the environment ``run_online`` gives
+    its process (no SPARSEPS_* variable of this one): its exit code and what it printed."""
+    argv = online_argv(job)[3:]  # [python, -m, sparseps.cli, online, CONFIG]
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [k for k in os.environ if k not in clean_env()]:
+            patch.delenv(name)
+        patch.chdir(job.parent)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(argv)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def _run_damaged(
+    job: Path, content: bytes | None, *, in_a_process: bool
+) -> tuple[subprocess.CompletedProcess, bytes]:
     """``sparseps online`` on a model directory that failed before (its status.json holds
-    that run's error) and whose ledger is ``content`` (None: a folder in its place)."""
+    that run's error) and whose ledger is ``content`` (None: a folder in its place); in a
+    process of its own or through its entry point in this one."""
     model = _model_dir(job)
     if model.exists():
         subprocess.run(["rm", "-rf", str(model)], check=True)
@@ -125,7 +154,8 @@ def _run_damaged(job: Path, content: bytes | None) -> tuple[subprocess.Completed
         ledger.mkdir()
     else:
         ledger.write_bytes(content)
-    return run_online(job, timeout=120), content or b""
+    result = run_online(job, timeout=120) if in_a_process else _run_in_this_process(job)
+    return result, content or b""
 
 
 def _the_error(result: subprocess.CompletedProcess) -> str:
@@ -144,7 +174,9 @@ def _status(job: Path) -> dict:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_damaged_ledger_stops_the_job_with_one_line_naming_file_and_line(job, case):
     lines, number, what = CASES[case]
-    result, content = _run_damaged(job, b"\n".join(lines) + b"\n")
+    result, content = _run_damaged(
+        job, b"\n".join(lines) + b"\n", in_a_process=case == IN_A_PROCESS
+    )
     error = _the_error(result)
     print(f"\n{case}: {error}")
     ledger = _model_dir(job) / "ledger.jsonl"
@@ -157,7 +189,7 @@ def test_a_damaged_ledger_stops_the_job_with_one_line_naming_file_and_line(job, 
 
 
 def test_a_ledger_that_cannot_be_read_names_the_file(job):
-    result, _ = _run_damaged(job, None)
+    result, _ = _run_damaged(job, None, in_a_process=True)
     error = _the_error(result)
     ledger = _model_dir(job) / "ledger.jsonl"
     assert error.startswith(f"{ledger}: cannot read the ledger"), error
