@@ -19,6 +19,7 @@ folder.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "sparseps"
@@ -41,12 +42,29 @@ def _is_bool(param: ast.arg, default: ast.expr | None) -> bool:
     return isinstance(param.annotation, ast.Name) and param.annotation.id == "bool"
 
 
+# Parsing the package's ~340 modules is most of what these checks cost (1.5 s a pass on
+# a quiet box, several under load), and every check used to parse it again: the trees
+# and their nodes are read once per process and shared. Nothing mutates them, and the
+# source does not change during a run (the temp-folder tests each have their own root).
+@functools.cache
+def _parsed(root: Path) -> tuple[tuple[str, ast.Module, tuple[ast.AST, ...]], ...]:
+    """``(path relative to root, syntax tree, every node of it)`` of every module under
+    ``root``, in path order."""
+    parsed = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        parsed.append((str(path.relative_to(root)), tree, tuple(ast.walk(tree))))
+    return tuple(parsed)
+
+
 def _trees(root: Path) -> list[tuple[str, ast.Module]]:
     """``(path relative to root, syntax tree)`` of every module under ``root``."""
-    return [
-        (str(path.relative_to(root)), ast.parse(path.read_text(encoding="utf-8"), str(path)))
-        for path in sorted(root.rglob("*.py"))
-    ]
+    return [(path, tree) for path, tree, _ in _parsed(root)]
+
+
+def _nodes(root: Path) -> list[tuple[str, tuple[ast.AST, ...]]]:
+    """``(path relative to root, every node of its tree)``: ``ast.walk`` done once."""
+    return [(path, nodes) for path, _, nodes in _parsed(root)]
 
 
 def violations(root: Path) -> list[str]:
@@ -82,8 +100,8 @@ def _classes(root: Path) -> dict[str, tuple[str, ast.ClassDef]]:
     """Every class of the package by name: ``{name: (path, node)}`` (names are unique
     enough for the check; a clash keeps the first)."""
     found: dict[str, tuple[str, ast.ClassDef]] = {}
-    for path, tree in _trees(root):
-        for node in ast.walk(tree):
+    for path, nodes in _nodes(root):
+        for node in nodes:
             if isinstance(node, ast.ClassDef):
                 found.setdefault(node.name, (path, node))
     return found
@@ -202,12 +220,13 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _own_names(tree: ast.Module, root: Path) -> set[str]:
-    """Names a module binds to something of the package at ``root``: classes it defines
-    and names it imports relatively, or absolutely from the package or a module of it."""
+def _own_names(nodes: tuple[ast.AST, ...], root: Path) -> set[str]:
+    """Names a module (given by every node of its tree) binds to something of the package
+    at ``root``: classes it defines and names it imports relatively, or absolutely from
+    the package or a module of it."""
     own_modules = {root.name, *(path.stem for path in root.iterdir())}
-    names = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
-    for node in ast.walk(tree):
+    names = {n.name for n in nodes if isinstance(n, ast.ClassDef)}
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and (
             node.level or (node.module or "").split(".")[0] in own_modules
         ):
@@ -220,11 +239,11 @@ def mixed_classes(root: Path, packages: tuple[str, ...] = COMPOSED_PACKAGES) -> 
     class of the package itself, protocols and :data:`ALLOWED_MIXINS` aside."""
     classes = _classes(root)
     found = []
-    for path, tree in _trees(root):
+    for path, nodes in _nodes(root):
         if path.split("/")[0] not in packages:
             continue
-        own = _own_names(tree, root)
-        for node in ast.walk(tree):
+        own = _own_names(nodes, root)
+        for node in nodes:
             if not isinstance(node, ast.ClassDef):
                 continue
             bases = [
@@ -244,10 +263,10 @@ def type_checking_declarations(
     attributes or methods: inside a class (what the class it is mixed into provides), or
     at module level anything but imports."""
     found = []
-    for path, tree in _trees(root):
+    for path, nodes in _nodes(root):
         if path.split("/")[0] not in packages:
             continue
-        for node in ast.walk(tree):
+        for node in nodes:
             if not isinstance(node, ast.Module | ast.ClassDef):
                 continue  # a block inside a function declares nothing of a class
             for child in node.body:
