@@ -16,6 +16,7 @@ Both are shown failing: on synthetic graphs and on a package written to a temp f
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -34,7 +35,16 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
-    """``{module: {imported module, ...}}`` for every module of the package at ``root``."""
+    """``{module: {imported module, ...}}`` for every module of the package at ``root``
+    (a fresh copy: callers may change it)."""
+    return {module: set(targets) for module, targets in _import_graph(root).items()}
+
+
+# Parsing the ~340 modules is what the checks cost (1.5 s on a quiet box, several under
+# load): the graph is read once per process (the source does not change during a run;
+# each temp-folder test has its own root).
+@functools.cache
+def _import_graph(root: Path) -> dict[str, frozenset[str]]:
     package = root.name
     files = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
@@ -57,7 +67,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                     sub = f"{module}.{alias.name}"
                     targets.add(sub if sub in files else module)
         targets.discard(name)
-    return graph
+    return {module: frozenset(targets) for module, targets in graph.items()}
 
 
 def unit_of(module: str) -> str:
