@@ -17,13 +17,8 @@ from pathlib import Path
 import numpy as np
 
 import sparseps as sps
-from sparseps.core import collectives
 from sparseps.data import CRITEO, InMemoryDataset, QueueDataset
 from sparseps.jobs.rule_spec import parse_rule
-from sparseps.models import WideDeep
-from sparseps.models._blocks import set_output_bias
-from sparseps.models.calibration import ProgressiveCalibrator
-from sparseps.worker.gpups import resolve_device
 
 
 def _mode(args: argparse.Namespace):
@@ -158,7 +153,16 @@ def main(argv=None) -> int:
     if sps.is_server():
         sps.run_server()
         return 0
+    # the worker's modules, torch among them, only here: a server is forked from a
+    # launcher's fork server that holds none of them, and importing them cost each
+    # server ~1.4 CPU-s and delayed its start (so every worker's) by seconds under load
     import torch
+
+    from sparseps.core import collectives
+    from sparseps.models import WideDeep
+    from sparseps.models._blocks import set_output_bias
+    from sparseps.models.calibration import ProgressiveCalibrator
+    from sparseps.worker.gpups import resolve_device
 
     torch.set_num_threads(args.torch_threads)  # workers and servers share the cores
     torch.manual_seed(0)
@@ -284,6 +288,8 @@ def _click_rate(train: str, rows: int) -> float:
     workers agree, so they start from the same dense parameters)."""
     first = next(iter(QueueDataset([train], CRITEO, batch_size=max(rows, 1))), None)
     local = (0.0, 0.0) if first is None else (float(first.label.sum()), float(len(first)))
+    from sparseps.core import collectives  # a worker's module (main's note)
+
     clicks, count = collectives.all_reduce_sum(np.array(local, np.float64))
     return float(clicks / count) if count else 0.5
 

@@ -39,6 +39,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ..env import Role
@@ -78,7 +79,9 @@ def run(config: LaunchConfig) -> Outcome:
     log_dir = Path(os.path.abspath(config.log_dir))
     log_dir.mkdir(parents=True, exist_ok=True)
     out = LauncherLog(log_dir / "launcher.log")
+    began = time.monotonic()
     ray.init(address=config.address, log_to_driver=False, logging_level=logging.WARNING)
+    connected = time.monotonic()
     job = RayJob(config, script, out)
     service = None
     previous = {}
@@ -89,6 +92,7 @@ def run(config: LaunchConfig) -> Outcome:
         }
     try:
         job.place()
+        placed = time.monotonic()
         job.wire()
         out.say(job.banner(), sys.stdout)
         from .ray_scale import scale_service
@@ -97,6 +101,10 @@ def run(config: LaunchConfig) -> Outcome:
         job.start([r for r in job.roles if r.role is Role.SERVER])
         job.start([r for r in job.roles if r.role is Role.HETER_WORKER])
         job.start([r for r in job.roles if r.role is Role.WORKER])
+        # where a job's start-up goes (Ray's connection, its actors, the role processes)
+        out.say(f"start-up: connected to Ray in {connected - began:.1f} s, {len(job.roles)} "
+                f"role actors placed and ready in {placed - connected:.1f} s, their processes "
+                f"started in {time.monotonic() - placed:.1f} s")  # fmt: skip
         outcome = job.supervise()
         if outcome.failure is not None:
             text = f"sparseps launch: job {job.job_id} failed: {outcome.failure.describe()}"

@@ -231,6 +231,8 @@ def test_wide_deep_across_two_ray_nodes_matches_the_local_launcher(ray_cluster, 
     assert {c["node"] for c in record["children"] if c["role"] == "worker"} == {NODE_B}
     assert "running server with rank id: 1" in read_text(ray_log / "server.1.log")
     assert "sparseps worker 1 of 2" in read_text(ray_log / "worker.1.log")
+    assert re.search(r"start-up: connected to Ray in [\d.]+ s, 4 role actors placed",
+                     read_text(ray_log / "launcher.log"))  # fmt: skip
     assert not any(alive(c["pid"]) for c in record["children"])
     assert job_processes(record["job_id"]) == []
 

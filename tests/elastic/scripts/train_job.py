@@ -20,11 +20,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import sparseps as sps
 from sparseps.data import Batch
-from sparseps.models import WideDeep
 from sparseps.testing import planted_batches
 
 SLOTS = ("C1", "C2", "C3")
@@ -49,6 +47,10 @@ def main() -> int:
     if sps.is_server():
         sps.run_server()
         return 0
+    import torch  # a worker's only: servers start without it (~1.4 CPU-s each)
+
+    from sparseps.models import WideDeep
+
     torch.manual_seed(0)
     rank = sps.worker_index()
     model = WideDeep(SLOTS, 2, emb_dim=4, hidden=(8,))
