@@ -105,6 +105,10 @@ def test_threads_waiting_for_one_handle_all_get_the_values(servers, no_sweep):
     endpoints, _, pids = servers
     got: list[tuple[np.ndarray, float]] = []
     with PSClient(endpoints, timeout=WAIT_S) as client:
+        # A client's first request to a server on its host first asks it for reply slots
+        # (op attach_replies, sparseps/rpc/reply_slots.py) and waits for the answer: sent
+        # to a stopped server, that waited out the whole timeout before the pull went.
+        np.testing.assert_array_equal(client.pull_dense("head").wait(), DENSE)
         with _paused(pids):
             handle = client.pull_dense("head")
 
