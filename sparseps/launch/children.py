@@ -105,7 +105,7 @@ class Children:
         proc: subprocess.Popen[bytes] | ForkedProcess | None = None
         forks = self.fork_server
         if forks is not None and forks.serves(spec.argv, env):
-            proc = forks.spawn(spec.argv, env, torch=spec.role is not Role.SERVER)
+            proc = forks.spawn(spec.argv, env, torch=spec.imports_torch)
         if proc is None:
             proc = subprocess.Popen(
                 list(spec.argv),

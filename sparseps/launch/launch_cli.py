@@ -133,6 +133,8 @@ def _child(spec, role: Role, rank: int, script: str, script_args: list[str],
     env = child_environ(
         {**spec.role_env(role, rank).to_environ(), "PYTHONUNBUFFERED": "1", **extra}
     )
+    from .fork_server import script_imports_torch
+
     return ChildSpec(
         role=role,
         rank=rank,
@@ -141,6 +143,7 @@ def _child(spec, role: Role, rank: int, script: str, script_args: list[str],
         log_path=Path(spec.log_dir) / f"{role.value}.{rank}.log",
         echo=role is Role.WORKER and rank == 0,
         metrics_port=port,
+        script_imports_torch=script_imports_torch(os.path.abspath(script)),
     )
 
 

@@ -103,10 +103,18 @@ class ChildSpec:
     log_path: Path
     echo: bool = False  # also copy its output to the console
     metrics_port: int | None = None  # where it serves /metrics (None: metrics off)
+    # its script imports torch at its top level (sparseps.launch.fork_server)
+    script_imports_torch: bool = False
 
     @property
     def name(self) -> str:
         return f"{self.role.value} {self.rank}"
+
+    @property
+    def imports_torch(self) -> bool:
+        """Whether it imports torch (a worker; a server only where its script does): it is
+        forked from the launcher's fork server that holds torch, or from the one without."""
+        return self.role is not Role.SERVER or self.script_imports_torch
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sparseps.env import ZYGOTE_DIR
-from sparseps.launch.fork_server import ForkServer, fork_server_enabled
+from sparseps.launch.fork_server import ForkServer, fork_server_enabled, script_imports_torch
 from sparseps.testing.environ import clean_environ
 from sparseps.testing.jobs import alive, assert_all_gone
 
@@ -190,3 +190,77 @@ def test_a_dead_fork_server_takes_its_children_and_is_not_used_again(tmp_path, m
         assert server.spawn(_argv(script, "0"), _env(), torch=False) is None
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("source", "imports"),
+    [
+        ("import torch\nimport sparseps as sps\nsps.init()\n", True),
+        ("import numpy as np\nfrom sparseps.models import WideDeep\n", True),
+        ("from sparseps.core import collectives\n", True),
+        ("try:\n    import torch.nn as nn\nexcept ImportError:\n    nn = None\n", True),
+        ("import sparseps as sps\nimport numpy\n", False),  # sparseps itself is lazy
+        ("import torchvision_like\nfrom sparseps.data import CRITEO\n", False),
+        ("def main():\n    import torch\n", False),  # a function's imports run later
+        # the server leaves before the import: only workers import torch
+        (
+            "import sparseps as sps\nsps.init()\nif sps.is_server():\n    sps.run_server()\n"
+            "    raise SystemExit\nimport torch\n",
+            False,
+        ),
+        ("import fleet\nfleet.init()\nif fleet.is_worker():\n    import torch\n", False),
+        ("this is not python(\n", False),
+    ],
+)
+def test_a_script_imports_torch_when_its_top_level_does_before_the_role_check(
+    tmp_path, source, imports
+):
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    assert script_imports_torch(str(script)) is imports
+    assert script_imports_torch(str(tmp_path / "missing.py")) is False
+
+
+# records whether torch was in the process before the script's own imports ran
+ROLE_SCRIPT = """
+import json, os, sys
+preloaded = "torch" in sys.modules
+{imports}
+import sparseps as sps
+sps.init()
+me = "server" if sps.is_server() else "worker"
+with open(os.path.join(sys.argv[1], me + ".json"), "w") as f:
+    json.dump({{"preloaded": preloaded, "ppid": os.getppid()}}, f)
+if me == "server":
+    sps.run_server()
+else:
+    sps.stop()
+"""
+
+
+def test_a_server_of_a_script_that_imports_torch_is_forked_with_torch_loaded(tmp_path):
+    """Workers are forked from the fork server that holds torch; servers from the one
+    without, unless their script imports torch at its top level anyway: then they are
+    forked with it loaded (its import is not paid again by each server)."""
+    seen = {}
+    for name, imports in (("torch", "import torch"), ("plain", "import numpy")):
+        folder = tmp_path / name
+        folder.mkdir()
+        script = folder / "job.py"
+        script.write_text(ROLE_SCRIPT.format(imports=imports))
+        done = subprocess.run(
+            [sys.executable, "-m", "sparseps.cli", "launch", "--server-num", "1",
+             "--worker-num", "1", "--no-metrics", "--log-dir", str(folder / "log"),
+             str(script), str(folder)],
+            env=_env(), cwd=folder, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        forks = json.loads((folder / "log" / "pids.json").read_text())["fork_servers"]
+        seen[name] = {
+            r: json.loads((folder / f"{r}.json").read_text()) for r in ("server", "worker")
+        }
+        for role, report in seen[name].items():
+            assert report["ppid"] in forks, (name, role, report, forks)  # forked, not fresh
+    assert seen["torch"]["server"]["preloaded"] and seen["torch"]["worker"]["preloaded"]
+    assert not seen["plain"]["server"]["preloaded"]  # a server's memory never holds torch
+    assert seen["plain"]["worker"]["preloaded"]
