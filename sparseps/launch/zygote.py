@@ -256,6 +256,8 @@ def main() -> None:
         fork_process.import_all(fork_process.SERVER_SET)
         if torch:
             fork_process.import_all(fork_process.WORKER_SET)
+            with contextlib.suppress(Exception):  # a warm-up: a failure costs only time
+                fork_process.warm_export()
         load_cached_kernels()
         listener, path, inode = _listen(folder, key)
     finally:

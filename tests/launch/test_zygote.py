@@ -30,6 +30,7 @@ print(json.dumps({
     "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "ppid": os.getppid(),
     "sid": os.getsid(0), "rank": os.environ.get("PADDLE_TRAINER_ID"), "random": random.random(),
     "torch": "torch" in sys.modules, "frozen": gc.get_freeze_count(),
+    "export_warm": "torch._export.non_strict_utils" in sys.modules,
 }), flush=True)
 if sys.argv[1] == "sleep":
     import time; time.sleep(120)
@@ -116,6 +117,8 @@ def test_fork_servers_come_from_the_zygotes_of_their_environment(folder, tmp_pat
         assert a["path0"] == str(script.parent) and a["sid"] == first.pid
         assert (a["rank"], b["rank"]) == ("0", "1") and a["random"] != b["random"]
         assert not a["torch"] and b["torch"]  # a server never carries torch
+        # the torch zygote ran torch.export once: a worker's first inference save is cheap
+        assert b["export_warm"] and not a["export_warm"]
         assert a["frozen"] > 10_000  # what it inherited is frozen
         first.stdout.close()
         second.stdout.close()
