@@ -23,7 +23,7 @@ from sparseps.rpc.client import PSClient
 from sparseps.rpc.protocol import Limits, decode_request, encode_request
 from sparseps.server.handlers import ServerState
 from sparseps.server.loop import process
-from sparseps.testing import local_cluster
+from sparseps.testing import local_cluster, wait_until
 from sparseps.testing.faults import RawPeer
 
 pytestmark = pytest.mark.timeout(120)
@@ -215,7 +215,10 @@ def test_ping_is_answered_while_long_ops_queue_and_saves_have_their_own_timeout(
             ]
             for thread in saves:
                 thread.start()
-            time.sleep(alone / 4)  # one save runs on the only pool thread, two wait
+            # The ping leaves once all three saves were sent (their threads wait for the
+            # replies): one connection delivers in order, so the server takes them before
+            # the ping, one on the only pool thread and two waiting for it.
+            wait_until(lambda: client._channel.waiting() == 3, 60, "the three saves sent")
             start = time.monotonic()
             client.ping()
             waited = time.monotonic() - start
