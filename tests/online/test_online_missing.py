@@ -55,8 +55,8 @@ def scenario(tmp_path_factory) -> dict:
     write_stream(data, start_day="20240101", days=1, splits_per_day=4, rows_per_split=400,
                  seed=7, skip=(("20240101", 2),))  # fmt: skip
     # delta_every 0: no inference save before the end of the day's base (nothing here
-    # reads one): the stopped job then never exports its head, whose first export in a
-    # process costs ~2 s of CPU (torch.export's imports)
+    # reads one): the stopped job never exports its head (~0.2 s of CPU an export, ~1.5 s
+    # more for a process's first where no zygote warmed torch.export), the resumed one once
     cfg = write_config(root / "job.yaml", data_root=data, model_dir=model_dir,
                        days=1, passes_per_day=4, data={"wait_timeout_s": 2},
                        save={"delta_every": 0})  # fmt: skip
