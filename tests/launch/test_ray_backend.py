@@ -1,24 +1,17 @@
-"""``sparseps launch --backend ray`` on a real two-node Ray cluster on this machine.
-
-The module starts a Ray head (``ray start --head``) and a second node with a custom
-resource ``node_b`` (``ray start --address ...``), both on this machine and sharing one
-short temp dir, and tears both down by pid at the end. Jobs are placed across the two
-nodes by giving the workers ``node_b`` resources. Skipped only when ``ray`` cannot be
-imported (CI installs the ``ray`` extra).
+"""``sparseps launch --backend ray`` on a real two-node Ray cluster on this machine
+(:mod:`sparseps.testing.ray_cluster`: a head and a node with the custom resource
+``node_b``, the ``ray_cluster`` fixture of tests/launch/conftest.py). Jobs are placed
+across the two nodes by giving the workers ``node_b`` resources. Skipped only when ``ray``
+cannot be imported (CI installs the ``ray`` extra).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,77 +27,30 @@ from sparseps.testing.jobs import (
     launch_argv,
 )
 from sparseps.testing.jobs import text as read_text
+from sparseps.testing.ray_cluster import (
+    ANYWHERE,
+    HEAD,
+    NODE_B,
+    ON_B,
+    actor_pids,
+    ray_env,
+    ray_launch,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).resolve().parent / "scripts" / "job.py"  # the launcher tests' job
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
-
 pytestmark = [
     pytest.mark.timeout(200),
     pytest.mark.skipif(not can_bind("127.0.0.3"), reason="127.0.0.2/3 cannot be bound here"),
 ]
-
 WIDE_DEEP = ROOT / "sparseps" / "jobs" / "wide_deep_job.py"
-RAY = Path(sys.executable).with_name("ray")
-ON_B = '{"CPU": 0.5, "node_b": 0.1}'  # a worker or server with this lands on node_b
-ANYWHERE = '{"CPU": 0.5}'
-# Two loopback addresses as the two nodes' IPs: Ray replaces 127.0.0.1 (and only it) by
-# the machine's network address, so the nodes use 127.0.0.2 and 127.0.0.3 (Linux routes
-# all of 127/8 to lo) and every socket of the job stays on loopback.
-HEAD, NODE_B = "127.0.0.2", "127.0.0.3"
 
 
-def _descendants(roots: set[int]) -> set[int]:
-    """``roots`` and every process below them (from /proc's parent links)."""
-    parent = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
-            except (OSError, IndexError, ValueError):
-                continue
-    found, grew = set(roots), True
-    while grew:
-        more = {pid for pid, ppid in parent.items() if ppid in found} - found
-        found |= more
-        grew = bool(more)
-    return found
-
-
-def _cluster_pids(temp_dir: str, address: str) -> set[int]:
-    """Every process of the Ray cluster whose session lives in ``temp_dir``, and the head's
-    Ray client server (named by the GCS ``address`` only; re-parented to init)."""
-    roots = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                if temp_dir.encode() in cmdline or f"--address={address}".encode() in cmdline:
-                    roots.add(int(entry.name))
-            except OSError:
-                continue
-    return {pid for pid in _descendants(roots) if alive(pid)}
-
-
-def _actor_pids() -> list[int]:
-    """Live Ray worker processes that host a sparseps role actor."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"RoleActor" in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def _data_job(tmp_path_factory):
-    """Generates the wide&deep data in the background while the Ray cluster starts."""
+    """Generates the wide&deep data in the background (first: while the cluster starts)."""
     out = tmp_path_factory.mktemp("ray-data")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparseps.cli", "gen-data", "--rows", "6000", "--files", "2",
@@ -117,54 +63,6 @@ def _data_job(tmp_path_factory):
         proc.communicate()
 
 
-@pytest.fixture(scope="module")
-def ray_cluster(_data_job):
-    """``RAY_ADDRESS`` of a head node plus a ``node_b`` node; stopped by pid afterwards.
-
-    ``RAY_AUTH_MODE=disabled`` (cluster and drivers): a loopback-only test cluster, and the
-    same whether or not an earlier local Ray left a token in ``~/.ray/auth_token`` (which
-    turns token authentication on for new clusters, and the second node then failed to
-    join).
-    """
-    from sparseps.testing.jobs import free_port
-
-    temp_dir = tempfile.mkdtemp(prefix="spsray-", dir="/tmp")  # Unix sockets: keep it short
-    port = free_port(HEAD)
-    env = clean_env(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-    common = ["--num-cpus", "2", "--disable-usage-stats", "--temp-dir", temp_dir]
-    address = f"{HEAD}:{port}"
-    starts: list[subprocess.Popen] = []
-    try:
-        starts.append(subprocess.Popen(
-            [str(RAY), "start", "--head", "--node-ip-address", HEAD, "--port", str(port),
-             "--include-dashboard=false", "--ray-client-server-port", str(free_port()), *common],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        ))  # fmt: skip
-        # node_b starts as soon as the head's GCS listens, while the head finishes its start
-        wait_until(lambda: _listening(HEAD, port), 60, "the Ray head's GCS port")
-        starts.append(subprocess.Popen(
-            [str(RAY), "start", "--address", address, "--node-ip-address", NODE_B,
-             "--resources", '{"node_b": 1}', *common],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        ))  # fmt: skip
-        outputs = finish(starts, 120)
-        assert [p.returncode for p in starts] == [0, 0], outputs
-        yield address
-    finally:
-        pids = _cluster_pids(temp_dir, address)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not any(alive(p) for p in pids), 20, "the Ray cluster to stop")
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _listening(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(1.0)
-        return s.connect_ex((host, port)) == 0
-
-
 def _started(log: Path, count: int) -> dict | None:
     """pids.json once it lists ``count`` processes, else None."""
     try:
@@ -172,14 +70,6 @@ def _started(log: Path, count: int) -> dict | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return record if len(record["children"]) == count else None
-
-
-def _ray_launch(address: str, log: Path, *args: str) -> list[str]:
-    return launch_argv("--backend", "ray", "--address", address, "--log-dir", str(log), *args)
-
-
-def _env(address: str) -> dict[str, str]:
-    return clean_env(RAY_ADDRESS=address, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
 
 
 @pytest.fixture(scope="module")
@@ -204,10 +94,10 @@ def test_wide_deep_across_two_ray_nodes_matches_the_local_launcher(ray_cluster, 
     (tmp_path / "local").mkdir()
     ray_log, local_log = tmp_path / "ray" / "log", tmp_path / "local" / "log"
     on_ray = subprocess.Popen(
-        _ray_launch(ray_cluster, ray_log, "--server-num", "2", "--worker-num", "2",
+        ray_launch(ray_cluster, ray_log, "--server-num", "2", "--worker-num", "2",
                     "--server-resources", ANYWHERE, "--worker-resources", ON_B, "--no-metrics",
                     *_wide_deep(data, tmp_path / "ray")),
-        cwd=tmp_path, env=_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cwd=tmp_path, env=ray_env(ray_cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
     )  # fmt: skip
     local = subprocess.Popen(
@@ -242,10 +132,10 @@ def test_a_worker_exiting_3_fails_the_ray_job_fast_and_names_it(ray_cluster, tmp
     # once (a fresh rendezvous), then the second exit fails the job
     log = tmp_path / "log"
     r = subprocess.run(
-        _ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "2", "--no-metrics",
+        ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "2", "--no-metrics",
                     "--max-restarts", "1", "--server-resources", ANYWHERE,
                     "--worker-resources", ON_B, str(JOB), "fail", "--dir", str(tmp_path)),
-        cwd=tmp_path, env=_env(ray_cluster), capture_output=True, text=True, timeout=150,
+        cwd=tmp_path, env=ray_env(ray_cluster), capture_output=True, text=True, timeout=150,
     )  # fmt: skip
     ended = time.time()
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-3000:]
@@ -272,21 +162,21 @@ def test_a_worker_exiting_3_fails_the_ray_job_fast_and_names_it(ray_cluster, tmp
 def test_killing_the_driver_leaves_no_actor_or_process_behind(ray_cluster, tmp_path):
     log = tmp_path / "log"
     driver = subprocess.Popen(
-        _ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "2", "--no-metrics",
+        ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "2", "--no-metrics",
                     "--server-resources", ON_B, "--worker-resources", ANYWHERE,
                     str(JOB), "sleep", "--dir", str(tmp_path)),
-        cwd=tmp_path, env=_env(ray_cluster), stdout=subprocess.DEVNULL,
+        cwd=tmp_path, env=ray_env(ray_cluster), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         # every role's process has started (the driver writes pids.json after each start)
         record = wait_until(lambda: _started(log, 3), 120, "the job's 3 processes to start")
         pids = [c["pid"] for c in record["children"]]
-        assert all(alive(p) for p in pids) and len(_actor_pids()) == 3
+        assert all(alive(p) for p in pids) and len(actor_pids()) == 3
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=10)
         wait_until(lambda: not any(alive(p) for p in pids), 20, f"roles {pids} to exit")
-        wait_until(lambda: not _actor_pids(), 20, "the role actors to exit")
+        wait_until(lambda: not actor_pids(), 20, "the role actors to exit")
         assert job_processes(record["job_id"]) == []
     finally:
         if driver.poll() is None:
@@ -320,10 +210,10 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
     log, out = tmp_path / "ray" / "log", tmp_path / "ray" / "out"
     with open(tmp_path / "ray" / "launch.out", "wb") as console:
         scaled = subprocess.Popen(
-            _ray_launch(ray_cluster, log, "--server-num", "2", "--worker-num", "2",
+            ray_launch(ray_cluster, log, "--server-num", "2", "--worker-num", "2",
                         "--server-resources", ANYWHERE, "--worker-resources", ON_B,
                         "--no-metrics", job[0], str(out), *job[1:], "--hold", str(hold)),
-            cwd=tmp_path, env=_env(ray_cluster), stdout=console, stderr=subprocess.STDOUT,
+            cwd=tmp_path, env=ray_env(ray_cluster), stdout=console, stderr=subprocess.STDOUT,
         )  # fmt: skip
     plain = None
     try:
@@ -346,10 +236,10 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
         t0 = time.time()
         grown = scaled_jobs.scale(log, "--servers", "3", capsys=capsys)
         t_mid = time.time()
-        assert len(_actor_pids()) == 5  # the new server's own actor
+        assert len(actor_pids()) == 5  # the new server's own actor
         shrunk = scaled_jobs.scale(log, "--servers", "2", capsys=capsys)
         t1 = time.time()
-        wait_until(lambda: len(_actor_pids()) == 4, 20, "the retired server's actor to end")
+        wait_until(lambda: len(actor_pids()) == 4, 20, "the retired server's actor to end")
         gate.write_text("go")
         assert scaled.wait(90) == 0, read_text(tmp_path / "ray" / "launch.out")[-3000:]
         t_done = time.time()
@@ -371,7 +261,7 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
     assert "running server with rank id: 2" in read_text(log / "server.2.log")
     assert not any(alive(c["pid"]) for c in record["children"])
     assert job_processes(record["job_id"]) == []
-    wait_until(lambda: not _actor_pids(), 20, "the role actors to exit")
+    wait_until(lambda: not actor_pids(), 20, "the role actors to exit")
     with capsys.disabled():  # before the checks below: a failure's report shows them
         print(f"\nray scale: grow {grown['seconds']:.2f} s (cut-over "
               f"{grown['longest_cutover_s'] * 1000:.1f} ms), shrink {shrunk['seconds']:.2f} s "
@@ -402,11 +292,11 @@ def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_pa
 
     log = tmp_path / "log"
     driver = subprocess.Popen(
-        _ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "1", "--no-metrics",
+        ray_launch(ray_cluster, log, "--server-num", "1", "--worker-num", "1", "--no-metrics",
                     "--server-resources", '{"CPU": 0.5, "node_b": 0.6}', "--worker-resources",
                     ANYWHERE, "--rendezvous-timeout-s", "2", str(JOB), "sleep", "--dir",
                     str(tmp_path)),
-        cwd=tmp_path, env=_env(ray_cluster), stdout=subprocess.DEVNULL,
+        cwd=tmp_path, env=ray_env(ray_cluster), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -422,7 +312,7 @@ def test_sparseps_scale_refusals_on_a_ray_job_change_nothing(ray_cluster, tmp_pa
             scale_job(log, servers=2, timeout_s=30)
         assert len(json.loads((log / "pids.json").read_text())["children"]) == 2
         assert all(alive(c["pid"]) for c in record["children"]) and driver.poll() is None
-        assert len(_actor_pids()) == 2
+        assert len(actor_pids()) == 2
     finally:
         driver.send_signal(signal.SIGTERM)
         try:
@@ -476,7 +366,7 @@ def test_online_job_on_ray_grows_to_3_workers_and_back(ray_cluster, tmp_path, ca
     with open(out, "wb") as console:
         job = subprocess.Popen(
             [sys.executable, "-m", "sparseps.cli", "online", str(path)], cwd=tmp_path,
-            env=_env(ray_cluster), stdout=console, stderr=subprocess.STDOUT,
+            env=ray_env(ray_cluster), stdout=console, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
         ready(0)
@@ -490,7 +380,7 @@ def test_online_job_on_ray_grows_to_3_workers_and_back(ray_cluster, tmp_path, ca
         t_grown = time.time()
         assert (grown["workers_before"], grown["workers_after"]) == (2, 3)
         assert grown["workers_started"] == [2]
-        assert len(_actor_pids()) == 4  # the new worker's own actor
+        assert len(actor_pids()) == 4  # the new worker's own actor
         for seq in (1, 2):
             ready(seq)
             wait_pass(seq)
@@ -523,7 +413,7 @@ def test_online_job_on_ray_grows_to_3_workers_and_back(ray_cluster, tmp_path, ca
     assert read_text(config.log_dir / "worker.2.log")
     assert not any(alive(c["pid"]) for c in record["children"])
     assert job_processes(record["job_id"]) == []
-    wait_until(lambda: not _actor_pids(), 20, "the role actors to exit")
+    wait_until(lambda: not actor_pids(), 20, "the role actors to exit")
     with capsys.disabled():
         print(f"\nray online workers: grow to 3 answered in {t_grown - t_grow:.2f} s; test "
               f"wall {time.time() - start:.1f} s")  # fmt: skip
@@ -569,7 +459,7 @@ def test_a_worker_killed_in_an_online_ray_job_leaves_and_the_job_goes_on(ray_clu
     out = tmp_path / "launch.out"
     with open(out, "wb") as console:
         job = subprocess.Popen([sys.executable, "-m", "sparseps.cli", "launch", *argv],
-                               cwd=tmp_path, env=_env(ray_cluster), stdout=console,
+                               cwd=tmp_path, env=ray_env(ray_cluster), stdout=console,
                                stderr=subprocess.STDOUT)  # fmt: skip
     try:
         wait_until(lambda: len(list(claims.iterdir())) >= files or job.poll() is not None, 120,
@@ -600,7 +490,7 @@ def test_a_worker_killed_in_an_online_ray_job_leaves_and_the_job_goes_on(ray_clu
     assert [c["rank"] for c in workers] == [0, 1, 2, 3]  # no restart; rank 1 not reused
     assert workers[3]["node"] == NODE_B  # the added worker: a Ray actor
     assert not any(alive(c["pid"]) for c in record["children"])
-    wait_until(lambda: not _actor_pids(), 20, "the role actors to exit")
+    wait_until(lambda: not actor_pids(), 20, "the role actors to exit")
     print(f"ray worker death: test wall {time.time() - start:.1f} s")
 
 

@@ -1,5 +1,5 @@
 """Heter workers placed by Ray (issue 57, item 4) on a real two-node Ray cluster on this
-machine (test_ray_backend.py's): the heter worker's bundle lands on node_b by its
+machine (:mod:`sparseps.testing.ray_cluster`, shared with test_ray_backend.py): the heter worker's bundle lands on node_b by its
 ``--heter-resources``; one heter worker SIGKILLed mid-pass
 restarts in place under ``--max-restarts``, the job finishes, the restart is logged, and
 the test AUC is within 0.005 of the same job without the kill."""
@@ -17,27 +17,20 @@ import numpy as np
 import pytest
 
 from sparseps.testing import wait_until
-from sparseps.testing.jobs import alive, clean_env, finish, job_processes
+from sparseps.testing.jobs import alive, can_bind, clean_env, finish, job_processes
 from sparseps.testing.jobs import text as read_text
 
 pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
 
-from test_ray_backend import (  # noqa: E402  (the module's cluster: head + node_b)
-    NODE_B,
-    ROOT,
-    _data_job,  # noqa: F401
-    _env,
-    _ray_launch,
-    ray_cluster,  # noqa: F401
-)
-from test_ray_backend import (
-    pytestmark as _ray_marks,
-)
+from sparseps.testing.ray_cluster import ANYWHERE, NODE_B, ray_env, ray_launch  # noqa: E402
 
-pytestmark = [*_ray_marks[1:], pytest.mark.timeout(600)]
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not can_bind("127.0.0.3"), reason="127.0.0.2/3 cannot be bound here"),
+]
 TRAIN_JOB = ROOT / "tests" / "worker" / "jobs" / "train_job.py"
 AUC_BOUND = 0.005  # the issue's
-ANYWHERE = '{"CPU": 0.5}'
 HETER_ON_B = '{"CPU": 0.5, "node_b": 0.5}'
 
 
@@ -56,7 +49,7 @@ def data(tmp_path_factory) -> Path:
 def _job(address: str, tmp: Path, data: Path, *extra: str) -> list[str]:
     """Heter in sync mode: every run of it gives the same model, so the gap to the run
     without the kill is the kill's (the steps it lost), not async mode's draw."""
-    return _ray_launch(
+    return ray_launch(
         address, tmp / "log", "--server-num", "1", "--worker-num", "2", "--heter-worker-num",
         "1", "--server-resources", ANYWHERE, "--worker-resources", ANYWHERE, "--heter-resources",
         HETER_ON_B, "--heter-device", "cpu", "--no-metrics", *extra, str(TRAIN_JOB), "--train",
@@ -70,13 +63,13 @@ def _auc(tmp: Path) -> float:
     return float(json.loads((tmp / "out.npz.json").read_text())["test_auc"])
 
 
-def test_heter_workers_placed_by_ray_restart_after_sigkill(ray_cluster, data, tmp_path):  # noqa: F811
+def test_heter_workers_placed_by_ray_restart_after_sigkill(ray_cluster, data, tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     reference.mkdir()
     killed.mkdir()
     hold = killed / "hold"  # the trainers pause after each batch while it exists
     hold.touch()
-    env = _env(ray_cluster)
+    env = ray_env(ray_cluster)
     plain = subprocess.Popen(_job(ray_cluster, reference, data), cwd=reference, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     (plain_out,) = finish([plain], 300)
