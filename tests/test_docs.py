@@ -49,11 +49,19 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)```python\n(?P<code>.*?)^(?P=indent)```
 _FRAGMENT = re.compile(r"<!--\s*fragment:\s*(?P<why>\S.*?)\s*-->\s*$")
 # A block runs as a script would, with log lines that name their level: an example that
 # logs an error (or worse) or a Python warning (a deprecated call, a read-only buffer
-# handed to torch) fails, as one that raises does.
+# handed to torch) fails, as one that raises does. At its end the block's garbage is
+# collected (what its finalizers log still counts), then the heap is frozen: the
+# interpreter's last collections would walk every object left, torch's modules first,
+# 2-4 s per torch block on a loaded box (launched roles do the same,
+# sparseps/observe/child.py); atexit handlers and reference counts still close the rest.
 _RUNNER = (
-    "import logging, sys\n"
+    "import gc, logging, sys\n"
     "logging.basicConfig(format='%(levelname)s %(name)s: %(message)s')\n"
-    "exec(compile(sys.stdin.read(), sys.argv[1], 'exec'), {'__name__': '__main__'})\n"
+    "try:\n"
+    "    exec(compile(sys.stdin.read(), sys.argv[1], 'exec'), {'__name__': '__main__'})\n"
+    "finally:\n"
+    "    gc.collect()\n"
+    "    gc.freeze()\n"
 )
 _ERROR_LINE = re.compile(r"^(\S+ \S+ )?(ERROR|CRITICAL) |^\S+:\d+: \w*Warning: ")
 
