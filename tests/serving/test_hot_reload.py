@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-import time
 
 import httpx
 import numpy as np
@@ -28,6 +27,7 @@ from sparseps.checkpoint.predictor import Predictor
 from sparseps.data import CRITEO, QueueDataset
 from sparseps.files import manifest as mf
 from sparseps.serving import criteo_request_rows
+from sparseps.testing import wait_until
 
 PAUSE_S = 0.01
 TOLERANCE = 2.5e-7
@@ -48,7 +48,7 @@ class Client(threading.Thread):
 
     def run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as client:
-            while not self.stop.is_set():
+            while not self.stop.wait(PAUSE_S):  # the pause: an event, so stop is prompt
                 try:
                     got = client.post("/predict", json={"rows": self.rows})
                 except httpx.HTTPError as exc:  # a failed request: counted, not raised
@@ -62,13 +62,13 @@ class Client(threading.Thread):
 
 def wait_for_sequence(client: httpx.Client, sequence: int) -> dict:
     """``/model`` once every worker serves ``sequence``."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
+
+    def served() -> dict | None:
         model = client.get("/model").json()
-        if model["sequence_everywhere"] == sequence and model["sequence"] == sequence:
-            return model
-        time.sleep(0.05)
-    raise AssertionError(f"the service did not reach sequence {sequence} in {WAIT_S} s: {model}")
+        everywhere = model["sequence_everywhere"] == sequence and model["sequence"] == sequence
+        return model if everywhere else None
+
+    return wait_until(served, WAIT_S, f"every worker serving sequence {sequence}", 0.05)
 
 
 def sequence_of(name: str) -> int:
@@ -140,17 +140,25 @@ def test_reloads_while_serving(service, client, served, chain, tmp_path):
     land(corrupt, served)
     incomplete = served / f"delta-{sequence_of(last) + 2:05d}"
     incomplete.mkdir()  # an incomplete save: no manifest
+    # incomplete saves landed one after another once the first is logged: each is logged
+    # by a later poll of each worker than the one before it, so the corrupt save and the
+    # first incomplete one have been through several whole polls once the last is logged
+    # (the fixed 0.3 s here before could cover no poll at all on a loaded machine)
+    markers = [served / f"delta-{sequence_of(last) + k:05d}" for k in (3, 4, 5)]
     try:
-        deadline = time.monotonic() + WAIT_S
         refused = start["reloads"]["refused"] + 1
-        while any(w["refused"] != refused for w in client.get("/model").json()["workers"]):
-            assert time.monotonic() < deadline, "the corrupt save was never refused"
-            time.sleep(0.05)
+        wait_until(
+            lambda: all(w["refused"] == refused for w in client.get("/model").json()["workers"]),
+            WAIT_S,
+            "the corrupt save refused by every worker",
+            0.05,
+        )
         noted = f"{incomplete.name}: no MANIFEST.json"
-        while service.log().count(noted) < WORKERS:  # logged (once by each worker)
-            assert time.monotonic() < deadline, "the incomplete save was never logged"
-            time.sleep(0.05)
-        time.sleep(0.3)  # several more polls: each save logged once, not again
+        for folder in [incomplete, *markers]:
+            if folder is not incomplete:
+                folder.mkdir()
+            note = f"{folder.name}: no MANIFEST.json"  # logged once by each worker
+            wait_until(lambda n=note: service.log().count(n) >= WORKERS, WAIT_S, note, 0.05)
         model = client.get("/model").json()
         assert model["sequence"] == sequence_of(last)
         assert model["reloads"]["refused"] == start["reloads"]["refused"] + 1
@@ -166,4 +174,6 @@ def test_reloads_while_serving(service, client, served, chain, tmp_path):
         assert log.count(noted) == WORKERS
     finally:  # leave the folder a valid chain for the other tests of the session
         shutil.rmtree(served / corrupt_name)
-        incomplete.rmdir()
+        for folder in [incomplete, *markers]:
+            if folder.is_dir():
+                folder.rmdir()
