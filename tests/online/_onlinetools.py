@@ -14,6 +14,12 @@ import yaml
 from sparseps.testing.environ import clean_environ
 
 ROOT = Path(__file__).resolve().parents[2]
+# the module of the test models and losses a job's config names (model.builder, model.loss),
+# importable from the checkout that clean_env puts first on PYTHONPATH: a job that names
+# them runs in the very environment of every other job of the suite and so is forked from
+# the suite's warm zygotes (sparseps.launch.zygote: one pair per distinct environment; a
+# PYTHONPATH of its own cost a launch without them and a pair of its own, ~6 CPU-s)
+BUILDERS = "tests.online._builders"
 
 
 def clean_env() -> dict[str, str]:

@@ -10,20 +10,18 @@ loss, and the progressive AUC of the last pass shows the conversion head learned
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _onlinetools import clean_env, online_argv, write_config
+from _onlinetools import BUILDERS, clean_env, online_argv, write_config
 
 from sparseps.online import DataLayout, Ledger
 from sparseps.online.config import load_config
 
 pytestmark = pytest.mark.timeout(400)
 
-HERE = Path(__file__).resolve().parent
 ROWS_PER_FILE = 400
 SCHEMA = {"label": "click", "extra_labels": ["conversion"], "dense": ["x"],
           "slots": ["u", "i"], "dense_transform": "raw"}  # fmt: skip
@@ -56,8 +54,8 @@ def test_online_job_trains_on_two_label_columns(tmp_path):
         tmp_path / "job.yaml", data_root=tmp_path / "data", model_dir=tmp_path / "model",
         days=1, passes_per_day=3,
         data={"schema": SCHEMA, "format": "multislot", "batch_size": 64},
-        model={"builder": "_builders:two_heads", "params": {"emb_dim": 4},
-               "loss": "_builders:ConversionThenClick"},
+        model={"builder": f"{BUILDERS}:two_heads", "params": {"emb_dim": 4},
+               "loss": f"{BUILDERS}:ConversionThenClick"},
         save={"delta_every": 0, "checkpoint_every": 3},
     )  # fmt: skip
     layout = DataLayout(load_config(config))
@@ -67,9 +65,7 @@ def test_online_job_trains_on_two_label_columns(tmp_path):
         folder.mkdir(parents=True)
         written.append(write_pass(folder, seed=pass_id.seq))
 
-    env = clean_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
-    done = subprocess.run(online_argv(config), env=env, capture_output=True, text=True,
+    done = subprocess.run(online_argv(config), env=clean_env(), capture_output=True, text=True,
                           timeout=300, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

@@ -25,14 +25,13 @@ from pathlib import Path
 
 import pytest
 from _fakes import FakeDriver, FakeTrainer, fake_config
-from _onlinetools import clean_env, online_argv, run_online, write_config
+from _onlinetools import BUILDERS, clean_env, online_argv, run_online, write_config
 
 from sparseps import cli
 from sparseps.online import Ledger, LedgerError
 
 pytestmark = pytest.mark.timeout(300)
 
-HERE = Path(__file__).resolve().parent
 PREFIX = "sparseps online: error: "
 STALE = {
     "state": "failed",
@@ -214,13 +213,11 @@ def test_a_failure_inside_worker_0_replaces_an_earlier_runs_error(tmp_path):
     it in status.json and the command prints it, not the error an earlier run left."""
     config = write_config(tmp_path / "job.yaml", data_root=tmp_path / "data",
                           model_dir=tmp_path / "model", days=1, passes_per_day=1,
-                          job={"worker_num": 1}, model={"builder": "_builders:broken"})  # fmt: skip
+                          job={"worker_num": 1}, model={"builder": f"{BUILDERS}:broken"})  # fmt: skip
     (tmp_path / "data").mkdir()
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "status.json").write_text(json.dumps(STALE))
-    env = clean_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
-    result = subprocess.run(online_argv(config), env=env, capture_output=True, text=True,
+    result = subprocess.run(online_argv(config), env=clean_env(), capture_output=True, text=True,
                             timeout=240, cwd=tmp_path)  # fmt: skip
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith(PREFIX)]

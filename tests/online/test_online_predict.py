@@ -10,14 +10,13 @@ once in the effective ledger.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _onlinetools import clean_env, online_argv, write_config
+from _onlinetools import BUILDERS, clean_env, online_argv, write_config
 
 from sparseps.errors import ConfigError
 from sparseps.online import Ledger, write_stream
@@ -31,19 +30,13 @@ HERE = Path(__file__).resolve().parent
 ROWS = 300
 
 
-def _env():
-    env = clean_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env["PYTHONPATH"]])
-    return env
-
-
 def _config(root: Path) -> Path:
     return write_config(
         root / "job.yaml", data_root=root / "data", model_dir=root / "model", days=1,
         passes_per_day=3,
         data={"schema": "criteo"},
-        model={"builder": "_builders:dnn", "params": {"emb_dim": 4, "hidden": [8]},
-               "loss": "_builders:weighted_bce", "emb_dim": 4, "hidden": [16]},
+        model={"builder": f"{BUILDERS}:dnn", "params": {"emb_dim": 4, "hidden": [8]},
+               "loss": f"{BUILDERS}:weighted_bce", "emb_dim": 4, "hidden": [16]},
         save={"checkpoint_every": 2, "keep_checkpoints": 10},
         predict={"enabled": True, "key": "sample_id", "keep": 10},
     )  # fmt: skip
@@ -57,7 +50,7 @@ def _crash(config: Path, phase: str, seq: int) -> subprocess.CompletedProcess:
     loaded.model_dir.mkdir(parents=True, exist_ok=True)
     argv = launch_argv(loaded, config, script=HERE / "_crash_job.py", script_args=[phase, seq, 1])
     return subprocess.run(
-        [sys.executable, "-m", "sparseps.cli", "launch", *argv], env=_env(),
+        [sys.executable, "-m", "sparseps.cli", "launch", *argv], env=clean_env(),
         capture_output=True, text=True, timeout=200, cwd=config.parent,
     )  # fmt: skip
 
@@ -73,7 +66,7 @@ def test_predict_step_survives_a_crash(tmp_path):
     assert folders == ["000000-20240101-000", "000001-20240101-001", "000002-20240101-002"]
     kept = {n: (predict / n / "MANIFEST.json").stat().st_mtime_ns for n in folders[:2]}
 
-    done = subprocess.run(online_argv(config), env=_env(), capture_output=True, text=True,
+    done = subprocess.run(online_argv(config), env=clean_env(), capture_output=True, text=True,
                           timeout=200, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for name, mtime in kept.items():  # covered by the checkpoint: not redone
