@@ -35,6 +35,7 @@ import pytest
 
 import sparseps as sps
 from sparseps.data.synthetic import write_dataset
+from sparseps.env import ZYGOTE_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -232,7 +233,10 @@ def test_the_docs_python_runs_or_names_what_exists(block: Block, folder: Path):
     assert not problems, f"{block}:\n" + "\n".join(problems)
     if block.fragment is not None:
         return
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_")}
+    # no role of this process leaks into the block; the zygotes' folder does (the suite's
+    # jobs use it, tests/conftest.py): a local server forks from a warm zygote instead of
+    # importing sparseps again (sparseps/runtime/local.py, ~1.5 CPU-s a server)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARSEPS_") or k == ZYGOTE_DIR}
     done = subprocess.run([sys.executable, "-c", _RUNNER, str(block)], input=block.code,
                           cwd=folder, env=env, capture_output=True, text=True, timeout=240)  # fmt: skip
     assert done.returncode == 0, (
