@@ -20,7 +20,10 @@ from pathlib import Path
 
 from _jobtools import SCRIPTS, clean_env, finish, read_pids, start_launch, wait_for
 
-from sparseps.data.synthetic import write_dataset
+# The rows the job's pass reads: what they hold does not matter (its first pull finds the
+# server stopped), so the fixture's 200 Criteo rows as TSV, not the synthetic generator
+# (1.5-2.5 s of kernel loading and a planted model in this process).
+SAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "criteo_sample.csv"
 
 
 def _folder(message: str) -> Path:
@@ -31,7 +34,10 @@ def _folder(message: str) -> Path:
 
 def test_timeouts_dump_every_stack_and_name_the_folder(tmp_path):
     log = tmp_path / "log"
-    write_dataset(tmp_path / "data", 200, seed=1, test_rows=10)
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    (tmp_path / "data" / "train" / "part-00000.tsv").write_text(
+        SAMPLE.read_text().split("\n", 1)[1].replace(",", "\t")
+    )
     proc = start_launch(
         "--server-num", "1", "--worker-num", "2", "--log-dir", str(log), "--no-metrics",
         str(SCRIPTS / "hang_job.py"), "--dir", str(tmp_path),
