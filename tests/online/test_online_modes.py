@@ -88,8 +88,9 @@ def stream(tmp_path_factory):
 
 def _config(stream, name: str, job: dict):
     # delta_every 0: no inference save but the end of the day's base. The modes differ in
-    # training, not in saving; a job's first inference save imports torch.export (~3 s of
-    # CPU on worker 0), which the killed runs then never pay and the others pay once
+    # training, not in saving; each save exports the head on worker 0 (~0.2 s of CPU where
+    # a zygote warmed torch.export, ~1.5 s more where not), which the killed runs then
+    # never pay and the others pay once
     return write_config(
         stream / f"{name}.yaml", data_root=stream / "data", model_dir=stream / name, days=1,
         passes_per_day=PASSES, job=job,
