@@ -9,7 +9,10 @@
   takes) that know the job's *public* key. Only a CURVE server that proves it holds the
   job's secret and whose ZAP handler refuses this key answers ``refused``
   (``EVENT_HANDSHAKE_FAILED_AUTH``); plain TCP (gloo), HTTP, a plain zmq socket or a
-  socket with other keys answer something else.
+  socket with other keys answer something else. :func:`probe_all` probes many listeners,
+  every probe at once: the type a listener does not take never answers (a ROUTER fails a
+  PUSH's handshake with no detail and the PUSH retries), so each listener costs one
+  probe's whole ``PROBE_S``, and one after another a job's six cost 30 s of waiting.
 - :func:`flood`: raw bytes into a port (they must change nothing).
 """
 
@@ -20,6 +23,7 @@ import json
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import zmq
@@ -131,19 +135,35 @@ def _one_probe(context: zmq.Context, kind: int, ip: str, port: int, server_key: 
         sock.close(linger=0)
 
 
-def probe(ip: str, port: int, job_public: bytes) -> str:
-    """``"refused"`` when the listener is a CURVE server of the job that refuses a key
-    other than the job's; else what the probes saw."""
-    context = zmq.Context()
-    try:
-        answers = [
-            _one_probe(context, kind, ip, port, job_public) for kind in (zmq.DEALER, zmq.PUSH)
-        ]
-    finally:
-        context.term()
+KINDS = (zmq.DEALER, zmq.PUSH)
+
+
+def _verdict(answers: list[str]) -> str:
     if "ACCEPTED" in answers or "refused" not in answers:
         return "; ".join(answers)
     return "refused"
+
+
+def probe(ip: str, port: int, job_public: bytes) -> str:
+    """``"refused"`` when the listener is a CURVE server of the job that refuses a key
+    other than the job's; else what the probes saw."""
+    return probe_all([(ip, port)], job_public)[0]
+
+
+def probe_all(addresses: list[tuple[str, int]], job_public: bytes) -> list[str]:
+    """:func:`probe` of each ``(ip, port)``, in order, every probe in a thread of its own
+    (each with its own socket and its whole ``PROBE_S``: what each sees is what it saw
+    one after another)."""
+    context = zmq.Context()
+    try:
+        with ThreadPoolExecutor(max(1, len(addresses) * len(KINDS))) as pool:
+            futures = [
+                [pool.submit(_one_probe, context, kind, ip, port, job_public) for kind in KINDS]
+                for ip, port in addresses
+            ]
+            return [_verdict([f.result() for f in answers]) for answers in futures]
+    finally:
+        context.term()
 
 
 def flood(ip: str, port: int, nbytes: int = 1 << 20) -> None:

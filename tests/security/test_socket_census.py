@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _census import flood, job_processes, listening, probe
+from _census import flood, job_processes, listening, probe_all
 
 from sparseps.rpc.security import JobKeys, write_job_keys  # noqa: E402
 from sparseps.testing import wait_until
@@ -41,7 +41,7 @@ def _census(nodes, public: bytes) -> dict[str, str]:
         for pid, what in processes.items()
         for ip, port in listening(pid)
     }
-    verdicts = {name: probe(ip, port, public) for (ip, port), name in sockets.items()}
+    verdicts = dict(zip(sockets.values(), probe_all(list(sockets), public), strict=True))
     for ip, port in sockets:
         flood(ip, port)
     return verdicts
