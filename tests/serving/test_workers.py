@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -18,6 +17,7 @@ import orjson
 from _servetools import land
 
 from sparseps.serving import ServeProcess, criteo_request_rows
+from sparseps.testing import wait_until
 
 WAIT_S = 120.0
 
@@ -94,21 +94,22 @@ def test_two_workers_share_the_rows_and_a_dead_one_comes_back(chain, tmp_path):
         assert sorted(accepted) == [3, 4], accepted
         for conn in opened:
             conn.close()
-        deadline = time.monotonic() + WAIT_S
-        while sum(w["closed"] for w in client.get("/model").json()["workers"]) < 6:
-            assert time.monotonic() < deadline, "closed connections were not counted"
-            time.sleep(0.1)
+        wait_until(
+            lambda: sum(w["closed"] for w in client.get("/model").json()["workers"]) >= 6,
+            WAIT_S,
+            "the closed connections counted",
+            0.1,
+        )
 
         os.kill(pids[0], signal.SIGKILL)
-        deadline = time.monotonic() + WAIT_S
-        while True:
+
+        def restarted_pids() -> list[int] | None:
             with httpx.Client(base_url=service.url, timeout=60) as fresh:  # a new connection
                 workers = fresh.get("/model").json()["workers"]
             now = [w["pid"] for w in workers]
-            if now[0] not in (0, pids[0]) and alive(now[0]):
-                break
-            assert time.monotonic() < deadline, f"worker 0 was not started again: {workers}"
-            time.sleep(0.2)
+            return now if now[0] not in (0, pids[0]) and alive(now[0]) else None
+
+        now = wait_until(restarted_pids, WAIT_S, "worker 0 started again", 0.2)
         assert now[1] == pids[1]
         with httpx.Client(base_url=service.url, timeout=60) as fresh:
             again = fresh.post("/predict", json={"rows": rows})
@@ -118,7 +119,4 @@ def test_two_workers_share_the_rows_and_a_dead_one_comes_back(chain, tmp_path):
         assert restarted["accepted"] >= 1 and restarted["closed"] <= restarted["accepted"]
         assert "worker 0" in service.log() and "starting it again" in service.log()
     # the supervisor stopped: so did every worker
-    deadline = time.monotonic() + 30
-    while any(alive(pid) for pid in now):
-        assert time.monotonic() < deadline, f"workers left running: {now}"
-        time.sleep(0.1)
+    wait_until(lambda: not any(alive(pid) for pid in now), 30, f"workers {now} stopped", 0.1)
