@@ -39,6 +39,11 @@ class EmbeddingTable:
             frozen(np.zeros((0, config.pull_dim), np.float32)),
         )
 
+    @property
+    def row_count(self) -> int:
+        """How many keys it serves."""
+        return int(self.keys.size)
+
     def upsert(self, keys: np.ndarray, rows: np.ndarray) -> EmbeddingTable:
         """This table with ``keys`` set to ``rows`` (a delta over a base: newer rows win;
         of a key repeated in ``keys``, the first). One merge, O(n + m log n)."""

@@ -306,7 +306,8 @@ class Predictor:
         return int(self.manifest.get("head", {}).get("outputs", 1))
 
     def rows(self) -> dict[str, int]:
-        return {name: int(t.keys.size) for name, t in self.tables.items()}
+        """Keys served per table (counted, not listed: ``GET /model`` asks on every call)."""
+        return {name: t.row_count for name, t in self.tables.items()}
 
     def nbytes(self) -> int:
         """Bytes of every table's keys and rows (mapped and in memory)."""

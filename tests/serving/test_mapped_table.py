@@ -53,6 +53,7 @@ def test_mapped_lookups_equal_the_in_memory_table(tmp_path):
         for table in tables:
             np.testing.assert_array_equal(table.lookup(asked), expected)
             np.testing.assert_array_equal(table.keys, oracle.keys)
+            assert table.row_count == oracle.row_count == oracle.keys.size
         changed = np.concatenate([rng.choice(keys, 40), rng.choice(unknown, 10)])
         if step % 3 == 2:
             oracle = oracle.delete(changed)
