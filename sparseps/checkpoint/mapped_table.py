@@ -166,12 +166,10 @@ class MappedTable:
 
     def _base_rows(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(hit, rows)``: which of ``keys`` the base holds, and their rows."""
-        index = self.index
-        if index.keys.size == 0 or keys.size == 0:
-            return np.zeros(keys.size, bool), np.zeros((0, self.config.pull_dim), np.float32)
-        position = np.minimum(np.searchsorted(index.keys, keys), index.keys.size - 1)
-        hit = index.keys[position] == keys
-        where = np.asarray(index.where[position[hit]])
+        position, hit = self._find(keys)
+        if not hit.any():
+            return hit, np.zeros((0, self.config.pull_dim), np.float32)
+        where = np.asarray(self.index.where[position[hit]])
         if len(self.parts) == 1:
             return hit, self.parts[0][where]
         rows = np.empty((where.size, self.config.pull_dim), np.float32)
@@ -214,11 +212,16 @@ class MappedTable:
 
     def _in_base(self, keys: np.ndarray) -> np.ndarray:
         """Which of ``keys`` the base's index holds (deleted or not)."""
+        return self._find(keys)[1]
+
+    def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(position, hit)``: each key's place in the base's sorted index, and whether
+        the index holds it there."""
         index = self.index.keys
         if index.size == 0 or keys.size == 0:
-            return np.zeros(keys.size, bool)
+            return np.zeros(keys.size, np.int64), np.zeros(keys.size, bool)
         position = np.minimum(np.searchsorted(index, keys), index.size - 1)
-        return np.asarray(index[position] == keys)
+        return position, np.asarray(index[position] == keys)
 
     @property
     def keys(self) -> np.ndarray:

@@ -60,6 +60,7 @@ from collections.abc import Mapping, Sequence
 from ..core.closing import Closing
 from ..env import settings
 from .fork_process import MAX_MESSAGE as _MAX_MESSAGE
+from .fork_process import WORKER_SET
 from .procutil import die_with_parent_hook
 from .zygote import Zygotes
 
@@ -81,8 +82,7 @@ def fork_server_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 # Modules whose import brings torch in: a script importing one at its top level imports
 # torch on every role, servers too.
-_TORCH_MODULES = ("torch", "sparseps.models", "sparseps.worker", "sparseps.nn",
-                  "sparseps.core.collectives")  # fmt: skip
+_TORCH_MODULES = (*WORKER_SET, "sparseps.nn", "sparseps.core.collectives")
 _ROLE_CHECKS = ("is_server", "run_server", "is_worker")
 
 
