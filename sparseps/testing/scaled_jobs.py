@@ -7,6 +7,8 @@ saved what the unscaled one did.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from .environ import CHECKOUT
 __all__ = [
     "JOB",
     "STALL_BOUND_S",
+    "StallWatch",
     "assert_same_training",
     "first_divergence",
     "scale",
@@ -86,6 +89,56 @@ def stall_while_scaled(out: Path, t0: float, t_mid: float, t1: float) -> tuple[f
     inside = times[(times >= t0) & (times <= min(t1, gate_at))]
     window = np.concatenate([[t0], inside])
     return float(np.max(np.diff(window))), len(inside)
+
+
+class StallWatch:
+    """Dumps every role's stacks (``sparseps diagnose``) once, when worker 0 makes no step
+    for ``quiet_s`` while watched, so that a stall the checks report says where each role
+    waited (it cannot be seen after the job ended: by then nobody waits).
+
+    Worker 0 appends a line to ``OUT/steps.live`` per step (the job script); its waits at
+    the gate are not stalls (the watch ends once ``OUT/at_gate`` exists). Use as a context
+    manager around the scales; :meth:`report` is the dump's summary and the workers'
+    stacks ("" when none was taken).
+    """
+
+    def __init__(self, out: Path, log_dir: Path, quiet_s: float = 2.0) -> None:
+        self._live, self._at_gate, self._log_dir = out / "steps.live", out / "at_gate", log_dir
+        self._quiet_s = quiet_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
+        self.folder: Path | None = None
+
+    def __enter__(self) -> StallWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _watch(self) -> None:
+        from ..observe.diagnose import diagnose
+
+        size, since = -1, time.monotonic()
+        while not self._stop.wait(0.1) and not self._at_gate.exists():
+            now_size = self._live.stat().st_size if self._live.exists() else 0
+            if now_size != size:
+                size, since = now_size, time.monotonic()
+            elif time.monotonic() - since > self._quiet_s:
+                quiet = time.monotonic() - since
+                self.folder = diagnose(self._log_dir, reason=f"no step for {quiet:.1f} s").folder
+                return
+
+    def report(self) -> str:
+        if self.folder is None:
+            return ""
+        parts = [f"--- stacks when worker 0 had made no step for {self._quiet_s:g} s "
+                 f"({self.folder})"]  # fmt: skip
+        for path in [self.folder / "summary.txt", *sorted(self.folder.glob("[sw]*.*.txt"))]:
+            if path.exists():
+                parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}")
+        return "\n".join(parts)
 
 
 def tables(ckpt: Path) -> dict[str, dict[str, np.ndarray]]:

@@ -24,6 +24,7 @@ from sparseps.testing.environ import clean_environ
 from sparseps.testing.scaled_jobs import (
     JOB,
     STALL_BOUND_S,
+    StallWatch,
     assert_same_training,
     scale,
     stall_while_scaled,
@@ -63,11 +64,12 @@ def test_scale_a_launched_job_2_to_3_to_2_equals_the_unscaled_job(tmp_path, caps
     log_dir, out = tmp_path / "scaled" / "log", tmp_path / "scaled" / "out"
     try:
         _wait(lambda: (out / "progress").exists(), 60, "training to start")
-        t0 = time.time()
-        grown = scale(log_dir, "--servers", "3", capsys=capsys)
-        t_mid = time.time()
-        shrunk = scale(log_dir, "--servers", "2", capsys=capsys)
-        t1 = time.time()
+        with StallWatch(out, log_dir) as watch:  # a stall's report says where roles waited
+            t0 = time.time()
+            grown = scale(log_dir, "--servers", "3", capsys=capsys)
+            t_mid = time.time()
+            shrunk = scale(log_dir, "--servers", "2", capsys=capsys)
+            t1 = time.time()
         gate.write_text("go")
         assert scaled.wait(90) == 0, (tmp_path / "scaled" / "launch.out").read_text()[-3000:]
         assert plain.wait(90) == 0, (tmp_path / "plain" / "launch.out").read_text()[-3000:]
@@ -83,7 +85,10 @@ def test_scale_a_launched_job_2_to_3_to_2_equals_the_unscaled_job(tmp_path, caps
     assert {"role": "server", "rank": 2} in [{k: c[k] for k in ("role", "rank")} for c in children]
     assert (log_dir / "server.2.log").exists()
     # the stall: the longest gap between two steps while the job was scaled
-    stall, inside = stall_while_scaled(out, t0, t_mid, t1)
+    try:
+        stall, inside = stall_while_scaled(out, t0, t_mid, t1)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{watch.report()}") from None
     usual = float(np.median(np.diff(step_times(tmp_path / "plain" / "out"))))
     with capsys.disabled():
         print(f"\nscale: grow {grown['seconds']:.2f} s (cut-over "
@@ -91,6 +96,6 @@ def test_scale_a_launched_job_2_to_3_to_2_equals_the_unscaled_job(tmp_path, caps
               f"(cut-over {shrunk['longest_cutover_s'] * 1000:.1f} ms); {inside} steps "
               f"while scaled, longest step gap {stall * 1000:.0f} ms (median step of the "
               f"plain job {usual * 1000:.0f} ms); test wall {time.time() - start:.1f} s")  # fmt: skip
-    assert stall < STALL_BOUND_S
+    assert stall < STALL_BOUND_S, watch.report()
     # the saved tables and the dense parameters equal the unscaled job's, bit for bit
     assert_same_training(tmp_path / "plain" / "out", out)

@@ -233,13 +233,14 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
                  "the Ray job to train")  # fmt: skip
         assert scaled.poll() is None, read_text(tmp_path / "ray" / "launch.out")[-3000:]
         hold.write_text("go")  # worker 0 waited at step 10: the job trains on from here
-        t0 = time.time()
-        grown = scaled_jobs.scale(log, "--servers", "3", capsys=capsys)
-        t_mid = time.time()
-        assert len(actor_pids()) == 5  # the new server's own actor
-        shrunk = scaled_jobs.scale(log, "--servers", "2", capsys=capsys)
-        t1 = time.time()
-        wait_until(lambda: len(actor_pids()) == 4, 20, "the retired server's actor to end")
+        with scaled_jobs.StallWatch(out, log) as watch:  # a stall's report: where roles waited
+            t0 = time.time()
+            grown = scaled_jobs.scale(log, "--servers", "3", capsys=capsys)
+            t_mid = time.time()
+            assert len(actor_pids()) == 5  # the new server's own actor
+            shrunk = scaled_jobs.scale(log, "--servers", "2", capsys=capsys)
+            t1 = time.time()
+            wait_until(lambda: len(actor_pids()) == 4, 20, "the retired server's actor to end")
         gate.write_text("go")
         assert scaled.wait(90) == 0, read_text(tmp_path / "ray" / "launch.out")[-3000:]
         t_done = time.time()
@@ -273,9 +274,11 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
     except AssertionError as exc:  # what the launcher and the workers logged meanwhile
         logs = "\n".join(f"--- {name}\n{read_text(log / name)[-1500:]}"
                          for name in ("launcher.log", "worker.0.log", "worker.1.log"))  # fmt: skip
-        raise AssertionError(f"{exc}\ngrow {grown}\nshrink {shrunk}\n{logs}") from None
+        raise AssertionError(
+            f"{exc}\ngrow {grown}\nshrink {shrunk}\n{logs}\n{watch.report()}"
+        ) from None
     print(f"longest step gap while scaled {stall * 1000:.0f} ms")
-    assert stall < scaled_jobs.STALL_BOUND_S
+    assert stall < scaled_jobs.STALL_BOUND_S, watch.report()
     try:
         scaled_jobs.assert_same_training(tmp_path / "plain" / "out", out)
     except AssertionError as exc:  # when the scales ran, beside the first diverging step

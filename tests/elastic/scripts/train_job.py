@@ -8,8 +8,9 @@ step while the gate FILE does not exist, and waits at step ``steps - 5`` until i
 (the test opens the gate once it has scaled the job, so the scales happen mid-training;
 the wait is recorded and left out of the stall). With ``--hold``, worker 0 also waits at
 step 10 (after writing ``OUT/progress``) until the hold FILE exists: the test lets the job
-go on once nothing else runs beside it. None of them changes what is trained. Worker 0 saves a
-checkpoint to ``OUT/ckpt`` and every dense parameter to ``OUT/dense.npz``.
+go on once nothing else runs beside it. None of them changes what is trained. Worker 0
+appends each step's time to ``OUT/steps.live`` as it happens (the tests' stall watch),
+saves a checkpoint to ``OUT/ckpt`` and every dense parameter to ``OUT/dense.npz``.
 """
 
 from __future__ import annotations
@@ -69,8 +70,13 @@ def main() -> int:
     # unscaled one's is where its state first differed (the tests name it on a mismatch)
     sums: list[float] = []
 
+    # worker 0's steps as they happen, for the tests' stall watch (a line per step)
+    live = open(out / "steps.live", "a", buffering=1) if rank == 0 else None  # noqa: SIM115
+
     def on_batch(step, stats) -> None:  # noqa: ARG001 - the callback's signature
         times.append(time.time())
+        if live is not None:
+            live.write(f"{times[-1]}\n")
         sums.append(float(np.asarray(step.predictions, np.float64).sum()))
         if rank == 0 and len(times) == 10:
             (out / "progress").write_text("10")  # the test scales from here on
