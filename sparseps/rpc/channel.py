@@ -46,7 +46,7 @@ from .channel_links import HEARTBEAT_IVL_MS, HEARTBEAT_TIMEOUT_MS, ServerLinks
 from .channel_receive import ReceivingByWaiters
 from .ops import OPS, UPDATE_OPS, OpSchema
 from .protocol import Forward, Limits, Reply, encode_request
-from .reply_slots import DEFAULT_SLOT_BYTES, SlotOffers, worth_a_slot
+from .reply_slots import ATTACH_WAIT_S, DEFAULT_SLOT_BYTES, SlotOffers, worth_a_slot
 from .security import Security
 
 __all__ = ["HEARTBEAT_IVL_MS", "HEARTBEAT_TIMEOUT_MS", "Call", "Channel"]
@@ -355,11 +355,11 @@ class Channel(Closing):
                 self._receiving.drain(call.rank)
 
     def _attach_replies(self, rank: int, args: dict) -> dict:
-        """Ask server ``rank`` for a segment of reply slots (its answer, checked)."""
+        """Ask server ``rank`` for a segment of reply slots (its answer, checked, within
+        :data:`~.reply_slots.ATTACH_WAIT_S`)."""
         call = self.submit(rank, "attach_replies", None, args=args)
-        return dict(
-            cast(dict, self.wait(call, time.monotonic() + self.timeout, self.timeout).result)
-        )
+        limit = min(self.timeout, ATTACH_WAIT_S)
+        return dict(cast(dict, self.wait(call, time.monotonic() + limit, limit).result))
 
     def _retry(self, call: Call) -> bool:
         """Send a timed-out update again under a new request id (same seq); False when no

@@ -93,6 +93,13 @@ _SEGMENT_NAME = re.compile(re.escape(SEGMENT_PREFIX) + r"[0-9]{1,10}-[0-9a-f]{16
 MIN_SLOT_KEYS = 256
 # After a failed attach (the server refused, or answered late), try again this much later.
 RETRY_ATTACH_S = 60.0
+# The longest a request waits for its server's attach answer (the attach is sent first,
+# on the request's own thread). Past it the request goes over the socket and meets its
+# server as any request would: a stopped same-host server held an elastic worker's first
+# big pull for the whole RPC timeout (60 s) inside the attach, where the placement
+# router's watch of the connection never saw it. A segment its late answer made is the
+# server's to sweep (``sparseps.server.reply_segments.IDLE_S``).
+ATTACH_WAIT_S = 2.0
 
 
 def slot_layout(described: Sequence[tuple[np.dtype, Sequence[int]]]) -> tuple[list[int], int]:
@@ -240,8 +247,8 @@ class SlotOffers:
     """A channel's reply slots: which server it attached to, which slot each call holds.
 
     Args:
-        attach: sends ``attach_replies`` to a rank and returns the server's answer
-            (raises whatever the call raises).
+        attach: sends ``attach_replies`` to a rank and returns the server's answer within
+            :data:`ATTACH_WAIT_S` (raises whatever the call raises).
         slots, slot_bytes: the segment asked of each server (``slots=0``: never attach).
     """
 

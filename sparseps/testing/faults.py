@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import msgpack
 import numpy as np
@@ -217,6 +217,7 @@ class FakeServer(Closing):
             with an error reply, as a server without reply slots does, and not recorded.
         slot: passed to ``encode_reply`` as the reply slot of every ok reply (an object
             whose ``place(bufs)`` says whether the buffers went there).
+        silent: ops it records and never answers (a hung server's, for those ops).
 
     Attributes:
         endpoint: ``127.0.0.1:PORT`` (give it to a client as a server's endpoint).
@@ -229,6 +230,7 @@ class FakeServer(Closing):
         *,
         attach: bool = False,
         slot: ReplyArea | None = None,
+        silent: Collection[str] = (),
     ) -> None:
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.ROUTER)
@@ -237,6 +239,7 @@ class FakeServer(Closing):
         self._answer = answer
         self._attach = attach
         self._slot = slot
+        self._silent = frozenset(silent)
         self.ops: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="fake-server", daemon=True)
@@ -253,6 +256,8 @@ class FakeServer(Closing):
                 self._socket.send_multipart([identity, *encode_reply(request.id, error=refusal)])
                 continue
             self.ops.append(request.op)
+            if request.op in self._silent:
+                continue
             result, bufs = self._answer(request)
             reply = encode_reply(request.id, result=result, bufs=list(bufs), slot=self._slot)
             self._socket.send_multipart([identity, *reply])

@@ -16,6 +16,7 @@ import gc
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -211,6 +212,22 @@ def test_an_attach_answer_naming_another_file_leaves_replies_on_the_socket():
         assert _free(client) == {}
         client.pull("t", MANY).wait()  # no second attach for a while
         assert server.ops == ["attach_replies", "pull", "pull"]
+
+
+def test_a_server_that_does_not_answer_the_attach_holds_a_request_up_briefly():
+    """A same-host server that never answers ``attach_replies`` (stopped, hung): the request
+    that asked goes over the socket after ATTACH_WAIT_S, not after the client's timeout,
+    and the next ones do not ask again for a while."""
+    with FakeServer(_ones, attach=True, silent={"attach_replies"}) as server, \
+            PSClient([server.endpoint], timeout=60) as client:  # fmt: skip
+        start = time.monotonic()
+        rows = client.pull("t", MANY).wait()
+        took = time.monotonic() - start
+        assert np.array_equal(rows, np.ones((len(MANY), 4), np.float32))
+        assert took < 30, f"the pull waited {took:.1f} s for the attach (timeout 60 s)"
+        client.pull("t", MANY).wait()
+        assert server.ops == ["attach_replies", "pull", "pull"]
+        assert _free(client) == {}
 
 
 def test_a_few_keys_are_not_worth_a_slot():
