@@ -12,20 +12,38 @@
 
 A registry per service (not the process-wide default) keeps two services in one
 process, as in tests, apart.
+
+Under ``sparseps serve --workers N`` a scrape reaches one worker, so each worker writes
+its own metrics next to the workers' board every :data:`SHARE_S` seconds
+(:meth:`ServeMetrics.share`) and any worker answers ``GET /metrics`` with every worker's,
+each sample labelled ``worker="I"`` (its own read at the scrape, the others' at most
+``SHARE_S`` old; a worker not started yet is left out). Sum over ``worker`` for the
+service's totals; a restarted worker's counters start again from 0, as Prometheus
+expects of a restarted process.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from ..core.atomic_file import replaced_atomically
 
 __all__ = ["CONTENT_TYPE", "ServeMetrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _ROW_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
+# How often a worker of ``--workers N`` writes its metrics for the others to answer with.
+SHARE_S = 1.0
 
 
 class ServeMetrics:
@@ -65,6 +83,7 @@ class ServeMetrics:
         for outcome in ("applied", "refused"):
             self.reloads.labels(outcome)  # present (at 0) before the first reload
         self._children: dict[tuple[str, int], tuple] = {}
+        self._shared: tuple[Path, int, int] | None = None  # (folder, index, workers)
 
     def follow(self, created_at: Callable[[], float], sequence: Callable[[], int]) -> None:
         """Read the served model's creation time and sequence at each scrape."""
@@ -85,5 +104,56 @@ class ServeMetrics:
     def on_reload(self, outcome: str, name: str, error: str | None) -> None:
         self.reloads.labels(outcome).inc()
 
+    def share(self, folder: Path, index: int, workers: int) -> None:
+        """Worker ``index`` of ``workers``: write this worker's metrics to ``folder`` every
+        :data:`SHARE_S` (a daemon thread, for the process's life) and render every
+        worker's from there (module docstring)."""
+        self._shared = (Path(folder), index, workers)
+        threading.Thread(target=self._write_shared, name="serve-metrics", daemon=True).start()
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        own = generate_latest(self.registry)
+        if self._shared is None:
+            return own
+        folder, index, workers = self._shared
+        texts = {index: own.decode()}
+        for other in range(workers):
+            if other != index:
+                with contextlib.suppress(FileNotFoundError):  # not started yet
+                    texts[other] = _shared_file(folder, other).read_text()
+        return generate_latest(_Labelled(texts))
+
+    def _write_shared(self) -> None:
+        assert self._shared is not None
+        folder, index, _ = self._shared
+        while True:
+            with replaced_atomically(_shared_file(folder, index)) as tmp:
+                tmp.write_bytes(generate_latest(self.registry))
+            time.sleep(SHARE_S)
+
+
+def _shared_file(folder: Path, index: int) -> Path:
+    return folder / f"metrics.{index}.prom"
+
+
+class _Labelled:
+    """Several workers' metrics (Prometheus text by worker index) as one collector: each
+    family once, each sample with its ``worker`` label."""
+
+    def __init__(self, texts: dict[int, str]) -> None:
+        self._texts = texts
+
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, Metric] = {}
+        for index, text in sorted(self._texts.items()):
+            for family in text_string_to_metric_families(text):
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                merged.samples.extend(
+                    Sample(s.name, {**s.labels, "worker": str(index)}, s.value, s.timestamp)
+                    for s in family.samples
+                )
+        return list(families.values())

@@ -158,6 +158,8 @@ def serve(config: ServeConfig, place: WorkerPlace | None = None) -> None:
         index_dir=config.index_dir,
     )
     schema = columns.fix(watcher.current.predictor)  # the first served model's, for good
+    if board is not None and place is not None:  # every worker's metrics at any worker
+        metrics.share(board.path.parent, place.index, board.workers)
     if place is None:
         sock = bind(config.host, config.port)
         host, port = sock.getsockname()[:2]

@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -246,8 +247,7 @@ def supervise(config: ServeConfig) -> int:
             config.ready_file.unlink(missing_ok=True)
         sock.close()
         board.close()
-        (work / "board").unlink(missing_ok=True)
-        work.rmdir()
+        shutil.rmtree(work, ignore_errors=True)  # the board, the workers' metrics
 
 
 def _wait_listening(workers: list[subprocess.Popen], board: WorkerBoard, stopped) -> None:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 from _servetools import land
+from prometheus_client.parser import text_string_to_metric_families
 
 from sparseps.serving import ServeProcess, criteo_request_rows
 from sparseps.testing import wait_until
@@ -100,6 +101,20 @@ def test_two_workers_share_the_rows_and_a_dead_one_comes_back(chain, tmp_path):
             "the closed connections counted",
             0.1,
         )
+
+        # /metrics from either worker: every worker's samples, labelled; 7 requests of 8 rows
+        def rows_by_worker() -> dict[str, float] | None:
+            text = client.get("/metrics").text
+            rows_total = {
+                s.labels["worker"]: s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+                if s.name == "sparseps_serve_rows_total"
+            }
+            return rows_total if sum(rows_total.values()) == 7 * len(rows) else None
+
+        counted = wait_until(rows_by_worker, WAIT_S, "every worker's rows in /metrics", 0.2)
+        assert sorted(counted) == ["0", "1"] and all(counted.values()), counted
 
         os.kill(pids[0], signal.SIGKILL)
 
