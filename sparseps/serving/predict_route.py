@@ -84,7 +84,7 @@ def model_call(model: ServedModel, tables: list[pa.Table], schema: Schema) -> np
     else:
         table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
     predictions = model.predictor.predict_batch(checked_batch(table, schema))
-    finite = np.isfinite(predictions)
+    finite = np.isfinite(predictions).reshape(len(predictions), -1).all(axis=1)
     if not finite.all():  # the inputs were checked (finite float32): the model is at fault
         row = int(np.flatnonzero(~finite)[0])
         raise CheckpointError(
@@ -145,7 +145,7 @@ class PredictRoute:
             log.exception("POST /predict failed")
             status, content = 500, _error(f"internal: {exc}")
         else:
-            status, rows = 200, int(predictions.size)
+            status, rows = 200, len(predictions)
             sequence = model.predictor.sequence
             try:  # the answer's encoding is the service's work: its errors are no 400
                 content, media = _encode(predictions, sequence, ARROW_STREAM in (accept or ""))
@@ -240,15 +240,25 @@ def _error(message: str) -> bytes:
 def _encode(
     predictions: np.ndarray, sequence: int, arrow: bool
 ) -> tuple[bytes | memoryview, bytes]:
-    """The answer's body and media type: an Arrow stream of one ``prediction`` column, or
-    ``{"predictions": [...], "rows": n, "sequence": s}``."""
-    if arrow:  # the column's buffer as it is (no copy) into the stream
-        batch = pa.record_batch([pa.array(predictions, pa.float32())], ["prediction"])
+    """The answer's body and media type: an Arrow stream of one ``prediction`` column
+    (``prediction_0`` ... for a head of several outputs), or ``{"predictions": [...],
+    "rows": n, "sequence": s}`` (a list per row for several outputs)."""
+    if arrow:  # one output: the column's buffer as it is (no copy) into the stream
+        if predictions.ndim == 1:
+            batch = pa.record_batch([pa.array(predictions, pa.float32())], ["prediction"])
+        else:
+            columns = [pa.array(column, pa.float32()) for column in predictions.T]
+            names = [f"prediction_{i}" for i in range(len(columns))]
+            batch = pa.record_batch(columns, names)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
         return memoryview(sink.getvalue()), ARROW_STREAM.encode()
     # orjson writes a float32 array's shortest float32 text, which reads back (as float64,
     # then float32) to the same float32 bits; 10-50x faster than json over .tolist()
-    payload = {"predictions": predictions, "rows": int(predictions.size), "sequence": sequence}
+    payload = {
+        "predictions": np.ascontiguousarray(predictions),  # rows of a head's outputs: lists
+        "rows": len(predictions),
+        "sequence": sequence,
+    }
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY), _JSON

@@ -9,8 +9,9 @@ the Criteo columns, and the log says so. ``--schema`` fixes the columns instead;
 save is then served with them, as long as they feed the model.
 
 Every model is tried on a one-row request of the columns before it is served (the
-warm-up), and must answer one prediction per row: a head with several outputs (a
-multi-task model) is refused, since a request's answer is one number per row.
+warm-up). The first model served also fixes how many predictions a row gets (its head's
+outputs: 2 for a two-task model such as ESMM's pCTR and pCVR), since clients read the
+answer's shape: a later save whose head has another count is refused the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class RequestSchema:
     def __init__(self, given: Schema | None) -> None:
         self.given = given
         self._fixed: Schema | None = given
+        self._outputs: int | None = None  # predictions per row, from the first warm-up
 
     @property
     def schema(self) -> Schema:
@@ -70,7 +72,8 @@ class RequestSchema:
 
         Raises:
             CheckpointError: the save records another schema than the one served, the
-                columns do not feed it, or its head has several outputs.
+                columns do not feed it, or its head gives another number of predictions
+                per row than the served one.
         """
         schema = self.of(predictor)
         recorded = predictor.input
@@ -87,9 +90,12 @@ class RequestSchema:
         row = {schema.slots[0]: "warmup"} if schema.slots else {}
         batch = batch_from_body(json.dumps({"rows": [row]}).encode(), "", schema, max_rows=1)
         answer = predictor.predict_batch(batch)
-        if answer.ndim != 1:
+        outputs = 1 if answer.ndim == 1 else int(answer.shape[1])
+        if self._outputs is None:
+            self._outputs = outputs
+        elif outputs != self._outputs:
             raise CheckpointError(
-                f"{predictor.saves[-1]}: the head has {answer.shape[1]} outputs per row; "
-                "sparseps serve answers one prediction per row (use sparseps predict or "
-                "sparseps.Predictor for a multi-task model)"
+                f"{predictor.saves[-1]}: the head gives {outputs} predictions per row and "
+                f"the service answers {self._outputs}; restart sparseps serve to serve the "
+                "new head"
             )

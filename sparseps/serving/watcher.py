@@ -71,6 +71,7 @@ class ServedModel:
             "base": p.saves[0].name,
             "deltas": [f.name for f in p.saves[1:]],
             "sequence": p.sequence,
+            "outputs": p.outputs,
             "passes": p.passes,
             "created": p.manifest.get("created"),
             "age_s": round(max(0.0, now - self.created_at), 3),

@@ -4,8 +4,9 @@ logits per row.
 The example trains on planted impressions (click, then conversion) and saves with
 ``--out``. The save records the example's schema (two labels, three slots) and format;
 ``sparseps.Predictor`` gives ``[rows, 2]`` (pCTR, pCVR), ``sparseps predict`` prints both
-columns with no flag, and pCTR ranks the clicks (the model learned). ``sparseps serve``,
-which answers one number per row, refuses such a model with a reason.
+columns with no flag, and pCTR ranks the clicks (the model learned). ``sparseps serve``
+answers each row with both (a list per row, or two Arrow columns) equal to the
+``Predictor``'s; a later save whose head gives another count is refused.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from sparseps import cli
@@ -23,7 +26,7 @@ from sparseps.checkpoint.predictor import Predictor
 from sparseps.data import QueueDataset
 from sparseps.errors import CheckpointError
 from sparseps.metrics.functions import exact_auc
-from sparseps.serving import ModelWatcher
+from sparseps.serving import ServeProcess
 from sparseps.testing.environ import clean_environ
 
 pytestmark = pytest.mark.timeout(300)
@@ -82,9 +85,53 @@ def test_the_esmm_model_predicts_both_tasks(esmm, capsys):
     np.testing.assert_allclose(got, want, rtol=0, atol=5e-7)
 
 
-def test_serve_refuses_a_head_of_two_outputs_and_says_why(esmm):
+def test_serve_answers_both_tasks_as_the_predictor_does(esmm):
+    """``sparseps serve`` answers each row with its two outputs (JSON: a list per row; Arrow:
+    ``prediction_0`` and ``prediction_1``), equal to ``sparseps.Predictor``'s, and
+    ``/model`` says how many."""
+    model, test, _ = esmm
+    predictor = Predictor(model)
+    recorded = predictor.input
+    assert recorded is not None
+    want = predictor.predict(QueueDataset([str(test)], recorded.schema, 256, rank=0, world=1))
+    fields = [line.split("\t")[2:] for line in test.read_text().splitlines()[:40]]
+    rows = [dict(zip(("user", "item", "ctx"), f, strict=True)) for f in fields]
+    arrow = "application/vnd.apache.arrow.stream"
+    with ServeProcess(model, poll_s=60) as service, httpx.Client(base_url=service.url) as client:
+        assert client.get("/model").json()["outputs"] == 2
+        answer = client.post("/predict", json={"rows": rows}).json()
+        assert answer["rows"] == 40
+        got = np.array(answer["predictions"], np.float32)
+        assert got.shape == (40, 2)
+        np.testing.assert_allclose(got, want[:40], rtol=0, atol=5e-7)
+        streamed = client.post("/predict", json={"rows": rows}, headers={"accept": arrow})
+        table = pa.ipc.open_stream(streamed.content).read_all()
+        assert table.column_names == ["prediction_0", "prediction_1"]
+        np.testing.assert_array_equal(
+            np.stack([table.column(n).to_numpy() for n in table.column_names], 1), got
+        )
+
+
+def test_serve_refuses_a_later_head_of_other_outputs(esmm):
+    """The first model served fixes a row's predictions: a save whose head gives another
+    count is refused like one of another schema."""
     from sparseps.serving.request_schema import RequestSchema
 
     model, _, _ = esmm
-    with pytest.raises(CheckpointError, match="the head has 2 outputs per row"):
-        ModelWatcher(model, poll_s=60, warmup=RequestSchema(None).warm_up)
+    columns = RequestSchema(None)
+    columns.warm_up(Predictor(model))  # the served head: 2 outputs
+
+    class OneOutput:  # the same save, its head answering one number per row
+        def __init__(self) -> None:
+            self._inner = Predictor(model)
+
+        def __getattr__(self, name: str):
+            return getattr(self._inner, name)
+
+        def predict_batch(self, batch):
+            return self._inner.predict_batch(batch)[:, 0]
+
+    with pytest.raises(
+        CheckpointError, match="gives 1 predictions per row and the service answers 2"
+    ):
+        columns.warm_up(OneOutput())  # type: ignore[arg-type]

@@ -166,9 +166,12 @@ def test_reloads_while_serving(service, client, served, chain, tmp_path):
         now = client.post("/predict", json={"rows": rows}).json()
         assert now["sequence"] == sequence_of(last)
         assert_answer(now["predictions"], now["sequence"], expected)
-        metrics = client.get("/metrics").text
+        # every worker's metrics, from the one answering (each refused the same saves)
         refused = model["reloads"]["refused"]
-        assert f'sparseps_serve_reloads_total{{outcome="refused"}} {refused}.0' in metrics
+        want = [f'sparseps_serve_reloads_total{{outcome="refused",worker="{i}"}} {refused}.0'
+                for i in range(WORKERS)]  # fmt: skip
+        wait_until(lambda: all(line in client.get("/metrics").text for line in want), WAIT_S,
+                   "every worker's refusals in /metrics", 0.1)  # fmt: skip
         log = service.log()
         assert log.count(f"refusing {corrupt_name}") == WORKERS
         assert log.count(noted) == WORKERS

@@ -15,10 +15,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from _servetools import WORKERS
+from prometheus_client.parser import text_string_to_metric_families
 
 from sparseps import cli
 from sparseps.checkpoint.predictor import Predictor
 from sparseps.serving import criteo_request_rows
+from sparseps.testing import wait_until
 
 ARROW = "application/vnd.apache.arrow.stream"
 
@@ -141,13 +144,31 @@ def test_model_and_metrics_routes(client, served):
     assert model["rows"] == offline.rows() and model["rows"]["deep_emb"] > 1000
     assert model["age_s"] >= 0 and model["bytes"] == offline.nbytes()
     assert set(model["reloads"]) == {"applied", "refused"}
-    text = client.get("/metrics").text
-    assert 'sparseps_serve_requests_total{route="/predict",status="200"}' in text
-    assert 'sparseps_serve_requests_total{route="/predict",status="413"}' in text
+
+    # every worker's metrics, labelled (the others' written at most a second ago)
+    def answered(text: str, status: str) -> float:
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "sparseps_serve_requests_total" and s.labels["route"] == "/predict"
+            and s.labels["status"] == status
+        )  # fmt: skip
+
+    def with_the_413() -> str | None:
+        text = client.get("/metrics").text
+        return text if answered(text, "413") else None
+
+    text = wait_until(with_the_413, 30, "the 413 answered above in /metrics", 0.1)
+    assert answered(text, "200") > 0
     assert "sparseps_serve_request_seconds_bucket" in text
-    assert f"sparseps_serve_model_sequence {offline.sequence}.0" in text
-    assert (
-        f'sparseps_serve_reloads_total{{outcome="applied"}} {model["reloads"]["applied"]}.0' in text
+    for worker in range(WORKERS):
+        assert f'sparseps_serve_model_sequence{{worker="{worker}"}} {offline.sequence}.0' in text
+    applied = model["reloads"]["applied"]  # the answering worker's
+    assert any(
+        line.startswith('sparseps_serve_reloads_total{outcome="applied",worker=')
+        and line.endswith(f" {applied}.0")
+        for line in text.splitlines()
     )
     age = [line for line in text.splitlines() if line.startswith("sparseps_serve_model_age")]
-    assert len(age) == 1 and float(age[0].split()[1]) >= 0
+    assert len(age) == WORKERS and all(float(line.split()[1]) >= 0 for line in age)
