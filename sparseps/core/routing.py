@@ -197,7 +197,13 @@ def route_by_server(
     return _group(keys, num_servers, 0, 0, _NO_TABLE, False)
 
 
+# Read-only, like every Placement's owners table: numba compiles a separate overload of
+# _group for a read-only table, and the plain routing of a job's first steps then
+# compiles (or loads) the one a placement's routing uses. Had they differed, a worker on
+# a cold kernel cache compiled it at a scale's cut-over, every sync worker waiting
+# seconds (the Ray scale test on CI).
 _NO_TABLE = np.zeros(1, np.int64)
+_NO_TABLE.setflags(write=False)
 
 
 def group_by_table(

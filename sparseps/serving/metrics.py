@@ -25,6 +25,7 @@ expects of a restarted process.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +39,8 @@ from prometheus_client.samples import Sample
 from ..core.atomic_file import replaced_atomically
 
 __all__ = ["CONTENT_TYPE", "ServeMetrics"]
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -126,9 +129,16 @@ class ServeMetrics:
     def _write_shared(self) -> None:
         assert self._shared is not None
         folder, index, _ = self._shared
+        failing = False
         while True:
-            with replaced_atomically(_shared_file(folder, index)) as tmp:
-                tmp.write_bytes(generate_latest(self.registry))
+            try:
+                with replaced_atomically(_shared_file(folder, index)) as tmp:
+                    tmp.write_bytes(generate_latest(self.registry))
+                failing = False
+            except OSError as exc:  # the others show this worker's last write meanwhile
+                if not failing:
+                    log.warning("cannot write this worker's metrics for the others: %s", exc)
+                failing = True
             time.sleep(SHARE_S)
 
 

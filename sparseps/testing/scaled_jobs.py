@@ -98,8 +98,8 @@ class StallWatch:
 
     Worker 0 appends a line to ``OUT/steps.live`` per step (the job script); its waits at
     the gate are not stalls (the watch ends once ``OUT/at_gate`` exists). Use as a context
-    manager around the scales; :meth:`report` is the dump's summary and the workers'
-    stacks ("" when none was taken).
+    manager around the scales and the job's end (a stall may outlast the scales);
+    :meth:`report` is the dump's summary and the roles' stacks ("" when none was taken).
     """
 
     def __init__(self, out: Path, log_dir: Path, quiet_s: float = 2.0) -> None:

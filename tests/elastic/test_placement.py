@@ -60,3 +60,20 @@ def test_move_import_schema_lists_the_tables_export_columns():
 
     names = [b.name for b in OPS["move_import"].bufs]
     assert names == [f"r_{n}" for n in ROW_BUFS] + [f"p_{n}" for n in PENDING_BUFS]
+
+
+def test_a_placement_routes_with_the_kernels_plain_routing_compiled():
+    """A placement's routing uses the overloads of the routing kernel that a job's plain
+    routing made (its owners table is read-only, as the plain one is): a worker does not
+    compile one at its first scale's cut-over, which on a cold kernel cache held every
+    sync worker for seconds."""
+    from sparseps.core import routing
+
+    keys = np.arange(1, 500, dtype=np.uint64)
+    routing.group_by_server(keys, 3)
+    routing.route_by_server(keys, 3)
+    before = list(routing._group.signatures)
+    placement = Placement.default(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+    placement.group(keys, dedup=True)
+    placement.group(keys, dedup=False)
+    assert routing._group.signatures == before

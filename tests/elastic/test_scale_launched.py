@@ -70,8 +70,8 @@ def test_scale_a_launched_job_2_to_3_to_2_equals_the_unscaled_job(tmp_path, caps
             t_mid = time.time()
             shrunk = scale(log_dir, "--servers", "2", capsys=capsys)
             t1 = time.time()
-        gate.write_text("go")
-        assert scaled.wait(90) == 0, (tmp_path / "scaled" / "launch.out").read_text()[-3000:]
+            gate.write_text("go")  # the watch goes on until worker 0 is at the gate
+            assert scaled.wait(90) == 0, (tmp_path / "scaled" / "launch.out").read_text()[-3000:]
         assert plain.wait(90) == 0, (tmp_path / "plain" / "launch.out").read_text()[-3000:]
     finally:
         gate.write_text("go")

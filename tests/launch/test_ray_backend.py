@@ -241,8 +241,8 @@ def test_sparseps_scale_grows_and_shrinks_a_ray_job_and_rows_equal_the_unscaled_
             shrunk = scaled_jobs.scale(log, "--servers", "2", capsys=capsys)
             t1 = time.time()
             wait_until(lambda: len(actor_pids()) == 4, 20, "the retired server's actor to end")
-        gate.write_text("go")
-        assert scaled.wait(90) == 0, read_text(tmp_path / "ray" / "launch.out")[-3000:]
+            gate.write_text("go")  # the watch goes on until worker 0 is at the gate
+            assert scaled.wait(90) == 0, read_text(tmp_path / "ray" / "launch.out")[-3000:]
         t_done = time.time()
     finally:
         gate.write_text("go")
