@@ -7,6 +7,8 @@ check and its table access (a loaded machine: the Ray scale test under CI).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -112,3 +114,21 @@ def test_a_bump_landing_mid_check_does_not_let_a_frozen_push_through(source):
     with pytest.raises(PlacementError):
         state.handle(_request("push", keys=keys[:1], grads=grad))
     assert elastic.placement is moved, "the bump did not land during the check"
+
+
+def test_installing_the_first_placement_readies_the_check_for_read_only_keys():
+    """A fresh server process installs its first placement: the hash kernel of the check
+    is ready for a request's read-only keys before any request is checked (on a cold
+    kernel cache the first placed pulls compiled it, 1-2 s at a first scale)."""
+    script = (
+        "import numpy as np\n"
+        "from sparseps.core import hashing\n"
+        "from sparseps.core.placement import Placement\n"
+        "from sparseps.server.handlers import ServerState\n"
+        f"with ServerState(0, 2, {ENDPOINTS[0]!r}) as state:\n"
+        f"    state.elastic.install(Placement.default({list(ENDPOINTS)!r}))\n"
+        "    print(any(not s[0].mutable for s in hashing._mix_all.signatures))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == "True", done.stdout
