@@ -43,7 +43,14 @@ def _mix_all(keys, salt):  # pragma: no cover - compiled
 
 def mix64_array(keys: np.ndarray, salt: int = 0) -> np.ndarray:
     """``mix64(key ^ salt)`` of every key of a 1-D uint64 array (uint64 out)."""
-    return _mix_all(np.ascontiguousarray(keys, np.uint64), np.uint64(salt))
+    keys = np.ascontiguousarray(keys, np.uint64)
+    if keys.flags.writeable:
+        # numba compiles an overload per writability: a request's keys (a server's, read
+        # only) and a worker's (writable) would each compile one on a cold kernel cache,
+        # wherever first met (a scale's cut-over). A read-only view: one for every caller.
+        keys = keys.view()
+        keys.setflags(write=False)
+    return _mix_all(keys, np.uint64(salt))
 
 
 def draw_seed() -> np.uint64:
