@@ -207,12 +207,10 @@ class MappedTable:
         """How many keys it serves (``keys.size``), without building the key set (which
         sorts every base key again: seconds and ~60 bytes a row at millions of rows): the
         base's keys less the deleted ones it holds, plus the deltas' keys it does not."""
-        base = int(self.index.keys.size) - int(np.count_nonzero(self._in_base(self.deleted)))
-        return base + int(np.count_nonzero(~self._in_base(self.overlay.keys)))
-
-    def _in_base(self, keys: np.ndarray) -> np.ndarray:
-        """Which of ``keys`` the base's index holds (deleted or not)."""
-        return self._find(keys)[1]
+        deleted_in_base = self._find(self.deleted)[1]
+        overlay_in_base = self._find(self.overlay.keys)[1]
+        base = int(self.index.keys.size) - int(np.count_nonzero(deleted_in_base))
+        return base + int(np.count_nonzero(~overlay_in_base))
 
     def _find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(position, hit)``: each key's place in the base's sorted index, and whether

@@ -167,13 +167,10 @@ class ElasticMoves:
             InputError: ``new`` has another number of virtual shards than the job's.
         """
         if self._state.placement is None:
-            # The keys a request checks are its message's read-only buffer, an overload
-            # of the hash kernel of their own: compiled (a cold kernel cache) or loaded
-            # here, before any request is checked against a placement, and not by the
-            # job's first placed pulls, which waited 1-2 s for it at a first scale.
-            keys = np.zeros(1, np.uint64)
-            keys.setflags(write=False)
-            vshards_of(keys, new.vshards)
+            # The check's hash kernel, compiled (a cold kernel cache) or loaded here,
+            # before any request is checked against a placement, and not by the job's
+            # first placed pulls, which waited 1-2 s for it at a first scale.
+            vshards_of(np.zeros(1, np.uint64), new.vshards)
         with self._lock:
             current = self._state.placement
             if current is not None:

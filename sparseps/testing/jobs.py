@@ -30,6 +30,7 @@ __all__ = [
     "free_port_pair",
     "job_processes",
     "launch_argv",
+    "processes_with",
     "read_pids",
     "results",
     "run_launch",
@@ -77,16 +78,21 @@ def alive(pid: int) -> bool:
 
 def job_processes(job_id: str) -> list[int]:
     """Live processes whose environment carries ``SPARSEPS_JOB_ID=job_id``."""
-    needle = f"SPARSEPS_JOB_ID={job_id}".encode() + b"\0"
+    return processes_with(f"SPARSEPS_JOB_ID={job_id}".encode() + b"\0", "environ")
+
+
+def processes_with(needle: bytes, part: str = "cmdline") -> list[int]:
+    """Live processes whose ``/proc/PID/<part>`` (``cmdline`` or ``environ``: NUL-separated,
+    one NUL added at the end) holds ``needle``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            environ = (entry / "environ").read_bytes() + b"\0"
+            text = (entry / part).read_bytes() + b"\0"
         except OSError:
             continue
-        if needle in environ and alive(int(entry.name)):
+        if needle in text and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .jobs import alive, clean_env, finish, free_port, launch_argv
+from .jobs import alive, clean_env, finish, free_port, launch_argv, processes_with
 from .wait import wait_until
 
 __all__ = [
@@ -67,29 +67,13 @@ def _descendants(roots: set[int]) -> set[int]:
 def _cluster_pids(temp_dir: str, address: str) -> set[int]:
     """Every process of the Ray cluster whose session lives in ``temp_dir``, and the head's
     Ray client server (named by the GCS ``address`` only; re-parented to init)."""
-    roots = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                if temp_dir.encode() in cmdline or f"--address={address}".encode() in cmdline:
-                    roots.add(int(entry.name))
-            except OSError:
-                continue
+    roots = {*processes_with(temp_dir.encode()), *processes_with(f"--address={address}".encode())}
     return {pid for pid in _descendants(roots) if alive(pid)}
 
 
 def actor_pids() -> list[int]:
     """Live Ray worker processes that host a sparseps role actor."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"RoleActor" in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return processes_with(b"RoleActor")
 
 
 def _listening(host: str, port: int) -> bool:

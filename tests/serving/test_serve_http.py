@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from _servetools import WORKERS
-from prometheus_client.parser import text_string_to_metric_families
+from _servetools import WORKERS, samples
 
 from sparseps import cli
 from sparseps.checkpoint.predictor import Predictor
@@ -149,11 +148,9 @@ def test_model_and_metrics_routes(client, served):
     def answered(text: str, status: str) -> float:
         return sum(
             s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name == "sparseps_serve_requests_total" and s.labels["route"] == "/predict"
-            and s.labels["status"] == status
-        )  # fmt: skip
+            for s in samples(text, "sparseps_serve_requests_total")
+            if s.labels["route"] == "/predict" and s.labels["status"] == status
+        )
 
     def with_the_413() -> str | None:
         text = client.get("/metrics").text

@@ -14,8 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import orjson
-from _servetools import land
-from prometheus_client.parser import text_string_to_metric_families
+from _servetools import land, samples
 
 from sparseps.serving import ServeProcess, criteo_request_rows
 from sparseps.testing import wait_until
@@ -106,10 +105,7 @@ def test_two_workers_share_the_rows_and_a_dead_one_comes_back(chain, tmp_path):
         def rows_by_worker() -> dict[str, float] | None:
             text = client.get("/metrics").text
             rows_total = {
-                s.labels["worker"]: s.value
-                for family in text_string_to_metric_families(text)
-                for s in family.samples
-                if s.name == "sparseps_serve_rows_total"
+                s.labels["worker"]: s.value for s in samples(text, "sparseps_serve_rows_total")
             }
             return rows_total if sum(rows_total.values()) == 7 * len(rows) else None
 
