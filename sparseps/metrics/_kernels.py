@@ -87,6 +87,27 @@ def limbs_to_float(limbs: np.ndarray, row: int) -> float:
 
 
 @njit(nogil=True, cache=True)
+def auc_area(pos_hist, neg_hist):
+    """The ROC area of the histograms before its division by ``P * N`` (see
+    ``functions.auc_from_histograms``): one pass, a bucket without negatives adds nothing.
+
+    Most of a pass's 2**20 buckets are empty; numpy's cumsum and dot over all of them cost
+    ~15 ms per metrics computation, this loop ~1 ms.
+    """
+    above = pos_hist[0] - pos_hist[0]  # the counts' own type: exact for integer counts
+    for i in range(pos_hist.size):
+        above += pos_hist[i]
+    area = 0.0
+    for i in range(pos_hist.size):
+        positives = pos_hist[i]
+        above -= positives
+        negatives = neg_hist[i]
+        if negatives != 0:
+            area += float(negatives) * (float(above) + 0.5 * float(positives))
+    return area
+
+
+@njit(nogil=True, cache=True)
 def bucket_error(pos_hist, neg_hist, max_span, error_bound):
     """Paddle's bucket error over the histograms (see ``functions.bucket_error_from_histograms``)."""
     size = pos_hist.size
@@ -104,7 +125,12 @@ def bucket_error(pos_hist, neg_hist, max_span, error_bound):
             impressions = 0.0
             ctr_sum = 0.0
             clicks = 0.0
-        show = float(pos_hist[i] + neg_hist[i])
+        samples = pos_hist[i] + neg_hist[i]
+        if samples == 0:
+            # nothing added: the pool's estimate is the one already found not trustworthy
+            # (or none): skipping the check is exact, and most buckets are empty
+            continue
+        show = float(samples)
         impressions += show
         ctr_sum += ctr * show
         clicks += float(pos_hist[i])

@@ -151,13 +151,14 @@ def auc_from_histograms(pos: object, neg: object) -> float:
         float in [0, 1].
     """
     pos, neg = _histograms(pos, neg, "auc_from_histograms")
-    # integer cumulative sums are exact; products go to float64 (they can exceed int64)
-    pos_above = (pos.sum() - np.cumsum(pos)).astype(np.float64)
     total_pos, total_neg = float(pos.sum()), float(neg.sum())
     if total_pos == 0 or total_neg == 0:
         return 0.5
-    area = float(np.dot(neg.astype(np.float64), pos_above + 0.5 * pos.astype(np.float64)))
-    return area / (total_pos * total_neg)
+    # the positives above a bucket are exact integers; the products go to float64 (they
+    # can exceed int64)
+    dtype = np.int64 if pos.dtype.kind in "iub" and neg.dtype.kind in "iub" else np.float64
+    area = _kernels.auc_area(np.ascontiguousarray(pos, dtype), np.ascontiguousarray(neg, dtype))
+    return float(area) / (total_pos * total_neg)
 
 
 def _tie_ranks(run_starts: np.ndarray, n: int) -> np.ndarray:
