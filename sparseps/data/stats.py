@@ -22,9 +22,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
-from .columns import Parsed
+
+if TYPE_CHECKING:  # a type only: the online config reads MAX_BAD_RATIO without pyarrow
+    from .columns import Parsed
 
 __all__ = ["EXAMPLES", "MAX_BAD_RATIO", "DatasetStats", "PassCounter", "PassStats"]
 

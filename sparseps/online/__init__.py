@@ -8,14 +8,16 @@ pass saves, :class:`PhaseEvent` what its ``on_phase`` hook gets.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import OnlineConfig, load_config
 from .layout import DataLayout, PassId
 from .ledger import Ledger, LedgerError
 from .phases import PHASES, PhaseEvent
 from .schedule import PassPlan, plan_pass
-from .stream import write_stream
+
+if TYPE_CHECKING:  # loaded when asked for (below)
+    from .stream import write_stream
 
 __all__ = [
     "PHASES",
@@ -33,9 +35,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # the driver needs torch; load it only when asked for
+    # loaded only when asked for: the driver needs torch, the stream writer numba (~0.4
+    # CPU-s), and `sparseps online` (the launcher of a job) needs neither
     if name == "OnlineDriver":
         from .driver import OnlineDriver
 
         return OnlineDriver
+    if name == "write_stream":
+        from .stream import write_stream
+
+        return write_stream
     raise AttributeError(f"module 'sparseps.online' has no attribute {name!r}")

@@ -29,10 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.keysets import unique_inverse
 from ..core.validate import check_int
 from ..errors import ConfigError
-from ..rpc.batching import merge_by_group
 
 __all__ = ["MERGE_MODES", "MergePolicy", "PushMerger", "merge_pushes"]
 
@@ -93,6 +91,11 @@ def merge_pushes(parts: list[tuple]) -> tuple[np.ndarray, ...]:
     gradients, shows and clicks summed in push order; pushing it applies what pushing
     every part in one request would (the client sums repeated keys the same way).
     """
+    # here, not at the top: Strategy's MergePolicy is read by launchers and configs, which
+    # then never import numba (~0.4 CPU-s a process)
+    from ..core.keysets import unique_inverse
+    from ..rpc.batching import merge_by_group
+
     keys = np.concatenate([np.asarray(p[0], np.uint64) for p in parts])
     grads = np.concatenate([np.asarray(p[1], np.float32) for p in parts])
     lengths = [len(p[0]) for p in parts]
