@@ -169,7 +169,7 @@ class ModelInput:
     pipe_dir: str | None = None
 
     def __post_init__(self) -> None:
-        from ..data.sources import parse_format
+        from ..data.formats import parse_format
 
         if not isinstance(self.schema, Schema):
             raise ConfigError(f"ModelInput.schema: expected a Schema, got {self.schema!r}")

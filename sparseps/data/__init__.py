@@ -17,12 +17,13 @@ from typing import Any as _Any
 
 if _TYPE_CHECKING:  # the names as the type checker sees them (loaded lazily below)
     from .dataset import DatasetOptions
+    from .formats import Format
     from .generator import DataGenerator, MultiSlotDataGenerator, MultiSlotStringDataGenerator
     from .hashing import hash_string_array, slot_seed
     from .memory_dataset import InMemoryDataset
     from .queue_dataset import QueueDataset
     from .schema import AVAZU, CRITEO, CRITEO_SLOT, Batch, DenseTransform, Schema, Slot
-    from .sources import Format, expand_files, shard
+    from .sources import expand_files, shard
     from .stats import MAX_BAD_RATIO, DatasetStats, PassStats
 
 # public name -> the module that defines it
@@ -36,7 +37,7 @@ _LAZY = {
     "DatasetOptions": "dataset",
     "DatasetStats": "stats",
     "DenseTransform": "schema",
-    "Format": "sources",
+    "Format": "formats",
     "InMemoryDataset": "memory_dataset",
     "MultiSlotDataGenerator": "generator",
     "MultiSlotStringDataGenerator": "generator",

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 from .. import env
 from ..config import check_float
 from ..errors import ConfigError
+from .formats import Format, parse_format
 from .schema import Batch, Schema
-from .sources import Format, expand_files, guess_format, parse_format, read_file, shard
+from .sources import expand_files, guess_format, read_file, shard
 from .stats import MAX_BAD_RATIO, DatasetStats, PassCounter
 from .steal import FileShare, Lease, Split, parse_split
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Generator, Iterator, Sequence
-from enum import StrEnum
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,6 +24,7 @@ import pyarrow as pa
 from ..errors import ConfigError, InputError
 from .columns import Parsed
 from .delimited import header_names, parse_delimited
+from .formats import Format
 from .multislot import parse_multislot
 from .parquet import read_parquet
 from .pipe import pipe_chunks
@@ -34,34 +34,6 @@ from .slot_text import parse_slot_text
 __all__ = ["Format", "expand_files", "guess_format", "read_file", "shard"]
 
 CHUNK_BYTES = 8 << 20  # text is parsed in pieces of about this size (whole lines)
-
-
-class Format(StrEnum):
-    """Input layouts (see docs/data.md for one worked example each)."""
-
-    CRITEO_TSV = "criteo_tsv"  # tab-separated, no header, columns in schema order
-    CSV = "csv"  # comma-separated with a header, columns by name
-    SLOT_TEXT = "slot_text"  # PaddleRec ``key:value`` tokens
-    PARQUET = "parquet"
-    MULTISLOT = "multislot"  # Paddle's MultiSlotDataGenerator output: count, then values
-    MULTISLOT_STRING = "multislot_string"  # MultiSlotStringDataGenerator: ids hashed
-
-
-def parse_format(value: str | Format | None, pipe_command: str | None) -> Format:
-    """The format to parse (the command's stdout when ``pipe_command`` is set)."""
-    if value is None:
-        return Format.SLOT_TEXT if pipe_command else Format.CRITEO_TSV
-    try:
-        fmt = Format(value)
-    except ValueError:
-        raise ConfigError(
-            f"format={value!r} is not one of {', '.join(f.value for f in Format)}"
-        ) from None
-    if pipe_command and fmt is Format.PARQUET:
-        raise ConfigError(
-            "format='parquet' cannot read a pipe_command's output (text formats only)"
-        )
-    return fmt
 
 
 def _is_data_file(path: Path) -> bool:

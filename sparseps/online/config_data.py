@@ -38,7 +38,7 @@ SCHEMA_KEYS = ("label", "dense", "slots", "dense_transform", "id_column", "extra
 
 
 def _formats() -> tuple[str, ...]:
-    from ..data.sources import Format
+    from ..data.formats import Format
 
     return tuple(f.value for f in Format)
 
