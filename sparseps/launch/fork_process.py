@@ -47,7 +47,15 @@ SERVER_SET = (
     "sparseps.data",
     "sparseps.online.config",  # every role of an online job loads its config first
 )
-WORKER_SET = ("torch", "sparseps.worker", "sparseps.models", "sparseps.online.driver")
+WORKER_SET = (  # the lazy packages' modules that every training job's workers load
+    "torch",
+    "sparseps.worker",
+    "sparseps.worker.trainer",
+    "sparseps.models",
+    "sparseps.data.queue_dataset",
+    "sparseps.data.memory_dataset",
+    "sparseps.online.driver",
+)
 MAX_MESSAGE = 1 << 20  # a request's size limit (its environment): the socket's buffer
 
 
