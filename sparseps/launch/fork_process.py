@@ -27,6 +27,7 @@ __all__ = [
     "MAX_MESSAGE",
     "SERVER_SET",
     "WORKER_SET",
+    "ZYGOTE_WORKER_EXTRAS",
     "import_all",
     "warm_export",
     "before_fork",
@@ -54,8 +55,10 @@ WORKER_SET = (  # the lazy packages' modules that every training job's workers l
     "sparseps.models",
     "sparseps.data.queue_dataset",
     "sparseps.data.memory_dataset",
-    "sparseps.online.driver",
 )
+# ... and what a zygote's torch side also holds: it serves many launches, so it imports
+# for online jobs too (a launcher's own fork server serves one job, which may not be one)
+ZYGOTE_WORKER_EXTRAS = ("sparseps.online.driver",)
 MAX_MESSAGE = 1 << 20  # a request's size limit (its environment): the socket's buffer
 
 
