@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
-import io
 import json
 import os
 import runpy
@@ -27,7 +26,6 @@ __all__ = [
     "MAX_MESSAGE",
     "SERVER_SET",
     "WORKER_SET",
-    "ZYGOTE_WORKER_EXTRAS",
     "import_all",
     "warm_export",
     "before_fork",
@@ -46,19 +44,8 @@ SERVER_SET = (
     "sparseps.role",
     "sparseps.server",
     "sparseps.data",
-    "sparseps.online.config",  # every role of an online job loads its config first
 )
-WORKER_SET = (  # the lazy packages' modules that every training job's workers load
-    "torch",
-    "sparseps.worker",
-    "sparseps.worker.trainer",
-    "sparseps.models",
-    "sparseps.data.queue_dataset",
-    "sparseps.data.memory_dataset",
-)
-# ... and what a zygote's torch side also holds: it serves many launches, so it imports
-# for online jobs too (a launcher's own fork server serves one job, which may not be one)
-ZYGOTE_WORKER_EXTRAS = ("sparseps.online.driver",)
+WORKER_SET = ("torch", "sparseps.worker", "sparseps.models")
 MAX_MESSAGE = 1 << 20  # a request's size limit (its environment): the socket's buffer
 
 
@@ -72,8 +59,7 @@ def warm_export() -> None:
 
     batch = torch.export.Dim("batch", min=1)
     linear = torch.nn.Linear(3, 2).eval()
-    program = torch.export.export(linear, (torch.zeros(2, 3),), dynamic_shapes=({0: batch},))
-    torch.export.save(program, io.BytesIO())  # its serializer's imports (~0.15 CPU-s)
+    torch.export.export(linear, (torch.zeros(2, 3),), dynamic_shapes=({0: batch},))
 
 
 def import_all(names: Sequence[str]) -> None:

@@ -256,7 +256,6 @@ def main() -> None:
         fork_process.import_all(fork_process.SERVER_SET)
         if torch:
             fork_process.import_all(fork_process.WORKER_SET)
-            fork_process.import_all(fork_process.ZYGOTE_WORKER_EXTRAS)
             with contextlib.suppress(Exception):  # a warm-up: a failure costs only time
                 fork_process.warm_export()
         load_cached_kernels()

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from sparseps.env import ZYGOTE_DIR
-from sparseps.launch.fork_process import SERVER_SET, WORKER_SET, ZYGOTE_WORKER_EXTRAS
 from sparseps.launch.fork_server import ForkServer
 from sparseps.launch.zygote import Zygotes
 from sparseps.testing import wait_until
@@ -32,9 +31,6 @@ print(json.dumps({
     "sid": os.getsid(0), "rank": os.environ.get("PADDLE_TRAINER_ID"), "random": random.random(),
     "torch": "torch" in sys.modules, "frozen": gc.get_freeze_count(),
     "export_warm": "torch._export.non_strict_utils" in sys.modules,
-    "modules": [m for m in sys.modules if m.startswith("sparseps") or m in (
-        "torch", "numpy", "numba", "zmq", "pyarrow", "pyarrow.csv",
-        "torch._export.serde.serialize")],
 }), flush=True)
 if sys.argv[1] == "sleep":
     import time; time.sleep(120)
@@ -123,12 +119,6 @@ def test_fork_servers_come_from_the_zygotes_of_their_environment(folder, tmp_pat
         assert not a["torch"] and b["torch"]  # a server never carries torch
         # the torch zygote ran torch.export once: a worker's first inference save is cheap
         assert b["export_warm"] and not a["export_warm"]
-        # ... and its serializer; each side holds what its roles load after the fork (an
-        # online job's config and driver, the trainer, the datasets), never the readers'
-        # pyarrow on the server side
-        assert {*SERVER_SET, "sparseps.online.config"} <= set(a["modules"])
-        assert {*WORKER_SET, *ZYGOTE_WORKER_EXTRAS, "torch._export.serde.serialize",
-                "sparseps.data.queue_dataset", "sparseps.online.driver"} <= set(b["modules"])  # fmt: skip
         assert a["frozen"] > 10_000  # what it inherited is frozen
         first.stdout.close()
         second.stdout.close()
